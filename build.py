@@ -1,0 +1,59 @@
+"""cffi build script for Strata's native runtime (out-of-line API mode).
+
+`native/strata.h` is both the C header and the cdef. Every `native/*.c` file is compiled into
+`strata._native`; the AVX2 kernels carry their ISA in a `#pragma GCC target` inside their own
+translation unit, so the rest of the library (and the scalar path) runs on any x86-64 CPU.
+"""
+import os
+import shlex
+import shutil
+import sysconfig
+from pathlib import Path
+
+from cffi import FFI
+
+ROOT = Path(__file__).resolve().parent
+NATIVE = ROOT / "native"
+
+
+def _require_compiler():
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    exe = shlex.split(cc)[0] if cc.strip() else "cc"
+    if shutil.which(exe) is None:
+        raise SystemExit(
+            f"strata: no C compiler found (looked for {exe!r}). Strata builds a small C runtime at "
+            "install time; install a C compiler and retry: Debian/Ubuntu `apt install build-essential`, "
+            "Fedora `dnf install gcc`, macOS `xcode-select --install`."
+        )
+
+
+def _cdef():
+    lines = (NATIVE / "strata.h").read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+
+
+def _sources():
+    # Relative paths keep setuptools from copying absolute paths into the build metadata.
+    return sorted(os.path.relpath(p, ROOT) for p in NATIVE.glob("*.c"))
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_cdef())
+ffibuilder.set_source(
+    "strata._native",
+    '#include "strata.h"',
+    sources=_sources(),
+    include_dirs=[os.path.relpath(NATIVE, ROOT)],
+    # -ffp-contract=off: the kernels must round exactly as gguf-py's numpy code does, so no
+    # multiply-add may be fused behind our back.
+    extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-ffp-contract=off",
+                        "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"],
+    extra_link_args=["-pthread"],
+)
+
+if os.environ.get("STRATA_SKIP_COMPILER_CHECK") != "1":
+    _require_compiler()
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,218 @@
+/*
+ * Dequantization dispatcher: format table, CPU detection, row splitting across threads, and the
+ * float32 -> float16/bfloat16 output stage. The kernels themselves live in dequant_ref.c and
+ * dequant_avx2.c; this file is compiled without any ISA extension so it runs on every x86-64.
+ */
+#include "strata.h"
+#include "kernels.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int type;
+    int64_t block_elems, block_bytes;
+    strata_block_fn ref, avx2;      /* avx2 may be NULL: the format then runs its scalar kernel */
+} strata_format;
+
+static const strata_format FORMATS[] = {
+    {STRATA_T_F32, 1, 4, strata_dequant_f32_ref, NULL},
+    {STRATA_T_F16, 1, 2, strata_dequant_f16_ref, strata_dequant_f16_avx2},
+    {STRATA_T_BF16, 1, 2, strata_dequant_bf16_ref, strata_dequant_bf16_avx2},
+    {STRATA_T_Q4_0, 32, 18, strata_dequant_q4_0_ref, strata_dequant_q4_0_avx2},
+    {STRATA_T_Q4_1, 32, 20, strata_dequant_q4_1_ref, NULL},
+    {STRATA_T_Q5_0, 32, 22, strata_dequant_q5_0_ref, NULL},
+    {STRATA_T_Q5_1, 32, 24, strata_dequant_q5_1_ref, NULL},
+    {STRATA_T_Q8_0, 32, 34, strata_dequant_q8_0_ref, strata_dequant_q8_0_avx2},
+    {STRATA_T_Q2_K, 256, 84, strata_dequant_q2_k_ref, NULL},
+    {STRATA_T_Q3_K, 256, 110, strata_dequant_q3_k_ref, NULL},
+    {STRATA_T_Q4_K, 256, 144, strata_dequant_q4_k_ref, strata_dequant_q4_k_avx2},
+    {STRATA_T_Q5_K, 256, 176, strata_dequant_q5_k_ref, strata_dequant_q5_k_avx2},
+    {STRATA_T_Q6_K, 256, 210, strata_dequant_q6_k_ref, strata_dequant_q6_k_avx2},
+    {STRATA_T_MXFP4, 32, 17, strata_dequant_mxfp4_ref, strata_dequant_mxfp4_avx2},
+};
+
+static const strata_format *find_format(int type) {
+    for (size_t i = 0; i < sizeof(FORMATS) / sizeof(FORMATS[0]); i++)
+        if (FORMATS[i].type == type) return &FORMATS[i];
+    return NULL;
+}
+
+/* ---- CPU detection: the only process-wide state, computed once. ---- */
+
+static int cpu_avx2 = -1;
+
+static int detect_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    /* F16C and OS-enabled YMM state: CPUID.1:ECX bit 29 (F16C), bit 27 (OSXSAVE), XCR0 bits 1-2. */
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!(c & (1u << 29)) || !(c & (1u << 27))) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
+#else
+    return 0;
+#endif
+}
+
+int strata_cpu_has_avx2(void) {
+    if (cpu_avx2 < 0) cpu_avx2 = detect_avx2();
+    return cpu_avx2;
+}
+
+int strata_impl_default(void) {
+    const char *force = getenv("STRATA_FORCE_SCALAR");
+    if (force && force[0] && strcmp(force, "0") != 0) return STRATA_IMPL_SCALAR;
+    return strata_cpu_has_avx2() ? STRATA_IMPL_AVX2 : STRATA_IMPL_SCALAR;
+}
+
+static int resolve_impl(int impl, int *resolved) {
+    if (impl == STRATA_IMPL_AUTO) impl = strata_impl_default();
+    if (impl == STRATA_IMPL_AVX2 && !strata_cpu_has_avx2()) return STRATA_E_IMPL;
+    if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2) return STRATA_E_ARG;
+    *resolved = impl;
+    return STRATA_OK;
+}
+
+int strata_dequant_has_kernel(int ggml_type, int impl) {
+    const strata_format *f = find_format(ggml_type);
+    if (!f) return 0;
+    return impl == STRATA_IMPL_AVX2 ? f->avx2 != NULL : 1;
+}
+
+int strata_dequant_block_size(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
+    const strata_format *f = find_format(ggml_type);
+    if (!f) return STRATA_E_TYPE;
+    if (!block_elems || !block_bytes) return STRATA_E_ARG;
+    *block_elems = f->block_elems;
+    *block_bytes = f->block_bytes;
+    return STRATA_OK;
+}
+
+/* ---- Work splitting ---- */
+
+/* Float scratch for float16/bfloat16 output: a multiple of every block size (256). */
+#define STRATA_CHUNK_ELEMS 4096
+
+typedef struct {
+    strata_block_fn kernel;
+    strata_convert_fn convert;       /* NULL for float32 output */
+    const uint8_t *src;
+    uint8_t *dst;
+    int64_t block_elems, block_bytes, out_elem_bytes;
+    int64_t first_block, n_blocks;
+} strata_job;
+
+static void run_job(const strata_job *j) {
+    const uint8_t *src = j->src + j->first_block * j->block_bytes;
+    uint8_t *dst = j->dst + j->first_block * j->block_elems * j->out_elem_bytes;
+    if (!j->convert) {
+        j->kernel(src, (float *)dst, j->n_blocks);
+        return;
+    }
+    float scratch[STRATA_CHUNK_ELEMS] __attribute__((aligned(32)));
+    const int64_t chunk_blocks = STRATA_CHUNK_ELEMS / j->block_elems;
+    for (int64_t b = 0; b < j->n_blocks; b += chunk_blocks) {
+        int64_t nb = j->n_blocks - b < chunk_blocks ? j->n_blocks - b : chunk_blocks;
+        j->kernel(src + b * j->block_bytes, scratch, nb);
+        j->convert(scratch, dst + b * j->block_elems * j->out_elem_bytes, nb * j->block_elems);
+    }
+}
+
+static void *job_thread(void *arg) {
+    run_job((const strata_job *)arg);
+    return NULL;
+}
+
+#define STRATA_MAX_THREADS 256
+
+int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
+                   void *dst, int64_t dst_bytes, int out,
+                   int64_t n_rows, int64_t row_len, int n_threads, int impl) {
+    const strata_format *f = find_format(ggml_type);
+    if (!f) return STRATA_E_TYPE;
+    if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
+        return STRATA_E_ARG;
+    int st = resolve_impl(impl, &impl);
+    if (st) return st;
+    if (row_len % f->block_elems) return STRATA_E_BLOCK;
+
+    int64_t out_elem_bytes;
+    strata_convert_fn convert;
+    int avx2 = impl == STRATA_IMPL_AVX2;
+    switch (out) {
+    case STRATA_OUT_F32: out_elem_bytes = 4; convert = NULL; break;
+    case STRATA_OUT_F16: out_elem_bytes = 2; convert = avx2 ? strata_convert_f16_avx2 : strata_convert_f16_ref; break;
+    case STRATA_OUT_BF16: out_elem_bytes = 2; convert = avx2 ? strata_convert_bf16_avx2 : strata_convert_bf16_ref; break;
+    default: return STRATA_E_ARG;
+    }
+
+    /* Overflow-safe size checks: every product below is bounded by the buffer sizes. */
+    const int64_t blocks_per_row = row_len / f->block_elems;
+    if (n_rows && blocks_per_row > INT64_MAX / n_rows) return STRATA_E_SIZE;
+    const int64_t n_blocks = n_rows * blocks_per_row;
+    if (n_blocks > src_bytes / f->block_bytes) return STRATA_E_SIZE;
+    if (n_blocks > dst_bytes / (f->block_elems * out_elem_bytes)) return STRATA_E_SIZE;
+    if (n_blocks == 0) return STRATA_OK;
+
+    strata_job proto = {
+        .kernel = avx2 && f->avx2 ? f->avx2 : f->ref, .convert = convert,
+        .src = (const uint8_t *)src, .dst = (uint8_t *)dst,
+        .block_elems = f->block_elems, .block_bytes = f->block_bytes, .out_elem_bytes = out_elem_bytes,
+    };
+    if (n_threads > STRATA_MAX_THREADS) n_threads = STRATA_MAX_THREADS;
+    if (n_threads > n_rows) n_threads = (int)n_rows;
+
+    strata_job jobs[STRATA_MAX_THREADS];
+    pthread_t threads[STRATA_MAX_THREADS];
+    /* Whole rows per thread; the first (n_rows % n_threads) threads take one row more. */
+    int64_t row = 0;
+    for (int t = 0; t < n_threads; t++) {
+        int64_t rows = n_rows / n_threads + (t < n_rows % n_threads);
+        jobs[t] = proto;
+        jobs[t].first_block = row * blocks_per_row;
+        jobs[t].n_blocks = rows * blocks_per_row;
+        row += rows;
+    }
+    int started = 0;
+    for (int t = 1; t < n_threads; t++) {
+        if (pthread_create(&threads[t], NULL, job_thread, &jobs[t]) != 0) break;
+        started = t;
+    }
+    /* Threads that failed to start run here, so a loaded machine degrades instead of failing. */
+    run_job(&jobs[0]);
+    for (int t = started + 1; t < n_threads; t++) run_job(&jobs[t]);
+    for (int t = 1; t <= started; t++) pthread_join(threads[t], NULL);
+    return STRATA_OK;
+}
+
+int strata_convert_f32(const float *src, void *dst, int64_t n, int out, int impl) {
+    if (!src || !dst || n < 0) return STRATA_E_ARG;
+    int st = resolve_impl(impl, &impl);
+    if (st) return st;
+    int avx2 = impl == STRATA_IMPL_AVX2;
+    switch (out) {
+    case STRATA_OUT_F16: (avx2 ? strata_convert_f16_avx2 : strata_convert_f16_ref)(src, dst, n); return STRATA_OK;
+    case STRATA_OUT_BF16: (avx2 ? strata_convert_bf16_avx2 : strata_convert_bf16_ref)(src, dst, n); return STRATA_OK;
+    case STRATA_OUT_F32: memmove(dst, src, (size_t)n * 4); return STRATA_OK;
+    default: return STRATA_E_ARG;
+    }
+}
+
+const char *strata_status_string(int status) {
+    switch (status) {
+    case STRATA_OK: return "ok";
+    case STRATA_E_ARG: return "invalid argument";
+    case STRATA_E_TYPE: return "unsupported ggml type";
+    case STRATA_E_SIZE: return "buffer too small for the requested rows";
+    case STRATA_E_BLOCK: return "row length is not a multiple of the block size";
+    case STRATA_E_NOMEM: return "out of memory";
+    case STRATA_E_THREAD: return "could not start a worker thread";
+    case STRATA_E_IMPL: return "implementation not available on this CPU";
+    default: return "unknown status";
+    }
+}

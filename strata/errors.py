@@ -1,0 +1,13 @@
+"""Exceptions shared by every Strata module."""
+
+
+class StrataError(Exception):
+    """Base class of Strata's own errors."""
+
+
+class StrataFormatError(StrataError):
+    """A model file is malformed or not what Strata expects; the message names file and field."""
+
+
+class NativeError(StrataError):
+    """The native runtime refused a call; the message names the call and the reason."""

@@ -1,0 +1,55 @@
+"""GGML block formats: names, block geometry and byte sizes. Knows no files and no torch.
+
+Block geometry comes from gguf-py's table (`gguf.GGML_QUANT_SIZES`) so there is one source of
+truth; this module adds the set of formats Strata's native runtime dequantizes.
+"""
+from __future__ import annotations
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+GGMLType = GGMLQuantizationType
+
+#: Formats the native runtime dequantizes (scalar kernels for all, AVX2 for some).
+DEQUANT_TYPES: tuple[GGMLType, ...] = (
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16,
+    GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+    GGMLType.MXFP4,
+)
+
+
+def ggml_type(value: int | str | GGMLType) -> GGMLType:
+    """Normalise a ggml type given as enum, id or name ('q4_k', 'Q4_K')."""
+    if isinstance(value, GGMLType):
+        return value
+    if isinstance(value, str):
+        try:
+            return GGMLType[value.upper()]
+        except KeyError:
+            raise ValueError(f"unknown ggml type name {value!r}") from None
+    try:
+        return GGMLType(int(value))
+    except ValueError:
+        raise ValueError(f"unknown ggml type id {value!r}") from None
+
+
+def block_size(t: int | str | GGMLType) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a ggml type."""
+    return GGML_QUANT_SIZES[ggml_type(t)]
+
+
+def row_bytes(t: int | str | GGMLType, n_elems: int) -> int:
+    """Bytes of `n_elems` elements of type `t`; `n_elems` must be a whole number of blocks."""
+    t = ggml_type(t)
+    elems, nbytes = GGML_QUANT_SIZES[t]
+    if n_elems % elems:
+        raise ValueError(f"{t.name}: {n_elems} elements is not a multiple of the block size {elems}")
+    return n_elems // elems * nbytes
+
+
+def tensor_bytes(t: int | str | GGMLType, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor with ggml `shape` (fastest dimension first) in type `t`."""
+    n_rows = 1
+    for d in shape[1:]:
+        n_rows *= int(d)
+    return row_bytes(t, int(shape[0]) if shape else 1) * n_rows
