@@ -55,5 +55,8 @@ if os.environ.get("STRATA_SKIP_COMPILER_CHECK") != "1":
     _require_compiler()
 
 if __name__ == "__main__":
-    os.chdir(ROOT)
-    ffibuilder.compile(verbose=True)
+    import sys
+
+    if "--check-only" not in sys.argv:
+        os.chdir(ROOT)
+        ffibuilder.compile(verbose=True)

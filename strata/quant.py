@@ -53,3 +53,37 @@ def tensor_bytes(t: int | str | GGMLType, shape: tuple[int, ...]) -> int:
     for d in shape[1:]:
         n_rows *= int(d)
     return row_bytes(t, int(shape[0]) if shape else 1) * n_rows
+
+
+#: Byte offsets of the float16 scale fields (d, m, dmin) inside one block of each quantized type.
+HALF_SCALE_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
+    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
+    GGMLType.Q8_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2),
+    GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+}
+
+
+def random_blocks(t: int | str | GGMLType, n_blocks: int, rng, scale: float = 0.01):
+    """Random, well-formed packed blocks of type `t` (finite scales of magnitude ~`scale`).
+
+    Quantized codes are uniform random bytes; scale fields are set to random float16 values so
+    the data decodes to finite numbers, as a real tensor would. Returns a uint8 numpy array.
+    """
+    import numpy as np
+
+    t = ggml_type(t)
+    elems, nbytes = block_size(t)
+    n = n_blocks * elems
+    if t == GGMLType.F32:
+        return rng.standard_normal(n, dtype=np.float32).view(np.uint8)
+    if t == GGMLType.F16:
+        return rng.standard_normal(n, dtype=np.float32).astype(np.float16).view(np.uint8)
+    if t == GGMLType.BF16:
+        return (rng.standard_normal(n, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
+    if t == GGMLType.MXFP4:
+        blocks[:, 0] = rng.integers(120, 128, size=n_blocks, dtype=np.uint8)  # 2**-7 .. 2**0 (E8M0)
+    for off in HALF_SCALE_OFFSETS.get(t, ()):
+        halves = (rng.random(n_blocks, dtype=np.float32) * scale + scale / 16).astype(np.float16)
+        blocks[:, off:off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(-1)

@@ -1,0 +1,94 @@
+"""`strata bench`: measurements, never assertions. Each figure is measured beside its reference
+in the same run, since these machines are noisy."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def _best_seconds(fn, repeat: int) -> float:
+    fn()  # warm-up: page in buffers, start threads once
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_dequant(out_mib: int = 64, repeat: int = 3, threads: int | None = None,
+                  types: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """GB/s of float32 output for each format: native AVX2 (1 thread, all threads), native scalar,
+    gguf.quants (numpy), and a plain memory copy of the same output bytes (the ceiling)."""
+    from gguf import quants as gguf_quants
+
+    from strata import native
+    from strata.quant import DEQUANT_TYPES, block_size, ggml_type, random_blocks
+
+    threads = threads or native.default_threads()
+    rng = np.random.default_rng(0)
+    n_elems = out_mib * 2**20 // 4
+    row_len = 4096
+    n_rows = n_elems // row_len
+    out = np.empty((n_rows, row_len), dtype=np.float32)
+    copy_src = np.ones_like(out)
+    gbytes = out.nbytes / 1e9
+    copy_gbs = gbytes / _best_seconds(lambda: np.copyto(out, copy_src), repeat)
+
+    selected = [ggml_type(t) for t in types] if types else list(DEQUANT_TYPES)
+    results: dict[str, dict[str, float]] = {}
+    for t in selected:
+        elems, nbytes = block_size(t)
+        packed = random_blocks(t, n_elems // elems, rng)
+        packed_2d = packed.reshape(n_rows, -1)
+
+        def native_run(impl: str, n_threads: int) -> float:
+            secs = _best_seconds(lambda: native.dequantize_into(t, packed, out, n_threads=n_threads, impl=impl), repeat)
+            return gbytes / secs
+
+        row: dict[str, float] = {}
+        if native.cpu_has_avx2():
+            row["avx2_1t"] = native_run("avx2", 1)
+            row[f"avx2_{threads}t"] = native_run("avx2", threads)
+            row["avx2_kernel"] = float(native.has_kernel(t, "avx2"))
+        row["scalar_1t"] = native_run("scalar", 1)
+        row["gguf_quants"] = gbytes / _best_seconds(lambda: gguf_quants.dequantize(packed_2d, t), max(1, repeat - 2))
+        row["memcpy"] = copy_gbs
+        if "avx2_1t" in row:
+            row["avx2_1t_vs_gguf"] = row["avx2_1t"] / row["gguf_quants"]
+            row["avx2_1t_vs_memcpy"] = row["avx2_1t"] / copy_gbs
+        results[t.name] = row
+    return results
+
+
+def _print_dequant(results: dict[str, dict[str, float]]) -> None:
+    cols = [c for c in next(iter(results.values())) if c != "avx2_kernel"]
+    print(f"GB/s of float32 output ({'  '.join(cols)})")
+    print(f"{'format':<8}" + "".join(f"{c:>18}" for c in cols))
+    for name, row in results.items():
+        mark = "" if row.get("avx2_kernel", 1.0) else "  (no AVX2 kernel: scalar)"
+        print(f"{name:<8}" + "".join(f"{row[c]:>18.2f}" for c in cols) + mark)
+
+
+def _run_dequant(args: argparse.Namespace) -> int:
+    results = bench_dequant(out_mib=args.mib, repeat=args.repeat, threads=args.threads, types=args.types)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        _print_dequant(results)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="measure speed (dequantization, ...)")
+    sub = p.add_subparsers(dest="bench_command", required=True)
+    d = sub.add_parser("dequant", help="GB/s of every dequantization kernel against gguf.quants and memcpy")
+    d.add_argument("--json", action="store_true", help="print one JSON object keyed by format name")
+    d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default 64)")
+    d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
+    d.add_argument("--threads", type=int, default=None, help="threads for the all-threads figure (default: all)")
+    d.add_argument("--types", nargs="+", default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
+    d.set_defaults(func=_run_dequant)
