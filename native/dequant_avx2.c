@@ -226,16 +226,23 @@ void strata_dequant_mxfp4_avx2(const uint8_t *restrict src, float *restrict dst,
  * whole output comes from one code path.
  */
 
-/* F16 -> F32 exactly as numpy's bit conversion: F16C quiets a signalling NaN, numpy keeps it, so
- * NaN lanes whose half had the quiet bit (0x200) clear get bit 22 cleared again. */
-static inline __m256 f16x8_to_f32(__m128i h) {
+/* F16C quiets a signalling NaN; numpy's conversion keeps it. Clear bit 22 again in the NaN lanes
+ * of f whose half had its quiet bit (0x200) clear. */
+static inline __m256 f16_keep_snan(__m128i h, __m256 f) {
     const __m256i h32 = _mm256_cvtepu16_epi32(h);
-    const __m256i f = _mm256_castps_si256(_mm256_cvtph_ps(h));
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(h32, _mm256_set1_epi32(0x7fff)),
                                            _mm256_set1_epi32(0x7c00));
     const __m256i quiet = _mm256_slli_epi32(_mm256_and_si256(h32, _mm256_set1_epi32(0x200)), 13);
     const __m256i clear = _mm256_andnot_si256(quiet, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
-    return _mm256_castsi256_ps(_mm256_andnot_si256(clear, f));
+    return _mm256_castsi256_ps(_mm256_andnot_si256(clear, _mm256_castps_si256(f)));
+}
+
+/* F16 -> F32, bit for bit as numpy (exact for every value; NaN payloads kept). */
+static inline __m256 f16x8_to_f32(__m128i h) {
+    const __m256 f = _mm256_cvtph_ps(h);
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)) != 0, 0))
+        return f16_keep_snan(h, f);
+    return f;
 }
 
 void strata_dequant_f16_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
