@@ -135,8 +135,11 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
                    int64_t n_rows, int64_t row_len, int n_threads, int impl) {
     const strata_format *f = find_format(ggml_type);
     if (!f) return STRATA_E_TYPE;
-    if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
+    if (n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
         return STRATA_E_ARG;
+    /* An empty tensor may have a null data pointer (torch does this): nothing to read or write. */
+    if (n_rows == 0 || row_len == 0) return row_len % f->block_elems ? STRATA_E_BLOCK : STRATA_OK;
+    if (!src || !dst) return STRATA_E_ARG;
     int st = resolve_impl(impl, &impl);
     if (st) return st;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
@@ -157,7 +160,6 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
     const int64_t n_blocks = n_rows * blocks_per_row;
     if (n_blocks > src_bytes / f->block_bytes) return STRATA_E_SIZE;
     if (n_blocks > dst_bytes / (f->block_elems * out_elem_bytes)) return STRATA_E_SIZE;
-    if (n_blocks == 0) return STRATA_OK;
 
     strata_job proto = {
         .kernel = avx2 && f->avx2 ? f->avx2 : f->ref, .convert = convert,
@@ -191,7 +193,9 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
 }
 
 int strata_convert_f32(const float *src, void *dst, int64_t n, int out, int impl) {
-    if (!src || !dst || n < 0) return STRATA_E_ARG;
+    if (n < 0) return STRATA_E_ARG;
+    if (n == 0) return STRATA_OK;
+    if (!src || !dst) return STRATA_E_ARG;
     int st = resolve_impl(impl, &impl);
     if (st) return st;
     int avx2 = impl == STRATA_IMPL_AVX2;
