@@ -1,0 +1,84 @@
+"""`DirectExpertMemory`: dequantize each requested expert from the memory-mapped file, no cache.
+
+The simplest memory behind the `ExpertMemory` interface and the baseline tiered memory is held
+to: every `acquire` reads the experts' slabs through the file's memory map and dequantizes them
+with the native runtime into buffers allocated once at start (pinned when the device is CUDA,
+then copied to device buffers). Nothing is allocated per call.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from strata import native
+from strata.gguf import PARTS, ModelFile
+
+from .base import ExpertMemory, ExpertWeights
+
+#: Default bytes of expert buffers (per copy: host, and device when not CPU); sets `max_acquire`.
+DEFAULT_BUFFER_BYTES = 256 << 20
+
+
+class DirectExpertMemory(ExpertMemory):
+    """Experts dequantized from `model_file` on every `acquire` into `max_acquire` fixed buffers."""
+
+    def __init__(self, model_file: ModelFile, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, n_threads: int | None = None,
+                 max_acquire: int | None = None):
+        self.model_file = model_file
+        self.device, self.dtype = torch.device(device), dtype
+        self.n_threads = n_threads or native.default_threads()
+        hp = model_file.hparams
+        if not model_file.expert_layers:
+            raise ValueError(f"{model_file.path}: the model has no routed experts")
+        self.shapes = {s.part: s.shape for s in model_file.expert_slabs(model_file.expert_layers[0], 0)}
+        per_expert = sum(r * c for r, c in self.shapes.values()) * torch.empty((), dtype=dtype).element_size()
+        default = min(hp.n_experts, max(hp.n_experts_used, DEFAULT_BUFFER_BYTES // per_expert))
+        self.max_acquire = max_acquire or default
+        if not 1 <= self.max_acquire <= hp.n_experts:
+            raise ValueError(f"max_acquire must be between 1 and n_experts={hp.n_experts}, found {self.max_acquire}")
+        pin = self.device.type == "cuda"
+        self._host = [self._buffers("cpu", pin) for _ in range(self.max_acquire)]
+        self._device = self._host if self.device.type == "cpu" else [
+            self._buffers(self.device, False) for _ in range(self.max_acquire)]
+        self._held: tuple[int, tuple[int, ...]] | None = None
+
+    def _buffers(self, device: str | torch.device, pin: bool) -> dict[str, torch.Tensor]:
+        return {part: torch.empty(self.shapes[part], dtype=self.dtype, device=device, pin_memory=pin)
+                for part in PARTS}
+
+    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+        ids = tuple(int(e) for e in expert_ids)
+        if self._held is not None:
+            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
+                               "are still held: release them first")
+        if len(ids) > self.max_acquire:
+            raise ValueError(f"acquire of {len(ids)} experts, at most max_acquire={self.max_acquire} at once")
+        out = [self._load(layer, e, i) for i, e in enumerate(ids)]
+        self._held = (layer, ids)
+        return out
+
+    def _load(self, layer: int, expert: int, index: int) -> ExpertWeights:
+        host, dev = self._host[index], self._device[index]
+        for slab in self.model_file.expert_slabs(layer, expert):
+            buf = host[slab.part]
+            if tuple(buf.shape) != slab.shape:
+                raise ValueError(f"{self.model_file.path}: {slab.tensor} expert {expert}: expected slab shape "
+                                 f"{tuple(buf.shape)}, found {slab.shape}")
+            native.dequantize_into(slab.ggml_type, self.model_file.expert_data(slab), buf, n_threads=self.n_threads)
+            if dev is not host:
+                dev[slab.part].copy_(buf)  # synchronous: the host buffer is reused by the next acquire
+        return ExpertWeights(gate=dev["gate"], up=dev["up"], down=dev["down"])
+
+    def release(self, layer: int, expert_ids: Sequence[int]) -> None:
+        ids = tuple(int(e) for e in expert_ids)
+        if self._held != (layer, ids):
+            raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {self._held}")
+        self._held = None
+
+    def close(self) -> None:
+        self._host, self._device, self._held = [], [], None
+
+
+__all__ = ["DEFAULT_BUFFER_BYTES", "DirectExpertMemory"]

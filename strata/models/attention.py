@@ -1,0 +1,92 @@
+"""Grouped-query attention over a preallocated KV cache, for a batch of sequences.
+
+H query heads share Hkv key/value heads (H % Hkv == 0). QK-norm, when the model has it, is an
+RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
+heads' features at once (OLMoE). New keys and values are written to the cache first; each
+sequence then attends causally over its cached prefix plus its new tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import Batch
+from .layers import RMSNorm
+from .rope import Rope
+
+
+@dataclass
+class AttentionWeights:
+    wq: torch.Tensor  # [H*hd, D]
+    wk: torch.Tensor  # [Hkv*hd, D]
+    wv: torch.Tensor  # [Hkv*hd, D]
+    wo: torch.Tensor  # [D, H*hd]
+    bq: torch.Tensor | None = None  # [H*hd]
+    bk: torch.Tensor | None = None  # [Hkv*hd]
+    bv: torch.Tensor | None = None  # [Hkv*hd]
+    q_norm: RMSNorm | None = None  # over hd (per head) or H*hd (full width)
+    k_norm: RMSNorm | None = None  # over hd (per head) or Hkv*hd (full width)
+    qk_norm_per_head: bool = True
+
+
+class Attention(nn.Module):
+    def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int):
+        super().__init__()
+        self.w, self.rope, self.layer = w, rope, layer
+        self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
+
+    def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
+        q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
+        k_cache, v_cache = kv  # [S, Hkv, C, hd]
+        k_cache[batch.token_slots, :, batch.positions] = k
+        v_cache[batch.token_slots, :, batch.positions] = v
+        attend = self.attend_decode if batch.is_decode else self.attend_each
+        out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
+        return F.linear(out, self.w.wo)  # [T, D]
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        w, T = self.w, x.shape[0]
+        q, k, v = F.linear(x, w.wq, w.bq), F.linear(x, w.wk, w.bk), F.linear(x, w.wv, w.bv)  # [T, H*hd], ...
+        q, k, v = q.view(T, self.n_head, -1), k.view(T, self.n_head_kv, -1), v.view(T, self.n_head_kv, -1)
+        if w.q_norm is not None:
+            q = w.q_norm(q) if w.qk_norm_per_head else w.q_norm(q.flatten(1)).view_as(q)
+        if w.k_norm is not None:
+            k = w.k_norm(k) if w.qk_norm_per_head else w.k_norm(k.flatten(1)).view_as(k)
+        return q, k, v
+
+    def attend_decode(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence: one batched call over the longest prefix, shorter ones masked."""
+        n_ctx = max(batch.starts) + 1
+        slots = torch.tensor(batch.slots, device=q.device)
+        k, v = k_cache[slots, :, :n_ctx], v_cache[slots, :, :n_ctx]  # [B, Hkv, L, hd]
+        mask = torch.arange(n_ctx, device=q.device)[None, :] <= batch.positions[:, None]  # [B, L]
+        out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :],
+                                             enable_gqa=True)  # [B, H, 1, hd]
+        return out.flatten(1)  # [B, H*hd]
+
+    def attend_each(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor) -> torch.Tensor:
+        """Sequences one at a time: queries at positions start..start+n-1 see keys 0..own position."""
+        outs = []
+        for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
+            k, v = k_cache[slot, :, :start + n], v_cache[slot, :, :start + n]  # [Hkv, L, hd]
+            q_seq = q[off:off + n].transpose(0, 1)  # [H, n, hd]
+            mask = None if start == 0 else _causal_mask(start, n, q.device)
+            out = F.scaled_dot_product_attention(q_seq[None], k[None], v[None], attn_mask=mask,
+                                                 is_causal=start == 0, enable_gqa=True)  # [1, H, n, hd]
+            outs.append(out[0].transpose(0, 1).flatten(1))  # [n, H*hd]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
+
+
+def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
+    rows = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
+    return torch.arange(start + n, device=device)[None, :] <= rows  # [n, L]
+
+
+__all__ = ["Attention", "AttentionWeights"]

@@ -1,0 +1,77 @@
+"""The sparse MoE feed-forward: router, grouped routed-expert compute, optional shared expert.
+
+Router: probabilities from the router logits (softmax, or sigmoid for DeepSeek-V3-style
+gating), the top-k experts per token, their weights renormalised to sum to one when the model
+says so, then multiplied by `expert_weights_scale`. Probabilities are computed in float32.
+
+Grouped compute: the T*K (token, expert) assignments are sorted by expert, so each chosen expert
+runs once over all of its tokens (one [Te, D] x [D, I] pass instead of Te vectors). Experts are
+reached only through `ExpertMemory`, in chunks of at most `memory.max_acquire`, in ascending
+expert order; each expert's contribution is added with its router weight.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strata.memory import ExpertMemory
+
+from .layers import SharedExpert, swiglu
+
+
+class Router(nn.Module):
+    def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float):
+        super().__init__()
+        if gating not in ("softmax", "sigmoid"):
+            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+        self.weight, self.k, self.gating, self.norm, self.scale = weight, n_experts_used, gating, norm, scale  # [E, D]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.weight).float()  # [T, E]
+        probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
+        weights, expert_ids = probs.topk(self.k, dim=-1)  # [T, K], [T, K]
+        if self.norm:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.scale != 1.0:
+            weights = weights * self.scale
+        return weights.to(x.dtype), expert_ids
+
+
+class RoutedExperts(nn.Module):
+    def __init__(self, memory: ExpertMemory, layer: int):
+        super().__init__()
+        self.memory, self.layer = memory, layer
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        K = expert_ids.shape[1]
+        flat = expert_ids.flatten()  # [T*K]
+        order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
+        bounds = [0, *accumulate(torch.bincount(flat).tolist())]  # expert e owns order[bounds[e]:bounds[e+1]]
+        used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
+        out = torch.zeros_like(x)  # [T, D]
+        for i in range(0, len(used), self.memory.max_acquire):
+            chunk = used[i:i + self.memory.max_acquire]
+            for e, w in zip(chunk, self.memory.acquire(self.layer, chunk)):
+                picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
+                tokens = picks // K  # [Te]
+                y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+                out.index_add_(0, tokens, y * weights.flatten()[picks, None])
+            self.memory.release(self.layer, chunk)
+        return out
+
+
+class MoE(nn.Module):
+    def __init__(self, router: Router, experts: RoutedExperts, shared: SharedExpert | None):
+        super().__init__()
+        self.router, self.experts, self.shared = router, experts, shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, expert_ids = self.router(x)  # [T, K], [T, K]
+        out = self.experts(x, weights, expert_ids)  # [T, D]
+        return out if self.shared is None else out + self.shared(x)
+
+
+__all__ = ["MoE", "Router", "RoutedExperts"]

@@ -1,0 +1,89 @@
+"""Rotary position embedding in ggml's two arrangements, with the context-extension scalings.
+
+NORM (llama.cpp's LLAMA_ROPE_TYPE_NORM) rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates
+x[i] with x[i + n/2]. Both rotate the first `rope_dim` features of each head and pass the rest
+through. Pair i turns by position * theta_i with theta_i = base^(-2i / rope_dim), adjusted by the
+scaling the file declares:
+
+  linear  theta_i / factor (position interpolation);
+  yarn    per pair, a blend of interpolated and original theta by a linear ramp between two
+          correction dimensions (the formula of the YaRN paper as ggml's `rope_yarn` applies
+          it, which is also what transformers' "yarn" computes), cos/sin scaled by
+          attn_factor * (1 + 0.1 ln factor).
+
+Angles are computed in float32 from float32 inverse frequencies, as transformers does.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from strata.errors import StrataFormatError
+from strata.gguf import HParams
+
+YARN_BETA_FAST = 32.0  # llama.cpp's defaults when rope.scaling.yarn_beta_* are absent
+YARN_BETA_SLOW = 1.0
+
+
+def _yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> float:
+    return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+
+def _yarn(inv_freq: torch.Tensor, hp: HParams) -> tuple[torch.Tensor, float]:
+    s, n_dims = hp.rope_scaling, hp.rope_dim
+    fast = s.yarn_beta_fast if s.yarn_beta_fast is not None else YARN_BETA_FAST
+    slow = s.yarn_beta_slow if s.yarn_beta_slow is not None else YARN_BETA_SLOW
+    ext_factor = s.yarn_ext_factor if s.yarn_ext_factor is not None and s.yarn_ext_factor >= 0 else 1.0
+    low = max(0.0, math.floor(_yarn_corr_dim(n_dims, s.original_context_length, fast, hp.rope_freq_base)))
+    high = min(n_dims - 1.0, math.ceil(_yarn_corr_dim(n_dims, s.original_context_length, slow, hp.rope_freq_base)))
+    i = torch.arange(n_dims // 2, dtype=torch.float32)
+    mix = (1 - ((i - low) / max(0.001, high - low)).clamp(0, 1)) * ext_factor  # [rope_dim/2]
+    inv_freq = inv_freq / s.factor * (1 - mix) + inv_freq * mix
+    attn_factor = s.attn_factor if s.attn_factor is not None else 1.0
+    if ext_factor != 0:
+        attn_factor *= 1.0 + 0.1 * math.log(s.factor)
+    return inv_freq, attn_factor
+
+
+def rope_frequencies(hp: HParams) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [rope_dim/2] float32, cos/sin scale) of a model's RoPE."""
+    dim = hp.rope_dim
+    inv_freq = 1.0 / (hp.rope_freq_base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    kind = hp.rope_scaling.type
+    if kind == "none" or hp.rope_scaling.factor == 1.0 and kind != "yarn":
+        return inv_freq, 1.0
+    if kind == "linear":
+        return inv_freq / hp.rope_scaling.factor, 1.0
+    if kind == "yarn":
+        return _yarn(inv_freq, hp)
+    raise StrataFormatError(f"{hp.arch}: rope scaling type {kind!r} is not supported (expected none, linear or yarn)")
+
+
+class Rope:
+    """cos/sin tables for given positions and their application to queries and keys."""
+
+    def __init__(self, hp: HParams, device: torch.device):
+        inv_freq, self.scale = rope_frequencies(hp)
+        self.inv_freq = inv_freq.to(device)  # [R/2], R = rope_dim
+        self.neox = hp.rope_type == "neox"
+        self.rope_dim = hp.rope_dim
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, R/2]
+        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, H, hd] rotated by cos/sin [T, R/2]; features past R pass through."""
+        rot, rest = x[..., :self.rope_dim], x[..., self.rope_dim:]
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, R/2]
+        if self.neox:
+            x1, x2 = rot.chunk(2, dim=-1)  # [T, H, R/2] each: the two halves
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]  # [T, H, R/2] each: even and odd features
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+__all__ = ["Rope", "rope_frequencies"]

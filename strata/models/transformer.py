@@ -1,0 +1,56 @@
+"""The decoder: embedding, blocks of (attention, FFN) with pre-norm residuals, norm, output head.
+
+Dimension letters: T new tokens in the batch (all sequences), B sequences, D = n_embd,
+H / Hkv query / key-value heads, hd head dim, E experts, K experts per token, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention
+from .batch import Batch, KVStore
+from .layers import FeedForward, RMSNorm
+from .moe import MoE
+from .rope import Rope
+
+
+class Block(nn.Module):
+    def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward):
+        super().__init__()
+        self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
+
+    def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
+        return h + self.ffn(self.ffn_norm(h))  # [T, D]
+
+
+class Transformer(nn.Module):
+    """A decoder-only MoE transformer built by `strata.models.load_model`."""
+
+    def __init__(self, embedding: torch.Tensor, blocks: list[Block], norm: RMSNorm, output: torch.Tensor, rope: Rope):
+        super().__init__()
+        self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
+
+    @property
+    def vocab_size(self) -> int:
+        return self.output.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, batch: Batch, cache: KVStore, all_logits: bool = False) -> torch.Tensor:
+        """Logits [T, V] of every new token (`all_logits`), else [B, V] of each sequence's last one.
+
+        Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
+        """
+        x = F.embedding(tokens, self.embedding)  # [T, D]
+        cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
+        for i, block in enumerate(self.blocks):
+            x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
+        if not all_logits:
+            x = x[batch.last]  # [B, D]
+        return F.linear(self.norm(x), self.output).float()  # [T or B, V]
+
+
+__all__ = ["Block", "Transformer"]
