@@ -18,15 +18,22 @@ static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return
 static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* Exact: every binary16 value is a binary32 value. NaN payloads are kept as they are (not quieted),
- * as numpy's float16 -> float32 cast does. */
-float strata_fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f) return bits_to_f32(sign | 0x7f800000u | man << 13);     /* inf, NaN */
-    if (exp != 0) return bits_to_f32(sign | (exp + 112) << 23 | man << 13);  /* rebias 15 -> 127 */
-    /* zero or subnormal: man * 2^-24, exact in float32 (man < 2^10) */
-    return bits_to_f32(sign | f32_to_bits((float)man * 0x1p-24f));
+ * as numpy's float16 -> float32 cast does (F16C's vcvtph2ps would quiet signalling NaNs).
+ * Static inline for the kernels: the exported strata_fp16_to_fp32 can be interposed in a -fPIC
+ * build, so calls to it are neither inlined nor vectorised. */
+static inline float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;  /* em: exponent, mantissa */
+    const uint32_t special = 0x7f800000u | em << 13;                        /* inf, NaN */
+    const uint32_t normal = (em << 13) + 0x38000000u;                       /* rebias 15 -> 127 */
+    const uint32_t subnormal = f32_to_bits((float)(int32_t)em * 0x1p-24f);  /* em * 2^-24, exact */
+    /* Select with masks, not `?:`: GCC (trapping math) will not vectorise a loop with a branch
+     * around the float multiply, and this runs once per element in the F16 kernel. */
+    const uint32_t is_sub = 0u - (uint32_t)(em < 0x0400u), is_special = 0u - (uint32_t)(em >= 0x7c00u);
+    const uint32_t finite = (subnormal & is_sub) | (normal & ~is_sub);
+    return bits_to_f32(sign | (special & is_special) | (finite & ~is_special));
 }
+
+float strata_fp16_to_fp32(uint16_t h) { return fp16_to_fp32(h); }
 
 /* q[j] = qs[j] & 15, q[n + j] = qs[j] >> 4 for j < n: low nibbles first, as ggml packs them. */
 static inline void unpack_nibbles(const uint8_t *qs, int n, uint8_t *q) {
@@ -42,10 +49,20 @@ static inline void add_fifth_bits(const uint8_t qh[4], uint8_t q[32]) {
     for (int j = 0; j < 32; j++) q[j] |= ((h >> j) & 1u) << 4;
 }
 
-/* x + m, keeping x's NaN when both are NaN. numpy's vector loop puts the product first; a plain
- * `+` would let the compiler commute the operands and so pick either payload. x (a product) is
- * already a quiet NaN when it is one. */
-static inline float add_min(float x, float m) { return x != x ? x : x + m; }
+/* y[j] = d * q[j] + m. When both the product and m are NaN, numpy's vector loop returns the
+ * product's NaN; a plain `+` lets the compiler commute the operands and pick either payload. With
+ * one NaN operand the sum is that NaN whatever the order, so only a NaN m takes the careful loop
+ * (a per-element test would stop the common loop from vectorising). */
+static inline void scale_add_min(float d, float m, const uint8_t q[32], float *y) {
+    if (m == m) {
+        for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
+        return;
+    }
+    for (int j = 0; j < 32; j++) {
+        const float x = d * (float)q[j];
+        y[j] = x != x ? x : x + m;
+    }
+}
 
 /*
  * Q4_K/Q5_K 6-bit scales and mins of the 8 sub-blocks, packed in 12 bytes
@@ -71,8 +88,11 @@ void strata_dequant_f32_ref(const uint8_t *restrict src, float *restrict dst, in
 }
 
 void strata_dequant_f16_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
-    for (int64_t i = 0; i < n_blocks; i++)
-        dst[i] = strata_fp16_to_fp32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+    for (int64_t i = 0; i < n_blocks; i++) {
+        uint16_t h;  /* little-endian, at any alignment */
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = fp16_to_fp32(h);
+    }
 }
 
 /* BF16: the upper half of a float32; the bits move unchanged (NaN payloads too). */
@@ -84,7 +104,7 @@ void strata_dequant_bf16_ref(const uint8_t *restrict src, float *restrict dst, i
 /* ---- Q4_0: 32 elems, 18 B = half d; u8 qs[16].  x[j] = d * (q[j] - 8), q = 4-bit code ---- */
 
 static void block_q4_0(const strata_block_q4_0 *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d);
+    const float d = fp16_to_fp32(b->d);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 8);
@@ -93,17 +113,17 @@ static void block_q4_0(const strata_block_q4_0 *b, float *y) {
 /* ---- Q4_1: 32 elems, 20 B = half d, m; u8 qs[16].  x[j] = (d * q[j]) + m ---- */
 
 static void block_q4_1(const strata_block_q4_1 *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d), m = strata_fp16_to_fp32(b->m);
+    const float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
-    for (int j = 0; j < 32; j++) y[j] = add_min(d * (float)q[j], m);
+    scale_add_min(d, m, q, y);
 }
 
 /* ---- Q5_0: 32 elems, 22 B = half d; u8 qh[4]; u8 qs[16].  x[j] = d * (q5[j] - 16),
  *      q5 = 4-bit code | bit j of qh << 4 ---- */
 
 static void block_q5_0(const strata_block_q5_0 *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d);
+    const float d = fp16_to_fp32(b->d);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     add_fifth_bits(b->qh, q);
@@ -113,17 +133,17 @@ static void block_q5_0(const strata_block_q5_0 *b, float *y) {
 /* ---- Q5_1: 32 elems, 24 B = half d, m; u8 qh[4]; u8 qs[16].  x[j] = (d * q5[j]) + m ---- */
 
 static void block_q5_1(const strata_block_q5_1 *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d), m = strata_fp16_to_fp32(b->m);
+    const float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     add_fifth_bits(b->qh, q);
-    for (int j = 0; j < 32; j++) y[j] = add_min(d * (float)q[j], m);
+    scale_add_min(d, m, q, y);
 }
 
 /* ---- Q8_0: 32 elems, 34 B = half d; i8 qs[32].  x[j] = q[j] * d ---- */
 
 static void block_q8_0(const strata_block_q8_0 *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d);
+    const float d = fp16_to_fp32(b->d);
     for (int j = 0; j < 32; j++) y[j] = (float)b->qs[j] * d;
 }
 
@@ -132,13 +152,17 @@ static void block_q8_0(const strata_block_q8_0 *b, float *y) {
  *      x = (d * sc) * q - (dmin * mn), q = 2 bits: element i sits in qs[32 * (i / 128) + i % 32]
  *      at bit 2 * ((i / 32) % 4) ---- */
 
+/* Sub-block s (elements 16s .. 16s+15) of Q2_K/Q3_K: its 16 bytes of qs and the bit shift. */
+static inline const uint8_t *k_2bit_bytes(const uint8_t *qs, int s) { return qs + 32 * (s / 8) + 16 * (s % 2); }
+static inline int k_2bit_shift(int s) { return 2 * ((s / 2) % 4); }
+
 static void block_q2_k(const strata_block_q2_k *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d), dmin = strata_fp16_to_fp32(b->dmin);
-    for (int i = 0; i < 256; i++) {
-        const float dl = d * (float)(b->scales[i / 16] & 0xf);
-        const float ml = dmin * (float)(b->scales[i / 16] >> 4);
-        const int q = (b->qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
-        y[i] = dl * (float)q - ml;
+    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
+    for (int s = 0; s < 16; s++) {
+        const float dl = d * (float)(b->scales[s] & 0xf), ml = dmin * (float)(b->scales[s] >> 4);
+        const uint8_t *qs = k_2bit_bytes(b->qs, s);
+        const int shift = k_2bit_shift(s);
+        for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)((qs[l] >> shift) & 3) - ml;
     }
 }
 
@@ -154,13 +178,14 @@ static int q3_k_scale(const uint8_t s[12], int sub) {
 }
 
 static void block_q3_k(const strata_block_q3_k *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d);
-    for (int sub = 0; sub < 16; sub++) {
-        const float dl = d * (float)q3_k_scale(b->scales, sub);
-        for (int i = 16 * sub; i < 16 * sub + 16; i++) {
-            const int q2 = (b->qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
-            const int h = (b->hmask[i % 32] >> (i / 32)) & 1;
-            y[i] = dl * (float)(q2 - ((h ^ 1) << 2));
+    const float d = fp16_to_fp32(b->d);
+    for (int s = 0; s < 16; s++) {
+        const float dl = d * (float)q3_k_scale(b->scales, s);
+        const uint8_t *qs = k_2bit_bytes(b->qs, s), *hm = b->hmask + 16 * (s % 2);
+        const int shift = k_2bit_shift(s), hbit = s / 2;
+        for (int l = 0; l < 16; l++) {
+            const int q2 = (qs[l] >> shift) & 3, h = (hm[l] >> hbit) & 1;
+            y[16 * s + l] = dl * (float)(q2 - ((h ^ 1) << 2));
         }
     }
 }
@@ -170,7 +195,7 @@ static void block_q3_k(const strata_block_q3_k *b, float *y) {
  *      then high nibbles.  x = (d * sc) * q - (dmin * mn) ---- */
 
 static void block_q4_k(const strata_block_q4_k *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d), dmin = strata_fp16_to_fp32(b->dmin);
+    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
     uint8_t q[256];
     for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
     for (int sub = 0; sub < 8; sub++) {
@@ -186,10 +211,11 @@ static void block_q4_k(const strata_block_q4_k *b, float *y) {
  *      x = (d * sc) * q5 - (dmin * mn) ---- */
 
 static void block_q5_k(const strata_block_q5_k *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d), dmin = strata_fp16_to_fp32(b->dmin);
+    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
     uint8_t q[256];
     for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
-    for (int i = 0; i < 256; i++) q[i] |= ((b->qh[i % 32] >> (i / 32)) & 1) << 4;
+    for (int bit = 0; bit < 8; bit++)
+        for (int l = 0; l < 32; l++) q[32 * bit + l] |= ((b->qh[l] >> bit) & 1) << 4;
     for (int sub = 0; sub < 8; sub++) {
         uint8_t sc, mn;
         get_scale_min(sub, b->scales, &sc, &mn);
@@ -204,12 +230,14 @@ static void block_q5_k(const strata_block_q5_k *b, float *y) {
  *      x = (d * sc) * (q6 - 32) ---- */
 
 static void block_q6_k(const strata_block_q6_k *b, float *y) {
-    const float d = strata_fp16_to_fp32(b->d);
+    const float d = fp16_to_fp32(b->d);
     uint8_t q[256];
-    for (int h = 0; h < 2; h++) {
-        unpack_nibbles(b->ql + 64 * h, 64, q + 128 * h);
-        for (int k = 0; k < 128; k++) q[128 * h + k] |= ((b->qh[32 * h + k % 32] >> (2 * (k / 32))) & 3) << 4;
-    }
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {  /* elements 128h + 32s .. +31 */
+            const uint8_t *ql = b->ql + 64 * h + 32 * (s % 2), *qh = b->qh + 32 * h;
+            for (int l = 0; l < 32; l++)
+                q[128 * h + 32 * s + l] = ((ql[l] >> (4 * (s / 2))) & 0xf) | ((qh[l] >> (2 * s)) & 3) << 4;
+        }
     for (int sub = 0; sub < 16; sub++) {
         const float d1 = d * (float)b->scales[sub];
         for (int i = 16 * sub; i < 16 * sub + 16; i++) y[i] = d1 * (float)(q[i] - 32);
