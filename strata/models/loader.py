@@ -56,7 +56,7 @@ class WeightReader:
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
                                     f"({self.mf.arch}), found no such tensor")
-        if _numel(info.shape) != _numel(shape) or len(info.shape) > 1 and tuple(info.shape) != shape:
+        if _squeeze(info.shape) != _squeeze(shape):  # [1, D] and [D] are the same vector
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)}, "
                                     f"found {list(info.shape)}")
         out = torch.empty(shape, dtype=self.dtype)
@@ -70,11 +70,8 @@ class WeightReader:
         return self.get(kind, layer, shape, suffix) if self.has(kind, layer, suffix) else None
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _attention(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: Rope) -> Attention:
