@@ -1,0 +1,314 @@
+"""Strata's public Python API: `strata.load(path)` -> `Model`.
+
+    import strata
+    m = strata.load("model.gguf", device="cpu", dtype="float32", threads=4)
+    m.generate("Once upon a time", max_tokens=32).text
+    for chunk in m.chat([{"role": "user", "content": "Hi"}], stream=True):
+        print(chunk.text, end="")
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
+
+import torch
+
+from strata import native
+from strata.chat_template import ChatTemplate
+from strata.errors import StrataError
+from strata.gguf import HParams, ModelFile, open_model
+from strata.memory import DirectExpertMemory, ExpertMemory
+from strata.models import Batch, Transformer, load_model
+from strata.tokenizer import Tokenizer
+
+from .engine import Engine
+from .kv_cache import KVCache
+from .perplexity import PerplexityResult, perplexity
+from .sampling import SamplingParams
+from .sequence import Sequence, StopConditions
+
+DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DEFAULT_CTX = 4096  # KV-cache positions per sequence when n_ctx is not given (capped by the model's)
+DEFAULT_SLOTS = 4  # sequences decoded together at most
+
+#: Builds the expert memory of a model: (model_file, device, dtype, n_threads) -> ExpertMemory.
+MemoryFactory = Callable[[ModelFile, torch.device, torch.dtype, int], ExpertMemory]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' as a torch.device, or a StrataError saying what is wrong."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise StrataError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise StrataError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise StrataError(f"device {device!r}: no CUDA GPU is available to this torch ({torch.__version__})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise StrataError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The compute dtype: float32 on the CPU and bfloat16 on CUDA unless one is given."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise StrataError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+
+
+@dataclass
+class Chunk:
+    """One generated token of a stream and the text it made visible (may be empty)."""
+
+    token_id: int | None  # None for the final chunk of a sequence that ended on a stop token
+    text: str
+    finish_reason: str | None = None  # set on a sequence's last chunk
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # generated tokens (without a stop token that ended them)
+    text: str  # their text, cut before a stop string
+    finish_reason: str  # "stop" (stop token or string) or "length" (max_tokens or context full)
+    prompt_tokens: int
+    prefill_seconds: float  # prompt processing up to the first generated token
+    decode_seconds: float  # the remaining tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens after the first over the time they took."""
+        n = len(self.token_ids) - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens, "tokens_per_second": self.tokens_per_second,
+                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds}
+
+
+class Stream:
+    """Iterate for `Chunk`s as tokens are generated; `.completion` is set once it is exhausted."""
+
+    def __init__(self, chunks: Iterator[Chunk]):
+        self._chunks = chunks
+        self.completion: Completion | None = None
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self._chunks
+
+
+class Model:
+    """A loaded GGUF model: tokenizer, chat template, and generation on one device.
+
+    Build with `strata.load`. Not thread-safe: one call at a time.
+    """
+
+    def __init__(self, model_file: ModelFile, transformer: Transformer, memory: ExpertMemory, cache: KVCache,
+                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int):
+        self.model_file, self.transformer, self.memory, self.cache = model_file, transformer, memory, cache
+        self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
+        self.engine = Engine(transformer, cache, device)
+        self._ids = itertools.count()
+        source = model_file.metadata.get("tokenizer.chat_template")
+        self.chat_template = ChatTemplate(source, self._special_texts()) if source else None
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self.model_file.path
+
+    @property
+    def hparams(self) -> HParams:
+        return self.model_file.hparams
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cache.n_ctx
+
+    def _special_texts(self) -> dict[str, str | None]:
+        s, tokens = self.tokenizer.special, self.tokenizer.tokens
+        name = {"bos_token": s.bos, "eos_token": s.eos, "unk_token": s.unk, "pad_token": s.pad}
+        return {k: tokens[i] if i is not None and 0 <= i < len(tokens) else None for k, i in name.items()}
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """End-of-generation tokens: the file's EOS and EOT."""
+        s = self.tokenizer.special
+        return frozenset(i for i in (s.eos, s.eot) if i is not None)
+
+    # -- text ----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text` (BOS/EOS added as the file asks when `add_special`)."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, token_ids: Iterable[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(token_ids, skip_special=skip_special)
+
+    def apply_chat_template(self, messages: Seq[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        """The prompt text the model's chat template makes of `messages`."""
+        if self.chat_template is None:
+            raise StrataError(f"{self.path}: the file has no chat template (tokenizer.chat_template)")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    # -- logits --------------------------------------------------------------------------------
+
+    def logits(self, token_ids: Seq[int]) -> torch.Tensor:
+        """Logits [T, V] (float32, CPU) of every position of `token_ids`, as one fresh sequence."""
+        ids = list(token_ids)
+        if not 0 < len(ids) <= self.n_ctx:
+            raise StrataError(f"logits of {len(ids)} tokens: expected 1 to n_ctx={self.n_ctx} tokens")
+        slot = self.cache.allocate()
+        try:
+            batch = Batch.make([slot], [0], [len(ids)], self.device)
+            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
+            return self.transformer(tokens, batch, self.cache, all_logits=True).cpu()
+        finally:
+            self.cache.free(slot)
+
+    def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False) -> PerplexityResult:
+        """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does."""
+        return perplexity(self.logits, list(token_ids), n_ctx or self.n_ctx, self.tokenizer.special.bos
+                          if self.tokenizer.special.add_bos else None, keep_logits)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _sequence(self, prompt: str | Seq[int], max_tokens: int, stop: Seq[str] | str | None,
+                  stop_token_ids: Iterable[int] | None, sampling: dict[str, Any], add_special: bool = True) -> Sequence:
+        ids = self.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        for t in ids:
+            if not 0 <= t < self.tokenizer.vocab_size:
+                raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
+        stops = StopConditions(max_tokens=max_tokens,
+                               stop_token_ids=frozenset(self.stop_token_ids if stop_token_ids is None else stop_token_ids),
+                               stop_strings=(stop,) if isinstance(stop, str) else tuple(stop or ()))
+        return Sequence(next(self._ids), ids, SamplingParams(**sampling), stops, self.tokenizer.stream())
+
+    def generate(self, prompt: str | Seq[int], *, max_tokens: int = 128, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 seed: int | None = None, stop: Seq[str] | str | None = None,
+                 stop_token_ids: Iterable[int] | None = None, stream: bool = False,
+                 add_special: bool = True) -> Completion | Stream:
+        """Continue `prompt` (text, tokenized with BOS as the file asks, or token ids).
+
+        Greedy when temperature is 0. Generation ends at a stop token (default: the file's EOS
+        and EOT), at a stop string, after `max_tokens`, or when the context is full. Returns a
+        `Completion`, or with `stream=True` a `Stream` of `Chunk`s.
+        """
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repetition_penalty=repetition_penalty, seed=seed)
+        seq = self._sequence(prompt, max_tokens, stop, stop_token_ids, sampling, add_special)
+        if stream:
+            s = Stream(iter(()))
+            s._chunks = self._run_stream(seq, s)
+            return s
+        return self._run([seq])[0]
+
+    def generate_batch(self, prompts: Seq[str | Seq[int]], **kwargs: Any) -> list[Completion]:
+        """`generate` for several prompts decoded together; same options, applied to each."""
+        if kwargs.pop("stream", False):
+            raise ValueError("generate_batch does not stream")
+        sampling = {k: kwargs.pop(k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
+                    if k in kwargs}
+        seqs = [self._sequence(p, kwargs.get("max_tokens", 128), kwargs.get("stop"), kwargs.get("stop_token_ids"),
+                               sampling, kwargs.get("add_special", True)) for p in prompts]
+        return self._run(seqs)
+
+    def chat(self, messages: Seq[dict[str, Any]], **kwargs: Any) -> Completion | Stream:
+        """Generate the assistant's reply to `messages` (rendered with the chat template)."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate(prompt, add_special=False, **kwargs)
+
+    def _run(self, seqs: list[Sequence]) -> list[Completion]:
+        t0 = time.perf_counter()
+        first: dict[int, float] = {}
+        for s in seqs:
+            self.engine.add(s)
+        try:
+            for seq, _ in self.engine.run():
+                first.setdefault(seq.seq_id, time.perf_counter())
+        except BaseException:
+            self.engine.abort()
+            raise
+        end = time.perf_counter()
+        return [self._completion(s, t0, first.get(s.seq_id, end), end) for s in seqs]
+
+    def _run_stream(self, seq: Sequence, stream: Stream) -> Iterator[Chunk]:
+        t0 = time.perf_counter()
+        self.engine.add(seq)
+        t_first = None
+        try:
+            while not seq.finished:
+                n_before = len(seq.output_ids)
+                for _, text in self.engine.step():
+                    t_first = t_first or time.perf_counter()
+                    token = seq.output_ids[-1] if len(seq.output_ids) > n_before else None  # None: a stop token
+                    yield Chunk(token, text, seq.finish_reason)
+        finally:
+            if not seq.finished:
+                self.engine.abort()
+        stream.completion = self._completion(seq, t0, t_first or time.perf_counter(), time.perf_counter())
+
+    @staticmethod
+    def _completion(seq: Sequence, t0: float, t_first: float, end: float) -> Completion:
+        return Completion(seq.output_ids, seq.text, seq.finish_reason or "abort", len(seq.prompt_ids),
+                          t_first - t0, end - t_first)
+
+    def close(self) -> None:
+        if self.memory is not None:
+            self.memory.close()
+        self.model_file.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _direct_memory(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
+    return DirectExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads)
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+         threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
+         memory: MemoryFactory | None = None) -> Model:
+    """Load the GGUF model at `path` for inference.
+
+    device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
+    default float32 on the CPU, bfloat16 on CUDA). threads: CPU threads for dequantization and
+    torch (default: all this process may use). n_ctx: context positions per sequence (default
+    min(model's context, 4096)). max_batch: sequences decoded together. memory: builds the
+    expert memory (default: `DirectExpertMemory`, experts dequantized from the file per use).
+    """
+    dev = resolve_device(device)
+    compute = resolve_dtype(dtype, dev)
+    if threads is not None and threads < 1:
+        raise StrataError(f"threads must be >= 1, found {threads}")
+    n_threads = threads or native.default_threads()
+    torch.set_num_threads(n_threads)
+    mf = open_model(path)
+    tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path))
+    hp = mf.hparams
+    ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
+    if not 1 < ctx:
+        raise StrataError(f"n_ctx must be at least 2, found {ctx}")
+    mem = (memory or _direct_memory)(mf, dev, compute, n_threads) if mf.expert_layers else None
+    transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads)
+    cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute, device=dev)
+    return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
+
+
+__all__ = ["Chunk", "Completion", "Model", "Stream", "load", "resolve_device", "resolve_dtype"]

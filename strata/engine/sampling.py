@@ -1,0 +1,85 @@
+"""Choosing the next token from logits: greedy, or sampling with the usual filters.
+
+Order of operations (transformers' order): repetition penalty over every token already in the
+sequence (prompt and output; CTRL's rule: positive logits divided by the penalty, negative ones
+multiplied), temperature, top-k, top-p (smallest set whose probability reaches p), min-p (drop
+tokens below min_p x the top probability), then a draw from the renormalised distribution.
+Temperature 0 is greedy (argmax after the penalty). Each sequence draws from its own generator,
+seeded from `seed`, so a seeded result does not depend on what else runs in the batch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
+    seed: int | None = None  # None: a fresh random seed per sequence
+
+    def __post_init__(self):
+        checks = [(self.temperature >= 0, "temperature must be >= 0"), (self.top_k >= 0, "top_k must be >= 0"),
+                  (0 < self.top_p <= 1, "top_p must be in (0, 1]"), (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+                  (self.repetition_penalty > 0, "repetition_penalty must be > 0")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message}, found {self}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
+    if penalty == 1.0 or not history:
+        return logits
+    ids = torch.tensor(sorted(set(history)), device=logits.device)
+    picked = logits[ids]
+    logits = logits.clone()
+    logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Temperature-scaled logits [V] with the tokens top-k / top-p / min-p drop set to -inf."""
+    logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.shape[-1]:
+        kth = logits.topk(p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = logits.sort(descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= p.top_p  # tokens after the set has reached top_p
+        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+    if p.min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return logits
+
+
+class Sampler:
+    """The next-token rule of one sequence."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.generator = torch.Generator()
+        self.generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+
+    def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
+        """Next token id from logits [V] (float32) given the tokens so far."""
+        logits = apply_repetition_penalty(logits, history, self.params.repetition_penalty)
+        if self.params.greedy:
+            return int(logits.argmax())
+        probs = filter_logits(logits, self.params).softmax(-1).cpu()
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+__all__ = ["Sampler", "SamplingParams", "apply_repetition_penalty", "filter_logits"]

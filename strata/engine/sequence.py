@@ -1,0 +1,110 @@
+"""One generation request as plain data: prompt, output, cache position, stop rules, text.
+
+No tensors here (the engine owns those), so stop-token, stop-string and length rules can be
+tested without a model. Visible text is handed out in deltas; text that might be the start of a
+stop string is held back until it is known not to be one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .sampling import Sampler, SamplingParams
+
+
+class TokenDecoder(Protocol):
+    def push(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class StopConditions:
+    max_tokens: int = 256  # tokens generated at most
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)  # end the output, not part of it
+    stop_strings: tuple[str, ...] = ()  # end the output at the first occurrence, not part of it
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, found {self.max_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop strings must not be empty")
+
+
+class Sequence:
+    def __init__(self, seq_id: int, prompt_ids: list[int], sampling: SamplingParams, stop: StopConditions,
+                 decoder: TokenDecoder | None = None):
+        if not prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        self.seq_id, self.prompt_ids, self.stop = seq_id, list(prompt_ids), stop
+        self.sampler = Sampler(sampling)
+        self.decoder = decoder
+        self.output_ids: list[int] = []
+        self.slot: int | None = None  # KV-cache slot while running
+        self.n_cached = 0  # tokens whose keys and values are in the cache
+        self.finish_reason: str | None = None  # "stop" | "length"
+        self.text = ""  # output text so far (with a decoder), cut at a stop string
+        self._emitted = 0  # characters of `text` already handed out
+        self._cut = False  # the text ended at a stop string
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def pending_ids(self) -> list[int]:
+        """Tokens the model has not seen yet: the prompt at first, then the last sampled token."""
+        return self.all_ids[self.n_cached:]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token_id: int) -> str:
+        """Record a sampled token; returns the text that became visible (may be empty)."""
+        if token_id in self.stop.stop_token_ids:
+            return self.finish("stop")
+        self.output_ids.append(token_id)
+        if self.decoder is not None:
+            before = len(self.text)
+            self.text += self.decoder.push(token_id)
+            if self._cut_at_stop_string(before):
+                return self.finish("stop")
+        if len(self.output_ids) >= self.stop.max_tokens:
+            return self.finish("length")
+        return self._delta(final=False)
+
+    def finish(self, reason: str) -> str:
+        """End the sequence; returns the text still held back."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            if self.decoder is not None and not self._cut:
+                self.text += self.decoder.flush()  # bytes of an unfinished character become U+FFFD
+        return self._delta(final=True)
+
+    def _cut_at_stop_string(self, before: int) -> bool:
+        longest = max((len(s) for s in self.stop.stop_strings), default=0)
+        start = max(0, before - longest + 1)  # a stop string may begin in earlier text
+        hits = [i for i in (self.text.find(s, start) for s in self.stop.stop_strings) if i >= 0]
+        if hits:
+            self.text, self._cut = self.text[:min(hits)], True
+        return self._cut
+
+    def _delta(self, final: bool) -> str:
+        end = len(self.text) if final else len(self.text) - self._held_back()
+        delta = self.text[self._emitted:end] if end > self._emitted else ""
+        self._emitted = max(self._emitted, end)
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that begins some stop string."""
+        best = 0
+        for s in self.stop.stop_strings:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+
+__all__ = ["Sequence", "StopConditions", "TokenDecoder"]
