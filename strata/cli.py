@@ -8,7 +8,8 @@ import sys
 from strata.errors import StrataError
 
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
-COMMAND_MODULES = ("strata.bench",)
+COMMAND_MODULES = ("strata.bench", "strata.commands.generate", "strata.commands.chat",
+                   "strata.commands.perplexity", "strata.commands.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

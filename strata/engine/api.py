@@ -21,7 +21,7 @@ from strata.chat_template import ChatTemplate
 from strata.errors import StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.models import Batch, Transformer, load_model
+from strata.models import Batch, Transformer, architecture, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
@@ -300,6 +300,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     n_threads = threads or native.default_threads()
     torch.set_num_threads(n_threads)
     mf = open_model(path)
+    architecture(mf)  # an architecture Strata cannot run is the first thing to say
     tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path))
     hp = mf.hparams
     ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)

@@ -1,0 +1,71 @@
+"""`strata chat MODEL`: an interactive chat with history; /reset clears it, /exit (or Ctrl-D) quits."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.errors import StrataError
+
+from .common import add_model_args, add_sampling_args, load_model, sampling_kwargs
+
+HELP = "commands: /reset clears the conversation, /exit quits"
+
+
+def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
+    """Stream the assistant's reply to stdout; its text, or None when it was interrupted."""
+    stream = model.chat(messages, stream=True, **sampling_kwargs(args))
+    try:
+        for chunk in stream:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("\n[interrupted]")
+        return None
+    done = stream.completion
+    used = done.prompt_tokens + len(done.token_ids)
+    print(f"\n[{len(done.token_ids)} tokens, {done.tokens_per_second:.1f} tok/s, context {used}/{model.n_ctx}]",
+          flush=True)
+    return done.text
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = list(system)
+    print(f"strata chat: {model.path.name} ({model.hparams.arch}, {model.device}). {HELP}", flush=True)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            history = list(system)
+            print("[conversation cleared]", flush=True)
+            continue
+        if not text:
+            continue
+        if text.startswith("/"):
+            print(f"[unknown command {text.split()[0]}; {HELP}]", flush=True)
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            reply = _reply(model, history, args)
+        except StrataError as exc:
+            print(f"error: {exc} (/reset starts a new conversation)", flush=True)
+            reply = None
+        if reply is None:
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": reply})
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("chat", help="chat with a model in the terminal")
+    add_model_args(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    add_sampling_args(p, temperature=0.8)
+    p.set_defaults(func=run)

@@ -1,0 +1,36 @@
+"""`strata generate MODEL -p TEXT`: continue a prompt, streaming the text (or one JSON object)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import add_model_args, add_sampling_args, load_model, sampling_kwargs
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args)
+    if args.json:
+        done = model.generate(args.prompt, **sampling_kwargs(args))
+        print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))
+        return 0
+    stream = model.generate(args.prompt, stream=True, **sampling_kwargs(args))
+    sys.stdout.write(args.prompt)
+    for chunk in stream:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    done = stream.completion
+    print()
+    print(f"[{len(done.token_ids)} tokens, {done.tokens_per_second:.1f} tok/s, prompt {done.prompt_tokens} tokens "
+          f"in {done.prefill_seconds:.2f} s, finish: {done.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="continue a prompt")
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    add_sampling_args(p, temperature=0.0)
+    p.add_argument("--json", action="store_true",
+                   help='print {"token_ids": [...], "text": ..., "tokens_per_second": ...} and nothing else')
+    p.set_defaults(func=run)

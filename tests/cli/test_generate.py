@@ -1,0 +1,75 @@
+"""`strata generate` and `strata perplexity` against the Python API, and the error lines."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import strata
+from tests.convert.fixtures import corpus
+from tests.gguf import fixtures as gguf_fixtures
+
+
+def test_generate_json_equals_the_api(cli, qwen3):
+    code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the expert router", "-n", "12", "--json",
+                       "--threads", "1")
+    got = json.loads(out)
+    ref = strata.load(qwen3.gguf("f32"), threads=1).generate("the expert router", max_tokens=12)
+    assert code == 0 and got["token_ids"] == ref.token_ids and got["text"] == ref.text
+    assert got["tokens_per_second"] > 0
+
+
+def test_generate_streams_prompt_and_text(cli, qwen3):
+    code, out, err = cli("generate", qwen3.gguf("f32"), "-p", "a model", "-n", "6", "--temperature", "0.7",
+                         "--seed", "3", "--threads", "1")
+    ref = strata.load(qwen3.gguf("f32"), threads=1).generate("a model", max_tokens=6, temperature=0.7, seed=3)
+    assert code == 0 and out == "a model" + ref.text + "\n"
+    assert "6 tokens" in err and "tok/s" in err
+
+
+def test_perplexity_save_logits_and_kl_divergence(cli, qwen3, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(corpus(120, seed=4)), encoding="utf-8")
+    saved = tmp_path / "f32.logits"
+    code, out, _ = cli("perplexity", qwen3.gguf("f32"), "-f", text, "--ctx", "64", "--json", "--save-logits", saved,
+                       "--threads", "1")
+    base = json.loads(out)
+    m = strata.load(qwen3.gguf("f32"), threads=1, n_ctx=64)
+    assert code == 0 and base["ppl"] == pytest.approx(m.perplexity(m.tokenize(text.read_text()), 64).ppl, rel=1e-9)
+    code, out, _ = cli("perplexity", qwen3.gguf("q8_0"), "-f", text, "--ctx", "64", "--json",
+                       "--kl-divergence", saved, "--threads", "1")
+    q8 = json.loads(out)
+    kl = q8["kl_divergence"]
+    assert code == 0 and q8["base"]["ppl"] == base["ppl"] and base["n_chunks"] >= 2
+    assert 0 < kl["kl_mean"] < 0.01 and kl["top1_agreement"] >= 0.9
+    code, out, _ = cli("perplexity", qwen3.gguf("q8_0"), "-f", text, "--ctx", "64", "--kl-divergence", saved,
+                       "--threads", "1")
+    assert code == 0 and "Final estimate: PPL = " in out and "top-1 agreement" in out
+
+
+def _one_error_line(code: int, err: str, needle: str) -> None:
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("strata: error: ") and needle in lines[0], err
+
+
+def test_unsupported_architecture_is_one_line(cli, tmp_path):
+    path = tmp_path / "deepseek.gguf"
+    gguf_fixtures.write_deepseek2(path)
+    code, _, err = cli("generate", path, "-p", "hi")
+    _one_error_line(code, err, "architecture 'deepseek2' is not supported")
+
+
+def test_prompt_longer_than_context_is_one_line(cli, qwen3):
+    code, _, err = cli("generate", qwen3.gguf("f32"), "-p", " ".join(["the expert"] * 40), "--ctx", "16")
+    _one_error_line(code, err, "does not fit the context of 16 tokens")
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu0"])
+def test_unknown_device_is_one_line(cli, qwen3, device):
+    code, _, err = cli("generate", qwen3.gguf("f32"), "-p", "hi", "--device", device)
+    _one_error_line(code, err, f"unknown device {device!r}")
+
+
+def test_missing_file_is_one_line(cli, tmp_path):
+    code, _, err = cli("chat", tmp_path / "nope.gguf")
+    _one_error_line(code, err, "nope.gguf")
