@@ -80,7 +80,7 @@ def test_shape_mismatch(ckpt, capsys):
 
 def test_config_contradicts_experts(ckpt, capsys):
     _edit_config(ckpt, num_local_experts=6)  # the key transformers 5 writes
-    _fails(ckpt, capsys, "experts.gate_up_proj", "expected (6, 512, 256)")
+    _fails(ckpt, capsys, "model.layers.0.mlp.gate.weight", "expected (6, 256)")
 
 
 def test_unknown_dtype(ckpt, capsys):
