@@ -35,8 +35,8 @@ class Tiny:
             self._files[key] = out
         return self._files[key]
 
-    def prompt_ids(self, n: int = 80) -> list[int]:
-        text = " ".join(corpus(60, seed=11))
+    def prompt_ids(self, n: int = 160) -> list[int]:
+        text = " ".join(corpus(120, seed=11))
         ids = self.tokenizer.encode(text).ids[:n]
         assert len(ids) == n
         return ids

@@ -11,52 +11,12 @@ from gguf import GGMLQuantizationType as T
 from gguf import Keys
 
 from converters import TypePolicy, convert
-from converters.mixtral import permute_rope_rows
 from fixtures import CHAT_TEMPLATE
+from readback import ARCH, field, read_tensors, source_tensors
 
 # Relative RMS error of each type on the fixtures' (Gaussian) weights, with a little room.
 REL_RMS = {T.Q8_0: 0.008, T.Q4_K: 0.08, T.Q6_K: 0.022, T.F16: 5e-4, T.BF16: 4e-3}
-ARCH = {"mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe", "olmoe": "olmoe"}
 PRE = {"llama3": "llama-bpe", "qwen2": "qwen2", "gpt2": "gpt-2"}
-
-
-def read_tensors(path) -> dict[str, tuple[T, np.ndarray]]:
-    """name -> (type, float32 values in row-major shape) for every tensor of a GGUF file."""
-    reader = gguf.GGUFReader(path)
-    out = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))
-        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(shape)
-        out[t.name] = (T(t.tensor_type), values.astype(np.float32))
-    return out
-
-
-def field(reader: gguf.GGUFReader, key: str):
-    return reader.fields[key].contents()
-
-
-def source_tensors(tiny) -> dict[str, np.ndarray]:
-    """What every GGUF tensor should hold, computed from the in-memory transformers model."""
-    arch = gguf.MODEL_ARCH[ARCH[tiny.spec.key].upper()]
-    cfg = tiny.model.config
-    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
-    out = {}
-    for key, value in tiny.model.state_dict().items():
-        v = value.float().numpy()
-        if key.endswith("experts.gate_up_proj"):
-            bid, half = key.split(".")[2], v.shape[1] // 2
-            out[f"blk.{bid}.ffn_gate_exps.weight"], out[f"blk.{bid}.ffn_up_exps.weight"] = v[:, :half], v[:, half:]
-        elif key.endswith("experts.down_proj"):
-            out[f"blk.{key.split('.')[2]}.ffn_down_exps.weight"] = v
-        else:
-            name = name_map.get_name(key, try_suffixes=(".weight", ".bias"))
-            assert name is not None, key
-            if arch == gguf.MODEL_ARCH.LLAMA and ".attn_q." in name:
-                v = permute_rope_rows(v, cfg.num_attention_heads)
-            elif arch == gguf.MODEL_ARCH.LLAMA and ".attn_k." in name:
-                v = permute_rope_rows(v, cfg.num_key_value_heads)
-            out[name] = v
-    return out
 
 
 def _check_values(name: str, t: T, got: np.ndarray, want: np.ndarray) -> None:
