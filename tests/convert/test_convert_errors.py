@@ -146,3 +146,9 @@ def test_rows_not_whole_blocks_fall_back(tiny_models, tmp_path, caplog):
     assert policy.choose(MT.ATTN_NORM, (256,), "blk.0.attn_norm.weight") == GGMLType.F32
     assert policy.choose(MT.FFN_GATE_INP, (4, 256), "blk.0.ffn_gate_inp.weight") == GGMLType.F32
     assert "not whole Q4_K blocks" in caplog.text
+
+
+def test_router_normalisation_mismatch_warns(ckpt, caplog):
+    _edit_config(ckpt, norm_topk_prob=False)  # llama.cpp's qwen3moe always renormalises
+    assert main([str(ckpt), "-o", str(ckpt.parent / "w.gguf"), "--no-progress"]) == 0
+    assert "norm_topk_prob=False" in caplog.text and "renormalises" in caplog.text
