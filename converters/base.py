@@ -248,10 +248,11 @@ class Architecture:
 
     def _check_shape(self, kind: MT, src: SourceTensor, found: tuple[int, ...]) -> None:
         want = self.expected_shape(kind)
-        if gname_bias := src.name.endswith(".bias"):
-            want = (want[0],) if want else None
+        is_bias = src.name.endswith(".bias")
+        if is_bias:
+            want = (want[0],) if want else None  # a projection's bias has one entry per output row
         if want is not None and tuple(found) != tuple(want):
-            what = "bias" if gname_bias else "weight"
+            what = "bias" if is_bias else "weight"
             raise ConversionError(f"{src.path}: tensor {src.name}: {what} shape {tuple(found)}, expected {tuple(want)} "
                                   f"from config.json")
 

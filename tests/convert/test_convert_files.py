@@ -131,3 +131,22 @@ def test_chat_template_from_either_file(tiny_models, tmp_path):
 def test_no_temp_files_left(tiny):
     tiny.gguf()
     assert not list(tiny.root.glob(".*.tmp"))
+
+
+def test_progress_bar_sees_every_source_byte(tiny_models, tmp_path):
+    class Bar:
+        def __init__(self, total):
+            self.total, self.done, self.closed = total, 0, False
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    tiny = tiny_models["qwen2moe"]
+    convert(tiny.fused, tmp_path / "p.gguf", name="tiny", progress=lambda total: bars.append(Bar(total)) or bars[-1])
+    (bar,) = bars
+    source = sum(p.stat().st_size for p in tiny.fused.glob("*.safetensors"))
+    assert bar.closed and 0.99 * source < bar.total <= source and abs(bar.done - bar.total) <= 64
