@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import gguf
 
@@ -52,11 +52,12 @@ def _write_metadata(w: gguf.GGUFWriter, arch: Architecture, ckpt: Checkpoint, po
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy: TypePolicy | None = None, *,
             name: str | None = None, n_threads: int | None = None, tokenizer_pre: str | None = None,
-            progress: Callable[[int, int], Callable[[int], None]] | None = None) -> list[PlannedTensor]:
+            progress: Callable[[int], Any] | None = None) -> list[PlannedTensor]:
     """Convert checkpoint folder `hf_dir` into GGUF file `out`; returns the tensors written.
 
-    `progress(total_src_bytes, ...)` may return a callback that receives source bytes as they are
-    consumed. Raises ConversionError (nothing is written) for any problem with the input."""
+    `progress(total_source_bytes)` may return a progress bar (an object with `update(n_bytes)`
+    and `close()`, e.g. tqdm's). Raises ConversionError (and writes nothing) for any problem
+    with the input or the output."""
     policy = policy or TypePolicy()
     target = Path(out)
     if not target.parent.is_dir():
@@ -70,16 +71,18 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
         for p in planned:
             w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
         total = sum(p.src_bytes for p in planned)
-        tick = progress(total) if progress else (lambda n: None)
+        bar = progress(total) if progress else None
         with atomic_output(target) as tmp:
             try:
                 w.write_header_to_file(path=tmp)
                 w.write_kv_data_to_file()
                 w.write_ti_data_to_file()
-                write_data(w, planned, n_threads, tick)
+                write_data(w, planned, n_threads, bar.update if bar else lambda n: None)
             except OSError as exc:
                 raise ConversionError(f"{target}: write failed: {exc.strerror or exc}") from None
             finally:
                 w.close()
+                if bar:
+                    bar.close()
     log.info("wrote %s: %d tensors", target, len(planned))
     return planned

@@ -14,6 +14,7 @@ on the way (llama's Q/K row permutation). Everything else lives here:
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -24,6 +25,8 @@ from gguf import MODEL_TENSOR as MT
 
 from converters.source import Checkpoint, ConversionError, SourceTensor
 from converters.types import TypePolicy
+
+log = logging.getLogger("strata.convert")
 
 _REQUIRED = object()
 
@@ -89,12 +92,20 @@ class Architecture:
                                                 MT.FFN_NORM, MT.FFN_GATE_INP)
     #: Rows per piece when a large resident tensor (embeddings, output head) is streamed.
     chunk_rows: ClassVar[int] = 8192
+    #: Whether llama.cpp's graph for this architecture renormalises the top-k routing weights
+    #: (it has no metadata key to say otherwise for these architectures).
+    router_normalizes: ClassVar[bool] = False
 
     def __init__(self, ckpt: Checkpoint):
         self.ckpt = ckpt
         self.cfg = ckpt.config
         self.hp = self.read_hparams()
         self.arch_name = gguf.MODEL_ARCH_NAMES[self.gguf_arch]
+        norm = self.cfg.get("norm_topk_prob")
+        if norm is not None and bool(norm) != self.router_normalizes:
+            log.warning("config.json: norm_topk_prob=%s, but llama.cpp's %s graph %s the top-k routing weights; "
+                        "llama.cpp's outputs will differ from transformers'", norm, self.arch_name,
+                        "renormalises" if self.router_normalizes else "does not renormalise")
         self.name_map = gguf.get_tensor_name_map(self.gguf_arch, self.hp.n_layers)
 
     # ---- config ----
@@ -237,10 +248,11 @@ class Architecture:
 
     def _check_shape(self, kind: MT, src: SourceTensor, found: tuple[int, ...]) -> None:
         want = self.expected_shape(kind)
-        if gname_bias := src.name.endswith(".bias"):
-            want = (want[0],) if want else None
+        is_bias = src.name.endswith(".bias")
+        if is_bias:
+            want = (want[0],) if want else None  # a projection's bias has one entry per output row
         if want is not None and tuple(found) != tuple(want):
-            what = "bias" if gname_bias else "weight"
+            what = "bias" if is_bias else "weight"
             raise ConversionError(f"{src.path}: tensor {src.name}: {what} shape {tuple(found)}, expected {tuple(want)} "
                                   f"from config.json")
 

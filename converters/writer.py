@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,7 +51,7 @@ def atomic_output(target: Path) -> Iterator[Path]:
     def on_term(signum, frame):  # turn SIGTERM into an exception so the cleanup below runs
         raise KeyboardInterrupt(f"signal {signum}")
 
-    in_main = _in_main_thread()
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there
     if in_main:
         signal.signal(signal.SIGTERM, on_term)
     try:
@@ -62,11 +63,6 @@ def atomic_output(target: Path) -> Iterator[Path]:
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _in_main_thread() -> bool:
-    import threading
-    return threading.current_thread() is threading.main_thread()
 
 
 def _prefetched(pieces: list[Callable[[], np.ndarray]], pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:

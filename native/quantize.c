@@ -21,6 +21,7 @@
  */
 #include "strata.h"
 #include "kernels.h"
+#include "quantize.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -180,9 +181,12 @@ static void unpack_scale_min_k4(const uint8_t *restrict sc, int j, int *ls, int 
     }
 }
 
-static void quantize_q4_k_block(const float *restrict x, strata_block_q4_k *restrict y) {
-    uint8_t L[STRATA_QK_K];
-    float w[32], scales[8], mins[8], max_scale = 0, max_min = 0;
+/* The (scale, min) search of a Q4_K block's eight sub-blocks: writes each sub-block's scale,
+ * -min and codes. The AVX2 twin (quantize_avx2.c) runs the eight searches in the eight lanes of
+ * a vector, with the same float operations in the same order per lane, so its output is equal. */
+void strata_quantize_q4_k_search_ref(const float *restrict x, float *restrict scales, float *restrict mins,
+                                     uint8_t *restrict L) {
+    float w[32];
     for (int j = 0; j < 8; j++) {
         const float *xs = x + 32 * j;
         /* Weights: each value counts by its magnitude plus the sub-block's RMS. */
@@ -191,6 +195,13 @@ static void quantize_q4_k_block(const float *restrict x, strata_block_q4_k *rest
         const float rms = sqrtf(sum_x2 / 32);
         for (int i = 0; i < 32; i++) w[i] = rms + fabsf(xs[i]);
         scales[j] = fit_scale_min(32, 15, xs, w, L + 32 * j, &mins[j], -1.0f, 0.1f, 20);
+    }
+}
+
+static void quantize_q4_k_finish(const float *restrict x, const float *restrict scales, const float *restrict mins,
+                                 uint8_t *restrict L, strata_block_q4_k *restrict y) {
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -218,12 +229,24 @@ static void quantize_q4_k_block(const float *restrict x, strata_block_q4_k *rest
             y->qs[32 * c + i] = (uint8_t)(L[64 * c + i] | (L[64 * c + 32 + i] << 4));
 }
 
-static void quantize_q4_k(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+static void quantize_q4_k_with(strata_q4_k_search_fn search, const float *restrict x, uint8_t *restrict dst,
+                               int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
         strata_block_q4_k blk;
-        quantize_q4_k_block(x, &blk);
+        uint8_t L[STRATA_QK_K];
+        float scales[8], mins[8];
+        search(x, scales, mins, L);
+        quantize_q4_k_finish(x, scales, mins, L, &blk);
         memcpy(dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
     }
+}
+
+static void quantize_q4_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q4_k_with(strata_quantize_q4_k_search_ref, x, dst, n_blocks);
+}
+
+static void quantize_q4_k_avx2(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q4_k_with(strata_quantize_q4_k_search_avx2, x, dst, n_blocks);
 }
 
 /* ---- Q6_K ---- */
@@ -272,13 +295,16 @@ static float fit_scale_sym(int n, int nmax, const float *restrict x, int8_t *res
     return scale;
 }
 
-static void quantize_q6_k_block(const float *restrict x, strata_block_q6_k *restrict y) {
-    int8_t L[STRATA_QK_K];
-    float scales[16], max_scale = 0, max_abs = 0;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = fit_scale_sym(16, 32, x + 16 * j, L + 16 * j);
+/* The scale search of a Q6_K block's sixteen sub-blocks (the AVX2 twin runs eight at a time). */
+void strata_quantize_q6_k_search_ref(const float *restrict x, float *restrict scales, int8_t *restrict L) {
+    for (int j = 0; j < 16; j++) scales[j] = fit_scale_sym(16, 32, x + 16 * j, L + 16 * j);
+}
+
+static void quantize_q6_k_finish(const float *restrict x, const float *restrict scales, int8_t *restrict L,
+                                 strata_block_q6_k *restrict y) {
+    float max_scale = 0, max_abs = 0;
+    for (int j = 0; j < 16; j++)
         if (fabsf(scales[j]) > max_abs) { max_abs = fabsf(scales[j]); max_scale = scales[j]; }
-    }
     memset(y, 0, sizeof *y);
     if (max_abs < STRATA_GROUP_EPS) return;                /* all-zero block: d = 0 */
 
@@ -306,12 +332,24 @@ static void quantize_q6_k_block(const float *restrict x, strata_block_q6_k *rest
     }
 }
 
-static void quantize_q6_k(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+static void quantize_q6_k_with(strata_q6_k_search_fn search, const float *restrict x, uint8_t *restrict dst,
+                               int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
         strata_block_q6_k blk;
-        quantize_q6_k_block(x, &blk);
+        int8_t L[STRATA_QK_K];
+        float scales[16];
+        search(x, scales, L);
+        quantize_q6_k_finish(x, scales, L, &blk);
         memcpy(dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
     }
+}
+
+static void quantize_q6_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q6_k_with(strata_quantize_q6_k_search_ref, x, dst, n_blocks);
+}
+
+static void quantize_q6_k_avx2(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q6_k_with(strata_quantize_q6_k_search_avx2, x, dst, n_blocks);
 }
 
 /* ---- Dispatcher ---- */
@@ -321,13 +359,13 @@ typedef void (*strata_quant_fn)(const float *restrict src, uint8_t *restrict dst
 typedef struct {
     int type;
     int64_t block_elems, block_bytes;
-    strata_quant_fn fn;
+    strata_quant_fn ref, avx2;      /* avx2 may be NULL: the format then runs its scalar code */
 } strata_quant_format;
 
 static const strata_quant_format QUANT_FORMATS[] = {
-    {STRATA_T_Q8_0, STRATA_QK, (int64_t)sizeof(strata_block_q8_0), quantize_q8_0},
-    {STRATA_T_Q4_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q4_k), quantize_q4_k},
-    {STRATA_T_Q6_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q6_k), quantize_q6_k},
+    {STRATA_T_Q8_0, STRATA_QK, (int64_t)sizeof(strata_block_q8_0), quantize_q8_0, NULL},
+    {STRATA_T_Q4_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q4_k), quantize_q4_k_ref, quantize_q4_k_avx2},
+    {STRATA_T_Q6_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q6_k), quantize_q6_k_ref, quantize_q6_k_avx2},
 };
 
 static const strata_quant_format *find_quant_format(int type) {
@@ -354,11 +392,15 @@ static void *quant_job_thread(void *arg) {
 #define STRATA_QUANT_MAX_THREADS 256
 
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
-                    int64_t n_rows, int64_t row_len, int n_threads) {
+                    int64_t n_rows, int64_t row_len, int n_threads, int impl) {
     const strata_quant_format *f = find_quant_format(ggml_type);
     if (!f) return STRATA_E_TYPE;
     if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
         return STRATA_E_ARG;
+    if (impl == STRATA_IMPL_AUTO) impl = strata_impl_default();
+    if (impl == STRATA_IMPL_AVX2 && !strata_cpu_has_avx2()) return STRATA_E_IMPL;
+    if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2) return STRATA_E_ARG;
+    const strata_quant_fn fn = impl == STRATA_IMPL_AVX2 && f->avx2 ? f->avx2 : f->ref;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
 
     /* Overflow-safe: every product is checked against a buffer size before it is formed. */
@@ -378,7 +420,7 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
     for (int t = 0; t < n_threads; t++) {
         const int64_t rows = n_rows / n_threads + (t < n_rows % n_threads);
         jobs[t] = (strata_quant_job){
-            .fn = f->fn,
+            .fn = fn,
             .src = src + row * row_len,
             .dst = (uint8_t *)dst + row * blocks_per_row * f->block_bytes,
             .n_blocks = rows * blocks_per_row,

@@ -78,8 +78,9 @@ int strata_quantize_has_type(int ggml_type);
  * either, and with STRATA_E_BLOCK when `row_len` is not a multiple of the type's block size.
  * Rows are split across `n_threads` threads (1 runs on the calling thread). Q8_0 output is
  * byte-identical to gguf-py's quantizer; Q4_K and Q6_K follow llama.cpp's reference search.
+ * `impl` (enum strata_impl) picks the scalar or AVX2 search; both give identical bytes.
  */
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
-                    int64_t n_rows, int64_t row_len, int n_threads);
+                    int64_t n_rows, int64_t row_len, int n_threads, int impl);
 
 #endif

@@ -32,14 +32,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
-def _progress_bar(enabled: bool) -> Callable[[int], Callable[[int], None]] | None:
+def _progress_bar(enabled: bool) -> Callable[[int], object] | None:
+    """A tqdm bar over source bytes: bytes done, rate and time left."""
     if not enabled:
         return None
 
-    def start(total: int) -> Callable[[int], None]:
+    def start(total: int) -> object:
         from tqdm import tqdm
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", dynamic_ncols=True)
-        return bar.update
+        return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", dynamic_ncols=True)
 
     return start
 

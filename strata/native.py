@@ -176,7 +176,7 @@ def _f32_view(src: Any) -> tuple[Any, int, tuple[int, ...]]:
     return ffi.cast("const float *", ffi.from_buffer(src)), src.nbytes, src.shape
 
 
-def quantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1) -> Any:
+def quantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str = "auto") -> Any:
     """Quantize float32 `src` (last dimension = row length, a multiple of the block size) into
     `out`, a writable contiguous byte buffer (numpy array, bytearray, memoryview) holding at least
     the packed size. Returns `out`."""
@@ -198,12 +198,12 @@ def quantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1) -> Any:
     need = n_elems // elems * nbytes
     if len(dst) < need:
         raise ValueError(f"{t.name}: source {shape} packs into {need} bytes, output holds {len(dst)}")
-    status = lib.strata_quantize(int(t), src_ptr, src_bytes, dst, len(dst), n_rows, row_len, n_threads)
+    status = lib.strata_quantize(int(t), src_ptr, src_bytes, dst, len(dst), n_rows, row_len, n_threads, _impl(impl))
     _check(status, f"quantize {shape} float32 into {t.name}")
     return out
 
 
-def quantize(t: Any, src: Any, *, n_threads: int = 1) -> np.ndarray:
+def quantize(t: Any, src: Any, *, n_threads: int = 1, impl: str = "auto") -> np.ndarray:
     """Quantize float32 `src` into a new uint8 array of shape (*src.shape[:-1], packed row bytes)."""
     t = ggml_type(t)
     _, _, shape = _f32_view(src)
@@ -212,4 +212,4 @@ def quantize(t: Any, src: Any, *, n_threads: int = 1) -> np.ndarray:
     if row_len % elems:
         raise ValueError(f"{t.name}: row length {row_len} of source {shape} is not a multiple of the block size {elems}")
     out = np.empty((*shape[:-1], row_len // elems * nbytes), dtype=np.uint8)
-    return quantize_into(t, src, out, n_threads=n_threads)
+    return quantize_into(t, src, out, n_threads=n_threads, impl=impl)

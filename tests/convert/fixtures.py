@@ -144,3 +144,26 @@ def save_checkpoint(model: torch.nn.Module, spec: Spec, tok: Tokenizer, folder: 
     model.to(torch.float32)
     save_tokenizer(tok, folder, spec.chat_template_file)
     return folder
+
+
+def train_llama_bpe(vocab_size: int = 600) -> Tokenizer:
+    """A SentencePiece-style BPE (as Llama/Mistral ship in tokenizer.json): spaces become '▁' with
+    one prepended, no pre-tokenizer, byte fallback through <0x00>..<0xFF>; ids 0-2 are <unk>, <s>,
+    </s> and 3-258 the bytes, as in those vocabularies."""
+    from tokenizers import normalizers
+    specials = ["<unk>", "<s>", "</s>"]
+    norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = norm
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([line.replace("\n", " ") for line in corpus()], trainer)
+    spec = json.loads(tok.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in trained if t not in specials]
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    spec["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, t in enumerate(specials)]
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    return Tokenizer.from_str(json.dumps(spec))

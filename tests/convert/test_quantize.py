@@ -168,17 +168,43 @@ def test_c_size_checks_back_the_wrapper():
     dst = np.zeros(144, np.uint8)
     call = lambda rows, src_bytes, dst_bytes, row_len=256: lib.strata_quantize(
         int(T.Q4_K), ffi.cast("const float *", ffi.from_buffer(src)), src_bytes, ffi.from_buffer(dst), dst_bytes,
-        rows, row_len, 1)
+        rows, row_len, 1, lib.STRATA_IMPL_SCALAR)
     assert call(1, 1024, 144) == lib.STRATA_OK
     assert call(2, 2048, 144) == lib.STRATA_E_SIZE       # output too small for 2 rows
     assert call(2, 1024, 288) == lib.STRATA_E_SIZE       # source too small for 2 rows
     assert call(1, 1024, 144, row_len=100) == lib.STRATA_E_BLOCK
     assert call(-1, 1024, 144) == lib.STRATA_E_ARG
     assert call(1 << 62, 1024, 144) == lib.STRATA_E_SIZE  # overflowing product
-    assert lib.strata_quantize(int(T.Q5_K), ffi.NULL, 0, ffi.NULL, 0, 0, 0, 1) == lib.STRATA_E_TYPE
+    assert lib.strata_quantize(int(T.Q5_K), ffi.NULL, 0, ffi.NULL, 0, 0, 0, 1, 0) == lib.STRATA_E_TYPE
+    assert call(1, 1024, 144) == lib.STRATA_OK
+    assert lib.strata_quantize(int(T.Q4_K), ffi.cast("const float *", ffi.from_buffer(src)), 1024,
+                               ffi.from_buffer(dst), 144, 1, 256, 1, 99) == lib.STRATA_E_ARG
 
 
 def test_error_status_becomes_native_error(monkeypatch, gauss):
     monkeypatch.setattr(native, "can_quantize", lambda t: True)
     with pytest.raises(NativeError, match="unsupported ggml type"):
         native.quantize_into(T.Q5_K, gauss, np.empty(1 << 20, np.uint8))
+
+
+# ---- AVX2 twins of the K-quant searches: equal to the scalar code, bit for bit ----
+
+@pytest.mark.skipif(not native.cpu_has_avx2(), reason="CPU without AVX2")
+@pytest.mark.parametrize("t", K_TYPES, ids=lambda t: t.name)
+def test_avx2_search_equals_scalar(t):
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal((24, 1024)), rng.exponential(1.0, (8, 1024)), -rng.exponential(1.0, (8, 1024)),
+             rng.standard_t(2, (8, 1024)), rng.uniform(0, 1, (8, 1024)) ** 8, np.zeros((2, 1024)),
+             np.full((2, 1024), -0.3), np.full((2, 1024), 7.0), rng.standard_normal((4, 1024)) * 1e-6]
+    x = np.concatenate(parts).astype(np.float32)
+    x[0, :48] = 0.0             # zero sub-blocks inside a live block
+    x[1, 300] = 1e4             # one outlier
+    x[2, 16:32] = -2.5          # a flat negative sub-block
+    x[3, ::2] = 0.0
+    assert np.array_equal(native.quantize(t, x, impl="avx2"), native.quantize(t, x, impl="scalar"))
+
+
+def test_force_scalar_env(monkeypatch, gauss):
+    monkeypatch.setenv("STRATA_FORCE_SCALAR", "1")
+    assert native.default_impl() == "scalar"
+    assert np.array_equal(native.quantize(T.Q4_K, gauss), native.quantize(T.Q4_K, gauss, impl="scalar"))

@@ -25,14 +25,15 @@ def _ggml_ref(name: str):
     return fn
 
 
+@pytest.mark.parametrize("impl", ["scalar", "auto"])
 @pytest.mark.parametrize("t,fn", [(T.Q4_K, "quantize_row_q4_K_ref"), (T.Q6_K, "quantize_row_q6_K_ref")],
                          ids=["Q4_K", "Q6_K"])
-def test_k_quants_match_llama_cpp_reference(t, fn):
+def test_k_quants_match_llama_cpp_reference(t, fn, impl):
     rng = np.random.default_rng(4)
     x = np.concatenate([rng.standard_normal((16, 1024)), rng.exponential(0.02, (4, 1024)),
                         np.zeros((1, 1024)), np.full((1, 1024), -0.3)]).astype(np.float32)
     x[2, 17] = 1e4
-    ours = native.quantize(t, x, n_threads=2)
+    ours = native.quantize(t, x, n_threads=2, impl=impl)
     ref = np.empty_like(ours)
     _ggml_ref(fn)(x.ctypes.data, ref.ctypes.data, x.size)
     assert np.array_equal(ours, ref)
