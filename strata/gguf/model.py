@@ -26,8 +26,7 @@ def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
     Raises StrataFormatError naming the file and the offending key or tensor when the file is
     malformed, truncated, of an unsupported version or architecture, or contradicts itself.
     `cross_check=True` also parses the file with gguf-py's GGUFReader and requires it to agree
-    on every metadata value and tensor record (seconds for a real tokenizer; tests and
-    `strata inspect --check` use it).
+    on every metadata value and tensor record (seconds for a real tokenizer, so off by default).
     """
     path = Path(path)
     scan = scan_header(path)
@@ -64,17 +63,22 @@ def _check_gguf_py_agrees(path: Path, metadata: dict[str, Any], tensors: dict[st
     if ours != theirs:
         diff = next((a, b) for a, b in zip(ours + [None], theirs + [None]) if a != b)
         raise format_error(path, "tensor table", f"gguf-py's reader to agree with Strata ({diff[0]})", str(diff[1]))
-    if metadata != theirs_md:
-        key = next(k for k in {**metadata, **theirs_md} if metadata.get(k) != theirs_md.get(k))
+    if _differs(metadata, theirs_md):
+        key = next(k for k in {**metadata, **theirs_md} if _differs(metadata.get(k), theirs_md.get(k)))
         raise format_error(path, f"metadata key {key!r}", f"gguf-py's reader to agree with Strata "
                            f"({metadata.get(key)!r:.60})", f"{theirs_md.get(key)!r:.60}")
+
+
+def _differs(a: Any, b: Any) -> bool:
+    return a != b and repr(a) != repr(b)  # repr: a NaN value equals itself
 
 
 class ModelFile:
     """A GGUF model file: metadata, hyperparameters, tensors, and a slab for every expert.
 
     Byte views returned by `tensor_data` / `expert_data` are numpy uint8 arrays over one
-    read-only memory map of the file: no copy, no read until touched. Use as a context manager or call `close()`.
+    read-only memory map of the file: no copy, no read until touched. Use as a context manager
+    or call `close()`.
     """
 
     def __init__(self, path: Path, data: np.memmap, scan: HeaderScan, hparams: HParams,

@@ -225,12 +225,16 @@ print(json.dumps(counts))
 """
 
 
+N_MUTANTS = 1500
+
+
 def test_random_header_corruption_never_escapes(model_files, tmp_path):
     """Random byte and word overwrites in the header: open or StrataFormatError, nothing else."""
     base = model_files["mixtral"][0]
     proc = subprocess.run(
-        [sys.executable, "-c", _FUZZ_CHILD, str(base), str(fx.data_offset(base)), str(tmp_path / "m.gguf"), "400"],
+        [sys.executable, "-c", _FUZZ_CHILD, str(base), str(fx.data_offset(base)), str(tmp_path / "m.gguf"),
+         str(N_MUTANTS)],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     counts = json.loads(proc.stdout)
-    assert counts["opened"] + counts["StrataFormatError"] == 400 and counts["StrataFormatError"] > 200
+    assert counts["opened"] + counts["StrataFormatError"] == N_MUTANTS and counts["StrataFormatError"] > N_MUTANTS // 2

@@ -76,6 +76,15 @@ def test_version_2_opens_like_version_3(model_files, tmp_path):
         assert mf.version == 2 and mf.hparams == mf3.hparams and mf.tensors == mf3.tensors
 
 
+def test_custom_alignment(tmp_path):
+    path = tmp_path / "align256.gguf"
+    fx.write_qwen3moe(path, alignment=256)
+    with open_model(path, cross_check=True) as mf:
+        assert mf.alignment == 256 and mf.metadata["general.alignment"] == 256
+        assert all(t.offset % 256 == 0 for t in mf.tensors.values())  # data section starts aligned too
+        assert mf.expert(1, 3, "up").offset == mf.tensors["blk.1.ffn_up_exps.weight"].offset + 3 * 64 * 144
+
+
 @pytest.mark.parametrize("name", sorted(WRITERS))
 def test_tensor_records_match_gguf_py(model_files, name):
     path, _ = model_files[name]
@@ -152,3 +161,8 @@ def test_summary_is_json_and_adds_up(model_files, name):
         layer = str(mf.expert_layers[0])
         slab: ExpertSlab = mf.expert(mf.expert_layers[0], 0, "down")
         assert s["expert_layers"][layer]["slab_bytes"]["down"] == slab.nbytes
+
+
+def test_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        open_model(tmp_path / "absent.gguf")
