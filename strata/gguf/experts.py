@@ -47,12 +47,13 @@ def weight_name(kind: MODEL_TENSOR, layer: int | None = None) -> str:
     return (template.format(bid=layer) if layer is not None else template) + WEIGHT_SUFFIX
 
 
-def _name_pattern(kind: MODEL_TENSOR) -> re.Pattern[str]:
+def weight_pattern(kind: MODEL_TENSOR) -> re.Pattern[str]:
+    """Regex matching the weight of `kind` in any layer; group 1 is the layer index."""
     template = re.escape(TENSOR_NAMES[kind] + WEIGHT_SUFFIX)
     return re.compile(template.replace(re.escape("{bid}"), r"(\d+)") + "$")
 
 
-_PATTERNS = {key: _name_pattern(kind) for key, kind in EXPERT_TENSORS.items()}
+_PATTERNS = {key: weight_pattern(kind) for key, kind in EXPERT_TENSORS.items()}
 
 
 def match_expert_tensor(name: str) -> tuple[str, int] | None:

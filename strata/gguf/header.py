@@ -1,4 +1,4 @@
-"""First pass over a GGUF header: every count and length checked against the bytes left.
+"""Reading a GGUF header with every count and length checked against the bytes left.
 
 GGUF v2/v3 (little-endian) is laid out as
 
@@ -10,10 +10,15 @@ GGUF v2/v3 (little-endian) is laid out as
 
 gguf-py's reader trusts every count it reads: a count of 2**62 makes it loop practically
 forever, a string length past the end of the file is silently cut short, and a tensor range
-past the end turns into a numpy reshape error. This pass walks the same bytes first, refuses
-what cannot fit in the file, and only then lets the reader at it. Each step consumes at least
-one byte (arrays of fixed-size items are skipped in one step), so the walk is bounded by the
-file size. It reads the header only, never tensor data.
+past the end turns into a numpy reshape error. This walk refuses whatever cannot fit in the
+file. Each step consumes at least one byte (arrays of fixed-size items are read in one step),
+so it is bounded by the file size; it reads the header only, never tensor data.
+
+It decodes the metadata values itself rather than through gguf-py's reader, which builds a
+numpy view per array item: 6.4 s for a Qwen3-sized tokenizer (450k items) against 0.19 s
+here. Values come out as `ReaderField.contents()` gives them, except that string values that
+are not UTF-8 decode with `surrogateescape` (lossless) where gguf-py raises, and arrays of
+arrays stay nested where gguf-py flattens them.
 """
 from __future__ import annotations
 
@@ -21,10 +26,11 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType, Keys
-from gguf.gguf_reader import READER_SUPPORTED_VERSIONS, GGUFReader
+from gguf.gguf_reader import READER_SUPPORTED_VERSIONS, GGUFReader  # GGUFReader: its dtype table
 
 from strata.errors import StrataFormatError
 from strata.quant import block_size, ggml_type
@@ -69,7 +75,8 @@ class HeaderScan:
     """What the first pass learned: enough to place and bound every tensor."""
 
     version: int
-    n_kv: int
+    metadata: dict[str, Any]  # key -> int | float | bool | str | list, in file order
+    value_types: dict[str, GGUFValueType]  # key -> its GGUF value type
     alignment: int
     data_offset: int  # absolute offset of the data section
     file_size: int
@@ -103,36 +110,47 @@ class _Cursor:
         """A u64 count of items of at least `min_item_bytes` each, bounded by the bytes left."""
         n = self.u64(what)
         if n * min_item_bytes > self.remaining():
-            raise format_error(self.path, what, f"at most {self.remaining() // min_item_bytes} "
-                               f"(items of >= {min_item_bytes} bytes in {self.remaining()} bytes left)", str(n))
+            raise format_error(self.path, what, f"at most {self.remaining() // min_item_bytes} (items of "
+                               f">= {min_item_bytes} bytes in the {self.remaining()} bytes left)",
+                               f"{n} (truncated or corrupt header)")
         return n
 
-    def skip_string(self, what: str) -> None:
-        self.take(self.count(f"{what}: string length", 1), f"{what}: string bytes")
-
-    def string(self, what: str) -> str:
+    def raw_string(self, what: str) -> bytes:
         n = self.count(f"{what}: string length", 1)
-        raw = bytes(self.buf[self.take(n, what):self.pos])
+        return self.buf[self.take(n, what):self.pos]
+
+    def name(self, what: str) -> str:
+        """A key or tensor name: strict UTF-8."""
+        raw = self.raw_string(what)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise format_error(self.path, what, "UTF-8 text", f"{raw[:40]!r} ({e.reason})") from None
 
-    def scalar(self, vtype: GGUFValueType, what: str):
+    def text(self, what: str) -> str:
+        """A string value: UTF-8, with undecodable bytes kept as lone surrogates."""
+        return self.raw_string(what).decode("utf-8", "surrogateescape")
+
+    def scalars(self, vtype: GGUFValueType, n: int, what: str) -> list:
         dtype = _SCALAR_DTYPES[vtype]
-        return np.frombuffer(self.buf, dtype, 1, self.take(dtype.itemsize, what))[0].item()
+        return np.frombuffer(self.buf, dtype, n, self.take(n * dtype.itemsize, what)).tolist()
 
 
 def scan_header(path: Path) -> HeaderScan:
-    """Walk the header of the GGUF file at `path`; raise StrataFormatError on the first violation."""
-    try:
-        size = path.stat().st_size
-        if size < _PREAMBLE_BYTES:
-            raise format_error(path, "header", f"at least {_PREAMBLE_BYTES} bytes", f"a {size}-byte file")
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    """Walk the header of the GGUF file at `path`; raise StrataFormatError on the first violation.
+
+    A missing or unreadable file raises the OSError `open` gives: that is not a format problem.
+    """
+    size = path.stat().st_size
+    if size < _PREAMBLE_BYTES:
+        raise format_error(path, "header", f"at least {_PREAMBLE_BYTES} bytes", f"a {size}-byte file")
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise StrataFormatError(f"{path}: cannot memory-map the file: {e}") from e
+        with buf:
             return _scan(_Cursor(buf, path))
-    except OSError as e:
-        raise StrataFormatError(f"{path}: cannot read the file: {e}") from e
 
 
 def _scan(cur: _Cursor) -> HeaderScan:
@@ -147,28 +165,24 @@ def _scan(cur: _Cursor) -> HeaderScan:
         raise format_error(path, "version", f"one of {SUPPORTED_VERSIONS}", str(version))
     n_tensors = cur.count("n_tensors", _MIN_TENSOR_INFO_BYTES)
     n_kv = cur.count("n_kv", _MIN_KV_BYTES)
-    scalars = _scan_kvs(cur, n_kv)
+    metadata, value_types = _scan_kvs(cur, n_kv)
     tensors = _scan_tensor_infos(cur, n_tensors)
-    alignment = _alignment(path, scalars)
+    alignment = _alignment(path, metadata, value_types)
     data_offset = -(-cur.pos // alignment) * alignment
-    return HeaderScan(version, n_kv, alignment, data_offset, cur.end, tensors)
+    return HeaderScan(version, metadata, value_types, alignment, data_offset, cur.end, tensors)
 
 
-def _scan_kvs(cur: _Cursor, n_kv: int) -> dict[str, tuple[GGUFValueType, object]]:
-    """Skip over every key/value pair; return the scalar values (for general.alignment)."""
-    scalars: dict[str, tuple[GGUFValueType, object]] = {}
-    seen: set[str] = set()
+def _scan_kvs(cur: _Cursor, n_kv: int) -> tuple[dict[str, Any], dict[str, GGUFValueType]]:
+    metadata: dict[str, Any] = {}
+    value_types: dict[str, GGUFValueType] = {}
     for i in range(n_kv):
-        key = cur.string(f"key of metadata entry {i}")
-        if key in seen:
+        key = cur.name(f"key of metadata entry {i}")
+        if key in metadata:
             raise format_error(cur.path, f"metadata key {key!r}", "each key once", "a duplicate")
-        seen.add(key)
-        vtype = _value_type(cur, cur.u32(f"metadata key {key!r}: value type"), f"metadata key {key!r}")
-        if vtype in _SCALAR_DTYPES:
-            scalars[key] = (vtype, cur.scalar(vtype, f"metadata key {key!r}: value"))
-        else:
-            _skip_value(cur, vtype, f"metadata key {key!r}", depth=0)
-    return scalars
+        what = f"metadata key {key!r}"
+        value_types[key] = _value_type(cur, cur.u32(f"{what}: value type"), what)
+        metadata[key] = _read_value(cur, value_types[key], what, depth=0)
+    return metadata, value_types
 
 
 def _value_type(cur: _Cursor, raw: int, what: str) -> GGUFValueType:
@@ -179,33 +193,32 @@ def _value_type(cur: _Cursor, raw: int, what: str) -> GGUFValueType:
         raise format_error(cur.path, f"{what}: value type", f"one of {known}", str(raw)) from None
 
 
-def _skip_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int) -> None:
+def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int) -> Any:
     if vtype in _SCALAR_DTYPES:
-        cur.take(_SCALAR_DTYPES[vtype].itemsize, what)
-    elif vtype == GGUFValueType.STRING:
-        cur.skip_string(what)
-    else:
-        _skip_array(cur, what, depth)
+        return cur.scalars(vtype, 1, what)[0]
+    if vtype == GGUFValueType.STRING:
+        return cur.text(what)
+    return _read_array(cur, what, depth)
 
 
-def _skip_array(cur: _Cursor, what: str, depth: int) -> None:
+def _read_array(cur: _Cursor, what: str, depth: int) -> list:
     if depth >= MAX_ARRAY_DEPTH:
         raise format_error(cur.path, what, f"arrays nested at most {MAX_ARRAY_DEPTH} deep", "deeper nesting")
     itype = _value_type(cur, cur.u32(f"{what}: array item type"), f"{what}: array item")
     if itype in _SCALAR_DTYPES:
-        itemsize = _SCALAR_DTYPES[itype].itemsize
-        cur.take(itemsize * cur.count(f"{what}: array length", itemsize), f"{what}: array items")
-        return
-    min_bytes = 8 if itype == GGUFValueType.STRING else _MIN_ARRAY_BYTES
-    for i in range(cur.count(f"{what}: array length", min_bytes)):
-        _skip_value(cur, itype, f"{what}[{i}]", depth + 1)
+        n = cur.count(f"{what}: array length", _SCALAR_DTYPES[itype].itemsize)
+        return cur.scalars(itype, n, f"{what}: array items")
+    if itype == GGUFValueType.STRING:
+        return [cur.text(f"{what}[{i}]") for i in range(cur.count(f"{what}: array length", 8))]
+    n = cur.count(f"{what}: array length", _MIN_ARRAY_BYTES)
+    return [_read_value(cur, itype, f"{what}[{i}]", depth + 1) for i in range(n)]
 
 
 def _scan_tensor_infos(cur: _Cursor, n_tensors: int) -> tuple[RawTensor, ...]:
     tensors: list[RawTensor] = []
     seen: set[str] = set()
     for i in range(n_tensors):
-        name = cur.string(f"name of tensor {i}")
+        name = cur.name(f"name of tensor {i}")
         if name in seen:
             raise format_error(cur.path, f"tensor {name!r}", "each tensor name once", "a duplicate")
         seen.add(name)
@@ -228,12 +241,12 @@ def _check_element_count(path: Path, name: str, ne: tuple[int, ...]) -> None:
         raise format_error(path, f"tensor {name!r}: shape", "an element count that fits int64", f"ne={list(ne)}")
 
 
-def _alignment(path: Path, scalars: dict[str, tuple[GGUFValueType, object]]) -> int:
+def _alignment(path: Path, metadata: dict[str, Any], value_types: dict[str, GGUFValueType]) -> int:
     key = Keys.General.ALIGNMENT
-    if key not in scalars:
+    if key not in metadata:
         return GGUF_DEFAULT_ALIGNMENT
-    vtype, value = scalars[key]
-    if vtype != GGUFValueType.UINT32:
+    vtype, value = value_types[key], metadata[key]
+    if vtype != GGUFValueType.UINT32:  # gguf-py and llama.cpp accept only this type
         raise format_error(path, f"metadata key {key!r}", "a UINT32", vtype.name)
     if value == 0 or value & (value - 1):
         raise format_error(path, f"metadata key {key!r}", "a non-zero power of two", str(value))

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from gguf.constants import MODEL_TENSOR, ExpertGatingFuncType, Keys, RopeScalingType
 
-from .experts import ff_length_from_shape, match_expert_tensor, weight_name
+from .experts import ff_length_from_shape, match_expert_tensor, weight_name, weight_pattern
 from .header import format_error
 
 
@@ -212,9 +212,9 @@ def _expert_ff_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> int:
 
 def _shexp_rows(shapes: Mapping[str, tuple[int, ...]]) -> int:
     """Rows of the first layer's ffn_up_shexp ([I_shared, H]), 0 if the model has no shared expert."""
-    prefix, suffix = weight_name(MODEL_TENSOR.FFN_UP_SHEXP, 0).split("0", 1)
+    pattern = weight_pattern(MODEL_TENSOR.FFN_UP_SHEXP)
     for name, shape in shapes.items():
-        if name.startswith(prefix) and name.endswith(suffix) and len(shape) == 2:
+        if pattern.match(name) and len(shape) == 2:
             return shape[0]
     return 0
 

@@ -20,21 +20,22 @@ from .records import ExpertSlab, TensorInfo
 _READER_PSEUDO_FIELDS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
 
 
-def open_model(path: str | Path) -> ModelFile:
+def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
     """Open and validate the GGUF model file at `path`; reads the header only, never tensor data.
 
     Raises StrataFormatError naming the file and the offending key or tensor when the file is
     malformed, truncated, of an unsupported version or architecture, or contradicts itself.
+    `cross_check=True` also parses the file with gguf-py's GGUFReader and requires it to agree
+    on every metadata value and tensor record (seconds for a real tokenizer, so off by default).
     """
     path = Path(path)
     scan = scan_header(path)
     tensors = _tensor_infos(scan, check_tensor_ranges(path, scan))
-    reader = _open_reader(path)
-    _check_reader_agrees(path, reader, tensors)
-    metadata = _metadata(path, reader)
-    hparams = read_hparams(path, metadata, {name: t.shape for name, t in tensors.items()})
+    if cross_check:
+        _check_gguf_py_agrees(path, scan.metadata, tensors)
+    hparams = read_hparams(path, scan.metadata, {name: t.shape for name, t in tensors.items()})
     layout = build_layout(path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
-    return ModelFile(path, reader, scan, metadata, hparams, tensors, layout)
+    return ModelFile(path, _map(path), scan, hparams, tensors, layout)
 
 
 def _tensor_infos(scan: HeaderScan, sizes: list[int]) -> dict[str, TensorInfo]:
@@ -44,54 +45,55 @@ def _tensor_infos(scan: HeaderScan, sizes: list[int]) -> dict[str, TensorInfo]:
     return {t.name: info(t, n) for t, n in zip(scan.tensors, sizes)}
 
 
-def _open_reader(path: Path) -> GGUFReader:
+def _map(path: Path) -> np.memmap:
     try:
-        return GGUFReader(path, "r")
+        return np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as e:
+        raise StrataFormatError(f"{path}: cannot memory-map the file: {e}") from e
+
+
+def _check_gguf_py_agrees(path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]) -> None:
+    try:
+        reader = GGUFReader(path, "r")
+        theirs_md = {k: f.contents() for k, f in reader.fields.items() if k not in _READER_PSEUDO_FIELDS}
     except Exception as e:  # the header walk passed, so anything here is a file gguf-py refuses
         raise StrataFormatError(f"{path}: gguf-py's reader refused the file: {type(e).__name__}: {e}") from e
-
-
-def _check_reader_agrees(path: Path, reader: GGUFReader, tensors: dict[str, TensorInfo]) -> None:
-    ours = [(t.name, t.offset, t.nbytes) for t in tensors.values()]
-    theirs = [(t.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+    ours = [(t.name, t.offset, t.nbytes, t.ggml_type) for t in tensors.values()]
+    theirs = [(t.name, int(t.data_offset), int(t.n_bytes), t.tensor_type) for t in reader.tensors]
     if ours != theirs:
         diff = next((a, b) for a, b in zip(ours + [None], theirs + [None]) if a != b)
-        raise format_error(path, "tensor table", f"gguf-py's reader to agree with Strata's header walk ({diff[0]})",
-                           f"{diff[1]}")
+        raise format_error(path, "tensor table", f"gguf-py's reader to agree with Strata ({diff[0]})", str(diff[1]))
+    if _differs(metadata, theirs_md):
+        key = next(k for k in {**metadata, **theirs_md} if _differs(metadata.get(k), theirs_md.get(k)))
+        raise format_error(path, f"metadata key {key!r}", f"gguf-py's reader to agree with Strata "
+                           f"({metadata.get(key)!r:.60})", f"{theirs_md.get(key)!r:.60}")
 
 
-def _metadata(path: Path, reader: GGUFReader) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key in _READER_PSEUDO_FIELDS:
-            continue
-        try:
-            out[key] = field.contents()
-        except (UnicodeDecodeError, ValueError, IndexError) as e:
-            raise format_error(path, f"metadata key {key!r}", "a readable value", f"{type(e).__name__}: {e}") from e
-    return out
+def _differs(a: Any, b: Any) -> bool:
+    return a != b and repr(a) != repr(b)  # repr: a NaN value equals itself
 
 
 class ModelFile:
     """A GGUF model file: metadata, hyperparameters, tensors, and a slab for every expert.
 
-    Byte views returned by `tensor_data` / `expert_data` are numpy uint8 arrays over the file's
-    memory map: no copy, no read until touched. Use as a context manager or call `close()`.
+    Byte views returned by `tensor_data` / `expert_data` are numpy uint8 arrays over one
+    read-only memory map of the file: no copy, no read until touched. Use as a context manager
+    or call `close()`.
     """
 
-    def __init__(self, path: Path, reader: GGUFReader, scan: HeaderScan, metadata: dict[str, Any],
-                 hparams: HParams, tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer]):
+    def __init__(self, path: Path, data: np.memmap, scan: HeaderScan, hparams: HParams,
+                 tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer]):
         self.path = path
         self.version = scan.version
         self.alignment = scan.alignment
         self.file_size = scan.file_size
-        self.metadata = metadata
+        self.metadata = scan.metadata
         self.hparams = hparams
         self.tensors = tensors
         self.resident = {name: t for name, t in tensors.items() if match_expert_tensor(name) is None}
         self.expert_layers = sorted(layout)
         self._layout = layout
-        self._reader: GGUFReader | None = reader
+        self._data: np.memmap | None = data
 
     @property
     def arch(self) -> str:
@@ -104,12 +106,12 @@ class ModelFile:
     # -- bytes ---------------------------------------------------------------------------------
 
     def _bytes(self, offset: int, nbytes: int) -> np.ndarray:
-        if self._reader is None:
+        if self._data is None:
             raise StrataError(f"{self.path}: the model file is closed")
         if offset < 0 or nbytes < 0 or offset + nbytes > self.file_size:
             raise ValueError(f"{self.path}: bytes [{offset}, {offset + nbytes}) are outside the file "
                              f"({self.file_size} bytes)")
-        return self._reader.data[offset:offset + nbytes]
+        return self._data[offset:offset + nbytes]
 
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of tensor `name` as a uint8 view of the memory map."""
@@ -146,7 +148,7 @@ class ModelFile:
 
     def close(self) -> None:
         """Drop this object's hold on the file; views already handed out keep the mapping alive."""
-        self._reader = None
+        self._data = None
 
     def __enter__(self) -> ModelFile:
         return self

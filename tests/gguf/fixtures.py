@@ -39,8 +39,10 @@ class Dims:
 class ModelWriter:
     """GGUFWriter plus random tensors of real ggml types; `finish()` writes the file."""
 
-    def __init__(self, path: Path, arch: str, seed: int = 0):
+    def __init__(self, path: Path, arch: str, seed: int = 0, alignment: int | None = None):
         self.path, self.w, self.rng = path, GGUFWriter(str(path), arch), np.random.default_rng(seed)
+        if alignment is not None:
+            self.w.add_custom_alignment(alignment)
 
     def f32(self, name: str, *shape: int) -> None:
         self.w.add_tensor(name, self.rng.standard_normal(shape, dtype=np.float32))
@@ -164,9 +166,9 @@ def write_qwen2moe(path: Path, d: Dims = Dims(), meta: Dims | None = None, drop:
 
 
 def write_qwen3moe(path: Path, d: Dims = Dims(), meta: Dims | None = None, drop: set[str] = frozenset(),
-                   fused: bool = False):
+                   fused: bool = False, alignment: int | None = None):
     """Qwen3-MoE: per-head RMS norm of q and k, explicit head_dim (key/value length)."""
-    mw, m = ModelWriter(path, "qwen3moe", seed=3), meta or d
+    mw, m = ModelWriter(path, "qwen3moe", seed=3, alignment=alignment), meta or d
     _common_keys(mw, m)
     mw.w.add_expert_feed_forward_length(m.n_ff_exp)
     mw.w.add_key_length(d.head_dim)
