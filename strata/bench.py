@@ -88,6 +88,18 @@ def _run_dequant(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_arg(name: str):
+    from strata.quant import DEQUANT_TYPES, ggml_type
+
+    try:
+        t = ggml_type(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if t not in DEQUANT_TYPES:
+        raise argparse.ArgumentTypeError(f"{t.name} is not a format Strata dequantizes")
+    return t
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure speed (dequantization, ...)")
     sub = p.add_subparsers(dest="bench_command", required=True)
@@ -96,5 +108,5 @@ def add_parser(subparsers) -> None:
     d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default 64)")
     d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
     d.add_argument("--threads", type=int, default=None, help="threads for the all-threads figure (default: all)")
-    d.add_argument("--types", nargs="+", default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
+    d.add_argument("--types", nargs="+", type=_format_arg, default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
     d.set_defaults(func=_run_dequant)

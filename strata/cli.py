@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except StrataError as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `strata ... | head`: the reader left, nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("strata: interrupted", file=sys.stderr)
         return 130
