@@ -1,0 +1,20 @@
+"""Validated view of a GGUF model file that addresses every routed expert as its own slab.
+
+    mf = open_model("model.gguf")
+    mf.hparams.n_experts, mf.resident, mf.expert(layer=3, expert=17, part="down")
+
+Knows bytes and names only: numpy, gguf-py, no torch. Opening walks the header with bounds
+checks (`header`), hands the file to gguf-py's memory-mapped reader, reads hyperparameters
+(`hparams`) and places every expert slab (`experts`); every violation is a StrataFormatError.
+"""
+from .experts import EXPERT_TENSORS, PARTS, WEIGHT_SUFFIX, match_expert_tensor, weight_name
+from .header import SUPPORTED_VERSIONS
+from .hparams import ARCHS, HParams, RopeScaling
+from .model import ModelFile, open_model
+from .records import ExpertSlab, TensorInfo
+
+__all__ = [
+    "ARCHS", "EXPERT_TENSORS", "PARTS", "SUPPORTED_VERSIONS", "WEIGHT_SUFFIX",
+    "ExpertSlab", "HParams", "ModelFile", "RopeScaling", "TensorInfo",
+    "match_expert_tensor", "open_model", "weight_name",
+]

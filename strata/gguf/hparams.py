@@ -1,0 +1,264 @@
+"""Model hyperparameters of the MoE architectures Strata runs, read from GGUF metadata.
+
+Key names come from gguf-py's `Keys` (the names llama.cpp's converter writes and its loader
+reads); defaults for absent optional keys follow llama.cpp's loader, so a file means the same
+thing here as there. Values a key does not give are derived from tensor shapes where llama.cpp
+derives them too (vocabulary from the embedding, expert FFN length from the expert tensors).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from gguf.constants import MODEL_TENSOR, ExpertGatingFuncType, Keys, RopeScalingType
+
+from .experts import ff_length_from_shape, match_expert_tensor, weight_name, weight_pattern
+from .header import format_error
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What differs between architectures beyond their metadata (facts of llama.cpp's graphs)."""
+
+    rope_type: str  # llama_model_rope_type: "norm" rotates adjacent pairs, "neox" the two halves
+    moe: bool  # expert_count and expert_used_count are required
+    expert_weights_norm: bool  # renormalise the top-k weights when the key is absent
+    expert_gating_func: str  # router probability function when the key is absent
+    mla: bool = False  # multi-head latent attention: kv_lora_rank is required
+    swa: bool = False  # sliding-window attention: sliding_window is required
+
+
+#: Architectures Strata reads, by GGUF `general.architecture`. llama is Mixtral when it has
+#: experts; deepseek2's rope type is "norm" in llama.cpp (its converter keeps the checkpoint's
+#: interleaved rotary layout), gpt-oss renormalises with a softmax over the chosen logits.
+ARCHS: dict[str, ArchSpec] = {
+    "llama": ArchSpec(rope_type="norm", moe=False, expert_weights_norm=True, expert_gating_func="softmax"),
+    "qwen2moe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False, expert_gating_func="softmax"),
+    "qwen3moe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=True, expert_gating_func="softmax"),
+    "olmoe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False, expert_gating_func="softmax"),
+    "deepseek2": ArchSpec(rope_type="norm", moe=True, expert_weights_norm=False, expert_gating_func="softmax",
+                          mla=True),
+    "gpt-oss": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False,
+                        expert_gating_func="softmax_weight", swa=True),
+}
+
+#: `{arch}.expert_gating_func` values (llama_expert_gating_func_type) by id.
+GATING_FUNCS: dict[int, str] = {t.value: t.name.lower() for t in ExpertGatingFuncType}
+DEFAULT_ROPE_FREQ_BASE = 10000.0  # llama.cpp's default when rope.freq_base is absent
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE context extension; keys `{arch}.rope.scaling.*`. Yarn fields are None when absent."""
+
+    type: str = RopeScalingType.NONE.value  # .type: none | linear | yarn | longrope
+    factor: float = 1.0  # .factor (absent or 0 -> 1.0)
+    original_context_length: int = 0  # .original_context_length (absent -> context_length)
+    attn_factor: float | None = None  # .attn_factor
+    yarn_ext_factor: float | None = None  # .yarn_ext_factor
+    yarn_attn_factor: float | None = None  # .yarn_attn_factor
+    yarn_beta_fast: float | None = None  # .yarn_beta_fast
+    yarn_beta_slow: float | None = None  # .yarn_beta_slow
+    yarn_log_multiplier: float | None = None  # .yarn_log_multiplier
+
+
+@dataclass(frozen=True)
+class HParams:
+    """Hyperparameters of one model file. Each field names its key (`{arch}.` prefix omitted).
+
+    Absent optional keys take llama.cpp's defaults; "req" marks keys whose absence is an error.
+    """
+
+    arch: str  # general.architecture (req)
+    n_layers: int  # block_count (req)
+    context_length: int  # context_length (req)
+    vocab_size: int  # vocab_size, else rows of token_embd.weight, else len(tokenizer.ggml.tokens)
+    n_embd: int  # embedding_length (req)
+    n_ff: int  # feed_forward_length: dense FFN width (0 if absent)
+    n_ff_exp: int  # expert_feed_forward_length, else from the expert tensors' shape (0 if none)
+    n_experts: int  # expert_count (req for MoE architectures; 0 for a dense llama)
+    n_experts_used: int  # expert_used_count (req for MoE architectures)
+    n_shared_experts: int  # expert_shared_count, else 1 if shared-expert tensors exist, else 0
+    n_ff_shexp: int  # expert_shared_feed_forward_length, else rows of ffn_up_shexp (all shared experts)
+    n_dense_lead: int  # leading_dense_block_count (0)
+    n_head: int  # attention.head_count (req)
+    n_head_kv: int  # attention.head_count_kv (n_head)
+    head_dim: int  # attention.key_length (n_embd // n_head)
+    head_dim_v: int  # attention.value_length (head_dim)
+    rope_freq_base: float  # rope.freq_base (10000)
+    rope_type: str  # not stored: "norm" or "neox" as llama.cpp uses the architecture
+    rope_dim: int  # rope.dimension_count (head_dim)
+    rope_scaling: RopeScaling  # rope.scaling.*
+    norm_eps: float  # attention.layer_norm_rms_epsilon (req)
+    expert_weights_norm: bool  # expert_weights_norm (per-architecture default, see ARCHS)
+    expert_gating_func: str  # expert_gating_func: softmax | sigmoid (| softmax_weight for gpt-oss)
+    expert_weights_scale: float  # expert_weights_scale (1.0)
+    n_expert_groups: int = 0  # expert_group_count (deepseek2 / V3 group-limited routing)
+    n_expert_groups_used: int = 0  # expert_group_used_count
+    q_lora_rank: int = 0  # attention.q_lora_rank (deepseek2; 0 = no query compression)
+    kv_lora_rank: int = 0  # attention.kv_lora_rank (req for deepseek2)
+    head_dim_mla: int = 0  # attention.key_length_mla (deepseek2, newer converters)
+    head_dim_v_mla: int = 0  # attention.value_length_mla
+    sliding_window: int = 0  # attention.sliding_window (req for gpt-oss)
+
+
+_REQUIRED = object()
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "a bool", str: "a string"}
+
+
+class _Metadata:
+    """Typed access to `{arch}.*` keys with the file named in every error."""
+
+    def __init__(self, path: Path, metadata: Mapping[str, Any], arch: str):
+        self.path, self.metadata, self.arch = path, metadata, arch
+
+    def get(self, template: str, kind: type, default: Any = _REQUIRED) -> Any:
+        key = template.format(arch=self.arch)
+        if key not in self.metadata:
+            if default is _REQUIRED:
+                raise format_error(self.path, f"metadata key {key!r}",
+                                   f"{_KIND_NAMES[kind]} (required for {self.arch})", "no such key")
+            return default
+        return _coerce(self.path, key, self.metadata[key], kind)
+
+
+def _coerce(path: Path, key: str, value: Any, kind: type) -> Any:
+    if isinstance(value, list) and kind is not list and value and all(v == value[0] for v in value):
+        value = value[0]  # a per-layer array with one value for every layer
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise format_error(path, f"metadata key {key!r}", _KIND_NAMES[kind], f"{value!r:.80}")
+    return value
+
+
+def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> HParams:
+    """HParams of a file from its metadata and tensor shapes (row-major), validated."""
+    arch = architecture(path, metadata)
+    spec, m = ARCHS[arch], _Metadata(path, metadata, arch)
+    L, A = Keys.LLM, Keys.Attention
+    n_embd = m.get(L.EMBEDDING_LENGTH, int)
+    n_head = m.get(A.HEAD_COUNT, int)
+    if n_head <= 0:
+        raise format_error(path, f"metadata key {A.HEAD_COUNT.format(arch=arch)!r}", "> 0", str(n_head))
+    n_experts = m.get(L.EXPERT_COUNT, int, _REQUIRED if spec.moe else 0)
+    head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
+    context_length = m.get(L.CONTEXT_LENGTH, int)
+    n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
+    hp = HParams(
+        arch=arch,
+        n_layers=m.get(L.BLOCK_COUNT, int),
+        context_length=context_length,
+        vocab_size=_vocab_size(path, m, shapes),
+        n_embd=n_embd,
+        n_ff=m.get(L.FEED_FORWARD_LENGTH, int, 0),
+        n_ff_exp=m.get(L.EXPERT_FEED_FORWARD_LENGTH, int, _expert_ff_from_shapes(shapes)),
+        n_experts=n_experts,
+        n_experts_used=m.get(L.EXPERT_USED_COUNT, int, _REQUIRED if spec.moe else 0),
+        n_shared_experts=n_shared,
+        n_ff_shexp=m.get(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, _shexp_rows(shapes)),
+        n_dense_lead=m.get(L.LEADING_DENSE_BLOCK_COUNT, int, 0),
+        n_head=n_head,
+        n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head),
+        head_dim=head_dim,
+        head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
+        rope_freq_base=m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE),
+        rope_type=spec.rope_type,
+        rope_dim=m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim),
+        rope_scaling=_rope_scaling(m, context_length),
+        norm_eps=m.get(A.LAYERNORM_RMS_EPS, float),
+        expert_weights_norm=m.get(L.EXPERT_WEIGHTS_NORM, bool, spec.expert_weights_norm),
+        expert_gating_func=_gating_func(m, spec),
+        expert_weights_scale=m.get(L.EXPERT_WEIGHTS_SCALE, float, 1.0),
+        n_expert_groups=m.get(L.EXPERT_GROUP_COUNT, int, 0),
+        n_expert_groups_used=m.get(L.EXPERT_GROUP_USED_COUNT, int, 0),
+        q_lora_rank=m.get(A.Q_LORA_RANK, int, 0),
+        kv_lora_rank=m.get(A.KV_LORA_RANK, int, _REQUIRED if spec.mla else 0),
+        head_dim_mla=m.get(A.KEY_LENGTH_MLA, int, 0),
+        head_dim_v_mla=m.get(A.VALUE_LENGTH_MLA, int, 0),
+        sliding_window=m.get(A.SLIDING_WINDOW, int, _REQUIRED if spec.swa else 0),
+    )
+    _check_counts(path, hp, spec)
+    return hp
+
+
+def architecture(path: Path, metadata: Mapping[str, Any]) -> str:
+    """`general.architecture`, which must be one of ARCHS."""
+    key = Keys.General.ARCHITECTURE
+    arch = metadata.get(key)
+    if arch is None:
+        raise format_error(path, f"metadata key {key!r}", "the model architecture", "no such key")
+    if arch not in ARCHS:
+        raise format_error(path, f"metadata key {key!r}", f"one of {sorted(ARCHS)}", repr(arch))
+    return arch
+
+
+def _vocab_size(path: Path, m: _Metadata, shapes: Mapping[str, tuple[int, ...]]) -> int:
+    embd = shapes.get(weight_name(MODEL_TENSOR.TOKEN_EMBD))
+    tokens = m.metadata.get(Keys.Tokenizer.LIST)
+    fallback = embd[0] if embd else (len(tokens) if isinstance(tokens, list) else _REQUIRED)
+    return m.get(Keys.LLM.VOCAB_SIZE, int, fallback)
+
+
+def _expert_ff_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    for name, shape in shapes.items():
+        hit = match_expert_tensor(name)
+        if hit:
+            return ff_length_from_shape(hit[0], shape) or 0
+    return 0
+
+
+def _shexp_rows(shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """Rows of the first layer's ffn_up_shexp ([I_shared, H]), 0 if the model has no shared expert."""
+    pattern = weight_pattern(MODEL_TENSOR.FFN_UP_SHEXP)
+    for name, shape in shapes.items():
+        if pattern.match(name) and len(shape) == 2:
+            return shape[0]
+    return 0
+
+
+def _rope_scaling(m: _Metadata, context_length: int) -> RopeScaling:
+    R = Keys.Rope
+    kind = m.get(R.SCALING_TYPE, str, RopeScalingType.NONE.value)
+    known = [t.value for t in RopeScalingType]
+    if kind not in known:
+        raise format_error(m.path, f"metadata key {R.SCALING_TYPE.format(arch=m.arch)!r}", f"one of {known}",
+                           repr(kind))
+    return RopeScaling(
+        type=kind,
+        factor=m.get(R.SCALING_FACTOR, float, 0.0) or 1.0,
+        original_context_length=m.get(R.SCALING_ORIG_CTX_LEN, int, context_length),
+        attn_factor=m.get(R.SCALING_ATTN_FACTOR, float, None),
+        yarn_ext_factor=m.get(R.SCALING_YARN_EXT_FACTOR, float, None),
+        yarn_attn_factor=m.get(R.SCALING_YARN_ATTN_FACTOR, float, None),
+        yarn_beta_fast=m.get(R.SCALING_YARN_BETA_FAST, float, None),
+        yarn_beta_slow=m.get(R.SCALING_YARN_BETA_SLOW, float, None),
+        yarn_log_multiplier=m.get(R.SCALING_YARN_LOG_MUL, float, None),
+    )
+
+
+def _gating_func(m: _Metadata, spec: ArchSpec) -> str:
+    raw = m.get(Keys.LLM.EXPERT_GATING_FUNC, int, None)
+    if raw is None:
+        return spec.expert_gating_func
+    if raw not in GATING_FUNCS:
+        raise format_error(m.path, f"metadata key {Keys.LLM.EXPERT_GATING_FUNC.format(arch=m.arch)!r}",
+                           f"one of {GATING_FUNCS}", str(raw))
+    return GATING_FUNCS[raw]
+
+
+def _check_counts(path: Path, hp: HParams, spec: ArchSpec) -> None:
+    key = Keys.LLM.EXPERT_COUNT.format(arch=hp.arch)
+    if spec.moe and hp.n_experts <= 0:
+        raise format_error(path, f"metadata key {key!r}", f"> 0 for {hp.arch}", str(hp.n_experts))
+    if hp.n_experts and not 0 < hp.n_experts_used <= hp.n_experts:
+        raise format_error(path, f"metadata key {Keys.LLM.EXPERT_USED_COUNT.format(arch=hp.arch)!r}",
+                           f"between 1 and expert_count={hp.n_experts}", str(hp.n_experts_used))
+    if not 0 <= hp.n_dense_lead <= hp.n_layers:
+        raise format_error(path, f"metadata key {Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=hp.arch)!r}",
+                           f"between 0 and block_count={hp.n_layers}", str(hp.n_dense_lead))
+
+
+__all__ = ["ARCHS", "ArchSpec", "HParams", "RopeScaling", "architecture", "read_hparams"]
