@@ -190,8 +190,12 @@ class ExpertPolicy:
         return slot
 
     def cancel(self, layer: int, expert: int) -> None:
-        """A load failed or was abandoned: its slot goes back to FREE."""
+        """A load failed or was abandoned: its slot goes back to FREE. Refused while pinned (a
+        compute is waiting for that load)."""
         slot = self._slot_in_state(layer, expert, LOADING, "cancel")
+        if self.slot_pins[slot]:
+            raise StrataError(f"cancel: expert {expert} of layer {layer} is pinned "
+                              f"{self.slot_pins[slot]} times; unpin before abandoning its load")
         self._release(layer, slot)
 
     def pin(self, layer: int, expert: int) -> int:
