@@ -36,6 +36,11 @@ def load_trace(path: str | Path) -> np.ndarray:
                                 f"{indices.dtype} {list(indices.shape)}")
     if indices.min() < 0:
         raise StrataFormatError(f"{path}: 'indices' holds negative expert id {int(indices.min())}")
+    repeats = np.argwhere((np.diff(np.sort(indices, axis=-1), axis=-1) == 0).any(axis=-1))  # [n, 2]
+    if len(repeats):
+        layer, token = repeats[0]
+        raise StrataFormatError(f"{path}: token {token} at layer {layer} chose an expert twice "
+                                f"({indices[layer, token].tolist()}); a step's k experts are distinct")
     return indices.astype(np.int64)
 
 

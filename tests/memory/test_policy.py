@@ -437,6 +437,9 @@ def test_bench_cache_refuses_bad_input(tmp_path, capsys):
     np.savez(bad, other=np.zeros(3))
     with pytest.raises(StrataFormatError, match="no 'indices' array"):
         load_trace(bad)
+    np.savez(bad, indices=np.array([[[1, 2], [3, 3]]], dtype=np.int16))
+    with pytest.raises(StrataFormatError, match=r"token 1 at layer 0 chose an expert twice \(\[3, 3\]\)"):
+        load_trace(bad)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     assert main(["bench", "cache", "--trace", str(tmp_path / "junk.npz")]) == 1
     assert "not a readable .npz routing trace" in capsys.readouterr().err
