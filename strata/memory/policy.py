@@ -23,6 +23,9 @@ number of steps it is a use rate in [0, 1]: the chance the expert is needed at t
 step. Hints (`hint`) carry a predictor's probability that an expert is needed at the layer's
 *next* step; an expert's keep value is max(rate, hint), so predicted experts are protected until
 that step's routing is recorded. The victim is the unpinned READY slot of least keep value.
+Experts of the running step are pinned by the engine; once released, the ones just used carry the
+freshest count. That recency protection is deliberately mild (half-life 128 steps, not LRU's
+one): on the trace, token-to-token reuse within a layer is near chance (0.106 against 0.094).
 Prefetches (`admit_prefetch`) only displace an expert whose keep value is clearly below the
 prefetched expert's probability, so wrong predictions cost a load, never a hot expert.
 
@@ -77,6 +80,9 @@ class ExpertPolicy:
                  top_k: int | None = None, config: PolicyConfig | None = None) -> None:
         self.n_layers, self.n_experts = _positive("n_layers", n_layers), _positive("n_experts", n_experts)
         self.config = config or PolicyConfig()
+        if not (self.config.half_life_steps > 0 and self.config.prefetch_margin > 0 and self.config.prior_weight > 0):
+            raise StrataError(f"policy config: half-life, prefetch margin and prior weight must be "
+                              f"positive, found {self.config}")
         self.budgets = _budgets(slots_per_layer, n_layers, n_experts, top_k)  # [L]
         self.first_slot = np.zeros(n_layers + 1, dtype=np.int64)  # [L+1]
         np.cumsum(self.budgets, out=self.first_slot[1:])
