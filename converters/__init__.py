@@ -1,0 +1,88 @@
+"""Hugging Face MoE checkpoints -> llama.cpp-compatible GGUF (`python -m strata.convert`).
+
+One module per architecture (`mixtral`, `qwen2moe`, `qwen3moe`, `olmoe`) over shared machinery
+(`source`: checkpoint reading; `base`: planning and checks; `types`: ggml types; `tokenizer`;
+`writer`: streaming output). `convert()` is the whole pipeline.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+
+from converters.base import Architecture, PlannedTensor
+from converters.mixtral import Mixtral
+from converters.olmoe import Olmoe
+from converters.qwen2moe import Qwen2Moe
+from converters.qwen3moe import Qwen3Moe
+from converters.source import Checkpoint, ConversionError
+from converters.tokenizer import write_tokenizer
+from converters.types import TypePolicy
+from converters.writer import atomic_output, write_data
+
+log = logging.getLogger("strata.convert")
+
+ARCHITECTURES: tuple[type[Architecture], ...] = (Mixtral, Qwen2Moe, Qwen3Moe, Olmoe)
+
+__all__ = ["ARCHITECTURES", "Checkpoint", "ConversionError", "TypePolicy", "architecture_for", "convert"]
+
+
+def architecture_for(ckpt: Checkpoint) -> Architecture:
+    """The converter for the checkpoint's `architectures[0]`."""
+    names = ckpt.config.get("architectures") or []
+    for cls in ARCHITECTURES:
+        if any(n in cls.hf_architectures for n in names):
+            return cls(ckpt)
+    known = ", ".join(a for cls in ARCHITECTURES for a in cls.hf_architectures)
+    raise ConversionError(f"{ckpt.folder / 'config.json'}: unsupported architecture "
+                          f"{names[0] if names else '(none given)'}; supported: {known}")
+
+
+def _write_metadata(w: gguf.GGUFWriter, arch: Architecture, ckpt: Checkpoint, policy: TypePolicy,
+                    name: str, tokenizer_pre: str | None) -> None:
+    w.add_name(name)
+    arch.write_metadata(w)
+    w.add_file_type(policy.file_type)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tokenizer(w, ckpt.folder, arch.hp.n_vocab, tokenizer_pre)
+
+
+def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy: TypePolicy | None = None, *,
+            name: str | None = None, n_threads: int | None = None, tokenizer_pre: str | None = None,
+            progress: Callable[[int], Any] | None = None) -> list[PlannedTensor]:
+    """Convert checkpoint folder `hf_dir` into GGUF file `out`; returns the tensors written.
+
+    `progress(total_source_bytes)` may return a progress bar (an object with `update(n_bytes)`
+    and `close()`, e.g. tqdm's). Raises ConversionError (and writes nothing) for any problem
+    with the input or the output."""
+    policy = policy or TypePolicy()
+    target = Path(out)
+    if not target.parent.is_dir():
+        raise ConversionError(f"{target}: output directory {target.parent} does not exist")
+    n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+    with Checkpoint(hf_dir) as ckpt:
+        arch = architecture_for(ckpt)
+        planned = arch.plan(policy)
+        w = gguf.GGUFWriter(None, arch.arch_name)
+        _write_metadata(w, arch, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
+        for p in planned:
+            w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
+        total = sum(p.src_bytes for p in planned)
+        bar = progress(total) if progress else None
+        with atomic_output(target) as tmp:
+            try:
+                w.write_header_to_file(path=tmp)
+                w.write_kv_data_to_file()
+                w.write_ti_data_to_file()
+                write_data(w, planned, n_threads, bar.update if bar else lambda n: None)
+            except OSError as exc:
+                raise ConversionError(f"{target}: write failed: {exc.strerror or exc}") from None
+            finally:
+                w.close()
+                if bar:
+                    bar.close()
+    log.info("wrote %s: %d tensors", target, len(planned))
+    return planned

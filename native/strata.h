@@ -66,4 +66,21 @@ int strata_convert_f32(const float *src, void *dst, int64_t n, int out, int impl
 /* A static English description of a status code. */
 const char *strata_status_string(int status);
 
+/* ---- Quantization (quantize.c): float32 rows into packed GGML blocks ---- */
+
+/* 1 when strata_quantize produces `ggml_type` (Q8_0, Q4_K, Q6_K). */
+int strata_quantize_has_type(int ggml_type);
+
+/*
+ * Quantize `n_rows` rows of `row_len` float32 values each, stored contiguously in `src`, into the
+ * packed form of `ggml_type` in `dst` (rows back to back). `src_bytes` and `dst_bytes` are the
+ * sizes of the caller's buffers; the call fails with STRATA_E_SIZE rather than read or write past
+ * either, and with STRATA_E_BLOCK when `row_len` is not a multiple of the type's block size.
+ * Rows are split across `n_threads` threads (1 runs on the calling thread). Q8_0 output is
+ * byte-identical to gguf-py's quantizer; Q4_K and Q6_K follow llama.cpp's reference search.
+ * `impl` (enum strata_impl) picks the scalar or AVX2 search; both give identical bytes.
+ */
+int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
+                    int64_t n_rows, int64_t row_len, int n_threads, int impl);
+
 #endif

@@ -147,3 +147,69 @@ def convert_f32_into(src: np.ndarray, out: Any, *, impl: str = "auto") -> Any:
     _check(lib.strata_convert_f32(ffi.cast("const float *", ffi.from_buffer(src)), dst_ptr, n, out_code, _impl(impl)),
            f"convert float32 into {desc}")
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization (native/quantize.c): float32 rows -> packed GGML blocks, for the converter.
+# ---------------------------------------------------------------------------------------------
+
+def can_quantize(t: Any) -> bool:
+    """True when the native runtime quantizes into type `t` (Q8_0, Q4_K, Q6_K)."""
+    return bool(lib.strata_quantize_has_type(int(ggml_type(t))))
+
+
+def _f32_view(src: Any) -> tuple[Any, int, tuple[int, ...]]:
+    """(cdata float pointer, byte length, shape) of a contiguous float32 numpy array or CPU tensor."""
+    if hasattr(src, "data_ptr") and hasattr(src, "is_contiguous"):  # torch.Tensor
+        if str(src.dtype) != "torch.float32":
+            raise ValueError(f"source tensor must be float32, found {src.dtype}")
+        if src.device.type != "cpu":
+            raise ValueError(f"source tensor must be on the CPU, found {src.device}")
+        if not src.is_contiguous():
+            raise ValueError("source tensor must be contiguous")
+        return ffi.cast("const float *", src.data_ptr()), src.numel() * 4, tuple(src.shape)
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"source must be a numpy array or a torch tensor, found {type(src).__name__}")
+    if src.dtype != np.float32 or not src.flags.c_contiguous:
+        raise ValueError(f"source array must be C-contiguous float32, found {src.dtype}"
+                         f"{'' if src.flags.c_contiguous else ' (not contiguous)'}")
+    return ffi.cast("const float *", ffi.from_buffer(src)), src.nbytes, src.shape
+
+
+def quantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str = "auto") -> Any:
+    """Quantize float32 `src` (last dimension = row length, a multiple of the block size) into
+    `out`, a writable contiguous byte buffer (numpy array, bytearray, memoryview) holding at least
+    the packed size. Returns `out`."""
+    t = ggml_type(t)
+    if not can_quantize(t):
+        raise ValueError(f"quantization into {t.name} is not supported natively")
+    if not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"n_threads must be a positive integer, found {n_threads!r}")
+    src_ptr, src_bytes, shape = _f32_view(src)
+    row_len = int(shape[-1]) if shape else 1
+    n_elems = int(np.prod(shape)) if shape else 1
+    n_rows = n_elems // row_len if row_len else 0
+    elems, nbytes = block_size(t)
+    if row_len % elems:
+        raise ValueError(f"{t.name}: row length {row_len} of source {shape} is not a multiple of the block size {elems}")
+    if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+        raise ValueError("output array must be C-contiguous")
+    dst = ffi.from_buffer(out, require_writable=True)
+    need = n_elems // elems * nbytes
+    if len(dst) < need:
+        raise ValueError(f"{t.name}: source {shape} packs into {need} bytes, output holds {len(dst)}")
+    status = lib.strata_quantize(int(t), src_ptr, src_bytes, dst, len(dst), n_rows, row_len, n_threads, _impl(impl))
+    _check(status, f"quantize {shape} float32 into {t.name}")
+    return out
+
+
+def quantize(t: Any, src: Any, *, n_threads: int = 1, impl: str = "auto") -> np.ndarray:
+    """Quantize float32 `src` into a new uint8 array of shape (*src.shape[:-1], packed row bytes)."""
+    t = ggml_type(t)
+    _, _, shape = _f32_view(src)
+    elems, nbytes = block_size(t)
+    row_len = int(shape[-1]) if shape else 1
+    if row_len % elems:
+        raise ValueError(f"{t.name}: row length {row_len} of source {shape} is not a multiple of the block size {elems}")
+    out = np.empty((*shape[:-1], row_len // elems * nbytes), dtype=np.uint8)
+    return quantize_into(t, src, out, n_threads=n_threads, impl=impl)

@@ -1,0 +1,385 @@
+"""Shared machinery of the HF -> GGUF converters: hyperparameters, tensor planning, shape checks.
+
+An architecture is a small subclass of `Architecture` that says which HF architectures it takes,
+which GGUF architecture it writes, which metadata keys beyond the common ones it sets, which
+tensors each layer must have and with which shapes, and how (if at all) a tensor's values change
+on the way (llama's Q/K row permutation). Everything else lives here:
+
+  * resident tensors are named through gguf-py's `TensorNameMap` (llama.cpp's own table);
+  * routed experts are found in either layout (per-expert `experts.N.{w1,w2,w3|gate,up,down}_proj`
+    or fused 3-D `experts.gate_up_proj` [E, 2I, H] + `experts.down_proj` [E, H, I]) and planned as
+    3-D `blk.N.ffn_{gate,up,down}_exps` [E, rows, cols] with the expert index slowest, produced one
+    expert at a time;
+  * the plan is checked completely (unexpected, missing, mis-shaped tensors) before a byte is written.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import gguf
+import numpy as np
+from gguf import MODEL_TENSOR as MT
+
+from converters.source import Checkpoint, ConversionError, SourceTensor
+from converters.types import TypePolicy
+
+log = logging.getLogger("strata.convert")
+
+_REQUIRED = object()
+
+#: Expert parts in GGUF order, the MODEL_TENSOR each becomes, and the HF names of each part.
+EXPERT_KINDS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
+_PART_OF = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+_PER_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                         r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+_FUSED = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(?:\.weight)?$")
+
+#: Tensors some checkpoints carry that no GGUF file holds.
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
+
+
+@dataclass
+class HParams:
+    """The hyperparameters every MoE architecture here has, read from config.json."""
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_vocab: int
+    n_ctx: int
+    n_ff: int
+    n_experts: int
+    n_experts_used: int
+    n_ff_exp: int
+    rope_theta: float
+    rms_eps: float
+    tied_embeddings: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PlannedTensor:
+    """One GGUF tensor: its name, row-major shape, type and the pieces that produce its values.
+
+    `pieces` are called in order; each returns float32 values whose concatenation along the
+    slowest dimension is the whole tensor (one expert per piece for 3-D expert tensors)."""
+    name: str
+    kind: MT
+    layer: int | None
+    shape: tuple[int, ...]
+    ggml_type: gguf.GGMLQuantizationType
+    pieces: list[Callable[[], np.ndarray]]
+    src_bytes: int
+    sources: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        elems, size = gguf.GGML_QUANT_SIZES[self.ggml_type]
+        return int(np.prod(self.shape, dtype=np.int64)) // elems * size
+
+
+class Architecture:
+    """Base of every architecture module (see the module docstring)."""
+
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    gguf_arch: ClassVar[gguf.MODEL_ARCH]
+    #: Per-layer MODEL_TENSORs that must be present (experts are checked separately).
+    layer_tensors: ClassVar[tuple[MT, ...]] = (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT,
+                                                MT.FFN_NORM, MT.FFN_GATE_INP)
+    #: Rows per piece when a large resident tensor (embeddings, output head) is streamed.
+    chunk_rows: ClassVar[int] = 8192
+    #: Whether llama.cpp's graph for this architecture renormalises the top-k routing weights
+    #: (it has no metadata key to say otherwise for these architectures).
+    router_normalizes: ClassVar[bool] = False
+
+    def __init__(self, ckpt: Checkpoint):
+        self.ckpt = ckpt
+        self.cfg = ckpt.config
+        self.hp = self.read_hparams()
+        self.arch_name = gguf.MODEL_ARCH_NAMES[self.gguf_arch]
+        norm = self.cfg.get("norm_topk_prob")
+        if norm is not None and bool(norm) != self.router_normalizes:
+            log.warning("config.json: norm_topk_prob=%s, but llama.cpp's %s graph %s the top-k routing weights; "
+                        "llama.cpp's outputs will differ from transformers'", norm, self.arch_name,
+                        "renormalises" if self.router_normalizes else "does not renormalise")
+        self.name_map = gguf.get_tensor_name_map(self.gguf_arch, self.hp.n_layers)
+
+    # ---- config ----
+
+    def get(self, *keys: str, default: Any = _REQUIRED) -> Any:
+        """The first of `keys` present (and not null) in config.json, else `default`."""
+        for key in keys:
+            if self.cfg.get(key) is not None:
+                return self.cfg[key]
+        if default is _REQUIRED:
+            raise ConversionError(f"{self.ckpt.folder / 'config.json'}: missing {' / '.join(keys)} "
+                                  f"(needed for {self.cfg.get('architectures', ['?'])[0]})")
+        return default
+
+    def rope_parameters(self) -> dict[str, Any]:
+        rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
+        return rp if isinstance(rp, dict) else {}
+
+    def read_hparams(self) -> HParams:
+        n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
+        head_dim = int(self.get("head_dim", default=n_embd // n_heads))
+        theta = self.get("rope_theta", default=None) or self.rope_parameters().get("rope_theta", 10000.0)
+        return HParams(
+            n_layers=int(self.get("num_hidden_layers")), n_embd=n_embd, n_heads=n_heads,
+            n_kv_heads=int(self.get("num_key_value_heads", default=n_heads)), head_dim=head_dim,
+            n_vocab=int(self.get("vocab_size")), n_ctx=int(self.get("max_position_embeddings")),
+            n_ff=int(self.get("intermediate_size")),
+            n_experts=int(self.get("num_local_experts", "num_experts")),
+            n_experts_used=int(self.get("num_experts_per_tok")),
+            n_ff_exp=int(self.get("moe_intermediate_size", "intermediate_size")),
+            rope_theta=float(theta), rms_eps=float(self.get("rms_norm_eps")),
+            tied_embeddings=bool(self.get("tie_word_embeddings", default=False)),
+        )
+
+    # ---- metadata ----
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        """Hyperparameter keys (llama.cpp's names through GGUFWriter's helpers)."""
+        hp = self.hp
+        w.add_context_length(hp.n_ctx)
+        w.add_embedding_length(hp.n_embd)
+        w.add_block_count(hp.n_layers)
+        w.add_feed_forward_length(hp.n_ff)
+        w.add_head_count(hp.n_heads)
+        w.add_head_count_kv(hp.n_kv_heads)
+        w.add_rope_freq_base(hp.rope_theta)
+        w.add_layer_norm_rms_eps(hp.rms_eps)
+        w.add_expert_count(hp.n_experts)
+        w.add_expert_used_count(hp.n_experts_used)
+        if self.cfg.get("head_dim") is not None:
+            w.add_key_length(hp.head_dim)
+            w.add_value_length(hp.head_dim)
+        self.write_rope_scaling(w)
+        self.write_extra_metadata(w)
+
+    def write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
+        rp = self.rope_parameters()
+        kind, factor = rp.get("rope_type", rp.get("type")), rp.get("factor")
+        if kind in (None, "default") or factor is None:
+            return
+        if kind == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(factor))
+        elif kind == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(float(factor))
+            w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
+        else:
+            raise ConversionError(f"{self.ckpt.folder / 'config.json'}: rope scaling type {kind!r} is not supported "
+                                  "(supported: linear, yarn)")
+
+    def write_extra_metadata(self, w: gguf.GGUFWriter) -> None:
+        """Keys specific to the architecture."""
+
+    # ---- tensors ----
+
+    def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
+        """Row-major shape a source tensor of `kind` must have (None: not checked)."""
+        hp = self.hp
+        q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+        return {
+            MT.TOKEN_EMBD: (hp.n_vocab, hp.n_embd), MT.OUTPUT: (hp.n_vocab, hp.n_embd),
+            MT.OUTPUT_NORM: (hp.n_embd,), MT.ATTN_NORM: (hp.n_embd,), MT.FFN_NORM: (hp.n_embd,),
+            MT.ATTN_Q: (q, hp.n_embd), MT.ATTN_K: (kv, hp.n_embd), MT.ATTN_V: (kv, hp.n_embd),
+            MT.ATTN_OUT: (hp.n_embd, q), MT.FFN_GATE_INP: (hp.n_experts, hp.n_embd),
+            MT.FFN_GATE_EXP: (hp.n_ff_exp, hp.n_embd), MT.FFN_UP_EXP: (hp.n_ff_exp, hp.n_embd),
+            MT.FFN_DOWN_EXP: (hp.n_embd, hp.n_ff_exp),
+        }.get(kind)
+
+    def transform(self, kind: MT, values: np.ndarray) -> np.ndarray:
+        """Change a resident tensor's values on the way to GGUF (default: unchanged)."""
+        return values
+
+    def transformed_kinds(self) -> frozenset[MT]:
+        """Kinds whose values `transform` changes (they are read whole, not in row chunks)."""
+        return frozenset()
+
+    def plan(self, policy: TypePolicy) -> list[PlannedTensor]:
+        """Every GGUF tensor of the output, checked against the config, in file order."""
+        resident, experts = self._split_sources()
+        planned = [self._plan_resident(kind, name, bid, src, policy) for name, (kind, bid, src) in resident.items()]
+        for bid in range(self.hp.n_layers):
+            planned += self._plan_experts(bid, experts.get(bid), policy)
+        self._check_complete({p.name for p in planned})
+        order = {kind: i for i, kind in enumerate(gguf.MODEL_TENSORS[self.gguf_arch])}
+        last = self.hp.n_layers
+        return sorted(planned, key=lambda p: (-1 if p.kind == MT.TOKEN_EMBD else last if p.layer is None else p.layer,
+                                              order.get(p.kind, len(order)), p.name))
+
+    def _split_sources(self) -> tuple[dict[str, tuple[MT, int | None, SourceTensor]], dict[int, dict[str, Any]]]:
+        """Resident tensors by GGUF name, and expert sources by layer."""
+        resident: dict[str, tuple[MT, int | None, SourceTensor]] = {}
+        experts: dict[int, dict[str, Any]] = {}
+        for name, src in self.ckpt.tensors.items():
+            if m := _PER_EXPERT.match(name):
+                bid, e, part = int(m[1]), int(m[2]), _PART_OF[m[3]]
+                experts.setdefault(bid, {}).setdefault("per_expert", {})[(part, e)] = src
+            elif m := _FUSED.match(name):
+                experts.setdefault(int(m[1]), {}).setdefault("fused", {})[m[2]] = src
+            elif _IGNORED.search(name):
+                continue
+            else:
+                kind, gname, bid = self._map_resident(name, src)
+                if gname in resident:
+                    raise ConversionError(f"{src.path}: tensor {name} maps to {gname}, "
+                                          f"as does {resident[gname][2].name}")
+                resident[gname] = (kind, bid, src)
+        return resident, experts
+
+    def _map_resident(self, name: str, src: SourceTensor) -> tuple[MT, str, int | None]:
+        found = self.name_map.get_type_and_name(name, try_suffixes=(".weight", ".bias"))
+        if found is None:
+            raise ConversionError(f"{src.path}: unexpected tensor {name} (no {self.arch_name} GGUF tensor for it)")
+        kind, gname = found
+        m = re.match(r"blk\.(\d+)\.", gname)
+        bid = int(m[1]) if m else None
+        if bid is not None and bid >= self.hp.n_layers:
+            raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.hp.n_layers}")
+        return kind, gname, bid
+
+    def _check_shape(self, kind: MT, src: SourceTensor, found: tuple[int, ...]) -> None:
+        want = self.expected_shape(kind)
+        is_bias = src.name.endswith(".bias")
+        if is_bias:
+            want = (want[0],) if want else None  # a projection's bias has one entry per output row
+        if want is not None and tuple(found) != tuple(want):
+            what = "bias" if is_bias else "weight"
+            raise ConversionError(f"{src.path}: tensor {src.name}: {what} shape {tuple(found)}, expected {tuple(want)} "
+                                  f"from config.json")
+
+    def _plan_resident(self, kind: MT, gname: str, bid: int | None, src: SourceTensor,
+                       policy: TypePolicy) -> PlannedTensor:
+        self._check_shape(kind, src, src.shape)
+        t = policy.choose(kind, src.shape, gname)
+        if kind in self.transformed_kinds():
+            pieces = [lambda: self.transform(kind, self.ckpt.read_rows(src.name)).reshape(src.shape[0], -1)]
+        else:
+            rows, step = (src.shape[0] if src.shape else 1), self.chunk_rows
+            pieces = [self._row_piece(src, r, min(step, rows - r)) for r in range(0, rows, step)]
+        return PlannedTensor(gname, kind, bid, src.shape, t, pieces, src.nbytes, (src.name,))
+
+    def _row_piece(self, src: SourceTensor, first: int, count: int) -> Callable[[], np.ndarray]:
+        if not src.shape:
+            return lambda: self.ckpt.read_rows(src.name).reshape(1, 1)
+        return lambda: self.ckpt.read_rows(src.name, first, count).reshape(count, -1)
+
+    # ---- experts ----
+
+    def _plan_experts(self, bid: int, found: dict[str, Any] | None, policy: TypePolicy) -> list[PlannedTensor]:
+        if not found:
+            raise ConversionError(f"{self.ckpt.folder}: no expert tensors for layer {bid} "
+                                  f"(expected model.layers.{bid}.mlp.experts.* )")
+        if "per_expert" in found and "fused" in found:
+            raise ConversionError(f"{self.ckpt.folder}: layer {bid} has both per-expert and fused expert tensors")
+        source = (self._per_expert_source(bid, found["per_expert"]) if "per_expert" in found
+                  else self._fused_source(bid, found["fused"]))
+        planned = []
+        for part, kind in EXPERT_KINDS.items():
+            rows, cols = self.expected_shape(kind)
+            gname = gguf.TENSOR_NAMES[kind].format(bid=bid) + ".weight"
+            shape = (self.hp.n_experts, rows, cols)
+            pieces = [lambda part=part, e=e: source.read(part, e) for e in range(self.hp.n_experts)]
+            planned.append(PlannedTensor(gname, kind, bid, shape, policy.choose(kind, shape, gname),
+                                         pieces, source.nbytes(part), source.names(part)))
+        return planned
+
+    def _per_expert_source(self, bid: int, srcs: dict[tuple[str, int], SourceTensor]) -> "ExpertSource":
+        n = self.hp.n_experts
+        for part, kind in EXPERT_KINDS.items():
+            for e in range(n):
+                src = srcs.get((part, e))
+                if src is None:
+                    raise ConversionError(f"{self.ckpt.folder}: layer {bid}: missing {part} weight of expert {e} "
+                                          f"(found {len([k for k in srcs if k[0] == part])} of {n})")
+                self._check_shape(kind, src, src.shape)
+        for (part, e), src in sorted(srcs.items()):
+            if e >= n:
+                raise ConversionError(f"{src.path}: unexpected tensor {src.name}: expert {e} but config has {n} experts")
+        return PerExpertSource(self.ckpt, srcs, n)
+
+    def _fused_source(self, bid: int, srcs: dict[str, SourceTensor]) -> "ExpertSource":
+        hp = self.hp
+        for key in ("gate_up_proj", "down_proj"):
+            if key not in srcs:
+                raise ConversionError(f"{self.ckpt.folder}: layer {bid}: missing model.layers.{bid}.mlp.experts.{key}")
+        want = {"gate_up_proj": (hp.n_experts, 2 * hp.n_ff_exp, hp.n_embd),
+                "down_proj": (hp.n_experts, hp.n_embd, hp.n_ff_exp)}
+        for key, src in srcs.items():
+            if src.shape != want[key]:
+                raise ConversionError(f"{src.path}: tensor {src.name}: shape {src.shape}, expected {want[key]} "
+                                      "from config.json")
+        return FusedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], hp.n_ff_exp, hp.n_embd)
+
+    # ---- completeness ----
+
+    def required(self) -> list[MT]:
+        """Global tensors that must be present."""
+        req = [MT.TOKEN_EMBD, MT.OUTPUT_NORM]
+        return req if self.hp.tied_embeddings else req + [MT.OUTPUT]
+
+    def _check_complete(self, names: set[str]) -> None:
+        wanted = [gguf.TENSOR_NAMES[k] + ".weight" for k in self.required()]
+        for bid in range(self.hp.n_layers):
+            wanted += [gguf.TENSOR_NAMES[k].format(bid=bid) + ".weight" for k in self.layer_tensors]
+        missing = [w for w in wanted if w not in names]
+        if missing:
+            raise ConversionError(f"{self.ckpt.folder}: missing tensors for {', '.join(missing[:5])}"
+                                  f"{' ...' if len(missing) > 5 else ''} ({self.cfg.get('architectures', ['?'])[0]} "
+                                  f"with {self.hp.n_layers} layers)")
+
+
+class ExpertSource:
+    """Where the routed experts of one layer come from: `read(part, e)` -> float32 [rows, cols]."""
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def nbytes(self, part: str) -> int:
+        raise NotImplementedError
+
+    def names(self, part: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+
+class PerExpertSource(ExpertSource):
+    """`experts.N.{w1,w3,w2}` or `experts.N.{gate,up,down}_proj`: one 2-D tensor per expert and part."""
+
+    def __init__(self, ckpt: Checkpoint, srcs: dict[tuple[str, int], SourceTensor], n_experts: int):
+        self.ckpt, self.srcs, self.n = ckpt, srcs, n_experts
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        return self.ckpt.read_rows(self.srcs[(part, e)].name)
+
+    def nbytes(self, part: str) -> int:
+        return sum(self.srcs[(part, e)].nbytes for e in range(self.n))
+
+    def names(self, part: str) -> tuple[str, ...]:
+        return tuple(self.srcs[(part, e)].name for e in range(self.n))
+
+
+class FusedSource(ExpertSource):
+    """transformers' fused layout: `gate_up_proj` [E, 2I, H] (gate rows first) and `down_proj` [E, H, I]."""
+
+    def __init__(self, ckpt: Checkpoint, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
+        self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        if part == "down":
+            return self.ckpt.read_slab(self.down.name, e, (self.n_embd, self.n_ff))
+        # Expert e's [2I, H] block is two [I, H] slabs: 2e (gate) and 2e + 1 (up).
+        return self.ckpt.read_slab(self.gate_up.name, 2 * e + (part == "up"), (self.n_ff, self.n_embd))
+
+    def nbytes(self, part: str) -> int:
+        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
+
+    def names(self, part: str) -> tuple[str, ...]:
+        return ((self.down if part == "down" else self.gate_up).name,)

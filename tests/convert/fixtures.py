@@ -1,0 +1,169 @@
+"""Tiny random MoE checkpoints built with transformers' own classes, and tokenizers trained here.
+
+Sizes are the smallest that still exercise every format: the hidden size and the expert width are
+256 so Q4_K blocks (256 values per row block) fit whole rows.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from converters.tokenizer import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+TRICKY = [
+    "Hello world", " leading space", "  two leading spaces", "\ttab\tseparated\t", "line one\nline two\n\n",
+    "trailing spaces   ", "naïve café über straße", "日本語のテキストと中文", "emoji 🦙🚀 and 👩‍👩‍👧",
+    "numbers 3 33 333 3333 3.14159 1e-5", "I've been 'told' he's there, we'll see", "x = f(a, b) // comment\n\tret;",
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "mixed<|endoftext|>special",
+    "\r\n windows\r\nnewlines", "-----======!!!??? ...",
+]
+
+_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+          "word but not what all were we when your can said there use an each which she do how their if will up "
+          "other about out many then them these so some her would make like him into time has look two more write "
+          "go see number no way could people my than first water been call who oil its now find long down day did "
+          "get come made may part expert router token layer memory model quantize block scale cache").split()
+_EXTRA = ["naïve café über straße", "日本語のテキスト", "中文字符测试", "emoji 🦙🚀😀 ✅", "x = f(a, b) + 3.14;",
+          "\tindented\n", "    four spaces", "I've you'll he's we'd they're", "1234567890", "!!! ??? ... ---",
+          "Привет мир", "ελληνικά", "<tag attr=\"v\">"]
+
+
+def corpus(n_lines: int = 3000, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 14))]
+        if rng.random() < 0.3:
+            words.insert(rng.randint(0, len(words)), rng.choice(_EXTRA))
+        if rng.random() < 0.2:
+            words.insert(rng.randint(0, len(words)), str(rng.randint(0, 10**rng.randint(1, 6))))
+        lines.append(" ".join(words) + rng.choice(["", ".", "\n", "\n\n", "  "]))
+    return lines
+
+
+def train_byte_bpe(style: str, vocab_size: int = 600) -> Tokenizer:
+    """A byte-level BPE tokenizer with the pre-tokenizer of `style` ('gpt2', 'llama3', 'qwen2')."""
+    tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
+    if style == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        regex = {"llama3": LLAMA3_REGEX, "qwen2": QWEN2_REGEX}[style]
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, folder: Path, chat_template_file: bool) -> None:
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+           "pad_token": "<|endoftext|>", "add_bos_token": False, "add_eos_token": False,
+           "model_max_length": 4096}
+    if chat_template_file:
+        (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    else:
+        cfg["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+
+
+@dataclass
+class Spec:
+    """One architecture's fixture: the transformers classes, config overrides, tokenizer style."""
+    key: str
+    config_cls: str
+    model_cls: str
+    config: dict
+    tokenizer: str
+    dtype: torch.dtype
+    chat_template_file: bool
+
+
+_COMMON = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
+               rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+SPECS = {
+    "mixtral": Spec("mixtral", "MixtralConfig", "MixtralForCausalLM",
+                    dict(_COMMON, intermediate_size=256, num_key_value_heads=2, num_local_experts=4,
+                         num_experts_per_tok=2, rope_theta=10000.0),
+                    "llama3", torch.float32, False),
+    "qwen2moe": Spec("qwen2moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                     dict(_COMMON, intermediate_size=512, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=256, shared_expert_intermediate_size=512, norm_topk_prob=False),
+                     "qwen2", torch.float16, True),
+    "qwen3moe": Spec("qwen3moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                     dict(_COMMON, intermediate_size=512, num_key_value_heads=2, head_dim=64, num_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True),
+                     "qwen2", torch.bfloat16, True),
+    "olmoe": Spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM",
+                  dict(_COMMON, intermediate_size=256, num_key_value_heads=4, num_experts=4, num_experts_per_tok=2,
+                       norm_topk_prob=False),
+                  "gpt2", torch.float32, False),
+}
+
+
+def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
+    """A random model whose logits have real margins: embeddings of unit scale, output head x8.
+
+    Its weights are rounded to the spec's dtype, so the float32 model equals the saved checkpoint."""
+    import transformers
+    vocab = tok.get_vocab_size()
+    cfg = getattr(transformers, spec.config_cls)(
+        **spec.config, vocab_size=vocab, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
+        pad_token_id=tok.token_to_id("<|endoftext|>"))
+    torch.manual_seed(seed)
+    model = getattr(transformers, spec.model_cls)(cfg).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
+        model.lm_head.weight.mul_(8.0)
+        for p in model.parameters():
+            p.copy_(p.to(spec.dtype).to(torch.float32))
+    return model
+
+
+def save_checkpoint(model: torch.nn.Module, spec: Spec, tok: Tokenizer, folder: Path, fused: bool,
+                    max_shard_size: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    kwargs = {"save_original_format": not fused}
+    if max_shard_size:
+        kwargs["max_shard_size"] = max_shard_size
+    model.to(spec.dtype).save_pretrained(folder, **kwargs)
+    model.to(torch.float32)
+    save_tokenizer(tok, folder, spec.chat_template_file)
+    return folder
+
+
+def train_llama_bpe(vocab_size: int = 600) -> Tokenizer:
+    """A SentencePiece-style BPE (as Llama/Mistral ship in tokenizer.json): spaces become '▁' with
+    one prepended, no pre-tokenizer, byte fallback through <0x00>..<0xFF>; ids 0-2 are <unk>, <s>,
+    </s> and 3-258 the bytes, as in those vocabularies."""
+    from tokenizers import normalizers
+    specials = ["<unk>", "<s>", "</s>"]
+    norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = norm
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([line.replace("\n", " ") for line in corpus()], trainer)
+    spec = json.loads(tok.to_str())
+    trained = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
+    order = specials + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in trained if t not in specials]
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    spec["added_tokens"] = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, t in enumerate(specials)]
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    return Tokenizer.from_str(json.dumps(spec))
