@@ -8,7 +8,7 @@ import sys
 from strata.errors import StrataError
 
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
-COMMAND_MODULES = ("strata.bench",)
+COMMAND_MODULES = ("strata.bench", "strata.inspect")
 
 
 def build_parser() -> argparse.ArgumentParser:
