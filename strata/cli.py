@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except StrataError as exc:
+    except (StrataError, OSError) as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `strata ... | head`: the reader left, nothing more to say
