@@ -22,7 +22,8 @@ README_TABLE = {8: (0.136, 0.251, 0.167), 16: (0.261, 0.521, 0.314), 32: (0.526,
 
 
 def _trace_path() -> Path | None:
-    candidates = [os.environ.get("STRATA_TRACE"), ROOT.parent / "shared" / "traces" / TRACE_NAME]
+    # The project's shared folder sits beside the checkout (../shared), or beside one of its parents.
+    candidates = [os.environ.get("STRATA_TRACE")] + [p / "shared" / "traces" / TRACE_NAME for p in ROOT.parents]
     return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 
 
