@@ -8,7 +8,7 @@ import sys
 from strata.errors import StrataError
 
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
-COMMAND_MODULES = ("strata.bench", "strata.commands.generate", "strata.commands.chat",
+COMMAND_MODULES = ("strata.bench", "strata.inspect", "strata.commands.generate", "strata.commands.chat",
                    "strata.commands.perplexity", "strata.commands.demo")
 
 
@@ -24,9 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except StrataError as exc:
+    except (StrataError, OSError) as exc:
         print(f"strata: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `strata ... | head`: the reader left, nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("strata: interrupted", file=sys.stderr)
         return 130

@@ -60,29 +60,14 @@ def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    from strata.errors import StrataError
     from strata.gguf import open_model
-    try:
-        model = open_model(args.model)
+
+    out = out or sys.stdout
+    with open_model(args.model) as model:
         summary = model.summary()
-    except (StrataError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     if args.json:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)
     else:
         render_text(summary, args.model, out)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="strata")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,53 +1,45 @@
-"""`strata inspect` on converted files (needs strata.gguf, the foundation's reader)."""
+"""`strata inspect` on converted files."""
 from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import types
 
-import pytest
-
 from strata import inspect as inspect_cmd
-
-SUMMARY = {"arch": "qwen3moe", "hparams": {"n_layers": 2, "n_experts": 4},
-           "bytes_per_type": {"Q4_K": 1_179_648, "Q8_0": 300_000, "F32": 4096},
-           "resident_bytes": 304_096, "expert_bytes": 1_179_648,
-           "layers": [{"layer": 0, "slab_bytes": {"gate": 36_864, "up": 36_864, "down": 36_864}}]}
+from strata.gguf import open_model
 
 
-@pytest.fixture
-def fake_reader(monkeypatch):
-    """Stands in for strata.gguf until it is merged: rendering is what this module owns."""
-    mod = types.ModuleType("strata.gguf")
-    mod.open_model = lambda path: types.SimpleNamespace(summary=lambda: SUMMARY)
-    monkeypatch.setitem(sys.modules, "strata.gguf", mod)
-
-
-def test_json_output_is_the_summary(fake_reader):
+def test_json_output_is_the_summary(tiny_models):
+    path = tiny_models["qwen2moe"].gguf()
     out = io.StringIO()
-    assert inspect_cmd.run(types.SimpleNamespace(model="m.gguf", json=True), out) == 0
-    assert json.loads(out.getvalue()) == SUMMARY
-
-
-def test_text_output(fake_reader):
-    out = io.StringIO()
-    assert inspect_cmd.run(types.SimpleNamespace(model="m.gguf", json=False), out) == 0
-    text = out.getvalue()
-    assert "arch: qwen3moe" in text and "Q4_K: 1.12 MiB (1179648)" in text and "gate: 36.00 KiB" in text
-
-
-def test_parser_wiring(fake_reader, capsys):
-    assert inspect_cmd.main(["inspect", "m.gguf", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["arch"] == "qwen3moe"
-
-
-def test_real_file(tiny_models):
-    gguf_mod = pytest.importorskip("strata.gguf")
-    if not hasattr(gguf_mod, "open_model"):
-        pytest.skip("strata.gguf.open_model not available yet")
-    tiny = tiny_models["qwen2moe"]
-    out = io.StringIO()
-    assert inspect_cmd.run(types.SimpleNamespace(model=str(tiny.gguf()), json=True), out) == 0
+    assert inspect_cmd.run(types.SimpleNamespace(model=str(path), json=True), out) == 0
     summary = json.loads(out.getvalue())
-    assert summary["arch"] == "qwen2moe"
+    with open_model(path) as mf:
+        assert summary == json.loads(json.dumps(mf.summary(), default=str))
+        assert summary["arch"] == "qwen2moe"
+        assert summary["hparams"]["n_experts"] == mf.hparams.n_experts > 0
+
+
+def test_text_output_through_the_cli(tiny_models):
+    path = tiny_models["qwen3moe"].gguf()
+    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "arch: qwen3moe" in res.stdout
+    assert "Q4_K:" in res.stdout and "expert" in res.stdout
+
+
+def test_missing_file_is_one_clear_line(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(missing)], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "nope.gguf" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_malformed_file_is_one_clear_line(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUX" + bytes(60))
+    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "bad.gguf" in res.stderr and "magic" in res.stderr.lower() and "Traceback" not in res.stderr
