@@ -18,6 +18,9 @@ from .base import ExpertMemory, ExpertWeights
 
 #: Default bytes of expert buffers (per copy: host, and device when not CPU); sets `max_acquire`.
 DEFAULT_BUFFER_BYTES = 256 << 20
+#: Elements one dequantization thread gets at least: below ~1 MB of output, starting a thread
+#: costs more than it saves (small models' slabs would otherwise spawn a thread per core per call).
+MIN_ELEMS_PER_THREAD = 1 << 18
 
 
 class DirectExpertMemory(ExpertMemory):
@@ -66,7 +69,8 @@ class DirectExpertMemory(ExpertMemory):
             if tuple(buf.shape) != slab.shape:
                 raise ValueError(f"{self.model_file.path}: {slab.tensor} expert {expert}: expected slab shape "
                                  f"{tuple(buf.shape)}, found {slab.shape}")
-            native.dequantize_into(slab.ggml_type, self.model_file.expert_data(slab), buf, n_threads=self.n_threads)
+            n_threads = min(self.n_threads, max(1, buf.numel() // MIN_ELEMS_PER_THREAD))
+            native.dequantize_into(slab.ggml_type, self.model_file.expert_data(slab), buf, n_threads=n_threads)
             if dev is not host:
                 dev[slab.part].copy_(buf)  # synchronous: the host buffer is reused by the next acquire
         return ExpertWeights(gate=dev["gate"], up=dev["up"], down=dev["down"])
@@ -81,4 +85,4 @@ class DirectExpertMemory(ExpertMemory):
         self._host, self._device, self._held = [], [], None
 
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "DirectExpertMemory"]
+__all__ = ["DEFAULT_BUFFER_BYTES", "MIN_ELEMS_PER_THREAD", "DirectExpertMemory"]

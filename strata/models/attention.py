@@ -63,8 +63,7 @@ class Attention(nn.Module):
                       v_cache: torch.Tensor) -> torch.Tensor:
         """One new token per sequence: one batched call over the longest prefix, shorter ones masked."""
         n_ctx = max(batch.starts) + 1
-        slots = torch.tensor(batch.slots, device=q.device)
-        k, v = k_cache[slots, :, :n_ctx], v_cache[slots, :, :n_ctx]  # [B, Hkv, L, hd]
+        k, v = k_cache[batch.slot_ids, :, :n_ctx], v_cache[batch.slot_ids, :, :n_ctx]  # [B, Hkv, L, hd]
         mask = torch.arange(n_ctx, device=q.device)[None, :] <= batch.positions[:, None]  # [B, L]
         out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :],
                                              enable_gqa=True)  # [B, H, 1, hd]

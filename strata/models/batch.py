@@ -29,6 +29,7 @@ class Batch:
     positions: torch.Tensor  # [T] position of every new token
     token_slots: torch.Tensor  # [T] KV-cache slot of every new token
     last: torch.Tensor  # [B] index in T of each sequence's last new token
+    slot_ids: torch.Tensor  # [B] `slots` on the device
 
     @classmethod
     def make(cls, slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int],
@@ -44,7 +45,8 @@ class Batch:
         return cls(tuple(slots), tuple(starts), tuple(lengths),
                    torch.tensor(positions, dtype=torch.long, device=device),
                    torch.tensor(token_slots, dtype=torch.long, device=device),
-                   torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device))
+                   torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
+                   torch.tensor(slots, dtype=torch.long, device=device))
 
     @property
     def offsets(self) -> list[int]:
