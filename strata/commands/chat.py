@@ -19,6 +19,7 @@ def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     except KeyboardInterrupt:
+        stream.close()
         print("\n[interrupted]")
         return None
     done = stream.completion

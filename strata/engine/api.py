@@ -106,6 +106,12 @@ class Stream:
     def __iter__(self) -> Iterator[Chunk]:
         return self._chunks
 
+    def close(self) -> None:
+        """Stop generating (e.g. after Ctrl-C in the consumer); the sequence's slot is freed."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
 
 class Model:
     """A loaded GGUF model: tokenizer, chat template, and generation on one device.
@@ -216,15 +222,15 @@ class Model:
             return s
         return self._run([seq])[0]
 
-    def generate_batch(self, prompts: Seq[str | Seq[int]], **kwargs: Any) -> list[Completion]:
-        """`generate` for several prompts decoded together; same options, applied to each."""
-        if kwargs.pop("stream", False):
-            raise ValueError("generate_batch does not stream")
-        sampling = {k: kwargs.pop(k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
-                    if k in kwargs}
-        seqs = [self._sequence(p, kwargs.get("max_tokens", 128), kwargs.get("stop"), kwargs.get("stop_token_ids"),
-                               sampling, kwargs.get("add_special", True)) for p in prompts]
-        return self._run(seqs)
+    def generate_batch(self, prompts: Seq[str | Seq[int]], *, max_tokens: int = 128, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                       seed: int | None = None, stop: Seq[str] | str | None = None,
+                       stop_token_ids: Iterable[int] | None = None, add_special: bool = True) -> list[Completion]:
+        """`generate` for several prompts decoded together (up to `max_batch` at a time, the rest
+        queued); the options apply to each. Greedy results equal those of each prompt alone."""
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repetition_penalty=repetition_penalty, seed=seed)
+        return self._run([self._sequence(p, max_tokens, stop, stop_token_ids, sampling, add_special) for p in prompts])
 
     def chat(self, messages: Seq[dict[str, Any]], **kwargs: Any) -> Completion | Stream:
         """Generate the assistant's reply to `messages` (rendered with the chat template)."""

@@ -108,3 +108,14 @@ def test_perplexity_matches_transformers_logits(loaded):
     assert result.n_scored == 45 and result.ppl == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
     same = compare_logits(result.logits, result.logits)
     assert same.kl_mean == pytest.approx(0, abs=1e-12) and same.top1_agreement == 1.0
+
+
+def test_more_prompts_than_slots_queue_and_a_closed_stream_frees_its_slot(tiny):
+    m = strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, max_batch=2)
+    prompts = [tiny.prompt_ids(n, seed=n) for n in (3, 9, 6, 12, 4)]
+    batch = m.generate_batch(prompts, max_tokens=8, stop_token_ids=())
+    assert [c.token_ids for c in batch] == [m.generate(p, max_tokens=8, stop_token_ids=()).token_ids for p in prompts]
+    stream = m.generate(prompts[0], max_tokens=50, stream=True)
+    next(iter(stream))
+    stream.close()
+    assert m.cache.n_free == 2 and not m.engine.busy
