@@ -79,8 +79,9 @@ def _weights(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
               p + "self_attn.q_norm.weight": np.ones(hd, np.float32),
               p + "self_attn.k_norm.weight": np.ones(hd, np.float32), p + "mlp.gate.weight": normal(E, D)}
         for e in range(E):
-            w |= {f"{p}mlp.experts.{e}.gate_proj.weight": normal(I, D), f"{p}mlp.experts.{e}.up_proj.weight": normal(I, D),
-                  f"{p}mlp.experts.{e}.down_proj.weight": normal(D, I)}
+            x = f"{p}mlp.experts.{e}."
+            w |= {x + "gate_proj.weight": normal(I, D), x + "up_proj.weight": normal(I, D),
+                  x + "down_proj.weight": normal(D, I)}
     return w
 
 

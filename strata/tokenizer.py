@@ -47,7 +47,7 @@ IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {}, 0
     for b in range(256):
         if b in printable:

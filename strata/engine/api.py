@@ -197,8 +197,8 @@ class Model:
         for t in ids:
             if not 0 <= t < self.tokenizer.vocab_size:
                 raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
-        stops = StopConditions(max_tokens=max_tokens,
-                               stop_token_ids=frozenset(self.stop_token_ids if stop_token_ids is None else stop_token_ids),
+        stop_ids = self.stop_token_ids if stop_token_ids is None else frozenset(stop_token_ids)
+        stops = StopConditions(max_tokens=max_tokens, stop_token_ids=stop_ids,
                                stop_strings=(stop,) if isinstance(stop, str) else tuple(stop or ()))
         return Sequence(next(self._ids), ids, SamplingParams(**sampling), stops, self.tokenizer.stream())
 

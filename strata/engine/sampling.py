@@ -71,7 +71,8 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.generator = torch.Generator()
-        self.generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """Next token id from logits [V] (float32) given the tokens so far."""

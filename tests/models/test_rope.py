@@ -21,8 +21,8 @@ def hparams():
 
 
 def _hf_config(rope_parameters: dict) -> transformers.PretrainedConfig:
-    return transformers.Qwen3MoeConfig(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=4096,
-                                       rope_parameters=rope_parameters)
+    return transformers.Qwen3MoeConfig(hidden_size=256, num_attention_heads=4, head_dim=64,
+                                       max_position_embeddings=4096, rope_parameters=rope_parameters)
 
 
 @pytest.mark.parametrize("kind, params", [
