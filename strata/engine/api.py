@@ -295,7 +295,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
     default float32 on the CPU, bfloat16 on CUDA). threads: CPU threads for dequantization and
-    torch (default: all this process may use). n_ctx: context positions per sequence (default
+    torch (default: all this process may use; sets torch's thread count for the process). n_ctx: context positions per sequence (default
     min(model's context, 4096)). max_batch: sequences decoded together. memory: builds the
     expert memory (default: `DirectExpertMemory`, experts dequantized from the file per use).
     """
