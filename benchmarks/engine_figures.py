@@ -29,7 +29,8 @@ def interop() -> None:
             top1 = float((a.argmax(-1) == b.argmax(-1)).float().mean())
             text = tiny.prompt_ids(192, seed=8)
             ppl_ref, ppl_ours = perplexity(ref.logits, text, 64, None).ppl, ours.perplexity(text, n_ctx=64).ppl
-            print(f"{key:9s} {outtype or 'default':7s} |strata-hf|/max {float((hf - b).abs().max() / hf.abs().max()):.1e}"
+            rel_hf = float((hf - b).abs().max() / hf.abs().max())
+            print(f"{key:9s} {outtype or 'default':7s} |strata-hf|/max {rel_hf:.1e}"
                   f"  |strata-llama.cpp|/max {float((a - b).abs().max() / b.abs().max()):.1e}  top-1 {top1:.3f}"
                   f"  ppl llama.cpp {ppl_ref:.1f} strata {ppl_ours:.1f} ({ppl_ours / ppl_ref - 1:+.2%})")
             ref.close()
