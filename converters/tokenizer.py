@@ -24,14 +24,9 @@ from typing import Any
 import gguf
 
 from converters.source import ConversionError
+from strata.tokenizer import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX
 
 log = logging.getLogger("strata.convert")
-
-GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 #: Split regex (as tokenizer.json spells it) -> llama.cpp pre-tokenizer name.
 PRE_TOKENIZERS = {GPT2_REGEX: "gpt-2", LLAMA3_REGEX: "llama-bpe", QWEN2_REGEX: "qwen2"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from converters.tokenizer import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX
+from strata.tokenizer import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
