@@ -40,6 +40,10 @@ from strata.gguf import PARTS, ExpertSlab, ModelFile
 from strata.memory.policy import READY, ExpertPolicy, PolicyConfig
 from strata.native import Pager, PagerTimeoutError, numa_node_count, numa_node_of
 
+class BudgetError(StrataError, ValueError):
+    """A memory budget Strata cannot work with; the message says why and what would do."""
+
+
 #: Share of MemAvailable the host tier takes when no budget is given.
 DEFAULT_BUDGET_FRACTION = 0.5
 PAGE = mmap.PAGESIZE
@@ -95,20 +99,20 @@ def default_budget(model: ModelFile, layout: SlotLayout) -> int:
 
 
 def check_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
-    """The budget as an int, or ValueError saying what is wrong with it."""
+    """The budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise ValueError(f"host memory budget must be a whole number of bytes, found {budget!r}")
+        raise BudgetError(f"host memory budget must be a whole number of bytes, found {budget!r}")
     budget = int(budget)
     if budget <= 0:
-        raise ValueError(f"host memory budget must be positive, found {budget} bytes")
+        raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
     total = machine_memory()[0]
     if budget > total:
-        raise ValueError(f"host memory budget {budget} bytes ({_gib(budget)}) is larger than this "
+        raise BudgetError(f"host memory budget {budget} bytes ({_gib(budget)}) is larger than this "
                          f"machine's RAM ({_gib(total)})")
     n_layers = len(model.expert_layers)
     need = n_layers * top_k * layout.slot_bytes
     if budget < need:
-        raise ValueError(
+        raise BudgetError(
             f"host memory budget {budget} bytes ({_gib(budget)}) is too small for {model.path}: each "
             f"of its {n_layers} expert layers needs slots for its top-{top_k} experts at once, "
             f"{layout.slot_bytes} bytes per slot (gate, up and down plus O_DIRECT slack), so at "

@@ -63,8 +63,9 @@ def test_bad_budgets_are_refused_with_a_reason(model):
         True: "must be a whole number of bytes",
     }
     for budget, message in cases.items():
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=message) as info:
             HostTier(model, budget)
+        assert isinstance(info.value, StrataError)  # the CLI prints it as one line
     with HostTier(model, minimum) as host:  # the smallest budget that works
         assert host.slots_per_layer == DIMS.n_experts_used
 

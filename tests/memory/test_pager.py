@@ -358,3 +358,21 @@ def test_direct_reads_leave_the_page_cache_cold(tmp_path):
     with Pager(path, direct=False) as pager:  # the measure itself works: buffered reads cache
         pager.read(0, data.size, buf)
     assert _cached_pages(path) == data.size // mmap.PAGESIZE
+
+
+# ---- the benchmark runs end to end ---------------------------------------------------------
+
+def test_bench_pager_cli_reports_both_rates(models):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "strata", "bench", "pager", str(models["qwen3moe"]),
+                          "--json", "--repeat", "1", "--depth", "4"], capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout)
+    assert r["n_slabs"] == 3 * 8 * 3 and r["align"] >= 512
+    assert r["sequential_direct_gbs"] > 0 and r["pager_slabs_gbs"] > 0 and r["ratio"] > 0
+    assert r["host_tier"]["misses"] == 3 * 8 and r["host_tier"]["gbs"] > 0
+    missing = subprocess.run([sys.executable, "-m", "strata", "bench", "pager", "missing.gguf"],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
