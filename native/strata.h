@@ -83,4 +83,107 @@ int strata_quantize_has_type(int ggml_type);
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl);
 
+/* ---- Pager (pager.c): asynchronous reads of file ranges into caller buffers ----
+ *
+ * A pager opens one file read-only and runs a pool of worker threads that serve read requests:
+ * submit returns a ticket at once, wait (or poll) collects it. A request is split into chunks of
+ * `chunk_bytes`, claimed by the workers in turn, so one large slab keeps several reads in flight.
+ * Reads use pread on an O_DIRECT descriptor when the file system allows it (probed at open) and
+ * the destination is aligned: the enclosing aligned range is read into dst and the result's
+ * `data_offset` says where the first requested byte landed. Other reads use buffered pread, or a
+ * copy from a read-only mapping (STRATA_PAGER_FALLBACK_MMAP). Every range is checked against the
+ * file size and the destination size at submit.
+ *
+ * Lifetime: the caller keeps dst alive until the request is collected or the pager is closed.
+ * strata_pager_close cancels queued chunks, finishes those being read and joins the workers;
+ * afterwards every call but get_info/get_stats/free returns STRATA_E_CLOSED. strata_pager_free
+ * closes if needed and releases the pager; no other call may run on it then.
+ */
+
+/* Status codes of the pager; strata_pager_status_string describes these and every strata_status. */
+enum strata_pager_status {
+    STRATA_E_IO = 16,        /* a read failed or the file ended early: the result has the errno */
+    STRATA_E_CLOSED = 17,    /* the pager is closed, or was closed before the request finished */
+    STRATA_E_TICKET = 18,    /* not a pending ticket of this pager (unknown or already collected) */
+    STRATA_E_TIMEOUT = 19,   /* the request is still in flight when the wait's timeout expired */
+    STRATA_E_BUSY = 20,      /* every request slot holds an uncollected request */
+    STRATA_E_OPEN = 21,      /* the file cannot be opened or examined: errno in *os_errno */
+    STRATA_E_DIRECT = 22     /* O_DIRECT was required but this file system refuses it */
+};
+
+enum strata_pager_flags {
+    STRATA_PAGER_DIRECT_OFF = 1,       /* never use O_DIRECT */
+    STRATA_PAGER_DIRECT_REQUIRED = 2,  /* fail at open with STRATA_E_DIRECT if O_DIRECT is refused */
+    STRATA_PAGER_FALLBACK_MMAP = 4     /* non-direct reads copy from a read-only mapping, not pread */
+};
+
+typedef struct strata_pager strata_pager;
+
+typedef struct {
+    int64_t file_size;
+    int64_t align;          /* O_DIRECT alignment of offsets, lengths and buffers; 0 when not direct */
+    int64_t chunk_bytes;    /* largest single read (a multiple of align when direct) */
+    int32_t n_threads;
+    int32_t direct;         /* 1 when aligned requests are read with O_DIRECT */
+    int32_t mmap;           /* 1 when non-direct reads copy from a mapping */
+    int32_t max_requests;   /* uncollected requests the pager holds at most */
+} strata_pager_info;
+
+typedef struct {
+    int64_t data_offset;    /* byte of dst where the first requested byte landed */
+    int64_t nbytes;         /* bytes requested */
+    int64_t error_offset;   /* STRATA_E_IO: file offset where the failing read started */
+    int32_t os_errno;       /* STRATA_E_IO: errno of the failing read; 0 when the file ended early */
+    int32_t direct;         /* 1 when the request was read with O_DIRECT */
+} strata_pager_result;
+
+typedef struct {
+    int64_t submitted;      /* requests accepted by submit */
+    int64_t completed;      /* requests finished (read, failed or cancelled) */
+    int64_t failed;         /* finished with an I/O error */
+    int64_t direct;         /* finished requests read with O_DIRECT */
+    int64_t chunks;         /* reads issued (one per chunk) */
+    int64_t bytes_requested;/* payload bytes of finished requests */
+    int64_t bytes_read;     /* bytes read from the file, alignment slack included */
+    int64_t read_ns;        /* time workers spent inside reads, summed over workers */
+    int64_t busy_ns;        /* wall time with at least one request in flight */
+    int64_t in_flight;      /* requests submitted and not yet finished */
+} strata_pager_stats;
+
+/* Open `path` read-only with `n_threads` workers (1..256) and reads of at most `chunk_bytes`
+ * (0: 1 MiB; rounded up to the O_DIRECT alignment). On STRATA_E_OPEN, *os_errno says why. */
+int strata_pager_open(const char *path, int n_threads, int64_t chunk_bytes, int flags,
+                      strata_pager **pager, int *os_errno);
+
+int strata_pager_get_info(strata_pager *pager, strata_pager_info *info);
+
+/* Queue a read of file bytes [file_offset, file_offset + nbytes) into `dst` (dst_bytes long);
+ * returns at once with *ticket (> 0). STRATA_E_SIZE when the range passes the end of the file
+ * or dst cannot hold nbytes; STRATA_E_BUSY when max_requests are uncollected. */
+int strata_pager_submit(strata_pager *pager, int64_t file_offset, int64_t nbytes,
+                        void *dst, int64_t dst_bytes, int64_t *ticket);
+
+/* *done = 1 when the request has finished (collect it with wait); the ticket stays valid. */
+int strata_pager_poll(strata_pager *pager, int64_t ticket, int *done);
+
+/* Wait up to `timeout_ns` (< 0: forever) for the request, then collect it: fills *result and
+ * returns its status (STRATA_OK, STRATA_E_IO, STRATA_E_CLOSED); the ticket is then spent.
+ * STRATA_E_TIMEOUT leaves the request pending. */
+int strata_pager_wait(strata_pager *pager, int64_t ticket, int64_t timeout_ns, strata_pager_result *result);
+
+int strata_pager_get_stats(strata_pager *pager, strata_pager_stats *stats);
+
+/* Run the workers on the CPUs of NUMA node `node` (best effort); a no-op on one node. */
+int strata_pager_bind_node(strata_pager *pager, int node);
+
+int strata_pager_close(strata_pager *pager);
+void strata_pager_free(strata_pager *pager);
+
+/* A static English description of a pager status or any strata_status. */
+const char *strata_pager_status_string(int status);
+
+/* NUMA nodes of this machine (1 where /sys reports none), and the node holding the page at addr. */
+int strata_numa_count_nodes(int *n_nodes);
+int strata_numa_locate(const void *addr, int *node);
+
 #endif

@@ -120,6 +120,28 @@ def _add_cache_parser(sub) -> None:
     c.set_defaults(func=_run_cache)
 
 
+def _run_pager(args: argparse.Namespace) -> int:
+    from strata.memory.pager_bench import bench_pager, format_pager
+
+    result = bench_pager(args.file, n_threads=args.threads, depth=args.depth, chunk_bytes=args.chunk_kib * 1024,
+                         repeat=args.repeat, host=not args.no_host)
+    print(json.dumps(result, indent=2) if args.json else format_pager(result))
+    return 0
+
+
+def _add_pager_parser(sub) -> None:
+    p = sub.add_parser("pager", help="GB/s of the pager reading a GGUF's expert slabs in random order, "
+                                     "beside the disk's sequential O_DIRECT rate on the same file")
+    p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
+    p.add_argument("--threads", type=int, default=4, help="pager worker threads (default 4)")
+    p.add_argument("--depth", type=int, default=16, help="slabs in flight (default 16)")
+    p.add_argument("--chunk-kib", type=int, default=0, help="largest single read in KiB (default: the pager's, 1024)")
+    p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default 3)")
+    p.add_argument("--no-host", action="store_true", help="skip the host-tier figure")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run_pager)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure speed and hit rates (dequantization, expert cache, ...)")
     sub = p.add_subparsers(dest="bench_command", required=True)
@@ -131,3 +153,4 @@ def add_parser(subparsers) -> None:
     d.add_argument("--types", nargs="+", type=_format_arg, default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
     d.set_defaults(func=_run_dequant)
     _add_cache_parser(sub)
+    _add_pager_parser(sub)

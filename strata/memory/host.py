@@ -1,0 +1,424 @@
+"""Host tier: packed expert slabs cached in host RAM, read from the model file by the native pager.
+
+    host = HostTier(model, budget=8 << 30)        # allocates its whole pool here, once
+    load = host.load(layer, expert)               # a hit is already finished; a miss queues reads
+    expert = host.wait(load, pin=True)            # HostExpert: uint8 views of gate, up and down
+    native.dequantize_into(expert.slabs[2].ggml_type, expert.down, out)
+    host.unpin(layer, expert_id)
+
+Memory. One page-aligned pool (pinned on CUDA) is allocated at construction and carved into
+fixed slots; afterwards loads only change which expert a slot holds. A slot holds one expert's
+gate, up and down slabs, each in a region of its own:
+
+    pool   uint8 [n_slots * slot_bytes]      slot s = pool[s * slot_bytes:(s + 1) * slot_bytes]
+    slot   [gate region | up region | down region], each region A-aligned and
+           round_up(largest slab of that part over the layers, A) + A bytes long
+
+where A is the pager's O_DIRECT alignment. GGUF slabs are only 32-byte aligned, so a direct read
+fetches the enclosing aligned range [floor(offset), ceil(offset + nbytes)), which is never longer
+than round_up(nbytes, A) + A; the slab then starts `data_offset` bytes into its region.
+
+Placement. Which expert occupies which slot is ExpertPolicy's decision (strata.memory.policy):
+per-layer slot budgets, decayed use counts and hints; a LOADING or pinned slot is never a victim.
+This module moves bytes and keeps the policy's page table in step with the reads: admit -> three
+pager reads -> complete, or cancel when a read fails. Policy layers are the model's expert layers
+in order (a dense lead layer has no slots).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from strata.errors import NativeError, StrataError
+from strata.gguf import PARTS, ExpertSlab, ModelFile
+from strata.memory.policy import READY, ExpertPolicy, PolicyConfig
+from strata.native import Pager, PagerTimeoutError, numa_node_count, numa_node_of
+
+class BudgetError(StrataError, ValueError):
+    """A memory budget Strata cannot work with; the message says why and what would do."""
+
+
+#: Share of MemAvailable the host tier takes when no budget is given.
+DEFAULT_BUDGET_FRACTION = 0.5
+PAGE = mmap.PAGESIZE
+
+
+# ---- sizes and budgets -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each part of an expert lies inside a slot (bytes; see the module docstring)."""
+
+    align: int                       # A: the pager's O_DIRECT alignment (0: buffered reads)
+    part_offset: tuple[int, int, int]    # gate, up, down region starts
+    part_capacity: tuple[int, int, int]  # region lengths
+    slot_bytes: int
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a if a > 1 else x
+
+
+def slot_layout(model: ModelFile, align: int) -> SlotLayout:
+    """Regions sized for the largest slab of each part over the expert layers, plus slack."""
+    unit = max(align, 64)  # regions start on cache lines even when reads are buffered
+    largest = [max(model.expert(layer, 0, part).nbytes for layer in model.expert_layers) for part in PARTS]
+    capacity = tuple(_round_up(n, unit) + align for n in largest)
+    offsets = (0, capacity[0], capacity[0] + capacity[1])
+    return SlotLayout(align, offsets, capacity, _round_up(sum(capacity), unit))
+
+
+def machine_memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) of this machine in bytes."""
+    fields = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, fields.get("MemAvailable", total)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def default_budget(model: ModelFile, layout: SlotLayout) -> int:
+    """DEFAULT_BUDGET_FRACTION of MemAvailable, no more than a slot for every expert of the model."""
+    every_expert = len(model.expert_layers) * model.hparams.n_experts * layout.slot_bytes
+    return min(every_expert, int(machine_memory()[1] * DEFAULT_BUDGET_FRACTION))
+
+
+def check_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
+    """The budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise BudgetError(f"host memory budget must be a whole number of bytes, found {budget!r}")
+    budget = int(budget)
+    if budget <= 0:
+        raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
+    total = machine_memory()[0]
+    if budget > total:
+        raise BudgetError(f"host memory budget {budget} bytes ({_gib(budget)}) is larger than this "
+                         f"machine's RAM ({_gib(total)})")
+    n_layers = len(model.expert_layers)
+    need = n_layers * top_k * layout.slot_bytes
+    if budget < need:
+        raise BudgetError(
+            f"host memory budget {budget} bytes ({_gib(budget)}) is too small for {model.path}: each "
+            f"of its {n_layers} expert layers needs slots for its top-{top_k} experts at once, "
+            f"{layout.slot_bytes} bytes per slot (gate, up and down plus O_DIRECT slack), so at "
+            f"least {need} bytes ({_gib(need)})")
+    return budget
+
+
+# ---- the pool ---------------------------------------------------------------------------------
+
+def _allocate(nbytes: int, pinned: bool) -> np.ndarray:
+    """`nbytes` of page-aligned host memory as uint8 [nbytes]; page-locked and registered with
+    CUDA when `pinned`. The only allocation of the host tier."""
+    buf = mmap.mmap(-1, nbytes)  # anonymous: page-aligned, pages faulted in on first write
+    pool = np.frombuffer(buf, dtype=np.uint8)
+    if pinned:
+        _register_with_cuda(pool)
+    return pool
+
+
+def _register_with_cuda(pool: np.ndarray) -> None:
+    # cudaHostRegister on our own mapping rather than torch's pinned allocator, which rounds each
+    # allocation up to a power of two (up to twice the budget, page-locked).
+    import torch
+
+    cudart, ptr = torch.cuda.cudart(), pool.ctypes.data
+    err = int(cudart.cudaHostRegister(ptr, pool.nbytes, 0))
+    if err != 0:
+        raise StrataError(f"cannot pin {pool.nbytes} bytes of host memory for CUDA (cudaError {err}): "
+                          f"lower the host budget or raise the locked-memory limit (ulimit -l)")
+    weakref.finalize(pool.base, cudart.cudaHostUnregister, ptr)
+
+
+# ---- loads and views --------------------------------------------------------------------------
+
+class HostLoad:
+    """One expert's load into a host slot; `HostTier.wait` completes it. A hit is born finished."""
+
+    __slots__ = ("layer", "expert", "slot", "hit", "prefetch", "tickets", "offsets", "lock", "done", "error")
+
+    def __init__(self, layer: int, expert: int, slot: int, hit: bool = False, prefetch: bool = False):
+        self.layer, self.expert, self.slot, self.hit, self.prefetch = layer, expert, slot, hit, prefetch
+        self.tickets: list[int] = []  # pager reads of gate, up, down
+        self.offsets: list[int] = []  # data offsets of the reads collected so far
+        self.lock = threading.Lock()
+        self.done, self.error = hit, None
+
+    def __repr__(self) -> str:
+        state = "hit" if self.hit else "failed" if self.error else "done" if self.done else "loading"
+        return f"HostLoad(layer={self.layer}, expert={self.expert}, slot={self.slot}, {state})"
+
+
+@dataclass(frozen=True)
+class HostExpert:
+    """Packed bytes of one expert in its host slot, valid while the slot holds it (pin it)."""
+
+    layer: int
+    expert: int
+    slot: int
+    slabs: tuple[ExpertSlab, ExpertSlab, ExpertSlab]  # gate, up, down: ggml type and shape
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray]  # uint8 [slab.nbytes] views into the pool
+
+    @property
+    def gate(self) -> np.ndarray:
+        return self.parts[0]
+
+    @property
+    def up(self) -> np.ndarray:
+        return self.parts[1]
+
+    @property
+    def down(self) -> np.ndarray:
+        return self.parts[2]
+
+
+class HostTier:
+    """Fixed slots of packed experts in host memory, filled from the model file by a Pager.
+
+    budget: bytes of host memory (default: DEFAULT_BUDGET_FRACTION of MemAvailable, capped at what
+        every expert takes). Each expert layer gets budget // slot_bytes // n_layers slots.
+    device: "cuda..." pins the pool for asynchronous copies; anything else leaves it pageable.
+    n_threads, chunk_bytes, direct, fallback: the pager's (see strata.native.Pager).
+    Thread-safe: loads, waits, pins and policy updates may come from several threads.
+    """
+
+    def __init__(self, model: ModelFile, budget: int | None = None, *, top_k: int | None = None,
+                 device: str = "cpu", n_threads: int = 4, chunk_bytes: int = 0, direct: bool | None = None,
+                 fallback: str = "pread", policy_config: PolicyConfig | None = None) -> None:
+        self.model = model
+        self._layer_index = {layer: i for i, layer in enumerate(model.expert_layers)}
+        if not self._layer_index:
+            raise ValueError(f"{model.path}: the model has no routed experts: nothing for a host tier to hold")
+        self.top_k = top_k or model.hparams.n_experts_used
+        self.pager = Pager(model.path, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
+        try:
+            self.layout = slot_layout(model, self.pager.info.align)
+            budget = default_budget(model, self.layout) if budget is None else budget
+            self.budget = check_budget(budget, model, self.layout, self.top_k)
+            per_layer = min(model.hparams.n_experts, self.budget // self.layout.slot_bytes // len(self._layer_index))
+            self.policy = ExpertPolicy(len(self._layer_index), model.hparams.n_experts, per_layer,
+                                       self.top_k, policy_config)
+            self.pinned = str(device).startswith("cuda")
+            self.pool = _allocate(self.policy.n_slots * self.layout.slot_bytes, self.pinned)  # [S * slot]
+        except BaseException:
+            self.pager.close()
+            raise
+        if numa_node_count() > 1:  # read on the CPUs next to the pool's memory
+            self.pager.bind_node(numa_node_of(self.pool))
+        self._data_offset = np.zeros((self.policy.n_slots, len(PARTS)), dtype=np.int64)  # [S, 3]
+        self._loading: dict[int, HostLoad] = {}  # slot -> load in flight
+        self._lock = threading.Lock()
+        self.counters = {"hits": 0, "misses": 0, "prefetches": 0, "refused_prefetches": 0,
+                         "evictions": 0, "failed_loads": 0, "bytes_loaded": 0}
+
+    def __repr__(self) -> str:
+        return (f"HostTier({str(self.model.path)!r}, {self.n_slots} slots x {self.layout.slot_bytes} B = "
+                f"{_gib(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
+
+    @property
+    def n_slots(self) -> int:
+        return self.policy.n_slots
+
+    @property
+    def slots_per_layer(self) -> int:
+        return int(self.policy.budgets[0])
+
+    # ---- loads ---------------------------------------------------------------------------------
+
+    def load(self, layer: int, expert: int) -> HostLoad:
+        """Make (layer, expert) resident: a hit returns a finished load, a load in flight is
+        returned as is, a miss takes a slot from the policy and queues its three reads. Raises
+        PoolExhaustedError when every slot of the layer is pinned or loading."""
+        with self._lock:
+            li = self._index(layer)
+            found = self._resident(layer, li, expert)
+            if found is not None:
+                return found
+            slot, evicted = self.policy.admit(li, expert)
+            return self._start(layer, expert, slot, evicted, prefetch=False)
+
+    def prefetch(self, layer: int, expert: int, prob: float = 1.0) -> HostLoad | None:
+        """Load a predicted expert (needed with probability `prob`) if the policy finds it a slot
+        without displacing anything worth more; None when refused. Resident: returns its load."""
+        with self._lock:
+            li = self._index(layer)
+            found = self._resident(layer, li, expert)
+            if found is not None:
+                return found
+            admitted = self.policy.admit_prefetch(li, expert, prob)
+            if admitted is None:
+                self.counters["refused_prefetches"] += 1
+                return None
+            return self._start(layer, expert, *admitted, prefetch=True)
+
+    def wait(self, load: HostLoad, *, pin: bool = False, timeout: float | None = None) -> HostExpert:
+        """Wait for `load`'s reads and return the expert's views; `pin=True` pins it in the same
+        step, so no other load can evict it before the caller's `unpin`."""
+        with load.lock:  # one thread collects the pager tickets; the others find it done
+            if not load.done:
+                self._collect(load, timeout)
+        if load.error is not None:
+            raise load.error
+        with self._lock:
+            slot = self.policy.lookup(self._index(load.layer), load.expert)
+            if slot != load.slot or not self.policy.is_ready(slot):
+                raise StrataError(f"host tier: expert {load.expert} of layer {load.layer} was evicted "
+                                  f"from slot {load.slot} after its load; load it again (pin to keep it)")
+            if pin:
+                self.policy.pin(self._index(load.layer), load.expert)
+            return self._view(load.layer, load.expert, slot)
+
+    def acquire(self, layer: int, expert: int) -> HostExpert:
+        """Load, wait and pin: the expert's bytes stay put until `unpin(layer, expert)`."""
+        return self.wait(self.load(layer, expert), pin=True)
+
+    # ---- resident experts ----------------------------------------------------------------------
+
+    def lookup(self, layer: int, expert: int) -> int | None:
+        """Slot holding or loading (layer, expert), or None."""
+        with self._lock:
+            return self.policy.lookup(self._index(layer), expert)
+
+    def view(self, layer: int, expert: int) -> HostExpert:
+        """Views of a loaded expert (valid while it stays resident: pin it)."""
+        with self._lock:
+            return self._view(layer, expert, self._ready_slot(layer, expert, "view"))
+
+    def pin(self, layer: int, expert: int) -> HostExpert:
+        """Hold a loaded expert in its slot (counted) and return its views."""
+        with self._lock:
+            slot = self._ready_slot(layer, expert, "pin")
+            self.policy.pin(self._index(layer), expert)
+            return self._view(layer, expert, slot)
+
+    def unpin(self, layer: int, expert: int) -> None:
+        with self._lock:
+            self.policy.unpin(self._index(layer), expert)
+
+    def record(self, layer: int, expert_ids: np.ndarray) -> None:
+        """The router of `layer` chose `expert_ids` ([..., K]): feeds the policy's use counts."""
+        with self._lock:
+            self.policy.record(self._index(layer), expert_ids)
+
+    def hint(self, layer: int, expert_ids: np.ndarray, probs: np.ndarray | float = 1.0) -> None:
+        """A predictor expects `expert_ids` at `layer`'s next step: protects them from eviction."""
+        with self._lock:
+            self.policy.hint(self._index(layer), expert_ids, probs)
+
+    def stats(self) -> dict[str, Any]:
+        """Hits, misses, prefetches, evictions and bytes loaded, with the pool and the pager's figures."""
+        with self._lock:
+            counters = dict(self.counters)
+        return {**counters, "n_slots": self.n_slots, "slot_bytes": self.layout.slot_bytes,
+                "pool_bytes": self.pool.nbytes, "pinned": self.pinned, "pager": self.pager.stats()}
+
+    def close(self) -> None:
+        """Stop the pager (reads in flight finish or are cancelled). The pool lives until dropped."""
+        self.pager.close()
+
+    def __enter__(self) -> HostTier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- internals (self._lock held unless said otherwise) --------------------------------------
+
+    def _index(self, layer: int) -> int:
+        li = self._layer_index.get(layer)
+        if li is None:
+            raise StrataError(f"{self.model.path}: layer {layer} has no routed experts (expert layers: "
+                              f"{self.model.expert_layers[0]}..{self.model.expert_layers[-1]})")
+        return li
+
+    def _resident(self, layer: int, li: int, expert: int) -> HostLoad | None:
+        slot = self.policy.lookup(li, expert)
+        if slot is None:
+            return None
+        if self.policy.is_ready(slot):
+            self.counters["hits"] += 1
+            return HostLoad(layer, expert, slot, hit=True)
+        return self._loading[slot]
+
+    def _start(self, layer: int, expert: int, slot: int, evicted: int | None, prefetch: bool) -> HostLoad:
+        load = HostLoad(layer, expert, slot, prefetch=prefetch)
+        try:
+            for p, part in enumerate(PARTS):
+                slab = self.model.expert(layer, expert, part)
+                load.tickets.append(self.pager.submit(slab.offset, slab.nbytes, self._region(slot, p)))
+        except BaseException:
+            for ticket in load.tickets:  # no read may still land in a slot handed back
+                _collect_quietly(self.pager, ticket)
+            self.policy.cancel(self._index(layer), expert)
+            raise
+        self._loading[slot] = load
+        self.counters["prefetches" if prefetch else "misses"] += 1
+        self.counters["evictions"] += evicted is not None
+        return load
+
+    def _collect(self, load: HostLoad, timeout: float | None) -> None:
+        """Wait for the load's reads (load.lock held, self._lock not), then complete its slot, or
+        cancel it when a read failed. A timeout (per read) leaves the load pending."""
+        while len(load.offsets) < len(load.tickets):
+            try:
+                offset = self.pager.wait(load.tickets[len(load.offsets)], timeout)
+            except PagerTimeoutError:
+                raise
+            except NativeError as exc:
+                load.error, offset = load.error or exc, -1
+            load.offsets.append(offset)
+        with self._lock:
+            li = self._index(load.layer)
+            self._loading.pop(load.slot, None)
+            if load.error is None:
+                self._finish(load, li)
+            else:
+                self.counters["failed_loads"] += 1
+                self.policy.cancel(li, load.expert)
+            load.done = True
+
+    def _finish(self, load: HostLoad, li: int) -> None:
+        self._data_offset[load.slot] = load.offsets
+        self.policy.complete(li, load.expert)
+        self.counters["bytes_loaded"] += sum(self.model.expert(load.layer, load.expert, p).nbytes for p in PARTS)
+
+    def _region(self, slot: int, part: int) -> np.ndarray:
+        start = slot * self.layout.slot_bytes + self.layout.part_offset[part]
+        return self.pool[start:start + self.layout.part_capacity[part]]
+
+    def _ready_slot(self, layer: int, expert: int, what: str) -> int:
+        slot = self.policy.lookup(self._index(layer), expert)
+        if slot is None or self.policy.slot_state[slot] != READY:
+            state = "not resident" if slot is None else "still loading (wait for its load first)"
+            raise StrataError(f"host tier {what}: expert {expert} of layer {layer} is {state}")
+        return slot
+
+    def _view(self, layer: int, expert: int, slot: int) -> HostExpert:
+        slabs = self.model.expert_slabs(layer, expert)
+        parts = []
+        for p, slab in enumerate(slabs):
+            start = slot * self.layout.slot_bytes + self.layout.part_offset[p] + int(self._data_offset[slot, p])
+            parts.append(self.pool[start:start + slab.nbytes])
+        return HostExpert(layer, expert, slot, slabs, tuple(parts))
+
+
+def _collect_quietly(pager: Pager, ticket: int) -> None:
+    try:
+        pager.wait(ticket)
+    except NativeError:
+        pass
