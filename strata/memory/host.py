@@ -37,6 +37,7 @@ import numpy as np
 
 from strata.errors import NativeError, StrataError
 from strata.gguf import PARTS, ExpertSlab, ModelFile
+from strata.memory import alloc
 from strata.memory.policy import READY, ExpertPolicy, PolicyConfig
 from strata.native import Pager, PagerTimeoutError, numa_node_count, numa_node_of
 
@@ -126,6 +127,7 @@ def _allocate(nbytes: int, pinned: bool) -> np.ndarray:
     """`nbytes` of page-aligned host memory as uint8 [nbytes]; page-locked and registered with
     CUDA when `pinned`. The only allocation of the host tier."""
     buf = mmap.mmap(-1, nbytes)  # anonymous: page-aligned, pages faulted in on first write
+    alloc.record(nbytes, "host pool")
     pool = np.frombuffer(buf, dtype=np.uint8)
     if pinned:
         _register_with_cuda(pool)

@@ -20,7 +20,7 @@ from . import llama, olmoe, qwen2moe, qwen3moe
 from .arch import Architecture
 from .attention import Attention, AttentionWeights
 from .layers import FeedForward, RMSNorm, SharedExpert
-from .moe import MoE, RoutedExperts, Router
+from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
 
@@ -119,6 +119,15 @@ def _block(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: Rope,
                  RMSNorm(w.get(MT.FFN_NORM, i, (D,)), hp.norm_eps), ffn)
 
 
+def _add_lookahead(blocks: list[Block], memory: ExpertMemory, depth: int) -> None:
+    """Block i announces the experts of the next `depth` MoE layers after it (routers i+1..)."""
+    moe = [(i, b) for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]
+    for i, block in enumerate(blocks):
+        targets = [(j, b.ffn_norm, b.ffn.router) for j, b in moe if j > i][:depth]
+        if targets:
+            block.lookahead = Lookahead(memory, targets)
+
+
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, n_threads: int | None = None) -> Transformer:
     """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`."""
@@ -129,6 +138,8 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     embedding = w.get(MT.TOKEN_EMBD, None, (V, D))
     output = w.get(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
     blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
+    if memory is not None and memory.prefetch_depth > 0:
+        _add_lookahead(blocks, memory, memory.prefetch_depth)
     return Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
 
 

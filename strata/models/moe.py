@@ -8,6 +8,9 @@ Grouped compute: the T*K (token, expert) assignments are sorted by expert, so ea
 runs once over all of its tokens (one [Te, D] x [D, I] pass instead of Te vectors). Experts are
 reached only through `ExpertMemory`, in chunks of at most `memory.max_acquire`, in ascending
 expert order; each expert's contribution is added with its router weight.
+
+Look-ahead: a block may announce the next layers' experts to the memory (`Lookahead`) so their
+loads overlap this layer's compute; announcements never change what is computed.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class RoutedExperts(nn.Module):
         self.memory, self.layer = memory, layer
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        self.memory.observe(self.layer, expert_ids)
         K = expert_ids.shape[1]
         flat = expert_ids.flatten()  # [T*K]
         order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
@@ -63,6 +67,21 @@ class RoutedExperts(nn.Module):
         return out
 
 
+class Lookahead:
+    """Announces the routed experts of the next layers before they are needed: each next MoE
+    layer's own FFN norm and router applied to the current hidden state (the residual stream
+    changes little from one layer to the next), top-k per token, passed to `memory.prefetch`.
+    A hint only: it reads h and changes nothing the model computes."""
+
+    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]]):
+        self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
+
+    def __call__(self, h: torch.Tensor) -> None:
+        for layer, norm, router in self.targets:
+            _, expert_ids = router(norm(h))  # [T, K]
+            self.memory.prefetch(layer, expert_ids.unique().tolist())
+
+
 class MoE(nn.Module):
     def __init__(self, router: Router, experts: RoutedExperts, shared: SharedExpert | None):
         super().__init__()
@@ -74,4 +93,4 @@ class MoE(nn.Module):
         return out if self.shared is None else out + self.shared(x)
 
 
-__all__ = ["MoE", "Router", "RoutedExperts"]
+__all__ = ["Lookahead", "MoE", "Router", "RoutedExperts"]
