@@ -63,7 +63,8 @@ def parse_bytes(value: Any, what: str) -> int | None:
 
 
 def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """A byte count for people: MiB below 1 GiB, else GiB."""
+    return f"{n / 2**20:.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:

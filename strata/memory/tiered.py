@@ -246,8 +246,8 @@ class TieredExpertMemory(ExpertMemory):
 
     def _reserve(self, layer: int, li: int, ids: tuple[int, ...], slots: list[int]) -> tuple[list, list]:
         """Pin a device slot for every expert (appended to `slots`): hits as they are, loads in
-        flight to wait for (`late`), others admitted for a demand load (`demand`) or taken over
-        from the loader's queue."""
+        flight to wait for (`late`: (expert, slot)), others admitted for a demand load or taken
+        over from the loader's queue (`demand`: (expert, slot, taken over))."""
         demand, late = [], []
         for e in ids:
             while True:
@@ -265,7 +265,7 @@ class TieredExpertMemory(ExpertMemory):
                         self.policy.pin(li, e)
                         self.stats.device_misses[li] += 1
                         self.stats.evictions[li] += evicted is not None
-                        demand.append((e, slot))
+                        demand.append((e, slot, False))
                         break
                 if busy is not None:
                     self._ready[busy].wait()
@@ -285,7 +285,7 @@ class TieredExpertMemory(ExpertMemory):
         if self._job[slot] == _QUEUED:  # the loader has not started it: load it here, now
             self._job[slot] = _COMPUTE
             self.stats.prefetch_used[li] += 1
-            demand.append((e, slot))
+            demand.append((e, slot, True))
         else:
             late.append((e, slot))
 
@@ -306,11 +306,12 @@ class TieredExpertMemory(ExpertMemory):
                                      f"acquire at most max_acquire={self.max_acquire} experts at once")
         return busy
 
-    def _load(self, layer: int, li: int, demand: list[tuple[int, int]]) -> None:
-        """Demand loads: every host read queued first (so the pager overlaps them), then each
-        expert's device slot filled as its bytes arrive."""
+    def _load(self, layer: int, li: int, demand: list[tuple[int, int, bool]]) -> None:
+        """Loads compute does itself (misses, and prefetches taken over from the queue): every
+        host read queued first (so the pager overlaps them), then each expert's device slot
+        filled as its bytes arrive."""
         pending: deque[tuple[int, int, HostLoad]] = deque()
-        for e, slot in demand:
+        for e, slot, taken_over in demand:
             while True:
                 try:
                     load = self.host.load(layer, e)
@@ -321,7 +322,7 @@ class TieredExpertMemory(ExpertMemory):
                     else:
                         self._drain_unpins()
                         time.sleep(_RETRY_S)
-            self._count_host(li, layer, e, load, prefetch=False)
+            self._count_host(li, layer, e, load, prefetch=taken_over)
             pending.append((e, slot, load))
         while pending:
             self._fill_demand(layer, li, *pending.popleft())
