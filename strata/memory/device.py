@@ -27,6 +27,7 @@ the events are not used.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -130,6 +131,7 @@ class DeviceSlots:
             self.staging = ([alloc.empty((max(geometry.packed),), torch.uint8, self.device, "device staging")
                              for _ in range(2)] if self.form == "dequantized" else [])
             self._next_staging = 0
+            self._fill_lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -164,7 +166,9 @@ class DeviceSlots:
     def _fill_cuda(self, slot: int, slabs: Sequence[ExpertSlab], parts: Sequence[np.ndarray]) -> tuple[float, int]:
         t0 = time.perf_counter()
         written = 0
-        with torch.cuda.stream(self.load_stream):
+        # One fill queued at a time (loader and compute threads both fill): a staging buffer is
+        # reused only after the dequantization that reads it has been queued behind it.
+        with self._fill_lock, torch.cuda.stream(self.load_stream):
             self.load_stream.wait_event(self.free[slot])  # the last compute that read this slot
             for p, (slab, src) in enumerate(zip(slabs, parts)):
                 host = torch.from_numpy(src)  # a view of the pinned host slot, no copy
