@@ -80,7 +80,7 @@ class TieredConfig:
     prefetch_depth: int = 1
     cooccurrence: bool = True
     cooccurrence_min_prob: float = 0.3
-    prefetch_margin: float = 1.0
+    prefetch_margin: float = 2.0
     pager_threads: int = 4
     direct: bool | None = None
 

@@ -36,6 +36,7 @@ class Transformer(nn.Module):
     def __init__(self, embedding: torch.Tensor, blocks: list[Block], norm: RMSNorm, output: torch.Tensor, rope: Rope):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
+        self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
 
     @property
     def vocab_size(self) -> int:
@@ -48,6 +49,8 @@ class Transformer(nn.Module):
         Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
         """
         x = F.embedding(tokens, self.embedding)  # [T, D]
+        if self.lookahead is not None:
+            self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
         for i, block in enumerate(self.blocks):
             x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]

@@ -200,3 +200,27 @@ def test_cli_stats_after_generate(path, capsys):
     err = capsys.readouterr().err
     assert "expert memory: " in err and "disk reads" in err and "prefetch: issued" in err
     assert "layer  requests" in err
+
+
+def test_lookahead_announces_the_next_layers_from_the_current_hidden_state(path):
+    with load(path, "dequantized", depth=2) as m:
+        t = m.transformer
+        assert [layer for layer, _, _ in t.lookahead.targets] == [0, 1]  # from the embeddings
+        assert [[layer for layer, _, _ in b.lookahead.targets] for b in t.blocks[:2]] == [[1, 2], [2]]
+        assert t.blocks[2].lookahead is None
+    with strata.load(path, memory="direct", threads=1, n_ctx=256) as m:  # a memory without prefetch: no hook
+        assert m.transformer.lookahead is None and all(b.lookahead is None for b in m.transformer.blocks)
+
+
+def test_bench_tiered_compares_prefetch_depths_side_by_side(path, capsys):
+    import json
+
+    device_mem, host_mem = budgets(path, "packed")
+    assert main(["bench", "tiered", str(path), "--tokens", "12", "--depths", "0", "2", "--threads", "1",
+                 "--device-mem", str(device_mem + (64 << 20)), "--host-mem", str(host_mem), "--slot-form", "packed",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["same_tokens"] and set(r["by_depth"]) == {"0", "2"} and "2" in r["wait_ratio"]
+    off, on = r["by_depth"]["0"], r["by_depth"]["2"]
+    assert off["prefetch_issued"] == 0 < on["prefetch_issued"] and on["recall"] is not None
+    assert off["requests"] == off["device_hits"] + off["device_late"] + off["device_misses"]
