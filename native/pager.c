@@ -396,6 +396,7 @@ static struct timespec deadline_after(int64_t timeout_ns) {
 
 int strata_pager_wait(strata_pager *p, int64_t ticket, int64_t timeout_ns, strata_pager_result *result) {
     if (!p || !result) return STRATA_E_ARG;
+    if (timeout_ns > INT64_MAX / 2) timeout_ns = -1;  /* centuries: forever, and no overflow below */
     struct timespec deadline = deadline_after(timeout_ns < 0 ? 0 : timeout_ns);
     pthread_mutex_lock(&p->mu);
     if (p->closed) {

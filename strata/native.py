@@ -309,6 +309,7 @@ class Pager:
         if status != lib.STRATA_OK:
             raise NativeError(f"{self.path}: cannot start a pager: {_pager_reason(status)} (status {status})")
         self._handle = ffi.gc(out[0], lib.strata_pager_free)
+        self._close_native = lib.strata_pager_close  # held: module globals may be gone at exit
         self._closed = False
         self._pending: dict[int, tuple[Any, int, int]] = {}  # ticket -> (dst keep-alive, offset, nbytes)
         info = ffi.new("strata_pager_info *")
@@ -367,7 +368,7 @@ class Pager:
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be None or >= 0 seconds, found {timeout!r}")
         result = ffi.new("strata_pager_result *")
-        timeout_ns = -1 if timeout is None else int(timeout * 1e9)
+        timeout_ns = -1 if timeout is None else min(int(timeout * 1e9), 2**62)
         status = lib.strata_pager_wait(self._handle, ticket, timeout_ns, result)
         if status == lib.STRATA_E_TIMEOUT:
             raise PagerTimeoutError(self._ticket_message(ticket, status) + f" ({timeout} s)")
@@ -408,7 +409,7 @@ class Pager:
         """Cancel queued reads, finish those in progress, stop the workers. Idempotent."""
         if not getattr(self, "_closed", True):
             self._closed = True
-            lib.strata_pager_close(self._handle)  # joins the workers: no write into dst after this
+            self._close_native(self._handle)  # joins the workers: no write into dst after this
             self._pending.clear()
 
     __del__ = close  # before the destinations kept alive in _pending are released

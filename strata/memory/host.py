@@ -126,7 +126,8 @@ def check_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) 
 def _allocate(nbytes: int, pinned: bool) -> np.ndarray:
     """`nbytes` of page-aligned host memory as uint8 [nbytes]; page-locked and registered with
     CUDA when `pinned`. The only allocation of the host tier."""
-    buf = mmap.mmap(-1, nbytes)  # anonymous: page-aligned, pages faulted in on first write
+    # Private anonymous memory: page-aligned, faulted in on first write, charged as the process's own.
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     alloc.record(nbytes, "host pool")
     pool = np.frombuffer(buf, dtype=np.uint8)
     if pinned:

@@ -10,7 +10,7 @@ import pytest
 
 from strata import native
 from strata.errors import NativeError, StrataError
-from strata.gguf import PARTS, open_model
+from strata.gguf import open_model
 from strata.memory import host as host_module
 from strata.memory.host import HostTier, machine_memory, slot_layout
 from strata.memory.policy import LOADING, PoolExhaustedError
