@@ -29,10 +29,11 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="bytes of host RAM for packed experts, e.g. 64G (default: a quarter of available "
                         "RAM, or the minimum when the device holds every expert)")
     g.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
-                   help="layers ahead whose experts are loaded while a layer computes; 0 = off (default 1)")
+                   help="layers ahead whose experts are loaded while a layer computes; 0 = off "
+                        "(default 2 on cuda, 1 on cpu)")
     g.add_argument("--slot-form", choices=("dequantized", "packed"), default=None,
-                   help="device slots hold experts dequantized (pure GEMM at use) or packed (more experts "
-                        "per byte, dequantized at use); default per device")
+                   help="device slots hold experts dequantized (pure GEMM at use) or packed (3.5-7x more "
+                        "experts per byte, dequantized at use); default: dequantized when every expert fits so")
     g.add_argument("--stats", action="store_true",
                    help="print the expert memory's hits, misses, bytes moved and waits after the run")
 

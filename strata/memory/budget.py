@@ -11,11 +11,17 @@ Host budget (`host_mem`): the host tier's pool of packed experts. Default: the h
 minimum (top-k slots per layer) when the device holds every expert, else DEFAULT_HOST_FRACTION
 of MemAvailable, no more than every expert needs.
 
-Slot form default per device, from the figures in benchmarks/tiered_forms.py (see README):
-on the CPU `dequantized` (a packed device slot in RAM costs one dequantization per use, the
-same as a host-tier hit into a dequantized slot, so it only duplicates the host tier); on CUDA
-`dequantized` when every expert fits that way, else `packed` (3.5x more experts per byte in
-bf16, and the GPU dequantizes a slot far faster than PCIe refills one).
+Slot form default: `dequantized` when every expert fits the device budget dequantized, else
+`packed`, on both devices. Figures (benchmarks/tiered_forms.py, CPU, float32, 4 layers x 32
+experts, decode tok/s dequantized vs packed): budget for every expert 61-70 vs 39-41; for half
+of them 42-43 vs 39-40; for a quarter 36-41 vs 41-43. A dequantized hit is a bare GEMM, but
+the packed form holds 7x (float32; 3.5x in bfloat16) more experts in the same bytes, and once
+the pool holds a small share of the experts the misses it saves outweigh the dequantization at
+every use. On CUDA the same rule holds a fortiori (the GPU dequantizes a slot far faster than
+PCIe refills one); run benchmarks/tiered_forms.py --device cuda to check it on a given GPU.
+
+Prefetch depth default: 2 layers on CUDA (PCIe copies need lead time and cost the compute
+nothing), 1 on the CPU (the loader competes with compute for the same cores).
 """
 from __future__ import annotations
 
@@ -75,11 +81,13 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return machine_memory()
 
 
+#: Prefetch depth when none is asked for, per device type.
+DEFAULT_PREFETCH_DEPTH = {"cpu": 1, "cuda": 2}
+
+
 def default_slot_form(device: torch.device, fits_dequantized: bool) -> str:
     """The slot form used when none is asked for (see the module docstring)."""
-    if device.type == "cuda" and not fits_dequantized:
-        return "packed"
-    return "dequantized"
+    return "dequantized" if fits_dequantized else "packed"
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,6 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
     return len(model.expert_layers) * slots_per_layer * slot_layout(model, align).slot_bytes
 
 
-__all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "Plan",
+__all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH", "Plan",
            "device_budget_for_slots", "host_budget_for_slots",
            "default_slot_form", "device_memory", "gib", "make_plan", "parse_bytes", "resident_bytes"]

@@ -48,7 +48,7 @@ from strata.gguf import ModelFile
 
 from . import alloc
 from .base import ExpertMemory, ExpertWeights
-from .budget import Plan, make_plan
+from .budget import DEFAULT_PREFETCH_DEPTH, Plan, make_plan
 from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
 from .policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
@@ -66,7 +66,8 @@ class TieredConfig:
 
     device_mem, host_mem: bytes (int) or sizes such as '512M', '8G'.
     slot_form: 'dequantized' or 'packed' (None: the device's default).
-    prefetch_depth: layers ahead to predict and load while a layer computes; 0 turns prefetch off.
+    prefetch_depth: layers ahead to predict and load while a layer computes; 0 turns prefetch off
+        (None: DEFAULT_PREFETCH_DEPTH of the device).
     cooccurrence: add the cross-layer co-occurrence predictor to the router look-ahead;
         its predictions below `cooccurrence_min_prob` are not loaded.
     prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
@@ -77,15 +78,16 @@ class TieredConfig:
     device_mem: int | str | None = None
     host_mem: int | str | None = None
     slot_form: str | None = None
-    prefetch_depth: int = 1
+    prefetch_depth: int | None = None
     cooccurrence: bool = True
-    cooccurrence_min_prob: float = 0.3
+    cooccurrence_min_prob: float = 0.5
     prefetch_margin: float = 2.0
     pager_threads: int = 4
     direct: bool | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
+        d = self.prefetch_depth
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
             raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")
         if not self.prefetch_margin > 0:
             raise StrataError(f"prefetch margin must be positive, found {self.prefetch_margin!r}")
@@ -115,7 +117,8 @@ class TieredExpertMemory(ExpertMemory):
                                     host_mem=self.config.host_mem, slot_form=self.config.slot_form,
                                     reserved=reserved_bytes)
         self.max_acquire = self.plan.max_acquire
-        self.prefetch_depth = self.config.prefetch_depth
+        depth = self.config.prefetch_depth
+        self.prefetch_depth = DEFAULT_PREFETCH_DEPTH.get(self.device.type, 1) if depth is None else depth
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
         L, E = len(self.layers), self.n_experts
         self.policy = ExpertPolicy(L, E, self.plan.slots_per_layer, self.top_k, policy_config)
