@@ -68,8 +68,9 @@ class TieredConfig:
     slot_form: 'dequantized' or 'packed' (None: the device's default).
     prefetch_depth: layers ahead to predict and load while a layer computes; 0 turns prefetch off
         (None: DEFAULT_PREFETCH_DEPTH of the device).
-    cooccurrence: add the cross-layer co-occurrence predictor to the router look-ahead;
-        its predictions below `cooccurrence_min_prob` are not loaded.
+    cooccurrence: add the cross-layer co-occurrence predictor to the router look-ahead; its
+        predictions below `cooccurrence_min_prob` are not loaded, nor any before it has seen
+        `cooccurrence_min_tokens` tokens (naive Bayes on a few counts is overconfident).
     prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
         probability p displaces only experts whose keep value is below p / margin.
     pager_threads, direct: the host tier's pager (threads; O_DIRECT: None = where possible).
@@ -81,6 +82,7 @@ class TieredConfig:
     prefetch_depth: int | None = None
     cooccurrence: bool = True
     cooccurrence_min_prob: float = 0.5
+    cooccurrence_min_tokens: int = 256
     prefetch_margin: float = 2.0
     pager_threads: int = 4
     direct: bool | None = None
@@ -457,7 +459,7 @@ class TieredExpertMemory(ExpertMemory):
 
     def _prefetch_cooccurring(self, li: int, ids: np.ndarray) -> None:
         """Predict the next layers from this layer's routing [T, K] and prefetch the likely ones."""
-        if li + 1 >= len(self.layers):
+        if li + 1 >= len(self.layers) or self.predictor.n[li] < self.config.cooccurrence_min_tokens:
             return
         best: dict[int, dict[int, float]] = {}
         for token_ids in ids:
