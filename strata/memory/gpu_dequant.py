@@ -41,7 +41,10 @@ def _const(name: str, device: torch.device, values: list[int], shape: tuple[int,
     key = (name, str(device))
     t = _CONSTS.get(key)
     if t is None:
-        t = _CONSTS[key] = torch.tensor(values, dtype=dtype, device=device).reshape(shape)
+        t = torch.tensor(values, dtype=dtype).reshape(shape).to(device)
+        if t.is_cuda:  # made on whichever stream is current; it may be read on any other one
+            torch.cuda.synchronize(t.device)
+        _CONSTS[key] = t
     return t
 
 

@@ -108,7 +108,7 @@ class TieredExpertMemory(ExpertMemory):
         if not model_file.expert_layers:
             raise ValueError(f"{model_file.path}: the model has no routed experts")
         self.model_file, self.config = model_file, config or TieredConfig()
-        self.device, self.dtype = torch.device(device), dtype
+        self.device, self.dtype = _indexed(torch.device(device)), dtype
         self.n_threads = n_threads or native.default_threads()
         hp = model_file.hparams
         self.layers = list(model_file.expert_layers)
@@ -166,7 +166,11 @@ class TieredExpertMemory(ExpertMemory):
     def _device_page_table(self) -> torch.Tensor:
         if self.device.type == "cpu":
             return torch.from_numpy(self.policy.page_table)  # the mirror itself
-        table = alloc.empty(tuple(self.policy.page_table.shape), torch.int32, self.device, "page table")
+        shape = tuple(self.policy.page_table.shape)
+        # rows go up through a pinned copy of the mirror, so updating one never stalls compute
+        self._table_staging = alloc.empty(shape, torch.int32, "cpu", "page table staging", pin=True)
+        self._table_events = [torch.cuda.Event() for _ in range(shape[0])]
+        table = alloc.empty(shape, torch.int32, self.device, "page table")
         table.fill_(-1)
         return table
 
@@ -438,9 +442,12 @@ class TieredExpertMemory(ExpertMemory):
         """Bring the device page table's row up to date with the mirror (CUDA; the CPU shares it)."""
         if self.device.type == "cpu" or not self._table_dirty[li]:
             return
+        self._table_events[li].synchronize()  # the row's last upload has left the staging row
         with self._lock:
-            self.page_table[li].copy_(torch.from_numpy(self.policy.page_table[li]))
+            self._table_staging[li].numpy()[:] = self.policy.page_table[li]
             self._table_dirty[li] = False
+        self.page_table[li].copy_(self._table_staging[li], non_blocking=True)
+        self._table_events[li].record(torch.cuda.current_stream(self.device))
 
     # ---- prefetch ------------------------------------------------------------------------------
 
@@ -485,7 +492,7 @@ class TieredExpertMemory(ExpertMemory):
 
     def _loader_main(self) -> None:
         if self.slots.cuda:
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device.index)
         while True:
             try:
                 job = self._queue.get(timeout=0.01 if self._unpins else None)
@@ -542,6 +549,13 @@ class TieredExpertMemory(ExpertMemory):
             raise ValueError(f"layer {layer} has no routed experts in {self.model_file.path} "
                              f"(expert layers: {self.layers})")
         return li
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """'cuda' as 'cuda:N' (the current device): threads other than the caller's need the index."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 __all__ = ["TieredConfig", "TieredExpertMemory"]

@@ -4,6 +4,7 @@ forms, prefetch off and on); decoding allocates nothing; statistics add up; slot
 experts; budgets are refused with one clear line."""
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import numpy as np
@@ -73,10 +74,12 @@ def test_decoding_allocates_nothing_after_start_up(path, form):
     with load(path, form, depth=2) as m:
         m.generate(prompt(8), max_tokens=4, stop_token_ids=())  # warm-up: torch's and numpy's first calls
         before = ALLOCATIONS.snapshot()
+        gc.collect()
         tracemalloc.start()
         try:
             start = tracemalloc.get_traced_memory()[0]
             done = m.generate(prompt(8, 5), max_tokens=64, stop_token_ids=())
+            gc.collect()  # cyclic garbage is not kept memory
             grown = tracemalloc.get_traced_memory()[0] - start
         finally:
             tracemalloc.stop()
