@@ -12,10 +12,10 @@ Loads started by prefetch count separately (prefetch_host_hits + prefetch_disk_r
 loads that ran). Bytes: `bytes_disk` is the payload the pager read into host slots (slab sizes);
 `bytes_to_device` what was written into device slots (packed bytes, or dequantized values).
 
-Times are host-side seconds: `wait_s` is how long compute blocked in `acquire` for experts
-(demand loads and waits for prefetches in flight); `dequant_s` the time in dequantization calls
-(filling dequantized slots, or dequantizing packed slots at use). On CUDA both measure what the
-host thread waits for or enqueues, not kernel time.
+Times are seconds: `wait_s` is how long compute blocked in `acquire` for experts (demand loads,
+waits for prefetches in flight and, on CUDA, for their copies to finish); `dequant_s` the time
+in dequantization calls (filling dequantized slots, or dequantizing packed slots at use; on
+CUDA the time to queue those kernels, not their run time).
 
 Prefetch quality is scored per layer step where a prediction was made: `predicted` experts
 announced, `actual` experts then routed, `predicted_correct` in both. Precision =

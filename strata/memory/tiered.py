@@ -191,6 +191,7 @@ class TieredExpertMemory(ExpertMemory):
             demand, late = self._reserve(layer, li, ids, slots)
             self._load(layer, li, demand)
             self._wait(li, late)
+            self._wait_copies(slots)
         except BaseException:
             self._abort(li, ids[:len(slots)], slots)
             raise
@@ -347,6 +348,14 @@ class TieredExpertMemory(ExpertMemory):
             error = self._error[slot]
             if error is not None:
                 raise StrataError(f"loading expert {e} of layer {self.layers[li]} failed: {error}") from error
+
+    def _wait_copies(self, slots: list[int]) -> None:
+        """CUDA: block until the copies into these slots are done. The model syncs with the host
+        at every layer anyway (routing is read back), so this costs no overlap, and it makes
+        `wait_s` the time compute really waited for experts, as on the CPU."""
+        for slot in slots:
+            if not self.slots.fill_done(slot):
+                self.slots.sync_fill(slot)
 
     def _weights(self, layer: int, li: int, e: int, slot: int, index: int) -> ExpertWeights:
         self.slots.wait_ready(slot)
