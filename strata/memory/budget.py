@@ -197,6 +197,6 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
     return len(model.expert_layers) * slots_per_layer * slot_layout(model, align).slot_bytes
 
 
-__all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH", "Plan",
-           "device_budget_for_slots", "host_budget_for_slots",
-           "default_slot_form", "device_memory", "gib", "make_plan", "parse_bytes", "resident_bytes"]
+__all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
+           "Plan", "default_slot_form", "device_budget_for_slots", "device_memory", "gib", "host_budget_for_slots",
+           "make_plan", "parse_bytes", "resident_bytes"]

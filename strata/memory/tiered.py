@@ -35,6 +35,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -153,9 +154,11 @@ class TieredExpertMemory(ExpertMemory):
         self._held: tuple[int, tuple[int, ...], list[int]] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._loader: threading.Thread | None = None
-        if self.prefetch_depth > 0:
-            self._loader = threading.Thread(target=self._loader_main, name="strata-expert-loader", daemon=True)
+        if self.prefetch_depth > 0:  # the thread holds the memory weakly: dropping it stops the thread
+            self._loader = threading.Thread(target=_loader_main, args=(weakref.ref(self), self._queue),
+                                            name="strata-expert-loader", daemon=True)
             self._loader.start()
+            weakref.finalize(self, self._queue.put, None)
 
     def __repr__(self) -> str:
         p = self.plan
@@ -499,20 +502,6 @@ class TieredExpertMemory(ExpertMemory):
         self.stats.predicted_correct[li] += int(predicted[actual].sum())
         predicted[:] = False
 
-    def _loader_main(self) -> None:
-        if self.slots.cuda:
-            torch.cuda.set_device(self.device.index)
-        while True:
-            try:
-                job = self._queue.get(timeout=0.01 if self._unpins else None)
-            except queue.Empty:
-                self._drain_unpins()
-                continue
-            if job is None:
-                return
-            self._drain_unpins()
-            self._run_prefetch(*job)
-
     def _run_prefetch(self, layer: int, li: int, e: int, slot: int, generation: int, prob: float) -> None:
         with self._lock:
             if self._generation[slot] != generation or self._job[slot] != _QUEUED:
@@ -558,6 +547,29 @@ class TieredExpertMemory(ExpertMemory):
             raise ValueError(f"layer {layer} has no routed experts in {self.model_file.path} "
                              f"(expert layers: {self.layers})")
         return li
+
+
+def _loader_main(memory_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
+    """The loader thread: runs queued prefetches until None arrives or the memory is gone. It
+    holds the memory only while it works, so an unclosed memory can still be collected."""
+    memory = memory_ref()
+    if memory is None:
+        return
+    if memory.slots.cuda:
+        torch.cuda.set_device(memory.device.index)
+    while True:
+        timeout = 0.01 if memory._unpins else None  # host pins wait for copies to finish (CUDA)
+        del memory
+        try:
+            job = jobs.get(timeout=timeout)
+        except queue.Empty:
+            job = ()
+        memory = memory_ref()
+        if job is None or memory is None:
+            return
+        memory._drain_unpins()
+        if job:
+            memory._run_prefetch(*job)
 
 
 def _indexed(device: torch.device) -> torch.device:

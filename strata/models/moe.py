@@ -58,12 +58,15 @@ class RoutedExperts(nn.Module):
         out = torch.zeros_like(x)  # [T, D]
         for i in range(0, len(used), self.memory.max_acquire):
             chunk = used[i:i + self.memory.max_acquire]
-            for e, w in zip(chunk, self.memory.acquire(self.layer, chunk)):
-                picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
-                tokens = picks // K  # [Te]
-                y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
-                out.index_add_(0, tokens, y * weights.flatten()[picks, None])
-            self.memory.release(self.layer, chunk)
+            acquired = self.memory.acquire(self.layer, chunk)
+            try:
+                for e, w in zip(chunk, acquired):
+                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
+                    tokens = picks // K  # [Te]
+                    y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+                    out.index_add_(0, tokens, y * weights.flatten()[picks, None])
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
         return out
 
 

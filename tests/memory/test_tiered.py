@@ -227,3 +227,18 @@ def test_bench_tiered_compares_prefetch_depths_side_by_side(path, capsys):
     off, on = r["by_depth"]["0"], r["by_depth"]["2"]
     assert off["prefetch_issued"] == 0 < on["prefetch_issued"] and on["recall"] is not None
     assert off["requests"] == off["device_hits"] + off["device_late"] + off["device_misses"]
+
+
+def test_an_unclosed_memory_is_collected_and_its_loader_stops(path):
+    import threading
+    import weakref
+
+    m = load(path, "packed", depth=1)
+    m.generate(prompt(6), max_tokens=4, stop_token_ids=())
+    ref, thread = weakref.ref(m.memory), m.memory._loader
+    assert thread.is_alive()
+    del m
+    gc.collect()
+    thread.join(timeout=5)
+    assert ref() is None and not thread.is_alive()
+    assert "strata-expert-loader" not in [t.name for t in threading.enumerate() if t is thread]
