@@ -142,6 +142,37 @@ def _add_pager_parser(sub) -> None:
     p.set_defaults(func=_run_pager)
 
 
+def _run_tiered(args: argparse.Namespace) -> int:
+    from strata.tiered_bench import bench_tiered, format_tiered
+
+    result = bench_tiered(args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat,
+                          temperature=args.temperature, seed=args.seed, device=args.device, dtype=args.dtype,
+                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
+                          slot_form=args.slot_form)
+    print(json.dumps(result, indent=2) if args.json else format_tiered(result))
+    return 0
+
+
+def _add_tiered_parser(sub) -> None:
+    t = sub.add_parser("tiered", help="decode through the tiered expert memory with prefetch off and on: hits, "
+                                      "bytes moved, time waited for experts, prefetch precision and recall")
+    t.add_argument("model", help="GGUF model file")
+    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    t.add_argument("--dtype", default=None, help="compute dtype (default float32 on cpu, bfloat16 on cuda)")
+    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    t.add_argument("--ctx", type=int, default=256, help="context length (default 256)")
+    t.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 2G (default: the machine's)")
+    t.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 8G (default: the machine's)")
+    t.add_argument("--slot-form", choices=("dequantized", "packed"), default=None, help="device slot form")
+    t.add_argument("--depths", type=int, nargs="+", default=[0, 2], help="prefetch depths to compare (default 0 2)")
+    t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
+    t.add_argument("--repeat", type=int, default=1, help="runs per depth, alternating (default 1)")
+    t.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: varied text)")
+    t.add_argument("--seed", type=int, default=0, help="prompt and sampling seed")
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=_run_tiered)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure speed and hit rates (dequantization, expert cache, ...)")
     sub = p.add_subparsers(dest="bench_command", required=True)
@@ -154,3 +185,4 @@ def add_parser(subparsers) -> None:
     d.set_defaults(func=_run_dequant)
     _add_cache_parser(sub)
     _add_pager_parser(sub)
+    _add_tiered_parser(sub)

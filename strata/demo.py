@@ -99,10 +99,11 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
             f.write(np.ascontiguousarray(t).tobytes())
 
 
-def build_checkpoint(folder: Path, seed: int = 0) -> Path:
-    """A tiny random Qwen3-MoE checkpoint with its tokenizer in `folder`."""
+def build_checkpoint(folder: Path, seed: int = 0, **config: int) -> Path:
+    """A tiny random Qwen3-MoE checkpoint with its tokenizer in `folder`; `config` overrides
+    entries of CONFIG (e.g. num_hidden_layers, num_experts)."""
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = dict(CONFIG, vocab_size=build_tokenizer(folder, seed=seed))
+    cfg = dict(CONFIG, **config, vocab_size=build_tokenizer(folder, seed=seed))
     cfg["eos_token_id"] = SPECIALS.index("<|im_end|>")
     (folder / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
     write_safetensors(folder / "model.safetensors", _weights(cfg, np.random.default_rng(seed)))

@@ -6,7 +6,7 @@ import sys
 
 from strata.errors import StrataError
 
-from .common import add_model_args, add_sampling_args, load_model, sampling_kwargs
+from .common import add_model_args, add_sampling_args, load_model, print_stats, sampling_kwargs
 
 HELP = "commands: /reset clears the conversation, /exit quits"
 
@@ -31,6 +31,13 @@ def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
+    try:
+        return _loop(model, args)
+    finally:
+        print_stats(args, model)
+
+
+def _loop(model, args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = list(system)
     print(f"strata chat: {model.path.name} ({model.hparams.arch}, {model.device}). {HELP}", flush=True)

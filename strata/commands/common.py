@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from strata.errors import StrataError
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -11,6 +14,28 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                                                  "(default float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: min(model's, 4096))")
+    add_memory_args(p)
+
+
+def add_memory_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("expert memory")
+    g.add_argument("--memory", choices=("tiered", "direct"), default="tiered",
+                   help="tiered: device slots, host tier, pager, prefetch (default); direct: dequantize "
+                        "every expert from the file on each use")
+    g.add_argument("--device-mem", default=None, metavar="SIZE",
+                   help="bytes the model may use on the device, resident weights and KV cache included, "
+                        "e.g. 20G (default: free GPU memory less headroom; on cpu a quarter of available RAM)")
+    g.add_argument("--host-mem", default=None, metavar="SIZE",
+                   help="bytes of host RAM for packed experts, e.g. 64G (default: a quarter of available "
+                        "RAM, or the minimum when the device holds every expert)")
+    g.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
+                   help="layers ahead whose experts are loaded while a layer computes; 0 = off "
+                        "(default 2 on cuda, 1 on cpu)")
+    g.add_argument("--slot-form", choices=("dequantized", "packed"), default=None,
+                   help="device slots hold experts dequantized (pure GEMM at use) or packed (3.5-7x more "
+                        "experts per byte, dequantized at use); default: dequantized when every expert fits so")
+    g.add_argument("--stats", action="store_true",
+                   help="print the expert memory's hits, misses, bytes moved and waits after the run")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -32,5 +57,20 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def load_model(args: argparse.Namespace, max_batch: int = 1):
     import strata
 
+    tiered = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
+                  slot_form=args.slot_form)
+    if args.memory == "direct":
+        given = [f"--{k.replace('_', '-')}" for k, v in tiered.items() if v is not None]
+        if given:
+            raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
+        tiered = {}
     return strata.load(args.model, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
-                       max_batch=max_batch)
+                       max_batch=max_batch, memory=args.memory, **tiered)
+
+
+def print_stats(args: argparse.Namespace, model) -> None:
+    """With --stats, the expert memory's counters on stderr."""
+    if getattr(args, "stats", False):
+        stats = model.memory_stats()
+        print(stats.format() if stats is not None else "expert memory: no statistics (--memory direct)",
+              file=sys.stderr)

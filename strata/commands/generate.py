@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .common import add_model_args, add_sampling_args, load_model, sampling_kwargs
+from .common import add_model_args, add_sampling_args, load_model, print_stats, sampling_kwargs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -13,6 +13,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         done = model.generate(args.prompt, **sampling_kwargs(args))
         print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))
+        print_stats(args, model)
         return 0
     stream = model.generate(args.prompt, stream=True, **sampling_kwargs(args))
     sys.stdout.write(args.prompt)
@@ -23,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"[{len(done.token_ids)} tokens, {done.tokens_per_second:.1f} tok/s, prompt {done.prompt_tokens} tokens "
           f"in {done.prefill_seconds:.2f} s, finish: {done.finish_reason}]", file=sys.stderr)
+    print_stats(args, model)
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from strata.errors import StrataError
 
-from .common import add_model_args, load_model
+from .common import add_model_args, load_model, print_stats
 
 
 def _read_text(path: str) -> str:
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         _print(report)
+    print_stats(args, model)
     return 0
 
 

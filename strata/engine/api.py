@@ -21,6 +21,8 @@ from strata.chat_template import ChatTemplate
 from strata.errors import StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
+from strata.memory.budget import resident_bytes
+from strata.memory.tiered import TieredConfig, TieredExpertMemory
 from strata.models import Batch, Transformer, architecture, load_model
 from strata.tokenizer import Tokenizer
 
@@ -272,6 +274,11 @@ class Model:
         return Completion(seq.output_ids, seq.text, seq.finish_reason or "abort", len(seq.prompt_ids),
                           t_first - t0, end - t_first)
 
+    def memory_stats(self):
+        """The expert memory's counters (`strata.memory.stats.MemoryStats`: hits and misses per
+        tier, bytes moved, waits, prefetch precision and recall), or None for a memory without."""
+        return self.memory.memory_stats() if self.memory is not None else None
+
     def close(self) -> None:
         if self.memory is not None:
             self.memory.close()
@@ -288,16 +295,46 @@ def _direct_memory(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_th
     return DirectExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads)
 
 
+def _tiered_memory(config: TieredConfig, reserved: int) -> MemoryFactory:
+    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
+        return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config,
+                                  reserved_bytes=reserved)
+    return build
+
+
+def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: torch.dtype, kv_bytes: int,
+                    tiered: dict[str, Any]) -> MemoryFactory:
+    """The factory `memory` names: "tiered" (the default), "direct", or a callable."""
+    given = {k: v for k, v in tiered.items() if v is not None}
+    if callable(memory):
+        return memory
+    if memory == "direct":
+        if given:
+            raise StrataError(f"{', '.join(sorted(given))}: options of the tiered expert memory, not of "
+                              f"memory='direct'")
+        return _direct_memory
+    if memory not in (None, "tiered"):
+        raise StrataError(f"unknown expert memory {memory!r}: expected 'tiered', 'direct' or a factory")
+    return _tiered_memory(TieredConfig(**given), resident_bytes(mf, dtype) + kv_bytes)
+
+
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
-         memory: MemoryFactory | None = None) -> Model:
+         memory: MemoryFactory | str | None = None, device_mem: int | str | None = None,
+         host_mem: int | str | None = None, prefetch_depth: int | None = None,
+         slot_form: str | None = None) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
     default float32 on the CPU, bfloat16 on CUDA). threads: CPU threads for dequantization and
     torch (default: all this process may use; sets torch's thread count for the process). n_ctx: context positions per sequence (default
-    min(model's context, 4096)). max_batch: sequences decoded together. memory: builds the
-    expert memory (default: `DirectExpertMemory`, experts dequantized from the file per use).
+    min(model's context, 4096)). max_batch: sequences decoded together.
+    memory: the expert memory: "tiered" (default: `TieredExpertMemory`, device slots, host
+    tier, pager and prefetch), "direct" (`DirectExpertMemory`, experts dequantized from the file
+    on every use), or a factory (model_file, device, dtype, n_threads) -> ExpertMemory.
+    device_mem, host_mem: budgets of the tiered memory in bytes or as '512M', '8G' (device_mem
+    covers resident weights and KV cache too); prefetch_depth: layers ahead to prefetch (0: off);
+    slot_form: 'dequantized' or 'packed'. Defaults come from the machine (strata.memory.budget).
     """
     dev = resolve_device(device)
     compute = resolve_dtype(dtype, dev)
@@ -312,8 +349,16 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
     if not 1 < ctx:
         raise StrataError(f"n_ctx must be at least 2, found {ctx}")
-    mem = (memory or _direct_memory)(mf, dev, compute, n_threads) if mf.expert_layers else None
-    transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads)
+    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
+    factory = _memory_factory(memory, mf, compute, kv_bytes, dict(device_mem=device_mem, host_mem=host_mem,
+                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form))
+    mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
+    try:
+        transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads)
+    except BaseException:
+        if mem is not None:
+            mem.close()
+        raise
     cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute, device=dev)
     return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
 

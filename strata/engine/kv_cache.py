@@ -22,6 +22,13 @@ class KVCache:
         self.v = [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(n_layers)]
         self._free = list(range(n_slots - 1, -1, -1))
 
+    @staticmethod
+    def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
+                  head_dim_v: int | None = None, dtype: torch.dtype = torch.float32) -> int:
+        """Bytes a cache of these dimensions takes (before it is allocated)."""
+        per_position = n_head_kv * (head_dim + (head_dim_v or head_dim))
+        return n_layers * n_slots * n_ctx * per_position * torch.empty((), dtype=dtype).element_size()
+
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from strata.errors import NativeError, StrataError
 from strata.gguf import PARTS, ExpertSlab, ModelFile
+from strata.memory import alloc
 from strata.memory.policy import READY, ExpertPolicy, PolicyConfig
 from strata.native import Pager, PagerTimeoutError, numa_node_count, numa_node_of
 
@@ -127,6 +128,7 @@ def _allocate(nbytes: int, pinned: bool) -> np.ndarray:
     CUDA when `pinned`. The only allocation of the host tier."""
     # Private anonymous memory: page-aligned, faulted in on first write, charged as the process's own.
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    alloc.record(nbytes, "host pool")
     pool = np.frombuffer(buf, dtype=np.uint8)
     if pinned:
         _register_with_cuda(pool)

@@ -20,7 +20,7 @@ from . import llama, olmoe, qwen2moe, qwen3moe
 from .arch import Architecture
 from .attention import Attention, AttentionWeights
 from .layers import FeedForward, RMSNorm, SharedExpert
-from .moe import MoE, RoutedExperts, Router
+from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
 
@@ -119,6 +119,20 @@ def _block(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: Rope,
                  RMSNorm(w.get(MT.FFN_NORM, i, (D,)), hp.norm_eps), ffn)
 
 
+def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None:
+    """Block i announces the experts of the next `depth` MoE layers after it (routers i+1..),
+    and the embeddings those of the first `depth` MoE layers."""
+    moe = [(i, b) for i, b in enumerate(model.blocks) if isinstance(b.ffn, MoE)]
+
+    def lookahead(after: int) -> Lookahead | None:
+        targets = [(j, b.ffn_norm, b.ffn.router) for j, b in moe if j > after][:depth]
+        return Lookahead(memory, targets) if targets else None
+
+    model.lookahead = lookahead(-1)
+    for i, block in enumerate(model.blocks):
+        block.lookahead = lookahead(i)
+
+
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, n_threads: int | None = None) -> Transformer:
     """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`."""
@@ -129,7 +143,10 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     embedding = w.get(MT.TOKEN_EMBD, None, (V, D))
     output = w.get(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
     blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
-    return Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
+    model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
+    if memory is not None and memory.prefetch_depth > 0:
+        _add_lookahead(model, memory, memory.prefetch_depth)
+    return model
 
 
 __all__ = ["ARCHITECTURES", "WeightReader", "architecture", "load_model"]

@@ -8,6 +8,9 @@ Grouped compute: the T*K (token, expert) assignments are sorted by expert, so ea
 runs once over all of its tokens (one [Te, D] x [D, I] pass instead of Te vectors). Experts are
 reached only through `ExpertMemory`, in chunks of at most `memory.max_acquire`, in ascending
 expert order; each expert's contribution is added with its router weight.
+
+Look-ahead: a block may announce the next layers' experts to the memory (`Lookahead`) so their
+loads overlap this layer's compute; announcements never change what is computed.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class RoutedExperts(nn.Module):
         self.memory, self.layer = memory, layer
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        self.memory.observe(self.layer, expert_ids)
         K = expert_ids.shape[1]
         flat = expert_ids.flatten()  # [T*K]
         order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
@@ -54,13 +58,31 @@ class RoutedExperts(nn.Module):
         out = torch.zeros_like(x)  # [T, D]
         for i in range(0, len(used), self.memory.max_acquire):
             chunk = used[i:i + self.memory.max_acquire]
-            for e, w in zip(chunk, self.memory.acquire(self.layer, chunk)):
-                picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
-                tokens = picks // K  # [Te]
-                y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
-                out.index_add_(0, tokens, y * weights.flatten()[picks, None])
-            self.memory.release(self.layer, chunk)
+            acquired = self.memory.acquire(self.layer, chunk)
+            try:
+                for e, w in zip(chunk, acquired):
+                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
+                    tokens = picks // K  # [Te]
+                    y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+                    out.index_add_(0, tokens, y * weights.flatten()[picks, None])
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
         return out
+
+
+class Lookahead:
+    """Announces the routed experts of the next layers before they are needed: each next MoE
+    layer's own FFN norm and router applied to the current hidden state (the residual stream
+    changes little from one layer to the next), top-k per token, passed to `memory.prefetch`.
+    A hint only: it reads h and changes nothing the model computes."""
+
+    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]]):
+        self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
+
+    def __call__(self, h: torch.Tensor) -> None:
+        for layer, norm, router in self.targets:
+            _, expert_ids = router(norm(h))  # [T, K]
+            self.memory.prefetch(layer, expert_ids.unique().tolist())
 
 
 class MoE(nn.Module):
@@ -74,4 +96,4 @@ class MoE(nn.Module):
         return out if self.shared is None else out + self.shared(x)
 
 
-__all__ = ["MoE", "Router", "RoutedExperts"]
+__all__ = ["Lookahead", "MoE", "Router", "RoutedExperts"]

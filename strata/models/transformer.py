@@ -12,7 +12,7 @@ from torch import nn
 from .attention import Attention
 from .batch import Batch, KVStore
 from .layers import FeedForward, RMSNorm
-from .moe import MoE
+from .moe import Lookahead, MoE
 from .rope import Rope
 
 
@@ -20,10 +20,13 @@ class Block(nn.Module):
     def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward):
         super().__init__()
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
+        self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
+        if self.lookahead is not None:
+            self.lookahead(h)  # next layers' experts start moving; h is unchanged
         return h + self.ffn(self.ffn_norm(h))  # [T, D]
 
 
@@ -33,6 +36,7 @@ class Transformer(nn.Module):
     def __init__(self, embedding: torch.Tensor, blocks: list[Block], norm: RMSNorm, output: torch.Tensor, rope: Rope):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
+        self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
 
     @property
     def vocab_size(self) -> int:
@@ -45,6 +49,8 @@ class Transformer(nn.Module):
         Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
         """
         x = F.embedding(tokens, self.embedding)  # [T, D]
+        if self.lookahead is not None:
+            self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
         for i, block in enumerate(self.blocks):
             x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]

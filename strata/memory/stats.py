@@ -1,0 +1,111 @@
+"""Counters of the tiered expert memory, per expert layer and in total: plain numbers, no tensors.
+
+Demand requests (experts the model acquired) end in exactly one of three places on the device:
+
+    requests = device_hits + device_late + device_misses
+      device_hits    the expert was ready in a device slot
+      device_late    a prefetch of it was still in flight: compute waited for (or took over) that load
+      device_misses  not in a device slot: loaded on demand, from the host tier or the disk
+    device_misses = host_hits + disk_reads
+
+Loads started by prefetch count separately (prefetch_host_hits + prefetch_disk_reads = prefetch
+loads that ran). Bytes: `bytes_disk` is the payload the pager read into host slots (slab sizes);
+`bytes_to_device` what was written into device slots (packed bytes, or dequantized values).
+
+Times are seconds: `wait_s` is how long compute blocked in `acquire` for experts (demand loads,
+waits for prefetches in flight and, on CUDA, for their copies to finish); `dequant_s` the time
+in dequantization calls (filling dequantized slots, or dequantizing packed slots at use; on
+CUDA the time to queue those kernels, not their run time).
+
+Prefetch quality is scored per layer step where a prediction was made: `predicted` experts
+announced, `actual` experts then routed, `predicted_correct` in both. Precision =
+correct / predicted, recall = correct / actual. `prefetch_used` counts prefetched experts
+acquired while their slot still held them.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+#: Integer counters, one [L] array each (L = expert layers).
+COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
+            "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
+            "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
+            "predicted", "actual", "predicted_correct", "evictions")
+#: Second totals, one [L] array each.
+TIMERS = ("wait_s", "dequant_s")
+
+
+class MemoryStats:
+    """Per-layer counters (`stats.requests[i]` for the i-th expert layer) and their totals."""
+
+    def __init__(self, layers: Sequence[int]):
+        self.layers = list(layers)  # model layer number of each expert layer
+        n = len(self.layers)
+        for name in COUNTERS:
+            setattr(self, name, np.zeros(n, dtype=np.int64))
+        for name in TIMERS:
+            setattr(self, name, np.zeros(n, dtype=np.float64))
+
+    def reset(self) -> None:
+        for name in COUNTERS + TIMERS:
+            getattr(self, name)[:] = 0
+
+    def total(self, name: str) -> float:
+        return getattr(self, name).sum().item()
+
+    def totals(self) -> dict[str, Any]:
+        """Every counter summed over layers, with the derived rates."""
+        t = {name: int(self.total(name)) for name in COUNTERS}
+        t.update({name: float(self.total(name)) for name in TIMERS})
+        return {**t, **_rates(t)}
+
+    def per_layer(self) -> list[dict[str, Any]]:
+        rows = []
+        for i, layer in enumerate(self.layers):
+            row = {name: int(getattr(self, name)[i]) for name in COUNTERS}
+            row.update({name: float(getattr(self, name)[i]) for name in TIMERS})
+            rows.append({"layer": layer, **row, **_rates(row)})
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.totals(), "per_layer": self.per_layer()}
+
+    def format(self, per_layer: bool = True) -> str:
+        """A few lines for a terminal: totals, then one line per layer."""
+        t = self.totals()
+        lines = [
+            f"expert memory: {t['requests']} expert requests: device hits {t['device_hits']} "
+            f"({100 * t['device_hit_rate']:.1f}%), late prefetches {t['device_late']}, misses "
+            f"{t['device_misses']} (host hits {t['host_hits']}, disk reads {t['disk_reads']})",
+            f"  bytes: disk -> host {t['bytes_disk'] / 2**20:.1f} MiB, host -> device "
+            f"{t['bytes_to_device'] / 2**20:.1f} MiB; evictions {t['evictions']}",
+            f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s",
+            f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
+            f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "
+            f"{_pct(t['precision'])}, recall {_pct(t['recall'])}",
+        ]
+        if per_layer:
+            lines.append("  layer  requests  dev.hit  late  miss  host.hit  disk  wait_s  precision  recall")
+            for r in self.per_layer():
+                lines.append(f"  {r['layer']:>5}  {r['requests']:>8}  {r['device_hits']:>7}  {r['device_late']:>4}  "
+                             f"{r['device_misses']:>4}  {r['host_hits']:>8}  {r['disk_reads']:>4}  "
+                             f"{r['wait_s']:>6.3f}  {_pct(r['precision']):>9}  {_pct(r['recall']):>6}")
+        return "\n".join(lines)
+
+
+def _rates(c: dict[str, Any]) -> dict[str, float | None]:
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    return {"device_hit_rate": ratio(c["device_hits"], c["requests"]) or 0.0,
+            "precision": ratio(c["predicted_correct"], c["predicted"]),
+            "recall": ratio(c["predicted_correct"], c["actual"])}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+__all__ = ["COUNTERS", "MemoryStats", "TIMERS"]
