@@ -89,9 +89,9 @@ def rng_normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> 
 
 def _tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
     """Byte-level BPE: the 256 byte symbols, one merge, then special tokens up to `vocab`."""
-    from converters.synthetic import _bytes_to_unicode
+    from strata.tokenizer import bytes_to_unicode
 
-    chars = _bytes_to_unicode()
+    chars = bytes_to_unicode()
     tokens = [chars[b] for b in range(256)] + [chars[32] + "t"]
     tokens += [f"<|special_{i}|>" for i in range(len(tokens), vocab)]
     w.add_tokenizer_model("gpt2")
