@@ -56,7 +56,9 @@ def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, reference, fo
         assert torch.equal(m.logits(prompt(24)), reference["logits"])
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == reference["greedy"]
         t = m.memory_stats().totals()
-        assert t["disk_reads"] > 0 and t["evictions"] > 0 and t["host_hits"] > 0  # all three tiers served
+        # all three tiers served (by demand loads or, timing permitting, by prefetches)
+        assert t["disk_reads"] + t["prefetch_disk_reads"] > 0 and t["evictions"] > 0
+        assert t["host_hits"] + t["prefetch_host_hits"] > 0 and t["device_hits"] > 0
         assert (t["prefetch_issued"] > 0) == (depth > 0)
 
 
@@ -87,7 +89,8 @@ def test_decoding_allocates_nothing_after_start_up(path, form):
         assert ALLOCATIONS.snapshot() == before  # no slot, scratch, staging or host buffer made
         # numpy and Python objects traced: nothing near the size of one slot (>= 100 KB) stays behind
         assert grown < 64 << 10, grown
-        assert m.memory_stats().total("disk_reads") > 0  # the run did load experts
+        stats = m.memory_stats()
+        assert stats.total("disk_reads") + stats.total("prefetch_disk_reads") > 0  # the run did load experts
 
 
 def test_statistics_add_up(path):
