@@ -12,22 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (byte-level BPE's alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return chars
+from strata.tokenizer import bytes_to_unicode
 
 
 def _tokenizer_json(vocab_size: int) -> dict:
-    alphabet = [_bytes_to_unicode()[b] for b in range(256)]
+    alphabet = [bytes_to_unicode()[b] for b in range(256)]
     vocab = {c: i for i, c in enumerate(alphabet)}
     added = [{"id": i, "content": f"<|special_{i}|>", "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True} for i in range(256, vocab_size)]

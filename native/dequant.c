@@ -6,7 +6,6 @@
 #include "strata.h"
 #include "kernels.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,7 +69,7 @@ int strata_impl_default(void) {
     return strata_cpu_has_avx2() ? STRATA_IMPL_AVX2 : STRATA_IMPL_SCALAR;
 }
 
-static int resolve_impl(int impl, int *resolved) {
+int strata_resolve_impl(int impl, int *resolved) {
     if (impl == STRATA_IMPL_AUTO) impl = strata_impl_default();
     if (impl == STRATA_IMPL_AVX2 && !strata_cpu_has_avx2()) return STRATA_E_IMPL;
     if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2) return STRATA_E_ARG;
@@ -103,32 +102,26 @@ typedef struct {
     strata_convert_fn convert;       /* NULL for float32 output */
     const uint8_t *src;
     uint8_t *dst;
-    int64_t block_elems, block_bytes, out_elem_bytes;
-    int64_t first_block, n_blocks;
+    int64_t block_elems, block_bytes, out_elem_bytes, blocks_per_row;
 } strata_job;
 
-static void run_job(const strata_job *j) {
-    const uint8_t *src = j->src + j->first_block * j->block_bytes;
-    uint8_t *dst = j->dst + j->first_block * j->block_elems * j->out_elem_bytes;
+static void run_rows(void *ctx, int64_t first_row, int64_t n_rows) {
+    const strata_job *j = ctx;
+    const int64_t first_block = first_row * j->blocks_per_row, n_blocks = n_rows * j->blocks_per_row;
+    const uint8_t *src = j->src + first_block * j->block_bytes;
+    uint8_t *dst = j->dst + first_block * j->block_elems * j->out_elem_bytes;
     if (!j->convert) {
-        j->kernel(src, (float *)dst, j->n_blocks);
+        j->kernel(src, (float *)dst, n_blocks);
         return;
     }
     float scratch[STRATA_CHUNK_ELEMS] __attribute__((aligned(32)));
     const int64_t chunk_blocks = STRATA_CHUNK_ELEMS / j->block_elems;
-    for (int64_t b = 0; b < j->n_blocks; b += chunk_blocks) {
-        int64_t nb = j->n_blocks - b < chunk_blocks ? j->n_blocks - b : chunk_blocks;
+    for (int64_t b = 0; b < n_blocks; b += chunk_blocks) {
+        int64_t nb = n_blocks - b < chunk_blocks ? n_blocks - b : chunk_blocks;
         j->kernel(src + b * j->block_bytes, scratch, nb);
         j->convert(scratch, dst + b * j->block_elems * j->out_elem_bytes, nb * j->block_elems);
     }
 }
-
-static void *job_thread(void *arg) {
-    run_job((const strata_job *)arg);
-    return NULL;
-}
-
-#define STRATA_MAX_THREADS 256
 
 int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
                    void *dst, int64_t dst_bytes, int out,
@@ -140,7 +133,7 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
     /* An empty tensor may have a null data pointer (torch does this): nothing to read or write. */
     if (n_rows == 0 || row_len == 0) return row_len % f->block_elems ? STRATA_E_BLOCK : STRATA_OK;
     if (!src || !dst) return STRATA_E_ARG;
-    int st = resolve_impl(impl, &impl);
+    int st = strata_resolve_impl(impl, &impl);
     if (st) return st;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
 
@@ -161,34 +154,13 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
     if (n_blocks > src_bytes / f->block_bytes) return STRATA_E_SIZE;
     if (n_blocks > dst_bytes / (f->block_elems * out_elem_bytes)) return STRATA_E_SIZE;
 
-    strata_job proto = {
+    strata_job job = {
         .kernel = avx2 && f->avx2 ? f->avx2 : f->ref, .convert = convert,
         .src = (const uint8_t *)src, .dst = (uint8_t *)dst,
         .block_elems = f->block_elems, .block_bytes = f->block_bytes, .out_elem_bytes = out_elem_bytes,
+        .blocks_per_row = blocks_per_row,
     };
-    if (n_threads > STRATA_MAX_THREADS) n_threads = STRATA_MAX_THREADS;
-    if (n_threads > n_rows) n_threads = (int)n_rows;
-
-    strata_job jobs[STRATA_MAX_THREADS];
-    pthread_t threads[STRATA_MAX_THREADS];
-    /* Whole rows per thread; the first (n_rows % n_threads) threads take one row more. */
-    int64_t row = 0;
-    for (int t = 0; t < n_threads; t++) {
-        int64_t rows = n_rows / n_threads + (t < n_rows % n_threads);
-        jobs[t] = proto;
-        jobs[t].first_block = row * blocks_per_row;
-        jobs[t].n_blocks = rows * blocks_per_row;
-        row += rows;
-    }
-    int started = 0;
-    for (int t = 1; t < n_threads; t++) {
-        if (pthread_create(&threads[t], NULL, job_thread, &jobs[t]) != 0) break;
-        started = t;
-    }
-    /* Threads that failed to start run here, so a loaded machine degrades instead of failing. */
-    run_job(&jobs[0]);
-    for (int t = started + 1; t < n_threads; t++) run_job(&jobs[t]);
-    for (int t = 1; t <= started; t++) pthread_join(threads[t], NULL);
+    strata_parallel_rows(n_rows, n_threads, run_rows, &job);
     return STRATA_OK;
 }
 
@@ -196,7 +168,7 @@ int strata_convert_f32(const float *src, void *dst, int64_t n, int out, int impl
     if (n < 0) return STRATA_E_ARG;
     if (n == 0) return STRATA_OK;
     if (!src || !dst) return STRATA_E_ARG;
-    int st = resolve_impl(impl, &impl);
+    int st = strata_resolve_impl(impl, &impl);
     if (st) return st;
     int avx2 = impl == STRATA_IMPL_AVX2;
     switch (out) {

@@ -68,6 +68,14 @@ enum {
 typedef void (*strata_block_fn)(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks);
 typedef void (*strata_convert_fn)(const float *restrict src, void *restrict dst, int64_t n);
 
+/* Run fn(ctx, first_row, n_rows) over rows [0, n_rows) split across up to n_threads threads
+ * (parallel.c). */
+typedef void (*strata_rows_fn)(void *ctx, int64_t first_row, int64_t n_rows);
+void strata_parallel_rows(int64_t n_rows, int n_threads, strata_rows_fn fn, void *ctx);
+
+/* Resolve STRATA_IMPL_AUTO and check the asked-for implementation runs on this CPU (dequant.c). */
+int strata_resolve_impl(int impl, int *resolved);
+
 /* Exact binary16 -> binary32 (all values, subnormals, inf and NaN). */
 float strata_fp16_to_fp32(uint16_t h);
 

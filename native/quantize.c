@@ -24,7 +24,6 @@
 #include "quantize.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 /* ---- Scalars ---- */
@@ -380,16 +379,14 @@ typedef struct {
     strata_quant_fn fn;
     const float *src;
     uint8_t *dst;
-    int64_t n_blocks;
+    int64_t row_len, blocks_per_row, block_bytes;
 } strata_quant_job;
 
-static void *quant_job_thread(void *arg) {
-    const strata_quant_job *j = arg;
-    j->fn(j->src, j->dst, j->n_blocks);
-    return NULL;
+static void quant_rows(void *ctx, int64_t first_row, int64_t n_rows) {
+    const strata_quant_job *j = ctx;
+    j->fn(j->src + first_row * j->row_len, j->dst + first_row * j->blocks_per_row * j->block_bytes,
+          n_rows * j->blocks_per_row);
 }
-
-#define STRATA_QUANT_MAX_THREADS 256
 
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl) {
@@ -397,9 +394,8 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
     if (!f) return STRATA_E_TYPE;
     if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
         return STRATA_E_ARG;
-    if (impl == STRATA_IMPL_AUTO) impl = strata_impl_default();
-    if (impl == STRATA_IMPL_AVX2 && !strata_cpu_has_avx2()) return STRATA_E_IMPL;
-    if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2) return STRATA_E_ARG;
+    const int st = strata_resolve_impl(impl, &impl);
+    if (st) return st;
     const strata_quant_fn fn = impl == STRATA_IMPL_AVX2 && f->avx2 ? f->avx2 : f->ref;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
 
@@ -411,30 +407,8 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
     if (n_blocks > dst_bytes / f->block_bytes) return STRATA_E_SIZE;
     if (n_blocks == 0) return STRATA_OK;
 
-    if (n_threads > STRATA_QUANT_MAX_THREADS) n_threads = STRATA_QUANT_MAX_THREADS;
-    if (n_threads > n_rows) n_threads = (int)n_rows;
-    strata_quant_job jobs[STRATA_QUANT_MAX_THREADS];
-    pthread_t threads[STRATA_QUANT_MAX_THREADS];
-    /* Whole rows per thread; the first (n_rows % n_threads) threads take one row more. */
-    int64_t row = 0;
-    for (int t = 0; t < n_threads; t++) {
-        const int64_t rows = n_rows / n_threads + (t < n_rows % n_threads);
-        jobs[t] = (strata_quant_job){
-            .fn = fn,
-            .src = src + row * row_len,
-            .dst = (uint8_t *)dst + row * blocks_per_row * f->block_bytes,
-            .n_blocks = rows * blocks_per_row,
-        };
-        row += rows;
-    }
-    int started = 0;
-    for (int t = 1; t < n_threads; t++) {
-        if (pthread_create(&threads[t], NULL, quant_job_thread, &jobs[t]) != 0) break;
-        started = t;
-    }
-    /* Jobs whose thread failed to start run here: a loaded machine slows down, it does not fail. */
-    quant_job_thread(&jobs[0]);
-    for (int t = started + 1; t < n_threads; t++) quant_job_thread(&jobs[t]);
-    for (int t = 1; t <= started; t++) pthread_join(threads[t], NULL);
+    strata_quant_job job = {.fn = fn, .src = src, .dst = dst, .row_len = row_len,
+                             .blocks_per_row = blocks_per_row, .block_bytes = f->block_bytes};
+    strata_parallel_rows(n_rows, n_threads, quant_rows, &job);
     return STRATA_OK;
 }

@@ -45,7 +45,7 @@ PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
 IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx"})
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {}, 0
@@ -58,7 +58,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass(frozen=True)
