@@ -22,6 +22,9 @@ from converters.source import Checkpoint, ConversionError
 from converters.tokenizer import write_tokenizer
 from converters.types import TypePolicy
 from converters.writer import atomic_output, write_data
+from strata.errors import StrataFormatError
+from strata.gguf import match_expert_tensor
+from strata.gguf.routing import add_routing_counts, load_routing_npz
 
 log = logging.getLogger("strata.convert")
 
@@ -50,10 +53,25 @@ def _write_metadata(w: gguf.GGUFWriter, arch: Architecture, ckpt: Checkpoint, po
     write_tokenizer(w, ckpt.folder, arch.hp.n_vocab, tokenizer_pre)
 
 
+def _write_routing(w: gguf.GGUFWriter, npz: str | os.PathLike[str], planned: list[PlannedTensor],
+                   n_experts: int) -> None:
+    """Routing statistics checked against the expert layers being written, then as metadata."""
+    n_layers = len({m[1] for m in map(match_expert_tensor, (p.name for p in planned)) if m is not None})
+    try:
+        counts, tokens = load_routing_npz(npz, n_layers, n_experts)
+    except StrataFormatError as exc:
+        raise ConversionError(str(exc)) from None
+    add_routing_counts(w, counts, tokens)
+
+
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy: TypePolicy | None = None, *,
             name: str | None = None, n_threads: int | None = None, tokenizer_pre: str | None = None,
-            progress: Callable[[int], Any] | None = None) -> list[PlannedTensor]:
+            progress: Callable[[int], Any] | None = None,
+            routing_stats: str | os.PathLike[str] | None = None) -> list[PlannedTensor]:
     """Convert checkpoint folder `hf_dir` into GGUF file `out`; returns the tensors written.
+
+    `routing_stats`: an .npz file saved by `--save-routing` (counts [L, E] over the expert layers,
+    tokens), embedded as `strata.routing.*` metadata for the tiered memory's initial placement.
 
     `progress(total_source_bytes)` may return a progress bar (an object with `update(n_bytes)`
     and `close()`, e.g. tqdm's). Raises ConversionError (and writes nothing) for any problem
@@ -68,6 +86,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
         planned = arch.plan(policy)
         w = gguf.GGUFWriter(None, arch.arch_name)
         _write_metadata(w, arch, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
+        if routing_stats is not None:
+            _write_routing(w, routing_stats, planned, arch.hp.n_experts)
         for p in planned:
             w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
         total = sum(p.src_bytes for p in planned)

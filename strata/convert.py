@@ -27,6 +27,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--name", default=None, help="general.name (default: the folder's name)")
     p.add_argument("--threads", type=int, default=None, help="quantization threads (default: all CPUs)")
     p.add_argument("--tokenizer-pre", default=None, help="llama.cpp pre-tokenizer name, when it cannot be detected")
+    p.add_argument("--routing-stats", metavar="FILE.npz", default=None,
+                   help="embed routing statistics saved by strata perplexity/generate --save-routing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
         convert(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
-                tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress))
+                tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
+                routing_stats=args.routing_stats)
     except (ConversionError, StrataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -38,6 +38,36 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="print the expert memory's hits, misses, bytes moved and waits after the run")
 
 
+def add_save_routing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--save-routing", metavar="FILE.npz", default=None,
+                   help="save how often each expert was routed to (arrays counts [L, E] and tokens), for "
+                        "python -m strata.convert --routing-stats (needs --memory tiered)")
+
+
+def check_save_routing(args: argparse.Namespace) -> None:
+    """Refuse --save-routing up front when the run will not count routing."""
+    if getattr(args, "save_routing", None) and args.memory != "tiered":
+        raise StrataError(f"--save-routing {args.save_routing}: routing is counted by --memory tiered, "
+                          f"not --memory {args.memory}")
+
+
+def save_routing(args: argparse.Namespace, model) -> None:
+    """With --save-routing, the tiered memory's routing counts as an .npz file."""
+    if not getattr(args, "save_routing", None):
+        return
+    from strata.gguf.routing import save_routing_npz
+
+    stats = model.memory_stats()
+    if stats is None or not hasattr(stats, "routing"):
+        raise StrataError(f"--save-routing {args.save_routing}: the model's expert memory is not tiered")
+    counts, tokens = stats.routing()
+    try:
+        save_routing_npz(args.save_routing, counts, tokens)
+    except OSError as exc:
+        raise StrataError(f"{args.save_routing}: cannot write routing statistics: {exc.strerror or exc}") from None
+    print(f"routing statistics of {tokens} tokens saved to {args.save_routing}", file=sys.stderr)
+
+
 def add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default {temperature})")
@@ -57,6 +87,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def load_model(args: argparse.Namespace, max_batch: int = 1):
     import strata
 
+    check_save_routing(args)
     tiered = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
                   slot_form=args.slot_form)
     if args.memory == "direct":

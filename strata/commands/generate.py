@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 
-from .common import add_model_args, add_sampling_args, load_model, print_stats, sampling_kwargs
+from .common import (add_model_args, add_sampling_args, add_save_routing_arg, load_model, print_stats,
+                     sampling_kwargs, save_routing)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,6 +15,7 @@ def run(args: argparse.Namespace) -> int:
         done = model.generate(args.prompt, **sampling_kwargs(args))
         print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))
         print_stats(args, model)
+        save_routing(args, model)
         return 0
     stream = model.generate(args.prompt, stream=True, **sampling_kwargs(args))
     sys.stdout.write(args.prompt)
@@ -25,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"[{len(done.token_ids)} tokens, {done.tokens_per_second:.1f} tok/s, prompt {done.prompt_tokens} tokens "
           f"in {done.prefill_seconds:.2f} s, finish: {done.finish_reason}]", file=sys.stderr)
     print_stats(args, model)
+    save_routing(args, model)
     return 0
 
 
@@ -35,4 +38,5 @@ def add_parser(subparsers) -> None:
     add_sampling_args(p, temperature=0.0)
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids": [...], "text": ..., "tokens_per_second": ...} and nothing else')
+    add_save_routing_arg(p)
     p.set_defaults(func=run)

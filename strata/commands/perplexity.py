@@ -9,7 +9,7 @@ from pathlib import Path
 
 from strata.errors import StrataError
 
-from .common import add_model_args, load_model, print_stats
+from .common import add_model_args, add_save_routing_arg, load_model, print_stats, save_routing
 
 
 def _read_text(path: str) -> str:
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(report)
     print_stats(args, model)
+    save_routing(args, model)
     return 0
 
 
@@ -70,4 +71,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--save-logits", metavar="PATH", help="save the scored logits for a later --kl-divergence")
     p.add_argument("--kl-divergence", metavar="BASE", help="compare with logits saved by --save-logits")
+    add_save_routing_arg(p)
     p.set_defaults(func=run)

@@ -12,9 +12,11 @@ from .header import SUPPORTED_VERSIONS
 from .hparams import ARCHS, HParams, RopeScaling
 from .model import ModelFile, open_model
 from .records import ExpertSlab, TensorInfo
+from .routing import STRATA_ROUTING_COUNTS, STRATA_ROUTING_TOKENS
 
 __all__ = [
-    "ARCHS", "EXPERT_TENSORS", "PARTS", "SUPPORTED_VERSIONS", "WEIGHT_SUFFIX",
+    "ARCHS", "EXPERT_TENSORS", "PARTS", "STRATA_ROUTING_COUNTS", "STRATA_ROUTING_TOKENS", "SUPPORTED_VERSIONS",
+    "WEIGHT_SUFFIX",
     "ExpertSlab", "HParams", "ModelFile", "RopeScaling", "TensorInfo",
     "match_expert_tensor", "open_model", "weight_name",
 ]

@@ -15,6 +15,7 @@ from .experts import PARTS, ExpertLayer, build_layout, match_expert_tensor
 from .header import HeaderScan, RawTensor, check_tensor_ranges, format_error, scan_header
 from .hparams import HParams, read_hparams
 from .records import ExpertSlab, TensorInfo
+from .routing import check_routing_types, read_routing_counts
 
 # Fields GGUFReader adds for the preamble; they are not metadata keys.
 _READER_PSEUDO_FIELDS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
@@ -34,6 +35,7 @@ def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
     if cross_check:
         _check_gguf_py_agrees(path, scan.metadata, tensors)
     hparams = read_hparams(path, scan.metadata, {name: t.shape for name, t in tensors.items()})
+    check_routing_types(path, scan.value_types)
     layout = build_layout(path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
     return ModelFile(path, _map(path), scan, hparams, tensors, layout)
 
@@ -143,6 +145,13 @@ class ModelFile:
     def is_fused(self, layer: int) -> bool:
         """Whether `layer` stores gate and up in one ffn_gate_up_exps tensor (adjacent slabs)."""
         return self._layout[layer].fused
+
+    # -- routing statistics --------------------------------------------------------------------
+
+    def routing_counts(self) -> tuple[np.ndarray, int] | None:
+        """(counts [L, E] float64 over `expert_layers`, n_tokens) from the file's `strata.routing.*`
+        metadata (see `routing.py`); None when absent. Raises StrataFormatError when malformed."""
+        return read_routing_counts(self.path, self.metadata, len(self.expert_layers), self.hparams.n_experts)
 
     # -- lifetime ------------------------------------------------------------------------------
 

@@ -318,6 +318,11 @@ class HostTier:
         with self._lock:
             self.policy.record(self._index(layer), expert_ids)
 
+    def seed_counts(self, counts: np.ndarray, n_tokens: int) -> None:
+        """Initial routing statistics for the policy (`ExpertPolicy.seed_counts`), [L, E]."""
+        with self._lock:
+            self.policy.seed_counts(counts, n_tokens)
+
     def hint(self, layer: int, expert_ids: np.ndarray, probs: np.ndarray | float = 1.0) -> None:
         """A predictor expects `expert_ids` at `layer`'s next step: protects them from eviction."""
         with self._lock:

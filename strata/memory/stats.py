@@ -20,7 +20,12 @@ CUDA the time to queue those kernels, not their run time).
 Prefetch quality is scored per layer step where a prediction was made: `predicted` experts
 announced, `actual` experts then routed, `predicted_correct` in both. Precision =
 correct / predicted, recall = correct / actual. `prefetch_used` counts prefetched experts
-acquired while their slot still held them.
+acquired while their slot still held them. `startup_loads` counts the experts placed in device
+slots at start-up from the file's routing statistics (not requests, not misses).
+
+Routing: `routing_counts` int64 [L, E] counts every routing decision the memory observed (uses of
+each expert, prefill and decode), over `routing_tokens` [L] tokens; `--save-routing` writes them
+for `python -m strata.convert --routing-stats`.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import numpy as np
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
             "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
-            "predicted", "actual", "predicted_correct", "evictions")
+            "predicted", "actual", "predicted_correct", "evictions", "startup_loads")
 #: Second totals, one [L] array each.
 TIMERS = ("wait_s", "dequant_s")
 
@@ -40,17 +45,28 @@ TIMERS = ("wait_s", "dequant_s")
 class MemoryStats:
     """Per-layer counters (`stats.requests[i]` for the i-th expert layer) and their totals."""
 
-    def __init__(self, layers: Sequence[int]):
+    def __init__(self, layers: Sequence[int], n_experts: int = 0):
         self.layers = list(layers)  # model layer number of each expert layer
         n = len(self.layers)
         for name in COUNTERS:
             setattr(self, name, np.zeros(n, dtype=np.int64))
         for name in TIMERS:
             setattr(self, name, np.zeros(n, dtype=np.float64))
+        self.routing_counts = np.zeros((n, n_experts), dtype=np.int64)  # [L, E]
+        self.routing_tokens = np.zeros(n, dtype=np.int64)  # [L]
 
     def reset(self) -> None:
-        for name in COUNTERS + TIMERS:
+        for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
             getattr(self, name)[:] = 0
+
+    def record_routing(self, li: int, expert_ids: np.ndarray) -> None:
+        """Expert layer `li` routed tokens to `expert_ids` [T, K]; no allocation beyond numpy's."""
+        np.add.at(self.routing_counts[li], expert_ids.ravel(), 1)
+        self.routing_tokens[li] += expert_ids.shape[0] if expert_ids.ndim > 1 else 1
+
+    def routing(self) -> tuple[np.ndarray, int]:
+        """(counts [L, E], tokens): every layer sees every token, so tokens is the layers' maximum."""
+        return self.routing_counts.copy(), int(self.routing_tokens.max(initial=0))
 
     def total(self, name: str) -> float:
         return getattr(self, name).sum().item()
@@ -78,7 +94,8 @@ class MemoryStats:
         lines = [
             f"expert memory: {t['requests']} expert requests: device hits {t['device_hits']} "
             f"({100 * t['device_hit_rate']:.1f}%), late prefetches {t['device_late']}, misses "
-            f"{t['device_misses']} (host hits {t['host_hits']}, disk reads {t['disk_reads']})",
+            f"{t['device_misses']} (host hits {t['host_hits']}, disk reads {t['disk_reads']}); "
+            f"placed at start-up {t['startup_loads']}",
             f"  bytes: disk -> host {t['bytes_disk'] / 2**20:.1f} MiB, host -> device "
             f"{t['bytes_to_device'] / 2**20:.1f} MiB; evictions {t['evictions']}",
             f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s",

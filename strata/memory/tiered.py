@@ -28,6 +28,12 @@ only). A load the compute reaches before the loader does is taken over by the co
 a prediction that is wrong has cost a load, never a result: slots are filled only with the
 file's bytes, and compute reads a slot only after its load.
 
+Initial placement. When the file carries routing statistics (`ModelFile.routing_counts()`, the
+`strata.routing.*` metadata), both tiers' policies are seeded with them and each layer's hottest
+experts are loaded into its device slots (and host slots) in the constructor, before decoding:
+counted as `startup_loads`, not as misses. Without them the slots start empty and the policies'
+decayed counts warm up from the first tokens' routing.
+
 Layers here are model layer numbers; the policies and statistics index expert layers 0..L-1.
 """
 from __future__ import annotations
@@ -135,7 +141,7 @@ class TieredExpertMemory(ExpertMemory):
         except BaseException:
             self.host.close()
             raise
-        self.stats = MemoryStats(self.layers)
+        self.stats = MemoryStats(self.layers, E)
         self.predictor = (CooccurrencePredictor(L, E, self.top_k, max_batch=64)
                           if self.config.cooccurrence and self.prefetch_depth > 0 and L > 1 else None)
         S = self.policy.n_slots
@@ -154,6 +160,11 @@ class TieredExpertMemory(ExpertMemory):
         self._held: tuple[int, tuple[int, ...], list[int]] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._loader: threading.Thread | None = None
+        try:
+            self._place_initial()  # before the loader thread starts: nothing else moves slots
+        except BaseException:
+            self.host.close()
+            raise
         if self.prefetch_depth > 0:  # the thread holds the memory weakly: dropping it stops the thread
             self._loader = threading.Thread(target=_loader_main, args=(weakref.ref(self), self._queue),
                                             name="strata-expert-loader", daemon=True)
@@ -222,6 +233,7 @@ class TieredExpertMemory(ExpertMemory):
         ids = expert_ids.detach().to("cpu", torch.int64).numpy()  # [T, K]
         with self._lock:
             self.policy.record(li, ids)
+            self.stats.record_routing(li, ids)
             self._score_predictions(li, ids)
         self.host.record(layer, ids)
         if self.predictor is not None and ids.shape[0] <= self.predictor.max_batch:
@@ -254,6 +266,38 @@ class TieredExpertMemory(ExpertMemory):
 
     def memory_stats(self) -> MemoryStats:
         return self.stats
+
+    # ---- start-up ------------------------------------------------------------------------------
+
+    def _place_initial(self) -> None:
+        """Seed both policies from the file's routing statistics and load each layer's hottest
+        experts into the host, then the device slots; a no-op when the file has none."""
+        routing = self.model_file.routing_counts()  # ([L, E], n_tokens) or None
+        if routing is None:
+            return
+        self.policy.seed_counts(*routing)
+        self.host.seed_counts(*routing)
+        for li, e in self.host.policy.initial_placement():
+            self.host.wait(self._host_load(self.layers[li], e))
+        for li, e in self.policy.initial_placement():
+            layer = self.layers[li]
+            with self._lock:
+                slot, _ = self.policy.admit(li, e)
+                self._start_load(slot, _COMPUTE)
+            self._fill(layer, li, e, slot, self._host_wait(layer, e, self._host_load(layer, e)))
+            self.stats.startup_loads[li] += 1
+        placed = self.stats.startup_loads.copy()
+        self.stats.reset()  # start-up loads are not decode traffic
+        self.stats.startup_loads[:] = placed
+
+    def _host_load(self, layer: int, e: int) -> HostLoad:
+        """A host load at start-up; host slots still pinned by device copies (CUDA) are let go
+        when the layer's pool is full."""
+        try:
+            return self.host.load(layer, e)
+        except PoolExhaustedError:
+            self._drain_unpins(block=True)
+            return self.host.load(layer, e)
 
     # ---- acquire, step by step -----------------------------------------------------------------
 
