@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from strata.tokenizer import QWEN2_REGEX
+from strata.tokenizer import QWEN2_REGEX, bytes_to_unicode
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -99,14 +99,28 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
             f.write(np.ascontiguousarray(t).tobytes())
 
 
-def build_checkpoint(folder: Path, seed: int = 0, **config: int) -> Path:
+def _readable_rows(folder: Path, n_vocab: int) -> np.ndarray:
+    """[V] bool: tokens whose bytes are all printable ASCII (not specials, not lone high bytes)."""
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    keep = np.zeros(n_vocab, dtype=bool)
+    for piece, i in vocab.items():
+        keep[i] = i >= len(SPECIALS) and all(32 <= byte_of.get(c, 0) < 127 for c in piece)
+    return keep
+
+
+def build_checkpoint(folder: Path, seed: int = 0, readable: bool = False, **config: int) -> Path:
     """A tiny random Qwen3-MoE checkpoint with its tokenizer in `folder`; `config` overrides
-    entries of CONFIG (e.g. num_hidden_layers, num_experts)."""
+    entries of CONFIG (e.g. num_hidden_layers, num_experts). `readable` zeroes the output rows of
+    tokens that would print as broken bytes, so random weights at least emit word pieces."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(CONFIG, **config, vocab_size=build_tokenizer(folder, seed=seed))
     cfg["eos_token_id"] = SPECIALS.index("<|im_end|>")
     (folder / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
-    write_safetensors(folder / "model.safetensors", _weights(cfg, np.random.default_rng(seed)))
+    weights = _weights(cfg, np.random.default_rng(seed))
+    if readable:
+        weights["lm_head.weight"][~_readable_rows(folder, cfg["vocab_size"])] = 0.0
+    write_safetensors(folder / "model.safetensors", weights)
     return folder
 
 
@@ -123,7 +137,7 @@ def run(workdir: str | None = None, device: str = "cpu", threads: int | None = N
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="strata-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    hf_dir = build_checkpoint(root / "checkpoint")
+    hf_dir = build_checkpoint(root / "checkpoint", readable=True)
     files = ", ".join(sorted(p.name for p in hf_dir.iterdir()))
     say(f"[1/4] tiny random MoE checkpoint -> {hf_dir} ({files})")
     gguf_path = root / "demo-q8_0-q4_k.gguf"
