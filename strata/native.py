@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from strata.errors import NativeError
-from strata.quant import DEQUANT_TYPES, GGMLType, block_size, ggml_type
+from strata.quant import DEQUANT_TYPES, GGMLType, block_size, ggml_type, row_bytes
 
 try:
     from strata._native import ffi, lib
@@ -103,6 +103,17 @@ def _out_view(out: Any) -> tuple[Any, int, int, tuple[int, ...], str]:
     raise TypeError(f"output must be a numpy array or a torch tensor, found {type(out).__name__}")
 
 
+def _row_geometry(t: GGMLType, shape: tuple[int, ...], what: str) -> tuple[int, int, int]:
+    """(row_len, n_rows, packed bytes) of a row-major `shape` of type `t`; the last dimension is
+    the row and must hold whole blocks."""
+    row_len = int(shape[-1]) if shape else 1
+    n_elems = int(np.prod(shape)) if shape else 1
+    elems, nbytes = block_size(t)
+    if row_len % elems:
+        raise ValueError(f"{t.name}: row length {row_len} of {what} is not a multiple of the block size {elems}")
+    return row_len, (n_elems // row_len if row_len else 0), n_elems // elems * nbytes
+
+
 def dequantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str = "auto") -> Any:
     """Dequantize packed `src` of ggml type `t` into `out` (numpy float32/float16 array or CPU
     torch float32/float16/bfloat16 tensor), without copies.
@@ -117,13 +128,7 @@ def dequantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str
         raise ValueError(f"n_threads must be a positive integer, found {n_threads!r}")
     src_ptr, src_bytes = _src_view(src)
     dst_ptr, dst_bytes, out_code, shape, desc = _out_view(out)
-    row_len = int(shape[-1]) if shape else 1
-    n_elems = int(np.prod(shape)) if shape else 1
-    n_rows = n_elems // row_len if row_len else 0
-    elems, nbytes = block_size(t)
-    if row_len % elems:
-        raise ValueError(f"{t.name}: row length {row_len} of output {desc} is not a multiple of the block size {elems}")
-    need = n_elems // elems * nbytes
+    row_len, n_rows, need = _row_geometry(t, shape, f"output {desc}")
     if src_bytes < need:
         raise ValueError(f"{t.name}: output {desc} needs {need} packed bytes, source holds {src_bytes}")
     status = lib.strata_dequant(int(t), src_ptr, src_bytes, dst_ptr, dst_bytes, out_code,
@@ -189,16 +194,10 @@ def quantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str =
     if not isinstance(n_threads, int) or n_threads < 1:
         raise ValueError(f"n_threads must be a positive integer, found {n_threads!r}")
     src_ptr, src_bytes, shape = _f32_view(src)
-    row_len = int(shape[-1]) if shape else 1
-    n_elems = int(np.prod(shape)) if shape else 1
-    n_rows = n_elems // row_len if row_len else 0
-    elems, nbytes = block_size(t)
-    if row_len % elems:
-        raise ValueError(f"{t.name}: row length {row_len} of source {shape} is not a multiple of the block size {elems}")
+    row_len, n_rows, need = _row_geometry(t, shape, f"source {shape}")
     if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
         raise ValueError("output array must be C-contiguous")
     dst = ffi.from_buffer(out, require_writable=True)
-    need = n_elems // elems * nbytes
     if len(dst) < need:
         raise ValueError(f"{t.name}: source {shape} packs into {need} bytes, output holds {len(dst)}")
     status = lib.strata_quantize(int(t), src_ptr, src_bytes, dst, len(dst), n_rows, row_len, n_threads, _impl(impl))
@@ -210,11 +209,8 @@ def quantize(t: Any, src: Any, *, n_threads: int = 1, impl: str = "auto") -> np.
     """Quantize float32 `src` into a new uint8 array of shape (*src.shape[:-1], packed row bytes)."""
     t = ggml_type(t)
     _, _, shape = _f32_view(src)
-    elems, nbytes = block_size(t)
-    row_len = int(shape[-1]) if shape else 1
-    if row_len % elems:
-        raise ValueError(f"{t.name}: row length {row_len} of source {shape} is not a multiple of the block size {elems}")
-    out = np.empty((*shape[:-1], row_len // elems * nbytes), dtype=np.uint8)
+    row_len, _, _ = _row_geometry(t, shape, f"source {shape}")
+    out = np.empty((*shape[:-1], row_bytes(t, row_len)), dtype=np.uint8)
     return quantize_into(t, src, out, n_threads=n_threads, impl=impl)
 
 
