@@ -9,32 +9,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Kernels per type; block sizes come from the format table (format.c). */
 typedef struct {
     int type;
-    int64_t block_elems, block_bytes;
     strata_block_fn ref, avx2;      /* avx2 may be NULL: the format then runs its scalar kernel */
-} strata_format;
+} strata_dequant_kernels;
 
-static const strata_format FORMATS[] = {
-    {STRATA_T_F32, 1, 4, strata_dequant_f32_ref, NULL},
-    {STRATA_T_F16, 1, 2, strata_dequant_f16_ref, strata_dequant_f16_avx2},
-    {STRATA_T_BF16, 1, 2, strata_dequant_bf16_ref, strata_dequant_bf16_avx2},
-    {STRATA_T_Q4_0, 32, 18, strata_dequant_q4_0_ref, strata_dequant_q4_0_avx2},
-    {STRATA_T_Q4_1, 32, 20, strata_dequant_q4_1_ref, NULL},
-    {STRATA_T_Q5_0, 32, 22, strata_dequant_q5_0_ref, NULL},
-    {STRATA_T_Q5_1, 32, 24, strata_dequant_q5_1_ref, NULL},
-    {STRATA_T_Q8_0, 32, 34, strata_dequant_q8_0_ref, strata_dequant_q8_0_avx2},
-    {STRATA_T_Q2_K, 256, 84, strata_dequant_q2_k_ref, NULL},
-    {STRATA_T_Q3_K, 256, 110, strata_dequant_q3_k_ref, NULL},
-    {STRATA_T_Q4_K, 256, 144, strata_dequant_q4_k_ref, strata_dequant_q4_k_avx2},
-    {STRATA_T_Q5_K, 256, 176, strata_dequant_q5_k_ref, strata_dequant_q5_k_avx2},
-    {STRATA_T_Q6_K, 256, 210, strata_dequant_q6_k_ref, strata_dequant_q6_k_avx2},
-    {STRATA_T_MXFP4, 32, 17, strata_dequant_mxfp4_ref, strata_dequant_mxfp4_avx2},
+static const strata_dequant_kernels KERNELS[] = {
+    {STRATA_T_F32, strata_dequant_f32_ref, NULL},
+    {STRATA_T_F16, strata_dequant_f16_ref, strata_dequant_f16_avx2},
+    {STRATA_T_BF16, strata_dequant_bf16_ref, strata_dequant_bf16_avx2},
+    {STRATA_T_Q4_0, strata_dequant_q4_0_ref, strata_dequant_q4_0_avx2},
+    {STRATA_T_Q4_1, strata_dequant_q4_1_ref, NULL},
+    {STRATA_T_Q5_0, strata_dequant_q5_0_ref, NULL},
+    {STRATA_T_Q5_1, strata_dequant_q5_1_ref, NULL},
+    {STRATA_T_Q8_0, strata_dequant_q8_0_ref, strata_dequant_q8_0_avx2},
+    {STRATA_T_Q2_K, strata_dequant_q2_k_ref, NULL},
+    {STRATA_T_Q3_K, strata_dequant_q3_k_ref, NULL},
+    {STRATA_T_Q4_K, strata_dequant_q4_k_ref, strata_dequant_q4_k_avx2},
+    {STRATA_T_Q5_K, strata_dequant_q5_k_ref, strata_dequant_q5_k_avx2},
+    {STRATA_T_Q6_K, strata_dequant_q6_k_ref, strata_dequant_q6_k_avx2},
+    {STRATA_T_MXFP4, strata_dequant_mxfp4_ref, strata_dequant_mxfp4_avx2},
 };
 
-static const strata_format *find_format(int type) {
-    for (size_t i = 0; i < sizeof(FORMATS) / sizeof(FORMATS[0]); i++)
-        if (FORMATS[i].type == type) return &FORMATS[i];
+static const strata_dequant_kernels *find_kernels(int type) {
+    for (size_t i = 0; i < sizeof(KERNELS) / sizeof(KERNELS[0]); i++)
+        if (KERNELS[i].type == type) return &KERNELS[i];
     return NULL;
 }
 
@@ -78,13 +78,13 @@ int strata_resolve_impl(int impl, int *resolved) {
 }
 
 int strata_dequant_has_kernel(int ggml_type, int impl) {
-    const strata_format *f = find_format(ggml_type);
-    if (!f) return 0;
-    return impl == STRATA_IMPL_AVX2 ? f->avx2 != NULL : 1;
+    const strata_dequant_kernels *k = find_kernels(ggml_type);
+    if (!k) return 0;
+    return impl == STRATA_IMPL_AVX2 ? k->avx2 != NULL : 1;
 }
 
 int strata_dequant_block_size(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
-    const strata_format *f = find_format(ggml_type);
+    const strata_format_info *f = find_kernels(ggml_type) ? strata_format_find(ggml_type) : NULL;
     if (!f) return STRATA_E_TYPE;
     if (!block_elems || !block_bytes) return STRATA_E_ARG;
     *block_elems = f->block_elems;
@@ -126,8 +126,9 @@ static void run_rows(void *ctx, int64_t first_row, int64_t n_rows) {
 int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
                    void *dst, int64_t dst_bytes, int out,
                    int64_t n_rows, int64_t row_len, int n_threads, int impl) {
-    const strata_format *f = find_format(ggml_type);
-    if (!f) return STRATA_E_TYPE;
+    const strata_dequant_kernels *k = find_kernels(ggml_type);
+    const strata_format_info *f = strata_format_find(ggml_type);
+    if (!k || !f) return STRATA_E_TYPE;
     if (n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
         return STRATA_E_ARG;
     /* An empty tensor may have a null data pointer (torch does this): nothing to read or write. */
@@ -155,7 +156,7 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
     if (n_blocks > dst_bytes / (f->block_elems * out_elem_bytes)) return STRATA_E_SIZE;
 
     strata_job job = {
-        .kernel = avx2 && f->avx2 ? f->avx2 : f->ref, .convert = convert,
+        .kernel = avx2 && k->avx2 ? k->avx2 : k->ref, .convert = convert,
         .src = (const uint8_t *)src, .dst = (uint8_t *)dst,
         .block_elems = f->block_elems, .block_bytes = f->block_bytes, .out_elem_bytes = out_elem_bytes,
         .blocks_per_row = blocks_per_row,

@@ -14,27 +14,6 @@
 
 /* ---- Shared pieces ---- */
 
-static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-/* Exact: every binary16 value is a binary32 value. NaN payloads are kept as they are (not quieted),
- * as numpy's float16 -> float32 cast does (F16C's vcvtph2ps would quiet signalling NaNs).
- * Static inline for the kernels: the exported strata_fp16_to_fp32 can be interposed in a -fPIC
- * build, so calls to it are neither inlined nor vectorised. */
-static inline float fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;  /* em: exponent, mantissa */
-    const uint32_t special = 0x7f800000u | em << 13;                        /* inf, NaN */
-    const uint32_t normal = (em << 13) + 0x38000000u;                       /* rebias 15 -> 127 */
-    const uint32_t subnormal = f32_to_bits((float)(int32_t)em * 0x1p-24f);  /* em * 2^-24, exact */
-    /* Select with masks, not `?:`: GCC (trapping math) will not vectorise a loop with a branch
-     * around the float multiply, and this runs once per element in the F16 kernel. */
-    const uint32_t is_sub = 0u - (uint32_t)(em < 0x0400u), is_special = 0u - (uint32_t)(em >= 0x7c00u);
-    const uint32_t finite = (subnormal & is_sub) | (normal & ~is_sub);
-    return bits_to_f32(sign | (special & is_special) | (finite & ~is_special));
-}
-
-float strata_fp16_to_fp32(uint16_t h) { return fp16_to_fp32(h); }
-
 /* q[j] = qs[j] & 15, q[n + j] = qs[j] >> 4 for j < n: low nibbles first, as ggml packs them. */
 static inline void unpack_nibbles(const uint8_t *qs, int n, uint8_t *q) {
     for (int j = 0; j < n; j++) {
@@ -64,23 +43,6 @@ static inline void scale_add_min(float d, float m, const uint8_t q[32], float *y
     }
 }
 
-/*
- * Q4_K/Q5_K 6-bit scales and mins of the 8 sub-blocks, packed in 12 bytes
- * (sc: scale bits, mn: min bits; j = sub-block):
- *   bytes 0-3:  sc[j] low 6 bits | sc[j+4] bits 4-5 in bits 6-7       (j < 4)
- *   bytes 4-7:  mn[j] low 6 bits | mn[j+4] bits 4-5 in bits 6-7
- *   bytes 8-11: sc[j+4] bits 0-3 in the low nibble, mn[j+4] bits 0-3 in the high nibble
- */
-static inline void get_scale_min(int j, const uint8_t s[12], uint8_t *sc, uint8_t *mn) {
-    if (j < 4) {
-        *sc = s[j] & 0x3f;
-        *mn = s[j + 4] & 0x3f;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-    }
-}
-
 /* ---- F32, F16, BF16 (one element per "block") ---- */
 
 void strata_dequant_f32_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
@@ -91,20 +53,20 @@ void strata_dequant_f16_ref(const uint8_t *restrict src, float *restrict dst, in
     for (int64_t i = 0; i < n_blocks; i++) {
         uint16_t h;  /* little-endian, at any alignment */
         memcpy(&h, src + 2 * i, 2);
-        dst[i] = fp16_to_fp32(h);
+        dst[i] = strata_half_to_f32(h);
     }
 }
 
 /* BF16: the upper half of a float32; the bits move unchanged (NaN payloads too). */
 void strata_dequant_bf16_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
     for (int64_t i = 0; i < n_blocks; i++)
-        dst[i] = bits_to_f32((uint32_t)src[2 * i] << 16 | (uint32_t)src[2 * i + 1] << 24);
+        dst[i] = strata_bits_to_f32((uint32_t)src[2 * i] << 16 | (uint32_t)src[2 * i + 1] << 24);
 }
 
 /* ---- Q4_0: 32 elems, 18 B = half d; u8 qs[16].  x[j] = d * (q[j] - 8), q = 4-bit code ---- */
 
 static void block_q4_0(const strata_block_q4_0 *b, float *y) {
-    const float d = fp16_to_fp32(b->d);
+    const float d = strata_half_to_f32(b->d);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 8);
@@ -113,7 +75,7 @@ static void block_q4_0(const strata_block_q4_0 *b, float *y) {
 /* ---- Q4_1: 32 elems, 20 B = half d, m; u8 qs[16].  x[j] = (d * q[j]) + m ---- */
 
 static void block_q4_1(const strata_block_q4_1 *b, float *y) {
-    const float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
+    const float d = strata_half_to_f32(b->d), m = strata_half_to_f32(b->m);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     scale_add_min(d, m, q, y);
@@ -123,7 +85,7 @@ static void block_q4_1(const strata_block_q4_1 *b, float *y) {
  *      q5 = 4-bit code | bit j of qh << 4 ---- */
 
 static void block_q5_0(const strata_block_q5_0 *b, float *y) {
-    const float d = fp16_to_fp32(b->d);
+    const float d = strata_half_to_f32(b->d);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     add_fifth_bits(b->qh, q);
@@ -133,7 +95,7 @@ static void block_q5_0(const strata_block_q5_0 *b, float *y) {
 /* ---- Q5_1: 32 elems, 24 B = half d, m; u8 qh[4]; u8 qs[16].  x[j] = (d * q5[j]) + m ---- */
 
 static void block_q5_1(const strata_block_q5_1 *b, float *y) {
-    const float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
+    const float d = strata_half_to_f32(b->d), m = strata_half_to_f32(b->m);
     uint8_t q[32];
     unpack_nibbles(b->qs, 16, q);
     add_fifth_bits(b->qh, q);
@@ -143,7 +105,7 @@ static void block_q5_1(const strata_block_q5_1 *b, float *y) {
 /* ---- Q8_0: 32 elems, 34 B = half d; i8 qs[32].  x[j] = q[j] * d ---- */
 
 static void block_q8_0(const strata_block_q8_0 *b, float *y) {
-    const float d = fp16_to_fp32(b->d);
+    const float d = strata_half_to_f32(b->d);
     for (int j = 0; j < 32; j++) y[j] = (float)b->qs[j] * d;
 }
 
@@ -157,7 +119,7 @@ static inline const uint8_t *k_2bit_bytes(const uint8_t *qs, int s) { return qs 
 static inline int k_2bit_shift(int s) { return 2 * ((s / 2) % 4); }
 
 static void block_q2_k(const strata_block_q2_k *b, float *y) {
-    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
+    const float d = strata_half_to_f32(b->d), dmin = strata_half_to_f32(b->dmin);
     for (int s = 0; s < 16; s++) {
         const float dl = d * (float)(b->scales[s] & 0xf), ml = dmin * (float)(b->scales[s] >> 4);
         const uint8_t *qs = k_2bit_bytes(b->qs, s);
@@ -178,7 +140,7 @@ static int q3_k_scale(const uint8_t s[12], int sub) {
 }
 
 static void block_q3_k(const strata_block_q3_k *b, float *y) {
-    const float d = fp16_to_fp32(b->d);
+    const float d = strata_half_to_f32(b->d);
     for (int s = 0; s < 16; s++) {
         const float dl = d * (float)q3_k_scale(b->scales, s);
         const uint8_t *qs = k_2bit_bytes(b->qs, s), *hm = b->hmask + 16 * (s % 2);
@@ -195,12 +157,12 @@ static void block_q3_k(const strata_block_q3_k *b, float *y) {
  *      then high nibbles.  x = (d * sc) * q - (dmin * mn) ---- */
 
 static void block_q4_k(const strata_block_q4_k *b, float *y) {
-    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
+    const float d = strata_half_to_f32(b->d), dmin = strata_half_to_f32(b->dmin);
     uint8_t q[256];
     for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
     for (int sub = 0; sub < 8; sub++) {
         uint8_t sc, mn;
-        get_scale_min(sub, b->scales, &sc, &mn);
+        strata_k_scale_min(sub, b->scales, &sc, &mn);
         const float d1 = d * (float)sc, m1 = dmin * (float)mn;
         for (int i = 32 * sub; i < 32 * sub + 32; i++) y[i] = d1 * (float)q[i] - m1;
     }
@@ -211,14 +173,14 @@ static void block_q4_k(const strata_block_q4_k *b, float *y) {
  *      x = (d * sc) * q5 - (dmin * mn) ---- */
 
 static void block_q5_k(const strata_block_q5_k *b, float *y) {
-    const float d = fp16_to_fp32(b->d), dmin = fp16_to_fp32(b->dmin);
+    const float d = strata_half_to_f32(b->d), dmin = strata_half_to_f32(b->dmin);
     uint8_t q[256];
     for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
     for (int bit = 0; bit < 8; bit++)
         for (int l = 0; l < 32; l++) q[32 * bit + l] |= ((b->qh[l] >> bit) & 1) << 4;
     for (int sub = 0; sub < 8; sub++) {
         uint8_t sc, mn;
-        get_scale_min(sub, b->scales, &sc, &mn);
+        strata_k_scale_min(sub, b->scales, &sc, &mn);
         const float d1 = d * (float)sc, m1 = dmin * (float)mn;
         for (int i = 32 * sub; i < 32 * sub + 32; i++) y[i] = d1 * (float)q[i] - m1;
     }
@@ -230,7 +192,7 @@ static void block_q5_k(const strata_block_q5_k *b, float *y) {
  *      x = (d * sc) * (q6 - 32) ---- */
 
 static void block_q6_k(const strata_block_q6_k *b, float *y) {
-    const float d = fp16_to_fp32(b->d);
+    const float d = strata_half_to_f32(b->d);
     uint8_t q[256];
     for (int h = 0; h < 2; h++)
         for (int s = 0; s < 4; s++) {  /* elements 128h + 32s .. +31 */
@@ -252,7 +214,7 @@ static void block_q6_k(const strata_block_q6_k *b, float *y) {
 static const int8_t E2M1_DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static inline float e8m0_half(uint8_t e) {
-    return bits_to_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+    return strata_bits_to_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
 }
 
 static void block_mxfp4(const strata_block_mxfp4 *b, float *y) {
@@ -295,10 +257,12 @@ static uint16_t f16_subnormal(uint32_t ax) {
     return (uint16_t)(q + (rem > half || (rem == half && (q & 1))));
 }
 
-/* NaN becomes a quiet NaN keeping sign and the top 9 payload bits (what F16C's vcvtps2ph,
+/* Output conversion (torch's contract, unlike common.h's strata_f32_to_half, which gives every
+ * NaN the one quiet pattern gguf-py's quantizer stores):
+ * NaN becomes a quiet NaN keeping sign and the top 9 payload bits (what F16C's vcvtps2ph,
  * and so torch, produce); at or past 65520 rounds to inf. */
-static uint16_t fp32_to_fp16(float f) {
-    const uint32_t x = f32_to_bits(f), ax = x & 0x7fffffffu;
+static uint16_t fp32_to_fp16_torch(float f) {
+    const uint32_t x = strata_f32_to_bits(f), ax = x & 0x7fffffffu;
     const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     if (ax > 0x7f800000u) return sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
     if (ax >= 0x477ff000u) return sign | 0x7c00u;
@@ -310,14 +274,14 @@ static uint16_t fp32_to_fp16(float f) {
 /* Every NaN becomes 0xffff (torch's vectorised float -> bfloat16 cast, whatever the sign and
  * payload); other values round to nearest even, overflowing to inf. */
 static uint16_t fp32_to_bf16(float f) {
-    const uint32_t x = f32_to_bits(f);
+    const uint32_t x = strata_f32_to_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return 0xffffu;
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 void strata_convert_f16_ref(const float *restrict src, void *restrict dst, int64_t n) {
     uint16_t *out = dst;
-    for (int64_t i = 0; i < n; i++) out[i] = fp32_to_fp16(src[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = fp32_to_fp16_torch(src[i]);
 }
 
 void strata_convert_bf16_ref(const float *restrict src, void *restrict dst, int64_t n) {

@@ -40,40 +40,6 @@ static inline int round_clamp(float v, int lo, int hi) {
     return (int)(v + 12582912.0f) - 12582912;
 }
 
-/* binary32 -> binary16, round to nearest even; overflow gives inf, NaN stays NaN. */
-static uint16_t fp32_to_fp16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
-    if (ax >= 0x477ff000u) return sign | 0x7c00u;         /* >= 65520 rounds to 2^16: inf */
-    if (ax >= 0x38800000u) {                               /* normal half (>= 2^-14) */
-        uint32_t r = ax - 0x38000000u;                     /* exponent bias 127 -> 15 */
-        r += 0xfffu + ((r >> 13) & 1u);                    /* 23 -> 10 mantissa bits, ties to even */
-        return sign | (uint16_t)(r >> 13);
-    }
-    if (ax < 0x33000000u) return sign;                     /* < 2^-25: zero (2^-25 ties to zero) */
-    /* Subnormal half: value in units of 2^-24 is mantissa >> (126 - exponent). */
-    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-    const uint32_t s = 126u - e, q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
-    return sign | (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
-}
-
-static float fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    uint32_t x;
-    if (e == 0x1fu) x = sign | 0x7f800000u | (m << 13);
-    else if (e) x = sign | ((e + 112u) << 23) | (m << 13);
-    else {
-        const float v = (float)m * 0x1p-24f;               /* zero or subnormal */
-        return sign ? -v : v;
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
 /* ---- Q8_0 ---- */
 
 static void quantize_q8_0(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
@@ -84,7 +50,7 @@ static void quantize_q8_0(const float *restrict x, uint8_t *restrict dst, int64_
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         strata_block_q8_0 blk;
-        blk.d = fp32_to_fp16(d);
+        blk.d = strata_f32_to_half(d);
         for (int i = 0; i < STRATA_QK; i++) blk.qs[i] = (int8_t)roundf(x[i] * id);
         memcpy(&y[b], &blk, sizeof blk);
     }
@@ -170,15 +136,6 @@ static void pack_scale_min_k4(uint8_t *restrict sc, int j, int ls, int lm) {
     }
 }
 
-static void unpack_scale_min_k4(const uint8_t *restrict sc, int j, int *ls, int *lm) {
-    if (j < 4) {
-        *ls = sc[j] & 63;
-        *lm = sc[j + 4] & 63;
-    } else {
-        *ls = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
-        *lm = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
 
 /* The (scale, min) search of a Q4_K block's eight sub-blocks: writes each sub-block's scale,
  * -min and codes. The AVX2 twin (quantize_avx2.c) runs the eight searches in the eight lanes of
@@ -210,14 +167,14 @@ static void quantize_q4_k_finish(const float *restrict x, const float *restrict 
     for (int j = 0; j < 8; j++)
         pack_scale_min_k4(y->scales, j, round_clamp(inv_scale * scales[j], 0, 63),
                           round_clamp(inv_min * mins[j], 0, 63));
-    y->d = fp32_to_fp16(max_scale / 63.0f);
-    y->dmin = fp32_to_fp16(max_min / 63.0f);
+    y->d = strata_f32_to_half(max_scale / 63.0f);
+    y->dmin = strata_f32_to_half(max_min / 63.0f);
 
     /* Requantize against the scales as stored (6-bit and half rounding included). */
-    const float d = fp16_to_fp32(y->d), dmin = fp16_to_fp32(y->dmin);
+    const float d = strata_half_to_f32(y->d), dmin = strata_half_to_f32(y->dmin);
     for (int j = 0; j < 8; j++) {
-        int ls, lm;
-        unpack_scale_min_k4(y->scales, j, &ls, &lm);
+        uint8_t ls, lm;
+        strata_k_scale_min(j, y->scales, &ls, &lm);
         const float ds = d * ls, dm = dmin * lm;
         if (ds == 0.0f) continue;                          /* keep the search's codes */
         for (int i = 0; i < 32; i++) L[32 * j + i] = (uint8_t)round_clamp((x[32 * j + i] + dm) / ds, 0, 15);
@@ -309,10 +266,10 @@ static void quantize_q6_k_finish(const float *restrict x, const float *restrict 
 
     /* The largest-magnitude scale maps to -128 so its sign is absorbed into d. */
     const float iscale = -128.0f / max_scale;
-    y->d = fp32_to_fp16(1 / iscale);
+    y->d = strata_f32_to_half(1 / iscale);
     for (int j = 0; j < 16; j++) y->scales[j] = (int8_t)round_clamp(iscale * scales[j], -128, 127);
 
-    const float d = fp16_to_fp32(y->d);
+    const float d = strata_half_to_f32(y->d);
     for (int j = 0; j < 16; j++) {
         const float ds = d * y->scales[j];
         if (ds == 0.0f) continue;
@@ -355,16 +312,16 @@ static void quantize_q6_k_avx2(const float *restrict x, uint8_t *restrict dst, i
 
 typedef void (*strata_quant_fn)(const float *restrict src, uint8_t *restrict dst, int64_t n_blocks);
 
+/* Quantizers per type; block sizes come from the format table (format.c). */
 typedef struct {
     int type;
-    int64_t block_elems, block_bytes;
     strata_quant_fn ref, avx2;      /* avx2 may be NULL: the format then runs its scalar code */
 } strata_quant_format;
 
 static const strata_quant_format QUANT_FORMATS[] = {
-    {STRATA_T_Q8_0, STRATA_QK, (int64_t)sizeof(strata_block_q8_0), quantize_q8_0, NULL},
-    {STRATA_T_Q4_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q4_k), quantize_q4_k_ref, quantize_q4_k_avx2},
-    {STRATA_T_Q6_K, STRATA_QK_K, (int64_t)sizeof(strata_block_q6_k), quantize_q6_k_ref, quantize_q6_k_avx2},
+    {STRATA_T_Q8_0, quantize_q8_0, NULL},
+    {STRATA_T_Q4_K, quantize_q4_k_ref, quantize_q4_k_avx2},
+    {STRATA_T_Q6_K, quantize_q6_k_ref, quantize_q6_k_avx2},
 };
 
 static const strata_quant_format *find_quant_format(int type) {
@@ -390,13 +347,14 @@ static void quant_rows(void *ctx, int64_t first_row, int64_t n_rows) {
 
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl) {
-    const strata_quant_format *f = find_quant_format(ggml_type);
-    if (!f) return STRATA_E_TYPE;
+    const strata_quant_format *q = find_quant_format(ggml_type);
+    if (!q) return STRATA_E_TYPE;
+    const strata_format_info *f = strata_format_find(ggml_type);
     if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
         return STRATA_E_ARG;
     const int st = strata_resolve_impl(impl, &impl);
     if (st) return st;
-    const strata_quant_fn fn = impl == STRATA_IMPL_AVX2 && f->avx2 ? f->avx2 : f->ref;
+    const strata_quant_fn fn = impl == STRATA_IMPL_AVX2 && q->avx2 ? q->avx2 : q->ref;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
 
     /* Overflow-safe: every product is checked against a buffer size before it is formed. */

@@ -1,0 +1,130 @@
+/*
+ * Facts every part of the native runtime shares: GGML block layouts and type ids, the format table
+ * (block sizes), exact binary16 conversions and the K-quant 6-bit scale unpacking. Internal: not
+ * part of the cdef (strata.h is). Kernels include this instead of defining their own copies.
+ *
+ * Block layouts (ggml's; little-endian; `half` is IEEE binary16 stored as uint16_t):
+ *   Q4_0  32 elems, 18 B: half d; u8 qs[16]            x = d * ((q & 15) - 8), low nibbles first
+ *   Q4_1  32 elems, 20 B: half d, m; u8 qs[16]         x = d * q + m
+ *   Q5_0  32 elems, 22 B: half d; u8 qh[4]; u8 qs[16]  x = d * (q5 - 16)
+ *   Q5_1  32 elems, 24 B: half d, m; u8 qh[4]; qs[16]  x = d * q5 + m
+ *   Q8_0  32 elems, 34 B: half d; i8 qs[32]            x = d * q
+ *   Q2_K 256 elems, 84 B: u8 scales[16]; u8 qs[64]; half d, dmin
+ *   Q3_K 256 elems,110 B: u8 hmask[32]; u8 qs[64]; u8 scales[12]; half d
+ *   Q4_K 256 elems,144 B: half d, dmin; u8 scales[12]; u8 qs[128]
+ *   Q5_K 256 elems,176 B: half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+ *   Q6_K 256 elems,210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; half d
+ *   MXFP4 32 elems, 17 B: u8 e (E8M0 shared exponent); u8 qs[16] (E2M1 codes, low nibbles first)
+ */
+#ifndef STRATA_COMMON_H
+#define STRATA_COMMON_H
+#include <stdint.h>
+#include <string.h>
+
+#define STRATA_QK 32
+#define STRATA_QK_K 256
+#define STRATA_K_SCALE_SIZE 12
+
+/* Packed: blocks sit at any byte offset of the caller's buffer (Q8_0 is 34 bytes, MXFP4 17). */
+#define STRATA_PACKED __attribute__((packed))
+
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[16]; } strata_block_q4_0;
+typedef struct STRATA_PACKED { uint16_t d, m; uint8_t qs[16]; } strata_block_q4_1;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } strata_block_q5_0;
+typedef struct STRATA_PACKED { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } strata_block_q5_1;
+typedef struct STRATA_PACKED { uint16_t d; int8_t qs[32]; } strata_block_q8_0;
+typedef struct STRATA_PACKED { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } strata_block_q2_k;
+typedef struct STRATA_PACKED { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } strata_block_q3_k;
+typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } strata_block_q4_k;
+typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } strata_block_q5_k;
+typedef struct STRATA_PACKED { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } strata_block_q6_k;
+typedef struct STRATA_PACKED { uint8_t e; uint8_t qs[16]; } strata_block_mxfp4;
+
+_Static_assert(sizeof(strata_block_q4_0) == 18, "Q4_0 block size");
+_Static_assert(sizeof(strata_block_q4_1) == 20, "Q4_1 block size");
+_Static_assert(sizeof(strata_block_q5_0) == 22, "Q5_0 block size");
+_Static_assert(sizeof(strata_block_q5_1) == 24, "Q5_1 block size");
+_Static_assert(sizeof(strata_block_q8_0) == 34, "Q8_0 block size");
+_Static_assert(sizeof(strata_block_q2_k) == 84, "Q2_K block size");
+_Static_assert(sizeof(strata_block_q3_k) == 110, "Q3_K block size");
+_Static_assert(sizeof(strata_block_q4_k) == 144, "Q4_K block size");
+_Static_assert(sizeof(strata_block_q5_k) == 176, "Q5_K block size");
+_Static_assert(sizeof(strata_block_q6_k) == 210, "Q6_K block size");
+_Static_assert(sizeof(strata_block_mxfp4) == 17, "MXFP4 block size");
+
+/* ggml type ids (gguf.GGMLQuantizationType). */
+enum {
+    STRATA_T_F32 = 0, STRATA_T_F16 = 1, STRATA_T_Q4_0 = 2, STRATA_T_Q4_1 = 3,
+    STRATA_T_Q5_0 = 6, STRATA_T_Q5_1 = 7, STRATA_T_Q8_0 = 8,
+    STRATA_T_Q2_K = 10, STRATA_T_Q3_K = 11, STRATA_T_Q4_K = 12, STRATA_T_Q5_K = 13,
+    STRATA_T_Q6_K = 14, STRATA_T_BF16 = 30, STRATA_T_MXFP4 = 39
+};
+
+/* ---- Format table (format.c): one row per GGML type the runtime knows ---- */
+
+typedef struct {
+    int type;
+    int64_t block_elems, block_bytes;
+} strata_format_info;
+
+/* The row of `type`, or NULL when the runtime does not know it. */
+const strata_format_info *strata_format_find(int type);
+
+/* ---- binary16 <-> binary32 ---- */
+
+static inline float strata_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t strata_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* Exact: every binary16 value is a binary32 value. NaN payloads are kept as they are (not quieted),
+ * as numpy's float16 -> float32 cast does (F16C's vcvtph2ps would quiet signalling NaNs).
+ * Static inline: an exported function can be interposed in a -fPIC build, so calls to it are
+ * neither inlined nor vectorised. */
+static inline float strata_half_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;  /* em: exponent, mantissa */
+    const uint32_t special = 0x7f800000u | em << 13;                        /* inf, NaN */
+    const uint32_t normal = (em << 13) + 0x38000000u;                       /* rebias 15 -> 127 */
+    const uint32_t subnormal = strata_f32_to_bits((float)(int32_t)em * 0x1p-24f);  /* em * 2^-24, exact */
+    /* Select with masks, not `?:`: GCC (trapping math) will not vectorise a loop with a branch
+     * around the float multiply, and this runs once per element in the F16 kernel. */
+    const uint32_t is_sub = 0u - (uint32_t)(em < 0x0400u), is_special = 0u - (uint32_t)(em >= 0x7c00u);
+    const uint32_t finite = (subnormal & is_sub) | (normal & ~is_sub);
+    return strata_bits_to_f32(sign | (special & is_special) | (finite & ~is_special));
+}
+
+/* binary32 -> binary16, round to nearest even; overflow gives inf, NaN stays NaN. */
+static inline uint16_t strata_f32_to_half(float f) {
+    const uint32_t x = strata_f32_to_bits(f);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
+    if (ax >= 0x477ff000u) return sign | 0x7c00u;         /* >= 65520 rounds to 2^16: inf */
+    if (ax >= 0x38800000u) {                               /* normal half (>= 2^-14) */
+        uint32_t r = ax - 0x38000000u;                     /* exponent bias 127 -> 15 */
+        r += 0xfffu + ((r >> 13) & 1u);                    /* 23 -> 10 mantissa bits, ties to even */
+        return sign | (uint16_t)(r >> 13);
+    }
+    if (ax < 0x33000000u) return sign;                     /* < 2^-25: zero (2^-25 ties to zero) */
+    /* Subnormal half: value in units of 2^-24 is mantissa >> (126 - exponent). */
+    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    const uint32_t s = 126u - e, q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
+    return sign | (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
+}
+
+/*
+ * Q4_K/Q5_K 6-bit scales and mins of the 8 sub-blocks, packed in 12 bytes
+ * (sc: scale bits, mn: min bits; j = sub-block):
+ *   bytes 0-3:  sc[j] low 6 bits | sc[j+4] bits 4-5 in bits 6-7       (j < 4)
+ *   bytes 4-7:  mn[j] low 6 bits | mn[j+4] bits 4-5 in bits 6-7
+ *   bytes 8-11: sc[j+4] bits 0-3 in the low nibble, mn[j+4] bits 0-3 in the high nibble
+ */
+static inline void strata_k_scale_min(int j, const uint8_t s[12], uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = s[j] & 0x3f;
+        *mn = s[j + 4] & 0x3f;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+    }
+}
+
+#endif

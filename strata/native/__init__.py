@@ -1,0 +1,18 @@
+"""Strata's C runtime, wrapped: the only package that touches the cffi `ffi`/`lib` handle.
+
+    from strata import native
+    native.dequantize_into(t, src, out, n_threads=2)     # dequant.py
+    native.quantize(t, x)                                # quantizer.py
+    with native.Pager(path) as pager: ...                # pager.py
+
+Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
+through one helper (`_lib.check`); they hold no policy about what to compute or read.
+"""
+from ._lib import IMPLS, cpu_has_avx2, default_impl, default_threads
+from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
+from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
+from .quantizer import can_quantize, quantize, quantize_into
+
+__all__ = ["IMPLS", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize", "convert_f32_into", "cpu_has_avx2",
+           "default_impl", "default_threads", "dequantize", "dequantize_into", "has_kernel", "numa_node_count",
+           "numa_node_of", "quantize", "quantize_into"]

@@ -1,0 +1,125 @@
+"""The cffi handle of the C runtime (`strata._native`) and the helpers every wrapper shares.
+
+The only module that imports `ffi`/`lib`; the wrappers beside it (`dequant`, `quantize`, `pager`)
+import them from here. It holds no state of its own: `check` turns a status into an exception,
+the `*_view` helpers turn a buffer (numpy, torch, bytes-like) into a pointer and a length after
+checking what the C side cannot (device, contiguity, dtype, writability).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from strata.errors import NativeError
+
+try:
+    from strata._native import ffi, lib
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "strata's native runtime is not built: reinstall with `pip install -e .` "
+        f"(needs a C compiler) [{exc}]"
+    ) from exc
+
+IMPLS = {"auto": lib.STRATA_IMPL_AUTO, "scalar": lib.STRATA_IMPL_SCALAR, "avx2": lib.STRATA_IMPL_AVX2}
+
+
+def status_reason(status: int) -> str:
+    """English text of any status the runtime returns (core and pager codes alike)."""
+    return ffi.string(lib.strata_pager_status_string(status)).decode()
+
+
+def check(status: int, what: str, error: type[NativeError] = NativeError) -> None:
+    """Raise `error` naming `what` and the reason unless `status` is STRATA_OK."""
+    if status != lib.STRATA_OK:
+        raise error(f"{what}: {status_reason(status)} (status {status})")
+
+
+def impl_code(impl: str) -> int:
+    """The STRATA_IMPL_* code of 'auto', 'scalar' or 'avx2'."""
+    try:
+        return IMPLS[impl]
+    except KeyError:
+        raise ValueError(f"unknown implementation {impl!r}; expected one of {sorted(IMPLS)}") from None
+
+
+def cpu_has_avx2() -> bool:
+    """True when this CPU runs the AVX2 kernels (AVX2, FMA, F16C)."""
+    return bool(lib.strata_cpu_has_avx2())
+
+
+def default_impl() -> str:
+    """What 'auto' resolves to here: 'avx2', or 'scalar' (no AVX2, or STRATA_FORCE_SCALAR set)."""
+    return "avx2" if lib.strata_impl_default() == lib.STRATA_IMPL_AVX2 else "scalar"
+
+
+def default_threads() -> int:
+    """Threads available to this process (its CPU affinity)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_threads(n_threads: Any) -> int:
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"n_threads must be a positive integer, found {n_threads!r}")
+    return n_threads
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "data_ptr") and hasattr(x, "is_contiguous")
+
+
+def src_view(src: Any) -> tuple[Any, int]:
+    """(cdata pointer, byte length) of a contiguous byte source: bytes-like, numpy or CPU torch."""
+    if _is_tensor(src):
+        if src.device.type != "cpu":
+            raise ValueError(f"source tensor must be on the CPU, found {src.device}")
+        if not src.is_contiguous():
+            raise ValueError("source tensor must be contiguous")
+        return ffi.cast("const void *", src.data_ptr()), src.numel() * src.element_size()
+    if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
+        raise ValueError("source array must be C-contiguous")
+    buf = ffi.from_buffer(src)
+    return buf, len(buf)
+
+
+def dst_view(dst: Any, what: str = "destination") -> tuple[Any, int]:
+    """(cdata pointer, byte length) of a writable contiguous destination: a numpy array, a CPU
+    (possibly pinned) torch tensor, or any writable buffer (bytearray, mmap, memoryview)."""
+    if _is_tensor(dst):
+        if dst.device.type != "cpu" or not dst.is_contiguous():
+            raise ValueError(f"{what} tensor must be contiguous in host memory, found {dst.device}"
+                             f"{'' if dst.is_contiguous() else ' (not contiguous)'}")
+        return ffi.cast("void *", dst.data_ptr()), dst.numel() * dst.element_size()
+    if isinstance(dst, np.ndarray) and not (dst.flags.c_contiguous and dst.flags.writeable):
+        raise ValueError(f"{what} array must be C-contiguous and writeable")
+    try:
+        buf = ffi.from_buffer(dst, require_writable=True)
+    except (TypeError, BufferError) as exc:
+        raise TypeError(f"{what} must be a writable buffer, found {type(dst).__name__}: {exc}") from None
+    return buf, len(buf)
+
+
+def f32_view(src: Any) -> tuple[Any, int, tuple[int, ...]]:
+    """(cdata float pointer, byte length, shape) of a contiguous float32 numpy array or CPU tensor."""
+    if _is_tensor(src):
+        if str(src.dtype) != "torch.float32":
+            raise ValueError(f"source tensor must be float32, found {src.dtype}")
+        if src.device.type != "cpu":
+            raise ValueError(f"source tensor must be on the CPU, found {src.device}")
+        if not src.is_contiguous():
+            raise ValueError("source tensor must be contiguous")
+        return ffi.cast("const float *", src.data_ptr()), src.numel() * 4, tuple(src.shape)
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"source must be a numpy array or a torch tensor, found {type(src).__name__}")
+    if src.dtype != np.float32 or not src.flags.c_contiguous:
+        raise ValueError(f"source array must be C-contiguous float32, found {src.dtype}"
+                         f"{'' if src.flags.c_contiguous else ' (not contiguous)'}")
+    return ffi.cast("const float *", ffi.from_buffer(src)), src.nbytes, src.shape
+
+
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "default_impl", "default_threads", "dst_view",
+           "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason"]

@@ -1,0 +1,232 @@
+"""The pager (native/pager.c): asynchronous reads of file ranges into host buffers, for the
+memory tiers. Its workers run in C without the GIL; Python only submits and collects tickets.
+
+Every status goes through `_lib.check`/`status_reason`; this module decides nothing about what to
+read or where it goes (that is `strata.memory`'s job).
+"""
+from __future__ import annotations
+
+import errno
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from strata.errors import NativeError
+
+from ._lib import check, dst_view, ffi, lib, status_reason
+
+
+class PagerTimeoutError(NativeError, TimeoutError):
+    """A wait on a pager request timed out; the request is still pending (wait again)."""
+
+
+_PAGER_FALLBACKS = {"pread": 0, "mmap": lib.STRATA_PAGER_FALLBACK_MMAP}
+_PAGER_STATS = ("submitted", "completed", "failed", "direct", "chunks", "bytes_requested",
+                "bytes_read", "read_ns", "busy_ns", "in_flight")
+
+
+@dataclass(frozen=True)
+class PagerInfo:
+    """What a pager found at open. `align` is the O_DIRECT alignment (0 when reads are buffered)."""
+
+    file_size: int
+    align: int
+    chunk_bytes: int
+    n_threads: int
+    direct: bool
+    mmap: bool
+    max_requests: int
+
+
+def _pager_flags(direct: bool | None, fallback: str) -> int:
+    if fallback not in _PAGER_FALLBACKS:
+        raise ValueError(f"pager fallback must be one of {sorted(_PAGER_FALLBACKS)}, found {fallback!r}")
+    flags = _PAGER_FALLBACKS[fallback]
+    if direct is True:
+        flags |= lib.STRATA_PAGER_DIRECT_REQUIRED
+    elif direct is False:
+        flags |= lib.STRATA_PAGER_DIRECT_OFF
+    return flags
+
+
+class Pager:
+    """Reads byte ranges of one file into caller buffers on `n_threads` native worker threads.
+
+        with Pager("model.gguf", n_threads=4) as pager:
+            ticket = pager.submit(slab.offset, slab.nbytes, buf)   # returns at once
+            start = pager.wait(ticket)                             # buf[start:start + nbytes]
+
+    `direct`: None reads with O_DIRECT when the file system allows it and the destination is
+    aligned to `info.align` with room for the enclosing aligned range (see `span`), else
+    buffered; True fails at open when O_DIRECT is refused; False never uses it. `fallback` picks
+    how non-direct requests read: "pread" or "mmap" (a copy from a read-only mapping).
+    Destinations are kept alive by the pager until their request is collected or it is closed.
+    """
+
+    def __init__(self, path: str | os.PathLike, n_threads: int = 4, *, chunk_bytes: int = 0,
+                 direct: bool | None = None, fallback: str = "pread") -> None:
+        self.path = os.fspath(path)
+        if not isinstance(n_threads, int) or not 1 <= n_threads <= 256:
+            raise ValueError(f"pager threads must be an integer in 1..256, found {n_threads!r}")
+        if not isinstance(chunk_bytes, int) or chunk_bytes < 0:
+            raise ValueError(f"pager chunk_bytes must be a non-negative integer (0: default), found {chunk_bytes!r}")
+        out, err = ffi.new("strata_pager **"), ffi.new("int *")
+        status = lib.strata_pager_open(os.fsencode(self.path), n_threads, chunk_bytes,
+                                       _pager_flags(direct, fallback), out, err)
+        if status == lib.STRATA_E_OPEN:
+            raise NativeError(f"{self.path}: cannot open for reading: {os.strerror(err[0])} (errno {err[0]})")
+        if status == lib.STRATA_E_DIRECT:
+            raise NativeError(f"{self.path}: O_DIRECT was required but the file system refuses it "
+                              f"(open with direct=None to fall back to buffered reads)")
+        check(status, f"{self.path}: cannot start a pager")
+        self._handle = ffi.gc(out[0], lib.strata_pager_free)
+        self._close_native = lib.strata_pager_close  # held: module globals may be gone at exit
+        self._closed = False
+        self._pending: dict[int, tuple[Any, int, int]] = {}  # ticket -> (dst keep-alive, offset, nbytes)
+        info = ffi.new("strata_pager_info *")
+        lib.strata_pager_get_info(self._handle, info)
+        self.info = PagerInfo(info.file_size, info.align, info.chunk_bytes, info.n_threads,
+                              bool(info.direct), bool(info.mmap), info.max_requests)
+
+    def __repr__(self) -> str:
+        i = self.info
+        mode = f"O_DIRECT align {i.align}" if i.direct else "mmap" if i.mmap else "buffered"
+        return f"Pager({self.path!r}, {i.n_threads} threads, {mode}{', closed' if self._closed else ''})"
+
+    def span(self, offset: int, nbytes: int) -> tuple[int, int]:
+        """The file range [start, end) a direct read of [offset, offset + nbytes) reads: the
+        enclosing aligned range, at most round_up(nbytes, align) + align long. (offset,
+        offset + nbytes) when the pager reads buffered."""
+        a = self.info.align
+        if not a:
+            return offset, offset + nbytes
+        return offset // a * a, -(-(offset + nbytes) // a) * a
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def submit(self, offset: int, nbytes: int, dst: Any) -> int:
+        """Queue a read of file bytes [offset, offset + nbytes) into `dst`; returns a ticket."""
+        offset, nbytes = operator.index(offset), operator.index(nbytes)
+        what = f"{self.path}: read of bytes [{offset}, {offset + nbytes})"
+        self._check_open(what)
+        ptr, dst_bytes = dst_view(dst)
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.info.file_size:
+            raise NativeError(f"{what}: outside the file (0..{self.info.file_size} bytes)")
+        if nbytes > dst_bytes:
+            raise NativeError(f"{what}: destination holds {dst_bytes} bytes, the read needs {nbytes}")
+        ticket = ffi.new("int64_t *")
+        status = lib.strata_pager_submit(self._handle, offset, nbytes, ptr, dst_bytes, ticket)
+        check(status, what)
+        self._pending[ticket[0]] = (ptr, offset, nbytes)
+        return int(ticket[0])
+
+    def poll(self, ticket: int) -> bool:
+        """True when the request has finished (collect it with `wait`)."""
+        self._check_open(f"{self.path}: poll of ticket {ticket}")
+        done = ffi.new("int *")
+        status = lib.strata_pager_poll(self._handle, operator.index(ticket), done)
+        if status != lib.STRATA_OK:
+            raise NativeError(self._ticket_message(ticket, status))
+        return bool(done[0])
+
+    def wait(self, ticket: int, timeout: float | None = None) -> int:
+        """Wait for a request and collect it; returns where its first byte landed in dst.
+        Raises PagerTimeoutError after `timeout` seconds (the request stays pending), and
+        NativeError naming the file range and errno when the read failed."""
+        ticket = operator.index(ticket)
+        self._check_open(f"{self.path}: wait for ticket {ticket}")
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be None or >= 0 seconds, found {timeout!r}")
+        result = ffi.new("strata_pager_result *")
+        timeout_ns = -1 if timeout is None else min(int(timeout * 1e9), 2**62)
+        status = lib.strata_pager_wait(self._handle, ticket, timeout_ns, result)
+        if status == lib.STRATA_E_TIMEOUT:
+            raise PagerTimeoutError(self._ticket_message(ticket, status) + f" ({timeout} s)")
+        if status != lib.STRATA_OK:
+            message = (self._io_message(ticket, result) if status == lib.STRATA_E_IO
+                       else self._ticket_message(ticket, status))
+        if status != lib.STRATA_E_TICKET:  # collected (or cancelled): release the destination
+            self._pending.pop(ticket, None)
+        if status != lib.STRATA_OK:
+            raise NativeError(message)
+        return int(result.data_offset)
+
+    def read(self, offset: int, nbytes: int, dst: Any) -> int:
+        """Submit and wait: the bytes are in dst[start:start + nbytes] for the returned start."""
+        return self.wait(self.submit(offset, nbytes, dst))
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters since open: requests, chunks, bytes requested and read, read and busy ns."""
+        s = ffi.new("strata_pager_stats *")
+        check(lib.strata_pager_get_stats(self._handle, s), f"{self.path}: pager stats")
+        return {name: int(getattr(s, name)) for name in _PAGER_STATS}
+
+    def bind_node(self, node: int) -> None:
+        """Run the workers on the CPUs of NUMA node `node` (best effort; a no-op on one node)."""
+        self._check_open(f"{self.path}: bind to NUMA node {node}")
+        status = lib.strata_pager_bind_node(self._handle, operator.index(node))
+        check(status, f"{self.path}: bind pager to NUMA node {node} of {numa_node_count()}")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Cancel queued reads, finish those in progress, stop the workers. Idempotent."""
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self._close_native(self._handle)  # joins the workers: no write into dst after this
+            self._pending.clear()
+
+    __del__ = close  # before the destinations kept alive in _pending are released
+
+    def __enter__(self) -> Pager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- messages ------------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise NativeError(f"{what}: {status_reason(lib.STRATA_E_CLOSED)}")
+
+    def _ticket_message(self, ticket: int, status: int) -> str:
+        request = self._pending.get(ticket)
+        where = f" (bytes [{request[1]}, {request[1] + request[2]}))" if request else ""
+        return f"{self.path}: ticket {ticket}{where}: {status_reason(status)}"
+
+    def _io_message(self, ticket: int, result: Any) -> str:
+        request = self._pending.get(ticket)
+        what = (f"{self.path}: read of bytes [{request[1]}, {request[1] + request[2]})" if request
+                else f"{self.path}: read")
+        if result.os_errno == 0:
+            return (f"{what}: the file ended at byte {result.error_offset} (it had "
+                    f"{self.info.file_size} bytes at open; truncated since?)")
+        err = result.os_errno
+        return (f"{what} failed at byte {result.error_offset}: {os.strerror(err)} "
+                f"(errno {err}, {errno.errorcode.get(err, '?')})")
+
+
+def numa_node_count() -> int:
+    """NUMA nodes of this machine (1 where the kernel reports none)."""
+    n = ffi.new("int *")
+    check(lib.strata_numa_count_nodes(n), "count NUMA nodes")
+    return int(n[0])
+
+
+def numa_node_of(buffer: Any) -> int:
+    """The NUMA node holding the first page of `buffer` (0 on a one-node machine)."""
+    ptr, nbytes = dst_view(buffer)
+    if nbytes == 0:
+        raise ValueError("numa_node_of: empty buffer")
+    node = ffi.new("int *")
+    check(lib.strata_numa_locate(ptr, node), "locate buffer's NUMA node")
+    return int(node[0])
+
+
+__all__ = ["Pager", "PagerInfo", "PagerTimeoutError", "numa_node_count", "numa_node_of"]
