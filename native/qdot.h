@@ -1,0 +1,63 @@
+/*
+ * Internal interface of the quantized matrix kernels: y[T, N] = x[T, K] @ W[N, K]^T with W in
+ * its GGML block format (common.h), computed straight from the packed blocks.
+ *
+ * Activations are first rounded, row by row, to an 8-bit activation format (as llama.cpp does),
+ * then each weight block is multiplied with the matching activation block in integer
+ * arithmetic and scaled once per block:
+ *
+ *   STRATA_ACT_Q8    32 values, 40 B: float d; float s; i8 q[32]      x ~ d * q, s = d * sum(q)
+ *                    for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (s serves the formats with a min)
+ *   STRATA_ACT_Q8K  256 values, 292 B: float d; i8 q[256]; i16 bsums[16] (sum of each 16 q)
+ *                    for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (bsums serve the mins and Q6_K's -32)
+ *   STRATA_ACT_F32    the float32 row itself (4 B per value), for F32, F16, BF16 weights
+ *
+ * d = max|x| / 127 and q = round-to-nearest-even(x / d) (q = 0 for an all-zero block).
+ *
+ * Kernel families: `_ref` (portable C, the definition), `_avx2`, `_avx512` (F/BW/VL/VNNI,
+ * BF16 where the CPU has it). A vector kernel gives the same float result as its `_ref` twin
+ * when the weight block's integer dot products are exact (they are for every format: the sums
+ * stay far inside int32), up to the order in which the per-block float terms are added; the
+ * tests state the tolerance. Activation quantizers are bit-exact across families.
+ *
+ * The tile kernel computes n_rows x n_tok outputs: for r < n_rows, t < n_tok,
+ *   y[t * y_stride + r] = sum over blocks of dot(W row r, activation row t)
+ * W rows are w_row_bytes apart, activation rows a_row_bytes apart. Kernels walk the rows in
+ * small groups and, for each group, all tokens, so a weight block is read from memory once per
+ * group of tokens, not once per token.
+ */
+#ifndef STRATA_QDOT_H
+#define STRATA_QDOT_H
+#include "common.h"
+
+enum { STRATA_ACT_Q8 = 0, STRATA_ACT_Q8K = 1, STRATA_ACT_F32 = 2 };
+
+typedef struct { float d, s; int8_t q[32]; } strata_block_act_q8;
+typedef struct { float d; int8_t q[256]; int16_t bsums[16]; } strata_block_act_q8k;
+_Static_assert(sizeof(strata_block_act_q8) == 40, "activation Q8 block size");
+_Static_assert(sizeof(strata_block_act_q8k) == 292, "activation Q8K block size");
+
+/* Round one row of k float32 values (k a multiple of the activation block) into `act` format. */
+typedef void (*strata_qact_fn)(const float *restrict x, void *restrict a, int64_t k);
+
+typedef void (*strata_qdot_tile_fn)(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes, int64_t n_rows,
+                                    const uint8_t *restrict a, int64_t a_row_bytes, int64_t n_tok,
+                                    float *restrict y, int64_t y_stride);
+
+typedef struct {
+    int weight_type;        /* ggml type id */
+    int act;                /* STRATA_ACT_* */
+    int64_t block_elems;    /* of the weight format (the activation block is 32, 256 or 1) */
+    strata_qact_fn qact;    /* NULL for STRATA_ACT_F32 */
+    strata_qdot_tile_fn tile;
+} strata_qdot_kernels;
+
+/* Kernels for `weight_type` in family `impl` (a resolved STRATA_IMPL_*): a family without its own
+ * kernel for a format gives the next family down (avx512 -> avx2 -> scalar). STRATA_E_TYPE when
+ * the format has no kernel at all. */
+int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out);
+
+/* Bytes of one activation row of k values in format `act`. */
+int64_t strata_qact_row_bytes(int act, int64_t k);
+
+#endif
