@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from converters.synthetic import write_checkpoint  # noqa: E402
+from strata.synth import write_checkpoint  # noqa: E402
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 

@@ -37,7 +37,7 @@ def interop() -> None:
 
 
 def speed(device: str) -> None:
-    from strata.demo import run
+    from strata.commands.demo import run_demo as run
 
     result = run(tempfile.mkdtemp(prefix="strata-speed-"), device=device, say=lambda s: None)
     m = strata.load(Path(result["gguf"]), device=device, n_ctx=512)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 import gguf  # noqa: E402
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 
-from strata.memory.pager_bench import bench_pager, format_pager  # noqa: E402
+from strata.bench.pager import bench_pager  # noqa: E402
+from strata.commands.bench import format_pager  # noqa: E402
 
 
 def _q4_k_bytes(shape: tuple[int, ...]) -> int:

@@ -127,7 +127,7 @@ def main() -> int:
     finally:
         group.rmdir()
     if not a.no_pager:
-        from strata.memory.pager_bench import bench_pager
+        from strata.bench.pager import bench_pager
 
         report["pager"] = bench_pager(path, host=False)
     if wrote and not a.keep:
@@ -153,7 +153,7 @@ def _format(r: dict) -> str:
                          f"prefetched ({s['bytes_disk'] / 2**20:.0f} MiB), waited {s['wait_s']:.2f} s; prefetch "
                          f"precision {s['precision'] or 0:.2f} recall {s['recall'] or 0:.2f}")
     if "pager" in r:
-        from strata.memory.pager_bench import format_pager
+        from strata.commands.bench import format_pager
 
         lines.append(format_pager(r["pager"]))
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from strata.engine.kv_cache import KVCache  # noqa: E402
 from strata.gguf import open_model  # noqa: E402
 from strata.memory.budget import host_budget_for_slots, resident_bytes  # noqa: E402
 from strata.memory.device import expert_geometry  # noqa: E402
-from strata.tiered_bench import bench_tiered  # noqa: E402
+from strata.bench.tiered import bench_tiered  # noqa: E402
 
 
 def device_budget(path: Path, share: float, dtype: torch.dtype, device: str) -> tuple[int, int]:

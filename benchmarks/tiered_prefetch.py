@@ -29,7 +29,8 @@ from strata.gguf import open_model  # noqa: E402
 from strata.memory.budget import device_budget_for_slots, host_budget_for_slots, resident_bytes  # noqa: E402
 from strata.memory.device import expert_geometry  # noqa: E402
 from strata.engine.kv_cache import KVCache  # noqa: E402
-from strata.tiered_bench import bench_tiered, format_tiered  # noqa: E402
+from strata.bench.tiered import bench_tiered  # noqa: E402
+from strata.commands.bench import format_tiered  # noqa: E402
 
 N_CTX = 256
 

@@ -1,15 +1,19 @@
-"""The `strata` command: parses arguments and calls the public API, nothing more."""
+"""The `strata` command: one parser whose subcommands live in `strata.commands`, one error style.
+
+Each command module contributes its subcommand through `add_parser(subparsers)`, parses its
+arguments and calls the public API; none formats errors itself (`strata.commands.errors` does).
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
 
-from strata.errors import StrataError
+from strata.commands.errors import run_guarded
 
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
-COMMAND_MODULES = ("strata.bench", "strata.inspect", "strata.commands.generate", "strata.commands.chat",
-                   "strata.commands.perplexity", "strata.commands.demo")
+COMMAND_MODULES = ("strata.commands.bench", "strata.commands.inspect", "strata.commands.generate",
+                   "strata.commands.chat", "strata.commands.perplexity", "strata.commands.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,17 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (StrataError, OSError) as exc:
-        print(f"strata: error: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `strata ... | head`: the reader left, nothing more to say
-        sys.stderr.close()
-        return 0
-    except KeyboardInterrupt:
-        print("strata: interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(args.func, args)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Routing traces and their replay through expert caches: the policy, and the baselines it is
-measured against (LRU, the best fixed hot set, Belady's optimal).
+"""Routing traces and their replay through the expert placement policy (the baselines it is
+measured against, LRU, the best fixed hot set and Belady's optimal, are in `strata.bench.cache`).
 
 A trace (`np.load`, format of `shared/traces/`) holds `indices` int16 [L, T, K]: the K experts
 chosen at each of L layers for each of T tokens. Replay decodes it token by token, layer by
@@ -73,91 +73,6 @@ class ReplayResult:
 
 def n_experts_of(indices: np.ndarray) -> int:
     return int(indices.max()) + 1
-
-
-# ---- baselines -----------------------------------------------------------------------------------
-
-def replay_lru(indices: np.ndarray, slots: int) -> ReplayResult:
-    """Least recently used, per layer."""
-    return _replay_demand(indices, slots, _LruLayer)
-
-
-def replay_belady(indices: np.ndarray, slots: int) -> ReplayResult:
-    """Belady's optimal demand policy, per layer: evict the expert whose next use is furthest
-    away. Knows the future; the ceiling of any cache that loads only on a miss."""
-    return _replay_demand(indices, slots, _BeladyLayer)
-
-
-def replay_fixed(indices: np.ndarray, slots: int) -> ReplayResult:
-    """The best fixed hot set: per layer, the `slots` experts most used over the whole trace,
-    preloaded and never changed. An oracle (it knows the whole trace's counts)."""
-    n_layers, _, _ = indices.shape
-    hits = np.zeros(indices.shape, dtype=bool)
-    for layer in range(n_layers):
-        counts = np.bincount(indices[layer].ravel(), minlength=n_experts_of(indices))  # [E]
-        hot = np.argsort(-counts, kind="stable")[:slots]
-        hits[layer] = np.isin(indices[layer], hot)
-    return ReplayResult(hits=hits, extra={"preloaded": slots * n_layers})
-
-
-class _LruLayer:
-    def __init__(self, seq: np.ndarray, n_experts: int) -> None:
-        self.stamp = np.zeros(n_experts, dtype=np.int64)  # [E] time of last use
-
-    def touch(self, t: int, j: int, expert: int) -> None:
-        self.stamp[expert] = t * 1024 + j + 1
-
-    def victim(self, candidates: np.ndarray) -> int:
-        return int(candidates[np.argmin(self.stamp[candidates])])
-
-
-class _BeladyLayer:
-    def __init__(self, seq: np.ndarray, n_experts: int) -> None:
-        self.next_use = _next_use(seq, n_experts)  # [T, K] step of the next use of seq[t, j]
-        self.when = np.zeros(n_experts, dtype=np.int64)  # [E] next use of each resident expert
-
-    def touch(self, t: int, j: int, expert: int) -> None:
-        self.when[expert] = self.next_use[t, j]
-
-    def victim(self, candidates: np.ndarray) -> int:
-        return int(candidates[np.argmax(self.when[candidates])])
-
-
-def _next_use(seq: np.ndarray, n_experts: int) -> np.ndarray:
-    n_tokens = seq.shape[0]
-    out = np.empty(seq.shape, dtype=np.int64)  # [T, K]
-    upcoming = np.full(n_experts, n_tokens, dtype=np.int64)  # T = never again
-    for t in range(n_tokens - 1, -1, -1):
-        out[t] = upcoming[seq[t]]
-        upcoming[seq[t]] = t
-    return out
-
-
-def _replay_demand(indices: np.ndarray, slots: int, make_layer: Callable) -> ReplayResult:
-    n_layers, n_tokens, _ = indices.shape
-    n_experts = n_experts_of(indices)
-    hits = np.zeros(indices.shape, dtype=bool)
-    loads = 0
-    for layer in range(n_layers):
-        seq = indices[layer]  # [T, K]
-        state = make_layer(seq, n_experts)
-        resident = np.zeros(n_experts, dtype=bool)  # [E]
-        n_resident = 0
-        for t in range(n_tokens):
-            step = seq[t]
-            hits[layer, t] = resident[step]
-            for j, e in enumerate(step):
-                if not resident[e]:
-                    if n_resident == slots:
-                        evictable = resident.copy()
-                        evictable[step] = False  # the current step's experts are pinned
-                        resident[state.victim(np.flatnonzero(evictable))] = False
-                        n_resident -= 1
-                    resident[e] = True
-                    n_resident += 1
-                    loads += 1
-                state.touch(t, j, e)
-    return ReplayResult(hits=hits, demand_loads=loads)
 
 
 # ---- the policy --------------------------------------------------------------------------------
@@ -268,60 +183,3 @@ def predictor_recall(indices: np.ndarray, depth: int = 1, half_life: float | Non
             if learn:
                 predictor.observe(layer, ids)
     return list(found / np.maximum(asked, 1))
-
-
-# ---- `strata bench cache` ----------------------------------------------------------------------
-
-def bench_cache(path: str | Path, slots: list[int], prefetch_depth: int = 1,
-                prefetch_margin: float | None = None) -> dict:
-    """Hit rate (and loads per request) of the policy, with and without prefetch, beside LRU, the
-    best fixed hot set and Belady's optimal, at each slot count per layer; and the predictor's
-    online top-k recall for the next `max(prefetch_depth, 1)` layers."""
-    indices = load_trace(path)
-    n_layers, n_tokens, k = indices.shape
-    n_experts = n_experts_of(indices)
-    for n in slots:
-        if not k <= n <= n_experts:
-            raise StrataError(f"--slots {n}: each layer needs between {k} (its top-k) and {n_experts} "
-                              f"(all experts) slots")
-    policy = PolicyConfig() if prefetch_margin is None else PolicyConfig(prefetch_margin=prefetch_margin)
-    depth = min(max(prefetch_depth, 1), n_layers - 1)
-    result = {"trace": str(path), "layers": n_layers, "tokens": n_tokens, "top_k": k, "n_experts": n_experts,
-              "prefetch_depth": prefetch_depth, "prefetch_margin": policy.prefetch_margin,
-              "half_life_steps": policy.half_life_steps,
-              "predictor_recall": predictor_recall(indices, depth) if n_layers > 1 else [], "slots": {}}
-    for n in slots:
-        result["slots"][str(n)] = {
-            "policy": replay_policy(indices, n, ReplayConfig(prefetch_depth, policy=policy)).summary(),
-            "policy_no_prefetch": replay_policy(indices, n, ReplayConfig(0, policy=policy)).summary(),
-            "lru": replay_lru(indices, n).summary(),
-            "fixed": replay_fixed(indices, n).summary(),
-            "belady": replay_belady(indices, n).summary(),
-        }
-    return result
-
-
-def format_cache(result: dict) -> str:
-    """The table `strata bench cache` prints."""
-    recall = ", ".join(f"{r:.3f} at +{i + 1}" for i, r in enumerate(result["predictor_recall"]))
-    widths = [13, 8, 13, 7, 8, 10, 8, 7, 10, 11, 7]
-    cells = [["", "hit rate", "", "", "", "", "loads per request", "", "", "prefetches", ""],
-             ["slots/layer", "policy", "no prefetch", "LRU", "fixed*", "Belady*", "policy", "LRU", "Belady*",
-              "precision", "recall"]]
-    for n, row in result["slots"].items():
-        hits = [row[c]["hit_rate"] for c in ("policy", "policy_no_prefetch", "lru", "fixed", "belady")]
-        loads = [row[c]["loads_per_request"] for c in ("policy", "lru", "belady")]
-        prefetch = [row["policy"].get(c, 0.0) for c in ("prefetch_precision", "prefetch_recall")]
-        cells.append([f"{n} of {result['n_experts']}"] + [f"{x:.3f}" for x in hits + loads + prefetch])
-    table = ["".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
-    return "\n".join([
-        f"trace {result['trace']}: {result['layers']} layers x {result['tokens']} tokens, "
-        f"top-{result['top_k']} of {result['n_experts']} experts; cold start included",
-        f"policy: use-count half-life {result['half_life_steps']:g} steps, prefetch depth "
-        f"{result['prefetch_depth']}, margin {result['prefetch_margin']:g}",
-        f"co-occurrence predictor, online top-{result['top_k']} recall (= precision): {recall}",
-        "", *table, "",
-        "* oracles: the fixed hot set knows the whole trace's counts (preloaded, no loads); Belady knows the",
-        "  future and is the ceiling of caches that load only on a miss (prefetching can pass its hit rate,",
-        "  never its loads).",
-    ])

@@ -1,23 +1,23 @@
 """Tiny random MoE checkpoints built with transformers' own classes, and tokenizers trained here.
 
 Sizes are the smallest that still exercise every format: the hidden size and the expert width are
-256 so Q4_K blocks (256 values per row block) fit whole rows.
+256 so Q4_K blocks (256 values per row block) fit whole rows. Special tokens, the chat template,
+the corpus, the byte-level BPE trainer and tokenizer files are `strata.synth`'s, shared with
+`strata demo` and `benchmarks/`; what is here needs transformers (the models) or is test-only.
 """
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, trainers
 
-from strata.tokenizer import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX
+from strata.synth.tokenizer import CHAT_TEMPLATE, SPECIALS, corpus, save_tokenizer, train_byte_bpe
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+__all__ = ["CHAT_TEMPLATE", "SPECIALS", "SPECS", "TRICKY", "Spec", "build_model", "corpus", "save_checkpoint",
+           "save_tokenizer", "train_byte_bpe", "train_llama_bpe"]
 
 TRICKY = [
     "Hello world", " leading space", "  two leading spaces", "\ttab\tseparated\t", "line one\nline two\n\n",
@@ -26,58 +26,6 @@ TRICKY = [
     "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n", "mixed<|endoftext|>special",
     "\r\n windows\r\nnewlines", "-----======!!!??? ...",
 ]
-
-_WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
-          "word but not what all were we when your can said there use an each which she do how their if will up "
-          "other about out many then them these so some her would make like him into time has look two more write "
-          "go see number no way could people my than first water been call who oil its now find long down day did "
-          "get come made may part expert router token layer memory model quantize block scale cache").split()
-_EXTRA = ["naïve café über straße", "日本語のテキスト", "中文字符测试", "emoji 🦙🚀😀 ✅", "x = f(a, b) + 3.14;",
-          "\tindented\n", "    four spaces", "I've you'll he's we'd they're", "1234567890", "!!! ??? ... ---",
-          "Привет мир", "ελληνικά", "<tag attr=\"v\">"]
-
-
-def corpus(n_lines: int = 3000, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n_lines):
-        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 14))]
-        if rng.random() < 0.3:
-            words.insert(rng.randint(0, len(words)), rng.choice(_EXTRA))
-        if rng.random() < 0.2:
-            words.insert(rng.randint(0, len(words)), str(rng.randint(0, 10**rng.randint(1, 6))))
-        lines.append(" ".join(words) + rng.choice(["", ".", "\n", "\n\n", "  "]))
-    return lines
-
-
-def train_byte_bpe(style: str, vocab_size: int = 600) -> Tokenizer:
-    """A byte-level BPE tokenizer with the pre-tokenizer of `style` ('gpt2', 'llama3', 'qwen2')."""
-    tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
-    if style == "gpt2":
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        regex = {"llama3": LLAMA3_REGEX, "qwen2": QWEN2_REGEX}[style]
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(), trainer)
-    return tok
-
-
-def save_tokenizer(tok: Tokenizer, folder: Path, chat_template_file: bool) -> None:
-    tok.save(str(folder / "tokenizer.json"))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
-           "pad_token": "<|endoftext|>", "add_bos_token": False, "add_eos_token": False,
-           "model_max_length": 4096}
-    if chat_template_file:
-        (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    else:
-        cfg["chat_template"] = CHAT_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
 
 
 @dataclass

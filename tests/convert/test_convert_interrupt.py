@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from converters.synthetic import write_checkpoint
+from strata.synth import write_checkpoint
 from converters.writer import remove_stale_temps
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import types
 
-from strata import inspect as inspect_cmd
+from strata.commands import inspect as inspect_cmd
 from strata.gguf import open_model
 
 

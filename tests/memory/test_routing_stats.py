@@ -16,7 +16,7 @@ import converters
 import strata
 from converters import TypePolicy, convert
 from strata.cli import main
-from strata.demo import build_checkpoint
+from strata.synth import build_checkpoint
 from strata.errors import StrataFormatError
 from strata.gguf import STRATA_ROUTING_COUNTS, STRATA_ROUTING_TOKENS, open_model
 from strata.gguf.routing import read_routing_counts, save_routing_npz

@@ -1,6 +1,6 @@
 """A tiny MoE model file for the tiered-memory tests, and memories of it under chosen pressure.
 
-The model is `strata.demo`'s random Qwen3-MoE checkpoint with 3 layers of 8 experts (top-2),
+The model is `strata.synth`'s random Qwen3-MoE checkpoint with 3 layers of 8 experts (top-2),
 converted with the default types (attention Q8_0, experts Q4_K), built once per process.
 `tiered(...)` gives a `strata.load` factory for a TieredExpertMemory with exactly the slots
 asked for: the acceptance tests use 2 device slots and 4 host slots per layer, so the experts
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from converters import TypePolicy, convert
-from strata.demo import build_checkpoint
+from strata.synth import build_checkpoint
 from strata.gguf import open_model
 from strata.memory.budget import device_budget_for_slots, host_budget_for_slots
 from strata.memory.device import expert_geometry

@@ -11,7 +11,8 @@ ratios of these back-to-back pairs, since a shared (or virtual) disk drifts betw
 than the difference being measured; the best of each figure is reported beside it. (On the virtual
 disk this was written on, a sequential pass right after another sequential pass of the same file
 runs ~2.5x faster than after any other traffic: the host caches behind the guest. Alternating keeps
-the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.)
+the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.) Measures and returns data;
+`strata.commands.bench` prints it.
 """
 from __future__ import annotations
 
@@ -141,24 +142,3 @@ def bench_pager(path: str | os.PathLike, *, n_threads: int = 4, chunk_bytes: int
         result["host_tier"] = host_runs[0]
         result["host_tier_ratio"] = host_runs[0]["gbs"] / max(seq)
     return result
-
-
-def format_pager(r: dict[str, Any]) -> str:
-    lines = [
-        f"{r['file']}: {r['file_bytes'] / 2**30:.2f} GiB, {r['n_slabs']} expert slabs of "
-        f"{r['slab_bytes_mean'] / 2**20:.2f} MiB on average",
-        f"sequential O_DIRECT (1 thread, {SEQ_BLOCK >> 20} MiB reads), best: {r['sequential_direct_gbs']:.3f} GB/s",
-        f"pager, slabs in random order ({r['n_threads']} threads, depth {r['depth']}, chunks of "
-        f"{r['chunk_bytes'] >> 10} KiB, align {r['align']}), best: {r['pager_slabs_gbs']:.3f} GB/s",
-        f"ratio pager / sequential: {r['ratio']:.2f} (median of {r['repeat']} back-to-back pairs; "
-        f"of the best figures: {r['ratio_of_bests']:.2f}); bytes read / requested "
-        f"{r['pager_bytes_read_over_requested']:.4f}",
-        "runs (GB/s): sequential " + " ".join(f"{x:.3f}" for x in r["runs"]["sequential_direct_gbs"])
-        + ", pager " + " ".join(f"{x:.3f}" for x in r["runs"]["pager_slabs_gbs"]),
-    ]
-    if "host_tier" in r:
-        h = r["host_tier"]
-        lines.append(f"host tier, experts in random order ({h['slots_per_layer']} slots per layer, "
-                     f"{h['evictions']} evictions): {h['gbs']:.3f} GB/s, {r['host_tier_ratio']:.2f} of the "
-                     f"best sequential")
-    return "\n".join(lines)

@@ -7,7 +7,7 @@ the decode steps only (reset after the first token, so the prompt's prefill does
 hit rates per tier, bytes moved, the time compute waited for experts, prefetch precision and
 recall, and tokens per second. Runs alternate between depths `repeat` times; the headline is the
 ratio of the median wait with prefetch to the median wait without (depth 0 must be among the
-depths for it).
+depths for it). Measures and returns data; `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 
@@ -76,23 +76,4 @@ def bench_tiered(path: str, *, depths: Sequence[int] = (0, 2), tokens: int = 64,
     return result
 
 
-def format_tiered(r: dict[str, Any]) -> str:
-    first = next(iter(r["by_depth"].values()))
-    lines = [f"{r['file']}: {r['tokens']} tokens per run, {r['repeat']} run(s) per depth, {r['form']} slots, "
-             f"{first['device_slots_per_layer']} device / {first['host_slots_per_layer']} host slots per layer; "
-             f"same tokens at every depth: {r['same_tokens']}",
-             "depth  tok/s  dev.hit  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
-             "pf.issued  pf.used"]
-    for d, x in r["by_depth"].items():
-        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        lines.append(f"{d:>5}  {x['decode_tok_s']:>5.2f}  {pct(x['device_hit_rate']):>7}  {x['device_late']:>4.0f}  "
-                     f"{x['device_misses']:>4.0f}  {x['host_hits']:>8.0f}  {x['disk_reads']:>4.0f}  "
-                     f"{x['wait_s']:>6.3f}  {x['dequant_s']:>9.3f}  {pct(x['precision']):>9}  {pct(x['recall']):>6}  "
-                     f"{x['prefetch_issued']:>9.0f}  {x['prefetch_used']:>7.0f}")
-    for d, ratio in r.get("wait_ratio", {}).items():
-        lines.append(f"wait with prefetch depth {d} / without: "
-                     + ("-" if ratio is None else f"{ratio:.2f}"))
-    return "\n".join(lines)
-
-
-__all__ = ["bench_tiered", "decode_run", "format_tiered"]
+__all__ = ["bench_tiered", "decode_run"]

@@ -1,91 +1,104 @@
-"""`strata bench`: measurements, never assertions. Each figure is measured beside its reference
-in the same run, since these machines are noisy."""
+"""`strata bench dequant|cache|pager|tiered`: parse the arguments, call `strata.bench`, print
+its figures as a table (or one JSON object with --json). The tables are formatted here and only
+here; `benchmarks/` imports the formatters to print the same tables.
+"""
 from __future__ import annotations
 
 import argparse
 import json
-import time
-
-import numpy as np
+from typing import Any
 
 
-def _best_seconds(fn, repeat: int) -> float:
-    fn()  # warm-up: page in buffers, start threads once
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def bench_dequant(out_mib: int = 64, repeat: int = 3, threads: int | None = None,
-                  types: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """GB/s of float32 output for each format: native AVX2 (1 thread, all threads), native scalar,
-    gguf.quants (numpy), and a plain memory copy of the same output bytes (the ceiling)."""
-    from gguf import quants as gguf_quants
-
-    from strata import native
-    from strata.quant import DEQUANT_TYPES, block_size, ggml_type, random_blocks
-
-    threads = threads or native.default_threads()
-    rng = np.random.default_rng(0)
-    n_elems = out_mib * 2**20 // 4
-    row_len = 4096
-    n_rows = n_elems // row_len
-    out = np.empty((n_rows, row_len), dtype=np.float32)
-    copy_src = np.ones_like(out)
-    gbytes = out.nbytes / 1e9
-    copy_gbs = gbytes / _best_seconds(lambda: np.copyto(out, copy_src), repeat)
-
-    selected = [ggml_type(t) for t in types] if types else list(DEQUANT_TYPES)
-    results: dict[str, dict[str, float]] = {}
-    for t in selected:
-        elems, nbytes = block_size(t)
-        packed = random_blocks(t, n_elems // elems, rng)
-        packed_2d = packed.reshape(n_rows, -1)
-
-        def native_run(impl: str, n_threads: int) -> float:
-            secs = _best_seconds(lambda: native.dequantize_into(t, packed, out, n_threads=n_threads, impl=impl), repeat)
-            return gbytes / secs
-
-        row: dict[str, float] = {}
-        if native.cpu_has_avx2():
-            row["avx2_1t"] = native_run("avx2", 1)
-            row[f"avx2_{threads}t"] = native_run("avx2", threads)
-            row["avx2_kernel"] = float(native.has_kernel(t, "avx2"))
-        row["scalar_1t"] = native_run("scalar", 1)
-        def gguf_run():
-            result = gguf_quants.dequantize(packed_2d, t)
-            if np.shares_memory(result, packed_2d):  # F32 comes back as a view: count the copy
-                result = result.copy()
-            return result
-
-        row["gguf_quants"] = gbytes / _best_seconds(gguf_run, max(1, repeat - 2))
-        row["memcpy"] = copy_gbs
-        if "avx2_1t" in row:
-            row["avx2_1t_vs_gguf"] = row["avx2_1t"] / row["gguf_quants"]
-            row["avx2_1t_vs_memcpy"] = row["avx2_1t"] / copy_gbs
-        results[t.name] = row
-    return results
-
-
-def _print_dequant(results: dict[str, dict[str, float]]) -> None:
+def format_dequant(results: dict[str, dict[str, float]]) -> str:
+    """The table `strata bench dequant` prints: GB/s per format and kernel."""
     cols = [c for c in next(iter(results.values())) if c != "avx2_kernel"]
-    print(f"GB/s of float32 output ({'  '.join(cols)})")
-    print(f"{'format':<8}" + "".join(f"{c:>18}" for c in cols))
+    lines = [f"GB/s of float32 output ({'  '.join(cols)})", f"{'format':<8}" + "".join(f"{c:>18}" for c in cols)]
     for name, row in results.items():
         mark = "" if row.get("avx2_kernel", 1.0) else "  (no AVX2 kernel: scalar)"
-        print(f"{name:<8}" + "".join(f"{row[c]:>18.2f}" for c in cols) + mark)
+        lines.append(f"{name:<8}" + "".join(f"{row[c]:>18.2f}" for c in cols) + mark)
+    return "\n".join(lines)
+
+
+def format_cache(result: dict) -> str:
+    """The table `strata bench cache` prints."""
+    recall = ", ".join(f"{r:.3f} at +{i + 1}" for i, r in enumerate(result["predictor_recall"]))
+    widths = [13, 8, 13, 7, 8, 10, 8, 7, 10, 11, 7]
+    cells = [["", "hit rate", "", "", "", "", "loads per request", "", "", "prefetches", ""],
+             ["slots/layer", "policy", "no prefetch", "LRU", "fixed*", "Belady*", "policy", "LRU", "Belady*",
+              "precision", "recall"]]
+    for n, row in result["slots"].items():
+        hits = [row[c]["hit_rate"] for c in ("policy", "policy_no_prefetch", "lru", "fixed", "belady")]
+        loads = [row[c]["loads_per_request"] for c in ("policy", "lru", "belady")]
+        prefetch = [row["policy"].get(c, 0.0) for c in ("prefetch_precision", "prefetch_recall")]
+        cells.append([f"{n} of {result['n_experts']}"] + [f"{x:.3f}" for x in hits + loads + prefetch])
+    table = ["".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in cells]
+    return "\n".join([
+        f"trace {result['trace']}: {result['layers']} layers x {result['tokens']} tokens, "
+        f"top-{result['top_k']} of {result['n_experts']} experts; cold start included",
+        f"policy: use-count half-life {result['half_life_steps']:g} steps, prefetch depth "
+        f"{result['prefetch_depth']}, margin {result['prefetch_margin']:g}",
+        f"co-occurrence predictor, online top-{result['top_k']} recall (= precision): {recall}",
+        "", *table, "",
+        "* oracles: the fixed hot set knows the whole trace's counts (preloaded, no loads); Belady knows the",
+        "  future and is the ceiling of caches that load only on a miss (prefetching can pass its hit rate,",
+        "  never its loads).",
+    ])
+
+
+def format_pager(r: dict[str, Any]) -> str:
+    """The report `strata bench pager` prints."""
+    from strata.bench.pager import SEQ_BLOCK
+
+    lines = [
+        f"{r['file']}: {r['file_bytes'] / 2**30:.2f} GiB, {r['n_slabs']} expert slabs of "
+        f"{r['slab_bytes_mean'] / 2**20:.2f} MiB on average",
+        f"sequential O_DIRECT (1 thread, {SEQ_BLOCK >> 20} MiB reads), best: {r['sequential_direct_gbs']:.3f} GB/s",
+        f"pager, slabs in random order ({r['n_threads']} threads, depth {r['depth']}, chunks of "
+        f"{r['chunk_bytes'] >> 10} KiB, align {r['align']}), best: {r['pager_slabs_gbs']:.3f} GB/s",
+        f"ratio pager / sequential: {r['ratio']:.2f} (median of {r['repeat']} back-to-back pairs; "
+        f"of the best figures: {r['ratio_of_bests']:.2f}); bytes read / requested "
+        f"{r['pager_bytes_read_over_requested']:.4f}",
+        "runs (GB/s): sequential " + " ".join(f"{x:.3f}" for x in r["runs"]["sequential_direct_gbs"])
+        + ", pager " + " ".join(f"{x:.3f}" for x in r["runs"]["pager_slabs_gbs"]),
+    ]
+    if "host_tier" in r:
+        h = r["host_tier"]
+        lines.append(f"host tier, experts in random order ({h['slots_per_layer']} slots per layer, "
+                     f"{h['evictions']} evictions): {h['gbs']:.3f} GB/s, {r['host_tier_ratio']:.2f} of the "
+                     f"best sequential")
+    return "\n".join(lines)
+
+
+def format_tiered(r: dict[str, Any]) -> str:
+    """The table `strata bench tiered` prints: one row per prefetch depth."""
+    first = next(iter(r["by_depth"].values()))
+    lines = [f"{r['file']}: {r['tokens']} tokens per run, {r['repeat']} run(s) per depth, {r['form']} slots, "
+             f"{first['device_slots_per_layer']} device / {first['host_slots_per_layer']} host slots per layer; "
+             f"same tokens at every depth: {r['same_tokens']}",
+             "depth  tok/s  dev.hit  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
+             "pf.issued  pf.used"]
+    for d, x in r["by_depth"].items():
+        pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(f"{d:>5}  {x['decode_tok_s']:>5.2f}  {pct(x['device_hit_rate']):>7}  {x['device_late']:>4.0f}  "
+                     f"{x['device_misses']:>4.0f}  {x['host_hits']:>8.0f}  {x['disk_reads']:>4.0f}  "
+                     f"{x['wait_s']:>6.3f}  {x['dequant_s']:>9.3f}  {pct(x['precision']):>9}  {pct(x['recall']):>6}  "
+                     f"{x['prefetch_issued']:>9.0f}  {x['prefetch_used']:>7.0f}")
+    for d, ratio in r.get("wait_ratio", {}).items():
+        lines.append(f"wait with prefetch depth {d} / without: "
+                     + ("-" if ratio is None else f"{ratio:.2f}"))
+    return "\n".join(lines)
+
+
+def _print(result: Any, args: argparse.Namespace, fmt) -> int:
+    print(json.dumps(result, indent=2) if args.json else fmt(result))
+    return 0
 
 
 def _run_dequant(args: argparse.Namespace) -> int:
-    results = bench_dequant(out_mib=args.mib, repeat=args.repeat, threads=args.threads, types=args.types)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        _print_dequant(results)
-    return 0
+    from strata.bench.dequant import bench_dequant
+
+    return _print(bench_dequant(out_mib=args.mib, repeat=args.repeat, threads=args.threads, types=args.types),
+                  args, format_dequant)
 
 
 def _format_arg(name: str):
@@ -101,11 +114,9 @@ def _format_arg(name: str):
 
 
 def _run_cache(args: argparse.Namespace) -> int:
-    from strata.memory.trace import bench_cache, format_cache
+    from strata.bench.cache import bench_cache
 
-    result = bench_cache(args.trace, args.slots, args.prefetch_depth, args.prefetch_margin)
-    print(json.dumps(result, indent=2) if args.json else format_cache(result))
-    return 0
+    return _print(bench_cache(args.trace, args.slots, args.prefetch_depth, args.prefetch_margin), args, format_cache)
 
 
 def _add_cache_parser(sub) -> None:
@@ -121,12 +132,11 @@ def _add_cache_parser(sub) -> None:
 
 
 def _run_pager(args: argparse.Namespace) -> int:
-    from strata.memory.pager_bench import bench_pager, format_pager
+    from strata.bench.pager import bench_pager
 
     result = bench_pager(args.file, n_threads=args.threads, depth=args.depth, chunk_bytes=args.chunk_kib * 1024,
                          repeat=args.repeat, host=not args.no_host)
-    print(json.dumps(result, indent=2) if args.json else format_pager(result))
-    return 0
+    return _print(result, args, format_pager)
 
 
 def _add_pager_parser(sub) -> None:
@@ -143,14 +153,13 @@ def _add_pager_parser(sub) -> None:
 
 
 def _run_tiered(args: argparse.Namespace) -> int:
-    from strata.tiered_bench import bench_tiered, format_tiered
+    from strata.bench.tiered import bench_tiered
 
     result = bench_tiered(args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat,
                           temperature=args.temperature, seed=args.seed, device=args.device, dtype=args.dtype,
                           threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
                           slot_form=args.slot_form)
-    print(json.dumps(result, indent=2) if args.json else format_tiered(result))
-    return 0
+    return _print(result, args, format_tiered)
 
 
 def _add_tiered_parser(sub) -> None:

@@ -1,0 +1,68 @@
+"""`python -m strata.convert HF_DIR -o OUT.gguf`: Hugging Face MoE checkpoint -> GGUF.
+
+Attention and other 2-D shared weights in --attn (Q8_0), routed experts in --experts (Q4_K),
+shared experts in --shared-experts (same as --attn), norms, routers and biases in float32;
+--outtype sets all three at once. This module parses the arguments and calls
+`converters.convert`; the work is in the `converters` package.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Callable, Sequence
+
+from .errors import run_guarded
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    from converters.types import CHOICES, OUTTYPES
+
+    p = parser or argparse.ArgumentParser(prog="python -m strata.convert", description=__doc__.splitlines()[0])
+    p.add_argument("hf_dir", help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer)")
+    p.add_argument("-o", "--output", required=True, help="GGUF file to write")
+    p.add_argument("--attn", default="q8_0", choices=CHOICES, help="type of attention and other 2-D shared weights")
+    p.add_argument("--experts", default="q4_k", choices=CHOICES, help="type of routed experts")
+    p.add_argument("--shared-experts", default=None, choices=CHOICES, help="type of shared experts (default: --attn)")
+    p.add_argument("--outtype", default=None, choices=OUTTYPES, help="one type for all of the above")
+    p.add_argument("--name", default=None, help="general.name (default: the folder's name)")
+    p.add_argument("--threads", type=int, default=None, help="quantization threads (default: all CPUs)")
+    p.add_argument("--tokenizer-pre", default=None, help="llama.cpp pre-tokenizer name, when it cannot be detected")
+    p.add_argument("--routing-stats", metavar="FILE.npz", default=None,
+                   help="embed routing statistics saved by strata perplexity/generate --save-routing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def _progress_bar(enabled: bool) -> Callable[[int], object] | None:
+    """A tqdm bar over source bytes: bytes done, rate and time left."""
+    if not enabled:
+        return None
+
+    def start(total: int) -> object:
+        from tqdm import tqdm
+        return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", dynamic_ncols=True)
+
+    return start
+
+
+def convert(args: argparse.Namespace) -> int:
+    """Convert as the parsed arguments say; errors propagate to `run`."""
+    from converters import TypePolicy, convert as convert_checkpoint
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
+    convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
+                       tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
+                       routing_stats=args.routing_stats)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """`convert(args)` with the commands' error handling. Its lines start `error: ` (not
+    `strata: error: `): the converter's own tests and scripts read that prefix."""
+    return run_guarded(convert, args, prefix="", interrupted="interrupted: no output written")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
