@@ -59,9 +59,8 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`convert(args)` with the commands' error handling. Its lines start `error: ` (not
-    `strata: error: `): the converter's own tests and scripts read that prefix."""
-    return run_guarded(convert, args, prefix="", interrupted="interrupted: no output written")
+    """`convert(args)` with the commands' error handling: one line `strata: error: ...`, exit 1."""
+    return run_guarded(convert, args, interrupted="strata: interrupted: no output written")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,7 +38,7 @@ def _fails(ckpt: Path, capsys, *patterns: str) -> str:
     out = ckpt.parent / "out.gguf"
     assert main([str(ckpt), "-o", str(out), "--no-progress"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
+    assert err.startswith("strata: error: ") and "\n" not in err, err
     for p in patterns:
         assert p in err, f"{p!r} not in {err!r}"
     assert not out.exists() and not list(ckpt.parent.glob(".out.gguf.*"))

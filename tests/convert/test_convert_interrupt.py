@@ -79,5 +79,5 @@ def test_full_disk_removes_partial_output(big_ckpt, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     last = err.strip().splitlines()[-1]  # (gguf-py warns first that this tokenizer has no merges)
-    assert last.startswith("error: ") and "write failed" in last and str(out) in last
+    assert last.startswith("strata: error: ") and "write failed" in last and str(out) in last
     assert list(tmp_path.iterdir()) == []
