@@ -14,22 +14,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import Batch
-from .layers import RMSNorm
+from .layers import RMSNorm, Weight, linear
 from .rope import Rope
 
 
 @dataclass
 class AttentionWeights:
-    wq: torch.Tensor  # [H*hd, D]
-    wk: torch.Tensor  # [Hkv*hd, D]
-    wv: torch.Tensor  # [Hkv*hd, D]
-    wo: torch.Tensor  # [D, H*hd]
+    wq: Weight | None  # [H*hd, D]
+    wk: Weight | None  # [Hkv*hd, D]
+    wv: Weight | None  # [Hkv*hd, D]
+    wo: Weight  # [D, H*hd]
     bq: torch.Tensor | None = None  # [H*hd]
     bk: torch.Tensor | None = None  # [Hkv*hd]
     bv: torch.Tensor | None = None  # [Hkv*hd]
     q_norm: RMSNorm | None = None  # over hd (per head) or H*hd (full width)
     k_norm: RMSNorm | None = None  # over hd (per head) or Hkv*hd (full width)
     qk_norm_per_head: bool = True
+    wqkv: Weight | None = None  # [(H + 2 Hkv)*hd, D]: wq, wk, wv stacked (one product), when set
 
 
 class Attention(nn.Module):
@@ -47,11 +48,16 @@ class Attention(nn.Module):
         v_cache[batch.token_slots, :, batch.positions] = v
         attend = self.attend_decode if batch.is_decode else self.attend_each
         out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
-        return F.linear(out, self.w.wo)  # [T, D]
+        return linear(out, self.w.wo)  # [T, D]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]
-        q, k, v = F.linear(x, w.wq, w.bq), F.linear(x, w.wk, w.bk), F.linear(x, w.wv, w.bv)  # [T, H*hd], ...
+        if w.wqkv is not None:
+            hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+            q, k, v = linear(x, w.wqkv).split([hq, hkv, hkv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd]
+            q, k, v = _bias(q, w.bq), _bias(k, w.bk), _bias(v, w.bv)
+        else:
+            q, k, v = linear(x, w.wq, w.bq), linear(x, w.wk, w.bk), linear(x, w.wv, w.bv)  # [T, H*hd], ...
         q, k, v = q.view(T, self.n_head, -1), k.view(T, self.n_head_kv, -1), v.view(T, self.n_head_kv, -1)
         if w.q_norm is not None:
             q = w.q_norm(q) if w.qk_norm_per_head else w.q_norm(q.flatten(1)).view_as(q)
@@ -81,6 +87,10 @@ class Attention(nn.Module):
                                                  is_causal=start == 0, enable_gqa=True)  # [1, H, n, hd]
             outs.append(out[0].transpose(0, 1).flatten(1))  # [n, H*hd]
         return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
+
+
+def _bias(y: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return y if b is None else y + b
 
 
 def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:

@@ -1,9 +1,15 @@
-"""Small shared layers: RMSNorm and the SwiGLU feed-forward (dense FFN and shared expert)."""
+"""Small shared layers: RMSNorm, the SwiGLU feed-forward (dense FFN and shared expert) and
+`linear`, the one product every weight goes through (a float tensor, or a `PackedMatrix` that
+computes from the file's blocks)."""
 from __future__ import annotations
+
+from typing import Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .packed import PackedMatrix
 
 
 class RMSNorm(nn.Module):
@@ -18,15 +24,27 @@ class RMSNorm(nn.Module):
         return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+Weight = Union[torch.Tensor, PackedMatrix]
+
+
+def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w^T (+ b) for x [T, K] and w [N, K]: torch for float weights, the native quantized
+    kernels for packed ones."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    y = w(x)  # [T, N]
+    return y if b is None else y + b
+
+
+def swiglu(x: torch.Tensor, gate: Weight, up: Weight, down: Weight) -> torch.Tensor:
     """down @ (silu(gate @ x) * (up @ x)) for rows x [T, D]; gate, up [I, D], down [D, I]."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)  # [T, D]
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)  # [T, D]
 
 
 class FeedForward(nn.Module):
     """A dense SwiGLU feed-forward: the FFN of a dense layer."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+    def __init__(self, gate: Weight, up: Weight, down: Weight):
         super().__init__()
         self.gate, self.up, self.down = gate, up, down  # [I, D], [I, D], [D, I]
 
@@ -49,4 +67,4 @@ class SharedExpert(nn.Module):
         return torch.sigmoid(x @ self.gate_inp)[:, None] * out  # [T, 1] * [T, D]
 
 
-__all__ = ["FeedForward", "RMSNorm", "SharedExpert", "swiglu"]
+__all__ = ["FeedForward", "RMSNorm", "SharedExpert", "Weight", "linear", "swiglu"]

@@ -11,7 +11,7 @@ from torch import nn
 
 from .attention import Attention
 from .batch import Batch, KVStore
-from .layers import FeedForward, RMSNorm
+from .layers import FeedForward, RMSNorm, Weight, linear
 from .moe import Lookahead, MoE
 from .rope import Rope
 
@@ -33,7 +33,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """A decoder-only MoE transformer built by `strata.models.load_model`."""
 
-    def __init__(self, embedding: torch.Tensor, blocks: list[Block], norm: RMSNorm, output: torch.Tensor, rope: Rope):
+    def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
@@ -48,7 +48,8 @@ class Transformer(nn.Module):
 
         Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
         """
-        x = F.embedding(tokens, self.embedding)  # [T, D]
+        x = (F.embedding(tokens, self.embedding) if isinstance(self.embedding, torch.Tensor)
+             else self.embedding.rows(tokens))  # [T, D]
         if self.lookahead is not None:
             self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
@@ -56,7 +57,7 @@ class Transformer(nn.Module):
             x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
-        return F.linear(self.norm(x), self.output).float()  # [T or B, V]
+        return linear(self.norm(x), self.output).float()  # [T or B, V]
 
 
 __all__ = ["Block", "Transformer"]
