@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from strata.gguf import open_model
-from strata.memory.budget import REPLAY_PREFETCH_MARGIN, TieredConfig, device_budget_for_slots, host_budget_for_slots
+from strata.memory.budget import (DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN, TieredConfig,
+                                  device_budget_for_slots, host_budget_for_slots)
 from strata.memory.device import expert_geometry
 from strata.memory.policy import PolicyConfig
 from strata.memory.tiered import TieredExpertMemory
@@ -36,7 +37,7 @@ def _routing(n_tokens: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def _decode(path, routing: np.ndarray, lookahead: bool) -> tuple[list[np.ndarray], np.ndarray, dict]:
+def _decode(path, routing: np.ndarray, lookahead: bool, margin: float) -> tuple[list[np.ndarray], np.ndarray, dict]:
     """Feed `routing` through a TieredExpertMemory in decoding's order; the device page table after
     every step, hits [L, T] (device hits, loads in flight included) and counters."""
     n_layers, n_tokens, _ = routing.shape
@@ -47,7 +48,7 @@ def _decode(path, routing: np.ndarray, lookahead: bool) -> tuple[list[np.ndarray
                                                TOP_K),
             host_mem=host_budget_for_slots(mf, N_EXPERTS),  # the host tier never refuses a prefetch
             slot_form="packed", prefetch_depth=1, cooccurrence_min_prob=0.0, cooccurrence_min_tokens=0,
-            prefetch_margin=REPLAY_PREFETCH_MARGIN)
+            prefetch_margin=margin)
         mem = TieredExpertMemory(mf, config=config, n_threads=1)
         tables, hits = [], np.zeros((n_layers, n_tokens), dtype=np.int64)
         try:
@@ -75,13 +76,14 @@ def _decode(path, routing: np.ndarray, lookahead: bool) -> tuple[list[np.ndarray
     return tables, hits, totals
 
 
+@pytest.mark.parametrize("margin", [DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN], ids=lambda m: f"margin{m:g}")
 @pytest.mark.parametrize("lookahead", [False, True], ids=["cooccurrence", "lookahead+cooccurrence"])
-def test_replay_and_decode_make_the_same_placement_decisions(lookahead):
+def test_replay_and_decode_make_the_same_placement_decisions(lookahead, margin):
     routing = _routing(120)
-    tables, hits, totals = _decode(moe_file(), routing, lookahead)
+    tables, hits, totals = _decode(moe_file(), routing, lookahead, margin)
     replayed = []
     run = replay_policy(routing, SLOTS, ReplayConfig(prefetch_depth=1, lookahead=lookahead,
-                                                     policy=PolicyConfig(prefetch_margin=REPLAY_PREFETCH_MARGIN)),
+                                                     policy=PolicyConfig(prefetch_margin=margin)),
                         n_experts=N_EXPERTS, on_step=lambda t, layer, policy: replayed.append(policy.page_table.copy()))
     assert totals["cancelled"] == 0
     assert len(replayed) == len(tables) == N_LAYERS * routing.shape[1]
@@ -89,4 +91,5 @@ def test_replay_and_decode_make_the_same_placement_decisions(lookahead):
         assert np.array_equal(ours, theirs), f"token {i // N_LAYERS}, expert layer {i % N_LAYERS}"
     assert np.array_equal(hits, run.hits.sum(axis=-1))
     assert totals["misses"] == run.demand_loads and totals["prefetches"] == run.prefetch_loads
-    assert run.prefetch_loads > 50 and 0.3 < run.hit_rate < 1.0  # prefetch and eviction both happened
+    # prefetches happened, and more loads than slots: evictions too
+    assert run.prefetch_loads > 0 and run.prefetch_loads + run.demand_loads > 2 * N_LAYERS * SLOTS
