@@ -105,6 +105,10 @@ class CooccurrencePredictor:
             ids, confidence = order[:self.top_k], float(p[order[:self.top_k]].mean())
         return out
 
+    def tokens_seen(self, layer: int) -> float:
+        """Decayed count of tokens paired across layer -> layer+1 (the evidence behind its predictions)."""
+        return float(self.n[layer] / self._weight[layer]) if layer + 1 < self.n_layers else 0.0
+
     def _add_pairs(self, t: int, src_ids: np.ndarray, dst_ids: np.ndarray) -> None:
         # src_ids, dst_ids: [B, K], row r of both is the same token
         w = self._weight[t]
@@ -152,8 +156,7 @@ class Cooccurrence(Predictor):
         ids = np.asarray(expert_ids)
         ids = ids[None] if ids.ndim == 1 else ids  # [T, K]
         table = self.table
-        if (layer + 1 >= table.n_layers or len(ids) > table.max_batch
-                or table.n[layer] / table._weight[layer] < self.min_tokens):
+        if layer + 1 >= table.n_layers or len(ids) > table.max_batch or table.tokens_seen(layer) < self.min_tokens:
             return []
         per_layer: dict[int, tuple[list, list]] = {}
         for token_ids in ids:

@@ -12,7 +12,7 @@ announcement means to the memory.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class Lookahead(Predictor):
     """The replay's stand-in for router look-ahead: given the routing the next `depth` layers will
     make (`routing(layer)` [T, K], known to the replay), announces it as certain."""
 
-    def __init__(self, n_layers: int, depth: int, routing=None):
+    def __init__(self, n_layers: int, depth: int, routing: Callable[[int], np.ndarray]):
         self.n_layers, self.depth, self.routing = n_layers, depth, routing
 
     def predict(self, layer: int, expert_ids: np.ndarray) -> list[Prediction]:
