@@ -22,6 +22,7 @@ then) so the table follows drifting traffic. All arrays are sized at constructio
 
 `CooccurrencePredictor` is the table; `Cooccurrence` is the `Predictor` the tiered memory and the
 trace replay drive: it feeds the table and turns its per-token predictions into one per layer.
+Plain numpy; it must not allocate per token beyond numpy's temporaries, nor touch slots or bytes.
 """
 from __future__ import annotations
 
