@@ -114,7 +114,7 @@ def bench_cache(path: str | Path, slots: list[int], prefetch_depth: int = 1,
         if not k <= n <= n_experts:
             raise StrataError(f"--slots {n}: each layer needs between {k} (its top-k) and {n_experts} "
                               f"(all experts) slots")
-    policy = PolicyConfig() if prefetch_margin is None else PolicyConfig(prefetch_margin=prefetch_margin)
+    policy = ReplayConfig().policy if prefetch_margin is None else PolicyConfig(prefetch_margin=prefetch_margin)
     depth = min(max(prefetch_depth, 1), n_layers - 1)
     result = {"trace": str(path), "layers": n_layers, "tokens": n_tokens, "top_k": k, "n_experts": n_experts,
               "prefetch_depth": prefetch_depth, "prefetch_margin": policy.prefetch_margin,

@@ -8,6 +8,8 @@ import argparse
 import json
 from typing import Any
 
+from strata.memory.budget import DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
     """The table `strata bench dequant` prints: GB/s per format and kernel."""
@@ -126,7 +128,8 @@ def _add_cache_parser(sub) -> None:
     c.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32], help="expert slots per layer (default 8 16 32)")
     c.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead to predict and prefetch; 0: off (default 1)")
     c.add_argument("--prefetch-margin", type=float, default=None,
-                   help="a prefetch of probability p displaces only experts worth less than p/margin (default 8)")
+                   help="a prefetch of probability p displaces only experts worth less than p/margin "
+                        f"(default {REPLAY_PREFETCH_MARGIN:g}, the replay's; decoding uses {DEFAULT_PREFETCH_MARGIN:g})")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=_run_cache)
 

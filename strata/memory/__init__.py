@@ -4,11 +4,14 @@ Model code asks an `ExpertMemory` for the experts a layer's router chose (`acqui
 and gives them back (`release`); `prefetch` announces experts it will ask for soon. Where the
 bytes live (the memory-mapped file, host RAM, device slots) is the implementation's business,
 so `TieredExpertMemory` (device slots, host tier, pager, prefetch) replaces `DirectExpertMemory`
-without a change to `strata.models`.
+without a change to `strata.models`. Predictors of the next layers' experts live in `predict/`,
+every budget and prefetch default in `budget.py`.
 """
-from .base import ExpertMemory, ExpertWeights
+from .base import ExpertLayers, ExpertMemory, ExpertWeights
+from .budget import TieredConfig
 from .direct import DirectExpertMemory
 from .stats import MemoryStats
-from .tiered import TieredConfig, TieredExpertMemory
+from .tiered import TieredExpertMemory
 
-__all__ = ["DirectExpertMemory", "ExpertMemory", "ExpertWeights", "MemoryStats", "TieredConfig", "TieredExpertMemory"]
+__all__ = ["DirectExpertMemory", "ExpertLayers", "ExpertMemory", "ExpertWeights", "MemoryStats", "TieredConfig",
+           "TieredExpertMemory"]

@@ -1,4 +1,11 @@
-"""The expert-memory interface (`ExpertMemory`) and the per-expert weights it hands out."""
+"""The expert-memory interface (`ExpertMemory`), the per-expert weights it hands out, and the one
+mapping between model layer numbers and expert-layer indices (`ExpertLayers`).
+
+Layer numbers. The `ExpertMemory` protocol speaks model layer numbers (what the model's blocks
+are numbered); everything inside the memory package (policies, predictors, statistics, replay)
+indexes expert layers 0..L-1, the layers that have routed experts, in order. `ExpertLayers` is
+the only place that converts between the two. Nothing here allocates or moves bytes.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -6,6 +13,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from strata.errors import StrataError
 
 
 @dataclass(frozen=True)
@@ -60,4 +69,36 @@ class ExpertMemory(ABC):
         """Free buffers and stop workers, if any."""
 
 
-__all__ = ["ExpertMemory", "ExpertWeights"]
+class LayerError(StrataError, ValueError):
+    """A model layer that has no routed experts was asked for."""
+
+
+class ExpertLayers:
+    """Model layer numbers of the expert layers, in order: `index(layer)` is the expert-layer index
+    0..L-1 of model layer `layer`, `layers[i]` (or `layer(i)`) the model layer of index i."""
+
+    def __init__(self, layers: Sequence[int], where: object = "the model"):
+        self.layers = [int(layer) for layer in layers]
+        self.where = where  # named in errors: the model file's path
+        self._index = {layer: i for i, layer in enumerate(self.layers)}
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __getitem__(self, li: int) -> int:
+        return self.layers[li]
+
+    def index(self, layer: int) -> int:
+        li = self._index.get(int(layer))
+        if li is None:
+            raise LayerError(f"{self.where}: layer {layer} has no routed experts (expert layers: {self.layers})")
+        return li
+
+    def layer(self, li: int) -> int:
+        return self.layers[li]
+
+
+__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError"]

@@ -1,15 +1,23 @@
-"""Memory budgets of the tiered expert memory: parsing, machine defaults, checks, and the plan
-that turns them into slot counts. Plain arithmetic; nothing is allocated here.
+"""Every default and check of the expert memory's budgets and prefetch settings, in one place:
+`TieredConfig`, the machine's memory (a cgroup limit included), parsing, the host slot layout, and
+the plan that turns budgets into slot counts. Plain arithmetic; nothing is allocated here.
+
+Machine memory: MemTotal and MemAvailable of /proc/meminfo, lowered to the memory cgroup's limit
+(and the limit less the cgroup's usage, reclaimable page cache not counted) when the process runs
+under one (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest on the path from the
+process's cgroup up): under a container limit the machine's RAM is not the process's to take.
 
 Device budget (`device_mem`): every byte the model may use on the compute device (VRAM on CUDA,
 RAM on the CPU device): resident weights and KV cache (`reserved`), the expert slot pool, and
 the packed form's scratch (or CUDA staging). Default: on CUDA the free memory less a headroom
-for activations; on the CPU DEFAULT_CPU_DEVICE_FRACTION of MemAvailable. Either way no more
+for activations; on the CPU DEFAULT_CPU_DEVICE_FRACTION of available memory. Either way no more
 than every expert needs.
 
 Host budget (`host_mem`): the host tier's pool of packed experts. Default: the host tier's
 minimum (top-k slots per layer) when the device holds every expert, else DEFAULT_HOST_FRACTION
-of MemAvailable, no more than every expert needs.
+of available memory, no more than every expert needs. A quarter, as decoding has used since the
+tiered memory came (README); with the CPU device's quarter the defaults take half of what is
+available and leave the rest to the page cache the pager and the resident weights read through.
 
 Slot form default: `dequantized` when every expert fits the device budget dequantized, else
 `packed`, on both devices. Figures (benchmarks/tiered_forms.py, CPU, float32, 4 layers x 32
@@ -22,27 +30,189 @@ PCIe refills one); run benchmarks/tiered_forms.py --device cuda to check it on a
 
 Prefetch depth default: 2 layers on CUDA (PCIe copies need lead time and cost the compute
 nothing), 1 on the CPU (the loader competes with compute for the same cores).
+
+Prefetch margin default (DEFAULT_PREFETCH_MARGIN = 2): a prediction of probability p displaces
+only experts whose keep value is below p / margin. Decoding announces mostly router look-ahead
+(probability 1, precision 0.85-0.90 measured by benchmarks/tiered_prefetch.py) and co-occurrence
+predictions of p >= 0.5: at 2, a sure announcement displaces experts used in under half of the
+recent steps, and the README's wait ratios (0.32 at depth 1, 0.24 at depth 2, packed slots) were
+measured with it. Co-occurrence alone, unfiltered, is far less precise (top-k recall ~0.45 on
+the FLAME-MoE trace), so the trace replay of `strata bench cache` studies it at REPLAY_PREFETCH_MARGIN
+= 8, where it both hits more and loads fewer experts than LRU. Replayed here (FLAME-MoE trace, 16 /
+32 slots of 64, hit rate and loads per request): margin 8: 0.372 / 0.620 hits, 0.730 / 0.456
+loads; margin 2: 0.541 / 0.710 hits but 0.985 / 0.603 loads; LRU: 0.261 / 0.526 hits, 0.739 /
+0.474 loads. Both are settings of the same policy and predictor objects (tests/memory/
+test_replay_decode.py pins that replay and decoding decide alike at either); `--prefetch-margin`
+and `TieredConfig.prefetch_margin` choose.
+
+This module must not allocate, open model files for reading bytes, or touch a device.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from strata.gguf import ModelFile
+from strata import native
+from strata.errors import StrataError
+from strata.gguf import PARTS, ModelFile
 
 from .device import ExpertGeometry, check_form
-from .host import BudgetError, machine_memory, slot_layout
 
-#: Share of MemAvailable the CPU device tier takes by default.
+
+class BudgetError(StrataError, ValueError):
+    """A memory budget Strata cannot work with; the message says why and what would do."""
+
+
+#: Share of available memory the CPU device tier takes by default.
 DEFAULT_CPU_DEVICE_FRACTION = 0.25
-#: Share of MemAvailable the host tier takes by default when the device cannot hold every expert.
+#: Share of available memory the host tier takes by default when the device cannot hold every expert.
 DEFAULT_HOST_FRACTION = 0.25
 #: CUDA memory left free by the default device budget, for activations and the allocator's cache.
 CUDA_HEADROOM_FRACTION = 0.05
 CUDA_HEADROOM_MIN = 1 << 30
+#: Policy margin of decoding and of the trace replay (see the module docstring).
+DEFAULT_PREFETCH_MARGIN = 2.0
+REPLAY_PREFETCH_MARGIN = 8.0
+#: Co-occurrence predictions decoding loads: p >= this, once the predictor has seen this many tokens
+#: (naive Bayes on a few counts is overconfident).
+DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
+DEFAULT_COOCCURRENCE_MIN_TOKENS = 256
+#: Pager threads of the host tier.
+DEFAULT_PAGER_THREADS = 4
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    """Budgets and prefetch settings of `TieredExpertMemory`; None means the machine's default.
+
+    device_mem, host_mem: bytes (int) or sizes such as '512M', '8G'.
+    slot_form: 'dequantized' or 'packed' (None: the device's default).
+    prefetch_depth: layers ahead to predict and load while a layer computes; 0 turns prefetch off
+        (None: DEFAULT_PREFETCH_DEPTH of the device).
+    cooccurrence: add the cross-layer co-occurrence predictor to the router look-ahead; its
+        predictions below `cooccurrence_min_prob` are not loaded, nor any before it has seen
+        `cooccurrence_min_tokens` tokens.
+    prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
+        probability p displaces only experts whose keep value is below p / margin.
+    pager_threads, direct: the host tier's pager (threads; O_DIRECT: None = where possible).
+    """
+
+    device_mem: int | str | None = None
+    host_mem: int | str | None = None
+    slot_form: str | None = None
+    prefetch_depth: int | None = None
+    cooccurrence: bool = True
+    cooccurrence_min_prob: float = DEFAULT_COOCCURRENCE_MIN_PROB
+    cooccurrence_min_tokens: int = DEFAULT_COOCCURRENCE_MIN_TOKENS
+    prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
+    pager_threads: int = DEFAULT_PAGER_THREADS
+    direct: bool | None = None
+
+    def __post_init__(self) -> None:
+        d = self.prefetch_depth
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+            raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")
+        if not self.prefetch_margin > 0:
+            raise StrataError(f"prefetch margin must be positive, found {self.prefetch_margin!r}")
+
+    def depth_for(self, device: torch.device) -> int:
+        """The prefetch depth on `device`: the one asked for, else the device type's default."""
+        d = self.prefetch_depth
+        return DEFAULT_PREFETCH_DEPTH.get(device.type, 1) if d is None else d
+
+
+# ---- the machine's memory ------------------------------------------------------------------------
+
+#: Where the machine's memory is read; tests point these at fake files.
+MEMINFO = "/proc/meminfo"
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+_UNLIMITED = 1 << 60  # v1 reports "no limit" as a huge page-rounded number
+
+
+def machine_memory() -> tuple[int, int]:
+    """(total, available) bytes this process may use: MemTotal and MemAvailable, each no more than
+    the memory cgroup's limit and its headroom when the process runs under one."""
+    fields = {}
+    try:
+        with open(MEMINFO) as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                fields[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = fields.get("MemAvailable", total)
+    limit = cgroup_memory()
+    if limit is not None:
+        total, available = min(total, limit[0]), min(available, limit[1])
+    return total, available
+
+
+def cgroup_memory() -> tuple[int, int] | None:
+    """(limit, limit - usage + inactive page cache) of the tightest memory cgroup limit on the
+    path from this process's cgroup up to its hierarchy's root (v2 and v1); None when none is set."""
+    best = None
+    for mount, rel, (limit_file, usage_file, inactive_key) in _cgroup_dirs():
+        directory = mount / rel
+        while True:
+            limit = _read_int(directory / limit_file)
+            if limit is not None and limit < _UNLIMITED and (best is None or limit < best[0]):
+                usage = _read_int(directory / usage_file) or 0
+                best = (limit, max(0, limit - usage + _stat(directory / "memory.stat", inactive_key)))
+            if directory == mount or mount not in directory.parents:
+                break
+            directory = directory.parent
+    return best
+
+
+def _cgroup_dirs() -> list[tuple[Path, str, tuple[str, str, str]]]:
+    """(hierarchy mount, the process's cgroup path in it, names of its limit file, usage file and
+    inactive page cache key) for the v2 hierarchy and for a v1 `memory` controller."""
+    out = []
+    try:
+        lines = Path(PROC_CGROUP).read_text().splitlines()
+    except OSError:
+        return out
+    root = Path(CGROUP_ROOT)
+    for line in lines:  # "hierarchy-id:controllers:path"
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":
+            out.append((root, rel, ("memory.max", "memory.current", "inactive_file")))
+        elif "memory" in controllers.split(","):
+            out.append((root / "memory", rel, ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                               "total_inactive_file")))
+    return out
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # v2 writes "max" for no limit
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?|[-+]?\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -157,13 +327,68 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
 
 
 def _default_host_budget(model: ModelFile, align: int, device_holds_all: bool) -> int:
-    hp, n_layers = model.hparams, len(model.expert_layers)
-    slot = slot_layout(model, align).slot_bytes
-    minimum = n_layers * hp.n_experts_used * slot
-    if device_holds_all:
-        return minimum  # only a staging path: every expert stays on the device once loaded
-    every = n_layers * hp.n_experts * slot
+    layout = slot_layout(model, align)
+    if device_holds_all:  # only a staging path: every expert stays on the device once loaded
+        return len(model.expert_layers) * model.hparams.n_experts_used * layout.slot_bytes
+    return default_host_budget(model, layout)
+
+
+# ---- the host tier --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where each part of an expert lies inside a host slot (bytes; see `host.py`)."""
+
+    align: int                       # A: the pager's O_DIRECT alignment (0: buffered reads)
+    part_offset: tuple[int, int, int]    # gate, up, down region starts
+    part_capacity: tuple[int, int, int]  # region lengths
+    slot_bytes: int
+
+
+def round_up(x: int, a: int) -> int:
+    """x rounded up to a multiple of a (x itself when a <= 1)."""
+    return -(-x // a) * a if a > 1 else x
+
+
+def slot_layout(model: ModelFile, align: int) -> SlotLayout:
+    """Host slot regions sized for the largest slab of each part over the expert layers, plus the
+    slack a direct read of a 32-byte-aligned slab needs (`host.py`)."""
+    unit = max(align, 64)  # regions start on cache lines even when reads are buffered
+    largest = [max(model.expert(layer, 0, part).nbytes for layer in model.expert_layers) for part in PARTS]
+    capacity = tuple(round_up(n, unit) + align for n in largest)
+    offsets = (0, capacity[0], capacity[0] + capacity[1])
+    return SlotLayout(align, offsets, capacity, round_up(sum(capacity), unit))
+
+
+def default_host_budget(model: ModelFile, layout: SlotLayout) -> int:
+    """DEFAULT_HOST_FRACTION of available memory, at least top-k slots per layer, no more than a
+    slot for every expert of the model."""
+    n_layers, hp = len(model.expert_layers), model.hparams
+    minimum = n_layers * hp.n_experts_used * layout.slot_bytes
+    every = n_layers * hp.n_experts * layout.slot_bytes
     return max(minimum, min(every, int(machine_memory()[1] * DEFAULT_HOST_FRACTION)))
+
+
+def check_host_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
+    """The host budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise BudgetError(f"host memory budget must be a whole number of bytes, found {budget!r}")
+    budget = int(budget)
+    if budget <= 0:
+        raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
+    total = machine_memory()[0]
+    if budget > total:
+        raise BudgetError(f"host memory budget {budget} bytes ({gib(budget)}) is larger than this "
+                          f"machine's RAM ({gib(total)})")
+    n_layers = len(model.expert_layers)
+    need = n_layers * top_k * layout.slot_bytes
+    if budget < need:
+        raise BudgetError(
+            f"host memory budget {budget} bytes ({gib(budget)}) is too small for {model.path}: each "
+            f"of its {n_layers} expert layers needs slots for its top-{top_k} experts at once, "
+            f"{layout.slot_bytes} bytes per slot (gate, up and down plus O_DIRECT slack), so at "
+            f"least {need} bytes ({gib(need)})")
+    return budget
 
 
 def resident_bytes(model: ModelFile, dtype: torch.dtype) -> int:
@@ -190,13 +415,13 @@ def device_budget_for_slots(geometry: ExpertGeometry, form: str, dtype: torch.dt
 
 def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool | None = None) -> int:
     """The host budget that gives exactly `slots_per_layer` host slots (tests, benchmarks)."""
-    from strata.native import Pager
-
-    with Pager(model.path, 1, direct=direct) as pager:
+    with native.Pager(model.path, 1, direct=direct) as pager:
         align = pager.info.align
     return len(model.expert_layers) * slots_per_layer * slot_layout(model, align).slot_bytes
 
 
 __all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
-           "Plan", "default_slot_form", "device_budget_for_slots", "device_memory", "gib", "host_budget_for_slots",
-           "make_plan", "parse_bytes", "resident_bytes"]
+           "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
+           "cgroup_memory", "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
+           "device_memory", "gib", "host_budget_for_slots", "machine_memory", "make_plan", "parse_bytes",
+           "resident_bytes", "round_up", "slot_layout"]

@@ -22,12 +22,12 @@ Placement. Which expert occupies which slot is ExpertPolicy's decision (strata.m
 per-layer slot budgets, decayed use counts and hints; a LOADING or pinned slot is never a victim.
 This module moves bytes and keeps the policy's page table in step with the reads: admit -> three
 pager reads -> complete, or cancel when a read fails. Policy layers are the model's expert layers
-in order (a dense lead layer has no slots).
+in order (a dense lead layer has no slots); `ExpertLayers` maps them. Budgets and the slot layout
+are `budget.py`'s.
 """
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -37,88 +37,15 @@ import numpy as np
 
 from strata.errors import NativeError, StrataError
 from strata.gguf import PARTS, ExpertSlab, ModelFile
-from strata.memory import alloc
-from strata.memory.policy import READY, ExpertPolicy, PolicyConfig
-from strata.native import Pager, PagerTimeoutError, numa_node_count, numa_node_of
+from strata import native
 
-class BudgetError(StrataError, ValueError):
-    """A memory budget Strata cannot work with; the message says why and what would do."""
+from . import alloc
+from .base import ExpertLayers
+from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, gib,
+                     machine_memory, slot_layout)
+from .policy import READY, ExpertPolicy, PolicyConfig
 
-
-#: Share of MemAvailable the host tier takes when no budget is given.
-DEFAULT_BUDGET_FRACTION = 0.5
 PAGE = mmap.PAGESIZE
-
-
-# ---- sizes and budgets -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SlotLayout:
-    """Where each part of an expert lies inside a slot (bytes; see the module docstring)."""
-
-    align: int                       # A: the pager's O_DIRECT alignment (0: buffered reads)
-    part_offset: tuple[int, int, int]    # gate, up, down region starts
-    part_capacity: tuple[int, int, int]  # region lengths
-    slot_bytes: int
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a if a > 1 else x
-
-
-def slot_layout(model: ModelFile, align: int) -> SlotLayout:
-    """Regions sized for the largest slab of each part over the expert layers, plus slack."""
-    unit = max(align, 64)  # regions start on cache lines even when reads are buffered
-    largest = [max(model.expert(layer, 0, part).nbytes for layer in model.expert_layers) for part in PARTS]
-    capacity = tuple(_round_up(n, unit) + align for n in largest)
-    offsets = (0, capacity[0], capacity[0] + capacity[1])
-    return SlotLayout(align, offsets, capacity, _round_up(sum(capacity), unit))
-
-
-def machine_memory() -> tuple[int, int]:
-    """(MemTotal, MemAvailable) of this machine in bytes."""
-    fields = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return total, fields.get("MemAvailable", total)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
-def default_budget(model: ModelFile, layout: SlotLayout) -> int:
-    """DEFAULT_BUDGET_FRACTION of MemAvailable, no more than a slot for every expert of the model."""
-    every_expert = len(model.expert_layers) * model.hparams.n_experts * layout.slot_bytes
-    return min(every_expert, int(machine_memory()[1] * DEFAULT_BUDGET_FRACTION))
-
-
-def check_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
-    """The budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise BudgetError(f"host memory budget must be a whole number of bytes, found {budget!r}")
-    budget = int(budget)
-    if budget <= 0:
-        raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
-    total = machine_memory()[0]
-    if budget > total:
-        raise BudgetError(f"host memory budget {budget} bytes ({_gib(budget)}) is larger than this "
-                         f"machine's RAM ({_gib(total)})")
-    n_layers = len(model.expert_layers)
-    need = n_layers * top_k * layout.slot_bytes
-    if budget < need:
-        raise BudgetError(
-            f"host memory budget {budget} bytes ({_gib(budget)}) is too small for {model.path}: each "
-            f"of its {n_layers} expert layers needs slots for its top-{top_k} experts at once, "
-            f"{layout.slot_bytes} bytes per slot (gate, up and down plus O_DIRECT slack), so at "
-            f"least {need} bytes ({_gib(need)})")
-    return budget
 
 
 # ---- the pool ---------------------------------------------------------------------------------
@@ -193,36 +120,37 @@ class HostExpert:
 class HostTier:
     """Fixed slots of packed experts in host memory, filled from the model file by a Pager.
 
-    budget: bytes of host memory (default: DEFAULT_BUDGET_FRACTION of MemAvailable, capped at what
-        every expert takes). Each expert layer gets budget // slot_bytes // n_layers slots.
+    budget: bytes of host memory (default: `budget.default_host_budget`, a share of available
+        memory capped at what every expert takes). Each expert layer gets budget // slot_bytes // n_layers slots.
     device: "cuda..." pins the pool for asynchronous copies; anything else leaves it pageable.
     n_threads, chunk_bytes, direct, fallback: the pager's (see strata.native.Pager).
     Thread-safe: loads, waits, pins and policy updates may come from several threads.
     """
 
     def __init__(self, model: ModelFile, budget: int | None = None, *, top_k: int | None = None,
-                 device: str = "cpu", n_threads: int = 4, chunk_bytes: int = 0, direct: bool | None = None,
-                 fallback: str = "pread", policy_config: PolicyConfig | None = None) -> None:
+                 device: str = "cpu", n_threads: int = DEFAULT_PAGER_THREADS, chunk_bytes: int = 0,
+                 direct: bool | None = None, fallback: str = "pread",
+                 policy_config: PolicyConfig | None = None) -> None:
         self.model = model
-        self._layer_index = {layer: i for i, layer in enumerate(model.expert_layers)}
-        if not self._layer_index:
+        self.layers = ExpertLayers(model.expert_layers, model.path)
+        if not len(self.layers):
             raise ValueError(f"{model.path}: the model has no routed experts: nothing for a host tier to hold")
         self.top_k = top_k or model.hparams.n_experts_used
-        self.pager = Pager(model.path, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
+        self.pager = native.Pager(model.path, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
         try:
             self.layout = slot_layout(model, self.pager.info.align)
-            budget = default_budget(model, self.layout) if budget is None else budget
-            self.budget = check_budget(budget, model, self.layout, self.top_k)
-            per_layer = min(model.hparams.n_experts, self.budget // self.layout.slot_bytes // len(self._layer_index))
-            self.policy = ExpertPolicy(len(self._layer_index), model.hparams.n_experts, per_layer,
+            budget = default_host_budget(model, self.layout) if budget is None else budget
+            self.budget = check_host_budget(budget, model, self.layout, self.top_k)
+            per_layer = min(model.hparams.n_experts, self.budget // self.layout.slot_bytes // len(self.layers))
+            self.policy = ExpertPolicy(len(self.layers), model.hparams.n_experts, per_layer,
                                        self.top_k, policy_config)
             self.pinned = str(device).startswith("cuda")
             self.pool = _allocate(self.policy.n_slots * self.layout.slot_bytes, self.pinned)  # [S * slot]
         except BaseException:
             self.pager.close()
             raise
-        if numa_node_count() > 1:  # read on the CPUs next to the pool's memory
-            self.pager.bind_node(numa_node_of(self.pool))
+        if native.numa_node_count() > 1:  # read on the CPUs next to the pool's memory
+            self.pager.bind_node(native.numa_node_of(self.pool))
         self._data_offset = np.zeros((self.policy.n_slots, len(PARTS)), dtype=np.int64)  # [S, 3]
         self._loading: dict[int, HostLoad] = {}  # slot -> load in flight
         self._lock = threading.Lock()
@@ -231,7 +159,7 @@ class HostTier:
 
     def __repr__(self) -> str:
         return (f"HostTier({str(self.model.path)!r}, {self.n_slots} slots x {self.layout.slot_bytes} B = "
-                f"{_gib(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
+                f"{gib(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
 
     @property
     def n_slots(self) -> int:
@@ -348,11 +276,7 @@ class HostTier:
     # ---- internals (self._lock held unless said otherwise) --------------------------------------
 
     def _index(self, layer: int) -> int:
-        li = self._layer_index.get(layer)
-        if li is None:
-            raise StrataError(f"{self.model.path}: layer {layer} has no routed experts (expert layers: "
-                              f"{self.model.expert_layers[0]}..{self.model.expert_layers[-1]})")
-        return li
+        return self.layers.index(layer)
 
     def _resident(self, layer: int, li: int, expert: int) -> HostLoad | None:
         slot = self.policy.lookup(li, expert)
@@ -385,7 +309,7 @@ class HostTier:
         while len(load.offsets) < len(load.tickets):
             try:
                 offset = self.pager.wait(load.tickets[len(load.offsets)], timeout)
-            except PagerTimeoutError:
+            except native.PagerTimeoutError:
                 raise
             except NativeError as exc:
                 load.error, offset = load.error or exc, -1
@@ -425,8 +349,11 @@ class HostTier:
         return HostExpert(layer, expert, slot, slabs, tuple(parts))
 
 
-def _collect_quietly(pager: Pager, ticket: int) -> None:
+def _collect_quietly(pager: native.Pager, ticket: int) -> None:
     try:
         pager.wait(ticket)
     except NativeError:
         pass
+
+
+__all__ = ["BudgetError", "HostExpert", "HostLoad", "HostTier", "SlotLayout", "machine_memory", "slot_layout"]

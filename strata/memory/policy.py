@@ -40,6 +40,8 @@ import numpy as np
 
 from strata.errors import StrataError
 
+from .budget import DEFAULT_PREFETCH_MARGIN
+
 FREE, LOADING, READY = 0, 1, 2
 _STATE_NAMES = {FREE: "free", LOADING: "loading", READY: "ready"}
 
@@ -54,15 +56,14 @@ class PolicyConfig:
 
     half_life_steps: decay of use counts, in steps of one layer (tokens at batch 1). Hit rates
         move by under 0.01 between 64 and 512 on the trace; shorter follows drift faster.
-    prefetch_margin: a prefetch of probability p displaces only keep values below p / margin.
-        The knob trades bytes moved for hits: at 8, the trace's replay both hits more and loads
-        fewer experts than LRU at 16 and 32 slots; at 4, hits rise by another ~0.07-0.11 for
-        ~15% more loads than LRU; at 1, nearly every prediction is loaded.
+    prefetch_margin: a prefetch of probability p displaces only keep values below p / margin;
+        default and reasons: `budget.DEFAULT_PREFETCH_MARGIN` (decoding) and
+        `budget.REPLAY_PREFETCH_MARGIN` (co-occurrence alone, in the trace replay).
     prior_weight: seeded routing counts (`seed_counts`) weigh as this many steps of history.
     """
 
     half_life_steps: float = 128.0
-    prefetch_margin: float = 8.0
+    prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
     prior_weight: float = 64.0
 
 
@@ -161,6 +162,31 @@ class ExpertPolicy:
         ids = self._experts(expert_ids).ravel()
         p = np.broadcast_to(np.asarray(probs, dtype=np.float64), ids.shape)
         np.maximum.at(self._hints[layer], ids, np.clip(p, 0.0, 1.0))
+
+    def hits_first(self, layer: int, expert_ids: Sequence[int]) -> list[int]:
+        """Positions of `expert_ids` in the order a step reserves them: the resident ones first, so
+        pinning them before any miss is admitted keeps a miss from evicting an expert the same
+        step needs; then the misses, each group in the order given."""
+        layer = self._layer(layer)
+        resident = [self.page_table[layer, self._expert(e)] >= 0 for e in expert_ids]
+        return [i for i, r in enumerate(resident) if r] + [i for i, r in enumerate(resident) if not r]
+
+    def announce(self, layer: int, expert_ids: np.ndarray, probs: np.ndarray) -> list[tuple[int, float, tuple | None]]:
+        """A predictor's experts for `layer`'s next step (most likely first): hint them all, then
+        `admit_prefetch` each one not resident, in order. Returns (expert, prob, the admission:
+        (slot, evicted) or None when refused) per expert that was not resident; the caller loads
+        the admitted ones. Once one is refused the rest, less likely, would be too: they are
+        returned refused without asking."""
+        layer = self._layer(layer)
+        self.hint(layer, expert_ids, probs)
+        out, refused = [], False
+        for e, p in zip(np.asarray(expert_ids).tolist(), np.asarray(probs, dtype=np.float64).tolist()):
+            if self.page_table[layer, e] >= 0:
+                continue
+            admitted = None if refused else self.admit_prefetch(layer, e, p)
+            refused = refused or admitted is None
+            out.append((e, p, admitted))
+        return out
 
     # ---- slot life cycle -----------------------------------------------------------------------
 

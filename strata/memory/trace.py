@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from strata.errors import StrataError, StrataFormatError
+from strata.memory.budget import REPLAY_PREFETCH_MARGIN
 from strata.memory.policy import ExpertPolicy, PolicyConfig
-from strata.memory.predictor import CooccurrencePredictor
+from strata.memory.predict import Cooccurrence, CooccurrencePredictor, Lookahead, Predictor
 
 
 def load_trace(path: str | Path) -> np.ndarray:
@@ -79,27 +80,44 @@ def n_experts_of(indices: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """How the replay drives the policy: prefetch depth (0: hints and prefetch off) and how many
-    predicted experts per predicted layer it hints and may prefetch (0: top-k)."""
+    """How the replay drives the policy: prefetch depth (0: hints and prefetch off), how many
+    predicted experts per predicted layer the co-occurrence predictor offers (0: top-k), and the
+    predictor's filter (`Cooccurrence`: min_prob, min_tokens; decoding's are in `budget.py`).
+    `lookahead` adds router look-ahead announcements, here the trace's own next routing (its
+    ceiling). The policy's margin defaults to `budget.REPLAY_PREFETCH_MARGIN` (why: there)."""
 
     prefetch_depth: int = 1
     prefetch_top: int = 0
     predictor_half_life: float | None = None
-    policy: PolicyConfig = PolicyConfig()
+    policy: PolicyConfig = PolicyConfig(prefetch_margin=REPLAY_PREFETCH_MARGIN)
+    min_prob: float = 0.0
+    min_tokens: int = 0
+    lookahead: bool = False
+    cooccurrence: bool = True
 
 
 def replay_policy(indices: np.ndarray, slots: int, config: ReplayConfig = ReplayConfig(),
                   n_experts: int | None = None,
                   on_step: Callable[[int, int, ExpertPolicy], None] | None = None) -> ReplayResult:
-    """Replay through `ExpertPolicy`, with the co-occurrence predictor's hints and prefetches for
-    the next `prefetch_depth` layers of the same token. Predictions use only past tokens and the
-    current token's earlier layers. `on_step(token, layer, policy)` runs after every step."""
+    """Replay through `ExpertPolicy` and the predictors decoding uses (`strata.memory.predict`):
+    hints and prefetches for the next `prefetch_depth` layers of the same token. Predictions use
+    only past tokens and the current token's earlier layers (look-ahead aside, which announces
+    the next layers' routing as the model's routers would). `on_step(token, layer, policy)` runs
+    after every step."""
     n_layers, n_tokens, k = indices.shape
     n_experts = n_experts or n_experts_of(indices)
     policy = ExpertPolicy(n_layers, n_experts, slots, top_k=k, config=config.policy)
-    predictor = CooccurrencePredictor(n_layers, n_experts, k, half_life_tokens=config.predictor_half_life)
-    run = _PolicyRun(policy, predictor, config, np.zeros(indices.shape, dtype=bool))
+    predictors: list[Predictor] = []
+    token = [0]
+    if config.prefetch_depth > 0 and config.lookahead:
+        predictors.append(Lookahead(n_layers, config.prefetch_depth, lambda layer: indices[layer, token[0]][None]))
+    if config.prefetch_depth > 0 and config.cooccurrence:
+        table = CooccurrencePredictor(n_layers, n_experts, k, half_life_tokens=config.predictor_half_life)
+        predictors.append(Cooccurrence(table, config.prefetch_depth, config.prefetch_top, config.min_prob,
+                                       config.min_tokens))
+    run = _PolicyRun(policy, predictors, np.zeros(indices.shape, dtype=bool))
     for t in range(n_tokens):
+        token[0] = t
         for layer in range(n_layers):
             run.step(t, layer, indices[layer, t])
             if on_step is not None:
@@ -109,47 +127,52 @@ def replay_policy(indices: np.ndarray, slots: int, config: ReplayConfig = Replay
 
 
 class _PolicyRun:
-    """The engine's side of the policy during replay: acquire, record, hint, prefetch."""
+    """The engine's side of the policy during replay, in the order decoding makes the same calls
+    (look-ahead announcements, then `TieredExpertMemory.observe`: record, the predictors' observe
+    and predictions; then acquire, hits first, and release); loads are instantaneous."""
 
-    def __init__(self, policy: ExpertPolicy, predictor: CooccurrencePredictor, config: ReplayConfig,
-                 hits: np.ndarray) -> None:
-        self.policy, self.predictor, self.config, self.hits = policy, predictor, config, hits
+    def __init__(self, policy: ExpertPolicy, predictors: list[Predictor], hits: np.ndarray) -> None:
+        self.policy, self.predictors, self.hits = policy, predictors, hits
         self.prefetched = np.zeros(policy.page_table.shape, dtype=bool)  # [L, E] loaded, not yet used
         self.demand_loads = self.prefetch_loads = self.prefetch_used = 0
 
     def step(self, t: int, layer: int, expert_ids: np.ndarray) -> None:
-        self.policy.record(layer, expert_ids)
+        routed = expert_ids[None]  # [T=1, K]
+        for predictor in self.predictors:  # the model's look-ahead runs before the router
+            if isinstance(predictor, Lookahead):
+                for before in ((-1, layer) if layer == 0 else (layer,)):  # -1: from the embeddings
+                    self._apply(predictor.predict(before, routed))
+        self.policy.record(layer, routed)
+        for predictor in self.predictors:
+            predictor.observe(layer, routed)
+        for predictor in self.predictors:
+            if not isinstance(predictor, Lookahead):
+                self._apply(predictor.predict(layer, routed))
         self.hits[layer, t] = self._acquire(layer, expert_ids)
         for e in expert_ids:
             self.policy.unpin(layer, e)
-        self.predictor.observe(layer, expert_ids)
-        if self.config.prefetch_depth > 0:
-            self._prefetch(layer, expert_ids)
 
     def _acquire(self, layer: int, expert_ids: np.ndarray) -> np.ndarray:
         policy = self.policy
-        hit = np.array([policy.lookup(layer, e) is not None for e in expert_ids])  # [K]
-        for e in expert_ids[hit]:  # pin the hits first so this step's misses cannot evict them
+        hit = np.zeros(len(expert_ids), dtype=bool)  # [K]
+        for i in policy.hits_first(layer, expert_ids):
+            e = expert_ids[i]
+            hit[i] = policy.lookup(layer, e) is not None
+            if not hit[i]:
+                self._load(layer, e, policy.admit(layer, e))
+                self.demand_loads += 1
             policy.pin(layer, e)
         self.prefetch_used += int(self.prefetched[layer, expert_ids].sum())
         self.prefetched[layer, expert_ids] = False
-        for e in expert_ids[~hit]:
-            self._load(layer, e, policy.admit(layer, e))
-            policy.pin(layer, e)
-            self.demand_loads += 1
         return hit
 
-    def _prefetch(self, layer: int, expert_ids: np.ndarray) -> None:
-        top = self.config.prefetch_top or self.predictor.top_k
-        for nxt, ids, probs in self.predictor.predict(layer, expert_ids, self.config.prefetch_depth, top):
-            self.policy.hint(nxt, ids, probs)
-            for e, p in zip(ids, probs):
-                if self.policy.lookup(nxt, e) is None:
-                    admitted = self.policy.admit_prefetch(nxt, e, p)
-                    if admitted is None:
-                        break  # candidates come most likely first: the rest would be refused too
-                    self._load(nxt, e, admitted)
-                    self.prefetched[nxt, e] = True
+    def _apply(self, predictions: list) -> None:
+        for prediction in predictions:
+            layer = prediction.layer
+            for e, _, admitted in self.policy.announce(layer, prediction.expert_ids, prediction.probs):
+                if admitted is not None:
+                    self._load(layer, e, admitted)
+                    self.prefetched[layer, e] = True
                     self.prefetch_loads += 1
 
     def _load(self, layer: int, expert: int, admitted: tuple[int, int | None]) -> None:

@@ -73,8 +73,9 @@ class RoutedExperts(nn.Module):
 class Lookahead:
     """Announces the routed experts of the next layers before they are needed: each next MoE
     layer's own FFN norm and router applied to the current hidden state (the residual stream
-    changes little from one layer to the next), top-k per token, passed to `memory.prefetch`.
-    A hint only: it reads h and changes nothing the model computes."""
+    changes little from one layer to the next), top-k per token, passed to `memory.prefetch`
+    (what an announcement means to the memory: `strata.memory.predict.lookahead`). A hint only:
+    it reads h and changes nothing the model computes."""
 
     def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]]):
         self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer

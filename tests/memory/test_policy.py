@@ -10,8 +10,8 @@ import pytest
 
 from strata.errors import StrataError, StrataFormatError
 from strata.memory.policy import FREE, LOADING, READY, ExpertPolicy, PolicyConfig, PoolExhaustedError
-from strata.memory.predictor import CooccurrencePredictor
 from strata.bench.cache import replay_belady, replay_fixed, replay_lru
+from strata.memory.predict import CooccurrencePredictor
 from strata.memory.trace import ReplayConfig, load_trace, predictor_recall, replay_policy
 
 ROOT = Path(__file__).resolve().parents[2]

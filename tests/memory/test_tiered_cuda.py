@@ -45,7 +45,7 @@ def test_cuda_logits_and_tokens_equal_the_all_resident_run(path, reference, form
     logits, greedy, batch = reference[dtype]
     with load(path, form, depth, dtype) as m:
         mem = m.memory
-        assert mem.slots.cuda and mem.page_table.is_cuda and mem.host.pinned
+        assert mem.slots.cuda and mem.host.pinned  # the page table has no device copy: nothing there reads it
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert torch.equal(m.logits(prompt(24)), logits)
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == greedy

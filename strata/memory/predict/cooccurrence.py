@@ -19,12 +19,18 @@ the time. Weighing the evidence sum by 1/sqrt(K) (K correlated votes count as sq
 independent ones) brings predicted and observed rates within a few points of each other. Counts
 decay exponentially (lazily: observations are added with a growing weight, renormalised now and
 then) so the table follows drifting traffic. All arrays are sized at construction.
+
+`CooccurrencePredictor` is the table; `Cooccurrence` is the `Predictor` the tiered memory and the
+trace replay drive: it feeds the table and turns its per-token predictions into one per layer.
+Plain numpy; it must not allocate per token beyond numpy's temporaries, nor touch slots or bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from strata.errors import StrataError
+
+from .base import Prediction, Predictor, merge
 
 _RENORM_AT = 1e100  # weights grow by 1/decay per token; renormalise long before float64 overflows
 
@@ -100,6 +106,10 @@ class CooccurrencePredictor:
             ids, confidence = order[:self.top_k], float(p[order[:self.top_k]].mean())
         return out
 
+    def tokens_seen(self, layer: int) -> float:
+        """Decayed count of tokens paired across layer -> layer+1 (the evidence behind its predictions)."""
+        return float(self.n[layer] / self._weight[layer]) if layer + 1 < self.n_layers else 0.0
+
     def _add_pairs(self, t: int, src_ids: np.ndarray, dst_ids: np.ndarray) -> None:
         # src_ids, dst_ids: [B, K], row r of both is the same token
         w = self._weight[t]
@@ -126,3 +136,36 @@ class CooccurrencePredictor:
         if ids.min() < 0 or ids.max() >= self.n_experts:
             raise StrataError(f"predictor: expert ids of layer {layer} out of range 0..{self.n_experts - 1}")
         return ids
+
+
+class Cooccurrence(Predictor):
+    """The co-occurrence table as a `Predictor`: for the next `depth` layers, the `top` (default
+    top-k) likeliest experts of each token, merged, those below `min_prob` dropped; nothing until
+    the table has seen `min_tokens` tokens of the transition, nor for steps of more than
+    `table.max_batch` tokens (the table keeps the last step of each layer in fixed arrays)."""
+
+    def __init__(self, table: CooccurrencePredictor, depth: int, top: int = 0, min_prob: float = 0.0,
+                 min_tokens: int = 0) -> None:
+        self.table, self.depth, self.top = table, depth, top or table.top_k
+        self.min_prob, self.min_tokens = min_prob, min_tokens
+
+    def observe(self, layer: int, expert_ids: np.ndarray) -> None:
+        if len(expert_ids) <= self.table.max_batch:
+            self.table.observe(layer, expert_ids)
+
+    def predict(self, layer: int, expert_ids: np.ndarray) -> list[Prediction]:
+        ids = np.asarray(expert_ids)
+        ids = ids[None] if ids.ndim == 1 else ids  # [T, K]
+        table = self.table
+        if layer + 1 >= table.n_layers or len(ids) > table.max_batch or table.tokens_seen(layer) < self.min_tokens:
+            return []
+        per_layer: dict[int, tuple[list, list]] = {}
+        for token_ids in ids:
+            for nxt, experts, probs in table.predict(layer, token_ids, self.depth, self.top):
+                per_layer.setdefault(nxt, ([], []))[0].append(experts)
+                per_layer[nxt][1].append(probs)
+        out = [merge(nxt, experts, probs, self.min_prob) for nxt, (experts, probs) in per_layer.items()]
+        return [p for p in out if p is not None]
+
+
+__all__ = ["Cooccurrence", "CooccurrencePredictor"]

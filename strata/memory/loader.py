@@ -1,0 +1,250 @@
+"""Loads into device slots for `TieredExpertMemory`, and the prefetch loader that runs them ahead.
+
+A device slot is loaded by whoever reaches it first: the compute thread (a miss, or a queued
+prefetch it takes over) or the loader thread (an admitted prediction). `SlotLoads` holds the
+per-slot job state both share and the steps of one load: start (the policy admitted the slot),
+read through the host tier, fill the slot (copy or dequantize), complete or cancel.
+
+Prefetch. Predictions come from the model's router look-ahead (`prefetch`, turned into a
+`Prediction` by `predict.lookahead.announcement`) and from the memory's own predictors (fed by
+`observe`, `predict.Predictor`). Each goes through `ExpertPolicy.announce`, the same call the
+trace replay makes: every predicted expert is hinted, and the ones the policy finds room for are
+admitted, marked loading and queued for one loader thread, which reads through the host tier (the
+pager's native threads do the disk reads) and fills the slot (native dequantization releases the
+GIL; on CUDA the copy and dequantization are queued on the load stream, and compute waits on that
+slot's event only). A wrong prediction costs a load, never a result: slots are filled only with
+the file's bytes, and compute reads a slot only after its load.
+
+Must not: decide placement (the policies do) or compute anything but dequantization.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+
+import numpy as np
+import torch
+
+from strata.errors import StrataError
+
+from .host import HostLoad
+from .policy import PoolExhaustedError
+from .predict import Prediction
+
+# Who is loading a LOADING slot (job state per slot).
+NONE, QUEUED, LOADER, COMPUTE = 0, 1, 2, 3
+RETRY_S = 2e-4  # pause before retrying when every host slot of a layer is pinned by loads in flight
+
+
+class SlotLoads:
+    """Mixin of `TieredExpertMemory`: the state of loads into device slots and the prefetch loader.
+    Expects `policy`, `host`, `slots`, `stats`, `layers` (`ExpertLayers`), `model_file`,
+    `prefetch_depth` and `predictors` on the instance."""
+
+    def _init_loads(self, n_slots: int, n_layers: int, n_experts: int) -> None:
+        S = n_slots
+        self._lock = threading.Lock()
+        self._ready = [threading.Event() for _ in range(S)]  # set when the slot's load is over
+        for event in self._ready:
+            event.set()
+        self._job = np.zeros(S, dtype=np.int8)  # [S] who loads a LOADING slot
+        self._generation = np.zeros(S, dtype=np.int64)  # [S] admissions so far: stale queue entries
+        self._prefetched = np.zeros(S, dtype=bool)  # [S] filled by a prefetch not yet used
+        self._error: list[BaseException | None] = [None] * S
+        self._predicted = np.zeros((n_layers, n_experts), dtype=bool)  # [L, E] announced for the next step
+        self._unpins: deque[tuple[int, int, int]] = deque()  # (slot, layer, expert): CUDA host pins to drop
+        self._unpin_lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._loader: threading.Thread | None = None
+
+    def _start_loader(self) -> None:
+        """The loader thread; it holds the memory weakly, so dropping the memory stops it."""
+        self._loader = threading.Thread(target=_loader_main, args=(weakref.ref(self), self._queue),
+                                        name="strata-expert-loader", daemon=True)
+        self._loader.start()
+        weakref.finalize(self, self._queue.put, None)
+
+    def _stop_loader(self) -> None:
+        if self._loader is not None:
+            self._queue.put(None)
+            self._loader.join()
+            self._loader = None
+
+    # ---- one load ------------------------------------------------------------------------------
+
+    def _start_load(self, slot: int, who: int) -> None:
+        """A slot was just admitted (lock held): it is loading, by `who`."""
+        self._generation[slot] += 1
+        self._job[slot] = who
+        self._prefetched[slot] = False
+        self._error[slot] = None
+        self._ready[slot].clear()
+
+    def _cancel(self, li: int, slot: int) -> None:
+        """Give a LOADING slot back to the policy (lock held)."""
+        self.policy.cancel(li, int(self.policy.slot_expert[slot]))
+        self._job[slot] = NONE
+        self._ready[slot].set()
+
+    def _host_wait(self, layer: int, e: int, load: HostLoad):
+        """The expert's bytes in a pinned host slot, once `load` is done. A slot evicted between
+        its load and this pin (by another thread's load) is loaded again."""
+        while True:
+            try:
+                return self.host.wait(load, pin=True)
+            except StrataError:
+                if load.error is not None or not load.done:
+                    raise
+            load = self.host.load(layer, e)
+
+    def _fill(self, layer: int, li: int, e: int, slot: int, expert, prefetched: bool = False) -> None:
+        """Host slot -> device slot, then READY; the host slot is unpinned once the copy is done."""
+        try:
+            seconds, written = self.slots.fill(slot, expert.slabs, expert.parts)
+        except BaseException:
+            self.host.unpin(layer, e)
+            raise
+        if self.slots.cuda:
+            with self._unpin_lock:
+                self._unpins.append((slot, layer, e))
+        else:
+            self.host.unpin(layer, e)
+        with self._lock:
+            self.stats.dequant_s[li] += seconds
+            self.stats.bytes_to_device[li] += written
+            self.policy.complete(li, e)
+            self._job[slot] = NONE
+            self._prefetched[slot] = prefetched
+            self._ready[slot].set()
+
+    def _count_host(self, li: int, layer: int, e: int, load: HostLoad, prefetch: bool) -> None:
+        hits, reads = ((self.stats.prefetch_host_hits, self.stats.prefetch_disk_reads) if prefetch
+                       else (self.stats.host_hits, self.stats.disk_reads))
+        nbytes = 0 if load.hit else sum(s.nbytes for s in self.model_file.expert_slabs(layer, e))
+        with self._lock:
+            if load.hit:
+                hits[li] += 1
+            else:
+                reads[li] += 1
+                self.stats.bytes_disk[li] += nbytes
+
+    def _drain_unpins(self, block: bool = False) -> None:
+        """Unpin host slots whose copies to the device have finished (CUDA)."""
+        while True:
+            with self._unpin_lock:
+                if not self._unpins:
+                    return
+                slot, layer, e = self._unpins[0]
+                if not (block or self.slots.fill_done(slot)):
+                    return
+                self._unpins.popleft()
+            self.slots.sync_fill(slot)
+            self.host.unpin(layer, e)
+
+    # ---- predictions ---------------------------------------------------------------------------
+
+    def _predict(self, li: int, ids: np.ndarray) -> None:
+        """Feed this layer's routing [T, K] to the predictors and prefetch what they predict."""
+        for predictor in self.predictors:
+            predictor.observe(li, ids)
+        for predictor in self.predictors:
+            for prediction in predictor.predict(li, ids):
+                self._announce(prediction)
+
+    def _announce(self, prediction: Prediction) -> None:
+        """Hint a prediction to both tiers and queue the loads the device policy admits."""
+        li, ids, probs = prediction.layer, prediction.expert_ids, prediction.probs
+        layer = self.layers.layer(li)
+        self.host.hint(layer, ids, probs)
+        with self._lock:
+            self._predicted[li, ids] = True
+            for e, prob, admitted in self.policy.announce(li, ids, probs):
+                if admitted is None:
+                    self.stats.prefetch_refused[li] += 1
+                    continue
+                slot, evicted = admitted
+                self._start_load(slot, QUEUED)
+                self.stats.prefetch_issued[li] += 1
+                self.stats.evictions[li] += evicted is not None
+                self._queue.put((layer, li, e, slot, int(self._generation[slot]), prob))
+
+    def _score_predictions(self, li: int, ids: np.ndarray) -> None:
+        """Lock held: compare the experts announced for this step with those routed."""
+        predicted = self._predicted[li]
+        if not predicted.any():
+            return
+        actual = np.unique(ids)
+        self.stats.predicted[li] += int(predicted.sum())
+        self.stats.actual[li] += actual.size
+        self.stats.predicted_correct[li] += int(predicted[actual].sum())
+        predicted[:] = False
+
+    # ---- the loader thread's work --------------------------------------------------------------
+
+    def _run_prefetch(self, layer: int, li: int, e: int, slot: int, generation: int, prob: float) -> None:
+        with self._lock:
+            if self._generation[slot] != generation or self._job[slot] != QUEUED:
+                return  # cancelled, or taken over by compute
+            self._job[slot] = LOADER
+        try:
+            expert = self._prefetch_host(layer, li, e, slot, prob)
+            if expert is not None:
+                self._fill(layer, li, e, slot, expert, prefetched=True)
+        except BaseException as exc:  # compute may be waiting for this slot: hand it the error
+            with self._lock:
+                self._error[slot] = exc
+                if self.policy.slot_pins[slot] == 0:
+                    self._cancel(li, slot)
+                self._ready[slot].set()
+
+    def _prefetch_host(self, layer: int, li: int, e: int, slot: int, prob: float):
+        """The predicted expert in a pinned host slot, or None when the host tier refuses it and
+        compute is not waiting for it (the device slot is then given back)."""
+        while True:
+            try:
+                load = self.host.prefetch(layer, e, prob)
+            except PoolExhaustedError:
+                load = None
+            if load is None:
+                with self._lock:
+                    if self.policy.slot_pins[slot] == 0:
+                        self._cancel(li, slot)
+                        self.stats.prefetch_cancelled[li] += 1
+                        return None
+                try:  # compute is waiting for it: load it as a demand load would
+                    load = self.host.load(layer, e)
+                except PoolExhaustedError:
+                    self._drain_unpins()
+                    time.sleep(RETRY_S)
+                    continue
+            self._count_host(li, layer, e, load, prefetch=True)
+            return self._host_wait(layer, e, load)
+
+
+def _loader_main(memory_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
+    """The loader thread: runs queued prefetches until None arrives or the memory is gone. It
+    holds the memory only while it works, so an unclosed memory can still be collected."""
+    memory = memory_ref()
+    if memory is None:
+        return
+    if memory.slots.cuda:
+        torch.cuda.set_device(memory.device.index)
+    while True:
+        timeout = 0.01 if memory._unpins else None  # host pins wait for copies to finish (CUDA)
+        del memory
+        try:
+            job = jobs.get(timeout=timeout)
+        except queue.Empty:
+            job = ()
+        memory = memory_ref()
+        if job is None or memory is None:
+            return
+        memory._drain_unpins()
+        if job:
+            memory._run_prefetch(*job)
+
+
+__all__ = ["COMPUTE", "LOADER", "NONE", "QUEUED", "RETRY_S", "SlotLoads"]
