@@ -231,7 +231,8 @@ class Converter:
         """Per-layer tensors that must be present (experts are checked separately)."""
         a = self.arch
         return (_LAYER_TENSORS + ((MT.ATTN_Q_NORM, MT.ATTN_K_NORM) if a.qk_norm else ())
-                + (_SHARED_TENSORS if a.shared_expert else ()) + ((MT.FFN_GATE_INP_SHEXP,) if a.shared_expert_gate else ()))
+                + (_SHARED_TENSORS if a.shared_expert else ())
+                + ((MT.FFN_GATE_INP_SHEXP,) if a.shared_expert_gate else ()))
 
     def transform(self, kind: MT, values: np.ndarray) -> np.ndarray:
         """A resident tensor's values on their way to GGUF: llama's Q/K rows permuted, else unchanged."""
