@@ -5,7 +5,7 @@ metadata keys, q/k norms, biases, shared experts, the llama Q/K row permutation,
 keys); this module reads it and never names an architecture. In particular:
 
   * resident tensors are named through gguf-py's `TensorNameMap` (llama.cpp's own table) for the
-    record's `tensors` architecture; GGUF names are formatted by `strata.arch.names`;
+    record's `tensors` architecture; GGUF names are formatted by `strata.arch.tensor_names`;
   * routed experts are found in either HF layout (`converters.experts`) and planned as 3-D
     `blk.N.ffn_{gate,up,down}_exps` [E, rows, cols] with the expert index slowest, produced one
     expert at a time;

@@ -11,7 +11,7 @@ llama.cpp stores the routed experts of layer N as 3-D tensors with the expert in
 so expert e of a tensor is the contiguous byte range [offset + e*stride, offset + (e+1)*stride)
 with stride = nbytes / E. In the fused form gate and up are the two halves of that range (rows
 are whole quant blocks, so each half is a whole number of rows). Names are formatted by
-`strata.arch.names` (gguf-py's tensor table, the one llama.cpp's converter writes from).
+`strata.arch.tensor_names` (gguf-py's tensor table, the one llama.cpp's converter writes from).
 """
 from __future__ import annotations
 
