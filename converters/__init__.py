@@ -1,8 +1,9 @@
 """Hugging Face MoE checkpoints -> llama.cpp-compatible GGUF (`python -m strata.convert`).
 
-One module per architecture (`mixtral`, `qwen2moe`, `qwen3moe`, `olmoe`) over shared machinery
-(`source`: checkpoint reading; `base`: planning and checks; `types`: ggml types; `tokenizer`;
-`writer`: streaming output). `convert()` is the whole pipeline.
+Which architectures convert, and how they differ, is data in the registry (`strata.arch`: a
+record per architecture, found by config.json's `architectures`); the machinery is shared
+(`source`: checkpoint reading; `experts`: HF expert layouts; `base`: planning and checks;
+`types`: ggml types; `tokenizer`; `writer`: streaming output). `convert()` is the whole pipeline.
 """
 from __future__ import annotations
 
@@ -13,44 +14,40 @@ from typing import Any, Callable
 
 import gguf
 
-from converters.base import Architecture, PlannedTensor
-from converters.mixtral import Mixtral
-from converters.olmoe import Olmoe
-from converters.qwen2moe import Qwen2Moe
-from converters.qwen3moe import Qwen3Moe
+from converters.base import Converter, PlannedTensor
 from converters.source import Checkpoint, ConversionError
 from converters.tokenizer import write_tokenizer
 from converters.types import TypePolicy
 from converters.writer import atomic_output, write_data
+from strata import arch as archs
 from strata.errors import StrataFormatError
 from strata.gguf import match_expert_tensor
 from strata.gguf.routing import add_routing_counts, load_routing_npz
 
 log = logging.getLogger("strata.convert")
 
-ARCHITECTURES: tuple[type[Architecture], ...] = (Mixtral, Qwen2Moe, Qwen3Moe, Olmoe)
-
-__all__ = ["ARCHITECTURES", "Checkpoint", "ConversionError", "TypePolicy", "architecture_for", "convert"]
+__all__ = ["Checkpoint", "ConversionError", "Converter", "TypePolicy", "converter_for", "convert"]
 
 
-def architecture_for(ckpt: Checkpoint) -> Architecture:
-    """The converter for the checkpoint's `architectures[0]`."""
+def converter_for(ckpt: Checkpoint) -> Converter:
+    """The converter for the registered architecture that takes the checkpoint's `architectures`."""
     names = ckpt.config.get("architectures") or []
-    for cls in ARCHITECTURES:
-        if any(n in cls.hf_architectures for n in names):
-            return cls(ckpt)
-    known = ", ".join(a for cls in ARCHITECTURES for a in cls.hf_architectures)
+    for name in names:
+        arch = archs.for_hf(name)
+        if arch is not None:
+            return Converter(ckpt, arch)
+    known = ", ".join(archs.hf_names())
     raise ConversionError(f"{ckpt.folder / 'config.json'}: unsupported architecture "
                           f"{names[0] if names else '(none given)'}; supported: {known}")
 
 
-def _write_metadata(w: gguf.GGUFWriter, arch: Architecture, ckpt: Checkpoint, policy: TypePolicy,
+def _write_metadata(w: gguf.GGUFWriter, conv: Converter, ckpt: Checkpoint, policy: TypePolicy,
                     name: str, tokenizer_pre: str | None) -> None:
     w.add_name(name)
-    arch.write_metadata(w)
+    conv.write_metadata(w)
     w.add_file_type(policy.file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    write_tokenizer(w, ckpt.folder, arch.hp.n_vocab, tokenizer_pre)
+    write_tokenizer(w, ckpt.folder, conv.hp.n_vocab, tokenizer_pre)
 
 
 def _write_routing(w: gguf.GGUFWriter, npz: str | os.PathLike[str], planned: list[PlannedTensor],
@@ -82,12 +79,12 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
         raise ConversionError(f"{target}: output directory {target.parent} does not exist")
     n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
     with Checkpoint(hf_dir) as ckpt:
-        arch = architecture_for(ckpt)
-        planned = arch.plan(policy)
-        w = gguf.GGUFWriter(None, arch.arch_name)
-        _write_metadata(w, arch, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
+        conv = converter_for(ckpt)
+        planned = conv.plan(policy)
+        w = gguf.GGUFWriter(None, conv.arch.name)
+        _write_metadata(w, conv, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
         if routing_stats is not None:
-            _write_routing(w, routing_stats, planned, arch.hp.n_experts)
+            _write_routing(w, routing_stats, planned, conv.hp.n_experts)
         for p in planned:
             w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
         total = sum(p.src_bytes for p in planned)

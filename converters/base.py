@@ -1,41 +1,45 @@
-"""Shared machinery of the HF -> GGUF converters: hyperparameters, tensor planning, shape checks.
+"""One converter for every architecture: hyperparameters, metadata, tensor planning, shape checks.
 
-An architecture is a small subclass of `Architecture` that says which HF architectures it takes,
-which GGUF architecture it writes, which metadata keys beyond the common ones it sets, which
-tensors each layer must have and with which shapes, and how (if at all) a tensor's values change
-on the way (llama's Q/K row permutation). Everything else lives here:
+What differs between architectures is data in their `strata.arch` record (HF names, extra
+metadata keys, q/k norms, biases, shared experts, the llama Q/K row permutation, refused config
+keys); this module reads it and never names an architecture. In particular:
 
-  * resident tensors are named through gguf-py's `TensorNameMap` (llama.cpp's own table);
-  * routed experts are found in either layout (per-expert `experts.N.{w1,w2,w3|gate,up,down}_proj`
-    or fused 3-D `experts.gate_up_proj` [E, 2I, H] + `experts.down_proj` [E, H, I]) and planned as
-    3-D `blk.N.ffn_{gate,up,down}_exps` [E, rows, cols] with the expert index slowest, produced one
+  * resident tensors are named through gguf-py's `TensorNameMap` (llama.cpp's own table) for the
+    record's `tensors` architecture; GGUF names are formatted by `strata.arch.tensor_names`;
+  * routed experts are found in either HF layout (`converters.experts`) and planned as 3-D
+    `blk.N.ffn_{gate,up,down}_exps` [E, rows, cols] with the expert index slowest, produced one
     expert at a time;
   * the plan is checked completely (unexpected, missing, mis-shaped tensors) before a byte is written.
+
+No file output here (`writer`), no tokenizer (`tokenizer`), no quantization (`types`).
 """
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import gguf
 import numpy as np
 from gguf import MODEL_TENSOR as MT
+from gguf.constants import Keys
 
+from converters.experts import ExpertSource, FusedSource, PerExpertSource, match_fused, match_per_expert
 from converters.source import Checkpoint, ConversionError, SourceTensor
 from converters.types import TypePolicy
+from strata.arch import Arch, layer_of, weight_name
+from strata.gguf import EXPERT_TENSORS, PARTS
 
 log = logging.getLogger("strata.convert")
 
 _REQUIRED = object()
 
-#: Expert parts in GGUF order, the MODEL_TENSOR each becomes, and the HF names of each part.
-EXPERT_KINDS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
-_PART_OF = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
-_PER_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
-                         r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
-_FUSED = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(?:\.weight)?$")
+#: Per-layer tensors every architecture has (experts are checked separately); the record adds more.
+_LAYER_TENSORS = (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.FFN_NORM, MT.FFN_GATE_INP)
+_SHARED_TENSORS = (MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP)
+_EXPERT_PARTS = {part: EXPERT_TENSORS[part] for part in PARTS}  # gate, up, down: GGUF order
 
 #: Tensors some checkpoints carry that no GGUF file holds.
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.bias|\.masked_bias)$")
@@ -58,7 +62,7 @@ class HParams:
     rope_theta: float
     rms_eps: float
     tied_embeddings: bool
-    extra: dict[str, Any] = field(default_factory=dict)
+    n_ff_shexp: int = 0  # shared_expert_intermediate_size, where the architecture has a shared expert
 
 
 @dataclass
@@ -82,31 +86,30 @@ class PlannedTensor:
         return int(np.prod(self.shape, dtype=np.int64)) // elems * size
 
 
-class Architecture:
-    """Base of every architecture module (see the module docstring)."""
+def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Reorder rows (or bias entries) of a Q/K projection from half-split to interleaved rotary
+    pairs: per head, rows [0..d/2) and [d/2..d) become 0, d/2, 1, d/2+1, ... (`Arch.permute_qk`:
+    ggml's NORM RoPE on the result equals the checkpoint's rotate-half RoPE, as llama.cpp's
+    converter does for `llama`)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-    hf_architectures: ClassVar[tuple[str, ...]] = ()
-    gguf_arch: ClassVar[gguf.MODEL_ARCH]
-    #: Per-layer MODEL_TENSORs that must be present (experts are checked separately).
-    layer_tensors: ClassVar[tuple[MT, ...]] = (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT,
-                                                MT.FFN_NORM, MT.FFN_GATE_INP)
+
+class Converter:
+    """Converts one checkpoint to the GGUF architecture `arch` (see the module docstring)."""
+
     #: Rows per piece when a large resident tensor (embeddings, output head) is streamed.
-    chunk_rows: ClassVar[int] = 8192
-    #: Whether llama.cpp's graph for this architecture renormalises the top-k routing weights
-    #: (it has no metadata key to say otherwise for these architectures).
-    router_normalizes: ClassVar[bool] = False
+    chunk_rows = 8192
 
-    def __init__(self, ckpt: Checkpoint):
-        self.ckpt = ckpt
-        self.cfg = ckpt.config
+    def __init__(self, ckpt: Checkpoint, arch: Arch):
+        self.ckpt, self.cfg, self.arch = ckpt, ckpt.config, arch
         self.hp = self.read_hparams()
-        self.arch_name = gguf.MODEL_ARCH_NAMES[self.gguf_arch]
         norm = self.cfg.get("norm_topk_prob")
-        if norm is not None and bool(norm) != self.router_normalizes:
+        if norm is not None and bool(norm) != arch.expert_weights_norm:
             log.warning("config.json: norm_topk_prob=%s, but llama.cpp's %s graph %s the top-k routing weights; "
-                        "llama.cpp's outputs will differ from transformers'", norm, self.arch_name,
-                        "renormalises" if self.router_normalizes else "does not renormalise")
-        self.name_map = gguf.get_tensor_name_map(self.gguf_arch, self.hp.n_layers)
+                        "llama.cpp's outputs will differ from transformers'", norm, arch.name,
+                        "renormalises" if arch.expert_weights_norm else "does not renormalise")
+        self.name_map = gguf.get_tensor_name_map(arch.tensors, self.hp.n_layers)
 
     # ---- config ----
 
@@ -116,9 +119,13 @@ class Architecture:
             if self.cfg.get(key) is not None:
                 return self.cfg[key]
         if default is _REQUIRED:
-            raise ConversionError(f"{self.ckpt.folder / 'config.json'}: missing {' / '.join(keys)} "
+            raise ConversionError(f"{self.config_path}: missing {' / '.join(keys)} "
                                   f"(needed for {self.cfg.get('architectures', ['?'])[0]})")
         return default
+
+    @property
+    def config_path(self) -> Path:
+        return self.ckpt.folder / "config.json"
 
     def rope_parameters(self) -> dict[str, Any]:
         rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
@@ -128,7 +135,7 @@ class Architecture:
         n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
         head_dim = int(self.get("head_dim", default=n_embd // n_heads))
         theta = self.get("rope_theta", default=None) or self.rope_parameters().get("rope_theta", 10000.0)
-        return HParams(
+        hp = HParams(
             n_layers=int(self.get("num_hidden_layers")), n_embd=n_embd, n_heads=n_heads,
             n_kv_heads=int(self.get("num_key_value_heads", default=n_heads)), head_dim=head_dim,
             n_vocab=int(self.get("vocab_size")), n_ctx=int(self.get("max_position_embeddings")),
@@ -138,7 +145,24 @@ class Architecture:
             n_ff_exp=int(self.get("moe_intermediate_size", "intermediate_size")),
             rope_theta=float(theta), rms_eps=float(self.get("rms_norm_eps")),
             tied_embeddings=bool(self.get("tie_word_embeddings", default=False)),
+            n_ff_shexp=int(self.get("shared_expert_intermediate_size")) if self.arch.shared_expert else 0,
         )
+        self._refuse_unsupported(hp)
+        return hp
+
+    def _refuse_unsupported(self, hp: HParams) -> None:
+        """Config features the GGUF architecture cannot express."""
+        if self.arch.same_kv_heads and hp.n_kv_heads != hp.n_heads:
+            raise ConversionError(f"{self.config_path}: num_key_value_heads={hp.n_kv_heads} != num_attention_heads="
+                                  f"{hp.n_heads}: llama.cpp's {self.arch.name} graph sizes its K norm as the full "
+                                  "width and cannot load it")
+        for key in self.arch.refused_config:
+            if self.cfg.get(key) is not None:
+                raise ConversionError(f"{self.config_path}: {key} is not supported by GGUF {self.arch.name}")
+        sparse_step, dense = self.get("decoder_sparse_step", default=1), self.get("mlp_only_layers", default=[])
+        if sparse_step != 1 or dense:
+            raise ConversionError(f"{self.config_path}: dense layers (decoder_sparse_step={sparse_step}, "
+                                  f"mlp_only_layers={dense}) are not supported")
 
     # ---- metadata ----
 
@@ -159,7 +183,13 @@ class Architecture:
             w.add_key_length(hp.head_dim)
             w.add_value_length(hp.head_dim)
         self.write_rope_scaling(w)
-        self.write_extra_metadata(w)
+        extra = {Keys.LLM.VOCAB_SIZE: hp.n_vocab, Keys.Rope.DIMENSION_COUNT: hp.head_dim,
+                 Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hp.n_ff_exp,
+                 Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: hp.n_ff_shexp}
+        for key in self.arch.metadata:
+            if key not in extra:
+                raise ConversionError(f"architecture {self.arch.name!r}: the converter cannot write metadata {key!r}")
+            w.add_uint32(key.format(arch=self.arch.name), extra[key])
 
     def write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
         rp = self.rope_parameters()
@@ -174,11 +204,8 @@ class Architecture:
             w.add_rope_scaling_factor(float(factor))
             w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
         else:
-            raise ConversionError(f"{self.ckpt.folder / 'config.json'}: rope scaling type {kind!r} is not supported "
+            raise ConversionError(f"{self.config_path}: rope scaling type {kind!r} is not supported "
                                   "(supported: linear, yarn)")
-
-    def write_extra_metadata(self, w: gguf.GGUFWriter) -> None:
-        """Keys specific to the architecture."""
 
     # ---- tensors ----
 
@@ -193,15 +220,31 @@ class Architecture:
             MT.ATTN_OUT: (hp.n_embd, q), MT.FFN_GATE_INP: (hp.n_experts, hp.n_embd),
             MT.FFN_GATE_EXP: (hp.n_ff_exp, hp.n_embd), MT.FFN_UP_EXP: (hp.n_ff_exp, hp.n_embd),
             MT.FFN_DOWN_EXP: (hp.n_embd, hp.n_ff_exp),
+            MT.ATTN_Q_NORM: (hp.head_dim,) if self.arch.qk_norm == "head" else (q,),
+            MT.ATTN_K_NORM: (hp.head_dim,) if self.arch.qk_norm == "head" else (kv,),
+            MT.FFN_GATE_INP_SHEXP: (1, hp.n_embd),
+            MT.FFN_GATE_SHEXP: (hp.n_ff_shexp, hp.n_embd), MT.FFN_UP_SHEXP: (hp.n_ff_shexp, hp.n_embd),
+            MT.FFN_DOWN_SHEXP: (hp.n_embd, hp.n_ff_shexp),
         }.get(kind)
 
+    def layer_tensors(self) -> tuple[MT, ...]:
+        """Per-layer tensors that must be present (experts are checked separately)."""
+        a = self.arch
+        return (_LAYER_TENSORS + ((MT.ATTN_Q_NORM, MT.ATTN_K_NORM) if a.qk_norm else ())
+                + (_SHARED_TENSORS if a.shared_expert else ())
+                + ((MT.FFN_GATE_INP_SHEXP,) if a.shared_expert_gate else ()))
+
     def transform(self, kind: MT, values: np.ndarray) -> np.ndarray:
-        """Change a resident tensor's values on the way to GGUF (default: unchanged)."""
+        """A resident tensor's values on their way to GGUF: llama's Q/K rows permuted, else unchanged."""
+        if kind == MT.ATTN_Q:
+            return permute_rope_rows(values, self.hp.n_heads)
+        if kind == MT.ATTN_K:
+            return permute_rope_rows(values, self.hp.n_kv_heads)
         return values
 
     def transformed_kinds(self) -> frozenset[MT]:
         """Kinds whose values `transform` changes (they are read whole, not in row chunks)."""
-        return frozenset()
+        return frozenset({MT.ATTN_Q, MT.ATTN_K}) if self.arch.permute_qk else frozenset()
 
     def plan(self, policy: TypePolicy) -> list[PlannedTensor]:
         """Every GGUF tensor of the output, checked against the config, in file order."""
@@ -210,7 +253,7 @@ class Architecture:
         for bid in range(self.hp.n_layers):
             planned += self._plan_experts(bid, experts.get(bid), policy)
         self._check_complete({p.name for p in planned})
-        order = {kind: i for i, kind in enumerate(gguf.MODEL_TENSORS[self.gguf_arch])}
+        order = {kind: i for i, kind in enumerate(gguf.MODEL_TENSORS[self.arch.tensors])}
         last = self.hp.n_layers
         return sorted(planned, key=lambda p: (-1 if p.kind == MT.TOKEN_EMBD else last if p.layer is None else p.layer,
                                               order.get(p.kind, len(order)), p.name))
@@ -220,11 +263,11 @@ class Architecture:
         resident: dict[str, tuple[MT, int | None, SourceTensor]] = {}
         experts: dict[int, dict[str, Any]] = {}
         for name, src in self.ckpt.tensors.items():
-            if m := _PER_EXPERT.match(name):
-                bid, e, part = int(m[1]), int(m[2]), _PART_OF[m[3]]
+            if m := match_per_expert(name):
+                bid, e, part = m
                 experts.setdefault(bid, {}).setdefault("per_expert", {})[(part, e)] = src
-            elif m := _FUSED.match(name):
-                experts.setdefault(int(m[1]), {}).setdefault("fused", {})[m[2]] = src
+            elif f := match_fused(name):
+                experts.setdefault(f[0], {}).setdefault("fused", {})[f[1]] = src
             elif _IGNORED.search(name):
                 continue
             else:
@@ -238,10 +281,9 @@ class Architecture:
     def _map_resident(self, name: str, src: SourceTensor) -> tuple[MT, str, int | None]:
         found = self.name_map.get_type_and_name(name, try_suffixes=(".weight", ".bias"))
         if found is None:
-            raise ConversionError(f"{src.path}: unexpected tensor {name} (no {self.arch_name} GGUF tensor for it)")
+            raise ConversionError(f"{src.path}: unexpected tensor {name} (no {self.arch.name} GGUF tensor for it)")
         kind, gname = found
-        m = re.match(r"blk\.(\d+)\.", gname)
-        bid = int(m[1]) if m else None
+        bid = layer_of(gname)
         if bid is not None and bid >= self.hp.n_layers:
             raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.hp.n_layers}")
         return kind, gname, bid
@@ -283,18 +325,18 @@ class Architecture:
         source = (self._per_expert_source(bid, found["per_expert"]) if "per_expert" in found
                   else self._fused_source(bid, found["fused"]))
         planned = []
-        for part, kind in EXPERT_KINDS.items():
+        for part, kind in _EXPERT_PARTS.items():
             rows, cols = self.expected_shape(kind)
-            gname = gguf.TENSOR_NAMES[kind].format(bid=bid) + ".weight"
+            gname = weight_name(kind, bid)
             shape = (self.hp.n_experts, rows, cols)
             pieces = [lambda part=part, e=e: source.read(part, e) for e in range(self.hp.n_experts)]
             planned.append(PlannedTensor(gname, kind, bid, shape, policy.choose(kind, shape, gname),
                                          pieces, source.nbytes(part), source.names(part)))
         return planned
 
-    def _per_expert_source(self, bid: int, srcs: dict[tuple[str, int], SourceTensor]) -> "ExpertSource":
+    def _per_expert_source(self, bid: int, srcs: dict[tuple[str, int], SourceTensor]) -> ExpertSource:
         n = self.hp.n_experts
-        for part, kind in EXPERT_KINDS.items():
+        for part, kind in _EXPERT_PARTS.items():
             for e in range(n):
                 src = srcs.get((part, e))
                 if src is None:
@@ -306,7 +348,7 @@ class Architecture:
                 raise ConversionError(f"{src.path}: unexpected tensor {src.name}: expert {e} but config has {n} experts")
         return PerExpertSource(self.ckpt, srcs, n)
 
-    def _fused_source(self, bid: int, srcs: dict[str, SourceTensor]) -> "ExpertSource":
+    def _fused_source(self, bid: int, srcs: dict[str, SourceTensor]) -> ExpertSource:
         hp = self.hp
         for key in ("gate_up_proj", "down_proj"):
             if key not in srcs:
@@ -327,59 +369,11 @@ class Architecture:
         return req if self.hp.tied_embeddings else req + [MT.OUTPUT]
 
     def _check_complete(self, names: set[str]) -> None:
-        wanted = [gguf.TENSOR_NAMES[k] + ".weight" for k in self.required()]
+        wanted = [weight_name(k) for k in self.required()]
         for bid in range(self.hp.n_layers):
-            wanted += [gguf.TENSOR_NAMES[k].format(bid=bid) + ".weight" for k in self.layer_tensors]
+            wanted += [weight_name(k, bid) for k in self.layer_tensors()]
         missing = [w for w in wanted if w not in names]
         if missing:
             raise ConversionError(f"{self.ckpt.folder}: missing tensors for {', '.join(missing[:5])}"
                                   f"{' ...' if len(missing) > 5 else ''} ({self.cfg.get('architectures', ['?'])[0]} "
                                   f"with {self.hp.n_layers} layers)")
-
-
-class ExpertSource:
-    """Where the routed experts of one layer come from: `read(part, e)` -> float32 [rows, cols]."""
-
-    def read(self, part: str, e: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def nbytes(self, part: str) -> int:
-        raise NotImplementedError
-
-    def names(self, part: str) -> tuple[str, ...]:
-        raise NotImplementedError
-
-
-class PerExpertSource(ExpertSource):
-    """`experts.N.{w1,w3,w2}` or `experts.N.{gate,up,down}_proj`: one 2-D tensor per expert and part."""
-
-    def __init__(self, ckpt: Checkpoint, srcs: dict[tuple[str, int], SourceTensor], n_experts: int):
-        self.ckpt, self.srcs, self.n = ckpt, srcs, n_experts
-
-    def read(self, part: str, e: int) -> np.ndarray:
-        return self.ckpt.read_rows(self.srcs[(part, e)].name)
-
-    def nbytes(self, part: str) -> int:
-        return sum(self.srcs[(part, e)].nbytes for e in range(self.n))
-
-    def names(self, part: str) -> tuple[str, ...]:
-        return tuple(self.srcs[(part, e)].name for e in range(self.n))
-
-
-class FusedSource(ExpertSource):
-    """transformers' fused layout: `gate_up_proj` [E, 2I, H] (gate rows first) and `down_proj` [E, H, I]."""
-
-    def __init__(self, ckpt: Checkpoint, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
-        self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
-
-    def read(self, part: str, e: int) -> np.ndarray:
-        if part == "down":
-            return self.ckpt.read_slab(self.down.name, e, (self.n_embd, self.n_ff))
-        # Expert e's [2I, H] block is two [I, H] slabs: 2e (gate) and 2e + 1 (up).
-        return self.ckpt.read_slab(self.gate_up.name, 2 * e + (part == "up"), (self.n_ff, self.n_embd))
-
-    def nbytes(self, part: str) -> int:
-        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
-
-    def names(self, part: str) -> tuple[str, ...]:
-        return ((self.down if part == "down" else self.gate_up).name,)

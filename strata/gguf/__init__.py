@@ -7,16 +7,15 @@ Knows bytes and names only: numpy, gguf-py, no torch. Opening walks the header w
 checks (`header`), hands the file to gguf-py's memory-mapped reader, reads hyperparameters
 (`hparams`) and places every expert slab (`experts`); every violation is a StrataFormatError.
 """
-from .experts import EXPERT_TENSORS, PARTS, WEIGHT_SUFFIX, match_expert_tensor, weight_name
+from .experts import EXPERT_TENSORS, PARTS, match_expert_tensor
 from .header import SUPPORTED_VERSIONS
-from .hparams import ARCHS, HParams, RopeScaling
+from .hparams import HParams, RopeScaling
 from .model import ModelFile, open_model
 from .records import ExpertSlab, TensorInfo
 from .routing import STRATA_ROUTING_COUNTS, STRATA_ROUTING_TOKENS
 
 __all__ = [
-    "ARCHS", "EXPERT_TENSORS", "PARTS", "STRATA_ROUTING_COUNTS", "STRATA_ROUTING_TOKENS", "SUPPORTED_VERSIONS",
-    "WEIGHT_SUFFIX",
+    "EXPERT_TENSORS", "PARTS", "STRATA_ROUTING_COUNTS", "STRATA_ROUTING_TOKENS", "SUPPORTED_VERSIONS",
     "ExpertSlab", "HParams", "ModelFile", "RopeScaling", "TensorInfo",
-    "match_expert_tensor", "open_model", "weight_name",
+    "match_expert_tensor", "open_model",
 ]

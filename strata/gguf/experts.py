@@ -10,23 +10,22 @@ llama.cpp stores the routed experts of layer N as 3-D tensors with the expert in
 
 so expert e of a tensor is the contiguous byte range [offset + e*stride, offset + (e+1)*stride)
 with stride = nbytes / E. In the fused form gate and up are the two halves of that range (rows
-are whole quant blocks, so each half is a whole number of rows). Names come from gguf-py's
-tensor table (`TENSOR_NAMES`), the table llama.cpp's converter writes from.
+are whole quant blocks, so each half is a whole number of rows). Names are formatted by
+`strata.arch.tensor_names` (gguf-py's tensor table, the one llama.cpp's converter writes from).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from gguf.constants import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType
+from gguf.constants import MODEL_TENSOR, GGMLQuantizationType
+
+from strata.arch import weight_pattern
 
 from .header import format_error
 from .records import ExpertSlab, TensorInfo
 
-#: Suffix llama.cpp appends to a weight's base name (`tn(LLM_TENSOR_..., "weight", il)`).
-WEIGHT_SUFFIX = ".weight"
 #: The parts of an expert, in the order `ModelFile.expert_slabs` returns them.
 PARTS: tuple[str, ...] = ("gate", "up", "down")
 FUSED = "gate_up"
@@ -39,20 +38,6 @@ EXPERT_TENSORS: dict[str, MODEL_TENSOR] = {
     FUSED: MODEL_TENSOR.FFN_GATE_UP_EXP,
 }
 _LAYOUTS = ({"gate", "up", "down"}, {FUSED, "down"})
-
-
-def weight_name(kind: MODEL_TENSOR, layer: int | None = None) -> str:
-    """Full GGUF name of a weight, e.g. (FFN_GATE_EXP, 3) -> 'blk.3.ffn_gate_exps.weight'."""
-    template = TENSOR_NAMES[kind]
-    return (template.format(bid=layer) if layer is not None else template) + WEIGHT_SUFFIX
-
-
-def weight_pattern(kind: MODEL_TENSOR) -> re.Pattern[str]:
-    """Regex matching the weight of `kind` in any layer; group 1 is the layer index."""
-    template = re.escape(TENSOR_NAMES[kind] + WEIGHT_SUFFIX)
-    return re.compile(template.replace(re.escape("{bid}"), r"(\d+)") + "$")
-
-
 _PATTERNS = {key: weight_pattern(kind) for key, kind in EXPERT_TENSORS.items()}
 
 

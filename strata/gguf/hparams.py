@@ -1,8 +1,9 @@
 """Model hyperparameters of the MoE architectures Strata runs, read from GGUF metadata.
 
 Key names come from gguf-py's `Keys` (the names llama.cpp's converter writes and its loader
-reads); defaults for absent optional keys follow llama.cpp's loader, so a file means the same
-thing here as there. Values a key does not give are derived from tensor shapes where llama.cpp
+reads); defaults for absent optional keys follow llama.cpp's loader and, where they differ by
+architecture, come from the architecture's `strata.arch` record, so a file means the same thing
+here as there. Values a key does not give are derived from tensor shapes where llama.cpp
 derives them too (vocabulary from the embedding, expert FFN length from the expert tensors).
 """
 from __future__ import annotations
@@ -13,35 +14,12 @@ from typing import Any, Mapping
 
 from gguf.constants import MODEL_TENSOR, ExpertGatingFuncType, Keys, RopeScalingType
 
-from .experts import ff_length_from_shape, match_expert_tensor, weight_name, weight_pattern
+from strata import arch as archs
+from strata.arch import Arch, weight_name, weight_pattern
+
+from .experts import ff_length_from_shape, match_expert_tensor
 from .header import format_error
 
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """What differs between architectures beyond their metadata (facts of llama.cpp's graphs)."""
-
-    rope_type: str  # llama_model_rope_type: "norm" rotates adjacent pairs, "neox" the two halves
-    moe: bool  # expert_count and expert_used_count are required
-    expert_weights_norm: bool  # renormalise the top-k weights when the key is absent
-    expert_gating_func: str  # router probability function when the key is absent
-    mla: bool = False  # multi-head latent attention: kv_lora_rank is required
-    swa: bool = False  # sliding-window attention: sliding_window is required
-
-
-#: Architectures Strata reads, by GGUF `general.architecture`. llama is Mixtral when it has
-#: experts; deepseek2's rope type is "norm" in llama.cpp (its converter keeps the checkpoint's
-#: interleaved rotary layout), gpt-oss renormalises with a softmax over the chosen logits.
-ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec(rope_type="norm", moe=False, expert_weights_norm=True, expert_gating_func="softmax"),
-    "qwen2moe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False, expert_gating_func="softmax"),
-    "qwen3moe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=True, expert_gating_func="softmax"),
-    "olmoe": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False, expert_gating_func="softmax"),
-    "deepseek2": ArchSpec(rope_type="norm", moe=True, expert_weights_norm=False, expert_gating_func="softmax",
-                          mla=True),
-    "gpt-oss": ArchSpec(rope_type="neox", moe=True, expert_weights_norm=False,
-                        expert_gating_func="softmax_weight", swa=True),
-}
 
 #: `{arch}.expert_gating_func` values (llama_expert_gating_func_type) by id.
 GATING_FUNCS: dict[int, str] = {t.value: t.name.lower() for t in ExpertGatingFuncType}
@@ -87,11 +65,11 @@ class HParams:
     head_dim: int  # attention.key_length (n_embd // n_head)
     head_dim_v: int  # attention.value_length (head_dim)
     rope_freq_base: float  # rope.freq_base (10000)
-    rope_type: str  # not stored: "norm" or "neox" as llama.cpp uses the architecture
+    rope_type: str  # not stored: the architecture's ("norm" or "neox", as llama.cpp's graph uses it)
     rope_dim: int  # rope.dimension_count (head_dim)
     rope_scaling: RopeScaling  # rope.scaling.*
     norm_eps: float  # attention.layer_norm_rms_epsilon (req)
-    expert_weights_norm: bool  # expert_weights_norm (per-architecture default, see ARCHS)
+    expert_weights_norm: bool  # expert_weights_norm (the architecture's default when absent)
     expert_gating_func: str  # expert_gating_func: softmax | sigmoid (| softmax_weight for gpt-oss)
     expert_weights_scale: float  # expert_weights_scale (1.0)
     n_expert_groups: int = 0  # expert_group_count (deepseek2 / V3 group-limited routing)
@@ -137,7 +115,7 @@ def _coerce(path: Path, key: str, value: Any, kind: type) -> Any:
 def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> HParams:
     """HParams of a file from its metadata and tensor shapes (row-major), validated."""
     arch = architecture(path, metadata)
-    spec, m = ARCHS[arch], _Metadata(path, metadata, arch)
+    spec, m = archs.get(arch), _Metadata(path, metadata, arch)
     L, A = Keys.LLM, Keys.Attention
     n_embd = m.get(L.EMBEDDING_LENGTH, int)
     n_head = m.get(A.HEAD_COUNT, int)
@@ -159,7 +137,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         n_experts_used=m.get(L.EXPERT_USED_COUNT, int, _REQUIRED if spec.moe else 0),
         n_shared_experts=n_shared,
         n_ff_shexp=m.get(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, _shexp_rows(shapes)),
-        n_dense_lead=m.get(L.LEADING_DENSE_BLOCK_COUNT, int, 0),
+        n_dense_lead=m.get(L.LEADING_DENSE_BLOCK_COUNT, int, _REQUIRED if spec.dense_lead else 0),
         n_head=n_head,
         n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head),
         head_dim=head_dim,
@@ -185,13 +163,13 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
 
 
 def architecture(path: Path, metadata: Mapping[str, Any]) -> str:
-    """`general.architecture`, which must be one of ARCHS."""
+    """`general.architecture`, which must be a registered architecture (`strata.arch`)."""
     key = Keys.General.ARCHITECTURE
     arch = metadata.get(key)
     if arch is None:
         raise format_error(path, f"metadata key {key!r}", "the model architecture", "no such key")
-    if arch not in ARCHS:
-        raise format_error(path, f"metadata key {key!r}", f"one of {sorted(ARCHS)}", repr(arch))
+    if archs.get(arch) is None:
+        raise format_error(path, f"metadata key {key!r}", f"one of {archs.names()}", repr(arch))
     return arch
 
 
@@ -239,7 +217,7 @@ def _rope_scaling(m: _Metadata, context_length: int) -> RopeScaling:
     )
 
 
-def _gating_func(m: _Metadata, spec: ArchSpec) -> str:
+def _gating_func(m: _Metadata, spec: Arch) -> str:
     raw = m.get(Keys.LLM.EXPERT_GATING_FUNC, int, None)
     if raw is None:
         return spec.expert_gating_func
@@ -249,7 +227,7 @@ def _gating_func(m: _Metadata, spec: ArchSpec) -> str:
     return GATING_FUNCS[raw]
 
 
-def _check_counts(path: Path, hp: HParams, spec: ArchSpec) -> None:
+def _check_counts(path: Path, hp: HParams, spec: Arch) -> None:
     key = Keys.LLM.EXPERT_COUNT.format(arch=hp.arch)
     if spec.moe and hp.n_experts <= 0:
         raise format_error(path, f"metadata key {key!r}", f"> 0 for {hp.arch}", str(hp.n_experts))
@@ -261,4 +239,4 @@ def _check_counts(path: Path, hp: HParams, spec: ArchSpec) -> None:
                            f"between 0 and block_count={hp.n_layers}", str(hp.n_dense_lead))
 
 
-__all__ = ["ARCHS", "ArchSpec", "HParams", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["HParams", "RopeScaling", "architecture", "read_hparams"]

@@ -3,37 +3,35 @@
 Resident weights (embeddings, attention, norms, routers, shared experts, output head) are
 dequantized once, by the native runtime, into the compute dtype and moved to the device; routed
 experts stay in the file and are reached through the `ExpertMemory` given. Every tensor is
-checked against the shape the hyperparameters imply before it is read.
+checked against the shape the hyperparameters imply before it is read. Which optional weights
+a block has (q/k norms, biases, a shared expert and its gate) comes from the architecture's
+`strata.arch` record; everything else from the file's metadata (`strata.gguf.HParams`).
 """
 from __future__ import annotations
 
 import torch
 from gguf.constants import MODEL_TENSOR as MT
-from gguf.constants import TENSOR_NAMES
 
+from strata import arch as archs
 from strata import native
+from strata.arch import Arch, weight_name
 from strata.errors import StrataError, StrataFormatError
 from strata.gguf import HParams, ModelFile
 from strata.memory import ExpertMemory
 
-from . import llama, olmoe, qwen2moe, qwen3moe
-from .arch import Architecture
 from .attention import Attention, AttentionWeights
 from .layers import FeedForward, RMSNorm, SharedExpert
 from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
 
-#: Architectures Strata runs, by GGUF `general.architecture`.
-ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, qwen2moe, qwen3moe, olmoe)}
 
-
-def architecture(mf: ModelFile) -> Architecture:
-    """The `Architecture` of a file, or a StrataError naming the file and what Strata runs."""
-    arch = ARCHITECTURES.get(mf.arch)
-    if arch is None:
+def architecture(mf: ModelFile) -> Arch:
+    """The `strata.arch` record of a file, or a StrataError naming the file and what Strata runs."""
+    arch = archs.get(mf.arch)
+    if arch is None or not arch.runs:
         raise StrataError(f"{mf.path}: architecture {mf.arch!r} is not supported for inference "
-                          f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+                          f"(supported: {', '.join(archs.names(runs=True))})")
     return arch
 
 
@@ -43,15 +41,11 @@ class WeightReader:
     def __init__(self, mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int):
         self.mf, self.device, self.dtype, self.n_threads = mf, device, dtype, n_threads
 
-    def name(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> str:
-        template = TENSOR_NAMES[kind]
-        return f"{template.format(bid=layer) if layer is not None else template}.{suffix}"
-
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
-        return self.name(kind, layer, suffix) in self.mf.resident
+        return weight_name(kind, layer, suffix) in self.mf.resident
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
-        name = self.name(kind, layer, suffix)
+        name = weight_name(kind, layer, suffix)
         info = self.mf.resident.get(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
@@ -74,7 +68,7 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _attention(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: Rope) -> Attention:
+def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention:
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
@@ -90,7 +84,7 @@ def _attention(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: R
     return Attention(weights, H, Hkv, hd, rope, i)
 
 
-def _moe(w: WeightReader, arch: Architecture, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
+def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
     D = hp.n_embd
     router = Router(w.get(MT.FFN_GATE_INP, i, (hp.n_experts, D)), hp.n_experts_used, hp.expert_gating_func,
                     hp.expert_weights_norm, hp.expert_weights_scale)
@@ -99,7 +93,7 @@ def _moe(w: WeightReader, arch: Architecture, hp: HParams, i: int, memory: Exper
         Is = hp.n_ff_shexp
         ffn = FeedForward(w.get(MT.FFN_GATE_SHEXP, i, (Is, D)), w.get(MT.FFN_UP_SHEXP, i, (Is, D)),
                           w.get(MT.FFN_DOWN_SHEXP, i, (D, Is)))
-        gate = w.get(MT.FFN_GATE_INP_SHEXP, i, (D,)) if arch.shared_expert else w.opt(MT.FFN_GATE_INP_SHEXP, i, (D,))
+        gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
         shared = SharedExpert(ffn, gate)
     return MoE(router, RoutedExperts(memory, i), shared)
 
@@ -109,7 +103,7 @@ def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
     return FeedForward(w.get(MT.FFN_GATE, i, (I, D)), w.get(MT.FFN_UP, i, (I, D)), w.get(MT.FFN_DOWN, i, (D, I)))
 
 
-def _block(w: WeightReader, arch: Architecture, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
+def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
     D = hp.n_embd
     has_experts = i in w.mf.expert_layers
     if has_experts and memory is None:
@@ -149,4 +143,4 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     return model
 
 
-__all__ = ["ARCHITECTURES", "WeightReader", "architecture", "load_model"]
+__all__ = ["WeightReader", "architecture", "load_model"]

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
-from converters.mixtral import permute_rope_rows
+from converters.base import permute_rope_rows
 
 ARCH = {"mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe", "olmoe": "olmoe"}
 

@@ -1,0 +1,105 @@
+"""The architecture registry: one `Arch` record per GGUF architecture, and lookups.
+
+A record says everything about an architecture that its GGUF metadata does not: which of
+gguf-py's tensor tables names its tensors, which Hugging Face checkpoints become it, how
+llama.cpp's graph rotates, routes and normalises it, and which optional weights it has. It is
+read by `strata.gguf.hparams` (defaults of absent keys), `strata.models.loader` (which weights
+each block has) and `converters` (what to write). Plain data over gguf-py's constants: this
+module imports nothing else, so every layer may read it; it must not grow behaviour.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf.constants import MODEL_ARCH
+
+ROPE_TYPES = ("norm", "neox")  # llama_model_rope_type: adjacent pairs | the two halves of each head
+QK_NORMS = (None, "head", "full")  # RMSNorm of q and k before RoPE: none | over hd | over all heads
+GATING_FUNCS = ("softmax", "sigmoid", "softmax_weight")  # llama_expert_gating_func_type names
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture. Fields below the first blank line are defaults llama.cpp's loader
+    assumes when a metadata key is absent; the last group is read by the converter only."""
+
+    name: str  # GGUF general.architecture, and the `{arch}.` prefix of its metadata keys
+    tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses
+    hf_architectures: tuple[str, ...] = ()  # config.json `architectures` converted to it (none: no converter)
+    runs: bool = True  # strata.models builds it (False: Strata reads its hyperparameters only)
+
+    rope_type: str = "neox"
+    moe: bool = True  # expert_count and expert_used_count are required (a dense llama has neither)
+    expert_gating_func: str = "softmax"  # router probabilities when `{arch}.expert_gating_func` is absent
+    expert_weights_norm: bool = False  # top-k weights renormalised when `{arch}.expert_weights_norm` is absent
+    dense_lead: bool = False  # `{arch}.leading_dense_block_count` is required (leading dense FFN layers)
+    mla: bool = False  # multi-head latent attention: attention.kv_lora_rank is required
+    swa: bool = False  # sliding-window attention: attention.sliding_window is required
+
+    qk_norm: str | None = None  # one of QK_NORMS
+    attn_bias: bool = False  # q, k and v projections have biases
+    shared_expert: bool = False  # every MoE layer has an always-on shared expert (ffn_*_shexp)
+    shared_expert_gate: bool = False  # ... scaled by sigmoid(ffn_gate_inp_shexp . x)
+
+    permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
+    metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
+    same_kv_heads: bool = False  # llama.cpp's graph needs num_key_value_heads == num_attention_heads
+    refused_config: tuple[str, ...] = ()  # config.json keys that must be absent or null (unsupported features)
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"architecture {self.name!r}: rope_type {self.rope_type!r}, expected one of {ROPE_TYPES}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"architecture {self.name!r}: qk_norm {self.qk_norm!r}, expected one of {QK_NORMS}")
+        if self.expert_gating_func not in GATING_FUNCS:
+            raise ValueError(f"architecture {self.name!r}: expert_gating_func {self.expert_gating_func!r}, "
+                             f"expected one of {GATING_FUNCS}")
+        if self.shared_expert_gate and not self.shared_expert:
+            raise ValueError(f"architecture {self.name!r}: shared_expert_gate without shared_expert")
+
+
+_BY_NAME: dict[str, Arch] = {}
+_BY_HF: dict[str, Arch] = {}
+
+
+def register(arch: Arch) -> Arch:
+    """Add `arch`; its GGUF name and HF architectures must be new. Returns it."""
+    if arch.name in _BY_NAME:
+        raise ValueError(f"architecture {arch.name!r} is already registered")
+    taken = [hf for hf in arch.hf_architectures if hf in _BY_HF]
+    if taken:
+        raise ValueError(f"architecture {arch.name!r}: {', '.join(taken)} already convert to "
+                         f"{_BY_HF[taken[0]].name!r}")
+    _BY_NAME[arch.name] = arch
+    _BY_HF.update(dict.fromkeys(arch.hf_architectures, arch))
+    return arch
+
+
+def unregister(name: str) -> None:
+    """Remove the architecture registered as `name` (KeyError if there is none)."""
+    arch = _BY_NAME.pop(name)
+    for hf in arch.hf_architectures:
+        del _BY_HF[hf]
+
+
+def get(name: str) -> Arch | None:
+    """The architecture whose GGUF `general.architecture` is `name`, or None."""
+    return _BY_NAME.get(name)
+
+
+def for_hf(hf_architecture: str) -> Arch | None:
+    """The architecture a checkpoint with config.json `architectures: [hf_architecture]` becomes."""
+    return _BY_HF.get(hf_architecture)
+
+
+def names(*, runs: bool | None = None) -> list[str]:
+    """GGUF names of the registered architectures, sorted (only those that run, or not, if asked)."""
+    return sorted(n for n, a in _BY_NAME.items() if runs is None or a.runs == runs)
+
+
+def hf_names() -> list[str]:
+    """Every HF architecture some registered architecture converts, in registration order."""
+    return list(_BY_HF)
+
+
+__all__ = ["Arch", "for_hf", "get", "hf_names", "names", "register", "unregister"]
