@@ -142,6 +142,14 @@ class ModelFile:
         """The gate, up and down slabs of one expert."""
         return tuple(self.expert(layer, expert, part) for part in PARTS)
 
+    def expert_region(self, layer: int, part: str) -> tuple[np.ndarray, int]:
+        """(bytes, stride) holding `part` of every expert of `layer`: expert e's slab starts at
+        byte e * stride of the uint8 view (the 3-D tensor, or its half of a fused gate_up one)."""
+        first, last = self.expert(layer, 0, part), self.expert(layer, self.hparams.n_experts - 1, part)
+        n = self.hparams.n_experts
+        stride = (last.offset - first.offset) // (n - 1) if n > 1 else first.nbytes
+        return self._bytes(first.offset, last.offset + last.nbytes - first.offset), stride
+
     def is_fused(self, layer: int) -> bool:
         """Whether `layer` stores gate and up in one ffn_gate_up_exps tensor (adjacent slabs)."""
         return self._layout[layer].fused

@@ -7,11 +7,11 @@ so `TieredExpertMemory` (device slots, host tier, pager, prefetch) replaces `Dir
 without a change to `strata.models`. Predictors of the next layers' experts live in `predict/`,
 every budget and prefetch default in `budget.py`.
 """
-from .base import ExpertLayers, ExpertMemory, ExpertWeights
+from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import TieredConfig
 from .direct import DirectExpertMemory
 from .stats import MemoryStats
 from .tiered import TieredExpertMemory
 
-__all__ = ["DirectExpertMemory", "ExpertLayers", "ExpertMemory", "ExpertWeights", "MemoryStats", "TieredConfig",
+__all__ = ["DirectExpertMemory", "ExpertLayers", "ExpertMemory", "ExpertWeights", "MemoryStats", "PackedExperts", "TieredConfig",
            "TieredExpertMemory"]

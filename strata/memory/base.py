@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -29,6 +29,16 @@ class ExpertWeights:
     down: torch.Tensor  # [D, I]
 
 
+@dataclass(frozen=True)
+class PackedExperts:
+    """Acquired experts in their file format, for the native MoE kernels: `parts` are the gate,
+    up and down regions that hold them (`native.MoeParts`: a slot pool, or the file's expert
+    tensors), `index[i]` is where the i-th acquired expert sits in those regions."""
+
+    parts: Any  # native.MoeParts
+    index: list[int]
+
+
 class ExpertMemory(ABC):
     """Where model code gets routed experts' weights from.
 
@@ -44,10 +54,16 @@ class ExpertMemory(ABC):
     max_acquire: int
     #: Layers ahead the model should announce with `prefetch` (0: the memory does not use hints).
     prefetch_depth: int = 0
+    #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).
+    packed: bool = False
 
     @abstractmethod
     def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
         """Weights of `expert_ids` of `layer`, in the order given."""
+
+    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """Like `acquire`, but the experts stay in their file format (only where `packed`)."""
+        raise NotImplementedError(f"{type(self).__name__} hands out float weights only")
 
     @abstractmethod
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
@@ -101,4 +117,4 @@ class ExpertLayers:
         return self.layers[li]
 
 
-__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError"]
+__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError", "PackedExperts"]
