@@ -184,6 +184,7 @@ def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expe
     x, out: float32 [T, D]; expert_index int32 [J]; offsets int64 [J + 1]; token_ids int32 and
     weights float32 [A]. Terms are added into `out` in ascending assignment order whatever the pool
     size, so calls over consecutive chunks of experts add up to one call. Returns `out`."""
+    parts.check()
     x_ptr, x_bytes, x_shape = _typed_view(x, "float *", "MoE x")
     o_ptr, o_bytes, o_shape = _typed_view(out, "float *", "MoE output", writable=True)
     if len(x_shape) != 2 or x_shape[1] != parts.n_embd or o_shape != x_shape:
