@@ -21,6 +21,10 @@
 /* Rows per tile call: a multiple of every kernel's row group, small enough that decode (T = 1)
  * with a 512-row expert still gives every thread work. */
 #define MM_ROW_BLOCK 16
+/* Work (weight bytes times tokens, or bytes of activations rounded) worth handing to one more
+ * thread: ~5 us at a core's decode rate, about what waking a worker costs. Smaller jobs run on
+ * fewer threads; that changes no result, only who computes it. */
+#define MM_MIN_PART (64 * 1024)
 /* Scratch sub-buffers start on cache-line boundaries. */
 #define MM_ALIGN 64
 
@@ -30,6 +34,12 @@ static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_ov
 static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 static int64_t align_up(int64_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
+
+/* Items of `item_work` each that make MM_MIN_PART of work (at least 1). */
+static int64_t grain_of(int64_t item_work) { return item_work >= MM_MIN_PART ? 1 : MM_MIN_PART / (item_work > 0 ? item_work : 1); }
+
+/* a * b saturated at INT64_MAX (for work estimates only). */
+static int64_t mul_sat(int64_t a, int64_t b) { int64_t r; return mul_ok(a, b, &r) ? r : INT64_MAX; }
 
 /* Bytes of one packed row of `row_len` values, or -1 on overflow. */
 static int64_t packed_row_bytes(const strata_format_info *f, int64_t row_len) {
@@ -144,8 +154,9 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
     matmul_job job = {.k = &k, .w = w, .w_row_bytes = w_row_bytes, .n_rows = n_rows, .row_len = row_len, .x = x,
                       .act = k.act == STRATA_ACT_F32 ? (uint8_t *)(uintptr_t)x : scratch,
                       .a_row_bytes = a_row_bytes, .n_tokens = n_tokens, .y = y};
-    if (k.act != STRATA_ACT_F32) strata_pool_run(pool, n_tokens, matmul_quantize, &job);
-    strata_pool_run(pool, (n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK, matmul_rows, &job);
+    if (k.act != STRATA_ACT_F32) strata_pool_run(pool, n_tokens, grain_of(row_len * 4), matmul_quantize, &job);
+    strata_pool_run(pool, (n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK,
+                    grain_of(mul_sat(MM_ROW_BLOCK * w_row_bytes, n_tokens)), matmul_rows, &job);
     return STRATA_OK;
 }
 
@@ -407,8 +418,13 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
 
     J.n_ff_blocks = (n_ff + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
     atomic_init(&J.next_item, 0);
-    strata_pool_run(pool, n_tokens, moe_gather, &J);
-    strata_pool_run(pool, strata_pool_threads(pool), moe_gate_up, &J);
-    strata_pool_run(pool, (n_embd + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK, moe_down, &J);
+    /* Work estimates: weight bytes times the tokens that use them. */
+    const int64_t up_work = mul_sat(mul_sat(n_ff, J.gate.row_bytes + J.up.row_bytes), J.n_used);
+    const int64_t lanes = up_work / MM_MIN_PART;
+    strata_pool_run(pool, n_tokens, grain_of(n_embd * 4), moe_gather, &J);
+    strata_pool_run(pool, lanes < 1 ? 1 : lanes < strata_pool_threads(pool) ? lanes : strata_pool_threads(pool), 1,
+                    moe_gate_up, &J);
+    strata_pool_run(pool, (n_embd + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK,
+                    grain_of(mul_sat(MM_ROW_BLOCK * J.down.row_bytes, J.n_used)), moe_down, &J);
     return STRATA_OK;
 }

@@ -120,9 +120,10 @@ static void wait_for_workers(strata_pool *p) {
     }
 }
 
-void strata_pool_run(strata_pool *p, int64_t n_items, strata_pool_fn fn, void *ctx) {
+void strata_pool_run(strata_pool *p, int64_t n_items, int64_t grain, strata_pool_fn fn, void *ctx) {
     if (n_items <= 0) return;
-    if (!p || p->n_threads == 1 || n_items == 1) {
+    const int64_t fit = n_items / (grain > 1 ? grain : 1);
+    if (!p || p->n_threads == 1 || fit <= 1) {
         fn(ctx, 0, n_items);
         return;
     }
@@ -130,7 +131,7 @@ void strata_pool_run(strata_pool *p, int64_t n_items, strata_pool_fn fn, void *c
     p->fn = fn;
     p->ctx = ctx;
     p->n_items = n_items;
-    p->n_parts = n_items < p->n_threads ? (int)n_items : p->n_threads;
+    p->n_parts = fit < p->n_threads ? (int)fit : p->n_threads;
     atomic_store(&p->pending, p->n_threads - 1);
     atomic_fetch_add(&p->generation, 1);
     if (atomic_load(&p->sleepers) > 0) {

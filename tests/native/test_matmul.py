@@ -65,17 +65,23 @@ def rounding_bound(t, w_f64, x):
 
 # ---- matmul ----
 
+# The runtime gives a thread no less than 64 KiB of work (weight bytes x tokens); these shapes
+# carry about five times that, in row counts that split unevenly between 2, 3 and 4 threads.
+SPLIT_WORK = 5 * 64 * 1024
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_matmul_equals_qdot_for_every_thread_count(pools, t, impl):
     row_len = 2 * max(ACT_BLOCK[t], 32)
-    for n_rows, n_tokens in [(1, 1), (17, 2), (67, 7), (40, 64)]:
-        w = weights(t, n_rows, row_len, seed=n_rows)
-        x = activations(n_tokens, row_len, seed=n_tokens)
-        want = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl)
-        for n in (None, 1, 2, 3, 4):
-            got = matmul(pools[n], t, w, n_rows, x, impl=impl)
-            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_rows, n_tokens, n)
+    for n_tokens in (1, 2, 7, 64):
+        for n_rows in (1, 17, -(-SPLIT_WORK // (row_bytes(t, row_len) * n_tokens)) | 1):
+            w = weights(t, n_rows, row_len, seed=n_rows)
+            x = activations(n_tokens, row_len, seed=n_tokens)
+            want = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl)
+            for n in (None, 1, 2, 3, 4):
+                got = matmul(pools[n], t, w, n_rows, x, impl=impl)
+                assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_rows, n_tokens, n)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -259,7 +265,7 @@ def silu_mul(g, u):
         return (g64 / (1.0 + np.exp(-g64))).astype(np.float32) * u
 
 
-def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_):
+def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, impl="auto"):
     """The fused call's arithmetic spelled out with matmul_into per expert (pool None)."""
     out = out.copy()
     a0 = offsets[0]
@@ -269,10 +275,10 @@ def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_):
         if lo == hi:
             continue
         xe = np.ascontiguousarray(x[token_ids[lo:hi]])
-        g = matmul(None, parts.gate.type, expert_matrix(parts.gate, e), parts.n_ff, xe)
-        u = matmul(None, parts.up.type, expert_matrix(parts.up, e), parts.n_ff, xe)
+        g = matmul(None, parts.gate.type, expert_matrix(parts.gate, e), parts.n_ff, xe, impl)
+        u = matmul(None, parts.up.type, expert_matrix(parts.up, e), parts.n_ff, xe, impl)
         down[lo - a0:hi - a0] = matmul(None, parts.down.type, expert_matrix(parts.down, e), parts.n_embd,
-                                       silu_mul(g, u))
+                                       silu_mul(g, u), impl)
     for a in range(a0, offsets[-1]):             # ascending assignment order, one term at a time
         out[token_ids[a]] += weights_[a] * down[a - a0]
     return out
@@ -300,6 +306,7 @@ def run_moe(pool, parts, x, out, route, scratch=None, impl="auto"):
 def test_moe_equals_matmul_per_expert_for_every_thread_count(pools, shape):
     parts = moe_parts(*shape, pad=64 if shape[0] == T.Q4_0 else 0)
     n_embd = shape[3]
+    # T = 64 gives every thread work; small T runs on fewer threads (see test_moe_decode_...).
     cases = [(1, k) for k in range(1, 9)] + [(2, 1), (2, 8), (7, 2), (7, 5), (64, 8), (64, 1)]
     for n_tokens, top_k in cases:
         route = routing(n_tokens, top_k, seed=n_tokens * 10 + top_k)
@@ -309,6 +316,19 @@ def test_moe_equals_matmul_per_expert_for_every_thread_count(pools, shape):
         for n in (None, 1, 2, 3, 4):
             got = run_moe(pools[n], parts, x, out0.copy(), route)
             assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_tokens, top_k, n)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_moe_decode_sized_layer_splits_across_threads(pools, impl):
+    """One token, top-8, hidden 1024, FFN 512: enough work for every thread in both phases."""
+    parts = moe_parts(T.Q4_0, T.Q4_0, T.Q4_K, 1024, 512, seed=4)
+    for top_k in (8, 3):
+        route = routing(1, top_k, seed=top_k)
+        x = activations(1, 1024, seed=7)
+        want = moe_from_matmul(parts, x, np.zeros_like(x), *route, impl=impl)
+        for n in (None, 2, 3, 4):
+            got = run_moe(pools[n], parts, x, np.zeros_like(x), route, impl=impl)
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (top_k, n)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
