@@ -16,6 +16,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -78,7 +79,10 @@ static uint_fast64_t wait_for_job(strata_pool *p, uint_fast64_t seen) {
     for (int i = 0;; i++) {
         const uint_fast64_t g = atomic_load(&p->generation);
         if (g != seen || atomic_load(&p->stop)) return g;
-        if ((i & 63) == 63 && now_ns() > deadline) break;
+        if ((i & 63) == 63) {
+            if (now_ns() > deadline) break;
+            sched_yield();  /* on an oversubscribed machine, let the thread we wait for run */
+        }
         POOL_PAUSE();
     }
     pthread_mutex_lock(&p->lock);
@@ -116,6 +120,7 @@ static void wait_for_workers(strata_pool *p) {
             pthread_mutex_unlock(&p->lock);
             return;
         }
+        if ((i & 63) == 63) sched_yield();
         POOL_PAUSE();
     }
 }

@@ -63,24 +63,31 @@ def _pool_ptr(pool: ComputePool | None) -> Any:
     return ffi.NULL if pool is None else pool.ptr
 
 
-_F32 = np.dtype(np.float32)
-_NP_CTYPES = {np.dtype(np.int32): "int32_t *", np.dtype(np.int64): "int64_t *", _F32: "float *"}
-_TORCH_CTYPES = {"torch.int32": "int32_t *", "torch.int64": "int64_t *", "torch.float32": "float *"}
+# Per-call argument types: numpy dtype, torch dtype name and the cffi array type of the pointer.
+_CTYPES = {"float *": (np.dtype(np.float32), "torch.float32", "float[]"),
+           "int32_t *": (np.dtype(np.int32), "torch.int32", "int32_t[]"),
+           "int64_t *": (np.dtype(np.int64), "torch.int64", "int64_t[]")}
 
 
 def _typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[Any, int, tuple[int, ...]]:
     """(typed pointer, bytes, shape) of a contiguous CPU numpy array or torch tensor whose element
-    type is `ctype`. The fast path of every per-call argument: no dtype string formatting."""
-    if isinstance(a, np.ndarray):
-        if _NP_CTYPES.get(a.dtype) != ctype or not a.flags.c_contiguous or (writable and not a.flags.writeable):
-            raise ValueError(f"{what} must be a C-contiguous{' writeable' if writable else ''} {ctype[:-2]} array, "
-                             f"found {a.dtype}{'' if a.flags.c_contiguous else ' (not contiguous)'}")
-        return ffi.cast(ctype, ffi.from_buffer(a, require_writable=writable)), a.nbytes, a.shape
+    type is `ctype`. The per-call fast path: one buffer request (which also refuses non-contiguous
+    and, when asked, read-only arrays) and no string formatting unless the argument is wrong."""
+    np_dtype, torch_dtype, array_type = _CTYPES[ctype]
+    if type(a) is np.ndarray:
+        if a.dtype != np_dtype:
+            raise ValueError(f"{what} must be a {np_dtype} array, found {a.dtype}")
+        try:
+            return ffi.from_buffer(array_type, a, require_writable=writable), a.nbytes, a.shape
+        except (BufferError, ValueError) as exc:
+            raise ValueError(f"{what}: {exc}") from None
     if hasattr(a, "data_ptr"):
-        if _TORCH_CTYPES.get(str(a.dtype)) != ctype or a.device.type != "cpu" or not a.is_contiguous():
-            raise ValueError(f"{what} must be a contiguous CPU {ctype[:-2]} tensor, found {a.dtype} on {a.device}"
+        if str(a.dtype) != torch_dtype or a.device.type != "cpu" or not a.is_contiguous():
+            raise ValueError(f"{what} must be a contiguous CPU {torch_dtype} tensor, found {a.dtype} on {a.device}"
                              f"{'' if a.is_contiguous() else ' (not contiguous)'}")
         return ffi.cast(ctype, a.data_ptr()), a.numel() * a.element_size(), tuple(a.shape)
+    if isinstance(a, np.ndarray):                 # a subclass: take the plain array view
+        return _typed_view(a.view(np.ndarray), ctype, what, writable)
     raise TypeError(f"{what} must be a numpy array or a torch tensor, found {type(a).__name__}")
 
 
