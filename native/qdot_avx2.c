@@ -58,13 +58,15 @@ INLINE float quantize_block(const float *restrict x, int8_t *restrict q, int n) 
         memset(q, 0, (size_t)n);
         return d;
     }
-    const __m256 vd = _mm256_set1_ps(d);
+    const __m256 vd = _mm256_set1_ps(d), lim = _mm256_set1_ps(127.0f);  /* clamp: see qdot_ref.c */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int j = 0; j < n; j += 32) {
         __m256i i[4];
-        for (int k = 0; k < 4; k++)
-            i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j + 8 * k), vd),
-                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < 4; k++) {
+            const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j + 8 * k), vd),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[k] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim)));
+        }
         /* packs work per 128-bit lane: the permute puts the 32 bytes back in order. */
         const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
         const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
