@@ -22,4 +22,4 @@ from .quantizer import can_quantize, quantize, quantize_into
 __all__ = ["IMPLS", "ComputePool", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize",
            "convert_f32_into", "cpu_has_avx2", "default_impl", "default_threads", "dequantize", "dequantize_into",
            "has_kernel", "has_qdot_kernel", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes", "moe_swiglu",
-           "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into"]
+           "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into"]
