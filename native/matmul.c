@@ -382,6 +382,8 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
         !assign_offsets || (n_experts && !expert_index))
         return STRATA_E_ARG;
     if (!gate || !up || !down) return STRATA_E_ARG;
+    if ((uintptr_t)assign_offsets % 8 || ((uintptr_t)expert_index | (uintptr_t)token_ids | (uintptr_t)weights) % 4)
+        return STRATA_E_ARG;
     moe_job J = {.n_tokens = n_tokens, .n_embd = n_embd, .n_ff = n_ff, .x = x, .expert_index = expert_index,
                  .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out};
     int st = moe_matrices(impl, n_embd, n_ff, gate, up, down, &J.gate, &J.up, &J.down);

@@ -205,6 +205,8 @@ int strata_pool_threads(strata_pool *pool) { return pool ? pool->n_threads : 1; 
 
 void strata_pool_free(strata_pool *pool) {
     if (!pool) return;
+    pthread_mutex_lock(&pool->job_lock);  /* a job still running on another thread finishes first */
     stop_workers(pool, pool->n_threads - 1);
+    pthread_mutex_unlock(&pool->job_lock);
     destroy(pool);
 }

@@ -147,6 +147,12 @@ class MoePart:
         self.c = ffi.new("strata_moe_part *", {"base": ffi.cast("const uint8_t *", ptr), "bytes": nbytes,
                                                "stride": self.stride, "type": int(self.type)})
 
+    def matrix(self, e: int) -> Any:
+        """The packed bytes of expert e's matrix (a view of `base`, no copy)."""
+        if not 0 <= e < self.n_experts:
+            raise IndexError(f"expert {e} is outside this part's {self.n_experts} experts")
+        return self._base[e * self.stride:e * self.stride + self.matrix_bytes]
+
     def __repr__(self) -> str:
         return (f"MoePart({self.type.name}, [{self.n_rows}, {self.row_len}], stride={self.stride}, "
                 f"experts={self.n_experts})")

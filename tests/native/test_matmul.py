@@ -155,7 +155,7 @@ def test_matmul_refuses_bad_arguments(pools):
     ok = (ffi.NULL, int(t), wp, w.nbytes, n_rows, row_len, xp, x.nbytes, 2, yp, y.nbytes, sp, s.nbytes, 0)
     assert lib.strata_matmul(*ok) == lib.STRATA_OK
     for i, bad in [(2, ffi.NULL), (6, ffi.NULL), (9, ffi.NULL), (11, ffi.NULL), (4, -1), (8, -1), (3, -5),
-                   (7, x.nbytes - 4), (10, y.nbytes - 4), (13, 99), (1, 7), (9, ffi.cast("float *", 2))]:
+                   (7, x.nbytes - 4), (10, y.nbytes - 4), (13, 99), (1, 99), (9, ffi.cast("float *", 2))]:
         args = list(ok)
         args[i] = bad
         assert lib.strata_matmul(*args) != lib.STRATA_OK, (i, bad)
@@ -235,10 +235,6 @@ def moe_parts(gate_t, up_t, down_t, n_embd, n_ff, seed=0, pad=0):
     return native.MoeParts(*parts)
 
 
-def expert_matrix(part, e):
-    return part._base[e * part.stride:e * part.stride + part.matrix_bytes]
-
-
 def routing(n_tokens, top_k, seed, idle=(3,)):
     """(expert_index, offsets, token_ids, weights) of a random top-k routing, grouped by expert in
     ascending expert order; the experts in `idle` are listed with no assignments."""
@@ -275,9 +271,9 @@ def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, i
         if lo == hi:
             continue
         xe = np.ascontiguousarray(x[token_ids[lo:hi]])
-        g = matmul(None, parts.gate.type, expert_matrix(parts.gate, e), parts.n_ff, xe, impl)
-        u = matmul(None, parts.up.type, expert_matrix(parts.up, e), parts.n_ff, xe, impl)
-        down[lo - a0:hi - a0] = matmul(None, parts.down.type, expert_matrix(parts.down, e), parts.n_embd,
+        g = matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, xe, impl)
+        u = matmul(None, parts.up.type, parts.up.matrix(e), parts.n_ff, xe, impl)
+        down[lo - a0:hi - a0] = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd,
                                        silu_mul(g, u), impl)
     for a in range(a0, offsets[-1]):             # ascending assignment order, one term at a time
         out[token_ids[a]] += weights_[a] * down[a - a0]
@@ -287,7 +283,7 @@ def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, i
 def moe_float64(parts, x, expert_index, offsets, token_ids, weights_):
     out = np.zeros(x.shape, np.float64)
     for j, e in enumerate(expert_index):
-        deq = [native.dequantize(p.type, expert_matrix(p, e), (p.n_rows, p.row_len)).astype(np.float64)
+        deq = [native.dequantize(p.type, p.matrix(e), (p.n_rows, p.row_len)).astype(np.float64)
                for p in parts]
         for a in range(offsets[j], offsets[j + 1]):
             xt = x[token_ids[a]].astype(np.float64)
@@ -408,7 +404,33 @@ def test_moe_refuses_bad_routing(pools):
         call(w=weights_[:-1])
     with pytest.raises(ValueError, match="disagree"):
         call(p=native.MoeParts(parts.gate, parts.up, parts.gate))
-    small = native.MoePart(expert_matrix(parts.gate, 0), T.Q4_0, parts.n_ff, parts.n_embd)   # one expert held
+    small = native.MoePart(parts.gate.matrix(0), T.Q4_0, parts.n_ff, parts.n_embd)   # one expert held
     with pytest.raises(NativeError):
         call(p=native.MoeParts(small, parts.up, parts.down))
     assert np.all(out == 1)                                     # nothing was written
+
+
+def test_moe_c_checks_below_the_wrapper():
+    parts = moe_parts(*MOE_SHAPES[0])
+    expert_index, offsets, token_ids, weights_ = routing(2, 2, seed=1)
+    x = activations(2, parts.n_embd)
+    out = np.zeros_like(x)
+    scratch = np.empty(native.moe_scratch_bytes(parts, 2, len(token_ids)), np.uint8)
+    f = lambda a: ffi.cast("float *", ffi.from_buffer(a))             # noqa: E731
+    ok = [ffi.NULL, f(x), x.nbytes, 2, parts.n_embd, parts.n_ff, parts.gate.c, parts.up.c, parts.down.c,
+          len(expert_index), ffi.cast("int32_t *", ffi.from_buffer(expert_index)),
+          ffi.cast("int64_t *", ffi.from_buffer(offsets)), ffi.cast("int32_t *", ffi.from_buffer(token_ids)),
+          f(weights_), len(token_ids), f(out), out.nbytes, ffi.from_buffer(scratch), scratch.nbytes, 0]
+    assert lib.strata_moe_swiglu(*ok) == lib.STRATA_OK
+    for i, bad in [(1, ffi.NULL), (2, 4), (3, -1), (4, 48), (5, 0), (6, ffi.NULL), (8, ffi.NULL), (10, ffi.NULL),
+                   (11, ffi.NULL), (11, ffi.cast("int64_t *", 4)), (12, ffi.NULL), (13, ffi.NULL), (15, ffi.NULL),
+                   (16, 8), (17, ffi.NULL), (18, 64), (19, 42)]:
+        args = list(ok)
+        args[i] = bad
+        assert lib.strata_moe_swiglu(*args) != lib.STRATA_OK, (i, bad)
+    with pytest.raises(ValueError, match="whole blocks"):
+        native.MoePart(b"", T.Q4_K, 64, 96)
+    n = ffi.new("int64_t *")
+    assert lib.strata_moe_scratch_bytes(2, 2, int(T.Q4_K), 1, 1, 64, 96, n) == lib.STRATA_E_BLOCK
+    assert lib.strata_moe_scratch_bytes(2, 2, 99, 1, 1, 64, 96, n) == lib.STRATA_E_TYPE
+    assert lib.strata_moe_scratch_bytes(2, 2, 2, -1, 1, 64, 96, n) == lib.STRATA_E_ARG
