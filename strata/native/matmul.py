@@ -5,9 +5,9 @@
         native.moe_swiglu(pool, x, out, parts, expert_index, offsets, token_ids, weights, scratch)
 
 Callers allocate scratch once (`matmul_scratch_bytes`, `moe_scratch_bytes` at the largest batch)
-and reuse it: these wrappers allocate nothing, so a decode step stays allocation-free. Per-call
-work in Python is a few pointer casts and shape checks; the C call releases the GIL. No policy
-here about which matrices to compute where.
+and reuse it (one scratch per thread that calls concurrently): these wrappers allocate no arrays,
+so a decode step stays allocation-free. Per-call work in Python is a few pointer casts and shape
+checks; the C call releases the GIL. No policy here about which matrices to compute where.
 """
 from __future__ import annotations
 
