@@ -9,8 +9,10 @@
  * (fused multiply-add) into 8 float lanes, reduced once per output. The result therefore equals
  * the scalar one up to the rounding of a differently ordered float sum.
  *   Q8_0 (signed codes):             maddubs(|w|, sign(a, w)) then madd(., 1)
- *   Q4_0, MXFP4 (codes + bias >= 0):  maddubs(w + bias, a) - maddubs(bias, a) then madd(., 1)
- *   Q4_K, Q5_K, Q6_K (unsigned):      maddubs(w, a) then madd(., sub-block scale)
+ *   Q4_0, Q5_0, MXFP4 (codes + bias): maddubs(w + bias, a) - maddubs(bias, a) then madd(., 1)
+ *   Q4_1, Q5_1 (unsigned codes):       maddubs(w, a) then madd(., 1); the min adds m * s
+ *   K-quants (codes + bias >= 0):      maddubs(w, a) then madd(., sub-block scale); the bias
+ *                                      (Q3_K 4, Q6_K 32) and the mins come off through bsums
  * |w| <= 128 and |a| <= 127 keep maddubs' int16 pair sums below 2^15 (no saturation).
  *
  * Outputs are computed in tiles of NR weight rows x NT tokens: a weight block is unpacked once per
@@ -140,7 +142,7 @@ INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
 
 /* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
 
-enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
+enum { FMT_Q8_0, FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_MXFP4 };
 
 /* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). The broadcast load
  * and the per-half variable shift keep this off the shuffle port. */
@@ -150,11 +152,37 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
 }
 
-/* Codes of one weight block of format `fmt` at p, and its scale. Q8_0's codes are signed; Q4_0's
- * and MXFP4's are unsigned with a bias (8; 12 for 2 * E2M1 + 12), taken off as bias * sum(a). */
-INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
+/* Q5_0/Q5_1: bit j of the little-endian 32-bit qh as bit 4 of byte j. */
+INLINE __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* Codes of one weight block of format `fmt` at p, its scale and min (Q4_1, Q5_1). Q8_0's codes are
+ * signed; the others' unsigned with a bias (Q4_0 8, Q5_0 16, MXFP4 12 for 2 * E2M1 + 12, else 0),
+ * taken off as bias * sum(a). */
+INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d, float *m) {
     uint16_t h;
     switch (fmt) {
+    case FMT_Q4_1:
+    case FMT_Q5_1: {
+        const strata_block_q4_1 *b4 = (const strata_block_q4_1 *)p;
+        *d = half_scale(b4->d);
+        *m = half_scale(b4->m);
+        if (fmt == FMT_Q4_1) return nibbles32(b4->qs);
+        const strata_block_q5_1 *b5 = (const strata_block_q5_1 *)p;
+        return _mm256_or_si256(nibbles32(b5->qs), fifth_bits(b5->qh));
+    }
+    case FMT_Q5_0: {
+        const strata_block_q5_0 *b5 = (const strata_block_q5_0 *)p;
+        *d = half_scale(b5->d);
+        return _mm256_or_si256(nibbles32(b5->qs), fifth_bits(b5->qh));
+    }
     case FMT_Q8_0:
         memcpy(&h, p, 2);
         *d = half_scale(h);
@@ -172,7 +200,8 @@ INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
     }
 }
 
-INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_MXFP4 ? 12 : 0; }
+INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_Q5_0 ? 16 : fmt == FMT_MXFP4 ? 12 : 0; }
+INLINE int q8_has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
 
 INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                     const uint8_t *a, int64_t arb, float *y, int64_t ys) {
@@ -181,17 +210,20 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK; b++)
         for (int r = 0; r < nr; r++) {
-            float wd;
-            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd);
+            float wd, wm = 0.0f;
+            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd, &wm);
             const __m256i qa = fmt == FMT_Q8_0 ? _mm256_sign_epi8(q, q) : q;
+            const __m256 m8 = _mm256_set1_ps(wm * 0.125f);  /* the min term, spread over 8 lanes (exact) */
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
                 const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
                 __m256i p16;
                 if (fmt == FMT_Q8_0) p16 = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q));
-                else p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qa, av), _mm256_maddubs_epi16(bias, av));
+                else if (q8_bias(fmt)) p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qa, av), _mm256_maddubs_epi16(bias, av));
+                else p16 = _mm256_maddubs_epi16(qa, av);
                 const __m256i p = _mm256_madd_epi16(p16, ones);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+                if (q8_has_min(fmt)) acc[r][t] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(&ab->s), acc[r][t]);
             }
         }
     store_tile(nr, nt, acc, y, ys);
@@ -199,9 +231,15 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
 
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
 #define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
+#define TILE_Q4_1(nr, nt, ...) q8_tile(FMT_Q4_1, sizeof(strata_block_q4_1), nr, nt, __VA_ARGS__)
+#define TILE_Q5_0(nr, nt, ...) q8_tile(FMT_Q5_0, sizeof(strata_block_q5_0), nr, nt, __VA_ARGS__)
+#define TILE_Q5_1(nr, nt, ...) q8_tile(FMT_Q5_1, sizeof(strata_block_q5_1), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
 DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4)
 DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4)
+DEFINE_DRIVER(q4_1, TILE_Q4_1, 2, 4)
+DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4)
+DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4)
 DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
 
 /* ---- K-quants against STRATA_ACT_Q8K ---- */
@@ -210,11 +248,11 @@ DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
  * per chunk, and what the mins / offsets need against the activation's bsums. */
 typedef struct {
     __m256i q[8], sc[8];
-    __m256i bs_w;           /* int16 weights of the 16 bsums: mins (Q4_K/Q5_K), scales (Q6_K) */
+    __m256i bs_w;           /* int16 weights of the 16 bsums: mins (Q2_K, Q4_K, Q5_K), scales (Q3_K, Q6_K) */
     float d, dmin;
 } kblock;
 
-enum { FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
+enum { FMT_Q2_K, FMT_Q3_K, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
 
 INLINE uint32_t load_u32(const uint8_t *p) {
     uint32_t v;
@@ -236,8 +274,67 @@ INLINE void k_scales_mins(const uint8_t *s, kblock *kb) {
         kb->sc[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
 }
 
+/* Formats with 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K): from their 16 int16 scales, chunk c's
+ * vector holds sub-block 2c's scale in its low half and 2c + 1's in its high half. */
+INLINE void k16_chunk_scales(__m256i sc16, kblock *kb) {
+    const __m256i first = _mm256_permute2x128_si256(sc16, sc16, 0x00), second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    for (int c = 0; c < 8; c++) {
+        const char m = (char)(2 * (2 * c % 8));
+        const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
+                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
+                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
+        kb->sc[c] = _mm256_shuffle_epi8(c < 4 ? first : second, ctrl);
+    }
+}
+
+/* Q2_K/Q3_K: chunk 4h + j (elements 128h + 32j..+31) holds bits 2j, 2j+1 of qs[32h + l]. */
+INLINE void k_2bit_chunks(const uint8_t *qs, kblock *kb) {
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        kb->q[4 * h] = _mm256_and_si256(x, three);
+        kb->q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 2), three);
+        kb->q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(x, 4), three);
+        kb->q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(x, 6), three);
+    }
+}
+
+/* Q3_K's 16 six-bit scales (layout: dequant_ref.c), minus 32, as int16. */
+INLINE __m256i q3_k_scales(const uint8_t *s) {
+    const uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), t = load_u32(s + 8);
+    const uint32_t w0 = (a0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4;
+    const uint32_t w1 = (a1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4;
+    const uint32_t w2 = ((a0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4;
+    const uint32_t w3 = ((a1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4;
+    const __m128i sc = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
+    return _mm256_cvtepi8_epi16(sc);
+}
+
 INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
     const __m256i low4 = _mm256_set1_epi8(15);
+    if (fmt == FMT_Q2_K) {  /* scales[s]: scale in the low nibble, min in the high one */
+        const strata_block_q2_k *b2 = (const strata_block_q2_k *)p;
+        kb->d = half_scale(b2->d);
+        kb->dmin = half_scale(b2->dmin);
+        k_2bit_chunks(b2->qs, kb);
+        const __m128i sm = _mm_loadu_si128((const __m128i *)b2->scales), low4x = _mm_set1_epi8(15);
+        kb->bs_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), low4x));
+        k16_chunk_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, low4x)), kb);
+        return;
+    }
+    if (fmt == FMT_Q3_K) {  /* codes q2 + 4 * h (= q3 + 4); bit c of hmask[l] is chunk c's h */
+        const strata_block_q3_k *b3 = (const strata_block_q3_k *)p;
+        kb->d = half_scale(b3->d);
+        k_2bit_chunks(b3->qs, kb);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b3->hmask), bit2 = _mm256_set1_epi8(4);
+        for (int c = 0; c < 8; c++) {
+            const __m256i moved = c < 2 ? _mm256_slli_epi16(hm, 2 - c) : c > 2 ? _mm256_srli_epi16(hm, c - 2) : hm;
+            kb->q[c] = _mm256_or_si256(kb->q[c], _mm256_and_si256(moved, bit2));
+        }
+        kb->bs_w = q3_k_scales(b3->scales);
+        k16_chunk_scales(kb->bs_w, kb);
+        return;
+    }
     if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
         const strata_block_q4_k *b4 = (const strata_block_q4_k *)p;
         const strata_block_q5_k *b5 = (const strata_block_q5_k *)p;
@@ -275,17 +372,8 @@ INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
         const __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
         for (int s = 0; s < 4; s++) kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_and_si256(hi[s], hmask));
     }
-    /* int16 scales; chunk c takes sub-block 2c's scale in its low half, 2c + 1's in its high half */
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
-    kb->bs_w = sc16;
-    const __m256i first = _mm256_permute2x128_si256(sc16, sc16, 0x00), second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-    for (int c = 0; c < 8; c++) {
-        const char m = (char)(2 * (2 * c % 8));
-        const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
-        kb->sc[c] = _mm256_shuffle_epi8(c < 4 ? first : second, ctrl);
-    }
+    kb->bs_w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
+    k16_chunk_scales(kb->bs_w, kb);
 }
 
 /* acc += this block's term for activation block ab. */
@@ -296,8 +384,8 @@ INLINE __m256 k_dot(int fmt, const kblock *kb, const strata_block_act_q8k *ab, _
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(kb->q[c], av), kb->sc[c]));
     }
     const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), kb->bs_w);
-    if (fmt == FMT_Q6_K) {  /* codes are q6 + 32: take 32 * sum_s sc_s * bsum_s off */
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, 5));
+    if (fmt == FMT_Q6_K || fmt == FMT_Q3_K) {  /* codes are q + 32 (q + 4): take 32 (4) * sum_s sc_s * bsum_s off */
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, fmt == FMT_Q6_K ? 5 : 2));
         return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
     }
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
@@ -318,9 +406,13 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     store_tile(nr, nt, acc, y, ys);
 }
 
+#define TILE_Q2_K(nr, nt, ...) k_tile(FMT_Q2_K, sizeof(strata_block_q2_k), nr, nt, __VA_ARGS__)
+#define TILE_Q3_K(nr, nt, ...) k_tile(FMT_Q3_K, sizeof(strata_block_q3_k), nr, nt, __VA_ARGS__)
 #define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
 #define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
 #define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(q2_k, TILE_Q2_K, 2, 4)
+DEFINE_DRIVER(q3_k, TILE_Q3_K, 2, 4)
 DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4)
 DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4)
 DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4)
@@ -384,6 +476,6 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k) 
                                    float *restrict y, int64_t ys) {                                        \
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
-FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4)
-FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
+FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q4_1) FALLBACK(q5_0) FALLBACK(q5_1) FALLBACK(q8_0) FALLBACK(mxfp4)
+FALLBACK(q2_k) FALLBACK(q3_k) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
 #endif

@@ -151,8 +151,7 @@ def test_every_dequantized_format_has_a_kernel():
     assert set(ALL_TYPES) == set(DEQUANT_TYPES)
     for t in ALL_TYPES:
         assert native.has_qdot_kernel(t, "scalar")
-    assert {t for t in ALL_TYPES if native.has_qdot_kernel(t, "avx2")} == {
-        T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0, T.MXFP4, T.Q4_K, T.Q5_K, T.Q6_K}
+    assert all(native.has_qdot_kernel(t, "avx2") for t in ALL_TYPES)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
