@@ -242,17 +242,21 @@ DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4)
 DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4)
 DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
 
-/* ---- K-quants against STRATA_ACT_Q8K ---- */
-
-/* One weight block unpacked for its tokens: 8 chunks of 32 unsigned codes, an int16 scale vector
- * per chunk, and what the mins / offsets need against the activation's bsums. */
-typedef struct {
-    __m256i q[8], sc[8];
-    __m256i bs_w;           /* int16 weights of the 16 bsums: mins (Q2_K, Q4_K, Q5_K), scales (Q3_K, Q6_K) */
-    float d, dmin;
-} kblock;
+/* ---- K-quants against STRATA_ACT_Q8K ----
+ *
+ * A block is worked through in 8 chunks of 32 codes (unsigned, below 64): chunk c's codes and its
+ * int16 scale vector are made and used at once for every token of the tile, so nothing unpacked
+ * goes through memory. Per token the 8 chunks' madd results add up in int32; the bsums then give
+ * the mins (Q2_K, Q4_K, Q5_K: a float term) or the code bias (Q3_K 4, Q6_K 32: an integer term). */
 
 enum { FMT_Q2_K, FMT_Q3_K, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
+
+/* Per block: scales, bsum weights (int16 mins of Q2_K/Q4_K/Q5_K, scales of Q3_K/Q6_K). */
+typedef struct {
+    __m256i sc_a, sc_b;     /* scale sources the chunks shuffle from */
+    __m256i bs_w;
+    float d, dmin;
+} khead;
 
 INLINE uint32_t load_u32(const uint8_t *p) {
     uint32_t v;
@@ -260,43 +264,24 @@ INLINE uint32_t load_u32(const uint8_t *p) {
     return v;
 }
 
-/* Q4_K/Q5_K scales and mins (layout: common.h): chunk j's scale broadcast, mins repeated per 16. */
-INLINE void k_scales_mins(const uint8_t *s, kblock *kb) {
+/* Q4_K/Q5_K scales and mins (layout: common.h): sc_a = the 8 int16 scales in both halves, bs_w =
+ * the mins, each repeated for its two bsums. */
+INLINE void k8_head(const uint8_t *s, khead *hd) {
     const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
     const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
     const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
     const __m128i mins = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    kb->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
-    const __m256i sc = _mm256_broadcastsi128_si256(sc16);
-    for (int j = 0; j < 8; j++)
-        kb->sc[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
+    hd->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
+    hd->sc_a = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
 }
 
-/* Formats with 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K): from their 16 int16 scales, chunk c's
- * vector holds sub-block 2c's scale in its low half and 2c + 1's in its high half. */
-INLINE void k16_chunk_scales(__m256i sc16, kblock *kb) {
-    const __m256i first = _mm256_permute2x128_si256(sc16, sc16, 0x00), second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-    for (int c = 0; c < 8; c++) {
-        const char m = (char)(2 * (2 * c % 8));
-        const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
-        kb->sc[c] = _mm256_shuffle_epi8(c < 4 ? first : second, ctrl);
-    }
-}
-
-/* Q2_K/Q3_K: chunk 4h + j (elements 128h + 32j..+31) holds bits 2j, 2j+1 of qs[32h + l]. */
-INLINE void k_2bit_chunks(const uint8_t *qs, kblock *kb) {
-    const __m256i three = _mm256_set1_epi8(3);
-    for (int h = 0; h < 2; h++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-        kb->q[4 * h] = _mm256_and_si256(x, three);
-        kb->q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 2), three);
-        kb->q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(x, 4), three);
-        kb->q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(x, 6), three);
-    }
+/* Formats with 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K): from their 16 int16 scales, sc_a holds
+ * scales 0-7 in both halves, sc_b 8-15; chunk c shuffles sub-block 2c's scale into its low half
+ * and 2c + 1's into its high half. */
+INLINE void k16_head(__m256i sc16, khead *hd) {
+    hd->sc_a = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+    hd->sc_b = _mm256_permute2x128_si256(sc16, sc16, 0x11);
 }
 
 /* Q3_K's 16 six-bit scales (layout: dequant_ref.c), minus 32, as int16. */
@@ -310,86 +295,93 @@ INLINE __m256i q3_k_scales(const uint8_t *s) {
     return _mm256_cvtepi8_epi16(sc);
 }
 
-INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
-    const __m256i low4 = _mm256_set1_epi8(15);
-    if (fmt == FMT_Q2_K) {  /* scales[s]: scale in the low nibble, min in the high one */
+INLINE void k_head(int fmt, const uint8_t *p, khead *hd) {
+    switch (fmt) {
+    case FMT_Q2_K: {  /* scales[s]: scale in the low nibble, min in the high one */
         const strata_block_q2_k *b2 = (const strata_block_q2_k *)p;
-        kb->d = half_scale(b2->d);
-        kb->dmin = half_scale(b2->dmin);
-        k_2bit_chunks(b2->qs, kb);
-        const __m128i sm = _mm_loadu_si128((const __m128i *)b2->scales), low4x = _mm_set1_epi8(15);
-        kb->bs_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), low4x));
-        k16_chunk_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, low4x)), kb);
+        const __m128i sm = _mm_loadu_si128((const __m128i *)b2->scales), low4 = _mm_set1_epi8(15);
+        hd->d = half_scale(b2->d);
+        hd->dmin = half_scale(b2->dmin);
+        hd->bs_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), low4));
+        k16_head(_mm256_cvtepu8_epi16(_mm_and_si128(sm, low4)), hd);
         return;
     }
-    if (fmt == FMT_Q3_K) {  /* codes q2 + 4 * h (= q3 + 4); bit c of hmask[l] is chunk c's h */
+    case FMT_Q3_K: {
         const strata_block_q3_k *b3 = (const strata_block_q3_k *)p;
-        kb->d = half_scale(b3->d);
-        k_2bit_chunks(b3->qs, kb);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)b3->hmask), bit2 = _mm256_set1_epi8(4);
-        for (int c = 0; c < 8; c++) {
-            const __m256i moved = c < 2 ? _mm256_slli_epi16(hm, 2 - c) : c > 2 ? _mm256_srli_epi16(hm, c - 2) : hm;
-            kb->q[c] = _mm256_or_si256(kb->q[c], _mm256_and_si256(moved, bit2));
-        }
-        kb->bs_w = q3_k_scales(b3->scales);
-        k16_chunk_scales(kb->bs_w, kb);
+        hd->d = half_scale(b3->d);
+        hd->bs_w = q3_k_scales(b3->scales);
+        k16_head(hd->bs_w, hd);
         return;
     }
-    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+    case FMT_Q6_K: {
+        const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
+        hd->d = half_scale(b6->d);
+        hd->bs_w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
+        k16_head(hd->bs_w, hd);
+        return;
+    }
+    default: {  /* Q4_K, Q5_K: d, dmin and the scales sit at the same offsets */
         const strata_block_q4_k *b4 = (const strata_block_q4_k *)p;
-        const strata_block_q5_k *b5 = (const strata_block_q5_k *)p;
-        const uint8_t *qs = fmt == FMT_Q4_K ? b4->qs : b5->qs;
-        kb->d = half_scale(b4->d);
-        kb->dmin = half_scale(b4->dmin);
-        k_scales_mins(b4->scales, kb);
-        for (int c = 0; c < 4; c++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            kb->q[2 * c] = _mm256_and_si256(x, low4);
-            kb->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
-        }
-        if (fmt == FMT_Q5_K) {  /* bit 4 of sub-block j's codes: bit j of qh[l] */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)b5->qh), bit4 = _mm256_set1_epi8(0x10);
-            for (int j = 0; j < 8; j++) {  /* bit j moved to bit 4; the mask drops what crossed bytes */
-                const __m256i moved = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : j > 4 ? _mm256_srli_epi16(qh, j - 4) : qh;
-                kb->q[j] = _mm256_or_si256(kb->q[j], _mm256_and_si256(moved, bit4));
-            }
-        }
-        return;
+        hd->d = half_scale(b4->d);
+        hd->dmin = half_scale(b4->dmin);
+        k8_head(b4->scales, hd);
     }
-    /* Q6_K: chunk 4h + s = elements 128h + 32s..+31; low 4 bits from nibble s/2 of
-     * ql[64h + 32(s%2) + l], high 2 bits = bits 2s of qh[32h + l]; scales of sub-blocks 2c, 2c+1. */
-    const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
-    kb->d = half_scale(b6->d);
-    const __m256i hmask = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32));
-        const __m256i lo[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
-                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
-        /* bits 2s, 2s+1 of qh moved to bits 4-5 (the mask drops what crossed a byte boundary) */
-        const __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
-        for (int s = 0; s < 4; s++) kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_and_si256(hi[s], hmask));
     }
-    kb->bs_w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
-    k16_chunk_scales(kb->bs_w, kb);
 }
 
-/* acc += this block's term for activation block ab. */
-INLINE __m256 k_dot(int fmt, const kblock *kb, const strata_block_act_q8k *ab, __m256 acc) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
-        const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(kb->q[c], av), kb->sc[c]));
+/* `x` shifted so that its bit `from` lands on bit `to` in every byte (bits that cross into a
+ * neighbouring byte are to be masked off by the caller). */
+INLINE __m256i move_bit(__m256i x, int from, int to) {
+    return from < to ? _mm256_slli_epi16(x, to - from) : from > to ? _mm256_srli_epi16(x, from - to) : x;
+}
+
+/* Codes (32 unsigned bytes) and int16 scale vector of chunk c of the block at p. */
+INLINE __m256i k_chunk(int fmt, const uint8_t *p, const khead *hd, int c, __m256i *sc) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        const uint8_t *qs = fmt == FMT_Q4_K ? ((const strata_block_q4_k *)p)->qs : ((const strata_block_q5_k *)p)->qs;
+        *sc = _mm256_shuffle_epi8(hd->sc_a, _mm256_set1_epi16((short)(2 * c | (2 * c + 1) << 8)));
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
+        __m256i q = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(x, 4) : x, low4);
+        if (fmt == FMT_Q5_K) {  /* bit 4: bit c of qh[l] */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)((const strata_block_q5_k *)p)->qh);
+            q = _mm256_or_si256(q, _mm256_and_si256(move_bit(qh, c, 4), _mm256_set1_epi8(0x10)));
+        }
+        return q;
     }
-    const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), kb->bs_w);
+    const char m = (char)(2 * (2 * c % 8));
+    const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
+                                          m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
+                                          m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
+    *sc = _mm256_shuffle_epi8(c < 4 ? hd->sc_a : hd->sc_b, ctrl);
+    const int h = c / 4, s = c % 4;
+    if (fmt == FMT_Q6_K) {  /* chunk 4h + s: nibble s/2 of ql[64h + 32(s%2) + l], bits 2s of qh[32h + l] */
+        const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32 * (s % 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
+        const __m256i lo = _mm256_and_si256(s / 2 ? _mm256_srli_epi16(l, 4) : l, low4);
+        return _mm256_or_si256(lo, _mm256_and_si256(move_bit(qh, 2 * s, 4), _mm256_set1_epi8(0x30)));
+    }
+    /* Q2_K, Q3_K: chunk 4h + s holds bits 2s, 2s+1 of qs[32h + l]; Q3_K adds 4 * (bit c of hmask[l]) */
+    const uint8_t *qs = fmt == FMT_Q2_K ? ((const strata_block_q2_k *)p)->qs : ((const strata_block_q3_k *)p)->qs;
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(x, 2 * s), _mm256_set1_epi8(3));
+    if (fmt == FMT_Q3_K) {
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)((const strata_block_q3_k *)p)->hmask);
+        q = _mm256_or_si256(q, _mm256_and_si256(move_bit(hm, c, 2), _mm256_set1_epi8(4)));
+    }
+    return q;
+}
+
+/* acc += the block's term, from the int32 lanes isum of sum_c madd(maddubs(codes, a), scales). */
+INLINE __m256 k_finish(int fmt, const khead *hd, const strata_block_act_q8k *ab, __m256i isum, __m256 acc) {
+    const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), hd->bs_w);
     if (fmt == FMT_Q6_K || fmt == FMT_Q3_K) {  /* codes are q + 32 (q + 4): take 32 (4) * sum_s sc_s * bsum_s off */
         isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, fmt == FMT_Q6_K ? 5 : 2));
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(hd->d * ab->d), acc);
     }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bsw), _mm256_set1_ps(kb->dmin * ab->d), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(hd->d * ab->d), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bsw), _mm256_set1_ps(hd->dmin * ab->d), acc);
 }
 
 INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
@@ -398,10 +390,22 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK_K; b++)
         for (int r = 0; r < nr; r++) {
-            kblock kb;
-            k_unpack(fmt, w + r * wrb + b * bs, &kb);
+            const uint8_t *p = w + r * wrb + b * bs;
+            khead hd;
+            k_head(fmt, p, &hd);
+            __m256i isum[8];
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i sc;
+                const __m256i q = k_chunk(fmt, p, &hd, c, &sc);
+                for (int t = 0; t < nt; t++) {
+                    const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sc));
+                }
+            }
             for (int t = 0; t < nt; t++)
-                acc[r][t] = k_dot(fmt, &kb, (const strata_block_act_q8k *)(a + t * arb) + b, acc[r][t]);
+                acc[r][t] = k_finish(fmt, &hd, (const strata_block_act_q8k *)(a + t * arb) + b, isum[t], acc[r][t]);
         }
     store_tile(nr, nt, acc, y, ys);
 }
