@@ -16,8 +16,7 @@
  * |w| <= 128 and |a| <= 127 keep maddubs' int16 pair sums below 2^15 (no saturation).
  *
  * Outputs are computed in tiles of NR weight rows x NT tokens: a weight block is unpacked once per
- * tile and used for its NT tokens, which stay in L1 across the row group. Decode (fewer than 4
- * tokens) uses 4-row tiles, one token at a time, for four independent accumulators.
+ * tile and used for its NT tokens, which stay in L1 across the row group (driver: DEFINE_DRIVER).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
@@ -109,16 +108,24 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
 
 /* ---- Tile driver shared by every format ----
  *
- * TILE(nr, nt, w, a, y) computes an nr x nt tile over the whole row; the driver walks the rows in
- * groups and the tokens in groups (see the file comment). */
-#define DEFINE_DRIVER(name, TILE, GR, GT)                                                                        \
+ * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
+ * or more the driver walks GR rows x GT tokens at a time; with fewer (decode) DR rows one token at
+ * a time (DR = 4: independent accumulators for the short Q8 blocks), or, for DR = 1, one row with
+ * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
     void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \
         int64_t r = 0;                                                                                   \
-        if (n_tok < 4) {                                                                                 \
-            for (; r + 4 <= n_rows; r += 4)                                                              \
-                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        if (n_tok < 4 && DR > 1) {                                                                       \
+            for (; r + DR <= n_rows; r += DR)                                                            \
+                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        } else if (n_tok < 4) {                                                                          \
+            for (; r < n_rows; r++) {                                                                    \
+                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                      \
+                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
+                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
+            }                                                                                            \
         }                                                                                                \
         for (; r + GR <= n_rows; r += GR) {                                                                \
             int64_t t = 0;                                                                               \
@@ -235,12 +242,12 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
 #define TILE_Q5_0(nr, nt, ...) q8_tile(FMT_Q5_0, sizeof(strata_block_q5_0), nr, nt, __VA_ARGS__)
 #define TILE_Q5_1(nr, nt, ...) q8_tile(FMT_Q5_1, sizeof(strata_block_q5_1), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4)
-DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4)
-DEFINE_DRIVER(q4_1, TILE_Q4_1, 2, 4)
-DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4)
-DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4)
-DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
+DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4, 4)
+DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4, 4)
+DEFINE_DRIVER(q4_1, TILE_Q4_1, 2, 4, 4)
+DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4, 4)
+DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4, 4)
+DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4, 4)
 
 /* ---- K-quants against STRATA_ACT_Q8K ----
  *
@@ -415,11 +422,11 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
 #define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
 #define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
 #define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q2_k, TILE_Q2_K, 2, 4)
-DEFINE_DRIVER(q3_k, TILE_Q3_K, 2, 4)
-DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4)
-DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4)
-DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4)
+DEFINE_DRIVER(q2_k, TILE_Q2_K, 2, 4, 1)
+DEFINE_DRIVER(q3_k, TILE_Q3_K, 2, 4, 1)
+DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4, 1)
+DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4, 1)
+DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4, 1)
 
 /* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
 
@@ -466,9 +473,9 @@ INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t
 #define TILE_F32(nr, nt, ...) f_tile(FMT_F32, 4, nr, nt, __VA_ARGS__)
 #define TILE_F16(nr, nt, ...) f_tile(FMT_F16, 2, nr, nt, __VA_ARGS__)
 #define TILE_BF16(nr, nt, ...) f_tile(FMT_BF16, 2, nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(f32, TILE_F32, 2, 4)
-DEFINE_DRIVER(f16, TILE_F16, 2, 4)
-DEFINE_DRIVER(bf16, TILE_BF16, 2, 4)
+DEFINE_DRIVER(f32, TILE_F32, 2, 4, 4)
+DEFINE_DRIVER(f16, TILE_F16, 2, 4, 4)
+DEFINE_DRIVER(bf16, TILE_BF16, 2, 4, 4)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
