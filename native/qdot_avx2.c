@@ -109,7 +109,9 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
 /* ---- Tile driver shared by every format ----
  *
  * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
- * or more the driver walks GR rows x GT tokens at a time; with fewer (decode) DR rows one token at
+ * or more the driver walks GR rows x GT tokens at a time (1 x 8 for quantized weights: their
+ * activation rows are small and the unpacking is shared by 8 tokens; 4 x 2 for float weights,
+ * whose float32 activation rows would not stay in L1 for 8 tokens); with fewer (decode) DR rows one token at
  * a time (DR = 4: independent accumulators for the short Q8 blocks), or, for DR = 1, one row with
  * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
 #define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
@@ -130,6 +132,7 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
         for (; r + GR <= n_rows; r += GR) {                                                                \
             int64_t t = 0;                                                                               \
             for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; GT > 4 && t + 4 <= n_tok; t += 4) TILE(GR, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
             for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
         }                                                                                                \
         for (; r < n_rows; r++) {                                                                        \
@@ -242,12 +245,12 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
 #define TILE_Q5_0(nr, nt, ...) q8_tile(FMT_Q5_0, sizeof(strata_block_q5_0), nr, nt, __VA_ARGS__)
 #define TILE_Q5_1(nr, nt, ...) q8_tile(FMT_Q5_1, sizeof(strata_block_q5_1), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4, 4)
-DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4, 4)
-DEFINE_DRIVER(q4_1, TILE_Q4_1, 2, 4, 4)
-DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4, 4)
-DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4, 4)
-DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4, 4)
+DEFINE_DRIVER(q8_0, TILE_Q8_0, 1, 8, 4)
+DEFINE_DRIVER(q4_0, TILE_Q4_0, 1, 8, 4)
+DEFINE_DRIVER(q4_1, TILE_Q4_1, 1, 8, 4)
+DEFINE_DRIVER(q5_0, TILE_Q5_0, 1, 8, 4)
+DEFINE_DRIVER(q5_1, TILE_Q5_1, 1, 8, 4)
+DEFINE_DRIVER(mxfp4, TILE_MXFP4, 1, 8, 4)
 
 /* ---- K-quants against STRATA_ACT_Q8K ----
  *
@@ -422,11 +425,11 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
 #define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
 #define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
 #define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q2_k, TILE_Q2_K, 2, 4, 1)
-DEFINE_DRIVER(q3_k, TILE_Q3_K, 2, 4, 1)
-DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4, 1)
-DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4, 1)
-DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4, 1)
+DEFINE_DRIVER(q2_k, TILE_Q2_K, 1, 8, 1)
+DEFINE_DRIVER(q3_k, TILE_Q3_K, 1, 8, 1)
+DEFINE_DRIVER(q4_k, TILE_Q4_K, 1, 8, 1)
+DEFINE_DRIVER(q5_k, TILE_Q5_K, 1, 8, 1)
+DEFINE_DRIVER(q6_k, TILE_Q6_K, 1, 8, 1)
 
 /* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
 
@@ -473,9 +476,9 @@ INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t
 #define TILE_F32(nr, nt, ...) f_tile(FMT_F32, 4, nr, nt, __VA_ARGS__)
 #define TILE_F16(nr, nt, ...) f_tile(FMT_F16, 2, nr, nt, __VA_ARGS__)
 #define TILE_BF16(nr, nt, ...) f_tile(FMT_BF16, 2, nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(f32, TILE_F32, 2, 4, 4)
-DEFINE_DRIVER(f16, TILE_F16, 2, 4, 4)
-DEFINE_DRIVER(bf16, TILE_BF16, 2, 4, 4)
+DEFINE_DRIVER(f32, TILE_F32, 4, 2, 4)
+DEFINE_DRIVER(f16, TILE_F16, 4, 2, 4)
+DEFINE_DRIVER(bf16, TILE_BF16, 4, 2, 4)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
