@@ -83,6 +83,41 @@ int strata_quantize_has_type(int ggml_type);
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl);
 
+/* ---- Quantized matrix kernels, test entry points (qdot.c) ----
+ *
+ * y[T, N] = x[T, K] @ W[N, K]^T computed straight from W's packed GGML blocks, single-threaded:
+ * each x row is first rounded to 8-bit activation blocks (32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+ * MXFP4, 256 for Q2_K..Q6_K; d = max|x| / 127, q = round-to-nearest-even(x / d)), then every weight
+ * block is multiplied with its activation block in integer arithmetic and scaled once. F32, F16
+ * and BF16 weights are multiplied with the float32 rows as they are. These entry points exist for
+ * tests and measurements; the engine uses the pooled strata_matmul.
+ */
+
+/* 1 when family `impl` (SCALAR, AVX2) has its own tile kernel for `ggml_type`; formats without one
+ * run the next family down (AVX2 -> scalar). 0 for a format the kernels do not read. */
+int strata_qdot_has_kernel(int ggml_type, int impl);
+
+/* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
+int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);
+
+/*
+ * y (n_tokens x n_rows float32, row-major) = x (n_tokens x row_len float32) times the transpose of
+ * w (n_rows rows of row_len elements in the packed form of ggml_type, back to back). Every buffer
+ * is given with its size in bytes and is checked: STRATA_E_SIZE rather than a read or write past
+ * one; STRATA_E_BLOCK when row_len is not a multiple of the block size; STRATA_E_ARG for a negative
+ * count, a NULL buffer that must hold bytes, or x, y, scratch not 4-byte aligned. `scratch` holds
+ * the rounded activations (strata_qdot_scratch_bytes). x must be finite.
+ */
+int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_rows, int64_t row_len,
+                     const float *x, int64_t x_bytes, int64_t n_tokens, float *y, int64_t y_bytes,
+                     void *scratch, int64_t scratch_bytes, int impl);
+
+/* The rounded activation rows strata_qdot_rows computes for ggml_type (n_tokens rows of
+ * strata_qdot_scratch_bytes / n_tokens bytes each; a plain copy of x for F32/F16/BF16 weights),
+ * written to `act`. For tests of the activation quantizers. */
+int strata_qdot_quantize_act(int ggml_type, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t row_len,
+                             void *act, int64_t act_bytes, int impl);
+
 /* ---- Pager (pager.c): asynchronous reads of file ranges into caller buffers ----
  *
  * A pager opens one file read-only and runs a pool of worker threads that serve read requests:
@@ -185,5 +220,69 @@ const char *strata_pager_status_string(int status);
 /* NUMA nodes of this machine (1 where /sys reports none), and the node holding the page at addr. */
 int strata_numa_count_nodes(int *n_nodes);
 int strata_numa_locate(const void *addr, int *node);
+
+/* ---- Compute pool and packed-weight matrix products (pool.c, matmul.c) ----
+ *
+ * A compute pool is a set of persistent worker threads; the thread that calls a compute function
+ * takes part as thread 0. Workers spin briefly after a job, then sleep, so an idle pool uses no
+ * CPU. One job runs at a time per pool: concurrent calls on one pool serialize. Results never
+ * depend on the thread count (work is split into fixed row blocks; sums run in a fixed order).
+ * Every compute function accepts pool NULL (the calling thread only).
+ */
+
+typedef struct strata_pool strata_pool;
+
+/* A pool of `n_threads` threads in all (1..256; n_threads - 1 workers are started). */
+int strata_pool_create(int n_threads, strata_pool **pool);
+int strata_pool_threads(strata_pool *pool);
+/* Join the workers and release the pool; no call may be running on it. NULL is a no-op. */
+void strata_pool_free(strata_pool *pool);
+
+/* Scratch bytes strata_matmul needs for `n_tokens` activation rows of `row_len` values
+ * (0 for F32/F16/BF16 weights, which read the float rows directly). */
+int strata_matmul_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);
+
+/*
+ * y[T, N] = x[T, K] @ W[N, K]^T with W (`n_rows` = N rows of `row_len` = K values) packed in
+ * `ggml_type` at `w`, x and y float32 row-major. The T activation rows are first rounded into the
+ * weight format's 8-bit activation blocks (in `scratch`), then output rows are split across the
+ * pool's threads. K must be a multiple of the type's block size. `impl`: enum strata_impl.
+ */
+int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_bytes, int64_t n_rows,
+                  int64_t row_len, const float *x, int64_t x_bytes, int64_t n_tokens, float *y,
+                  int64_t y_bytes, void *scratch, int64_t scratch_bytes, int impl);
+
+/* One expert matrix family: expert e's matrix starts at base + e * stride and must end inside
+ * [base, base + bytes). Serves a packed slot pool (stride = slot bytes) and a 3-D expert tensor of
+ * a mapped file (stride = one expert's slab bytes). `type` is its ggml type. */
+typedef struct {
+    const uint8_t *base;
+    int64_t bytes;
+    int64_t stride;
+    int32_t type;
+} strata_moe_part;
+
+/* Scratch bytes strata_moe_swiglu needs for up to `n_tokens` tokens and `n_assign` assignments. */
+int strata_moe_scratch_bytes(int gate_type, int up_type, int down_type, int64_t n_tokens, int64_t n_assign,
+                             int64_t n_embd, int64_t n_ff, int64_t *bytes);
+
+/*
+ * A SwiGLU MoE layer in one call: for each of the `n_experts` experts of this call (e =
+ * expert_index[j]; gate and up are [n_ff, n_embd], down is [n_embd, n_ff]) and each of its
+ * assignments a in [assign_offsets[j], assign_offsets[j + 1]) (token token_ids[a], router weight
+ * weights[a]):
+ *     out[token, :] += weights[a] * down_e @ (silu(gate_e @ x[token]) * (up_e @ x[token]))
+ * x is [n_tokens, n_embd] float32, out likewise; assign_offsets has n_experts + 1 entries,
+ * non-decreasing, within [0, n_assign]. The terms are added into out one by one in ascending
+ * assignment order, whatever the thread count, so calls over consecutive chunks of experts give
+ * the bytes of one call over all of them. Each token is rounded to activation blocks once per call.
+ * Every expert index is checked against its part's region, every token id against n_tokens.
+ */
+int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                      int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                      const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                      const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                      int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
+                      int impl);
 
 #endif

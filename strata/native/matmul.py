@@ -1,0 +1,226 @@
+"""Matrix products from packed GGML weights on a persistent compute pool (native/pool.c, matmul.c).
+
+    with native.ComputePool(2) as pool:
+        native.matmul_into(pool, "Q4_0", w, n_rows, row_len, x, y, scratch)   # y[T, N] = x @ W^T
+        native.moe_swiglu(pool, x, out, parts, expert_index, offsets, token_ids, weights, scratch)
+
+Callers allocate scratch once (`matmul_scratch_bytes`, `moe_scratch_bytes` at the largest batch)
+and reuse it (one scratch per thread that calls concurrently): these wrappers allocate no arrays,
+so a decode step stays allocation-free. Per-call work in Python is a few pointer casts and shape
+checks; the C call releases the GIL. No policy here about which matrices to compute where.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from strata.quant import block_size, ggml_type, row_bytes
+
+from ._lib import check, check_threads, default_threads, dst_view, ffi, impl_code, lib, src_view
+
+
+class ComputePool:
+    """A persistent pool of `n_threads` compute threads (the calling thread included).
+
+    Workers spin briefly after a job and then sleep, so an idle pool costs no CPU. One job runs at
+    a time: calls from several Python threads on one pool serialize. Close it (or use `with`)
+    to join the workers; a pool dropped unclosed is freed by its finalizer."""
+
+    def __init__(self, n_threads: int | None = None):
+        n = check_threads(default_threads() if n_threads is None else n_threads)
+        out = ffi.new("strata_pool **")
+        check(lib.strata_pool_create(n, out), f"create a compute pool of {n} threads")
+        self._ptr = out[0]
+        self._finalizer = weakref.finalize(self, lib.strata_pool_free, self._ptr)
+        self.n_threads = n
+
+    @property
+    def ptr(self) -> Any:
+        """The `strata_pool *` for native calls; raises once the pool is closed."""
+        if self._ptr is None:
+            raise ValueError("compute pool is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        """Join the workers; further use raises ValueError. Idempotent."""
+        self._ptr = None
+        self._finalizer()
+
+    def __enter__(self) -> ComputePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ComputePool(n_threads={self.n_threads}{', closed' if self._ptr is None else ''})"
+
+
+def _pool_ptr(pool: ComputePool | None) -> Any:
+    return ffi.NULL if pool is None else pool.ptr
+
+
+# Per-call argument types: numpy dtype, torch dtype name and the cffi array type of the pointer.
+_CTYPES = {"float *": (np.dtype(np.float32), "torch.float32", "float[]"),
+           "int32_t *": (np.dtype(np.int32), "torch.int32", "int32_t[]"),
+           "int64_t *": (np.dtype(np.int64), "torch.int64", "int64_t[]")}
+
+
+def _typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[Any, int, tuple[int, ...]]:
+    """(typed pointer, bytes, shape) of a contiguous CPU numpy array or torch tensor whose element
+    type is `ctype`. The per-call fast path: one buffer request (which also refuses non-contiguous
+    and, when asked, read-only arrays) and no string formatting unless the argument is wrong."""
+    np_dtype, torch_dtype, array_type = _CTYPES[ctype]
+    if type(a) is np.ndarray:
+        if a.dtype != np_dtype:
+            raise ValueError(f"{what} must be a {np_dtype} array, found {a.dtype}")
+        try:
+            return ffi.from_buffer(array_type, a, require_writable=writable), a.nbytes, a.shape
+        except (BufferError, ValueError) as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    if hasattr(a, "data_ptr"):
+        if str(a.dtype) != torch_dtype or a.device.type != "cpu" or not a.is_contiguous():
+            raise ValueError(f"{what} must be a contiguous CPU {torch_dtype} tensor, found {a.dtype} on {a.device}"
+                             f"{'' if a.is_contiguous() else ' (not contiguous)'}")
+        return ffi.cast(ctype, a.data_ptr()), a.numel() * a.element_size(), tuple(a.shape)
+    if isinstance(a, np.ndarray):                 # a subclass: take the plain array view
+        return _typed_view(a.view(np.ndarray), ctype, what, writable)
+    raise TypeError(f"{what} must be a numpy array or a torch tensor, found {type(a).__name__}")
+
+
+def matmul_scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:
+    """Scratch bytes `matmul_into` needs for `n_tokens` rows of `row_len` (0 for float weights)."""
+    t = ggml_type(t)
+    out = ffi.new("int64_t *")
+    check(lib.strata_matmul_scratch_bytes(int(t), n_tokens, row_len, out),
+          f"matmul scratch for {t.name}, {n_tokens} tokens x {row_len}")
+    return int(out[0])
+
+
+def matmul_into(pool: ComputePool | None, t: Any, w: Any, n_rows: int, row_len: int, x: Any, out: Any,
+                scratch: Any, impl: str = "auto") -> Any:
+    """out[T, N] = x[T, K] @ W[N, K]^T with W (`n_rows` x `row_len`) packed in ggml type `t` in
+    `w`; x and out float32 (numpy or CPU torch, contiguous). Activations are rounded to the
+    format's 8-bit blocks in `scratch` (`matmul_scratch_bytes`). The result is bit-identical for
+    every pool size, pool None included. Returns `out`."""
+    t = ggml_type(t)
+    x_ptr, x_bytes, x_shape = _typed_view(x, "float *", "matmul x")
+    y_ptr, y_bytes, y_shape = _typed_view(out, "float *", "matmul output", writable=True)
+    n_tokens = math.prod(x_shape[:-1])
+    if not x_shape or x_shape[-1] != row_len:
+        raise ValueError(f"{t.name} matmul: x has shape {x_shape}, expected rows of {row_len}")
+    if y_shape[-1:] != (n_rows,) or math.prod(y_shape) != n_tokens * n_rows:
+        raise ValueError(f"{t.name} matmul: output has shape {y_shape}, expected ({n_tokens}, {n_rows})")
+    w_ptr, w_bytes = src_view(w)
+    s_ptr, s_bytes = (ffi.NULL, 0) if scratch is None else dst_view(scratch, "matmul scratch")
+    status = lib.strata_matmul(_pool_ptr(pool), int(t), w_ptr, w_bytes, n_rows, row_len, x_ptr, x_bytes, n_tokens,
+                               y_ptr, y_bytes, s_ptr, s_bytes, impl_code(impl))
+    if status:
+        check(status, f"{t.name} matmul of [{n_tokens}, {row_len}] by [{n_rows}, {row_len}] "
+                  f"(weights {w_bytes} B, scratch {s_bytes} B)")
+    return out
+
+
+class MoePart:
+    """One family of expert matrices (all gate, all up or all down) of `n_rows` x `row_len` in ggml
+    type `t`: expert e's matrix starts at byte e * stride of `base` (a slot pool, or the 3-D expert
+    tensor of a mapped file; stride defaults to one matrix's packed size). Holds `base` alive and
+    builds the C descriptor once."""
+
+    def __init__(self, base: Any, t: Any, n_rows: int, row_len: int, stride: int | None = None):
+        self.type = ggml_type(t)
+        elems, _ = block_size(self.type)
+        if row_len % elems:
+            raise ValueError(f"{self.type.name} expert matrix rows of {row_len} are not whole blocks of {elems}")
+        self.n_rows, self.row_len = int(n_rows), int(row_len)
+        self.matrix_bytes = n_rows * row_bytes(self.type, row_len)
+        self.stride = self.matrix_bytes if stride is None else int(stride)
+        if self.stride < 0:
+            raise ValueError(f"expert stride must be >= 0, found {self.stride}")
+        self._base = base
+        ptr, nbytes = src_view(base)
+        self.n_experts = (nbytes - self.matrix_bytes) // self.stride + 1 if self.stride and nbytes >= self.matrix_bytes \
+            else int(nbytes >= self.matrix_bytes)
+        self.c = ffi.new("strata_moe_part *", {"base": ffi.cast("const uint8_t *", ptr), "bytes": nbytes,
+                                               "stride": self.stride, "type": int(self.type)})
+
+    def matrix(self, e: int) -> Any:
+        """The packed bytes of expert e's matrix (a view of `base`, no copy)."""
+        if not 0 <= e < self.n_experts:
+            raise IndexError(f"expert {e} is outside this part's {self.n_experts} experts")
+        return self._base[e * self.stride:e * self.stride + self.matrix_bytes]
+
+    def __repr__(self) -> str:
+        return (f"MoePart({self.type.name}, [{self.n_rows}, {self.row_len}], stride={self.stride}, "
+                f"experts={self.n_experts})")
+
+
+class MoeParts(NamedTuple):
+    """The three expert matrix families of a SwiGLU MoE layer: gate, up [F, D] and down [D, F]."""
+    gate: MoePart
+    up: MoePart
+    down: MoePart
+
+    @property
+    def n_embd(self) -> int:
+        return self.gate.row_len
+
+    @property
+    def n_ff(self) -> int:
+        return self.gate.n_rows
+
+    def check(self) -> None:
+        g, u, d = self
+        if (u.n_rows, u.row_len) != (g.n_rows, g.row_len) or (d.n_rows, d.row_len) != (g.row_len, g.n_rows):
+            raise ValueError(f"MoE parts disagree: gate {g.n_rows}x{g.row_len}, up {u.n_rows}x{u.row_len}, "
+                             f"down {d.n_rows}x{d.row_len} (expected down = gate transposed)")
+
+
+def moe_scratch_bytes(parts: MoeParts, n_tokens: int, n_assign: int) -> int:
+    """Scratch bytes `moe_swiglu` needs for up to `n_tokens` tokens and `n_assign` assignments."""
+    parts.check()
+    out = ffi.new("int64_t *")
+    check(lib.strata_moe_scratch_bytes(int(parts.gate.type), int(parts.up.type), int(parts.down.type), n_tokens,
+                                       n_assign, parts.n_embd, parts.n_ff, out),
+          f"MoE scratch for {n_tokens} tokens, {n_assign} assignments")
+    return int(out[0])
+
+
+def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expert_index: Any, offsets: Any,
+               token_ids: Any, weights: Any, scratch: Any, impl: str = "auto") -> Any:
+    """out[T, D] += sum over assignments a of weights[a] * down_e(silu(gate_e x_t) * up_e x_t), for
+    t = token_ids[a] and e = expert_index[j] where offsets[j] <= a < offsets[j + 1].
+
+    x, out: float32 [T, D]; expert_index int32 [J]; offsets int64 [J + 1]; token_ids int32 and
+    weights float32 [A]. Terms are added into `out` in ascending assignment order whatever the pool
+    size, so calls over consecutive chunks of experts add up to one call. Returns `out`."""
+    parts.check()
+    x_ptr, x_bytes, x_shape = _typed_view(x, "float *", "MoE x")
+    o_ptr, o_bytes, o_shape = _typed_view(out, "float *", "MoE output", writable=True)
+    if len(x_shape) != 2 or x_shape[1] != parts.n_embd or o_shape != x_shape:
+        raise ValueError(f"MoE: x {x_shape} and out {o_shape} must both be [T, {parts.n_embd}]")
+    e_ptr, n_experts, _ = _typed_view(expert_index, "int32_t *", "expert_index")
+    f_ptr, n_off, _ = _typed_view(offsets, "int64_t *", "offsets")
+    t_ptr, n_assign, _ = _typed_view(token_ids, "int32_t *", "token_ids")
+    w_ptr, n_weights, _ = _typed_view(weights, "float *", "weights")
+    n_experts, n_off, n_assign, n_weights = n_experts // 4, n_off // 8, n_assign // 4, n_weights // 4
+    if n_off != n_experts + 1 or n_weights != n_assign:
+        raise ValueError(f"MoE: {n_experts} experts need {n_experts + 1} offsets (found {n_off}); "
+                         f"{n_assign} token ids need as many weights (found {n_weights})")
+    s_ptr, s_bytes = (ffi.NULL, 0) if scratch is None else dst_view(scratch, "MoE scratch")
+    g, u, d = parts
+    status = lib.strata_moe_swiglu(_pool_ptr(pool), x_ptr, x_bytes, x_shape[0], parts.n_embd, parts.n_ff, g.c, u.c,
+                                   d.c, n_experts, e_ptr, f_ptr, t_ptr, w_ptr, n_assign, o_ptr, o_bytes, s_ptr,
+                                   s_bytes, impl_code(impl))
+    if status:
+        check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {x_shape[0]} tokens, "
+                  f"{n_experts} experts, {n_assign} assignments; experts held: {g.n_experts}/{u.n_experts}/"
+                  f"{d.n_experts}; scratch {s_bytes} B)")
+    return out
+
+
+__all__ = ["ComputePool", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
+           "moe_swiglu"]

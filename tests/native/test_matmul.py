@@ -1,0 +1,436 @@
+"""The pooled matrix product and the fused MoE layer (native/pool.c, native/matmul.c).
+
+Truths: `native.qdot_rows` (the single-threaded kernels) for matmul, bit for bit, whatever the
+thread count; float64 `dequantize(W) @ x` within the bound activation rounding allows (each x
+block rounded to d = max|x| / 127, so |x - d q| <= max|x| / 254 per element); for the fused MoE
+call, a numpy reference made of `native.matmul_into` per expert (bit for bit) and float64
+dequantized math (within a few activation roundings).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from strata import native
+from strata.errors import NativeError
+from strata.native._lib import ffi, lib
+from strata.quant import GGMLType, block_size, random_blocks, row_bytes
+
+T = GGMLType
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4,
+         T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+IMPLS = ["scalar", pytest.param("avx2", marks=pytest.mark.skipif(
+    not native.cpu_has_avx2(), reason="CPU has no AVX2/FMA/F16C"))]
+# Activation block of each weight format (1: float activations, no rounding).
+ACT_BLOCK = {t: (1 if t in (T.F32, T.F16, T.BF16) else block_size(t)[0]) for t in TYPES}
+
+
+@pytest.fixture(scope="module")
+def pools():
+    made = {n: native.ComputePool(n) for n in (1, 2, 3, 4)}
+    made[None] = None
+    yield made
+    for p in made.values():
+        if p is not None:
+            p.close()
+
+
+def weights(t, n_rows, row_len, seed=0, scale=0.01):
+    return random_blocks(t, n_rows * row_len // block_size(t)[0], np.random.default_rng(seed), scale)
+
+
+def activations(n_tokens, row_len, seed=1):
+    return np.random.default_rng(seed).standard_normal((n_tokens, row_len), dtype=np.float32)
+
+
+def matmul(pool, t, w, n_rows, x, impl="auto"):
+    n_tokens, row_len = x.shape
+    y = np.full((n_tokens, n_rows), np.nan, dtype=np.float32)
+    scratch = np.empty(native.matmul_scratch_bytes(t, n_tokens, row_len), dtype=np.uint8)
+    return native.matmul_into(pool, t, w, n_rows, row_len, x, y, scratch, impl=impl)
+
+
+def rounding_bound(t, w_f64, x):
+    """Bound on |y - dequantize(W) @ x|: |W| @ (per-block max|x| / 254), plus float32 summation."""
+    b = ACT_BLOCK[t]
+    xa = np.abs(x.astype(np.float64))
+    per_elem = np.repeat(xa.reshape(len(x), -1, b).max(axis=2) / 254, b, axis=1) if b > 1 else 0 * xa
+    wa = np.abs(w_f64)
+    return per_elem @ wa.T + 2e-5 * (xa @ wa.T) + 1e-30
+
+
+# ---- matmul ----
+
+# The runtime gives a thread no less than 64 KiB of work (weight bytes x tokens); these shapes
+# carry about five times that, in row counts that split unevenly between 2, 3 and 4 threads.
+SPLIT_WORK = 5 * 64 * 1024
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_matmul_equals_qdot_for_every_thread_count(pools, t, impl):
+    row_len = 2 * max(ACT_BLOCK[t], 32)
+    for n_tokens in (1, 2, 7, 64):
+        for n_rows in (1, 17, -(-SPLIT_WORK // (row_bytes(t, row_len) * n_tokens)) | 1):
+            w = weights(t, n_rows, row_len, seed=n_rows)
+            x = activations(n_tokens, row_len, seed=n_tokens)
+            want = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl)
+            for n in (None, 1, 2, 3, 4):
+                got = matmul(pools[n], t, w, n_rows, x, impl=impl)
+                assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_rows, n_tokens, n)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_matmul_within_rounding_bound_of_float64(pools, t):
+    n_rows, row_len, n_tokens = 37, 2 * max(ACT_BLOCK[t], 32), 7
+    w = weights(t, n_rows, row_len, seed=3, scale=0.05)
+    x = activations(n_tokens, row_len, seed=4)
+    x[1] *= 1e-3                              # rows far apart in scale are rounded separately
+    x[2, :row_len // 2] = 0                   # all-zero activation blocks
+    w64 = native.dequantize(t, w, (n_rows, row_len)).astype(np.float64)
+    want = x.astype(np.float64) @ w64.T
+    got = matmul(pools[2], t, w, n_rows, x)
+    err = np.abs(got - want)
+    bound = rounding_bound(t, w64, x)
+    assert np.all(err <= bound), f"worst excess {np.max(err - bound)}"
+    assert np.max(err) > 0 or ACT_BLOCK[t] == 1
+
+
+def test_matmul_accepts_torch_and_pool_reuse(pools):
+    t, n_rows, row_len = T.Q4_K, 300, 512
+    w = torch.from_numpy(weights(t, n_rows, row_len))
+    x = torch.from_numpy(activations(3, row_len))
+    y = torch.empty(3, n_rows)
+    scratch = torch.empty(native.matmul_scratch_bytes(t, 3, row_len), dtype=torch.uint8)
+    want = native.qdot_rows(t, w.numpy(), n_rows, row_len, x.numpy())
+    for _ in range(200):                      # many dispatches on one pool
+        y.fill_(0)
+        native.matmul_into(pools[3], t, w, n_rows, row_len, x, y, scratch)
+        assert np.array_equal(y.numpy(), want)
+
+
+def test_matmul_scratch_bytes():
+    assert native.matmul_scratch_bytes(T.F16, 64, 4096) == 0
+    assert native.matmul_scratch_bytes(T.Q4_0, 3, 64) == 3 * 2 * 40
+    assert native.matmul_scratch_bytes(T.Q6_K, 2, 512) == 2 * 2 * 292
+    with pytest.raises(NativeError, match="multiple"):
+        native.matmul_scratch_bytes(T.Q4_K, 1, 100)
+
+
+def test_matmul_refuses_bad_arguments(pools):
+    t, n_rows, row_len = T.Q4_0, 8, 64
+    w = weights(t, n_rows, row_len)
+    x = activations(2, row_len)
+    y = np.zeros((2, n_rows), np.float32)
+    s = np.zeros(native.matmul_scratch_bytes(t, 2, row_len), np.uint8)
+    call = native.matmul_into
+    with pytest.raises(NativeError, match="too small"):
+        call(pools[2], t, w[:-1], n_rows, row_len, x, y, s)                  # short weights
+    with pytest.raises(NativeError, match="too small"):
+        call(pools[2], t, w, n_rows, row_len, x, y, s[:-1])                  # short scratch
+    with pytest.raises(NativeError):
+        call(pools[2], t, w, n_rows, row_len, x, y, None)                    # no scratch
+    with pytest.raises(NativeError, match="multiple"):
+        call(None, t, w, 9, 56, np.zeros((2, 56), np.float32), np.zeros((2, 9), np.float32), s)
+    with pytest.raises(NativeError, match="unsupported"):
+        call(None, T.IQ2_XXS, w, 1, 256, np.zeros((1, 256), np.float32), np.zeros((1, 1), np.float32), s)
+    with pytest.raises(ValueError):
+        call(None, 12345, w, n_rows, row_len, x, y, s)                       # unknown type id
+    with pytest.raises(ValueError):
+        call(None, t, w, n_rows, row_len, x.astype(np.float64), y, s)        # x dtype
+    with pytest.raises(ValueError):
+        call(None, t, w, n_rows, row_len, x, y[:, :4], s)                    # out shape
+    with pytest.raises(ValueError):
+        call(None, t, w, n_rows, row_len, np.zeros((2, 2 * row_len), np.float32)[:, ::2], y, s)
+    with pytest.raises(ValueError):
+        call(None, t, w, n_rows, row_len, x, y, s, impl="avx9")
+    # The C checks themselves, below the wrapper: NULL and short buffers, negative counts.
+    yp = ffi.cast("float *", ffi.from_buffer(y))
+    xp = ffi.cast("float *", ffi.from_buffer(x))
+    wp, sp = ffi.from_buffer(w), ffi.from_buffer(s)
+    ok = (ffi.NULL, int(t), wp, w.nbytes, n_rows, row_len, xp, x.nbytes, 2, yp, y.nbytes, sp, s.nbytes, 0)
+    assert lib.strata_matmul(*ok) == lib.STRATA_OK
+    for i, bad in [(2, ffi.NULL), (6, ffi.NULL), (9, ffi.NULL), (11, ffi.NULL), (4, -1), (8, -1), (3, -5),
+                   (7, x.nbytes - 4), (10, y.nbytes - 4), (13, 99), (1, 99), (9, ffi.cast("float *", 2))]:
+        args = list(ok)
+        args[i] = bad
+        assert lib.strata_matmul(*args) != lib.STRATA_OK, (i, bad)
+    assert lib.strata_matmul(*ok[:4], 1 << 62, 1 << 62, *ok[6:]) == lib.STRATA_E_SIZE     # overflow
+
+
+# ---- the pool ----
+
+def test_pool_threads_and_lifecycle():
+    with native.ComputePool(3) as pool:
+        assert lib.strata_pool_threads(pool.ptr) == 3
+    with pytest.raises(ValueError, match="closed"):
+        pool.ptr
+    pool.close()                              # idempotent
+    with pytest.raises(ValueError):
+        native.ComputePool(0)
+    out = ffi.new("strata_pool **")
+    assert lib.strata_pool_create(0, out) == lib.STRATA_E_ARG
+    assert lib.strata_pool_create(257, out) == lib.STRATA_E_ARG
+    assert lib.strata_pool_threads(ffi.NULL) == 1
+    lib.strata_pool_free(ffi.NULL)
+
+
+def test_idle_pool_burns_no_cpu():
+    with native.ComputePool(4) as pool:
+        t = T.Q8_0
+        w = weights(t, 64, 64)
+        matmul(pool, t, w, 64, activations(4, 64))
+        time.sleep(0.05)                      # past the spin window
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        time.sleep(0.3)
+        cpu = time.process_time() - cpu0
+        assert cpu < 0.05 * (time.perf_counter() - wall0), f"idle pool used {cpu:.3f} s of CPU"
+
+
+def test_pool_shared_by_python_threads_serializes(pools):
+    t, n_rows, row_len = T.Q4_0, 96, 128
+    w = weights(t, n_rows, row_len)
+    xs = [activations(5, row_len, seed=i) for i in range(4)]
+    wants = [native.qdot_rows(t, w, n_rows, row_len, x) for x in xs]
+    failures = []
+
+    def work(i):
+        for _ in range(50):
+            if not np.array_equal(matmul(pools[2], t, w, n_rows, xs[i]), wants[i]):
+                failures.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not failures
+
+
+# ---- the fused MoE layer ----
+
+N_HELD = 10                                   # experts in each part's region
+MOE_SHAPES = [  # gate, up, down, n_embd D, n_ff F
+    (T.Q4_0, T.Q4_0, T.Q4_0, 64, 96),
+    (T.Q4_K, T.Q4_K, T.Q6_K, 256, 256),
+    (T.Q8_0, T.Q4_K, T.F16, 256, 64),         # gate and up round x differently; float down
+    (T.MXFP4, T.MXFP4, T.BF16, 64, 32),
+    (T.F32, T.F16, T.Q5_K, 32, 256),
+]
+
+
+def moe_parts(gate_t, up_t, down_t, n_embd, n_ff, seed=0, pad=0):
+    """MoeParts over N_HELD experts per family, `pad` bytes between expert matrices."""
+    parts = []
+    for i, (t, rows, cols) in enumerate([(gate_t, n_ff, n_embd), (up_t, n_ff, n_embd), (down_t, n_embd, n_ff)]):
+        size = row_bytes(t, cols) * rows
+        slab = np.zeros((N_HELD, size + pad), np.uint8)
+        for e in range(N_HELD):
+            slab[e, :size] = weights(t, rows, cols, seed=seed * 100 + i * 10 + e, scale=0.05)
+        parts.append(native.MoePart(slab.reshape(-1), t, rows, cols, stride=size + pad))
+    return native.MoeParts(*parts)
+
+
+def routing(n_tokens, top_k, seed, idle=(3,)):
+    """(expert_index, offsets, token_ids, weights) of a random top-k routing, grouped by expert in
+    ascending expert order; the experts in `idle` are listed with no assignments."""
+    rng = np.random.default_rng(seed)
+    chosen = np.stack([rng.choice([e for e in range(N_HELD) if e not in idle], top_k, replace=False)
+                       for _ in range(n_tokens)])                                   # [T, k]
+    gate = rng.random((n_tokens, top_k), dtype=np.float32)
+    experts, offsets, tokens, weights_ = [], [0], [], []
+    for e in range(N_HELD):
+        t_e, k_e = np.nonzero(chosen == e)
+        if len(t_e) == 0 and e not in idle:
+            continue
+        experts.append(e)
+        tokens.extend(t_e)
+        weights_.extend(gate[t_e, k_e])
+        offsets.append(len(tokens))
+    return (np.array(experts, np.int32), np.array(offsets, np.int64), np.array(tokens, np.int32),
+            np.array(weights_, np.float32))
+
+
+def silu_mul(g, u):
+    g64 = g.astype(np.float64)
+    with np.errstate(over="ignore"):          # exp(-g) = inf for very negative g: silu is -0
+        return (g64 / (1.0 + np.exp(-g64))).astype(np.float32) * u
+
+
+def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, impl="auto"):
+    """The fused call's arithmetic spelled out with matmul_into per expert (pool None)."""
+    out = out.copy()
+    a0 = offsets[0]
+    down = np.zeros((offsets[-1] - a0, parts.n_embd), np.float32)
+    for j, e in enumerate(expert_index):
+        lo, hi = offsets[j], offsets[j + 1]
+        if lo == hi:
+            continue
+        xe = np.ascontiguousarray(x[token_ids[lo:hi]])
+        g = matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, xe, impl)
+        u = matmul(None, parts.up.type, parts.up.matrix(e), parts.n_ff, xe, impl)
+        down[lo - a0:hi - a0] = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd,
+                                       silu_mul(g, u), impl)
+    for a in range(a0, offsets[-1]):             # ascending assignment order, one term at a time
+        out[token_ids[a]] += weights_[a] * down[a - a0]
+    return out
+
+
+def moe_float64(parts, x, expert_index, offsets, token_ids, weights_):
+    out = np.zeros(x.shape, np.float64)
+    for j, e in enumerate(expert_index):
+        deq = [native.dequantize(p.type, p.matrix(e), (p.n_rows, p.row_len)).astype(np.float64)
+               for p in parts]
+        for a in range(offsets[j], offsets[j + 1]):
+            xt = x[token_ids[a]].astype(np.float64)
+            g, u = deq[0] @ xt, deq[1] @ xt
+            out[token_ids[a]] += weights_[a] * (deq[2] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def run_moe(pool, parts, x, out, route, scratch=None, impl="auto"):
+    if scratch is None:
+        scratch = np.empty(native.moe_scratch_bytes(parts, len(x), len(route[2])), np.uint8)
+    return native.moe_swiglu(pool, x, out, parts, *route, scratch, impl=impl)
+
+
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: "-".join(t.name for t in s[:3]))
+def test_moe_equals_matmul_per_expert_for_every_thread_count(pools, shape):
+    parts = moe_parts(*shape, pad=64 if shape[0] == T.Q4_0 else 0)
+    n_embd = shape[3]
+    # T = 64 gives every thread work; small T runs on fewer threads (see test_moe_decode_...).
+    cases = [(1, k) for k in range(1, 9)] + [(2, 1), (2, 8), (7, 2), (7, 5), (64, 8), (64, 1)]
+    for n_tokens, top_k in cases:
+        route = routing(n_tokens, top_k, seed=n_tokens * 10 + top_k)
+        x = activations(n_tokens, n_embd, seed=top_k)
+        out0 = activations(n_tokens, n_embd, seed=99)          # the call adds into out
+        want = moe_from_matmul(parts, x, out0, *route)
+        for n in (None, 1, 2, 3, 4):
+            got = run_moe(pools[n], parts, x, out0.copy(), route)
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_tokens, top_k, n)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_moe_decode_sized_layer_splits_across_threads(pools, impl):
+    """One token, top-8, hidden 1024, FFN 512: enough work for every thread in both phases."""
+    parts = moe_parts(T.Q4_0, T.Q4_0, T.Q4_K, 1024, 512, seed=4)
+    for top_k in (8, 3):
+        route = routing(1, top_k, seed=top_k)
+        x = activations(1, 1024, seed=7)
+        want = moe_from_matmul(parts, x, np.zeros_like(x), *route, impl=impl)
+        for n in (None, 2, 3, 4):
+            got = run_moe(pools[n], parts, x, np.zeros_like(x), route, impl=impl)
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (top_k, n)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", MOE_SHAPES[:3], ids=lambda s: "-".join(t.name for t in s[:3]))
+def test_moe_close_to_float64(pools, shape, impl):
+    parts = moe_parts(*shape, seed=1)
+    route = routing(7, 4, seed=5)
+    x = activations(7, shape[3], seed=6)
+    got = run_moe(pools[2], parts, x, np.zeros_like(x), route, impl=impl)
+    want = moe_float64(parts, x, *route)
+    # Two activation roundings (x, then h), each within 1/254 of a block's largest value.
+    assert np.max(np.abs(got - want)) <= 0.03 * np.max(np.abs(want))
+    assert np.max(np.abs(want)) > 0
+
+
+def test_moe_chunked_calls_add_up(pools):
+    parts = moe_parts(*MOE_SHAPES[1])
+    expert_index, offsets, token_ids, weights_ = routing(7, 3, seed=8)
+    x = activations(7, parts.n_embd)
+    whole = run_moe(pools[2], parts, x, np.zeros_like(x), (expert_index, offsets, token_ids, weights_))
+    out = np.zeros_like(x)
+    scratch = np.empty(native.moe_scratch_bytes(parts, 7, len(token_ids)), np.uint8)
+    for lo, hi in [(0, 2), (2, 3), (3, len(expert_index))]:   # slices of the same arrays, in order
+        native.moe_swiglu(pools[3], x, out, parts, expert_index[lo:hi], offsets[lo:hi + 1], token_ids, weights_,
+                          scratch)
+    assert out.view(np.uint32).tobytes() == whole.view(np.uint32).tobytes()
+
+
+def test_moe_accepts_torch_and_empty_calls(pools):
+    parts = moe_parts(*MOE_SHAPES[0])
+    route = routing(2, 2, seed=3)
+    x = activations(2, parts.n_embd)
+    want = run_moe(None, parts, x, np.zeros_like(x), route)
+    tx, tout = torch.from_numpy(x), torch.zeros(2, parts.n_embd)
+    scratch = torch.empty(native.moe_scratch_bytes(parts, 2, len(route[2])), dtype=torch.uint8)
+    native.moe_swiglu(pools[2], tx, tout, parts, *(torch.from_numpy(a) for a in route), scratch)
+    assert np.array_equal(tout.numpy(), want)
+    none = (np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+    assert not run_moe(pools[2], parts, x, np.zeros_like(x), none, scratch=np.empty(0, np.uint8)).any()
+
+
+def test_moe_refuses_bad_routing(pools):
+    parts = moe_parts(*MOE_SHAPES[0])
+    expert_index, offsets, token_ids, weights_ = routing(3, 2, seed=2)
+    x = activations(3, parts.n_embd)
+    out = np.ones_like(x)
+    scratch = np.empty(native.moe_scratch_bytes(parts, 3, len(token_ids)), np.uint8)
+
+    def call(e=expert_index, o=offsets, t=token_ids, w=weights_, s=scratch, p=parts):
+        native.moe_swiglu(pools[2], x, out, p, e, o, t, w, s)
+
+    for bad_e in (N_HELD, -1, 1 << 30):
+        e = expert_index.copy()
+        e[-1] = bad_e
+        with pytest.raises(NativeError):
+            call(e=e)
+    for bad_t in (3, -1):
+        t = token_ids.copy()
+        t[0] = bad_t
+        with pytest.raises(NativeError):
+            call(t=t)
+    o = offsets.copy()
+    o[1], o[2] = o[2], o[1]                                     # not ascending
+    with pytest.raises(NativeError):
+        call(o=o)
+    o = offsets.copy()
+    o[-1] += 1                                                  # past the assignments
+    with pytest.raises(NativeError):
+        call(o=o)
+    with pytest.raises(NativeError, match="too small"):
+        call(s=scratch[:-65])
+    with pytest.raises(ValueError):
+        call(o=offsets[:-1])                                    # J experts need J + 1 offsets
+    with pytest.raises(ValueError):
+        call(t=token_ids.astype(np.int64))
+    with pytest.raises(ValueError):
+        call(w=weights_[:-1])
+    with pytest.raises(ValueError, match="disagree"):
+        call(p=native.MoeParts(parts.gate, parts.up, parts.gate))
+    small = native.MoePart(parts.gate.matrix(0), T.Q4_0, parts.n_ff, parts.n_embd)   # one expert held
+    with pytest.raises(NativeError):
+        call(p=native.MoeParts(small, parts.up, parts.down))
+    assert np.all(out == 1)                                     # nothing was written
+
+
+def test_moe_c_checks_below_the_wrapper():
+    parts = moe_parts(*MOE_SHAPES[0])
+    expert_index, offsets, token_ids, weights_ = routing(2, 2, seed=1)
+    x = activations(2, parts.n_embd)
+    out = np.zeros_like(x)
+    scratch = np.empty(native.moe_scratch_bytes(parts, 2, len(token_ids)), np.uint8)
+    f = lambda a: ffi.cast("float *", ffi.from_buffer(a))             # noqa: E731
+    ok = [ffi.NULL, f(x), x.nbytes, 2, parts.n_embd, parts.n_ff, parts.gate.c, parts.up.c, parts.down.c,
+          len(expert_index), ffi.cast("int32_t *", ffi.from_buffer(expert_index)),
+          ffi.cast("int64_t *", ffi.from_buffer(offsets)), ffi.cast("int32_t *", ffi.from_buffer(token_ids)),
+          f(weights_), len(token_ids), f(out), out.nbytes, ffi.from_buffer(scratch), scratch.nbytes, 0]
+    assert lib.strata_moe_swiglu(*ok) == lib.STRATA_OK
+    for i, bad in [(1, ffi.NULL), (2, 4), (3, -1), (4, 48), (5, 0), (6, ffi.NULL), (8, ffi.NULL), (10, ffi.NULL),
+                   (11, ffi.NULL), (11, ffi.cast("int64_t *", 4)), (12, ffi.NULL), (13, ffi.NULL), (15, ffi.NULL),
+                   (16, 8), (17, ffi.NULL), (18, 64), (19, 42)]:
+        args = list(ok)
+        args[i] = bad
+        assert lib.strata_moe_swiglu(*args) != lib.STRATA_OK, (i, bad)
+    with pytest.raises(ValueError, match="whole blocks"):
+        native.MoePart(b"", T.Q4_K, 64, 96)
+    n = ffi.new("int64_t *")
+    assert lib.strata_moe_scratch_bytes(2, 2, int(T.Q4_K), 1, 1, 64, 96, n) == lib.STRATA_E_BLOCK
+    assert lib.strata_moe_scratch_bytes(2, 2, 99, 1, 1, 64, 96, n) == lib.STRATA_E_TYPE
+    assert lib.strata_moe_scratch_bytes(2, 2, 2, -1, 1, 64, 96, n) == lib.STRATA_E_ARG
