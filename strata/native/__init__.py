@@ -8,11 +8,11 @@
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
-from ._lib import IMPLS, cpu_has_avx2, default_impl, default_threads
+from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .quantizer import can_quantize, quantize, quantize_into
 
 __all__ = ["IMPLS", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize", "convert_f32_into", "cpu_has_avx2",
-           "default_impl", "default_threads", "dequantize", "dequantize_into", "has_kernel", "numa_node_count",
-           "numa_node_of", "quantize", "quantize_into"]
+           "cpu_has_avx512", "default_impl", "default_threads", "dequantize", "dequantize_into", "has_kernel",
+           "numa_node_count", "numa_node_of", "quantize", "quantize_into"]
