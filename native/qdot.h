@@ -60,4 +60,48 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out);
 /* Bytes of one activation row of k values in format `act`. */
 int64_t strata_qact_row_bytes(int act, int64_t k);
 
+/* ---- Kernels (qdot_ref.c, qdot_avx2.c; qdot_avx512.c adds its own) and shared pieces ---- */
+
+/* MXFP4: E2M1 code -> twice its value (an integer), and the E8M0 scale halved, 2^(e - 128)
+ * (float32 subnormals for e < 2), as in dequant_ref.c. */
+static const int8_t strata_e2m1_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline float strata_e8m0_half(uint8_t e) {
+    return strata_bits_to_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
+void strata_qact_q8_ref(const float *restrict x, void *restrict a, int64_t k);
+void strata_qact_q8k_ref(const float *restrict x, void *restrict a, int64_t k);
+void strata_qact_q8_avx2(const float *restrict x, void *restrict a, int64_t k);
+void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k);
+
+#define STRATA_DECLARE_QTILE(name, family)                                                                 \
+    void strata_qdot_##name##_##family(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes,            \
+                                       int64_t n_rows, const uint8_t *restrict a, int64_t a_row_bytes,       \
+                                       int64_t n_tok, float *restrict y, int64_t y_stride);
+
+STRATA_DECLARE_QTILE(f32, ref)
+STRATA_DECLARE_QTILE(f16, ref)
+STRATA_DECLARE_QTILE(bf16, ref)
+STRATA_DECLARE_QTILE(q4_0, ref)
+STRATA_DECLARE_QTILE(q4_1, ref)
+STRATA_DECLARE_QTILE(q5_0, ref)
+STRATA_DECLARE_QTILE(q5_1, ref)
+STRATA_DECLARE_QTILE(q8_0, ref)
+STRATA_DECLARE_QTILE(mxfp4, ref)
+STRATA_DECLARE_QTILE(q2_k, ref)
+STRATA_DECLARE_QTILE(q3_k, ref)
+STRATA_DECLARE_QTILE(q4_k, ref)
+STRATA_DECLARE_QTILE(q5_k, ref)
+STRATA_DECLARE_QTILE(q6_k, ref)
+
+STRATA_DECLARE_QTILE(f32, avx2)
+STRATA_DECLARE_QTILE(f16, avx2)
+STRATA_DECLARE_QTILE(bf16, avx2)
+STRATA_DECLARE_QTILE(q4_0, avx2)
+STRATA_DECLARE_QTILE(q8_0, avx2)
+STRATA_DECLARE_QTILE(mxfp4, avx2)
+STRATA_DECLARE_QTILE(q4_k, avx2)
+STRATA_DECLARE_QTILE(q5_k, avx2)
+STRATA_DECLARE_QTILE(q6_k, avx2)
+
 #endif

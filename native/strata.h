@@ -91,6 +91,37 @@ int strata_quantize_has_type(int ggml_type);
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl);
 
+/* ---- Quantized matrix kernels, test entry points (qdot.c) ----
+ *
+ * y[T, N] = x[T, K] @ W[N, K]^T computed straight from W's packed GGML blocks, single-threaded:
+ * each x row is first rounded to 8-bit activation blocks (32 values for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+ * MXFP4, 256 for Q2_K..Q6_K; d = max|x| / 127, q = round-to-nearest-even(x / d)), then every weight
+ * block is multiplied with its activation block in integer arithmetic and scaled once. F32, F16
+ * and BF16 weights are multiplied with the float32 rows as they are. These entry points exist for
+ * tests and measurements; the engine uses the pooled strata_matmul.
+ */
+
+/* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
+int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);
+
+/*
+ * y (n_tokens x n_rows float32, row-major) = x (n_tokens x row_len float32) times the transpose of
+ * w (n_rows rows of row_len elements in the packed form of ggml_type, back to back). Every buffer
+ * is given with its size in bytes and is checked: STRATA_E_SIZE rather than a read or write past
+ * one; STRATA_E_BLOCK when row_len is not a multiple of the block size; STRATA_E_ARG for a negative
+ * count, a NULL buffer that must hold bytes, or x, y, scratch not 4-byte aligned. `scratch` holds
+ * the rounded activations (strata_qdot_scratch_bytes). x must be finite.
+ */
+int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_rows, int64_t row_len,
+                     const float *x, int64_t x_bytes, int64_t n_tokens, float *y, int64_t y_bytes,
+                     void *scratch, int64_t scratch_bytes, int impl);
+
+/* The rounded activation rows strata_qdot_rows computes for ggml_type (n_tokens rows of
+ * strata_qdot_scratch_bytes / n_tokens bytes each; a plain copy of x for F32/F16/BF16 weights),
+ * written to `act`. For tests of the activation quantizers. */
+int strata_qdot_quantize_act(int ggml_type, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t row_len,
+                             void *act, int64_t act_bytes, int impl);
+
 /* ---- Pager (pager.c): asynchronous reads of file ranges into caller buffers ----
  *
  * A pager opens one file read-only and runs a pool of worker threads that serve read requests:

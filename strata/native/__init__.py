@@ -4,15 +4,17 @@
     native.dequantize_into(t, src, out, n_threads=2)     # dequant.py
     native.quantize(t, x)                                # quantizer.py
     with native.Pager(path) as pager: ...                # pager.py
+    native.qdot_rows(t, w, n_rows, row_len, x)           # qdot.py (quantized matrix kernels, tests)
 
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
+from .qdot import qdot_rows, quantize_act
 from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .quantizer import can_quantize, quantize, quantize_into
 
 __all__ = ["IMPLS", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize", "convert_f32_into", "cpu_has_avx2",
            "cpu_has_avx512", "default_impl", "default_threads", "dequantize", "dequantize_into", "has_kernel",
-           "numa_node_count", "numa_node_of", "quantize", "quantize_into"]
+           "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into"]

@@ -1,0 +1,156 @@
+/*
+ * Quantized matrix kernels: the lookup table (weight format -> activation format and the kernels of
+ * each family) and the single-threaded test entry points of strata.h (strata_qdot_rows and its
+ * helpers). The kernels live in qdot_ref.c, qdot_avx2.c (and qdot_avx512.c); the pooled public
+ * matmul and the fused MoE call are built on strata_qdot_find elsewhere. This file is compiled
+ * without ISA extensions and allocates nothing.
+ */
+#include "strata.h"
+#include "kernels.h"
+#include "qdot.h"
+
+#include <stdint.h>
+
+/* Column of the kernel tables: scalar, AVX2, AVX-512. STRATA_IMPL_AVX512 (= 3) is added to strata.h
+ * with the AVX-512 kernels; until then impl 3 is refused by strata_resolve_impl. */
+enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
+#define QDOT_IMPL_AVX512 3
+
+typedef struct {
+    int type, act;
+    strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
+} qdot_row;
+
+static const qdot_row TILES[] = {
+    {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}},
+    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, NULL}},
+    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, NULL}},
+    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, NULL}},
+    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, NULL, NULL}},
+    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, NULL, NULL}},
+    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, NULL, NULL}},
+    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, NULL}},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, NULL}},
+    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, NULL, NULL}},
+    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, NULL, NULL}},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, NULL}},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, NULL}},
+    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, NULL}},
+};
+
+/* Activation quantizers per STRATA_ACT_* (F32 needs none). */
+static const strata_qact_fn QACT[2][N_COLS] = {
+    [STRATA_ACT_Q8] = {strata_qact_q8_ref, strata_qact_q8_avx2, NULL},
+    [STRATA_ACT_Q8K] = {strata_qact_q8k_ref, strata_qact_q8k_avx2, NULL},
+};
+
+/* The first non-NULL entry from column `col` down to the scalar one. */
+static void *pick(void *const *cols, int col) {
+    for (int c = col; c >= 0; c--)
+        if (cols[c]) return cols[c];
+    return NULL;
+}
+
+int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
+    int col;
+    if (impl == STRATA_IMPL_SCALAR) col = COL_REF;
+    else if (impl == STRATA_IMPL_AVX2) col = COL_AVX2;
+    else if (impl == QDOT_IMPL_AVX512) col = COL_AVX512;
+    else return STRATA_E_ARG;
+    if (!out) return STRATA_E_ARG;
+    const strata_format_info *f = strata_format_find(weight_type);
+    for (size_t i = 0; f && i < sizeof(TILES) / sizeof(TILES[0]); i++) {
+        const qdot_row *row = &TILES[i];
+        if (row->type != weight_type) continue;
+        out->weight_type = weight_type;
+        out->act = row->act;
+        out->block_elems = f->block_elems;
+        out->tile = (strata_qdot_tile_fn)pick((void *const *)row->tile, col);
+        out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);
+        return STRATA_OK;
+    }
+    return STRATA_E_TYPE;
+}
+
+int64_t strata_qact_row_bytes(int act, int64_t k) {
+    switch (act) {
+    case STRATA_ACT_Q8: return k / STRATA_QK * (int64_t)sizeof(strata_block_act_q8);
+    case STRATA_ACT_Q8K: return k / STRATA_QK_K * (int64_t)sizeof(strata_block_act_q8k);
+    case STRATA_ACT_F32: return k * 4;
+    default: return -1;
+    }
+}
+
+/* ---- Test entry points (strata.h) ---- */
+
+/* a * b into *out; 0 on int64 overflow. */
+static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+/* Kernels, weight row bytes and activation row bytes of one call, after every check of the shape. */
+static int plan(int ggml_type, int impl, int64_t n_rows, int64_t row_len, int64_t n_tokens,
+                strata_qdot_kernels *k, int64_t *w_row_bytes, int64_t *a_row_bytes) {
+    int resolved, st = strata_resolve_impl(impl, &resolved);
+    if (st != STRATA_OK) return st;
+    if ((st = strata_qdot_find(ggml_type, resolved, k)) != STRATA_OK) return st;
+    if (n_rows < 0 || row_len < 0 || n_tokens < 0) return STRATA_E_ARG;
+    if (row_len % k->block_elems) return STRATA_E_BLOCK;
+    if (row_len > INT64_MAX / 4) return STRATA_E_SIZE;
+    const strata_format_info *f = strata_format_find(ggml_type);
+    if (!mul_ok(row_len / f->block_elems, f->block_bytes, w_row_bytes)) return STRATA_E_SIZE;
+    *a_row_bytes = strata_qact_row_bytes(k->act, row_len);
+    return STRATA_OK;
+}
+
+int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes) {
+    strata_qdot_kernels k;
+    int64_t w_row, a_row;
+    if (!bytes) return STRATA_E_ARG;
+    int st = plan(ggml_type, STRATA_IMPL_SCALAR, 0, row_len, n_tokens, &k, &w_row, &a_row);
+    if (st != STRATA_OK) return st;
+    if (k.act == STRATA_ACT_F32) a_row = 0;  /* the float rows are used as they are */
+    return mul_ok(n_tokens, a_row, bytes) ? STRATA_OK : STRATA_E_SIZE;
+}
+
+int strata_qdot_quantize_act(int ggml_type, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t row_len,
+                             void *act, int64_t act_bytes, int impl) {
+    strata_qdot_kernels k;
+    int64_t w_row, a_row, x_need, a_need;
+    int st = plan(ggml_type, impl, 0, row_len, n_tokens, &k, &w_row, &a_row);
+    if (st != STRATA_OK) return st;
+    if (!mul_ok(n_tokens, row_len * 4, &x_need) || !mul_ok(n_tokens, a_row, &a_need)) return STRATA_E_SIZE;
+    if (x_bytes < x_need || act_bytes < a_need) return STRATA_E_SIZE;
+    if ((x_need && !x) || (a_need && !act) || ((uintptr_t)act & 3) || ((uintptr_t)x & 3)) return STRATA_E_ARG;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        if (k.act == STRATA_ACT_F32) memcpy((uint8_t *)act + t * a_row, x + t * row_len, (size_t)a_row);
+        else k.qact(x + t * row_len, (uint8_t *)act + t * a_row, row_len);
+    }
+    return STRATA_OK;
+}
+
+int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_rows, int64_t row_len,
+                     const float *x, int64_t x_bytes, int64_t n_tokens, float *y, int64_t y_bytes,
+                     void *scratch, int64_t scratch_bytes, int impl) {
+    strata_qdot_kernels k;
+    int64_t w_row, a_row, w_need, x_need, y_need, s_need;
+    int st = plan(ggml_type, impl, n_rows, row_len, n_tokens, &k, &w_row, &a_row);
+    if (st != STRATA_OK) return st;
+    if ((st = strata_qdot_scratch_bytes(ggml_type, n_tokens, row_len, &s_need)) != STRATA_OK) return st;
+    if (!mul_ok(n_rows, w_row, &w_need) || !mul_ok(n_tokens, row_len * 4, &x_need) ||
+        !mul_ok(n_tokens, n_rows * 4, &y_need) || n_rows > INT64_MAX / 4)
+        return STRATA_E_SIZE;
+    if (w_bytes < w_need || x_bytes < x_need || y_bytes < y_need || scratch_bytes < s_need) return STRATA_E_SIZE;
+    if ((w_need && !w) || (x_need && !x) || (y_need && !y) || (s_need && !scratch)) return STRATA_E_ARG;
+    if (((uintptr_t)x & 3) || ((uintptr_t)y & 3) || ((uintptr_t)scratch & 3)) return STRATA_E_ARG;
+    if (y_need == 0) return STRATA_OK;
+    if (row_len == 0) {
+        memset(y, 0, (size_t)y_need);
+        return STRATA_OK;
+    }
+    const uint8_t *a = (const uint8_t *)x;
+    if (k.act != STRATA_ACT_F32) {
+        for (int64_t t = 0; t < n_tokens; t++) k.qact(x + t * row_len, (uint8_t *)scratch + t * a_row, row_len);
+        a = scratch;
+    }
+    k.tile(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
+    return STRATA_OK;
+}

@@ -1,0 +1,381 @@
+/*
+ * AVX2 twins of the quantized matrix kernels in qdot_ref.c (interface: qdot.h).
+ *
+ * Activation quantizers: bit-identical to the scalar ones (the same max, the same IEEE division
+ * x / d, the same round-to-nearest-even), so every family sees the same activation blocks.
+ *
+ * Tile kernels: the integer dot product of a weight block with an activation block is exact, as
+ * in the scalar kernel, but it is kept in 8 int32 lanes that are converted to float and added
+ * (fused multiply-add) into 8 float lanes, reduced once per output. The result therefore equals
+ * the scalar one up to the rounding of a differently ordered float sum.
+ *   signed codes (Q8_0, Q4_0 - 8, 2 * E2M1):  maddubs(|w|, sign(a, w)) then madd(., 1)
+ *   unsigned codes (Q4_K, Q5_K, Q6_K):         maddubs(w, a) then madd(., sub-block scale)
+ * |w| <= 128 and |a| <= 127 keep maddubs' int16 pair sums below 2^15 (no saturation).
+ *
+ * Outputs are computed in tiles of NR weight rows x NT tokens: a weight block is unpacked once per
+ * tile and used for its NT tokens, which stay in L1 across the row group. Decode (fewer than 4
+ * tokens) uses 4-row tiles, one token at a time, for four independent accumulators.
+ *
+ * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
+ * CPU was seen to have AVX2, FMA and F16C.
+ */
+#include "qdot.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float half_scale(uint16_t h) { return _cvtsh_ss(h); }
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE int32_t hsum8_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* ---- Activation quantizers ---- */
+
+/* One block of n (32 or 256) values: q = round_even(x / d), d = max|x| / 127. Returns d. */
+INLINE float quantize_block(const float *restrict x, int8_t *restrict q, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    if (d == 0.0f) {
+        memset(q, 0, (size_t)n);
+        return d;
+    }
+    const __m256 vd = _mm256_set1_ps(d);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int j = 0; j < n; j += 32) {
+        __m256i i[4];
+        for (int k = 0; k < 4; k++)
+            i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j + 8 * k), vd),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* packs work per 128-bit lane: the permute puts the 32 bytes back in order. */
+        const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
+        const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        _mm256_storeu_si256((__m256i *)(q + j), p8);
+    }
+    return d;
+}
+
+/* Sums of 16 consecutive int8 in a 32-byte vector: lanes 0-3 hold partial sums of q[0..15],
+ * lanes 4-7 of q[16..31]. */
+INLINE __m256i sum4_i8(__m256i q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+}
+
+void strata_qact_q8_avx2(const float *restrict x, void *restrict out, int64_t k) {
+    strata_block_act_q8 *a = out;
+    for (int64_t b = 0; b < k / STRATA_QK; b++, x += STRATA_QK) {
+        a[b].d = quantize_block(x, a[b].q, STRATA_QK);
+        a[b].s = a[b].d * (float)hsum8_i32(sum4_i8(_mm256_loadu_si256((const __m256i *)a[b].q)));
+    }
+}
+
+void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k) {
+    strata_block_act_q8k *a = out;
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++, x += STRATA_QK_K) {
+        a[b].d = quantize_block(x, a[b].q, STRATA_QK_K);
+        for (int c = 0; c < 8; c++) {
+            const __m256i s = sum4_i8(_mm256_loadu_si256((const __m256i *)(a[b].q + 32 * c)));
+            const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+            const __m128i h = _mm_hadd_epi32(lo, hi);          /* s0+s1, s2+s3, s4+s5, s6+s7 */
+            const __m128i t = _mm_hadd_epi32(h, h);            /* sum of q[0..15], of q[16..31] */
+            a[b].bsums[2 * c] = (int16_t)_mm_cvtsi128_si32(t);
+            a[b].bsums[2 * c + 1] = (int16_t)_mm_extract_epi32(t, 1);
+        }
+    }
+}
+
+/* ---- Tile driver shared by every format ----
+ *
+ * TILE(nr, nt, w, a, y) computes an nr x nt tile over the whole row; the driver walks the rows in
+ * groups and the tokens in groups (see the file comment). */
+#define DEFINE_DRIVER(name, TILE)                                                                        \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
+                                   float *restrict y, int64_t ys) {                                      \
+        int64_t r = 0;                                                                                   \
+        if (n_tok < 4) {                                                                                 \
+            for (; r + 4 <= n_rows; r += 4)                                                              \
+                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        }                                                                                                \
+        for (; r + 2 <= n_rows; r += 2) {                                                                \
+            int64_t t = 0;                                                                               \
+            for (; t + 4 <= n_tok; t += 4) TILE(2, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(2, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                \
+        for (; r < n_rows; r++) {                                                                        \
+            int64_t t = 0;                                                                               \
+            for (; t + 4 <= n_tok; t += 4) TILE(1, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                \
+    }
+
+INLINE void store_tile(int nr, int nt, __m256 acc[4][4], float *y, int64_t ys) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
+}
+
+#define ZERO_ACC(acc) \
+    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 4; t_++) acc[r_][t_] = _mm256_setzero_ps();
+
+/* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
+
+enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
+
+/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). */
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+
+/* Signed codes and scale of one weight block of format `fmt` at p. */
+INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
+    switch (fmt) {
+    case FMT_Q8_0: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        *d = half_scale(h);
+        return _mm256_loadu_si256((const __m256i *)(p + 2));
+    }
+    case FMT_Q4_0: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        *d = half_scale(h);
+        return _mm256_sub_epi8(nibbles32(p + 2), _mm256_set1_epi8(8));
+    }
+    default: { /* FMT_MXFP4 */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_e2m1_doubled));
+        *d = strata_e8m0_half(p[0]);
+        return _mm256_shuffle_epi8(table, nibbles32(p + 1));
+    }
+    }
+}
+
+INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
+                    const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK; b++)
+        for (int r = 0; r < nr; r++) {
+            float wd;
+            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd), qa = _mm256_sign_epi8(q, q);
+            for (int t = 0; t < nt; t++) {
+                const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+                const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+            }
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
+#define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
+#define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(q8_0, TILE_Q8_0)
+DEFINE_DRIVER(q4_0, TILE_Q4_0)
+DEFINE_DRIVER(mxfp4, TILE_MXFP4)
+
+/* ---- K-quants against STRATA_ACT_Q8K ---- */
+
+/* One weight block unpacked for its tokens: 8 chunks of 32 unsigned codes, an int16 scale vector
+ * per chunk, and what the mins / offsets need against the activation's bsums. */
+typedef struct {
+    __m256i q[8], sc[8];
+    __m256i bs_w;           /* int16 weights of the 16 bsums: mins (Q4_K/Q5_K), scales (Q6_K) */
+    float d, dmin;
+} kblock;
+
+enum { FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
+
+INLINE uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Q4_K/Q5_K scales and mins (layout: common.h): chunk j's scale broadcast, mins repeated per 16. */
+INLINE void k_scales_mins(const uint8_t *s, kblock *kb) {
+    const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    const __m128i mins = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    kb->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
+    const __m256i sc = _mm256_broadcastsi128_si256(sc16);
+    for (int j = 0; j < 8; j++)
+        kb->sc[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
+}
+
+INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        const strata_block_q4_k *b4 = (const strata_block_q4_k *)p;
+        const strata_block_q5_k *b5 = (const strata_block_q5_k *)p;
+        const uint8_t *qs = fmt == FMT_Q4_K ? b4->qs : b5->qs;
+        kb->d = half_scale(b4->d);
+        kb->dmin = half_scale(b4->dmin);
+        k_scales_mins(b4->scales, kb);
+        for (int c = 0; c < 4; c++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            kb->q[2 * c] = _mm256_and_si256(x, low4);
+            kb->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
+        }
+        if (fmt == FMT_Q5_K) {  /* bit 4 of sub-block j's codes: bit j of qh[l] */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)b5->qh), one = _mm256_set1_epi8(1);
+            for (int j = 0; j < 8; j++) {
+                const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), one);
+                kb->q[j] = _mm256_or_si256(kb->q[j], _mm256_slli_epi16(bit, 4));
+            }
+        }
+        return;
+    }
+    /* Q6_K: chunk 4h + s = elements 128h + 32s..+31; low 4 bits from nibble s/2 of
+     * ql[64h + 32(s%2) + l], high 2 bits = bits 2s of qh[32h + l]; scales of sub-blocks 2c, 2c+1. */
+    const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
+    kb->d = half_scale(b6->d);
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32));
+        const __m256i lo[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+        for (int s = 0; s < 4; s++) {
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
+            kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_slli_epi16(hi, 4));
+        }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
+    kb->bs_w = sc16;
+    for (int c = 0; c < 8; c++) {
+        const __m256i pair = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b6->scales)),
+                                                 _mm256_setr_epi8(2 * c, -1, 2 * c, -1, 2 * c, -1, 2 * c, -1,
+                                                                  2 * c, -1, 2 * c, -1, 2 * c, -1, 2 * c, -1,
+                                                                  2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1,
+                                                                  2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1));
+        /* bytes were zero-extended: sign-extend the int8 scale into the int16 lane */
+        kb->sc[c] = _mm256_srai_epi16(_mm256_slli_epi16(pair, 8), 8);
+    }
+}
+
+/* acc += this block's term for activation block ab. */
+INLINE __m256 k_dot(int fmt, const kblock *kb, const strata_block_act_q8k *ab, __m256 acc) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(kb->q[c], av), kb->sc[c]));
+    }
+    const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), kb->bs_w);
+    if (fmt == FMT_Q6_K) {  /* codes are q6 + 32: take 32 * sum_s sc_s * bsum_s off */
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, 5));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bsw), _mm256_set1_ps(kb->dmin * ab->d), acc);
+}
+
+INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
+                   const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    __m256 acc[4][4];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++)
+        for (int r = 0; r < nr; r++) {
+            kblock kb;
+            k_unpack(fmt, w + r * wrb + b * bs, &kb);
+            for (int t = 0; t < nt; t++)
+                acc[r][t] = k_dot(fmt, &kb, (const strata_block_act_q8k *)(a + t * arb) + b, acc[r][t]);
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
+#define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
+#define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(q4_k, TILE_Q4_K)
+DEFINE_DRIVER(q5_k, TILE_Q5_K)
+DEFINE_DRIVER(q6_k, TILE_Q6_K)
+
+/* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
+
+enum { FMT_F32, FMT_F16, FMT_BF16 };
+
+INLINE __m256 f_load8(int fmt, const uint8_t *p) {
+    switch (fmt) {
+    case FMT_F32: return _mm256_loadu_ps((const float *)p);
+    case FMT_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    default: return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    }
+}
+
+INLINE float f_load1(int fmt, const uint8_t *p) {
+    uint16_t h;
+    float f;
+    switch (fmt) {
+    case FMT_F32: memcpy(&f, p, 4); return f;
+    case FMT_F16: memcpy(&h, p, 2); return strata_half_to_f32(h);
+    default: memcpy(&h, p, 2); return strata_bits_to_f32((uint32_t)h << 16);
+    }
+}
+
+INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
+                   const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    __m256 acc[4][4];
+    ZERO_ACC(acc)
+    const int64_t k8 = k & ~(int64_t)7;
+    for (int64_t i = 0; i < k8; i += 8)
+        for (int r = 0; r < nr; r++) {
+            const __m256 wv = f_load8(fmt, w + r * wrb + i * es);
+            for (int t = 0; t < nt; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps((const float *)(a + t * arb) + i), acc[r][t]);
+        }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) {
+            float tail = 0.0f;
+            const float *x = (const float *)(a + t * arb);
+            for (int64_t i = k8; i < k; i++) tail += f_load1(fmt, w + r * wrb + i * es) * x[i];
+            y[t * ys + r] = hsum8(acc[r][t]) + tail;
+        }
+}
+
+#define TILE_F32(nr, nt, ...) f_tile(FMT_F32, 4, nr, nt, __VA_ARGS__)
+#define TILE_F16(nr, nt, ...) f_tile(FMT_F16, 2, nr, nt, __VA_ARGS__)
+#define TILE_BF16(nr, nt, ...) f_tile(FMT_BF16, 2, nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(f32, TILE_F32)
+DEFINE_DRIVER(f16, TILE_F16)
+DEFINE_DRIVER(bf16, TILE_BF16)
+
+#else /* not x86: the names exist so the library links; qdot.c never hands them out */
+
+void strata_qact_q8_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8_ref(x, a, k); }
+void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8k_ref(x, a, k); }
+#define FALLBACK(name)                                                                                     \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
+                                   float *restrict y, int64_t ys) {                                        \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4)
+FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
+#endif
