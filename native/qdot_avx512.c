@@ -19,7 +19,7 @@
  *
  * The ISA is enabled for this translation unit only; strata_qdot_find hands these kernels out
  * only for STRATA_IMPL_AVX512, which strata_resolve_impl grants only when the CPU and the OS
- * support it (dequant.c). On other architectures this file is empty.
+ * support it (dequant.c).
  */
 #include "qdot.h"
 
@@ -150,31 +150,27 @@ static inline float dot_q8_0(int64_t k, const uint8_t *wp, const uint8_t *ap) {
 
 /* ---- MXFP4: x = 2^(e - 128) * doubled E2M1 value (dequant_ref.c); codes looked up as value + 12 ---- */
 
-#define MXFP4_OFFSET 12
-/* The doubled E2M1 values {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12} plus 12. */
-#define MXFP4_LUT_BYTES 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
-
-static inline float e8m0_half(uint8_t e) {
-    return strata_bits_to_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
-}
+#define MXFP4_OFFSET 12   /* the doubled E2M1 values are -12..12 */
 
 static inline float dot_mxfp4(int64_t k, const uint8_t *wp, const uint8_t *ap) {
     const strata_block_mxfp4 *w = (const strata_block_mxfp4 *)wp;
     const strata_block_act_q8 *a = (const strata_block_act_q8 *)ap;
     const int64_t nb = k / STRATA_QK;
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(MXFP4_LUT_BYTES));
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)strata_e2m1_doubled),
+                                                            _mm_set1_epi8(MXFP4_OFFSET)));
     __m512 acc = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
         const __m512i u = _mm512_shuffle_epi8(lut, nibbles_pair(w[b].qs, w[b + 1].qs));
         const __m512i sumi = dot_offset512(u, act_pair_nibble_order(a + b), _mm512_set1_epi8(MXFP4_OFFSET));
-        acc = add_scaled_pair(acc, sumi, PAIR_NIBBLE_HI, e8m0_half(w[b].e) * a[b].d, e8m0_half(w[b + 1].e) * a[b + 1].d);
+        acc = add_scaled_pair(acc, sumi, PAIR_NIBBLE_HI, strata_e8m0_half(w[b].e) * a[b].d,
+                              strata_e8m0_half(w[b + 1].e) * a[b + 1].d);
     }
     float tail = 0.0f;
     if (b < nb) {
         const __m256i u = _mm256_shuffle_epi8(_mm512_castsi512_si256(lut), nibbles_one(w[b].qs));
         const int sumi = dot_offset256(u, _mm256_loadu_si256((const __m256i *)a[b].q), _mm256_set1_epi8(MXFP4_OFFSET));
-        tail = e8m0_half(w[b].e) * a[b].d * (float)sumi;
+        tail = strata_e8m0_half(w[b].e) * a[b].d * (float)sumi;
     }
     return _mm512_reduce_add_ps(acc) + tail;
 }
@@ -390,4 +386,16 @@ void strata_qact_q8k_avx512(const float *restrict x, void *restrict out, int64_t
     }
 }
 
+#else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
+       * which strata_resolve_impl refuses here */
+
+void strata_qact_q8_avx512(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8_ref(x, a, k); }
+void strata_qact_q8k_avx512(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8k_ref(x, a, k); }
+#define FALLBACK(name)                                                                                     \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
+                                     float *restrict y, int64_t ys) {                                      \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
 #endif

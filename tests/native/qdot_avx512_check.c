@@ -2,7 +2,7 @@
  * Stand-alone check of the AVX-512 quantized matrix kernels against the scalar ones, through the
  * public entry points of strata.h only: for a machine with AVX-512 but without this project's
  * Python environment. test_qdot_avx512.py runs the same comparison from Python where the package
- * is built; this program is built with every native/*.c file:
+ * is built; this program is built with every C file of native/:
  *
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -pthread -ffp-contract=off -Inative native/[a-z]*.c \
  *       tests/native/qdot_avx512_check.c -o qdot_avx512_check -lm
