@@ -76,6 +76,7 @@ static int run_case(int type, const char *name, int64_t n_rows, int64_t k, int64
     if (n_tok > 1) x[k + 3] = 40.0f * x_scale;   /* one outlier */
     int64_t s_bytes = 0;
     strata_qdot_scratch_bytes(type, n_tok, k, &s_bytes);
+    if (s_bytes == 0) s_bytes = n_tok * k * 4;   /* float weights: the "activations" are a copy of x */
     uint8_t *s_ref = malloc((size_t)s_bytes + 4), *s_vec = malloc((size_t)s_bytes + 4);
     int st = strata_qdot_quantize_act(type, x, n_tok * k * 4, n_tok, k, s_ref, s_bytes, STRATA_IMPL_SCALAR);
     st |= strata_qdot_quantize_act(type, x, n_tok * k * 4, n_tok, k, s_vec, s_bytes, STRATA_IMPL_AVX512);
@@ -97,7 +98,7 @@ static int run_case(int type, const char *name, int64_t n_rows, int64_t k, int64
             if (rel > worst || rel != rel) worst = rel;
         }
     const int ok = !st && act_same && !bad;
-    printf("%s %-6s rows=%-3lld k=%-5lld T=%-3lld wscale=%-8g xscale=%-8g act_bytes_equal=%d worst_rel=%.3g bad=%d status=%d\n",
+    printf("%s %-6s rows=%-3lld k=%-5lld T=%-3lld wscale=%-8g xscale=%-8g act_equal=%d worst_rel=%.3g bad=%d st=%d\n",
            ok ? "PASS" : "FAIL", name, (long long)n_rows, (long long)k, (long long)n_tok, w_scale, x_scale,
            act_same, worst, bad, st);
     free(w); free(x); free(wf); free(y_ref); free(y_vec); free(s_ref); free(s_vec);
