@@ -70,6 +70,14 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     return STRATA_E_TYPE;
 }
 
+int strata_qdot_has_kernel(int ggml_type, int impl) {
+    const int col = impl == STRATA_IMPL_SCALAR ? COL_REF : impl == STRATA_IMPL_AVX2 ? COL_AVX2
+                  : impl == STRATA_IMPL_AVX512 ? COL_AVX512 : -1;
+    for (size_t i = 0; col >= 0 && i < sizeof(TILES) / sizeof(TILES[0]); i++)
+        if (TILES[i].type == ggml_type) return TILES[i].tile[col] != NULL;
+    return 0;
+}
+
 int64_t strata_qact_row_bytes(int act, int64_t k) {
     switch (act) {
     case STRATA_ACT_Q8: return k / STRATA_QK * (int64_t)sizeof(strata_block_act_q8);

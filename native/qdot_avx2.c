@@ -8,8 +8,9 @@
  * in the scalar kernel, but it is kept in 8 int32 lanes that are converted to float and added
  * (fused multiply-add) into 8 float lanes, reduced once per output. The result therefore equals
  * the scalar one up to the rounding of a differently ordered float sum.
- *   signed codes (Q8_0, Q4_0 - 8, 2 * E2M1):  maddubs(|w|, sign(a, w)) then madd(., 1)
- *   unsigned codes (Q4_K, Q5_K, Q6_K):         maddubs(w, a) then madd(., sub-block scale)
+ *   Q8_0 (signed codes):             maddubs(|w|, sign(a, w)) then madd(., 1)
+ *   Q4_0, MXFP4 (codes + bias >= 0):  maddubs(w + bias, a) - maddubs(bias, a) then madd(., 1)
+ *   Q4_K, Q5_K, Q6_K (unsigned):      maddubs(w, a) then madd(., sub-block scale)
  * |w| <= 128 and |a| <= 127 keep maddubs' int16 pair sums below 2^15 (no saturation).
  *
  * Outputs are computed in tiles of NR weight rows x NT tokens: a weight block is unpacked once per
@@ -58,13 +59,15 @@ INLINE float quantize_block(const float *restrict x, int8_t *restrict q, int n) 
         memset(q, 0, (size_t)n);
         return d;
     }
-    const __m256 vd = _mm256_set1_ps(d);
+    const __m256 vd = _mm256_set1_ps(d), lim = _mm256_set1_ps(127.0f);  /* clamp: see qdot_ref.c */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int j = 0; j < n; j += 32) {
         __m256i i[4];
-        for (int k = 0; k < 4; k++)
-            i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j + 8 * k), vd),
-                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < 4; k++) {
+            const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j + 8 * k), vd),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[k] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim)));
+        }
         /* packs work per 128-bit lane: the permute puts the 32 bytes back in order. */
         const __m256i p16a = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
         const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
@@ -106,7 +109,7 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
  *
  * TILE(nr, nt, w, a, y) computes an nr x nt tile over the whole row; the driver walks the rows in
  * groups and the tokens in groups (see the file comment). */
-#define DEFINE_DRIVER(name, TILE)                                                                        \
+#define DEFINE_DRIVER(name, TILE, GR, GT)                                                                        \
     void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \
@@ -115,73 +118,79 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
             for (; r + 4 <= n_rows; r += 4)                                                              \
                 for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
         }                                                                                                \
-        for (; r + 2 <= n_rows; r += 2) {                                                                \
+        for (; r + GR <= n_rows; r += GR) {                                                                \
             int64_t t = 0;                                                                               \
-            for (; t + 4 <= n_tok; t += 4) TILE(2, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; t < n_tok; t++) TILE(2, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+            for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
         }                                                                                                \
         for (; r < n_rows; r++) {                                                                        \
             int64_t t = 0;                                                                               \
-            for (; t + 4 <= n_tok; t += 4) TILE(1, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t + GT <= n_tok; t += GT) TILE(1, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
             for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
         }                                                                                                \
     }
 
-INLINE void store_tile(int nr, int nt, __m256 acc[4][4], float *y, int64_t ys) {
+INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
 }
 
 #define ZERO_ACC(acc) \
-    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 4; t_++) acc[r_][t_] = _mm256_setzero_ps();
+    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
 
 /* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
 
 enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
 
-/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). */
+/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). The broadcast load
+ * and the per-half variable shift keep this off the shuffle port. */
 INLINE __m256i nibbles32(const uint8_t *qs) {
-    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
 }
 
-/* Signed codes and scale of one weight block of format `fmt` at p. */
+/* Codes of one weight block of format `fmt` at p, and its scale. Q8_0's codes are signed; Q4_0's
+ * and MXFP4's are unsigned with a bias (8; 12 for 2 * E2M1 + 12), taken off as bias * sum(a). */
 INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
+    uint16_t h;
     switch (fmt) {
-    case FMT_Q8_0: {
-        uint16_t h;
+    case FMT_Q8_0:
         memcpy(&h, p, 2);
         *d = half_scale(h);
         return _mm256_loadu_si256((const __m256i *)(p + 2));
-    }
-    case FMT_Q4_0: {
-        uint16_t h;
+    case FMT_Q4_0:
         memcpy(&h, p, 2);
         *d = half_scale(h);
-        return _mm256_sub_epi8(nibbles32(p + 2), _mm256_set1_epi8(8));
-    }
+        return nibbles32(p + 2);
     default: { /* FMT_MXFP4 */
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_e2m1_doubled));
+        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                               12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
         *d = strata_e8m0_half(p[0]);
         return _mm256_shuffle_epi8(table, nibbles32(p + 1));
     }
     }
 }
 
+INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_MXFP4 ? 12 : 0; }
+
 INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                     const uint8_t *a, int64_t arb, float *y, int64_t ys) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][4];
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)q8_bias(fmt));
+    __m256 acc[4][8];
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK; b++)
         for (int r = 0; r < nr; r++) {
             float wd;
-            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd), qa = _mm256_sign_epi8(q, q);
+            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd);
+            const __m256i qa = fmt == FMT_Q8_0 ? _mm256_sign_epi8(q, q) : q;
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
                 const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), ones);
+                __m256i p16;
+                if (fmt == FMT_Q8_0) p16 = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q));
+                else p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qa, av), _mm256_maddubs_epi16(bias, av));
+                const __m256i p = _mm256_madd_epi16(p16, ones);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd * ab->d), acc[r][t]);
             }
         }
@@ -191,9 +200,9 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
 #define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q8_0, TILE_Q8_0)
-DEFINE_DRIVER(q4_0, TILE_Q4_0)
-DEFINE_DRIVER(mxfp4, TILE_MXFP4)
+DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4)
+DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4)
+DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
 
 /* ---- K-quants against STRATA_ACT_Q8K ---- */
 
@@ -242,10 +251,10 @@ INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
             kb->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
         }
         if (fmt == FMT_Q5_K) {  /* bit 4 of sub-block j's codes: bit j of qh[l] */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)b5->qh), one = _mm256_set1_epi8(1);
-            for (int j = 0; j < 8; j++) {
-                const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), one);
-                kb->q[j] = _mm256_or_si256(kb->q[j], _mm256_slli_epi16(bit, 4));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)b5->qh), bit4 = _mm256_set1_epi8(0x10);
+            for (int j = 0; j < 8; j++) {  /* bit j moved to bit 4; the mask drops what crossed bytes */
+                const __m256i moved = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : j > 4 ? _mm256_srli_epi16(qh, j - 4) : qh;
+                kb->q[j] = _mm256_or_si256(kb->q[j], _mm256_and_si256(moved, bit4));
             }
         }
         return;
@@ -254,7 +263,7 @@ INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
      * ql[64h + 32(s%2) + l], high 2 bits = bits 2s of qh[32h + l]; scales of sub-blocks 2c, 2c+1. */
     const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
     kb->d = half_scale(b6->d);
-    const __m256i three = _mm256_set1_epi8(3);
+    const __m256i hmask = _mm256_set1_epi8(0x30);
     for (int h = 0; h < 2; h++) {
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h));
@@ -262,21 +271,20 @@ INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
         const __m256i lo[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
                                _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
                                _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
-        for (int s = 0; s < 4; s++) {
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
-            kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_slli_epi16(hi, 4));
-        }
+        /* bits 2s, 2s+1 of qh moved to bits 4-5 (the mask drops what crossed a byte boundary) */
+        const __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
+        for (int s = 0; s < 4; s++) kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_and_si256(hi[s], hmask));
     }
+    /* int16 scales; chunk c takes sub-block 2c's scale in its low half, 2c + 1's in its high half */
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
     kb->bs_w = sc16;
+    const __m256i first = _mm256_permute2x128_si256(sc16, sc16, 0x00), second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
     for (int c = 0; c < 8; c++) {
-        const __m256i pair = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b6->scales)),
-                                                 _mm256_setr_epi8(2 * c, -1, 2 * c, -1, 2 * c, -1, 2 * c, -1,
-                                                                  2 * c, -1, 2 * c, -1, 2 * c, -1, 2 * c, -1,
-                                                                  2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1,
-                                                                  2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1, 2 * c + 1, -1));
-        /* bytes were zero-extended: sign-extend the int8 scale into the int16 lane */
-        kb->sc[c] = _mm256_srai_epi16(_mm256_slli_epi16(pair, 8), 8);
+        const char m = (char)(2 * (2 * c % 8));
+        const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
+                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
+                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
+        kb->sc[c] = _mm256_shuffle_epi8(c < 4 ? first : second, ctrl);
     }
 }
 
@@ -298,7 +306,7 @@ INLINE __m256 k_dot(int fmt, const kblock *kb, const strata_block_act_q8k *ab, _
 
 INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                    const uint8_t *a, int64_t arb, float *y, int64_t ys) {
-    __m256 acc[4][4];
+    __m256 acc[4][8];
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK_K; b++)
         for (int r = 0; r < nr; r++) {
@@ -313,9 +321,9 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
 #define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
 #define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
 #define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q4_k, TILE_Q4_K)
-DEFINE_DRIVER(q5_k, TILE_Q5_K)
-DEFINE_DRIVER(q6_k, TILE_Q6_K)
+DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4)
+DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4)
+DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4)
 
 /* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
 
@@ -341,7 +349,7 @@ INLINE float f_load1(int fmt, const uint8_t *p) {
 
 INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                    const uint8_t *a, int64_t arb, float *y, int64_t ys) {
-    __m256 acc[4][4];
+    __m256 acc[4][8];
     ZERO_ACC(acc)
     const int64_t k8 = k & ~(int64_t)7;
     for (int64_t i = 0; i < k8; i += 8)
@@ -362,9 +370,9 @@ INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t
 #define TILE_F32(nr, nt, ...) f_tile(FMT_F32, 4, nr, nt, __VA_ARGS__)
 #define TILE_F16(nr, nt, ...) f_tile(FMT_F16, 2, nr, nt, __VA_ARGS__)
 #define TILE_BF16(nr, nt, ...) f_tile(FMT_BF16, 2, nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(f32, TILE_F32)
-DEFINE_DRIVER(f16, TILE_F16)
-DEFINE_DRIVER(bf16, TILE_BF16)
+DEFINE_DRIVER(f32, TILE_F32, 2, 4)
+DEFINE_DRIVER(f16, TILE_F16, 2, 4)
+DEFINE_DRIVER(bf16, TILE_BF16, 2, 4)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 

@@ -15,7 +15,12 @@
  * the float result differs from the scalar one only in the order the per-block terms are added.
  *
  * The activation quantizers repeat the scalar operations exactly (max, one division, rounding
- * to nearest even, exact integer sums), so their bytes are identical to qdot_ref.c's.
+ * to nearest even, the clamp to +-127, exact integer sums), so their bytes are identical to
+ * qdot_ref.c's.
+ *
+ * Outputs are computed in tiles of rows x tokens (DEFINE_DRIVER): a weight block is unpacked once
+ * per tile and used for each of its tokens; each output keeps a 16-lane float accumulator that is
+ * reduced once at the end.
  *
  * The ISA is enabled for this translation unit only; strata_qdot_find hands these kernels out
  * only for STRATA_IMPL_AVX512, which strata_resolve_impl grants only when the CPU and the OS
@@ -370,13 +375,12 @@ INLINE float amax16n(const float *x, int n) {
     return _mm512_reduce_max_ps(m);
 }
 
-/* round-to-nearest-even(x / d) for 16 floats, as the int8 the scalar code stores, sign-extended to
- * int32. |x / d| <= 127 but for a subnormal d, whose rounding can push it past 127: the scalar code's
- * (int8_t) cast then wraps, and so does this (sums are taken of the wrapped values, as there). */
+/* round-to-nearest-even(x / d) for 16 floats, clamped to [-127, 127] as int32, as the scalar code
+ * does (|x / d| passes 127 only for a subnormal d, and stays below 191). */
 INLINE __m512i round16(const float *x, __m512 d) {
     const __m512i r = _mm512_cvt_roundps_epi32(_mm512_div_ps(_mm512_loadu_ps(x), d),
                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_srai_epi32(_mm512_slli_epi32(r, 24), 24);
+    return _mm512_max_epi32(_mm512_min_epi32(r, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
 }
 
 void strata_qact_q8_avx512(const float *restrict x, void *restrict out, int64_t k) {

@@ -20,15 +20,19 @@
 
 /* ---- Activation quantizers ---- */
 
-/* Round to nearest, ties to even, for |v| < 2^22 (here |v| <= 127 + a rounding error): adding
- * 1.5 * 2^23 leaves no fraction bits, so the float addition itself rounds, in the default mode. */
-static inline int32_t round_even(float v) {
-    const float r = (v + 0x1.8p23f) - 0x1.8p23f;
-    return (int32_t)r;
+/* Round to nearest, ties to even, for |v| < 2^22, then clamp to [-127, 127]: adding 1.5 * 2^23
+ * leaves no fraction bits, so the float addition itself rounds (default mode). |x / d| exceeds
+ * 127 only when d = max|x| / 127 is a float32 subnormal that rounded down (by < 1/2 ulp, so
+ * |x / d| < 191); there the clamp keeps the sign and the AVX2 packs' saturation out of it. */
+static inline int8_t round_even_clamp(float v) {
+    float r = (v + 0x1.8p23f) - 0x1.8p23f;
+    r = r > 127.0f ? 127.0f : r;
+    r = r < -127.0f ? -127.0f : r;
+    return (int8_t)r;
 }
 
 /* d = max|x| / 127, q = round_even(x / d); the division (not x * (1/d)) keeps a subnormal d
- * usable. Returns d; q = 0 and d = 0 for an all-zero block. */
+ * usable. Returns d; q = 0 and d = 0 for an all-zero block. x must be finite. */
 static float quantize_block(const float *restrict x, int8_t *restrict q, int n) {
     float amax = 0.0f;
     for (int j = 0; j < n; j++) {
@@ -36,7 +40,7 @@ static float quantize_block(const float *restrict x, int8_t *restrict q, int n) 
         amax = ax > amax ? ax : amax;
     }
     const float d = amax / 127.0f;
-    for (int j = 0; j < n; j++) q[j] = d == 0.0f ? 0 : (int8_t)round_even(x[j] / d);
+    for (int j = 0; j < n; j++) q[j] = d == 0.0f ? 0 : round_even_clamp(x[j] / d);
     return d;
 }
 

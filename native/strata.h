@@ -101,6 +101,11 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
  * tests and measurements; the engine uses the pooled strata_matmul.
  */
 
+/* 1 when family `impl` (SCALAR, AVX2, AVX512) has its own tile kernel for `ggml_type`; formats
+ * without one run the next family down (AVX512 -> AVX2 -> scalar). 0 for a format the kernels do
+ * not read. */
+int strata_qdot_has_kernel(int ggml_type, int impl);
+
 /* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
 int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);
 

@@ -11,10 +11,11 @@ through one helper (`_lib.check`); they hold no policy about what to compute or 
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
-from .qdot import qdot_rows, quantize_act
+from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .quantizer import can_quantize, quantize, quantize_into
 
 __all__ = ["IMPLS", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize", "convert_f32_into", "cpu_has_avx2",
            "cpu_has_avx512", "default_impl", "default_threads", "dequantize", "dequantize_into", "has_kernel",
-           "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into"]
+           "has_qdot_kernel", "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act",
+           "quantize_into"]

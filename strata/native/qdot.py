@@ -25,6 +25,11 @@ def _tokens_view(x: Any, row_len: int) -> tuple[Any, int, int]:
     return x_ptr, x_bytes, (shape[0] if len(shape) == 2 else 1)
 
 
+def has_qdot_kernel(t: Any, impl: str) -> bool:
+    """True when `impl` has its own tile kernel for type `t` (else the format runs the scalar one)."""
+    return bool(lib.strata_qdot_has_kernel(int(ggml_type(t)), impl_code(impl)))
+
+
 def scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:
     """Bytes of rounded activations `qdot_rows` keeps for n_tokens rows of row_len values."""
     t = ggml_type(t)
@@ -69,4 +74,4 @@ def quantize_act(t: Any, x: Any, *, impl: str = "auto") -> np.ndarray:
     return out
 
 
-__all__ = ["qdot_rows", "quantize_act", "scratch_bytes"]
+__all__ = ["has_qdot_kernel", "qdot_rows", "quantize_act", "scratch_bytes"]

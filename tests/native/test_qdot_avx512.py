@@ -19,6 +19,7 @@ import pytest
 from strata import native
 from strata.errors import NativeError
 from strata.quant import DEQUANT_TYPES, GGMLType, block_size, random_blocks
+from tests.native import test_qdot as qd
 
 T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +108,46 @@ def test_avx512_activation_blocks_are_bytes_of_scalar(t):
     assert np.array_equal(got, ref), f"{t.name}: rows {np.flatnonzero((got != ref).any(axis=1)).tolist()} differ"
 
 
+# ---- The qdot suite's cases (tests/native/test_qdot.py), for the AVX-512 family ----
+
+@needs_avx512
+@pytest.mark.parametrize("t", qd.ALL_TYPES, ids=lambda t: t.name)
+def test_avx512_activation_quantizer_matches_numpy(t):
+    qd.test_activation_quantizer_matches_numpy(t, "avx512")
+
+
+@needs_avx512
+@pytest.mark.parametrize("case", qd.CASES, ids=qd.CASE_IDS)
+@pytest.mark.parametrize("t", qd.ALL_TYPES, ids=lambda t: t.name)
+def test_avx512_qdot_within_bounds_of_float64(t, case):
+    qd.test_qdot_within_bounds_of_float64(t, case, "avx512")
+
+
+@needs_avx512
+@pytest.mark.parametrize("case", qd.CASES, ids=qd.CASE_IDS)
+@pytest.mark.parametrize("t", qd.ALL_TYPES, ids=lambda t: t.name)
+def test_avx512_matches_scalar_within_twice_the_rounding_bound(t, case):
+    """As test_qdot's AVX2 comparison: bit-identical where the family falls back, else within
+    twice the float-rounding bound of the exact W @ A."""
+    n_rows, n_blocks, n_tok = case
+    rng = np.random.default_rng(int(t) * 11 + n_rows + n_tok)
+    row_len = qd.row_len_of(t, n_blocks)
+    w = qd.make_weights(t, n_rows, row_len, rng)
+    x = qd.make_tokens(n_tok, row_len, rng)
+    ys = native.qdot_rows(t, w, n_rows, row_len, x, impl="scalar")
+    yv = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
+    if not native.has_qdot_kernel(t, "avx512"):
+        fallback = "avx2" if native.has_qdot_kernel(t, "avx2") else "scalar"
+        yf = native.qdot_rows(t, w, n_rows, row_len, x, impl=fallback)
+        assert np.array_equal(yf.view(np.uint32), yv.view(np.uint32)), f"{t.name}: {fallback} fallback differs"
+        return
+    _, _, a = qd.numpy_qact(t, x)
+    n = (row_len if t in qd.FLOAT_TYPES else row_len // block_size(t)[0]) + 16
+    tol = 2 * (n * qd.U * (np.abs(a) @ qd.magnitude(t, w, n_rows, row_len).T) + n * 2.0 ** -140)
+    err = np.abs(yv.astype(np.float64) - ys)
+    assert (err <= tol).all(), f"{t.name}: avx512 differs from scalar by {err.max()} (bound {tol.max()})"
+
+
 @needs_avx512
 def test_avx512_dequant_and_quantize_run_the_avx2_kernels():
     rng = np.random.default_rng(3)
@@ -178,6 +219,11 @@ def test_default_impl_follows_detection_and_overrides():
     assert default_impl_with(STRATA_FORCE_AVX2="1") == capped
     assert default_impl_with(STRATA_FORCE_SCALAR="1") == "scalar"
     assert default_impl_with(STRATA_FORCE_SCALAR="1", STRATA_FORCE_AVX2="1") == "scalar"
+
+
+def test_avx512_tile_kernels_of_its_own():
+    own = {t for t in qd.ALL_TYPES if native.has_qdot_kernel(t, "avx512")}
+    assert own == {T.F16, T.BF16, T.Q4_0, T.Q8_0, T.MXFP4, T.Q4_K, T.Q5_K, T.Q6_K}
 
 
 def test_avx512_reports_the_avx2_dequant_kernels():
