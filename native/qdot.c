@@ -24,13 +24,13 @@ static const qdot_row TILES[] = {
     {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}},
     {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, strata_qdot_bf16_avx512}},
     {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, strata_qdot_q4_0_avx512}},
-    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, NULL, NULL}},
-    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, NULL, NULL}},
-    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, NULL, NULL}},
+    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}},
+    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
+    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
     {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}},
     {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
-    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, NULL, NULL}},
-    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, NULL, NULL}},
+    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
+    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
     {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}},
     {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}},
     {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}},
@@ -141,8 +141,8 @@ int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_ro
     int st = plan(ggml_type, impl, n_rows, row_len, n_tokens, &k, &w_row, &a_row);
     if (st != STRATA_OK) return st;
     if ((st = strata_qdot_scratch_bytes(ggml_type, n_tokens, row_len, &s_need)) != STRATA_OK) return st;
-    if (!mul_ok(n_rows, w_row, &w_need) || !mul_ok(n_tokens, row_len * 4, &x_need) ||
-        !mul_ok(n_tokens, n_rows * 4, &y_need) || n_rows > INT64_MAX / 4)
+    if (n_rows > INT64_MAX / 4 || !mul_ok(n_rows, w_row, &w_need) || !mul_ok(n_tokens, row_len * 4, &x_need) ||
+        !mul_ok(n_tokens, n_rows * 4, &y_need))
         return STRATA_E_SIZE;
     if (w_bytes < w_need || x_bytes < x_need || y_bytes < y_need || scratch_bytes < s_need) return STRATA_E_SIZE;
     if ((w_need && !w) || (x_need && !x) || (y_need && !y) || (s_need && !scratch)) return STRATA_E_ARG;

@@ -12,7 +12,9 @@
  *                    for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (bsums serve the mins and Q6_K's -32)
  *   STRATA_ACT_F32    the float32 row itself (4 B per value), for F32, F16, BF16 weights
  *
- * d = max|x| / 127 and q = round-to-nearest-even(x / d) (q = 0 for an all-zero block).
+ * d = max|x| / 127 and q = round-to-nearest-even(x / d) (q = 0 for an all-zero block), computed as
+ * an IEEE float32 division (not x * (1/d)) and clamped to [-127, 127] (which matters only when d
+ * is a float32 subnormal that rounded down); Q8's s = d * (float)sum(q). x must be finite.
  *
  * Kernel families: `_ref` (portable C, the definition), `_avx2`, `_avx512` (F/BW/VL/VNNI,
  * BF16 where the CPU has it). A vector kernel gives the same float result as its `_ref` twin
@@ -100,8 +102,13 @@ STRATA_DECLARE_QTILE(f32, avx2)
 STRATA_DECLARE_QTILE(f16, avx2)
 STRATA_DECLARE_QTILE(bf16, avx2)
 STRATA_DECLARE_QTILE(q4_0, avx2)
+STRATA_DECLARE_QTILE(q4_1, avx2)
+STRATA_DECLARE_QTILE(q5_0, avx2)
+STRATA_DECLARE_QTILE(q5_1, avx2)
 STRATA_DECLARE_QTILE(q8_0, avx2)
 STRATA_DECLARE_QTILE(mxfp4, avx2)
+STRATA_DECLARE_QTILE(q2_k, avx2)
+STRATA_DECLARE_QTILE(q3_k, avx2)
 STRATA_DECLARE_QTILE(q4_k, avx2)
 STRATA_DECLARE_QTILE(q5_k, avx2)
 STRATA_DECLARE_QTILE(q6_k, avx2)

@@ -9,13 +9,14 @@
  * (fused multiply-add) into 8 float lanes, reduced once per output. The result therefore equals
  * the scalar one up to the rounding of a differently ordered float sum.
  *   Q8_0 (signed codes):             maddubs(|w|, sign(a, w)) then madd(., 1)
- *   Q4_0, MXFP4 (codes + bias >= 0):  maddubs(w + bias, a) - maddubs(bias, a) then madd(., 1)
- *   Q4_K, Q5_K, Q6_K (unsigned):      maddubs(w, a) then madd(., sub-block scale)
+ *   Q4_0, Q5_0, MXFP4 (codes + bias): maddubs(w + bias, a) - maddubs(bias, a) then madd(., 1)
+ *   Q4_1, Q5_1 (unsigned codes):       maddubs(w, a) then madd(., 1); the min adds m * s
+ *   K-quants (codes + bias >= 0):      maddubs(w, a) then madd(., sub-block scale); the bias
+ *                                      (Q3_K 4, Q6_K 32) and the mins come off through bsums
  * |w| <= 128 and |a| <= 127 keep maddubs' int16 pair sums below 2^15 (no saturation).
  *
  * Outputs are computed in tiles of NR weight rows x NT tokens: a weight block is unpacked once per
- * tile and used for its NT tokens, which stay in L1 across the row group. Decode (fewer than 4
- * tokens) uses 4-row tiles, one token at a time, for four independent accumulators.
+ * tile and used for its NT tokens, which stay in L1 across the row group (driver: DEFINE_DRIVER).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
@@ -107,16 +108,24 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
 
 /* ---- Tile driver shared by every format ----
  *
- * TILE(nr, nt, w, a, y) computes an nr x nt tile over the whole row; the driver walks the rows in
- * groups and the tokens in groups (see the file comment). */
-#define DEFINE_DRIVER(name, TILE, GR, GT)                                                                        \
+ * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
+ * or more the driver walks GR rows x GT tokens at a time; with fewer (decode) DR rows one token at
+ * a time (DR = 4: independent accumulators for the short Q8 blocks), or, for DR = 1, one row with
+ * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
     void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \
         int64_t r = 0;                                                                                   \
-        if (n_tok < 4) {                                                                                 \
-            for (; r + 4 <= n_rows; r += 4)                                                              \
-                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        if (n_tok < 4 && DR > 1) {                                                                       \
+            for (; r + DR <= n_rows; r += DR)                                                            \
+                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        } else if (n_tok < 4) {                                                                          \
+            for (; r < n_rows; r++) {                                                                    \
+                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                      \
+                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
+                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
+            }                                                                                            \
         }                                                                                                \
         for (; r + GR <= n_rows; r += GR) {                                                                \
             int64_t t = 0;                                                                               \
@@ -140,7 +149,7 @@ INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
 
 /* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
 
-enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
+enum { FMT_Q8_0, FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_MXFP4 };
 
 /* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). The broadcast load
  * and the per-half variable shift keep this off the shuffle port. */
@@ -150,11 +159,37 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
 }
 
-/* Codes of one weight block of format `fmt` at p, and its scale. Q8_0's codes are signed; Q4_0's
- * and MXFP4's are unsigned with a bias (8; 12 for 2 * E2M1 + 12), taken off as bias * sum(a). */
-INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
+/* Q5_0/Q5_1: bit j of the little-endian 32-bit qh as bit 4 of byte j. */
+INLINE __m256i fifth_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* Codes of one weight block of format `fmt` at p, its scale and min (Q4_1, Q5_1). Q8_0's codes are
+ * signed; the others' unsigned with a bias (Q4_0 8, Q5_0 16, MXFP4 12 for 2 * E2M1 + 12, else 0),
+ * taken off as bias * sum(a). */
+INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d, float *m) {
     uint16_t h;
     switch (fmt) {
+    case FMT_Q4_1:
+    case FMT_Q5_1: {
+        const strata_block_q4_1 *b4 = (const strata_block_q4_1 *)p;
+        *d = half_scale(b4->d);
+        *m = half_scale(b4->m);
+        if (fmt == FMT_Q4_1) return nibbles32(b4->qs);
+        const strata_block_q5_1 *b5 = (const strata_block_q5_1 *)p;
+        return _mm256_or_si256(nibbles32(b5->qs), fifth_bits(b5->qh));
+    }
+    case FMT_Q5_0: {
+        const strata_block_q5_0 *b5 = (const strata_block_q5_0 *)p;
+        *d = half_scale(b5->d);
+        return _mm256_or_si256(nibbles32(b5->qs), fifth_bits(b5->qh));
+    }
     case FMT_Q8_0:
         memcpy(&h, p, 2);
         *d = half_scale(h);
@@ -172,7 +207,8 @@ INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d) {
     }
 }
 
-INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_MXFP4 ? 12 : 0; }
+INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_Q5_0 ? 16 : fmt == FMT_MXFP4 ? 12 : 0; }
+INLINE int q8_has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
 
 INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                     const uint8_t *a, int64_t arb, float *y, int64_t ys) {
@@ -181,17 +217,20 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK; b++)
         for (int r = 0; r < nr; r++) {
-            float wd;
-            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd);
+            float wd, wm = 0.0f;
+            const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd, &wm);
             const __m256i qa = fmt == FMT_Q8_0 ? _mm256_sign_epi8(q, q) : q;
+            const __m256 m8 = _mm256_set1_ps(wm * 0.125f);  /* the min term, spread over 8 lanes (exact) */
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
                 const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
                 __m256i p16;
                 if (fmt == FMT_Q8_0) p16 = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q));
-                else p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qa, av), _mm256_maddubs_epi16(bias, av));
+                else if (q8_bias(fmt)) p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qa, av), _mm256_maddubs_epi16(bias, av));
+                else p16 = _mm256_maddubs_epi16(qa, av);
                 const __m256i p = _mm256_madd_epi16(p16, ones);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+                if (q8_has_min(fmt)) acc[r][t] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(&ab->s), acc[r][t]);
             }
         }
     store_tile(nr, nt, acc, y, ys);
@@ -199,22 +238,32 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
 
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
 #define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
+#define TILE_Q4_1(nr, nt, ...) q8_tile(FMT_Q4_1, sizeof(strata_block_q4_1), nr, nt, __VA_ARGS__)
+#define TILE_Q5_0(nr, nt, ...) q8_tile(FMT_Q5_0, sizeof(strata_block_q5_0), nr, nt, __VA_ARGS__)
+#define TILE_Q5_1(nr, nt, ...) q8_tile(FMT_Q5_1, sizeof(strata_block_q5_1), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4)
-DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4)
-DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4)
+DEFINE_DRIVER(q8_0, TILE_Q8_0, 2, 4, 4)
+DEFINE_DRIVER(q4_0, TILE_Q4_0, 2, 4, 4)
+DEFINE_DRIVER(q4_1, TILE_Q4_1, 2, 4, 4)
+DEFINE_DRIVER(q5_0, TILE_Q5_0, 2, 4, 4)
+DEFINE_DRIVER(q5_1, TILE_Q5_1, 2, 4, 4)
+DEFINE_DRIVER(mxfp4, TILE_MXFP4, 2, 4, 4)
 
-/* ---- K-quants against STRATA_ACT_Q8K ---- */
+/* ---- K-quants against STRATA_ACT_Q8K ----
+ *
+ * A block is worked through in 8 chunks of 32 codes (unsigned, below 64): chunk c's codes and its
+ * int16 scale vector are made and used at once for every token of the tile, so nothing unpacked
+ * goes through memory. Per token the 8 chunks' madd results add up in int32; the bsums then give
+ * the mins (Q2_K, Q4_K, Q5_K: a float term) or the code bias (Q3_K 4, Q6_K 32: an integer term). */
 
-/* One weight block unpacked for its tokens: 8 chunks of 32 unsigned codes, an int16 scale vector
- * per chunk, and what the mins / offsets need against the activation's bsums. */
+enum { FMT_Q2_K, FMT_Q3_K, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
+
+/* Per block: scales, bsum weights (int16 mins of Q2_K/Q4_K/Q5_K, scales of Q3_K/Q6_K). */
 typedef struct {
-    __m256i q[8], sc[8];
-    __m256i bs_w;           /* int16 weights of the 16 bsums: mins (Q4_K/Q5_K), scales (Q6_K) */
+    __m256i sc_a, sc_b;     /* scale sources the chunks shuffle from */
+    __m256i bs_w;
     float d, dmin;
-} kblock;
-
-enum { FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
+} khead;
 
 INLINE uint32_t load_u32(const uint8_t *p) {
     uint32_t v;
@@ -222,86 +271,124 @@ INLINE uint32_t load_u32(const uint8_t *p) {
     return v;
 }
 
-/* Q4_K/Q5_K scales and mins (layout: common.h): chunk j's scale broadcast, mins repeated per 16. */
-INLINE void k_scales_mins(const uint8_t *s, kblock *kb) {
+/* Q4_K/Q5_K scales and mins (layout: common.h): sc_a = the 8 int16 scales in both halves, bs_w =
+ * the mins, each repeated for its two bsums. */
+INLINE void k8_head(const uint8_t *s, khead *hd) {
     const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
     const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
     const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
     const __m128i mins = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    kb->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
-    const __m256i sc = _mm256_broadcastsi128_si256(sc16);
-    for (int j = 0; j < 8; j++)
-        kb->sc[j] = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
+    hd->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
+    hd->sc_a = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
 }
 
-INLINE void k_unpack(int fmt, const uint8_t *p, kblock *kb) {
-    const __m256i low4 = _mm256_set1_epi8(15);
-    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
-        const strata_block_q4_k *b4 = (const strata_block_q4_k *)p;
-        const strata_block_q5_k *b5 = (const strata_block_q5_k *)p;
-        const uint8_t *qs = fmt == FMT_Q4_K ? b4->qs : b5->qs;
-        kb->d = half_scale(b4->d);
-        kb->dmin = half_scale(b4->dmin);
-        k_scales_mins(b4->scales, kb);
-        for (int c = 0; c < 4; c++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            kb->q[2 * c] = _mm256_and_si256(x, low4);
-            kb->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
-        }
-        if (fmt == FMT_Q5_K) {  /* bit 4 of sub-block j's codes: bit j of qh[l] */
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)b5->qh), bit4 = _mm256_set1_epi8(0x10);
-            for (int j = 0; j < 8; j++) {  /* bit j moved to bit 4; the mask drops what crossed bytes */
-                const __m256i moved = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : j > 4 ? _mm256_srli_epi16(qh, j - 4) : qh;
-                kb->q[j] = _mm256_or_si256(kb->q[j], _mm256_and_si256(moved, bit4));
-            }
-        }
+/* Formats with 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K): from their 16 int16 scales, sc_a holds
+ * scales 0-7 in both halves, sc_b 8-15; chunk c shuffles sub-block 2c's scale into its low half
+ * and 2c + 1's into its high half. */
+INLINE void k16_head(__m256i sc16, khead *hd) {
+    hd->sc_a = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+    hd->sc_b = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+}
+
+/* Q3_K's 16 six-bit scales (layout: dequant_ref.c), minus 32, as int16. */
+INLINE __m256i q3_k_scales(const uint8_t *s) {
+    const uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), t = load_u32(s + 8);
+    const uint32_t w0 = (a0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4;
+    const uint32_t w1 = (a1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4;
+    const uint32_t w2 = ((a0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4;
+    const uint32_t w3 = ((a1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4;
+    const __m128i sc = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
+    return _mm256_cvtepi8_epi16(sc);
+}
+
+INLINE void k_head(int fmt, const uint8_t *p, khead *hd) {
+    switch (fmt) {
+    case FMT_Q2_K: {  /* scales[s]: scale in the low nibble, min in the high one */
+        const strata_block_q2_k *b2 = (const strata_block_q2_k *)p;
+        const __m128i sm = _mm_loadu_si128((const __m128i *)b2->scales), low4 = _mm_set1_epi8(15);
+        hd->d = half_scale(b2->d);
+        hd->dmin = half_scale(b2->dmin);
+        hd->bs_w = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), low4));
+        k16_head(_mm256_cvtepu8_epi16(_mm_and_si128(sm, low4)), hd);
         return;
     }
-    /* Q6_K: chunk 4h + s = elements 128h + 32s..+31; low 4 bits from nibble s/2 of
-     * ql[64h + 32(s%2) + l], high 2 bits = bits 2s of qh[32h + l]; scales of sub-blocks 2c, 2c+1. */
-    const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
-    kb->d = half_scale(b6->d);
-    const __m256i hmask = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32));
-        const __m256i lo[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
-                               _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                               _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
-        /* bits 2s, 2s+1 of qh moved to bits 4-5 (the mask drops what crossed a byte boundary) */
-        const __m256i hi[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
-        for (int s = 0; s < 4; s++) kb->q[4 * h + s] = _mm256_or_si256(lo[s], _mm256_and_si256(hi[s], hmask));
+    case FMT_Q3_K: {
+        const strata_block_q3_k *b3 = (const strata_block_q3_k *)p;
+        hd->d = half_scale(b3->d);
+        hd->bs_w = q3_k_scales(b3->scales);
+        k16_head(hd->bs_w, hd);
+        return;
     }
-    /* int16 scales; chunk c takes sub-block 2c's scale in its low half, 2c + 1's in its high half */
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
-    kb->bs_w = sc16;
-    const __m256i first = _mm256_permute2x128_si256(sc16, sc16, 0x00), second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-    for (int c = 0; c < 8; c++) {
-        const char m = (char)(2 * (2 * c % 8));
-        const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
-                                              m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
-        kb->sc[c] = _mm256_shuffle_epi8(c < 4 ? first : second, ctrl);
+    case FMT_Q6_K: {
+        const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
+        hd->d = half_scale(b6->d);
+        hd->bs_w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b6->scales));
+        k16_head(hd->bs_w, hd);
+        return;
+    }
+    default: {  /* Q4_K, Q5_K: d, dmin and the scales sit at the same offsets */
+        const strata_block_q4_k *b4 = (const strata_block_q4_k *)p;
+        hd->d = half_scale(b4->d);
+        hd->dmin = half_scale(b4->dmin);
+        k8_head(b4->scales, hd);
+    }
     }
 }
 
-/* acc += this block's term for activation block ab. */
-INLINE __m256 k_dot(int fmt, const kblock *kb, const strata_block_act_q8k *ab, __m256 acc) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {
-        const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(kb->q[c], av), kb->sc[c]));
+/* `x` shifted so that its bit `from` lands on bit `to` in every byte (bits that cross into a
+ * neighbouring byte are to be masked off by the caller). */
+INLINE __m256i move_bit(__m256i x, int from, int to) {
+    return from < to ? _mm256_slli_epi16(x, to - from) : from > to ? _mm256_srli_epi16(x, from - to) : x;
+}
+
+/* Codes (32 unsigned bytes) and int16 scale vector of chunk c of the block at p. */
+INLINE __m256i k_chunk(int fmt, const uint8_t *p, const khead *hd, int c, __m256i *sc) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    if (fmt == FMT_Q4_K || fmt == FMT_Q5_K) {
+        const uint8_t *qs = fmt == FMT_Q4_K ? ((const strata_block_q4_k *)p)->qs : ((const strata_block_q5_k *)p)->qs;
+        *sc = _mm256_shuffle_epi8(hd->sc_a, _mm256_set1_epi16((short)(2 * c | (2 * c + 1) << 8)));
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
+        __m256i q = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(x, 4) : x, low4);
+        if (fmt == FMT_Q5_K) {  /* bit 4: bit c of qh[l] */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)((const strata_block_q5_k *)p)->qh);
+            q = _mm256_or_si256(q, _mm256_and_si256(move_bit(qh, c, 4), _mm256_set1_epi8(0x10)));
+        }
+        return q;
     }
-    const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), kb->bs_w);
-    if (fmt == FMT_Q6_K) {  /* codes are q6 + 32: take 32 * sum_s sc_s * bsum_s off */
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, 5));
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
+    const char m = (char)(2 * (2 * c % 8));
+    const __m256i ctrl = _mm256_setr_epi8(m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1, m, m + 1,
+                                          m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3,
+                                          m + 2, m + 3, m + 2, m + 3, m + 2, m + 3, m + 2, m + 3);
+    *sc = _mm256_shuffle_epi8(c < 4 ? hd->sc_a : hd->sc_b, ctrl);
+    const int h = c / 4, s = c % 4;
+    if (fmt == FMT_Q6_K) {  /* chunk 4h + s: nibble s/2 of ql[64h + 32(s%2) + l], bits 2s of qh[32h + l] */
+        const strata_block_q6_k *b6 = (const strata_block_q6_k *)p;
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(b6->ql + 64 * h + 32 * (s % 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b6->qh + 32 * h));
+        const __m256i lo = _mm256_and_si256(s / 2 ? _mm256_srli_epi16(l, 4) : l, low4);
+        return _mm256_or_si256(lo, _mm256_and_si256(move_bit(qh, 2 * s, 4), _mm256_set1_epi8(0x30)));
     }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kb->d * ab->d), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bsw), _mm256_set1_ps(kb->dmin * ab->d), acc);
+    /* Q2_K, Q3_K: chunk 4h + s holds bits 2s, 2s+1 of qs[32h + l]; Q3_K adds 4 * (bit c of hmask[l]) */
+    const uint8_t *qs = fmt == FMT_Q2_K ? ((const strata_block_q2_k *)p)->qs : ((const strata_block_q3_k *)p)->qs;
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(x, 2 * s), _mm256_set1_epi8(3));
+    if (fmt == FMT_Q3_K) {
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)((const strata_block_q3_k *)p)->hmask);
+        q = _mm256_or_si256(q, _mm256_and_si256(move_bit(hm, c, 2), _mm256_set1_epi8(4)));
+    }
+    return q;
+}
+
+/* acc += the block's term, from the int32 lanes isum of sum_c madd(maddubs(codes, a), scales). */
+INLINE __m256 k_finish(int fmt, const khead *hd, const strata_block_act_q8k *ab, __m256i isum, __m256 acc) {
+    const __m256i bsw = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), hd->bs_w);
+    if (fmt == FMT_Q6_K || fmt == FMT_Q3_K) {  /* codes are q + 32 (q + 4): take 32 (4) * sum_s sc_s * bsum_s off */
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(bsw, fmt == FMT_Q6_K ? 5 : 2));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(hd->d * ab->d), acc);
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(hd->d * ab->d), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bsw), _mm256_set1_ps(hd->dmin * ab->d), acc);
 }
 
 INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
@@ -310,20 +397,36 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     ZERO_ACC(acc)
     for (int64_t b = 0; b < k / STRATA_QK_K; b++)
         for (int r = 0; r < nr; r++) {
-            kblock kb;
-            k_unpack(fmt, w + r * wrb + b * bs, &kb);
+            const uint8_t *p = w + r * wrb + b * bs;
+            khead hd;
+            k_head(fmt, p, &hd);
+            __m256i isum[8];
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i sc;
+                const __m256i q = k_chunk(fmt, p, &hd, c, &sc);
+                for (int t = 0; t < nt; t++) {
+                    const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sc));
+                }
+            }
             for (int t = 0; t < nt; t++)
-                acc[r][t] = k_dot(fmt, &kb, (const strata_block_act_q8k *)(a + t * arb) + b, acc[r][t]);
+                acc[r][t] = k_finish(fmt, &hd, (const strata_block_act_q8k *)(a + t * arb) + b, isum[t], acc[r][t]);
         }
     store_tile(nr, nt, acc, y, ys);
 }
 
+#define TILE_Q2_K(nr, nt, ...) k_tile(FMT_Q2_K, sizeof(strata_block_q2_k), nr, nt, __VA_ARGS__)
+#define TILE_Q3_K(nr, nt, ...) k_tile(FMT_Q3_K, sizeof(strata_block_q3_k), nr, nt, __VA_ARGS__)
 #define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
 #define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
 #define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4)
-DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4)
-DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4)
+DEFINE_DRIVER(q2_k, TILE_Q2_K, 2, 4, 1)
+DEFINE_DRIVER(q3_k, TILE_Q3_K, 2, 4, 1)
+DEFINE_DRIVER(q4_k, TILE_Q4_K, 2, 4, 1)
+DEFINE_DRIVER(q5_k, TILE_Q5_K, 2, 4, 1)
+DEFINE_DRIVER(q6_k, TILE_Q6_K, 2, 4, 1)
 
 /* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
 
@@ -370,9 +473,9 @@ INLINE void f_tile(int fmt, int64_t es, int nr, int nt, int64_t k, const uint8_t
 #define TILE_F32(nr, nt, ...) f_tile(FMT_F32, 4, nr, nt, __VA_ARGS__)
 #define TILE_F16(nr, nt, ...) f_tile(FMT_F16, 2, nr, nt, __VA_ARGS__)
 #define TILE_BF16(nr, nt, ...) f_tile(FMT_BF16, 2, nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(f32, TILE_F32, 2, 4)
-DEFINE_DRIVER(f16, TILE_F16, 2, 4)
-DEFINE_DRIVER(bf16, TILE_BF16, 2, 4)
+DEFINE_DRIVER(f32, TILE_F32, 2, 4, 4)
+DEFINE_DRIVER(f16, TILE_F16, 2, 4, 4)
+DEFINE_DRIVER(bf16, TILE_BF16, 2, 4, 4)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
@@ -384,6 +487,6 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k) 
                                    float *restrict y, int64_t ys) {                                        \
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
-FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4)
-FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
+FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q4_1) FALLBACK(q5_0) FALLBACK(q5_1) FALLBACK(q8_0) FALLBACK(mxfp4)
+FALLBACK(q2_k) FALLBACK(q3_k) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
 #endif
