@@ -40,19 +40,49 @@ static const strata_dequant_kernels *find_kernels(int type) {
 
 /* ---- CPU detection: the only process-wide state, computed once. ---- */
 
-static int cpu_avx2 = -1;
+static int cpu_avx2 = -1, cpu_avx512 = -1;
+
+#if defined(__x86_64__) || defined(__i386__)
+static void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(subleaf));
+}
+
+/* XCR0: which register state the OS saves and restores (only valid when CPUID.1:ECX.OSXSAVE). */
+static unsigned xcr0_low(void) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return lo;
+}
+#endif
 
 static int detect_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
     /* F16C and OS-enabled YMM state: CPUID.1:ECX bit 29 (F16C), bit 27 (OSXSAVE), XCR0 bits 1-2. */
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-    if (!(c & (1u << 29)) || !(c & (1u << 27))) return 0;
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 6u) == 6u;
+    unsigned r[4];
+    cpuid(1, 0, r);
+    if (!(r[2] & (1u << 29)) || !(r[2] & (1u << 27))) return 0;
+    return (xcr0_low() & 6u) == 6u;
+#else
+    return 0;
+#endif
+}
+
+/* Read CPUID directly rather than trust __builtin_cpu_supports: GCC 12 does not check that the
+ * OS saves ZMM state before reporting AVX-512 features. */
+static int detect_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!strata_cpu_has_avx2()) return 0;       /* the AVX-512 family falls back to AVX2 kernels */
+    unsigned r[4];
+    cpuid(0, 0, r);
+    if (r[0] < 7) return 0;
+    cpuid(7, 0, r);
+    const unsigned ebx_need = 1u << 16 | 1u << 30 | 1u << 31;    /* AVX512F, AVX512BW, AVX512VL */
+    if ((r[1] & ebx_need) != ebx_need || !(r[2] & (1u << 11))) return 0;   /* ECX 11: AVX512_VNNI */
+    /* XCR0 bits 1-2 (SSE, AVX) and 5-7 (opmask, upper halves of ZMM0-15, ZMM16-31). OSXSAVE was
+     * checked by detect_avx2. */
+    return (xcr0_low() & 0xe6u) == 0xe6u;
 #else
     return 0;
 #endif
@@ -63,16 +93,28 @@ int strata_cpu_has_avx2(void) {
     return cpu_avx2;
 }
 
+int strata_cpu_has_avx512(void) {
+    if (cpu_avx512 < 0) cpu_avx512 = detect_avx512();
+    return cpu_avx512;
+}
+
+/* A flag variable is on when set to a non-empty value other than "0". */
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] && strcmp(v, "0") != 0;
+}
+
 int strata_impl_default(void) {
-    const char *force = getenv("STRATA_FORCE_SCALAR");
-    if (force && force[0] && strcmp(force, "0") != 0) return STRATA_IMPL_SCALAR;
+    if (env_flag("STRATA_FORCE_SCALAR")) return STRATA_IMPL_SCALAR;
+    if (!env_flag("STRATA_FORCE_AVX2") && strata_cpu_has_avx512()) return STRATA_IMPL_AVX512;
     return strata_cpu_has_avx2() ? STRATA_IMPL_AVX2 : STRATA_IMPL_SCALAR;
 }
 
 int strata_resolve_impl(int impl, int *resolved) {
     if (impl == STRATA_IMPL_AUTO) impl = strata_impl_default();
     if (impl == STRATA_IMPL_AVX2 && !strata_cpu_has_avx2()) return STRATA_E_IMPL;
-    if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2) return STRATA_E_ARG;
+    if (impl == STRATA_IMPL_AVX512 && !strata_cpu_has_avx512()) return STRATA_E_IMPL;
+    if (impl != STRATA_IMPL_SCALAR && impl != STRATA_IMPL_AVX2 && impl != STRATA_IMPL_AVX512) return STRATA_E_ARG;
     *resolved = impl;
     return STRATA_OK;
 }
@@ -80,7 +122,7 @@ int strata_resolve_impl(int impl, int *resolved) {
 int strata_dequant_has_kernel(int ggml_type, int impl) {
     const strata_dequant_kernels *k = find_kernels(ggml_type);
     if (!k) return 0;
-    return impl == STRATA_IMPL_AVX2 ? k->avx2 != NULL : 1;
+    return impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512 ? k->avx2 != NULL : 1;
 }
 
 int strata_dequant_block_size(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
@@ -140,7 +182,7 @@ int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
 
     int64_t out_elem_bytes;
     strata_convert_fn convert;
-    int avx2 = impl == STRATA_IMPL_AVX2;
+    const int avx2 = impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512;  /* no AVX-512 kernels here */
     switch (out) {
     case STRATA_OUT_F32: out_elem_bytes = 4; convert = NULL; break;
     case STRATA_OUT_F16: out_elem_bytes = 2; convert = avx2 ? strata_convert_f16_avx2 : strata_convert_f16_ref; break;
@@ -171,7 +213,7 @@ int strata_convert_f32(const float *src, void *dst, int64_t n, int out, int impl
     if (!src || !dst) return STRATA_E_ARG;
     int st = strata_resolve_impl(impl, &impl);
     if (st) return st;
-    int avx2 = impl == STRATA_IMPL_AVX2;
+    const int avx2 = impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512;  /* no AVX-512 kernels here */
     switch (out) {
     case STRATA_OUT_F16: (avx2 ? strata_convert_f16_avx2 : strata_convert_f16_ref)(src, dst, n); return STRATA_OK;
     case STRATA_OUT_BF16: (avx2 ? strata_convert_bf16_avx2 : strata_convert_bf16_ref)(src, dst, n); return STRATA_OK;

@@ -11,10 +11,8 @@
 
 #include <stdint.h>
 
-/* Column of the kernel tables: scalar, AVX2, AVX-512. STRATA_IMPL_AVX512 (= 3) is added to strata.h
- * with the AVX-512 kernels; until then impl 3 is refused by strata_resolve_impl. */
+/* Column of the kernel tables: scalar, AVX2, AVX-512. */
 enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
-#define QDOT_IMPL_AVX512 3
 
 typedef struct {
     int type, act;
@@ -23,25 +21,25 @@ typedef struct {
 
 static const qdot_row TILES[] = {
     {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}},
-    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, NULL}},
-    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, NULL}},
-    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, NULL}},
+    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}},
+    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, strata_qdot_bf16_avx512}},
+    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, strata_qdot_q4_0_avx512}},
     {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}},
     {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
     {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
-    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, NULL}},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, NULL}},
+    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
     {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
     {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, NULL}},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, NULL}},
-    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, NULL}},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}},
+    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */
 static const strata_qact_fn QACT[2][N_COLS] = {
-    [STRATA_ACT_Q8] = {strata_qact_q8_ref, strata_qact_q8_avx2, NULL},
-    [STRATA_ACT_Q8K] = {strata_qact_q8k_ref, strata_qact_q8k_avx2, NULL},
+    [STRATA_ACT_Q8] = {strata_qact_q8_ref, strata_qact_q8_avx2, strata_qact_q8_avx512},
+    [STRATA_ACT_Q8K] = {strata_qact_q8k_ref, strata_qact_q8k_avx2, strata_qact_q8k_avx512},
 };
 
 /* The first non-NULL entry from column `col` down to the scalar one. */
@@ -55,7 +53,7 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     int col;
     if (impl == STRATA_IMPL_SCALAR) col = COL_REF;
     else if (impl == STRATA_IMPL_AVX2) col = COL_AVX2;
-    else if (impl == QDOT_IMPL_AVX512) col = COL_AVX512;
+    else if (impl == STRATA_IMPL_AVX512) col = COL_AVX512;
     else return STRATA_E_ARG;
     if (!out) return STRATA_E_ARG;
     const strata_format_info *f = strata_format_find(weight_type);
@@ -74,7 +72,7 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
 
 int strata_qdot_has_kernel(int ggml_type, int impl) {
     const int col = impl == STRATA_IMPL_SCALAR ? COL_REF : impl == STRATA_IMPL_AVX2 ? COL_AVX2
-                  : impl == QDOT_IMPL_AVX512 ? COL_AVX512 : -1;
+                  : impl == STRATA_IMPL_AVX512 ? COL_AVX512 : -1;
     for (size_t i = 0; col >= 0 && i < sizeof(TILES) / sizeof(TILES[0]); i++)
         if (TILES[i].type == ggml_type) return TILES[i].tile[col] != NULL;
     return 0;

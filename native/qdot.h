@@ -62,7 +62,7 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out);
 /* Bytes of one activation row of k values in format `act`. */
 int64_t strata_qact_row_bytes(int act, int64_t k);
 
-/* ---- Kernels (qdot_ref.c, qdot_avx2.c; qdot_avx512.c adds its own) and shared pieces ---- */
+/* ---- Kernels (qdot_ref.c, qdot_avx2.c, qdot_avx512.c) and shared pieces ---- */
 
 /* MXFP4: E2M1 code -> twice its value (an integer), and the E8M0 scale halved, 2^(e - 128)
  * (float32 subnormals for e < 2), as in dequant_ref.c. */
@@ -75,6 +75,8 @@ void strata_qact_q8_ref(const float *restrict x, void *restrict a, int64_t k);
 void strata_qact_q8k_ref(const float *restrict x, void *restrict a, int64_t k);
 void strata_qact_q8_avx2(const float *restrict x, void *restrict a, int64_t k);
 void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k);
+void strata_qact_q8_avx512(const float *restrict x, void *restrict a, int64_t k);
+void strata_qact_q8k_avx512(const float *restrict x, void *restrict a, int64_t k);
 
 #define STRATA_DECLARE_QTILE(name, family)                                                                 \
     void strata_qdot_##name##_##family(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes,            \
@@ -110,5 +112,14 @@ STRATA_DECLARE_QTILE(q3_k, avx2)
 STRATA_DECLARE_QTILE(q4_k, avx2)
 STRATA_DECLARE_QTILE(q5_k, avx2)
 STRATA_DECLARE_QTILE(q6_k, avx2)
+
+STRATA_DECLARE_QTILE(f16, avx512)
+STRATA_DECLARE_QTILE(bf16, avx512)
+STRATA_DECLARE_QTILE(q4_0, avx512)
+STRATA_DECLARE_QTILE(q8_0, avx512)
+STRATA_DECLARE_QTILE(mxfp4, avx512)
+STRATA_DECLARE_QTILE(q4_k, avx512)
+STRATA_DECLARE_QTILE(q5_k, avx512)
+STRATA_DECLARE_QTILE(q6_k, avx512)
 
 #endif

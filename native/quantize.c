@@ -354,7 +354,9 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
         return STRATA_E_ARG;
     const int st = strata_resolve_impl(impl, &impl);
     if (st) return st;
-    const strata_quant_fn fn = impl == STRATA_IMPL_AVX2 && q->avx2 ? q->avx2 : q->ref;
+    /* No AVX-512 searches: that family runs the AVX2 ones. */
+    const int avx2 = impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512;
+    const strata_quant_fn fn = avx2 && q->avx2 ? q->avx2 : q->ref;
     if (row_len % f->block_elems) return STRATA_E_BLOCK;
 
     /* Overflow-safe: every product is checked against a buffer size before it is formed. */

@@ -29,21 +29,29 @@ enum strata_out {
     STRATA_OUT_BF16 = 2
 };
 
-/* Which kernel family to run. AUTO picks AVX2 when the CPU has AVX2+FMA+F16C and the
- * environment variable STRATA_FORCE_SCALAR is not set to a non-empty value other than "0". */
+/* Which kernel family to run. AUTO picks the widest family the CPU runs: AVX512, else AVX2, else
+ * SCALAR. The environment variable STRATA_FORCE_SCALAR, set to a non-empty value other than "0",
+ * makes AUTO pick SCALAR; STRATA_FORCE_AVX2 (same rule) makes it stop at AVX2. Dequantization and
+ * quantization have no AVX-512 kernels: asked for AVX512, they run their AVX2 kernels. */
 enum strata_impl {
     STRATA_IMPL_AUTO = 0,
     STRATA_IMPL_SCALAR = 1,
-    STRATA_IMPL_AVX2 = 2
+    STRATA_IMPL_AVX2 = 2,
+    STRATA_IMPL_AVX512 = 3
 };
 
 /* 1 when this CPU can run the AVX2 kernels (AVX2, FMA and F16C, with OS support for YMM state). */
 int strata_cpu_has_avx2(void);
 
-/* The implementation AUTO resolves to in this process (STRATA_IMPL_SCALAR or STRATA_IMPL_AVX2). */
+/* 1 when this CPU can run the AVX-512 kernels: the AVX2 set plus AVX-512 F, BW, VL and VNNI, with
+ * OS support for the opmask and ZMM state. */
+int strata_cpu_has_avx512(void);
+
+/* The implementation AUTO resolves to in this process (STRATA_IMPL_SCALAR, _AVX2 or _AVX512). */
 int strata_impl_default(void);
 
-/* 1 when `impl` has an AVX2 kernel for `ggml_type` (formats without one fall back to scalar). */
+/* 1 when `impl` has a vector kernel for `ggml_type` (formats without one fall back to scalar);
+ * AVX512 answers as AVX2, whose dequantization kernels it runs. */
 int strata_dequant_has_kernel(int ggml_type, int impl);
 
 /* Elements and bytes of one block of `ggml_type`; STRATA_E_TYPE if not supported. */
@@ -93,8 +101,9 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
  * tests and measurements; the engine uses the pooled strata_matmul.
  */
 
-/* 1 when family `impl` (SCALAR, AVX2) has its own tile kernel for `ggml_type`; formats without one
- * run the next family down (AVX2 -> scalar). 0 for a format the kernels do not read. */
+/* 1 when family `impl` (SCALAR, AVX2, AVX512) has its own tile kernel for `ggml_type`; formats
+ * without one run the next family down (AVX512 -> AVX2 -> scalar). 0 for a format the kernels do
+ * not read. */
 int strata_qdot_has_kernel(int ggml_type, int impl);
 
 /* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */

@@ -12,12 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_force_scalar_env_selects_scalar_path():
     code = "from strata import native; print(native.default_impl())"
     env = dict(os.environ, STRATA_FORCE_SCALAR="1")
+    env.pop("STRATA_FORCE_AVX2", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "scalar"
     env["STRATA_FORCE_SCALAR"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     from strata import native
-    assert out.stdout.strip() == ("avx2" if native.cpu_has_avx2() else "scalar")
+    widest = "avx512" if native.cpu_has_avx512() else "avx2" if native.cpu_has_avx2() else "scalar"
+    assert out.stdout.strip() == widest
 
 
 def test_avx2_request_on_unsupported_cpu_is_refused_or_runs():

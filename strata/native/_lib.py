@@ -22,7 +22,9 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
         f"(needs a C compiler) [{exc}]"
     ) from exc
 
-IMPLS = {"auto": lib.STRATA_IMPL_AUTO, "scalar": lib.STRATA_IMPL_SCALAR, "avx2": lib.STRATA_IMPL_AVX2}
+IMPLS = {"auto": lib.STRATA_IMPL_AUTO, "scalar": lib.STRATA_IMPL_SCALAR, "avx2": lib.STRATA_IMPL_AVX2,
+         "avx512": lib.STRATA_IMPL_AVX512}
+_IMPL_NAMES = {code: name for name, code in IMPLS.items()}
 
 
 def status_reason(status: int) -> str:
@@ -37,7 +39,7 @@ def check(status: int, what: str, error: type[NativeError] = NativeError) -> Non
 
 
 def impl_code(impl: str) -> int:
-    """The STRATA_IMPL_* code of 'auto', 'scalar' or 'avx2'."""
+    """The STRATA_IMPL_* code of 'auto', 'scalar', 'avx2' or 'avx512'."""
     try:
         return IMPLS[impl]
     except KeyError:
@@ -49,9 +51,15 @@ def cpu_has_avx2() -> bool:
     return bool(lib.strata_cpu_has_avx2())
 
 
+def cpu_has_avx512() -> bool:
+    """True when this CPU runs the AVX-512 kernels (AVX-512 F, BW, VL, VNNI on top of the AVX2 set)."""
+    return bool(lib.strata_cpu_has_avx512())
+
+
 def default_impl() -> str:
-    """What 'auto' resolves to here: 'avx2', or 'scalar' (no AVX2, or STRATA_FORCE_SCALAR set)."""
-    return "avx2" if lib.strata_impl_default() == lib.STRATA_IMPL_AVX2 else "scalar"
+    """What 'auto' resolves to here: 'avx512', 'avx2' or 'scalar', the widest the CPU runs unless
+    STRATA_FORCE_SCALAR (scalar) or STRATA_FORCE_AVX2 (at most avx2) is set."""
+    return _IMPL_NAMES[lib.strata_impl_default()]
 
 
 def default_threads() -> int:
@@ -121,5 +129,5 @@ def f32_view(src: Any) -> tuple[Any, int, tuple[int, ...]]:
     return ffi.cast("const float *", ffi.from_buffer(src)), src.nbytes, src.shape
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "default_impl", "default_threads", "dst_view",
-           "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason"]
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "default_impl", "default_threads",
+           "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason"]

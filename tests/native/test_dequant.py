@@ -23,8 +23,11 @@ from strata.quant import DEQUANT_TYPES, GGMLType, block_size
 T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
 
+# "avx512" has no dequantization kernels of its own: it runs the AVX2 ones, and must match too.
 IMPLS = ["scalar", pytest.param("avx2", marks=pytest.mark.skipif(
-    not native.cpu_has_avx2(), reason="CPU has no AVX2/FMA/F16C"))]
+    not native.cpu_has_avx2(), reason="CPU has no AVX2/FMA/F16C")),
+    pytest.param("avx512", marks=pytest.mark.skipif(
+        not native.cpu_has_avx512(), reason="CPU has no AVX-512 F/BW/VL/VNNI"))]
 
 # float16 scale values: zero, -0, max finite (65504), smallest and largest subnormal, smallest
 # normal, +-1, inf, quiet/signalling/negative NaNs with payloads.
@@ -295,7 +298,7 @@ def test_convert_rejects_mismatched_sizes():
 # ---- Implementation choice ----
 
 def default_impl_in_subprocess(force: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "STRATA_FORCE_SCALAR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_FORCE_SCALAR", "STRATA_FORCE_AVX2")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if force is not None:
         env["STRATA_FORCE_SCALAR"] = force
@@ -305,7 +308,7 @@ def default_impl_in_subprocess(force: str | None) -> str:
 
 
 def test_force_scalar_env_var():
-    expected = "avx2" if native.cpu_has_avx2() else "scalar"
+    expected = "avx512" if native.cpu_has_avx512() else "avx2" if native.cpu_has_avx2() else "scalar"
     assert default_impl_in_subprocess("1") == "scalar"
     assert default_impl_in_subprocess("0") == expected
     assert default_impl_in_subprocess(None) == expected
