@@ -24,8 +24,8 @@ the CPU is used at all only when the sum of what it saves exceeds `cpu_sync_s`.
 Overlapped (`overlap=True`): the CPU computes its share while the copy engine copies the rest
 and the GPU works on the hits (`device_busy_s`, the device side's time regardless); the layer
 ends at the makespan max(cpu total, max(device_busy_s, copy total)). This is scheduling on two
-unrelated machines (NP-hard in general), so the split is the greedy of its LP relaxation, the
-same shape as llama.cpp's `--moe-cache-cpu-share`: order the experts by cpu cost / copy cost
+unrelated machines (NP-hard in general), so the split (the CPU share issue 9 cites llama.cpp's
+`--moe-cache-cpu-share` for) is the greedy of its LP relaxation: order the experts by cpu cost / copy cost
 (most CPU-friendly first), try every prefix of that order as the CPU's share, keep the prefix of
 least makespan (ties: the shorter prefix, so fewer CPU experts), then offer the CPU each later
 expert in turn, kept if it shortens the makespan (the prefix stops at the first expert too big
@@ -33,8 +33,9 @@ for what is left; smaller ones after it may still fit). Along the order the CPU'
 grows and the copies' only shrink, so the prefix makespan falls then rises; the whole is O(n)
 after the sort. The prefix is the rounding of the split's LP relaxation (one fractional expert),
 so it is within one expert's cost of the optimum; on random layers of up to 8 misses the result
-is the optimum in ~88% of them and 0.8% above it on average (tests/memory/test_hybrid.py). The empty prefix (copy everything) is a candidate, so the plan is never slower
-than copying everything, and the CPU's share never takes longer than that either.
+is the optimum in ~88% of them and 0.8% above it on average (tests/memory/test_hybrid.py). The
+empty prefix (copy everything) is a candidate, so the plan is never slower than copying
+everything, and the CPU's share never takes longer than that either.
 
 Unknown costs decide nothing: an expert whose format has no measured CPU rate, any expert when the
 copy rate is unknown (0 or absent), and every expert not in the host tier (it must come from the

@@ -144,7 +144,8 @@ def _random_layer(rng, n):
 
 
 def _random_rates(rng):
-    return HybridRates(cpu_token_bytes_per_s={"Q4_K": float(rng.uniform(5e9, 5e10)), "Q4_0": float(rng.uniform(5e9, 5e10))},
+    cpu = {"Q4_K": float(rng.uniform(5e9, 5e10)), "Q4_0": float(rng.uniform(5e9, 5e10))}
+    return HybridRates(cpu_token_bytes_per_s=cpu,
                        cpu_overhead_s=float(rng.uniform(0, 2e-5)), cpu_sync_s=float(rng.uniform(0, 2e-4)),
                        copy_bytes_per_s=float(rng.uniform(2e9, 2.5e10)), copy_latency_s=float(rng.uniform(0, 2e-5)))
 
