@@ -14,7 +14,9 @@ child process with the same thread count, measure
            next token the argmax; Strata: greedy `generate`), `reps` times;
 after one untimed warm-up of each. Prints tok/s as mean +- standard deviation (min-max) and the
 ratios Strata / llama.cpp of the means. The children run one after the other, not interleaved,
-so load from other processes can favour either: compare only figures from one run.
+so load from other processes can favour either: compare only figures from one run, and run on a
+quiet machine: llama.cpp's OpenMP threads spin while they wait, so on oversubscribed cores its
+figures collapse (medium decoded at 2 tok/s, not 64-83, with a load average of 7 on 2 cores).
 
 Out of RAM (figure 2): a cold copy of the file (`dd iflag=direct oflag=direct`, so no page of it
 is cached) decoded by Strata inside a v1 memory cgroup `ratio` times smaller than the file
@@ -23,6 +25,10 @@ The O_DIRECT sequential read rate of that copy is measured before and after the 
 is the reference). Reports decode tok/s after `warmup` tokens, expert bytes read from disk per
 token (`Model.memory_stats()`), the disk-bound rate = read rate / bytes per token, Strata's share
 of it, and the per-token split of every timer the stats report (wait_s, dequant_s, ...).
+--strata-args is passed to `strata.load` last (it may override device, threads, n_ctx, the
+budgets). --small: the tiny and tiny-mixtral shapes in RAM, 8 tokens x 2; out of RAM the "small"
+shape (0.24 GB) under a cgroup floored at 1 GiB (Python alone needs more than 0.24 / 2.6 GB)
+with 128M/48M budgets, so the tiers still read experts from the disk though the file would fit.
 Not a test: it asserts nothing. Default runs take a few minutes on 2 cores (file writing
 included the first time).
 """
@@ -144,8 +150,8 @@ def child_strata(a: argparse.Namespace) -> dict:
     import strata
 
     t0 = time.perf_counter()
-    model = strata.load(a.file, device="cpu", threads=a.threads, n_ctx=a.n_ctx, max_batch=1,
-                        **json.loads(a.strata_args))
+    kwargs = {"device": "cpu", "threads": a.threads, "n_ctx": a.n_ctx, "max_batch": 1, **json.loads(a.strata_args)}
+    model = strata.load(a.file, **kwargs)
     load_s = time.perf_counter() - t0
     prompt = prompt_ids(a.prompt)
 
