@@ -227,7 +227,7 @@ def out_of_ram(a: argparse.Namespace) -> dict:
     size = src.stat().st_size
     limit = max(int(size / a.ratio), a.min_limit_mib << 20)
     args = json.loads(a.strata_args)
-    for key, share in (("device_mem", 0.30), ("host_mem", 0.15)):  # budgets inside the limit
+    for key, share in (("device_mem", 0.35), ("host_mem", 0.15)):  # budgets inside the limit
         args.setdefault(key, a.small_budgets[key] if a.small else int(share * size / a.ratio))
     a.strata_args = json.dumps(args)
     cold = a.workdir / f"cold-{os.getpid()}-{src.name}"

@@ -153,7 +153,7 @@ def plan_misses(misses: Sequence[ExpertMiss], rates: HybridRates, *, overlap: bo
     copy_all = sum(c or 0.0 for c in copy_cost.values())
     candidates = sorted(cpu_cost, key=lambda e: (cpu_cost[e] / max(copy_cost[e], 1e-12), e))
     if overlap:
-        chosen = _best_prefix(candidates, cpu_cost, copy_cost, copy_all, rates.cpu_sync_s, device_busy_s)
+        chosen = _overlapped_split(candidates, cpu_cost, copy_cost, copy_all, rates.cpu_sync_s, device_busy_s)
     else:
         saving = {e: copy_cost[e] - cpu_cost[e] for e in candidates}
         chosen = [e for e in candidates if saving[e] > 0]
@@ -166,24 +166,27 @@ def plan_misses(misses: Sequence[ExpertMiss], rates: HybridRates, *, overlap: bo
     return HybridPlan({e: CPU if e in chosen_set else COPY for e in ids}, cpu_s, copy_s, total)
 
 
-def _best_prefix(order: list[int], cpu_cost: dict[int, float], copy_cost: dict[int, float | None],
-                 copy_all: float, sync_s: float, device_busy_s: float) -> list[int]:
-    """The prefix of `order` (the CPU's share) of least makespan; the shortest among equals."""
-    best_k, best = 0, max(device_busy_s, copy_all)
+def _overlapped_split(order: list[int], cpu_cost: dict[int, float], copy_cost: dict[int, float | None],
+                      copy_all: float, sync_s: float, device_busy_s: float) -> list[int]:
+    """The CPU's share: the prefix of `order` of least makespan (the shortest among equals), then
+    each later expert that still shortens the makespan."""
+    def makespan(cpu_s: float, copy_s: float) -> float:
+        return max(cpu_s, device_busy_s, copy_s)
+
+    best_k, best = 0, makespan(0.0, copy_all)
     cpu_s, copy_s = sync_s, copy_all
     for k, e in enumerate(order, start=1):
-        cpu_s += cpu_cost[e]
-        copy_s -= copy_cost[e]
-        makespan = max(cpu_s, device_busy_s, copy_s)
-        if makespan < best * (1 - 1e-12):
-            best_k, best = k, makespan
-    chosen, cpu_s, copy_s = order[:best_k], sync_s + sum(cpu_cost[e] for e in order[:best_k]), copy_all
-    copy_s -= sum(copy_cost[e] for e in chosen)
+        cpu_s, copy_s = cpu_s + cpu_cost[e], copy_s - copy_cost[e]
+        if makespan(cpu_s, copy_s) < best * (1 - 1e-12):
+            best_k, best = k, makespan(cpu_s, copy_s)
+    chosen = order[:best_k]
+    cpu_s = sync_s + sum(cpu_cost[e] for e in chosen)
+    copy_s = copy_all - sum(copy_cost[e] for e in chosen)
     for e in order[best_k + 1:]:  # the prefix stopped at an expert too big for the CPU: smaller ones may fit
-        makespan = max(cpu_s + cpu_cost[e], device_busy_s, copy_s - copy_cost[e])
-        if makespan < best * (1 - 1e-12):
+        if makespan(cpu_s + cpu_cost[e], copy_s - copy_cost[e]) < best * (1 - 1e-12):
+            cpu_s, copy_s = cpu_s + cpu_cost[e], copy_s - copy_cost[e]
+            best = makespan(cpu_s, copy_s)
             chosen.append(e)
-            cpu_s, copy_s, best = cpu_s + cpu_cost[e], copy_s - copy_cost[e], makespan
     return chosen
 
 
