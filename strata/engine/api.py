@@ -282,6 +282,8 @@ class Model:
     def close(self) -> None:
         if self.memory is not None:
             self.memory.close()
+        if self.transformer.compute is not None:
+            self.transformer.compute.close()
         self.model_file.close()
 
     def __enter__(self) -> Model:
@@ -291,8 +293,10 @@ class Model:
         self.close()
 
 
-def _direct_memory(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
-    return DirectExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads)
+def _direct_memory(packed: bool) -> MemoryFactory:
+    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
+        return DirectExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, packed=packed)
+    return build
 
 
 def _tiered_memory(config: TieredConfig, reserved: int) -> MemoryFactory:
@@ -303,7 +307,7 @@ def _tiered_memory(config: TieredConfig, reserved: int) -> MemoryFactory:
 
 
 def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: torch.dtype, kv_bytes: int,
-                    tiered: dict[str, Any]) -> MemoryFactory:
+                    tiered: dict[str, Any], compute: str) -> MemoryFactory:
     """The factory `memory` names: "tiered" (the default), "direct", or a callable."""
     given = {k: v for k, v in tiered.items() if v is not None}
     if callable(memory):
@@ -312,17 +316,33 @@ def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: to
         if given:
             raise StrataError(f"{', '.join(sorted(given))}: options of the tiered expert memory, not of "
                               f"memory='direct'")
-        return _direct_memory
+        return _direct_memory(compute == "packed")
     if memory not in (None, "tiered"):
         raise StrataError(f"unknown expert memory {memory!r}: expected 'tiered', 'direct' or a factory")
-    return _tiered_memory(TieredConfig(**given), resident_bytes(mf, dtype) + kv_bytes)
+    return _tiered_memory(TieredConfig(**given, compute=compute), resident_bytes(mf, dtype, compute) + kv_bytes)
+
+
+def resolve_compute(compute: str | None, device: torch.device, dtype: str | torch.dtype | None) -> str:
+    """'packed' or 'float'. Default: packed on the CPU (the native kernels compute from the file's
+    blocks) unless a dtype other than float32 is asked for; float on CUDA."""
+    if compute in (None, "auto"):
+        wants_float32 = dtype is None or resolve_dtype(dtype, device) == torch.float32
+        return "packed" if device.type == "cpu" and wants_float32 else "float"
+    if compute not in ("packed", "float"):
+        raise StrataError(f"unknown compute {compute!r}: expected 'auto', 'packed' or 'float'")
+    if compute == "packed" and device.type != "cpu":
+        raise StrataError(f"compute 'packed' runs on the CPU; on {device} use 'float'")
+    if compute == "packed" and dtype is not None and resolve_dtype(dtype, device) != torch.float32:
+        raise StrataError(f"compute 'packed' computes in float32 (activations rounded to 8-bit blocks); "
+                          f"dtype {dtype} needs compute 'float'")
+    return compute
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
          memory: MemoryFactory | str | None = None, device_mem: int | str | None = None,
          host_mem: int | str | None = None, prefetch_depth: int | None = None,
-         slot_form: str | None = None) -> Model:
+         slot_form: str | None = None, compute: str | None = None) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
@@ -335,8 +355,12 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     device_mem, host_mem: budgets of the tiered memory in bytes or as '512M', '8G' (device_mem
     covers resident weights and KV cache too); prefetch_depth: layers ahead to prefetch (0: off);
     slot_form: 'dequantized' or 'packed'. Defaults come from the machine (strata.memory.budget).
+    compute: "packed" (the CPU default: weights stay in their GGUF blocks and the native quantized
+    kernels multiply, activations rounded to 8-bit blocks as llama.cpp does), "float" (weights
+    dequantized into `dtype`, torch multiplies: the reference path, and CUDA's), or "auto".
     """
     dev = resolve_device(device)
+    mode = resolve_compute(compute, dev, dtype)
     compute = resolve_dtype(dtype, dev)
     if threads is not None and threads < 1:
         raise StrataError(f"threads must be >= 1, found {threads}")
@@ -351,10 +375,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         raise StrataError(f"n_ctx must be at least 2, found {ctx}")
     kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
     factory = _memory_factory(memory, mf, compute, kv_bytes, dict(device_mem=device_mem, host_mem=host_mem,
-                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form))
+                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form),
+                              mode)
     mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
     try:
-        transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads)
+        transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
     except BaseException:
         if mem is not None:
             mem.close()
@@ -363,4 +388,4 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
 
 
-__all__ = ["Chunk", "Completion", "Model", "Stream", "load", "resolve_device", "resolve_dtype"]
+__all__ = ["Chunk", "Completion", "Model", "Stream", "load", "resolve_compute", "resolve_device", "resolve_dtype"]

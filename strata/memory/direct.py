@@ -1,9 +1,12 @@
-"""`DirectExpertMemory`: dequantize each requested expert from the memory-mapped file, no cache.
+"""`DirectExpertMemory`: experts straight from the memory-mapped file, no cache.
 
 The simplest memory behind the `ExpertMemory` interface and the baseline tiered memory is held
-to: every `acquire` reads the experts' slabs through the file's memory map and dequantizes them
-with the native runtime into buffers allocated once at start (pinned when the device is CUDA,
-then copied to device buffers). Nothing is allocated per call.
+to. Float form: every `acquire` reads the experts' slabs through the file's memory map and
+dequantizes them with the native runtime into buffers allocated once at start (pinned when the
+device is CUDA, then copied to device buffers). Packed form (`packed=True`, the CPU's packed
+compute): `acquire_packed` hands out the file's own expert tensors, so the native MoE kernels read
+the mapped bytes in place (as llama.cpp does with a mapped file). Nothing is allocated per call.
+Must not: cache, place or prefetch (that is the tiered memory's job).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import torch
 from strata import native
 from strata.gguf import PARTS, ModelFile
 
-from .base import ExpertMemory, ExpertWeights
+from .base import ExpertMemory, ExpertWeights, PackedExperts
 
 #: Default bytes of expert buffers (per copy: host, and device when not CPU); sets `max_acquire`.
 DEFAULT_BUFFER_BYTES = 256 << 20
@@ -28,14 +31,20 @@ class DirectExpertMemory(ExpertMemory):
 
     def __init__(self, model_file: ModelFile, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, n_threads: int | None = None,
-                 max_acquire: int | None = None):
-        self.model_file = model_file
+                 max_acquire: int | None = None, packed: bool = False):
+        self.model_file, self.packed = model_file, packed
         self.device, self.dtype = torch.device(device), dtype
         self.n_threads = n_threads or native.default_threads()
         hp = model_file.hparams
         if not model_file.expert_layers:
             raise ValueError(f"{model_file.path}: the model has no routed experts")
         self.shapes = {s.part: s.shape for s in model_file.expert_slabs(model_file.expert_layers[0], 0)}
+        if packed:
+            if self.device.type != "cpu":
+                raise ValueError(f"packed experts are computed on the CPU, not on {self.device}")
+            self.max_acquire, self._held = hp.n_experts, None
+            self._parts: dict[int, native.MoeParts] = {}
+            return
         per_expert = sum(r * c for r, c in self.shapes.values()) * torch.empty((), dtype=dtype).element_size()
         default = min(hp.n_experts, max(hp.n_experts_used, DEFAULT_BUFFER_BYTES // per_expert))
         self.max_acquire = max_acquire or default
@@ -62,6 +71,19 @@ class DirectExpertMemory(ExpertMemory):
         self._held = (layer, ids)
         return out
 
+    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        if not self.packed:
+            raise NotImplementedError("this DirectExpertMemory hands out float weights (packed=False)")
+        ids = tuple(int(e) for e in expert_ids)
+        if self._held is not None:
+            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
+                               "are still held: release them first")
+        parts = self._parts.get(layer)
+        if parts is None:
+            parts = self._parts[layer] = file_parts(self.model_file, layer)
+        self._held = (layer, ids)
+        return PackedExperts(parts, list(ids))
+
     def _load(self, layer: int, expert: int, index: int) -> ExpertWeights:
         host, dev = self._host[index], self._device[index]
         for slab in self.model_file.expert_slabs(layer, expert):
@@ -85,4 +107,14 @@ class DirectExpertMemory(ExpertMemory):
         self._host, self._device, self._held = [], [], None
 
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "MIN_ELEMS_PER_THREAD", "DirectExpertMemory"]
+def file_parts(model_file: ModelFile, layer: int) -> native.MoeParts:
+    """The gate, up and down expert tensors of `layer` as the native MoE kernels' regions."""
+    parts = []
+    for part in PARTS:
+        slab = model_file.expert(layer, 0, part)
+        data, stride = model_file.expert_region(layer, part)
+        parts.append(native.MoePart(data, slab.ggml_type, *slab.shape, stride=stride))
+    return native.MoeParts(*parts)
+
+
+__all__ = ["DEFAULT_BUFFER_BYTES", "MIN_ELEMS_PER_THREAD", "DirectExpertMemory", "file_parts"]

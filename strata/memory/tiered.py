@@ -33,7 +33,7 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from .base import ExpertLayers, ExpertMemory, ExpertWeights
+from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import Plan, TieredConfig, make_plan
 from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
@@ -58,6 +58,8 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise ValueError(f"{model_file.path}: the model has no routed experts")
         self.model_file, self.config = model_file, config or TieredConfig()
         self.device, self.dtype = _indexed(torch.device(device)), dtype
+        if self.config.compute == "packed" and self.device.type != "cpu":
+            raise StrataError(f"packed expert compute runs on the CPU, not on {self.device}")
         self.n_threads = n_threads or native.default_threads()
         hp = model_file.hparams
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
@@ -65,7 +67,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         self.geometry = expert_geometry(model_file)
         self.plan: Plan = make_plan(model_file, self.geometry, self.device, dtype, device_mem=self.config.device_mem,
                                     host_mem=self.config.host_mem, slot_form=self.config.slot_form,
-                                    reserved=reserved_bytes)
+                                    reserved=reserved_bytes, compute=self.config.compute)
         self.max_acquire = self.plan.max_acquire
         self.prefetch_depth = self.config.depth_for(self.device)
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
@@ -76,7 +78,8 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                              policy_config=policy_config)
         try:
             self.slots = DeviceSlots(self.geometry, self.policy.n_slots, self.plan.form, self.device, dtype,
-                                     n_scratch=self.max_acquire, n_threads=self.n_threads)
+                                     n_scratch=0 if self.config.compute == "packed" else self.max_acquire,
+                                     n_threads=self.n_threads)
         except BaseException:
             self.host.close()
             raise
@@ -88,6 +91,8 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                                                 min_tokens=self.config.cooccurrence_min_tokens))
         self._init_loads(self.policy.n_slots, L, E)
         self._held: tuple[int, tuple[int, ...], list[int]] | None = None
+        self.packed = self.config.compute == "packed"
+        self._parts: list[native.MoeParts | None] = [None] * L  # packed slot regions per expert layer
         try:
             place_initial(self)  # before the loader thread starts: nothing else moves slots
         except BaseException:
@@ -116,6 +121,22 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
     # ---- the ExpertMemory protocol -------------------------------------------------------------
 
     def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+        li, ids, slots = self._acquire_slots(layer, expert_ids)
+        return [self._weights(layer, li, e, slot, i) for i, (e, slot) in enumerate(zip(ids, slots))]
+
+    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The experts' device slots as regions of the packed slot pool (CPU, packed form)."""
+        if not self.packed:
+            raise NotImplementedError(f"{self!r} hands out float weights (packed compute needs packed slots "
+                                      "on the CPU)")
+        li, _, slots = self._acquire_slots(layer, expert_ids)
+        parts = self._parts[li]
+        if parts is None:
+            parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
+        return PackedExperts(parts, slots)
+
+    def _acquire_slots(self, layer: int, expert_ids: Sequence[int]) -> tuple[int, tuple[int, ...], list[int]]:
+        """Pin a device slot holding each expert (loading what is missing); (li, ids, slots)."""
         ids = tuple(int(e) for e in expert_ids)
         li = self._layer(layer)
         if self._held is not None:
@@ -136,7 +157,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise
         self.stats.wait_s[li] += time.perf_counter() - t0
         self._held = (layer, ids, slots)
-        return [self._weights(layer, li, e, slot, i) for i, (e, slot) in enumerate(zip(ids, slots))]
+        return li, ids, slots
 
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
         ids = tuple(int(e) for e in expert_ids)

@@ -1,14 +1,18 @@
 """Build a `Transformer` from a GGUF model file alone: no Hugging Face config.
 
-Resident weights (embeddings, attention, norms, routers, shared experts, output head) are
-dequantized once, by the native runtime, into the compute dtype and moved to the device; routed
-experts stay in the file and are reached through the `ExpertMemory` given. Every tensor is
+Float compute: resident weights (embeddings, attention, norms, routers, shared experts, output
+head) are dequantized once, by the native runtime, into the compute dtype and moved to the
+device. Packed compute (the CPU): the weight matrices (embeddings, attention, shared experts,
+dense FFNs, output head) are copied into RAM in their file type and multiplied by the native
+quantized kernels (`PackedMatrix`); norms and routers stay float32. Routed experts stay in the
+file and are reached through the `ExpertMemory` given. Must not: read expert bytes itself. Every tensor is
 checked against the shape the hyperparameters imply before it is read. Which optional weights
 a block has (q/k norms, biases, a shared expert and its gate) comes from the architecture's
 `strata.arch` record; everything else from the file's metadata (`strata.gguf.HParams`).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from gguf.constants import MODEL_TENSOR as MT
 
@@ -18,9 +22,11 @@ from strata.arch import Arch, weight_name
 from strata.errors import StrataError, StrataFormatError
 from strata.gguf import HParams, ModelFile
 from strata.memory import ExpertMemory
+from strata.memory.direct import file_parts
 
 from .attention import Attention, AttentionWeights
-from .layers import FeedForward, RMSNorm, SharedExpert
+from .layers import FeedForward, RMSNorm, SharedExpert, Weight
+from .packed import PackedCompute, PackedMatrix
 from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
@@ -38,8 +44,22 @@ def architecture(mf: ModelFile) -> Arch:
 class WeightReader:
     """Resident tensors of one file, dequantized into `dtype` on `device`, shapes checked."""
 
-    def __init__(self, mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int):
-        self.mf, self.device, self.dtype, self.n_threads = mf, device, dtype, n_threads
+    def __init__(self, mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int,
+                 compute: PackedCompute | None = None):
+        self.mf, self.device, self.dtype, self.n_threads, self.compute = mf, device, dtype, n_threads, compute
+
+    def matrix(self, kind: MT, layer: int | None, shape: tuple[int, int]) -> Weight:
+        """A weight matrix [N, K]: packed in its file type under packed compute, else as `get`."""
+        if self.compute is None:
+            return self.get(kind, layer, shape)
+        name = weight_name(kind, layer)
+        info = self.mf.resident.get(name)
+        if info is None or info.shape != tuple(shape):
+            return self.get(kind, layer, shape)  # the same error `get` gives
+        try:
+            return PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, shape, self.compute)
+        except ValueError as e:
+            raise StrataFormatError(f"{self.mf.path}: tensor {name!r} ({info.ggml_type.name}): {e}") from e
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
         return weight_name(kind, layer, suffix) in self.mf.resident
@@ -72,8 +92,8 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
-        wq=w.get(MT.ATTN_Q, i, (H * hd, D)), wk=w.get(MT.ATTN_K, i, (Hkv * hd, D)),
-        wv=w.get(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.get(MT.ATTN_OUT, i, (D, H * hd)),
+        wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
+        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
         bq=get(MT.ATTN_Q, i, (H * hd,), "bias"), bk=get(MT.ATTN_K, i, (Hkv * hd,), "bias"),
         bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
     if arch.qk_norm:
@@ -81,6 +101,9 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.q_norm = RMSNorm(w.get(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,)), hp.norm_eps)
         weights.k_norm = RMSNorm(w.get(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,)), hp.norm_eps)
         weights.qk_norm_per_head = per_head
+    qkv = [weights.wq, weights.wk, weights.wv]
+    if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
+        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
     return Attention(weights, H, Hkv, hd, rope, i)
 
 
@@ -91,16 +114,20 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     shared = None
     if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
         Is = hp.n_ff_shexp
-        ffn = FeedForward(w.get(MT.FFN_GATE_SHEXP, i, (Is, D)), w.get(MT.FFN_UP_SHEXP, i, (Is, D)),
-                          w.get(MT.FFN_DOWN_SHEXP, i, (D, Is)))
+        ffn = FeedForward(w.matrix(MT.FFN_GATE_SHEXP, i, (Is, D)), w.matrix(MT.FFN_UP_SHEXP, i, (Is, D)),
+                          w.matrix(MT.FFN_DOWN_SHEXP, i, (D, Is)))
         gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
         shared = SharedExpert(ffn, gate)
-    return MoE(router, RoutedExperts(memory, i), shared)
+    if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
+        parts, c = file_parts(w.mf, i), w.compute
+        c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
+    return MoE(router, RoutedExperts(memory, i, w.compute), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
     D, I = hp.n_embd, hp.n_ff
-    return FeedForward(w.get(MT.FFN_GATE, i, (I, D)), w.get(MT.FFN_UP, i, (I, D)), w.get(MT.FFN_DOWN, i, (D, I)))
+    return FeedForward(w.matrix(MT.FFN_GATE, i, (I, D)), w.matrix(MT.FFN_UP, i, (I, D)),
+                       w.matrix(MT.FFN_DOWN, i, (D, I)))
 
 
 def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
@@ -128,16 +155,28 @@ def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None
 
 
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32, n_threads: int | None = None) -> Transformer:
-    """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`."""
+               dtype: torch.dtype = torch.float32, n_threads: int | None = None,
+               compute: str = "float") -> Transformer:
+    """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`.
+
+    compute: "float" (weights dequantized into `dtype`) or "packed" (the CPU only, float32
+    activations: weight matrices stay in their file type, the native kernels multiply; routed
+    experts too when `memory.packed`)."""
     arch, hp, device = architecture(mf), mf.hparams, torch.device(device)
-    w = WeightReader(mf, device, dtype, n_threads or native.default_threads())
+    n_threads = n_threads or native.default_threads()
+    if compute not in ("float", "packed"):
+        raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
+    if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
+        raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
+    packed = PackedCompute(n_threads) if compute == "packed" else None
+    w = WeightReader(mf, device, dtype, n_threads, packed)
     rope = Rope(hp, device)
     V, D = hp.vocab_size, hp.n_embd
-    embedding = w.get(MT.TOKEN_EMBD, None, (V, D))
-    output = w.get(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
+    embedding = w.matrix(MT.TOKEN_EMBD, None, (V, D))
+    output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
     blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
     model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
+    model.compute = packed  # the pool and scratch of packed compute (None: float)
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
     return model

@@ -14,15 +14,19 @@ loads overlap this layer's compute; announcements never change what is computed.
 """
 from __future__ import annotations
 
+import time
 from itertools import accumulate
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import native
 from strata.memory import ExpertMemory
 
 from .layers import SharedExpert, swiglu
+from .packed import PackedCompute
 
 
 class Router(nn.Module):
@@ -44,12 +48,25 @@ class Router(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    def __init__(self, memory: ExpertMemory, layer: int):
+    """The chosen experts of one layer, weighted and summed. With `compute` (the CPU's packed
+    path) and a memory that hands out packed experts, one native call per chunk of held experts
+    runs gate, up, SiLU, down and the weighted sum from the file's blocks; otherwise each expert
+    runs as a float GEMM over its tokens."""
+
+    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None):
         super().__init__()
         self.memory, self.layer = memory, layer
+        self.compute = compute if compute is not None and memory.packed else None
+        self.seconds = 0.0  # time in this layer's routed experts, waits for the memory included
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
+        out = self._packed(x, weights, expert_ids) if self.compute is not None else self._float(x, weights, expert_ids)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def _float(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         K = expert_ids.shape[1]
         flat = expert_ids.flatten()  # [T*K]
         order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
@@ -68,6 +85,34 @@ class RoutedExperts(nn.Module):
             finally:  # an interrupted step must not leave the experts held
                 self.memory.release(self.layer, chunk)
         return out
+
+    def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape, dtype=torch.float32)  # [T, D]
+        x = x.float().contiguous()
+        step = self.compute.max_tokens  # the scratch holds this many tokens' activations
+        for t0 in range(0, x.shape[0], step):
+            t1 = t0 + step
+            self._packed_tokens(x[t0:t1], out[t0:t1], weights[t0:t1], expert_ids[t0:t1])
+        return out.to(weights.dtype)
+
+    def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
+        ids = expert_ids.numpy()  # [T, K]
+        K = ids.shape[1]
+        order = np.argsort(ids, axis=None, kind="stable")  # [T*K] assignments grouped by expert
+        experts = ids.reshape(-1)[order]
+        used, starts = np.unique(experts, return_index=True)
+        offsets = np.append(starts, order.size).astype(np.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
+        token_ids = (order // K).astype(np.int32)  # [T*K]
+        router_w = weights.float().numpy().reshape(-1)[order]  # [T*K]
+        n = self.memory.max_acquire
+        for i in range(0, used.size, n):
+            chunk = used[i:i + n].tolist()
+            held = self.memory.acquire_packed(self.layer, chunk)
+            try:
+                native.moe_swiglu(self.compute.pool, x, out, held.parts, np.asarray(held.index, dtype=np.int32),
+                                  offsets[i:i + len(chunk) + 1], token_ids, router_w, self.compute.scratch)
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
 
 
 class Lookahead:

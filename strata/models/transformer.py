@@ -37,6 +37,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
+        self.compute = None  # PackedCompute of packed compute (its pool and scratch), set by the loader
 
     @property
     def vocab_size(self) -> int:

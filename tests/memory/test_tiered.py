@@ -25,6 +25,10 @@ from .tiered_fixture import DEVICE_SLOTS, HOST_SLOTS, N_EXPERTS, TOP_K, budgets,
 
 torch.set_num_threads(1)
 FORMS = ("dequantized", "packed")
+#: (compute, slot form): float compute over both slot forms, and the CPU's packed compute, which
+#: reads packed slots in place; each is held to the all-resident run of the same compute.
+MODES = [("float", "dequantized"), ("float", "packed"), ("packed", "packed")]
+MODE_IDS = ["dequantized", "packed", "packed-compute"]
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +37,34 @@ def path():
 
 
 @pytest.fixture(scope="module")
-def reference(path):
-    """The all-resident run (DirectExpertMemory): logits of a prompt, greedy tokens, a batch."""
-    with strata.load(path, memory="direct", threads=1, n_ctx=256) as m:
-        ids = prompt(24)
-        return {"logits": m.logits(ids), "greedy": m.generate(ids, max_tokens=32, stop_token_ids=()).token_ids,
-                "batch": [c.token_ids for c in m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)],
-                                                                max_tokens=12, stop_token_ids=())]}
+def references(path):
+    """The all-resident run (DirectExpertMemory) of each compute: logits of a prompt, greedy
+    tokens, a batch."""
+    runs = {}
+
+    def get(compute):
+        if compute not in runs:
+            with strata.load(path, memory="direct", threads=1, n_ctx=256, compute=compute) as m:
+                ids = prompt(24)
+                runs[compute] = {
+                    "logits": m.logits(ids), "greedy": m.generate(ids, max_tokens=32, stop_token_ids=()).token_ids,
+                    "batch": [c.token_ids for c in m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)],
+                                                                    max_tokens=12, stop_token_ids=())]}
+        return runs[compute]
+
+    return get
 
 
-def load(path, form, depth=1, **config):
-    return strata.load(path, threads=1, n_ctx=256, memory=tiered(path, form, depth, **config))
+def load(path, form, depth=1, compute="float", **config):
+    return strata.load(path, threads=1, n_ctx=256, compute=compute,
+                       memory=tiered(path, form, depth, compute=compute, **config))
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2], ids=lambda d: f"prefetch{d}")
-@pytest.mark.parametrize("form", FORMS)
-def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, reference, form, depth):
-    with load(path, form, depth) as m:
+@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
+def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, compute, form, depth):
+    reference = references(compute)
+    with load(path, form, depth, compute) as m:
         mem = m.memory
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert N_EXPERTS == 4 * DEVICE_SLOTS == 2 * HOST_SLOTS
@@ -62,18 +77,19 @@ def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, reference, fo
         assert (t["prefetch_issued"] > 0) == (depth > 0)
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_batched_decoding_equals_the_all_resident_run(path, reference, form):
+@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
+def test_batched_decoding_equals_the_all_resident_run(path, references, compute, form):
     # three sequences route to up to 6 experts per layer: acquired in chunks of max_acquire
-    with load(path, form) as m:
+    reference = references(compute)
+    with load(path, form, compute=compute) as m:
         assert m.memory.max_acquire == TOP_K
         got = m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)], max_tokens=12, stop_token_ids=())
         assert [c.token_ids for c in got] == reference["batch"]
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_decoding_allocates_nothing_after_start_up(path, form):
-    with load(path, form, depth=2) as m:
+@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
+def test_decoding_allocates_nothing_after_start_up(path, compute, form):
+    with load(path, form, depth=2, compute=compute) as m:
         m.generate(prompt(8), max_tokens=4, stop_token_ids=())  # warm-up: torch's and numpy's first calls
         before = ALLOCATIONS.snapshot()
         gc.collect()
@@ -138,7 +154,8 @@ def test_slots_hold_the_files_experts_and_the_page_table_mirrors_the_policy(path
                     assert np.array_equal(tensor.numpy(), want), (layer, int(e), slab.part)
 
 
-def test_prefetch_only_moves_bytes_a_wrong_prediction_costs_no_result(path, reference):
+def test_prefetch_only_moves_bytes_a_wrong_prediction_costs_no_result(path, references):
+    reference = references("float")
     with load(path, "dequantized", depth=1) as m:
         mem = m.memory
         for layer in mem.layers:  # announce every other expert of every layer: most of it is wrong
@@ -147,10 +164,13 @@ def test_prefetch_only_moves_bytes_a_wrong_prediction_costs_no_result(path, refe
         assert m.memory_stats().total("prefetch_issued") > 0
 
 
-def test_default_budgets_hold_a_small_model_whole(path, reference):
-    with strata.load(path, threads=1, n_ctx=256) as m:
+def test_default_budgets_hold_a_small_model_whole(path, references):
+    with strata.load(path, threads=1, n_ctx=256, compute="float") as m:
         assert m.memory.plan.form == "dequantized" and m.memory.plan.slots_per_layer == N_EXPERTS
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == reference["greedy"]
+        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("float")["greedy"]
+    with strata.load(path, threads=1, n_ctx=256) as m:  # the CPU's default: packed compute, packed slots
+        assert m.memory.packed and m.memory.plan.form == "packed" and m.memory.plan.slots_per_layer == N_EXPERTS
+        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
 
 
 # ---- budgets ----------------------------------------------------------------------------------
