@@ -14,6 +14,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                                                  "(default float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: min(model's, 4096))")
+    p.add_argument("--compute", choices=("auto", "packed", "float"), default=None,
+                   help="packed: weights stay in their GGUF blocks, native quantized kernels multiply (the CPU "
+                        "default); float: weights dequantized into --dtype, torch multiplies (the reference, and "
+                        "CUDA's)")
     add_memory_args(p)
 
 
@@ -96,7 +100,7 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
             raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
         tiered = {}
     return strata.load(args.model, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
-                       max_batch=max_batch, memory=args.memory, **tiered)
+                       max_batch=max_batch, memory=args.memory, compute=getattr(args, "compute", None), **tiered)
 
 
 def print_stats(args: argparse.Namespace, model) -> None:
@@ -105,3 +109,11 @@ def print_stats(args: argparse.Namespace, model) -> None:
         stats = model.memory_stats()
         print(stats.format() if stats is not None else "expert memory: no statistics (--memory direct)",
               file=sys.stderr)
+        print(format_time_split(model.time_split()), file=sys.stderr)
+
+
+def format_time_split(split: dict[str, float]) -> str:
+    """One line: milliseconds per processed token in each part of the forward pass."""
+    parts = ("attention", "expert_compute", "expert_wait", "dequantization", "other")
+    per = ", ".join(f"{p.replace('_', ' ')} {1e3 * split[p]:.2f}" for p in parts)
+    return f"time per token (ms, {split['tokens']} tokens, {split['total_s']:.2f} s in forward passes): {per}"

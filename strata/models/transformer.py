@@ -5,6 +5,9 @@ H / Hkv query / key-value heads, hd head dim, E experts, K experts per token, V 
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,15 +19,34 @@ from .moe import Lookahead, MoE
 from .rope import Rope
 
 
+@dataclass
+class StepTimes:
+    """Where forward passes spent their time (seconds, summed since the last `reset`): the whole
+    pass, attention, and routed experts (waits for the expert memory included; the memory's own
+    statistics split those out). `tokens` counts the tokens the passes processed."""
+
+    total_s: float = 0.0
+    attention_s: float = 0.0
+    experts_s: float = 0.0
+    tokens: int = 0
+
+    def reset(self) -> None:
+        self.total_s = self.attention_s = self.experts_s = 0.0
+        self.tokens = 0
+
+
 class Block(nn.Module):
     def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward):
         super().__init__()
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
         self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
+        self.attention_s = 0.0  # time in attention since the last reset
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        t0 = time.perf_counter()
         h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
+        self.attention_s += time.perf_counter() - t0
         if self.lookahead is not None:
             self.lookahead(h)  # next layers' experts start moving; h is unchanged
         return h + self.ffn(self.ffn_norm(h))  # [T, D]
@@ -38,6 +60,7 @@ class Transformer(nn.Module):
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
         self.compute = None  # PackedCompute of packed compute (its pool and scratch), set by the loader
+        self._total_s, self._tokens = 0.0, 0
 
     @property
     def vocab_size(self) -> int:
@@ -49,6 +72,7 @@ class Transformer(nn.Module):
 
         Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
         """
+        t0 = time.perf_counter()
         x = (F.embedding(tokens, self.embedding) if isinstance(self.embedding, torch.Tensor)
              else self.embedding.rows(tokens))  # [T, D]
         if self.lookahead is not None:
@@ -58,7 +82,22 @@ class Transformer(nn.Module):
             x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
-        return linear(self.norm(x), self.output).float()  # [T or B, V]
+        logits = linear(self.norm(x), self.output).float()  # [T or B, V]
+        self._total_s += time.perf_counter() - t0
+        self._tokens += int(tokens.numel())
+        return logits
+
+    def times(self) -> StepTimes:
+        """The time split of the passes since the last `reset_times`."""
+        experts = sum(b.ffn.experts.seconds for b in self.blocks if hasattr(b.ffn, "experts"))
+        return StepTimes(self._total_s, sum(b.attention_s for b in self.blocks), experts, self._tokens)
+
+    def reset_times(self) -> None:
+        self._total_s, self._tokens = 0.0, 0
+        for b in self.blocks:
+            b.attention_s = 0.0
+            if hasattr(b.ffn, "experts"):
+                b.ffn.experts.seconds = 0.0
 
 
-__all__ = ["Block", "Transformer"]
+__all__ = ["Block", "StepTimes", "Transformer"]

@@ -73,3 +73,16 @@ def test_unknown_device_is_one_line(cli, qwen3, device):
 def test_missing_file_is_one_line(cli, tmp_path):
     code, _, err = cli("chat", tmp_path / "nope.gguf")
     _one_error_line(code, err, "nope.gguf")
+
+
+@pytest.mark.parametrize("compute", ["packed", "float"])
+def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
+    code, out, err = cli("generate", qwen3.gguf(None), "-p", "the expert router", "-n", "8", "--json",
+                         "--threads", "1", "--compute", compute, "--stats")
+    ref = strata.load(qwen3.gguf(None), threads=1, compute=compute).generate("the expert router", max_tokens=8)
+    assert code == 0 and json.loads(out)["token_ids"] == ref.token_ids
+    line = next(x for x in err.splitlines() if x.startswith("time per token"))
+    parts = dict(p.rsplit(" ", 1) for p in line.split(": ", 1)[1].split(", "))
+    assert set(parts) == {"attention", "expert compute", "expert wait", "dequantization", "other"}
+    assert float(parts["attention"]) > 0 and float(parts["expert compute"]) > 0
+    assert (float(parts["dequantization"]) == 0) == (compute == "packed")  # packed slots are never dequantized
