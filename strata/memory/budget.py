@@ -132,10 +132,14 @@ class TieredConfig:
         if not self.prefetch_margin > 0:
             raise StrataError(f"prefetch margin must be positive, found {self.prefetch_margin!r}")
 
-    def depth_for(self, device: torch.device) -> int:
-        """The prefetch depth on `device`: the one asked for, else the device type's default."""
+    def depth_for(self, device: torch.device, holds_all: bool = False) -> int:
+        """The prefetch depth on `device`: the one asked for, else the device type's default, or 0
+        when the device slots hold every expert (each stays once loaded, so announcements would
+        cost a router pass per layer and step to speed up only each expert's first use)."""
         d = self.prefetch_depth
-        return DEFAULT_PREFETCH_DEPTH.get(device.type, 1) if d is None else d
+        if d is not None:
+            return d
+        return 0 if holds_all else DEFAULT_PREFETCH_DEPTH.get(device.type, 1)
 
 
 # ---- the machine's memory ------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                                     host_mem=self.config.host_mem, slot_form=self.config.slot_form,
                                     reserved=reserved_bytes, compute=self.config.compute)
         self.max_acquire = self.plan.max_acquire
-        self.prefetch_depth = self.config.depth_for(self.device)
+        self.prefetch_depth = self.config.depth_for(self.device, self.plan.slots_per_layer == hp.n_experts)
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
         L, E = len(self.layers), self.n_experts
         self.policy = ExpertPolicy(L, E, self.plan.slots_per_layer, self.top_k, policy_config)
