@@ -20,6 +20,7 @@ import numpy as np
 from converters.base import PlannedTensor
 from converters.source import ConversionError
 from converters.types import encode
+from strata.units import round_up
 
 
 def temp_path(target: Path) -> Path:
@@ -94,6 +95,6 @@ def write_data(w: gguf.GGUFWriter, planned: list[PlannedTensor], n_threads: int,
             if written != p.nbytes:
                 raise ConversionError(f"internal: {p.name} produced {written} bytes, its table entry says {p.nbytes}")
             w.write_padding(fout, written)
-            offset += gguf.GGUFWriter.ggml_pad(written, w.data_alignment)
+            offset += round_up(written, w.data_alignment)
     fout.flush()
     os.fsync(fout.fileno())

@@ -25,6 +25,7 @@ import numpy as np
 
 from strata.gguf import PARTS, ExpertSlab, open_model
 from strata.native import Pager
+from strata.units import round_up
 
 SEQ_BLOCK = 8 << 20
 
@@ -58,7 +59,7 @@ def _all_slabs(model) -> list[ExpertSlab]:
 def pager_slab_rate(pager: Pager, slabs: list[ExpertSlab], depth: int) -> float:
     """Payload bytes/s of the pager reading `slabs` in the given order, `depth` in flight."""
     align = max(pager.info.align, 1)
-    cap = -(-max(s.nbytes for s in slabs) // align) * align + align
+    cap = round_up(max(s.nbytes for s in slabs), align) + align
     ring = np.frombuffer(mmap.mmap(-1, cap * depth), dtype=np.uint8).reshape(depth, cap)  # [depth, cap]
     tickets: list[int | None] = [None] * depth
     t0 = time.perf_counter()

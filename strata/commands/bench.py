@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from strata.memory.budget import DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+from strata.units import format_bytes
 
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
@@ -52,7 +53,7 @@ def format_pager(r: dict[str, Any]) -> str:
     from strata.bench.pager import SEQ_BLOCK
 
     lines = [
-        f"{r['file']}: {r['file_bytes'] / 2**30:.2f} GiB, {r['n_slabs']} expert slabs of "
+        f"{r['file']}: {format_bytes(r['file_bytes'])}, {r['n_slabs']} expert slabs of "
         f"{r['slab_bytes_mean'] / 2**20:.2f} MiB on average",
         f"sequential O_DIRECT (1 thread, {SEQ_BLOCK >> 20} MiB reads), best: {r['sequential_direct_gbs']:.3f} GB/s",
         f"pager, slabs in random order ({r['n_threads']} threads, depth {r['depth']}, chunks of "

@@ -38,10 +38,11 @@ import numpy as np
 from strata.errors import NativeError, StrataError
 from strata.gguf import PARTS, ExpertSlab, ModelFile
 from strata import native
+from strata.units import format_bytes
 
 from . import alloc
 from .base import ExpertLayers
-from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, gib,
+from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget,
                      machine_memory, slot_layout)
 from .policy import READY, ExpertPolicy, PolicyConfig
 
@@ -159,7 +160,7 @@ class HostTier:
 
     def __repr__(self) -> str:
         return (f"HostTier({str(self.model.path)!r}, {self.n_slots} slots x {self.layout.slot_bytes} B = "
-                f"{gib(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
+                f"{format_bytes(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
 
     @property
     def n_slots(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.errors import NativeError
+from strata.units import round_up
 
 from ._lib import check, dst_view, ffi, lib, status_reason
 
@@ -101,7 +102,7 @@ class Pager:
         a = self.info.align
         if not a:
             return offset, offset + nbytes
-        return offset // a * a, -(-(offset + nbytes) // a) * a
+        return offset // a * a, round_up(offset + nbytes, a)
 
     # ---- requests ------------------------------------------------------------------------------
 
