@@ -4,6 +4,8 @@ Which architectures convert, and how they differ, is data in the registry (`stra
 record per architecture, found by config.json's `architectures`); the machinery is shared
 (`source`: checkpoint reading; `experts`: HF expert layouts; `base`: planning and checks;
 `types`: ggml types; `tokenizer`; `writer`: streaming output). `convert()` is the whole pipeline.
+
+Must not name an architecture: what differs between them is data in `strata.arch`.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The file is written as `.NAME.PID.tmp` beside the target and renamed over it only once every byte
 is written and flushed, so an interrupted, crashed or out-of-space conversion never leaves a
 `.gguf` behind (and a later run removes the temporary files of dead runs).
+
+Must not choose names, types or shapes: the planned tensors arrive complete.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`strata bench dequant`: GB/s of every dequantization kernel beside gguf.quants and a memcpy.
 
-Measurements only, never assertions; each figure is measured beside its reference in the same
-run, since these machines are noisy. Returns data; `strata.commands.bench` prints it.
+Each figure is measured beside its reference in the same run, since these machines are noisy.
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 

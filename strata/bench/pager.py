@@ -11,8 +11,9 @@ ratios of these back-to-back pairs, since a shared (or virtual) disk drifts betw
 than the difference being measured; the best of each figure is reported beside it. (On the virtual
 disk this was written on, a sequential pass right after another sequential pass of the same file
 runs ~2.5x faster than after any other traffic: the host caches behind the guest. Alternating keeps
-the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.) Measures and returns data;
-`strata.commands.bench` prints it.
+the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.)
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """`strata bench dequant|cache|pager|tiered`: parse the arguments, call `strata.bench`, print
 its figures as a table (or one JSON object with --json). The tables are formatted here and only
 here; `benchmarks/` imports the formatters to print the same tables.
+
+Must not measure anything itself: every figure comes from `strata.bench`.
 """
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ after its fill; the compute stream waits on it before reading the slot) and `fre
 the compute stream at release; the load stream waits on it before overwriting the slot). The
 compute stream never waits for a load it does not read. On the CPU fills are synchronous and
 the events are not used.
+
+Must not decide placement (the policies do) or read the model file (host bytes are handed in).
 """
 from __future__ import annotations
 

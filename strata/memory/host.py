@@ -24,6 +24,8 @@ This module moves bytes and keeps the policy's page table in step with the reads
 pager reads -> complete, or cancel when a read fails. Policy layers are the model's expert layers
 in order (a dense lead layer has no slots); `ExpertLayers` maps them. Budgets and the slot layout
 are `budget.py`'s.
+
+Must not decide placement (the policy does) or compute anything: it moves bytes.
 """
 from __future__ import annotations
 
