@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from strata.units import MIB
+
 
 def best_seconds(fn, repeat: int) -> float:
     """The fastest of `repeat` timed calls of `fn`, after one warm-up call."""
@@ -33,7 +35,7 @@ def bench_dequant(out_mib: int = 64, repeat: int = 3, threads: int | None = None
 
     threads = threads or native.default_threads()
     rng = np.random.default_rng(0)
-    n_elems = out_mib * 2**20 // 4
+    n_elems = out_mib * MIB // 4
     row_len = 4096
     n_rows = n_elems // row_len
     out = np.empty((n_rows, row_len), dtype=np.float32)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from strata.gguf import PARTS, ExpertSlab, open_model
-from strata.native import Pager
+from strata.native import DEFAULT_PAGER_THREADS, Pager
 from strata.units import round_up
 
 SEQ_BLOCK = 8 << 20
@@ -108,8 +108,9 @@ def _quarter_budget(model, align: int) -> int:
     return len(model.expert_layers) * per_layer * slot_layout(model, align).slot_bytes
 
 
-def bench_pager(path: str | os.PathLike, *, n_threads: int = 4, chunk_bytes: int = 0, depth: int = 16,
-                repeat: int = 3, host: bool = True, host_budget: int | None = None, seed: int = 0) -> dict[str, Any]:
+def bench_pager(path: str | os.PathLike, *, n_threads: int = DEFAULT_PAGER_THREADS, chunk_bytes: int = 0,
+                depth: int = 16, repeat: int = 3, host: bool = True, host_budget: int | None = None,
+                seed: int = 0) -> dict[str, Any]:
     """Sequential O_DIRECT GB/s of the file beside the pager's GB/s on its expert slabs in random
     order (and the host tier's, when `host`); see the module docstring."""
     rng = np.random.default_rng(seed)

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from strata.memory.budget import DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
 
@@ -149,7 +149,8 @@ def _add_pager_parser(sub) -> None:
     p = sub.add_parser("pager", help="GB/s of the pager reading a GGUF's expert slabs in random order, "
                                      "beside the disk's sequential O_DIRECT rate on the same file")
     p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
-    p.add_argument("--threads", type=int, default=4, help="pager worker threads (default 4)")
+    p.add_argument("--threads", type=int, default=DEFAULT_PAGER_THREADS,
+                   help=f"pager worker threads (default {DEFAULT_PAGER_THREADS})")
     p.add_argument("--depth", type=int, default=16, help="slabs in flight (default 16)")
     p.add_argument("--chunk-kib", type=int, default=0, help="largest single read in KiB (default: the pager's, 1024)")
     p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default 3)")

@@ -84,8 +84,8 @@ REPLAY_PREFETCH_MARGIN = 8.0
 #: (naive Bayes on a few counts is overconfident).
 DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
 DEFAULT_COOCCURRENCE_MIN_TOKENS = 256
-#: Pager threads of the host tier.
-DEFAULT_PAGER_THREADS = 4
+#: Pager threads of the host tier: the pager's own default.
+DEFAULT_PAGER_THREADS = native.DEFAULT_PAGER_THREADS
 
 
 @dataclass(frozen=True)
