@@ -4,6 +4,8 @@ Which architectures convert, and how they differ, is data in the registry (`stra
 record per architecture, found by config.json's `architectures`); the machinery is shared
 (`source`: checkpoint reading; `experts`: HF expert layouts; `base`: planning and checks;
 `types`: ggml types; `tokenizer`; `writer`: streaming output). `convert()` is the whole pipeline.
+
+Must not name an architecture: what differs between them is data in `strata.arch`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from converters.tokenizer import write_tokenizer
 from converters.types import TypePolicy
 from converters.writer import atomic_output, write_data
 from strata import arch as archs
+from strata import native
 from strata.errors import StrataFormatError
 from strata.gguf import match_expert_tensor
 from strata.gguf.routing import add_routing_counts, load_routing_npz
@@ -77,7 +80,7 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
     target = Path(out)
     if not target.parent.is_dir():
         raise ConversionError(f"{target}: output directory {target.parent} does not exist")
-    n_threads = n_threads or max(1, len(os.sched_getaffinity(0)))
+    n_threads = n_threads or native.default_threads()
     with Checkpoint(hf_dir) as ckpt:
         conv = converter_for(ckpt)
         planned = conv.plan(policy)

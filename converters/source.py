@@ -5,6 +5,8 @@ read with `pread` into fresh buffers instead of being memory-mapped, so the conv
 what it asks for, whatever the checkpoint's size, and it runs under an address-space limit.
 Pages just read are dropped from the page cache (`POSIX_FADV_DONTNEED`) so a conversion does not
 evict the rest of the machine's cache.
+
+Must not memory-map a checkpoint or know GGUF names and types: it hands out bytes and values.
 """
 from __future__ import annotations
 

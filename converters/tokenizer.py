@@ -12,6 +12,8 @@ Two families, as llama.cpp reads them:
 
 Special token ids, add-bos/eos flags, merges and the chat template (tokenizer_config.json or
 chat_template.jinja) come from gguf-py's `SpecialVocab`.
+
+Must not run a checkpoint's own tokenizer code or download anything: it reads the folder's files.
 """
 from __future__ import annotations
 

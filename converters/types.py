@@ -1,4 +1,7 @@
-"""Which ggml type each output tensor gets, and turning float32 values into those bytes."""
+"""Which ggml type each output tensor gets, and turning float32 values into those bytes.
+
+Must not open files or decide by tensor name: the policy looks at a tensor's kind and shape only.
+"""
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,8 @@
 The file is written as `.NAME.PID.tmp` beside the target and renamed over it only once every byte
 is written and flushed, so an interrupted, crashed or out-of-space conversion never leaves a
 `.gguf` behind (and a later run removes the temporary files of dead runs).
+
+Must not choose names, types or shapes: the planned tensors arrive complete.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import numpy as np
 from converters.base import PlannedTensor
 from converters.source import ConversionError
 from converters.types import encode
+from strata.units import round_up
 
 
 def temp_path(target: Path) -> Path:
@@ -94,6 +97,6 @@ def write_data(w: gguf.GGUFWriter, planned: list[PlannedTensor], n_threads: int,
             if written != p.nbytes:
                 raise ConversionError(f"internal: {p.name} produced {written} bytes, its table entry says {p.nbytes}")
             w.write_padding(fout, written)
-            offset += gguf.GGUFWriter.ggml_pad(written, w.data_alignment)
+            offset += round_up(written, w.data_alignment)
     fout.flush()
     os.fsync(fout.fileno())

@@ -1,4 +1,7 @@
-"""Strata: Mixture-of-Experts inference with tiered expert memory (device, host RAM, NVMe)."""
+"""Strata: Mixture-of-Experts inference with tiered expert memory (device, host RAM, NVMe).
+
+Must not import the engine (or torch) at import time: `load` imports it on first call.
+"""
 
 __version__ = "0.1.0"
 

@@ -1,3 +1,4 @@
+"""`python -m strata`: the `strata` command (`strata.cli`). Must not hold anything but the call."""
 import sys
 
 from strata.cli import main

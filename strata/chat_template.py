@@ -5,6 +5,8 @@ trim_blocks and lstrip_blocks, the loop-control extension, a `{% generation %}` 
 renders its body, a `tojson` filter that keeps non-ASCII text and takes indent/separators/
 sort_keys, and the globals `raise_exception`, `strftime_now`, `dict` and `namespace`.
 The special tokens' texts are passed as `bos_token`, `eos_token`, `unk_token`, `pad_token`.
+
+Must not tokenize or touch a model: messages and token texts in, one string out.
 """
 from __future__ import annotations
 

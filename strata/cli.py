@@ -2,6 +2,8 @@
 
 Each command module contributes its subcommand through `add_parser(subparsers)`, parses its
 arguments and calls the public API; none formats errors itself (`strata.commands.errors` does).
+
+Must not hold a command's options or logic: it gathers the parsers and runs the chosen one.
 """
 from __future__ import annotations
 

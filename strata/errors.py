@@ -1,4 +1,7 @@
-"""Exceptions shared by every Strata module."""
+"""Exceptions shared by every Strata module.
+
+Must not import anything from strata: every module may import it.
+"""
 
 
 class StrataError(Exception):

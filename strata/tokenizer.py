@@ -13,6 +13,8 @@ Two families, as llama.cpp reads them:
 Tokens of type CONTROL (and USER_DEFINED) are added tokens: matched whole in the input text when
 `parse_special`. Detokenization works on bytes (`token_bytes`), so a stream of tokens can be
 turned into text with an incremental UTF-8 decoder that never splits a character.
+
+Must not read files or download anything: it is rebuilt from the GGUF metadata handed in.
 """
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 
 Multi-head latent attention (kv_lora_rank required), leading dense layers (required count),
 shared experts without a gate. llama.cpp's rope type for it is NORM: its converter keeps the
-checkpoint's interleaved rotary layout. V3's sigmoid routing comes from expert_gating_func."""
+checkpoint's interleaved rotary layout. V3's sigmoid routing comes from expert_gating_func.
+
+A record only: must not hold model maths or read files.
+"""
 from gguf.constants import MODEL_ARCH
 
 from .registry import Arch, register

@@ -2,7 +2,10 @@
 
 Sliding-window attention on alternate layers (attention.sliding_window required), attention
 sinks, q/k/v biases and per-expert biases; the router takes a softmax over the chosen top-k
-logits (llama.cpp's SOFTMAX_WEIGHT), which is already normalised."""
+logits (llama.cpp's SOFTMAX_WEIGHT), which is already normalised.
+
+A record only: must not hold model maths or read files.
+"""
 from gguf.constants import MODEL_ARCH
 
 from .registry import Arch, register

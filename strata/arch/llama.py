@@ -4,6 +4,8 @@ writes it; a `llama` file without experts is a dense Llama and runs too (every l
 Plain pre-norm attention without biases; experts: softmax over the router logits, top-k, weights
 renormalised. llama.cpp's `llama` graph rotates adjacent pairs (NORM) while the checkpoint
 rotates the two halves of each head, so the converter permutes the rows of Q and K in each head.
+
+A record only: must not hold model maths or read files.
 """
 from gguf.constants import MODEL_ARCH, Keys
 

@@ -3,7 +3,10 @@
 
 llama.cpp's olmoe loader sizes the key norm as the full width n_embd, so it loads only files
 with num_key_value_heads == num_attention_heads (as in the released model); GGUF olmoe has no
-key for the checkpoint's optional `clip_qkv`."""
+key for the checkpoint's optional `clip_qkv`.
+
+A record only: must not hold model maths or read files.
+"""
 from gguf.constants import MODEL_ARCH
 
 from .registry import Arch, register

@@ -1,6 +1,9 @@
 """Qwen2-MoE and Qwen1.5-MoE (`Qwen2MoeForCausalLM`): q/k/v biases, NEOX RoPE, top-k softmax
 weights not renormalised, and a shared expert added to every token, scaled by a sigmoid gate
-(`ffn_gate_inp_shexp`, kept in float32 by the converter)."""
+(`ffn_gate_inp_shexp`, kept in float32 by the converter).
+
+A record only: must not hold model maths or read files.
+"""
 from gguf.constants import MODEL_ARCH, Keys
 
 from .registry import Arch, register

@@ -1,6 +1,9 @@
 """Qwen3-MoE (`Qwen3MoeForCausalLM`): no attention biases, RMSNorm of each query and key head
 (over hd) before NEOX RoPE, an explicit head_dim (need not be D / H), top-k softmax weights
-renormalised (llama.cpp's graph always does), no shared expert."""
+renormalised (llama.cpp's graph always does), no shared expert.
+
+A record only: must not hold model maths or read files.
+"""
 from gguf.constants import MODEL_ARCH, Keys
 
 from .registry import Arch, register

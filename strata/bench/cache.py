@@ -3,7 +3,9 @@ baselines it is measured against: LRU, the best fixed hot set and Belady's optim
 
 The trace and the policy's replay are `strata.memory.trace`'s (same semantics: per-layer slots,
 cold start counted, the current step's experts pinned); the baselines here replay the same trace
-under the same rules. Returns data; `strata.commands.bench` prints it.
+under the same rules.
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 

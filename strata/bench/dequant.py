@@ -1,13 +1,16 @@
 """`strata bench dequant`: GB/s of every dequantization kernel beside gguf.quants and a memcpy.
 
-Measurements only, never assertions; each figure is measured beside its reference in the same
-run, since these machines are noisy. Returns data; `strata.commands.bench` prints it.
+Each figure is measured beside its reference in the same run, since these machines are noisy.
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 
 import time
 
 import numpy as np
+
+from strata.units import MIB
 
 
 def best_seconds(fn, repeat: int) -> float:
@@ -32,7 +35,7 @@ def bench_dequant(out_mib: int = 64, repeat: int = 3, threads: int | None = None
 
     threads = threads or native.default_threads()
     rng = np.random.default_rng(0)
-    n_elems = out_mib * 2**20 // 4
+    n_elems = out_mib * MIB // 4
     row_len = 4096
     n_rows = n_elems // row_len
     out = np.empty((n_rows, row_len), dtype=np.float32)

@@ -11,8 +11,9 @@ ratios of these back-to-back pairs, since a shared (or virtual) disk drifts betw
 than the difference being measured; the best of each figure is reported beside it. (On the virtual
 disk this was written on, a sequential pass right after another sequential pass of the same file
 runs ~2.5x faster than after any other traffic: the host caches behind the guest. Alternating keeps
-the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.) Measures and returns data;
-`strata.commands.bench` prints it.
+the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.)
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from strata.gguf import PARTS, ExpertSlab, open_model
-from strata.native import Pager
+from strata.native import DEFAULT_PAGER_THREADS, Pager
+from strata.units import round_up
 
 SEQ_BLOCK = 8 << 20
 
@@ -58,7 +60,7 @@ def _all_slabs(model) -> list[ExpertSlab]:
 def pager_slab_rate(pager: Pager, slabs: list[ExpertSlab], depth: int) -> float:
     """Payload bytes/s of the pager reading `slabs` in the given order, `depth` in flight."""
     align = max(pager.info.align, 1)
-    cap = -(-max(s.nbytes for s in slabs) // align) * align + align
+    cap = round_up(max(s.nbytes for s in slabs), align) + align
     ring = np.frombuffer(mmap.mmap(-1, cap * depth), dtype=np.uint8).reshape(depth, cap)  # [depth, cap]
     tickets: list[int | None] = [None] * depth
     t0 = time.perf_counter()
@@ -106,8 +108,9 @@ def _quarter_budget(model, align: int) -> int:
     return len(model.expert_layers) * per_layer * slot_layout(model, align).slot_bytes
 
 
-def bench_pager(path: str | os.PathLike, *, n_threads: int = 4, chunk_bytes: int = 0, depth: int = 16,
-                repeat: int = 3, host: bool = True, host_budget: int | None = None, seed: int = 0) -> dict[str, Any]:
+def bench_pager(path: str | os.PathLike, *, n_threads: int = DEFAULT_PAGER_THREADS, chunk_bytes: int = 0,
+                depth: int = 16, repeat: int = 3, host: bool = True, host_budget: int | None = None,
+                seed: int = 0) -> dict[str, Any]:
     """Sequential O_DIRECT GB/s of the file beside the pager's GB/s on its expert slabs in random
     order (and the host tier's, when `host`); see the module docstring."""
     rng = np.random.default_rng(seed)

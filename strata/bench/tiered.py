@@ -7,7 +7,9 @@ the decode steps only (reset after the first token, so the prompt's prefill does
 hit rates per tier, bytes moved, the time compute waited for experts, prefetch precision and
 recall, and tokens per second. Runs alternate between depths `repeat` times; the headline is the
 ratio of the median wait with prefetch to the median wait without (depth 0 must be among the
-depths for it). Measures and returns data; `strata.commands.bench` prints it.
+depths for it).
+
+Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """
 from __future__ import annotations
 

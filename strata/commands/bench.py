@@ -1,6 +1,8 @@
 """`strata bench dequant|cache|pager|tiered`: parse the arguments, call `strata.bench`, print
 its figures as a table (or one JSON object with --json). The tables are formatted here and only
 here; `benchmarks/` imports the formatters to print the same tables.
+
+Must not measure anything itself: every figure comes from `strata.bench`.
 """
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from strata.memory.budget import DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+from strata.units import format_bytes
 
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
@@ -52,7 +55,7 @@ def format_pager(r: dict[str, Any]) -> str:
     from strata.bench.pager import SEQ_BLOCK
 
     lines = [
-        f"{r['file']}: {r['file_bytes'] / 2**30:.2f} GiB, {r['n_slabs']} expert slabs of "
+        f"{r['file']}: {format_bytes(r['file_bytes'])}, {r['n_slabs']} expert slabs of "
         f"{r['slab_bytes_mean'] / 2**20:.2f} MiB on average",
         f"sequential O_DIRECT (1 thread, {SEQ_BLOCK >> 20} MiB reads), best: {r['sequential_direct_gbs']:.3f} GB/s",
         f"pager, slabs in random order ({r['n_threads']} threads, depth {r['depth']}, chunks of "
@@ -146,7 +149,8 @@ def _add_pager_parser(sub) -> None:
     p = sub.add_parser("pager", help="GB/s of the pager reading a GGUF's expert slabs in random order, "
                                      "beside the disk's sequential O_DIRECT rate on the same file")
     p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
-    p.add_argument("--threads", type=int, default=4, help="pager worker threads (default 4)")
+    p.add_argument("--threads", type=int, default=DEFAULT_PAGER_THREADS,
+                   help=f"pager worker threads (default {DEFAULT_PAGER_THREADS})")
     p.add_argument("--depth", type=int, default=16, help="slabs in flight (default 16)")
     p.add_argument("--chunk-kib", type=int, default=0, help="largest single read in KiB (default: the pager's, 1024)")
     p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default 3)")

@@ -1,4 +1,7 @@
-"""`strata chat MODEL`: an interactive chat with history; /reset clears it, /exit (or Ctrl-D) quits."""
+"""`strata chat MODEL`: an interactive chat with history; /reset clears it, /exit (or Ctrl-D) quits.
+
+Must not hold engine logic: each turn is one `Model.chat` call on the history.
+"""
 from __future__ import annotations
 
 import argparse

@@ -3,7 +3,9 @@
 Attention and other 2-D shared weights in --attn (Q8_0), routed experts in --experts (Q4_K),
 shared experts in --shared-experts (same as --attn), norms, routers and biases in float32;
 --outtype sets all three at once. This module parses the arguments and calls
-`converters.convert`; the work is in the `converters` package.
+`converters.convert`.
+
+Must not convert anything itself: the work is in the `converters` package.
 """
 from __future__ import annotations
 

@@ -16,9 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-
-def _size(path: Path) -> str:
-    return f"{path.stat().st_size / 2**20:.1f} MiB"
+from strata.units import format_bytes
 
 
 def run_demo(workdir: str | None = None, device: str = "cpu", threads: int | None = None,
@@ -36,7 +34,7 @@ def run_demo(workdir: str | None = None, device: str = "cpu", threads: int | Non
     say(f"[1/4] tiny random MoE checkpoint -> {hf_dir} ({files})")
     gguf_path = root / "demo-q8_0-q4_k.gguf"
     convert(hf_dir, gguf_path, TypePolicy(), name="strata-demo", n_threads=threads)
-    say(f"[2/4] converted with strata.convert -> {gguf_path} ({_size(gguf_path)}; attention Q8_0, experts Q4_K)")
+    say(f"[2/4] converted with strata.convert -> {gguf_path} ({format_bytes(gguf_path.stat().st_size)}; attention Q8_0, experts Q4_K)")
     model = strata.load(gguf_path, device=device, threads=threads, n_ctx=512)
     prompt = "the expert router"
     done = model.generate(prompt, max_tokens=24, temperature=0.0)

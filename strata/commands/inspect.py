@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from strata.units import format_bytes
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `inspect` on an argparse subparsers object (the `strata` CLI's)."""
@@ -20,14 +22,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
     return p
-
-
-def human_bytes(n: int | float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _render(value: Any, key: str, indent: int, out: TextIO, in_bytes: bool = False) -> None:
@@ -45,7 +39,7 @@ def _render(value: Any, key: str, indent: int, out: TextIO, in_bytes: bool = Fal
     else:
         shown = value
         if isinstance(value, (int, float)) and not isinstance(value, bool) and in_bytes:
-            shown = f"{human_bytes(value)} ({value})"
+            shown = f"{format_bytes(value)} ({value})"
         elif isinstance(value, (list, tuple)) and len(value) > 16:
             shown = f"[{', '.join(map(str, value[:8]))}, ... {len(value)} values]"
         print(f"{pad}{key}: {shown}", file=out)

@@ -1,5 +1,8 @@
 """`strata perplexity MODEL -f TEXT_FILE`: perplexity as llama.cpp's tool computes it; with
---save-logits / --kl-divergence BASE, two files of one model compare by KL and top-1 agreement."""
+--save-logits / --kl-divergence BASE, two files of one model compare by KL and top-1 agreement.
+
+Must not compute: the maths is `strata.engine.perplexity`'s; this module parses, calls, prints.
+"""
 from __future__ import annotations
 
 import argparse

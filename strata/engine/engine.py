@@ -4,6 +4,8 @@
 step: their whole prompts, several sequences of different lengths in one flattened batch) or,
 when none wait, every running sequence (a decode step: one token each); `forward()` runs the
 model over the batch and `postprocess()` samples, appends and retires finished sequences.
+
+Must not do model maths or touch weights: it schedules, calls `forward` and samples.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from strata.errors import StrataError
+from strata.units import itemsize
 
 
 class KVCache:
@@ -27,7 +28,7 @@ class KVCache:
                   head_dim_v: int | None = None, dtype: torch.dtype = torch.float32) -> int:
         """Bytes a cache of these dimensions takes (before it is allocated)."""
         per_position = n_head_kv * (head_dim + (head_dim_v or head_dim))
-        return n_layers * n_slots * n_ctx * per_position * torch.empty((), dtype=dtype).element_size()
+        return n_layers * n_slots * n_ctx * per_position * itemsize(dtype)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]

@@ -4,6 +4,8 @@ The text's tokens are cut into chunks of n_ctx; each chunk is evaluated as a fre
 (its first token replaced by BOS when the tokenizer adds one) and only the second half of each
 chunk is scored: positions j in [n_ctx/2, n_ctx - 1) predict token j + 1, so every scored token
 has at least n_ctx/2 tokens of context. PPL = exp(mean negative log-likelihood).
+
+Must not read files or print: token ids and a logits function in, numbers out.
 """
 from __future__ import annotations
 

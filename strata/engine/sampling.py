@@ -6,6 +6,8 @@ multiplied), temperature, top-k, top-p (smallest set whose probability reaches p
 tokens below min_p x the top probability), then a draw from the renormalised distribution.
 Temperature 0 is greedy (argmax after the penalty). Each sequence draws from its own generator,
 seeded from `seed`, so a seeded result does not depend on what else runs in the batch.
+
+Must not touch the model or the KV cache: logits and a token history in, one token id out.
 """
 from __future__ import annotations
 

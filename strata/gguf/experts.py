@@ -12,6 +12,8 @@ so expert e of a tensor is the contiguous byte range [offset + e*stride, offset 
 with stride = nbytes / E. In the fused form gate and up are the two halves of that range (rows
 are whole quant blocks, so each half is a whole number of rows). Names are formatted by
 `strata.arch.tensor_names` (gguf-py's tensor table, the one llama.cpp's converter writes from).
+
+Must not read tensor data or import torch: slabs are placed from the tensor table alone.
 """
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from gguf.gguf_reader import READER_SUPPORTED_VERSIONS, GGUFReader  # GGUFReader
 
 from strata.errors import StrataFormatError
 from strata.quant import block_size, ggml_type
+from strata.units import round_up
 
 #: Versions Strata opens: those gguf-py's reader handles (2 and 3; their layouts are the same
 #: for little-endian files). Version 1 used 32-bit counts and lengths and is refused.
@@ -168,7 +169,7 @@ def _scan(cur: _Cursor) -> HeaderScan:
     metadata, value_types = _scan_kvs(cur, n_kv)
     tensors = _scan_tensor_infos(cur, n_tensors)
     alignment = _alignment(path, metadata, value_types)
-    data_offset = -(-cur.pos // alignment) * alignment
+    data_offset = round_up(cur.pos, alignment)
     return HeaderScan(version, metadata, value_types, alignment, data_offset, cur.end, tensors)
 
 

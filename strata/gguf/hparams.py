@@ -5,6 +5,8 @@ reads); defaults for absent optional keys follow llama.cpp's loader and, where t
 architecture, come from the architecture's `strata.arch` record, so a file means the same thing
 here as there. Values a key does not give are derived from tensor shapes where llama.cpp
 derives them too (vocabulary from the embedding, expert FFN length from the expert tensors).
+
+Must not read tensor data or import torch: metadata and tensor shapes only.
 """
 from __future__ import annotations
 

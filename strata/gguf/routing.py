@@ -7,6 +7,8 @@
 A tiered expert memory seeds its placement from them (each layer's hottest experts are loaded at
 start-up). They are written by `python -m strata.convert --routing-stats FILE.npz`, from a run's
 `--save-routing FILE.npz` (arrays `counts` [L, E] and `tokens`).
+
+Must not decide placement: it reads and writes the counts; `strata.memory.startup` uses them.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ bytes live (the memory-mapped file, host RAM, device slots) is the implementatio
 so `TieredExpertMemory` (device slots, host tier, pager, prefetch) replaces `DirectExpertMemory`
 without a change to `strata.models`. Predictors of the next layers' experts live in `predict/`,
 every budget and prefetch default in `budget.py`.
+
+Must not hold code: the package's public names, re-exported.
 """
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import TieredConfig

@@ -60,9 +60,10 @@ import torch
 
 from strata import native
 from strata.errors import StrataError
-from strata.gguf import PARTS, ModelFile
+from strata.gguf import ModelFile
+from strata.units import GIB, KIB, MIB, TIB, format_bytes, itemsize, round_up
 
-from .device import ExpertGeometry, check_form
+from .device import ExpertGeometry, check_form, largest_slabs
 
 
 class BudgetError(StrataError, ValueError):
@@ -75,7 +76,7 @@ DEFAULT_CPU_DEVICE_FRACTION = 0.25
 DEFAULT_HOST_FRACTION = 0.25
 #: CUDA memory left free by the default device budget, for activations and the allocator's cache.
 CUDA_HEADROOM_FRACTION = 0.05
-CUDA_HEADROOM_MIN = 1 << 30
+CUDA_HEADROOM_MIN = GIB
 #: Policy margin of decoding and of the trace replay (see the module docstring).
 DEFAULT_PREFETCH_MARGIN = 2.0
 REPLAY_PREFETCH_MARGIN = 8.0
@@ -83,8 +84,8 @@ REPLAY_PREFETCH_MARGIN = 8.0
 #: (naive Bayes on a few counts is overconfident).
 DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
 DEFAULT_COOCCURRENCE_MIN_TOKENS = 256
-#: Pager threads of the host tier.
-DEFAULT_PAGER_THREADS = 4
+#: Pager threads of the host tier: the pager's own default.
+DEFAULT_PAGER_THREADS = native.DEFAULT_PAGER_THREADS
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_UNITS = {"": 1, "k": KIB, "m": MIB, "g": GIB, "t": TIB}
 _SIZE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?|[-+]?\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
@@ -251,11 +252,6 @@ def parse_bytes(value: Any, what: str) -> int | None:
     if n <= 0:
         raise BudgetError(f"{what} must be positive, found {value!r} ({n} bytes)")
     return n
-
-
-def gib(n: int) -> str:
-    """A byte count for people: MiB below 1 GiB, else GiB."""
-    return f"{n / 2**20:.1f} MiB" if abs(n) < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -315,8 +311,8 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
     total, free = device_memory(device)
     where = f"{device.type} device" if device.type == "cpu" else str(device)
     if device_budget is not None and device_budget > total:
-        raise BudgetError(f"device memory budget {device_budget} bytes ({gib(device_budget)}) is larger than "
-                          f"the {where}'s memory ({gib(total)})")
+        raise BudgetError(f"device memory budget {device_budget} bytes ({format_bytes(device_budget)}) is larger than "
+                          f"the {where}'s memory ({format_bytes(total)})")
     if device_budget is None:
         device_budget = (free - max(CUDA_HEADROOM_MIN, int(total * CUDA_HEADROOM_FRACTION)) if device.type == "cuda"
                          else int(free * DEFAULT_CPU_DEVICE_FRACTION))
@@ -326,16 +322,16 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
     slot_bytes = geometry.slot_bytes(form, dtype)
     extra = _extra_bytes(form, geometry, dtype, device, top_k, compute)
     if reserved >= device_budget:
-        raise BudgetError(f"{model.path}: resident weights and KV cache alone ({gib(reserved)}) exceed the "
-                          f"device memory budget ({gib(device_budget)}); raise --device-mem, shorten the context "
-                          f"(--ctx) or use a smaller compute dtype")
+        raise BudgetError(f"{model.path}: resident weights and KV cache alone ({format_bytes(reserved)}) exceed "
+                          f"the device memory budget ({format_bytes(device_budget)}); raise --device-mem, shorten "
+                          f"the context (--ctx) or use a smaller compute dtype")
     per_layer = min(n_experts, (device_budget - reserved - extra) // slot_bytes // n_layers)
     if per_layer < top_k:
         need = reserved + extra + n_layers * top_k * slot_bytes
-        raise BudgetError(f"device memory budget {device_budget} bytes ({gib(device_budget)}) is too small for "
-                          f"{model.path}: after resident weights and KV cache ({gib(reserved)}), each of its "
-                          f"{n_layers} expert layers needs {form} slots for its top-{top_k} experts at once, "
-                          f"{slot_bytes} bytes per slot, so at least {need} bytes ({gib(need)})")
+        raise BudgetError(f"device memory budget {device_budget} bytes ({format_bytes(device_budget)}) is too "
+                          f"small for {model.path}: after resident weights and KV cache ({format_bytes(reserved)}), "
+                          f"each of its {n_layers} expert layers needs {form} slots for its top-{top_k} experts at "
+                          f"once, {slot_bytes} bytes per slot, so at least {need} bytes ({format_bytes(need)})")
     max_acquire = top_k if form == "packed" and compute == "float" else per_layer
     if host_budget is None:
         host_budget = _default_host_budget(model, host_align, per_layer == n_experts)
@@ -362,17 +358,11 @@ class SlotLayout:
     slot_bytes: int
 
 
-def round_up(x: int, a: int) -> int:
-    """x rounded up to a multiple of a (x itself when a <= 1)."""
-    return -(-x // a) * a if a > 1 else x
-
-
 def slot_layout(model: ModelFile, align: int) -> SlotLayout:
     """Host slot regions sized for the largest slab of each part over the expert layers, plus the
     slack a direct read of a 32-byte-aligned slab needs (`host.py`)."""
     unit = max(align, 64)  # regions start on cache lines even when reads are buffered
-    largest = [max(model.expert(layer, 0, part).nbytes for layer in model.expert_layers) for part in PARTS]
-    capacity = tuple(round_up(n, unit) + align for n in largest)
+    capacity = tuple(round_up(n, unit) + align for n in largest_slabs(model))
     offsets = (0, capacity[0], capacity[0] + capacity[1])
     return SlotLayout(align, offsets, capacity, round_up(sum(capacity), unit))
 
@@ -395,16 +385,16 @@ def check_host_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: 
         raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
     total = machine_memory()[0]
     if budget > total:
-        raise BudgetError(f"host memory budget {budget} bytes ({gib(budget)}) is larger than this "
-                          f"machine's RAM ({gib(total)})")
+        raise BudgetError(f"host memory budget {budget} bytes ({format_bytes(budget)}) is larger than this "
+                          f"machine's RAM ({format_bytes(total)})")
     n_layers = len(model.expert_layers)
     need = n_layers * top_k * layout.slot_bytes
     if budget < need:
         raise BudgetError(
-            f"host memory budget {budget} bytes ({gib(budget)}) is too small for {model.path}: each "
+            f"host memory budget {budget} bytes ({format_bytes(budget)}) is too small for {model.path}: each "
             f"of its {n_layers} expert layers needs slots for its top-{top_k} experts at once, "
             f"{layout.slot_bytes} bytes per slot (gate, up and down plus O_DIRECT slack), so at "
-            f"least {need} bytes ({gib(need)})")
+            f"least {need} bytes ({format_bytes(need)})")
     return budget
 
 
@@ -413,7 +403,7 @@ def resident_bytes(model: ModelFile, dtype: torch.dtype, compute: str = "float")
     under packed compute, as the file stores them (matrices stay packed)."""
     if compute == "packed":
         return sum(info.nbytes for info in model.resident.values())
-    size = torch.empty((), dtype=dtype).element_size()
+    size = itemsize(dtype)
     n = 0
     for info in model.resident.values():
         count = 1
@@ -444,5 +434,5 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
 __all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
            "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
            "cgroup_memory", "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
-           "device_memory", "gib", "host_budget_for_slots", "machine_memory", "make_plan", "parse_bytes",
-           "resident_bytes", "round_up", "slot_layout"]
+           "device_memory", "host_budget_for_slots", "machine_memory", "make_plan", "parse_bytes",
+           "resident_bytes", "slot_layout"]

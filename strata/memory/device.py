@@ -24,6 +24,8 @@ after its fill; the compute stream waits on it before reading the slot) and `fre
 the compute stream at release; the load stream waits on it before overwriting the slot). The
 compute stream never waits for a load it does not read. On the CPU fills are synchronous and
 the events are not used.
+
+Must not decide placement (the policies do) or read the model file (host bytes are handed in).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import torch
 
 from strata import native
 from strata.gguf import PARTS, ExpertSlab, ModelFile
+from strata.units import itemsize, round_up
 
 from . import alloc, gpu_dequant
 from .base import ExpertWeights
@@ -45,10 +48,6 @@ from .direct import MIN_ELEMS_PER_THREAD
 SLOT_FORMS = ("dequantized", "packed")
 #: Start of each part's region in a packed slot (bytes): whole cache lines and GPU sectors.
 PACKED_ALIGN = 256
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
 
 
 @dataclass(frozen=True)
@@ -61,12 +60,12 @@ class ExpertGeometry:
     @property
     def packed_offsets(self) -> tuple[int, int, int]:
         """Start of each part in a packed slot."""
-        a = [_round_up(n, PACKED_ALIGN) for n in self.packed]
+        a = [round_up(n, PACKED_ALIGN) for n in self.packed]
         return (0, a[0], a[0] + a[1])
 
     @property
     def packed_slot_bytes(self) -> int:
-        return sum(_round_up(n, PACKED_ALIGN) for n in self.packed)
+        return sum(round_up(n, PACKED_ALIGN) for n in self.packed)
 
     def values(self) -> int:
         """Elements of one expert (gate + up + down)."""
@@ -75,32 +74,33 @@ class ExpertGeometry:
     def slot_bytes(self, form: str, dtype: torch.dtype) -> int:
         """Bytes of one slot of `form`."""
         check_form(form)
-        return self.packed_slot_bytes if form == "packed" else self.values() * _itemsize(dtype)
+        return self.packed_slot_bytes if form == "packed" else self.values() * itemsize(dtype)
+
+
+def largest_slabs(model: ModelFile) -> tuple[int, int, int]:
+    """Bytes of the largest gate, up and down slab over the expert layers (every expert of a layer
+    has the same size, so expert 0 stands for its layer): what a slot of either tier must hold."""
+    gate, up, down = (max(model.expert(layer, 0, part).nbytes for layer in model.expert_layers) for part in PARTS)
+    return gate, up, down
 
 
 def expert_geometry(model: ModelFile) -> ExpertGeometry:
     """The expert geometry of `model`; every expert layer must share the part shapes."""
     first = model.expert_slabs(model.expert_layers[0], 0)
     shapes = tuple(s.shape for s in first)
-    packed = [0, 0, 0]
     for layer in model.expert_layers:
         for p, slab in enumerate(model.expert_slabs(layer, 0)):
             if slab.shape != shapes[p]:
                 raise ValueError(f"{model.path}: {slab.tensor}: expert {slab.part} shape {list(slab.shape)} differs "
                                  f"from layer {model.expert_layers[0]}'s {list(shapes[p])}; device slots need one "
                                  f"shape per part")
-            packed[p] = max(packed[p], slab.nbytes)
-    return ExpertGeometry(shapes, tuple(packed))
+    return ExpertGeometry(shapes, largest_slabs(model))
 
 
 def check_form(form: str) -> str:
     if form not in SLOT_FORMS:
         raise ValueError(f"slot form must be one of {', '.join(SLOT_FORMS)}, found {form!r}")
     return form
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class DeviceSlots:

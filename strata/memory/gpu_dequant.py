@@ -23,6 +23,8 @@ Block layouts (bytes; "half" is little-endian float16), one row per format:
 
 Where a byte holds two 4-bit codes, a run of low nibbles comes first, then the high nibbles.
 Dimension letters: N blocks, and the element index within a block.
+
+Must not choose slots or move bytes between tiers: blocks in, values out.
 """
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ This module moves bytes and keeps the policy's page table in step with the reads
 pager reads -> complete, or cancel when a read fails. Policy layers are the model's expert layers
 in order (a dense lead layer has no slots); `ExpertLayers` maps them. Budgets and the slot layout
 are `budget.py`'s.
+
+Must not decide placement (the policy does) or compute anything: it moves bytes.
 """
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ import numpy as np
 from strata.errors import NativeError, StrataError
 from strata.gguf import PARTS, ExpertSlab, ModelFile
 from strata import native
+from strata.units import format_bytes
 
 from . import alloc
 from .base import ExpertLayers
-from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, gib,
+from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget,
                      machine_memory, slot_layout)
 from .policy import READY, ExpertPolicy, PolicyConfig
 
@@ -159,7 +162,7 @@ class HostTier:
 
     def __repr__(self) -> str:
         return (f"HostTier({str(self.model.path)!r}, {self.n_slots} slots x {self.layout.slot_bytes} B = "
-                f"{gib(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
+                f"{format_bytes(self.pool.nbytes)}{', pinned' if self.pinned else ''}, {self.pager!r})")
 
     @property
     def n_slots(self) -> int:

@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from strata.units import format_bytes
+
 #: Integer counters, one [L] array each (L = expert layers).
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
@@ -96,8 +98,8 @@ class MemoryStats:
             f"({100 * t['device_hit_rate']:.1f}%), late prefetches {t['device_late']}, misses "
             f"{t['device_misses']} (host hits {t['host_hits']}, disk reads {t['disk_reads']}); "
             f"placed at start-up {t['startup_loads']}",
-            f"  bytes: disk -> host {t['bytes_disk'] / 2**20:.1f} MiB, host -> device "
-            f"{t['bytes_to_device'] / 2**20:.1f} MiB; evictions {t['evictions']}",
+            f"  bytes: disk -> host {format_bytes(t['bytes_disk'])}, host -> device "
+            f"{format_bytes(t['bytes_to_device'])}; evictions {t['evictions']}",
             f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s",
             f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
             f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "

@@ -8,6 +8,8 @@ layer; one (token, layer) is one step, whose K experts are requested in order. E
 preloaded. The experts of the current step are all protected while it runs (the engine pins them
 for the grouped expert compute), so a miss never evicts an expert the same step needs.
 hit rate = hits / requests over all layers. These semantics reproduce the trace README's table.
+
+Must not print or time anything: replay returns counts and `strata.bench.cache` reports them.
 """
 from __future__ import annotations
 

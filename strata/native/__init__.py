@@ -15,12 +15,12 @@ from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_thr
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .matmul import (ComputePool, MoePart, MoeParts, matmul_into, matmul_scratch_bytes, moe_scratch_bytes,
                      moe_swiglu)
-from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
+from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 
-__all__ = ["IMPLS", "ComputePool", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerTimeoutError", "can_quantize",
-           "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "default_impl", "default_threads", "dequantize",
-           "dequantize_into", "has_kernel", "has_qdot_kernel", "matmul_into", "matmul_scratch_bytes",
-           "moe_scratch_bytes", "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows", "quantize",
-           "quantize_act", "quantize_into"]
+__all__ = ["DEFAULT_PAGER_THREADS", "IMPLS", "ComputePool", "MoePart", "MoeParts", "Pager", "PagerInfo",
+           "PagerTimeoutError", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "default_impl",
+           "default_threads", "dequantize", "dequantize_into", "has_kernel", "has_qdot_kernel", "matmul_into",
+           "matmul_scratch_bytes", "moe_scratch_bytes", "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows",
+           "quantize", "quantize_act", "quantize_into"]

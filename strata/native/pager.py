@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.errors import NativeError
+from strata.units import round_up
 
 from ._lib import check, dst_view, ffi, lib, status_reason
 
@@ -21,6 +22,8 @@ class PagerTimeoutError(NativeError, TimeoutError):
     """A wait on a pager request timed out; the request is still pending (wait again)."""
 
 
+#: Worker threads of a pager when the caller does not say (the host tier's default too).
+DEFAULT_PAGER_THREADS = 4
 _PAGER_FALLBACKS = {"pread": 0, "mmap": lib.STRATA_PAGER_FALLBACK_MMAP}
 _PAGER_STATS = ("submitted", "completed", "failed", "direct", "chunks", "bytes_requested",
                 "bytes_read", "read_ns", "busy_ns", "in_flight")
@@ -64,7 +67,7 @@ class Pager:
     Destinations are kept alive by the pager until their request is collected or it is closed.
     """
 
-    def __init__(self, path: str | os.PathLike, n_threads: int = 4, *, chunk_bytes: int = 0,
+    def __init__(self, path: str | os.PathLike, n_threads: int = DEFAULT_PAGER_THREADS, *, chunk_bytes: int = 0,
                  direct: bool | None = None, fallback: str = "pread") -> None:
         self.path = os.fspath(path)
         if not isinstance(n_threads, int) or not 1 <= n_threads <= 256:
@@ -101,7 +104,7 @@ class Pager:
         a = self.info.align
         if not a:
             return offset, offset + nbytes
-        return offset // a * a, -(-(offset + nbytes) // a) * a
+        return offset // a * a, round_up(offset + nbytes, a)
 
     # ---- requests ------------------------------------------------------------------------------
 

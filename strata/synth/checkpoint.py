@@ -3,9 +3,10 @@
 `build_checkpoint`: the tiny float32 model of `strata demo` and of the memory tests, with a BPE
 tokenizer trained on the spot. `write_checkpoint`: bfloat16 checkpoints of any size for the
 converter's streaming tests and benchmarks, one shard per layer written tensor by tensor. Both
-share CONFIG, the tensor table and the tokenizer facts of `strata.synth.tokenizer`. Only the
-installed package is needed (no transformers). The weights are random: this is data to run the
-code on, never a model to judge.
+share CONFIG, the tensor table and the tokenizer facts of `strata.synth.tokenizer`. The weights
+are random: this is data to run the code on, never a model to judge.
+
+Must not import transformers or torch: the installed package (numpy, tokenizers) builds it all.
 """
 from __future__ import annotations
 
