@@ -1,4 +1,6 @@
-"""Options every model-running command shares, and loading a model from them."""
+"""Options every model-running command shares, and loading a model from them.
+Must not: compute or format library results beyond the shared --stats lines.
+"""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,6 @@
-"""`strata generate MODEL -p TEXT`: continue a prompt, streaming the text (or one JSON object)."""
+"""`strata generate MODEL -p TEXT`: continue a prompt, streaming the text (or one JSON object).
+Must not: hold generation logic; it parses arguments and calls `strata.load(...).generate`.
+"""
 from __future__ import annotations
 
 import argparse

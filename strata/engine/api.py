@@ -5,6 +5,8 @@
     m.generate("Once upon a time", max_tokens=32).text
     for chunk in m.chat([{"role": "user", "content": "Hi"}], stream=True):
         print(chunk.text, end="")
+
+Must not: touch weights, files or kernels directly (models, memory and native do).
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`ModelFile`: a validated, memory-mapped view of a GGUF model with one slab per expert."""
+"""`ModelFile`: a validated, memory-mapped view of a GGUF model with one slab per expert.
+Must not: import torch or interpret tensor values (it hands out bytes and shapes).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict

@@ -16,6 +16,7 @@ import torch
 
 from strata import native
 from strata.gguf import PARTS, ModelFile
+from strata.units import itemsize
 
 from .base import ExpertMemory, ExpertWeights, PackedExperts
 
@@ -45,7 +46,7 @@ class DirectExpertMemory(ExpertMemory):
             self.max_acquire, self._held = hp.n_experts, None
             self._parts: dict[int, native.MoeParts] = {}
             return
-        per_expert = sum(r * c for r, c in self.shapes.values()) * torch.empty((), dtype=dtype).element_size()
+        per_expert = sum(r * c for r, c in self.shapes.values()) * itemsize(dtype)
         default = min(hp.n_experts, max(hp.n_experts_used, DEFAULT_BUFFER_BYTES // per_expert))
         self.max_acquire = max_acquire or default
         if not 1 <= self.max_acquire <= hp.n_experts:

@@ -4,6 +4,7 @@ H query heads share Hkv key/value heads (H % Hkv == 0). QK-norm, when the model 
 RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
 heads' features at once (OLMoE). New keys and values are written to the cache first; each
 sequence then attends causally over its cached prefix plus its new tokens.
+Must not: allocate the cache or read files; it reads and writes the KV tensors it is given.
 """
 from __future__ import annotations
 

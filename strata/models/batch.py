@@ -4,6 +4,7 @@ Sequences are flattened into one token axis T (B sequences, new tokens of sequen
 `offsets[b]:offsets[b] + lengths[b]`). Sequence b keeps its keys and values in KV-cache slot
 `slots[b]`, where its first `starts[b]` positions are already cached. The engine builds batches;
 model code reads them.
+Must not: hold tensors of the model or schedule sequences (the engine does).
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Small shared layers: RMSNorm, the SwiGLU feed-forward (dense FFN and shared expert) and
 `linear`, the one product every weight goes through (a float tensor, or a `PackedMatrix` that
-computes from the file's blocks)."""
+computes from the file's blocks).
+Must not: read files or choose the compute path (the loader hands each layer its weights).
+"""
 from __future__ import annotations
 
 from typing import Union

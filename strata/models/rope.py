@@ -12,6 +12,7 @@ scaling the file declares:
           attn_factor * (1 + 0.1 ln factor).
 
 Angles are computed in float32 from float32 inverse frequencies, as transformers does.
+Must not: read files; the frequencies come from HParams.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 Dimension letters: T new tokens in the batch (all sequences), B sequences, D = n_embd,
 H / Hkv query / key-value heads, hd head dim, E experts, K experts per token, V vocabulary.
+Must not: read files or reach expert bytes (the expert memory does).
 """
 from __future__ import annotations
 
