@@ -153,6 +153,16 @@ typedef struct {
     float scale;
 } attn_head;
 
+/* Eight partial sums (lane i % 8), so the compiler can vectorise without reassociating. */
+static float dot_ref(const float *a, const float *b, int64_t n) {
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) lane[0] += a[i] * b[i];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
 /* Softmax(scale q.k_j) weighted sum of v_j. Scores are taken GLUE_ATTN_CHUNK positions at a
  * time; after the first pass, a larger running maximum rescales the sum and the output so far
  * (one pass, the plain max-subtracted softmax, up to GLUE_ATTN_CHUNK positions). */
@@ -164,10 +174,7 @@ static void attn_head_ref(const attn_head *a) {
         const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) {
-            const float *kr = a->k + (j0 + j) * a->hd;
-            float d = 0.0f;
-            for (int64_t i = 0; i < a->hd; i++) d += a->q[i] * kr[i];
-            s[j] = d * a->scale;
+            s[j] = dot_ref(a->q, a->k + (j0 + j) * a->hd, a->hd) * a->scale;
             cm = s[j] > cm ? s[j] : cm;
         }
         if (cm > m) {

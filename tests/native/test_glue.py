@@ -102,8 +102,10 @@ def test_rope_exact(neox, hd, rope_dim):
 def test_rope_refuses_mismatched_tables():
     with pytest.raises(ValueError, match="rope: cos"):
         native.rope(torch.randn(2, 2, 8), torch.randn(2, 3), torch.randn(2, 3), 8, True)
-    with pytest.raises(NativeError, match="rope"):  # odd rope_dim
+    with pytest.raises(ValueError, match="rope_dim 3"):
         native.rope(torch.randn(2, 2, 8), torch.randn(2, 1), torch.randn(2, 1), 3, True)
+    with pytest.raises(NativeError, match="rope"):  # rope_dim past the head
+        native.rope(torch.randn(2, 2, 8), torch.randn(2, 5), torch.randn(2, 5), 10, True)
 
 
 # ---- KV write and decode attention ----
