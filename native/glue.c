@@ -239,13 +239,68 @@ static float dot_avx2(const float *a, const float *b, int64_t n) {
     return d;
 }
 
-/* out[i] = out[i] * f + p * v[i] */
-static void scale_axpy_avx2(float *out, float f, float p, const float *v, int64_t n) {
-    const __m256 fv = _mm256_set1_ps(f), pv = _mm256_set1_ps(p);
+/* out[i] *= f */
+static void scale_avx2(float *out, float f, int64_t n) {
+    const __m256 fv = _mm256_set1_ps(f);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_mul_ps(fv, _mm256_loadu_ps(out + i))));
-    for (; i < n; i++) out[i] = out[i] * f + p * v[i];
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fv, _mm256_loadu_ps(out + i)));
+    for (; i < n; i++) out[i] *= f;
+}
+
+/* s[j] = scale * q . k[j] for n key rows of hd. Four rows at a time share each load of q, and their
+ * four horizontal sums are done together. */
+static void scores_avx2(const float *q, const float *k, int64_t n, int64_t hd, float scale, float *s) {
+    const int64_t hd8 = hd & ~(int64_t)7;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+        }
+        /* hadd twice: lane r of each 128-bit half holds half of row r's sum. */
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 d = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        if (hd8 < hd) {
+            float t[4] = {0, 0, 0, 0};
+            for (int64_t i = hd8; i < hd; i++) {
+                t[0] += q[i] * k0[i]; t[1] += q[i] * k1[i]; t[2] += q[i] * k2[i]; t[3] += q[i] * k3[i];
+            }
+            d = _mm_add_ps(d, _mm_loadu_ps(t));
+        }
+        _mm_storeu_ps(s + j, _mm_mul_ps(d, _mm_set1_ps(scale)));
+    }
+    for (; j < n; j++) s[j] = dot_avx2(q, k + j * hd, hd) * scale;
+}
+
+/* out[i] += sum_j p[j] v[j][i] for n value rows of hd: 64 columns at a time stay in registers
+ * while every row streams past. */
+static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t hd, float *out) {
+    int64_t c = 0;
+    for (; c + 64 <= hd; c += 64) {
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_loadu_ps(out + c + 8 * r);
+        for (int64_t j = 0; j < n; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vr = v + j * hd + c;
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * r), acc[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(out + c + 8 * r, acc[r]);
+    }
+    for (; c + 8 <= hd; c += 8) {
+        __m256 acc = _mm256_loadu_ps(out + c);
+        for (int64_t j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
+        _mm256_storeu_ps(out + c, acc);
+    }
+    for (; c < hd; c++) {
+        float acc = out[c];
+        for (int64_t j = 0; j < n; j++) acc += p[j] * v[j * hd + c];
+        out[c] = acc;
+    }
 }
 
 static void attn_head_avx2(const attn_head *a) {
@@ -254,16 +309,14 @@ static void attn_head_avx2(const attn_head *a) {
     memset(a->out, 0, (size_t)a->hd * sizeof(float));
     for (int64_t j0 = 0; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
+        scores_avx2(a->q, a->k + j0 * a->hd, nj, a->hd, a->scale, s);
         float cm = -INFINITY;
-        for (int64_t j = 0; j < nj; j++) {
-            s[j] = dot_avx2(a->q, a->k + (j0 + j) * a->hd, a->hd) * a->scale;
-            cm = s[j] > cm ? s[j] : cm;
-        }
+        for (int64_t j = 0; j < nj; j++) cm = s[j] > cm ? s[j] : cm;
         if (cm > m) {
             if (l > 0.0f) {
                 const float f = expf(m - cm);
                 l *= f;
-                scale_axpy_avx2(a->out, f, 0.0f, a->out, a->hd);
+                scale_avx2(a->out, f, a->hd);
             }
             m = cm;
         }
@@ -279,9 +332,9 @@ static void attn_head_avx2(const attn_head *a) {
             s[j] = expf(s[j] - m);
             l += s[j];
         }
-        for (j = 0; j < nj; j++) scale_axpy_avx2(a->out, 1.0f, s[j], a->v + (j0 + j) * a->hd, a->hd);
+        weighted_sum_avx2(s, a->v + j0 * a->hd, nj, a->hd, a->out);
     }
-    scale_axpy_avx2(a->out, 1.0f / l, 0.0f, a->out, a->hd);
+    scale_avx2(a->out, 1.0f / l, a->hd);
 }
 
 #pragma GCC pop_options
