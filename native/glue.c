@@ -372,6 +372,33 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
 }
 
 /* ======================================================================================
+ * Small float32 products (the router's logits)
+ * ====================================================================================== */
+
+int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
+                       float *y, int impl) {
+    int64_t last;
+    if (n_tokens < 0 || n < 0 || n_rows < 0) return STRATA_E_ARG;
+    int st = strata_resolve_impl(impl, &impl);
+    if (st) return st;
+    if (n_tokens == 0 || n_rows == 0) return STRATA_OK;
+    if (!x || !y || (n && !w)) return STRATA_E_ARG;
+    if (x_stride < n || !mul_ok(n_tokens - 1, x_stride, &last) || !mul_ok(n_rows, n, &last) ||
+        !mul_ok(n_tokens, n_rows, &last))
+        return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n_tokens; t++) {
+#ifdef GLUE_X86
+        if (impl != STRATA_IMPL_SCALAR) {
+            scores_avx2(x + t * x_stride, w, n_rows, n, 1.0f, y + t * n_rows);
+            continue;
+        }
+#endif
+        for (int64_t r = 0; r < n_rows; r++) y[t * n_rows + r] = dot_ref(x + t * x_stride, w + r * n, n);
+    }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
  * Router: probabilities, top-k, renormalisation
  * ====================================================================================== */
 

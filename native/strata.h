@@ -333,6 +333,13 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
                             int64_t n_cache_ctx, const int64_t *slots, const int64_t *n_ctx, float scale,
                             float *out, int64_t out_stride, int impl);
 
+/* y[t, r] = x[t] . w[r] for x [T, n] (token t at x + t * x_stride), w [n_rows, n] and y
+ * [T, n_rows] contiguous: float32 products for small matrices kept in F32, the router's logits.
+ * Sums in a different order from torch's F.linear: equal within float rounding, not bit for bit.
+ * `impl` (enum strata_impl): scalar or AVX2 (AVX-512 runs AVX2). */
+int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
+                       float *y, int impl);
+
 enum strata_gating {
     STRATA_GATING_SOFTMAX = 0,
     STRATA_GATING_SIGMOID = 1

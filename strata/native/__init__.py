@@ -14,7 +14,7 @@ through one helper (`_lib.check`); they hold no policy about what to compute or 
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
-from .glue import attn_decode, group_assignments, kv_write, rmsnorm, rope, route
+from .glue import attn_decode, group_assignments, kv_write, matvec, rmsnorm, rope, route
 from .matmul import (ComputePool, MoePart, MoeParts, matmul_into, matmul_scratch_bytes, moe_scratch_bytes,
                      moe_swiglu)
 from .pager import Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
@@ -24,5 +24,5 @@ from .quantizer import can_quantize, quantize, quantize_into
 __all__ = ["ComputePool", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerTimeoutError", "attn_decode",
            "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "default_impl", "default_threads",
            "dequantize", "dequantize_into", "group_assignments", "has_kernel", "has_qdot_kernel", "kv_write",
-           "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes", "moe_swiglu", "numa_node_count", "numa_node_of",
-           "qdot_rows", "quantize", "quantize_act", "quantize_into", "rmsnorm", "rope", "route"]
+           "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes", "moe_swiglu", "numa_node_count",
+           "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into", "rmsnorm", "rope", "route"]

@@ -5,6 +5,7 @@ products, one call each instead of a dozen small torch ops.
     native.rope(q, cos, sin, rope_dim, neox)                # in place, q may be a column slice
     native.kv_write(k, v, k_cache, v_cache, slots, positions)
     native.attn_decode(q, k_cache, v_cache, slots, n_ctx, scale, out)
+    native.matvec(x, router_weight, logits)                 # F32 weights: the router's logits
     native.route(logits, k, "softmax", norm, scale, expert_ids, weights)
     n_used = native.group_assignments(expert_ids, weights, n_experts, used, offsets, token_ids, weights_sorted)
 
@@ -140,6 +141,26 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, slots: Any, n_ctx: Any, scal
     return out
 
 
+def matvec(x: Any, w: Any, out: Any, impl: str = "auto") -> Any:
+    """out[T, N] = x[T, n] @ w[N, n]^T in float32 (the router's logits from an F32 router
+    weight); x's token stride is free, w and out contiguous. Equal to F.linear within float
+    rounding (another summation order). Returns out."""
+    if _F32 is None:
+        _init()
+    xp, xs = _rows(x, "matvec x", 2)
+    T, n = x.shape
+    wshape = w.shape
+    if len(wshape) != 2 or wshape[1] != n or out.shape != (T, wshape[0]):
+        raise ValueError(f"matvec: x {tuple(x.shape)}, w {tuple(wshape)}, out {tuple(out.shape)} "
+                         f"(expected w [N, {n}] and out [{T}, N])")
+    status = lib.strata_glue_matvec(xp, xs, T, n, _flat(w, "matvec w", _F32, "float *"), wshape[0],
+                                    _flat(out, "matvec out", _F32, "float *"),
+                                    IMPLS[impl] if impl in IMPLS else impl_code(impl))
+    if status:
+        check(status, f"matvec of x {tuple(x.shape)} by w {tuple(wshape)}")
+    return out
+
+
 _GATING = {"softmax": lib.STRATA_GATING_SOFTMAX, "sigmoid": lib.STRATA_GATING_SIGMOID}
 
 
@@ -194,4 +215,4 @@ def group_assignments(expert_ids: Any, weights: Any, n_experts: int, used: Any, 
     return int(cell[0])
 
 
-__all__ = ["attn_decode", "group_assignments", "kv_write", "rmsnorm", "rope", "route"]
+__all__ = ["attn_decode", "group_assignments", "kv_write", "matvec", "rmsnorm", "rope", "route"]

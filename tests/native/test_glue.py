@@ -251,3 +251,32 @@ def test_group_assignments_refuses_ids_out_of_range():
             native.group_assignments(torch.tensor([[0, bad]]), torch.rand(1, 2), 4, used, offsets, token_ids, ws)
     with pytest.raises(ValueError, match="offsets"):
         native.group_assignments(torch.tensor([[0, 1]]), torch.rand(1, 2), 4, used, offsets[:4], token_ids, ws)
+
+
+# ---- float32 products (router logits) ----
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T,n,N", [(1, 1024, 64), (3, 37, 5), (2, 64, 128)])
+def test_matvec_matches_linear(impl, T, n, N):
+    g = _gen(T * n + N)
+    xs = torch.randn(T, n + 3, generator=g)
+    x = xs[:, :n]  # a token stride wider than the row
+    w = torch.randn(N, n, generator=g)
+    want = torch.nn.functional.linear(x, w)
+    out = torch.empty(T, N)
+    native.matvec(x, w, out, impl=impl)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * math.sqrt(n))
+
+
+def test_matvec_then_route_equals_router():
+    x, w = torch.randn(2, 256, generator=_gen(5)), torch.randn(32, 256, generator=_gen(6))
+    want_w, want_ids = Router(w, 4, "softmax", True, 1.0)(x)
+    logits, ids, rw = torch.empty(2, 32), torch.empty(2, 4, dtype=torch.int64), torch.empty(2, 4)
+    native.route(native.matvec(x, w, logits), 4, "softmax", True, 1.0, ids, rw)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(rw, want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_matvec_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="matvec"):
+        native.matvec(torch.randn(1, 8), torch.randn(4, 7), torch.empty(1, 4))
