@@ -167,33 +167,38 @@ static float dot_ref(const float *a, const float *b, int64_t n) {
  * time; after the first pass, a larger running maximum rescales the sum and the output so far
  * (one pass, the plain max-subtracted softmax, up to GLUE_ATTN_CHUNK positions). */
 static void attn_head_ref(const attn_head *a) {
+    /* Locals, not a->...: with -fno-strict-aliasing a store to out[i] could change *a, which
+     * would keep the compiler from vectorising the loops. */
+    const float *restrict q = a->q, *restrict k = a->k, *restrict v = a->v;
+    float *restrict out = a->out;
+    const int64_t n_ctx = a->n_ctx, hd = a->hd;
     float s[GLUE_ATTN_CHUNK];
     float m = -INFINITY, l = 0.0f;
-    memset(a->out, 0, (size_t)a->hd * sizeof(float));
-    for (int64_t j0 = 0; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
-        const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t j0 = 0; j0 < n_ctx; j0 += GLUE_ATTN_CHUNK) {
+        const int64_t nj = n_ctx - j0 < GLUE_ATTN_CHUNK ? n_ctx - j0 : GLUE_ATTN_CHUNK;
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) {
-            s[j] = dot_ref(a->q, a->k + (j0 + j) * a->hd, a->hd) * a->scale;
+            s[j] = dot_ref(q, k + (j0 + j) * hd, hd) * a->scale;
             cm = s[j] > cm ? s[j] : cm;
         }
         if (cm > m) {
             if (l > 0.0f) {
                 const float f = expf(m - cm);
                 l *= f;
-                for (int64_t i = 0; i < a->hd; i++) a->out[i] *= f;
+                for (int64_t i = 0; i < hd; i++) out[i] *= f;
             }
             m = cm;
         }
         for (int64_t j = 0; j < nj; j++) {
             const float p = expf(s[j] - m);
-            const float *vr = a->v + (j0 + j) * a->hd;
+            const float *vr = v + (j0 + j) * hd;
             l += p;
-            for (int64_t i = 0; i < a->hd; i++) a->out[i] += p * vr[i];
+            for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
         }
     }
     const float inv = 1.0f / l;
-    for (int64_t i = 0; i < a->hd; i++) a->out[i] *= inv;
+    for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
 #ifdef GLUE_X86
