@@ -131,7 +131,8 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
     if (k_stride < width || v_stride < width || !mul_ok(n_tokens - 1, k_stride > v_stride ? k_stride : v_stride, &last))
         return STRATA_E_SIZE;
     for (int64_t t = 0; t < n_tokens; t++)  /* check every index before the first write */
-        if (slots[t] < 0 || slots[t] >= n_slots || positions[t] < 0 || positions[t] >= n_cache_ctx) return STRATA_E_SIZE;
+        if (slots[t] < 0 || slots[t] >= n_slots || positions[t] < 0 || positions[t] >= n_cache_ctx)
+            return STRATA_E_SIZE;
     const size_t row = (size_t)head_dim * sizeof(float);
     for (int64_t t = 0; t < n_tokens; t++)
         for (int64_t g = 0; g < n_head_kv; g++) {
@@ -298,7 +299,8 @@ static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t
     }
     for (; c + 8 <= hd; c += 8) {
         __m256 acc = _mm256_loadu_ps(out + c);
-        for (int64_t j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
+        for (int64_t j = 0; j < n; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
         _mm256_storeu_ps(out + c, acc);
     }
     for (; c < hd; c++) {

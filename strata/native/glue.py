@@ -32,9 +32,10 @@ def _init() -> None:
 
 
 def _bad(t: Any, what: str, dtype: Any, layout: str) -> ValueError:
-    return ValueError(f"{what} must be a CPU {dtype} tensor {layout}, found {getattr(t, 'dtype', type(t).__name__)} "
-                      f"of shape {tuple(getattr(t, 'shape', ()))} and strides {t.stride() if hasattr(t, 'stride') else ()}"
-                      f" on {getattr(t, 'device', '?')}")
+    found = getattr(t, "dtype", type(t).__name__)
+    strides = t.stride() if hasattr(t, "stride") else ()
+    return ValueError(f"{what} must be a CPU {dtype} tensor {layout}, found {found} of shape "
+                      f"{tuple(getattr(t, 'shape', ()))} and strides {strides} on {getattr(t, 'device', '?')}")
 
 
 def _flat(t: Any, what: str, dtype: Any, ctype: str) -> Any:
