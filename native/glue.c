@@ -1,14 +1,15 @@
 /*
  * Decoder glue: the small float32 steps between the matrix products of a CPU decode step
- * (RMSNorm, RoPE, KV-cache writes, decode attention, the router's top-k, grouping of
+ * (RMSNorm, RoPE, KV-cache writes, decode attention, the router's logits and top-k, grouping of
  * (token, expert) assignments), each one native call instead of a dozen torch ops.
  *
  * Each function follows the torch formulation in strata/models (layers.py RMSNorm, rope.py
  * Rope.apply, attention.py attend_decode, moe.py Router.forward and RoutedExperts._packed_tokens);
  * the tests (tests/native/test_glue.py) hold them to it. This file does no allocation, starts no
  * threads and keeps no state; every dimension, stride and index is checked before any write.
- * Only decode attention has an AVX2 kernel (its dot products and exponentials are the bulk of the
- * work here); the other steps are a few microseconds of scalar code at most.
+ * Decode attention and the float32 matvec have AVX2 kernels (their dot products and exponentials
+ * are the bulk of the work here), chosen per call from `impl` like the other kernels; the other
+ * steps are a microsecond or two of scalar code that the compiler vectorises.
  */
 #include "strata.h"
 #include "kernels.h"
