@@ -294,4 +294,71 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
                       int impl);
 
+/* ==== Decoder glue (glue.c): the float32 steps between the matrix products of a decode step ====
+ *
+ * RMSNorm, RoPE, KV-cache writes, decode attention, the router's top-k and the grouping of
+ * (token, expert) assignments, each one call on the calling thread. Strides and lengths count
+ * float (or index) elements, not bytes; a "stride" is the distance between consecutive tokens'
+ * rows, so a column slice of a wider matrix (q, k, v split from one product) is passed as is.
+ * Every dimension, stride and index is checked before the first write: STRATA_E_ARG for a NULL
+ * pointer, a negative count or a bad enum value, STRATA_E_SIZE for a stride narrower than its
+ * row or an index (slot, position, expert id) out of range.
+ */
+
+/* out[t, g*n + i] = weight[i] * (x[t, g*n + i] * r), r = 1/sqrt(mean_i x[t, g*n + i]^2 + eps), for
+ * n_groups groups of n features per token (1 group: a full-width norm; H groups of hd: Qwen3's
+ * per-head q/k norm). The mean is summed in double; r is rounded to float. out may be x. */
+int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n_groups, int64_t n,
+                        const float *weight, float eps, float *out, int64_t out_stride);
+
+/* Rotate x[T, H, hd] in place (token t's heads start at x + t * x_stride) by cos/sin [T, R/2]
+ * (contiguous): features (i, i + R/2) when neox, (2i, 2i + 1) otherwise, become
+ * (x1 cos - x2 sin, x2 cos + x1 sin); features R..hd-1 are left alone. R even, R <= hd. */
+int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_head, int64_t head_dim,
+                     const float *cos_t, const float *sin_t, int64_t rope_dim, int neox);
+
+/* k_cache[slots[t], g, positions[t], :] = k[t, g, :] (and v alike) for caches [S, Hkv, C, hd]
+ * (contiguous) and k, v rows [Hkv, hd] at k + t * k_stride, v + t * v_stride. */
+int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, int64_t n_tokens,
+                         int64_t n_head_kv, int64_t head_dim, float *k_cache, float *v_cache, int64_t n_slots,
+                         int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions);
+
+/* Grouped-query decode attention: for sequence b and head h (kv head g = h / (H / Hkv)),
+ * out[b, h*hd:(h+1)*hd] = softmax_j(scale * q[b, h] . k_cache[slots[b], g, j]) @ v_cache[slots[b], g, j]
+ * over positions j < n_ctx[b] (1 <= n_ctx[b] <= C). Softmax in float32, max subtracted; past 256
+ * positions the passes are joined by online rescaling. `impl` (enum strata_impl): scalar or AVX2
+ * (AVX-512 runs AVX2); they agree to float rounding, not bit for bit. */
+int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head, int64_t n_head_kv,
+                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_slots,
+                            int64_t n_cache_ctx, const int64_t *slots, const int64_t *n_ctx, float scale,
+                            float *out, int64_t out_stride, int impl);
+
+/* y[t, r] = x[t] . w[r] for x [T, n] (token t at x + t * x_stride), w [n_rows, n] and y
+ * [T, n_rows] contiguous: float32 products for small matrices kept in F32, the router's logits.
+ * Sums in a different order from torch's F.linear: equal within float rounding, not bit for bit.
+ * `impl` (enum strata_impl): scalar or AVX2 (AVX-512 runs AVX2). */
+int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
+                       float *y, int impl);
+
+enum strata_gating {
+    STRATA_GATING_SOFTMAX = 0,
+    STRATA_GATING_SIGMOID = 1
+};
+
+/* Router on logits [T, E] (contiguous, E <= 4096): probabilities (softmax over E, or sigmoid), the
+ * k largest per token in descending order (equal probabilities: lower expert id first) into
+ * expert_ids [T, k], their probabilities into weights [T, k], divided by their sum when norm,
+ * times scale when scale != 1. STRATA_E_ARG when NaN logits leave fewer than k candidates. */
+int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
+                      float scale, int64_t *expert_ids, float *weights);
+
+/* The T*k assignments (expert_ids, weights [T, k]) sorted by expert, stably (tokens ascending
+ * within an expert): used[0..n) the experts that own any (ascending), offsets[0..n] where used[j]
+ * owns sorted entries offsets[j]..offsets[j+1]-1, token_ids and weights_sorted [T*k] the token
+ * and weight of each sorted entry. used holds n_experts entries, offsets n_experts + 1 (its whole
+ * length is scratch). STRATA_E_SIZE for an id outside [0, n_experts). */
+int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
+                      int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
+                      float *weights_sorted, int64_t *n_used);
+
 #endif

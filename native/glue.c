@@ -1,0 +1,498 @@
+/*
+ * Decoder glue: the small float32 steps between the matrix products of a CPU decode step
+ * (RMSNorm, RoPE, KV-cache writes, decode attention, the router's logits and top-k, grouping of
+ * (token, expert) assignments), each one native call instead of a dozen torch ops.
+ *
+ * Each function follows the torch formulation in strata/models (layers.py RMSNorm, rope.py
+ * Rope.apply, attention.py attend_decode, moe.py Router.forward and RoutedExperts._packed_tokens);
+ * the tests (tests/native/test_glue.py) hold them to it. This file does no allocation, starts no
+ * threads and keeps no state; every dimension, stride and index is checked before any write.
+ * Decode attention and the float32 matvec have AVX2 kernels (their dot products and exponentials
+ * are the bulk of the work here), chosen per call from `impl` like the other kernels; the other
+ * steps are a microsecond or two of scalar code that the compiler vectorises.
+ */
+#include "strata.h"
+#include "kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GLUE_X86 1
+#endif
+
+/* Positions scored per pass of decode attention: scores live on the stack; a longer context
+ * runs in passes joined by the usual online-softmax rescaling. */
+#define GLUE_ATTN_CHUNK 256
+/* Router probabilities live on the stack: at most this many experts. */
+#define GLUE_MAX_EXPERTS 4096
+
+static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+/* ======================================================================================
+ * RMSNorm
+ * ====================================================================================== */
+
+/* Sum of squares in double (each float square is exact in double), in 8 lanes then a fixed
+ * reduction, so the result does not depend on how the compiler vectorises. */
+static double sum_squares(const float *x, int64_t n) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)x[i + l] * (double)x[i + l];
+    for (; i < n; i++) lane[0] += (double)x[i] * (double)x[i];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n_groups, int64_t n,
+                        const float *weight, float eps, float *out, int64_t out_stride) {
+    int64_t width;
+    if (n_tokens < 0 || n_groups < 0 || n < 1 || !mul_ok(n_groups, n, &width)) return STRATA_E_ARG;
+    if (n_tokens == 0 || n_groups == 0) return STRATA_OK;
+    if (!x || !weight || !out || !(eps >= 0.0f)) return STRATA_E_ARG;
+    if (x_stride < width || out_stride < width) return STRATA_E_SIZE;
+    int64_t last;
+    if (!mul_ok(n_tokens - 1, x_stride > out_stride ? x_stride : out_stride, &last)) return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t g = 0; g < n_groups; g++) {
+            const float *xr = x + t * x_stride + g * n;
+            float *o = out + t * out_stride + g * n;
+            /* torch: weight * (x * rsqrt(mean(x^2) + eps)), each product rounded to float. */
+            const float r = (float)(1.0 / sqrt(sum_squares(xr, n) / (double)n + (double)eps));
+            for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * r);
+        }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * RoPE
+ * ====================================================================================== */
+
+int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_head, int64_t head_dim,
+                     const float *cos_t, const float *sin_t, int64_t rope_dim, int neox) {
+    int64_t width, last;
+    if (n_tokens < 0 || n_head < 0 || head_dim < 1 || rope_dim < 0 || rope_dim > head_dim || rope_dim % 2 ||
+        (neox != 0 && neox != 1) || !mul_ok(n_head, head_dim, &width))
+        return STRATA_E_ARG;
+    if (n_tokens == 0 || n_head == 0 || rope_dim == 0) return STRATA_OK;
+    if (!x || !cos_t || !sin_t) return STRATA_E_ARG;
+    if (x_stride < width || !mul_ok(n_tokens - 1, x_stride, &last)) return STRATA_E_SIZE;
+    const int64_t half = rope_dim / 2;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float *c = cos_t + t * half, *s = sin_t + t * half;
+        for (int64_t h = 0; h < n_head; h++) {
+            float *v = x + t * x_stride + h * head_dim;
+            /* (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), products rounded before the sum as
+             * torch's separate elementwise ops do (the build forbids contraction into FMA). */
+            if (neox) {
+                for (int64_t i = 0; i < half; i++) {
+                    const float x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * c[i] - x2 * s[i];
+                    v[i + half] = x2 * c[i] + x1 * s[i];
+                }
+            } else {
+                for (int64_t i = 0; i < half; i++) {
+                    const float x1 = v[2 * i], x2 = v[2 * i + 1];
+                    v[2 * i] = x1 * c[i] - x2 * s[i];
+                    v[2 * i + 1] = x2 * c[i] + x1 * s[i];
+                }
+            }
+        }
+    }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * KV cache: [S slots, Hkv, C positions, hd]
+ * ====================================================================================== */
+
+/* Common checks of a cache shape; *head_elems = C * hd, *cache_elems = S * Hkv * C * hd. */
+static int cache_shape(int64_t n_slots, int64_t n_head_kv, int64_t n_cache_ctx, int64_t head_dim,
+                       int64_t *head_elems, int64_t *cache_elems) {
+    int64_t a;
+    if (n_slots < 1 || n_head_kv < 1 || n_cache_ctx < 1 || head_dim < 1) return STRATA_E_ARG;
+    if (!mul_ok(n_cache_ctx, head_dim, head_elems) || !mul_ok(*head_elems, n_head_kv, &a) ||
+        !mul_ok(a, n_slots, cache_elems))
+        return STRATA_E_SIZE;
+    return STRATA_OK;
+}
+
+int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, int64_t n_tokens,
+                         int64_t n_head_kv, int64_t head_dim, float *k_cache, float *v_cache, int64_t n_slots,
+                         int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions) {
+    int64_t head_elems, cache_elems, last;
+    int st = cache_shape(n_slots, n_head_kv, n_cache_ctx, head_dim, &head_elems, &cache_elems);
+    if (st) return st;
+    if (n_tokens < 0) return STRATA_E_ARG;
+    if (n_tokens == 0) return STRATA_OK;
+    if (!k || !v || !k_cache || !v_cache || !slots || !positions) return STRATA_E_ARG;
+    const int64_t width = n_head_kv * head_dim;
+    if (k_stride < width || v_stride < width || !mul_ok(n_tokens - 1, k_stride > v_stride ? k_stride : v_stride, &last))
+        return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n_tokens; t++)  /* check every index before the first write */
+        if (slots[t] < 0 || slots[t] >= n_slots || positions[t] < 0 || positions[t] >= n_cache_ctx)
+            return STRATA_E_SIZE;
+    const size_t row = (size_t)head_dim * sizeof(float);
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t g = 0; g < n_head_kv; g++) {
+            const int64_t at = (slots[t] * n_head_kv + g) * head_elems + positions[t] * head_dim;
+            memcpy(k_cache + at, k + t * k_stride + g * head_dim, row);
+            memcpy(v_cache + at, v + t * v_stride + g * head_dim, row);
+        }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * Decode attention: one query row per sequence against its cached keys 0..n_ctx-1
+ * ====================================================================================== */
+
+typedef struct {
+    const float *q, *k, *v;  /* q [hd]; k, v [n_ctx, hd] of this query's kv head */
+    float *out;              /* [hd] */
+    int64_t n_ctx, hd;
+    float scale;
+} attn_head;
+
+/* Eight partial sums (lane i % 8), so the compiler can vectorise without reassociating. */
+static float dot_ref(const float *a, const float *b, int64_t n) {
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) lane[0] += a[i] * b[i];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+/* Softmax(scale q.k_j) weighted sum of v_j. Scores are taken GLUE_ATTN_CHUNK positions at a
+ * time; after the first pass, a larger running maximum rescales the sum and the output so far
+ * (one pass, the plain max-subtracted softmax, up to GLUE_ATTN_CHUNK positions). */
+static void attn_head_ref(const attn_head *a) {
+    /* Locals, not a->...: with -fno-strict-aliasing a store to out[i] could change *a, which
+     * would keep the compiler from vectorising the loops. */
+    const float *restrict q = a->q, *restrict k = a->k, *restrict v = a->v;
+    float *restrict out = a->out;
+    const int64_t n_ctx = a->n_ctx, hd = a->hd;
+    float s[GLUE_ATTN_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t j0 = 0; j0 < n_ctx; j0 += GLUE_ATTN_CHUNK) {
+        const int64_t nj = n_ctx - j0 < GLUE_ATTN_CHUNK ? n_ctx - j0 : GLUE_ATTN_CHUNK;
+        float cm = -INFINITY;
+        for (int64_t j = 0; j < nj; j++) {
+            s[j] = dot_ref(q, k + (j0 + j) * hd, hd) * a->scale;
+            cm = s[j] > cm ? s[j] : cm;
+        }
+        if (cm > m) {
+            if (l > 0.0f) {
+                const float f = expf(m - cm);
+                l *= f;
+                for (int64_t i = 0; i < hd; i++) out[i] *= f;
+            }
+            m = cm;
+        }
+        for (int64_t j = 0; j < nj; j++) {
+            const float p = expf(s[j] - m);
+            const float *vr = v + (j0 + j) * hd;
+            l += p;
+            for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
+        }
+    }
+    const float inv = 1.0f / l;
+    for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+#ifdef GLUE_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), within
+ * 2 ulp; inputs below -87.3 give about 1e-38 instead of a subnormal or 0. */
+static inline __m256 exp256_nonpos(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static float dot_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float d = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) d += a[i] * b[i];
+    return d;
+}
+
+/* out[i] *= f */
+static void scale_avx2(float *out, float f, int64_t n) {
+    const __m256 fv = _mm256_set1_ps(f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fv, _mm256_loadu_ps(out + i)));
+    for (; i < n; i++) out[i] *= f;
+}
+
+/* s[j] = scale * q . k[j] for n key rows of hd. Four rows at a time share each load of q, and their
+ * four horizontal sums are done together. */
+static void scores_avx2(const float *q, const float *k, int64_t n, int64_t hd, float scale, float *s) {
+    const int64_t hd8 = hd & ~(int64_t)7;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+        }
+        /* hadd twice: lane r of each 128-bit half holds half of row r's sum. */
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 d = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        if (hd8 < hd) {
+            float t[4] = {0, 0, 0, 0};
+            for (int64_t i = hd8; i < hd; i++) {
+                t[0] += q[i] * k0[i]; t[1] += q[i] * k1[i]; t[2] += q[i] * k2[i]; t[3] += q[i] * k3[i];
+            }
+            d = _mm_add_ps(d, _mm_loadu_ps(t));
+        }
+        _mm_storeu_ps(s + j, _mm_mul_ps(d, _mm_set1_ps(scale)));
+    }
+    for (; j < n; j++) s[j] = dot_avx2(q, k + j * hd, hd) * scale;
+}
+
+/* out[i] += sum_j p[j] v[j][i] for n value rows of hd: 64 columns at a time stay in registers
+ * while every row streams past. */
+static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t hd, float *out) {
+    int64_t c = 0;
+    for (; c + 64 <= hd; c += 64) {
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_loadu_ps(out + c + 8 * r);
+        for (int64_t j = 0; j < n; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vr = v + j * hd + c;
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * r), acc[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(out + c + 8 * r, acc[r]);
+    }
+    for (; c + 8 <= hd; c += 8) {
+        __m256 acc = _mm256_loadu_ps(out + c);
+        for (int64_t j = 0; j < n; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * hd + c), acc);
+        _mm256_storeu_ps(out + c, acc);
+    }
+    for (; c < hd; c++) {
+        float acc = out[c];
+        for (int64_t j = 0; j < n; j++) acc += p[j] * v[j * hd + c];
+        out[c] = acc;
+    }
+}
+
+static void attn_head_avx2(const attn_head *a) {
+    float s[GLUE_ATTN_CHUNK];
+    float m = -INFINITY, l = 0.0f;
+    memset(a->out, 0, (size_t)a->hd * sizeof(float));
+    for (int64_t j0 = 0; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
+        const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
+        scores_avx2(a->q, a->k + j0 * a->hd, nj, a->hd, a->scale, s);
+        float cm = -INFINITY;
+        for (int64_t j = 0; j < nj; j++) cm = s[j] > cm ? s[j] : cm;
+        if (cm > m) {
+            if (l > 0.0f) {
+                const float f = expf(m - cm);
+                l *= f;
+                scale_avx2(a->out, f, a->hd);
+            }
+            m = cm;
+        }
+        int64_t j = 0;
+        __m256 lv = _mm256_setzero_ps();
+        for (; j + 8 <= nj; j += 8) {
+            const __m256 p = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m)));
+            _mm256_storeu_ps(s + j, p);
+            lv = _mm256_add_ps(lv, p);
+        }
+        l += hsum256(lv);
+        for (; j < nj; j++) {
+            s[j] = expf(s[j] - m);
+            l += s[j];
+        }
+        weighted_sum_avx2(s, a->v + j0 * a->hd, nj, a->hd, a->out);
+    }
+    scale_avx2(a->out, 1.0f / l, a->hd);
+}
+
+#pragma GCC pop_options
+#endif
+
+int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head, int64_t n_head_kv,
+                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_slots,
+                            int64_t n_cache_ctx, const int64_t *slots, const int64_t *n_ctx, float scale,
+                            float *out, int64_t out_stride, int impl) {
+    int64_t head_elems, cache_elems, width, last;
+    int st = cache_shape(n_slots, n_head_kv, n_cache_ctx, head_dim, &head_elems, &cache_elems);
+    if (st) return st;
+    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || !isfinite(scale)) return STRATA_E_ARG;
+    if ((st = strata_resolve_impl(impl, &impl))) return st;
+    if (n_seq == 0) return STRATA_OK;
+    if (!q || !k_cache || !v_cache || !slots || !n_ctx || !out) return STRATA_E_ARG;
+    if (!mul_ok(n_head, head_dim, &width) || q_stride < width || out_stride < width ||
+        !mul_ok(n_seq - 1, q_stride > out_stride ? q_stride : out_stride, &last))
+        return STRATA_E_SIZE;
+    for (int64_t b = 0; b < n_seq; b++)
+        if (slots[b] < 0 || slots[b] >= n_slots || n_ctx[b] < 1 || n_ctx[b] > n_cache_ctx) return STRATA_E_SIZE;
+    void (*head_fn)(const attn_head *) = attn_head_ref;
+#ifdef GLUE_X86
+    if (impl != STRATA_IMPL_SCALAR) head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
+#endif
+    const int64_t group = n_head / n_head_kv;  /* query heads per kv head */
+    for (int64_t b = 0; b < n_seq; b++)
+        for (int64_t h = 0; h < n_head; h++) {
+            const int64_t at = (slots[b] * n_head_kv + h / group) * head_elems;
+            const attn_head a = {q + b * q_stride + h * head_dim, k_cache + at, v_cache + at,
+                                 out + b * out_stride + h * head_dim, n_ctx[b], head_dim, scale};
+            head_fn(&a);
+        }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * Small float32 products (the router's logits)
+ * ====================================================================================== */
+
+int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
+                       float *y, int impl) {
+    int64_t last;
+    if (n_tokens < 0 || n < 0 || n_rows < 0) return STRATA_E_ARG;
+    int st = strata_resolve_impl(impl, &impl);
+    if (st) return st;
+    if (n_tokens == 0 || n_rows == 0) return STRATA_OK;
+    if (!x || !y || (n && !w)) return STRATA_E_ARG;
+    if (x_stride < n || !mul_ok(n_tokens - 1, x_stride, &last) || !mul_ok(n_rows, n, &last) ||
+        !mul_ok(n_tokens, n_rows, &last))
+        return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n_tokens; t++) {
+#ifdef GLUE_X86
+        if (impl != STRATA_IMPL_SCALAR) {
+            scores_avx2(x + t * x_stride, w, n_rows, n, 1.0f, y + t * n_rows);
+            continue;
+        }
+#endif
+        for (int64_t r = 0; r < n_rows; r++) y[t * n_rows + r] = dot_ref(x + t * x_stride, w + r * n, n);
+    }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * Router: probabilities, top-k, renormalisation
+ * ====================================================================================== */
+
+int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
+                      float scale, int64_t *expert_ids, float *weights) {
+    if (n_tokens < 0 || n_experts < 1 || n_experts > GLUE_MAX_EXPERTS || k < 1 || k > n_experts ||
+        (gating != STRATA_GATING_SOFTMAX && gating != STRATA_GATING_SIGMOID) || (norm != 0 && norm != 1) ||
+        !isfinite(scale))
+        return STRATA_E_ARG;
+    if (n_tokens == 0) return STRATA_OK;
+    if (!logits || !expert_ids || !weights) return STRATA_E_ARG;
+    float p[GLUE_MAX_EXPERTS];
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float *lg = logits + t * n_experts;
+        int64_t *ids = expert_ids + t * k;
+        float *w = weights + t * k;
+        if (gating == STRATA_GATING_SOFTMAX) {  /* torch: exp(x - max) * (1 / sum) */
+            float mx = lg[0];
+            for (int64_t e = 1; e < n_experts; e++) mx = lg[e] > mx ? lg[e] : mx;
+            double sum = 0.0;
+            for (int64_t e = 0; e < n_experts; e++) sum += (p[e] = expf(lg[e] - mx));
+            const float inv = (float)(1.0 / sum);
+            for (int64_t e = 0; e < n_experts; e++) p[e] *= inv;
+        } else {
+            for (int64_t e = 0; e < n_experts; e++) p[e] = 1.0f / (1.0f + expf(-lg[e]));
+        }
+        /* Insertion into a descending list of k: a later expert enters only when strictly
+         * larger, so equal probabilities keep the lower expert id first. NaN never enters;
+         * the list starts at -1 (below every probability) and any slot left over gets id -1. */
+        for (int64_t i = 0; i < k; i++) { w[i] = -1.0f; ids[i] = -1; }
+        for (int64_t e = 0; e < n_experts; e++) {
+            if (!(p[e] > w[k - 1])) continue;
+            int64_t i = k - 1;
+            for (; i > 0 && p[e] > w[i - 1]; i--) { w[i] = w[i - 1]; ids[i] = ids[i - 1]; }
+            w[i] = p[e];
+            ids[i] = e;
+        }
+        if (ids[k - 1] < 0) return STRATA_E_ARG;  /* NaN logits: fewer than k finite choices */
+        if (norm) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < k; i++) sum += w[i];
+            for (int64_t i = 0; i < k; i++) w[i] = w[i] / sum;
+        }
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < k; i++) w[i] = w[i] * scale;
+    }
+    return STRATA_OK;
+}
+
+/* ======================================================================================
+ * Grouping of (token, expert) assignments by expert
+ * ====================================================================================== */
+
+int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
+                      int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
+                      float *weights_sorted, int64_t *n_used) {
+    int64_t n_assign;
+    if (n_tokens < 0 || k < 1 || n_experts < 1 || n_experts > INT32_MAX || !mul_ok(n_tokens, k, &n_assign) ||
+        n_tokens > INT32_MAX)
+        return STRATA_E_ARG;
+    if (!used || !offsets || !n_used || (n_assign && (!expert_ids || !weights || !token_ids || !weights_sorted)))
+        return STRATA_E_ARG;
+    for (int64_t a = 0; a < n_assign; a++)
+        if (expert_ids[a] < 0 || expert_ids[a] >= n_experts) return STRATA_E_SIZE;
+    /* Counting sort, stable. offsets[e + 1] = count of e; the running sums make offsets[e] the
+     * start of e, which the scatter advances to e's end (= the start of e + 1). */
+    memset(offsets, 0, (size_t)(n_experts + 1) * sizeof(int64_t));
+    for (int64_t a = 0; a < n_assign; a++) offsets[expert_ids[a] + 1]++;
+    for (int64_t e = 0; e < n_experts; e++) offsets[e + 1] += offsets[e];
+    for (int64_t a = 0; a < n_assign; a++) {
+        const int64_t at = offsets[expert_ids[a]]++;
+        token_ids[at] = (int32_t)(a / k);
+        weights_sorted[at] = weights[a];
+    }
+    /* Now offsets[e] = end of e. Keep the experts that own assignments, in place: entry j is
+     * written only after entries >= j were read. */
+    int64_t n = 0, prev = 0;
+    for (int64_t e = 0; e < n_experts; e++) {
+        const int64_t end = offsets[e];
+        if (end > prev) {
+            used[n] = (int32_t)e;
+            offsets[n++] = prev;
+            prev = end;
+        }
+    }
+    offsets[n] = n_assign;
+    *n_used = n;
+    return STRATA_OK;
+}

@@ -1,0 +1,219 @@
+"""Decoder glue in native code (native/glue.c): the float32 steps between a decode step's matrix
+products, one call each instead of a dozen small torch ops.
+
+    native.rmsnorm(x, weight, eps, out)                     # [T, D] or per head [T, H, hd]
+    native.rope(q, cos, sin, rope_dim, neox)                # in place, q may be a column slice
+    native.kv_write(k, v, k_cache, v_cache, slots, positions)
+    native.attn_decode(q, k_cache, v_cache, slots, n_ctx, scale, out)
+    native.matvec(x, router_weight, logits)                 # F32 weights: the router's logits
+    native.route(logits, k, "softmax", norm, scale, expert_ids, weights)
+    n_used = native.group_assignments(expert_ids, weights, n_experts, used, offsets, token_ids, weights_sorted)
+
+Arguments are CPU torch tensors: float32 for values, int64 for slots, positions and expert ids,
+int32 for the grouped outputs. Outputs are passed in (allocated once by the caller); these
+wrappers allocate nothing per call and check only what C cannot (dtype, device, layout, shapes);
+C checks every index. No policy here about when to use them: that is the models' business.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ._lib import IMPLS, check, ffi, impl_code, lib
+
+_F32 = _I64 = _I32 = None  # torch dtypes, looked up at the first call (torch only when a caller uses it)
+_cell = threading.local()  # one int64_t out-cell per thread, for group_assignments' count
+
+
+def _init() -> None:
+    global _F32, _I64, _I32
+    import torch
+    _F32, _I64, _I32 = torch.float32, torch.int64, torch.int32
+
+
+def _bad(t: Any, what: str, dtype: Any, layout: str) -> ValueError:
+    found = getattr(t, "dtype", type(t).__name__)
+    strides = t.stride() if hasattr(t, "stride") else ()
+    return ValueError(f"{what} must be a CPU {dtype} tensor {layout}, found {found} of shape "
+                      f"{tuple(getattr(t, 'shape', ()))} and strides {strides} on {getattr(t, 'device', '?')}")
+
+
+def _flat(t: Any, what: str, dtype: Any, ctype: str) -> Any:
+    """Pointer of a contiguous CPU tensor of `dtype` (the per-call path: three attribute reads)."""
+    if getattr(t, "dtype", None) is not dtype or t.is_cuda or not t.is_contiguous():
+        raise _bad(t, what, dtype, "(contiguous)")
+    return ffi.cast(ctype, t.data_ptr())
+
+
+def _rows(t: Any, what: str, ndim: int) -> tuple[Any, int]:
+    """(pointer, token stride) of a float32 CPU tensor of `ndim` dims whose dims after the first are
+    packed (a column slice of a wider row-major matrix is fine)."""
+    st = t.stride() if getattr(t, "dtype", None) is _F32 and not t.is_cuda else ()
+    if len(st) != ndim or st[-1] != 1 or (ndim == 3 and st[1] != t.shape[2]):
+        raise _bad(t, what, "float32", f"of {ndim} dims with packed rows")
+    return ffi.cast("float *", t.data_ptr()), st[0]
+
+
+def rmsnorm(x: Any, weight: Any, eps: float, out: Any) -> Any:
+    """out = weight * x / sqrt(mean(x^2) + eps) over the last dim of x [T, D] or [T, H, hd]
+    (per head: Qwen3's q/k norm); weight [D] or [hd]; out like x (token stride free), or x itself.
+    Returns out."""
+    if _F32 is None:
+        _init()
+    shape = x.shape
+    nd = len(shape)
+    xp, xs = _rows(x, "rmsnorm x", 3 if nd == 3 else 2)
+    op, os_ = _rows(out, "rmsnorm out", nd)
+    if out.shape != shape or weight.shape != shape[-1:]:
+        raise ValueError(f"rmsnorm: x {tuple(shape)}, weight {tuple(weight.shape)}, out {tuple(out.shape)} "
+                         f"(expected weight [{shape[-1]}] and out shaped like x)")
+    status = lib.strata_glue_rmsnorm(xp, xs, shape[0], shape[1] if nd == 3 else 1, shape[-1],
+                                     _flat(weight, "rmsnorm weight", _F32, "float *"), eps, op, os_)
+    if status:
+        check(status, f"rmsnorm of {tuple(shape)} (strides {x.stride()})")
+    return out
+
+
+def rope(x: Any, cos: Any, sin: Any, rope_dim: int, neox: bool) -> Any:
+    """Rotate x [T, H, hd] in place by cos/sin [T, rope_dim/2] as strata.models.rope.Rope.apply
+    does (neox: halves; else adjacent pairs; features past rope_dim untouched). x may be a column
+    slice of a wider matrix (token stride free, heads packed). Returns x."""
+    if _F32 is None:
+        _init()
+    xp, xs = _rows(x, "rope x", 3)
+    T, H, hd = x.shape
+    cs = cos.shape
+    if len(cs) != 2 or cs[0] != T or 2 * cs[1] != rope_dim or sin.shape != cs:
+        raise ValueError(f"rope: cos {tuple(cs)} and sin {tuple(sin.shape)} must be [{T}, {rope_dim // 2}] "
+                         f"for rope_dim {rope_dim}")
+    status = lib.strata_glue_rope(xp, xs, T, H, hd, _flat(cos, "rope cos", _F32, "float *"),
+                                  _flat(sin, "rope sin", _F32, "float *"), rope_dim, 1 if neox else 0)
+    if status:
+        check(status, f"rope of {tuple(x.shape)} with rope_dim {rope_dim}")
+    return x
+
+
+def kv_write(k: Any, v: Any, k_cache: Any, v_cache: Any, slots: Any, positions: Any) -> None:
+    """k_cache[slots[t], :, positions[t]] = k[t] (and v alike) for k, v [T, Hkv, hd] (token
+    stride free), caches [S, Hkv, C, hd], slots and positions int64 [T]."""
+    if _F32 is None:
+        _init()
+    kcp, vcp = _flat(k_cache, "kv_write k_cache", _F32, "float *"), _flat(v_cache, "kv_write v_cache", _F32, "float *")
+    kp, ks = _rows(k, "kv_write k", 3)
+    vp, vs = _rows(v, "kv_write v", 3)
+    cshape, kshape = k_cache.shape, k.shape
+    if (len(cshape) != 4 or v_cache.shape != cshape or kshape[1:] != (cshape[1], cshape[3]) or v.shape != kshape
+            or slots.shape != kshape[:1] or positions.shape != kshape[:1]):
+        raise ValueError(f"kv_write: k {tuple(kshape)}, v {tuple(v.shape)}, slots {tuple(slots.shape)}, positions "
+                         f"{tuple(positions.shape)} do not fit caches {tuple(cshape)} and {tuple(v_cache.shape)}")
+    S, Hkv, C, hd = cshape
+    status = lib.strata_glue_kv_write(kp, ks, vp, vs, kshape[0], Hkv, hd, kcp, vcp, S, C,
+                                      _flat(slots, "kv_write slots", _I64, "int64_t *"),
+                                      _flat(positions, "kv_write positions", _I64, "int64_t *"))
+    if status:
+        check(status, f"kv_write of {kshape[0]} tokens into caches {tuple(cshape)} (slot or position out of range?)")
+
+
+def attn_decode(q: Any, k_cache: Any, v_cache: Any, slots: Any, n_ctx: Any, scale: float, out: Any,
+                impl: str = "auto") -> Any:
+    """Decode attention: out[b] [H*hd] = softmax(scale q[b] K^T) V over cached positions
+    0..n_ctx[b]-1 of slot slots[b], head h reading kv head h // (H / Hkv). q [B, H, hd] (token
+    stride free), caches [S, Hkv, C, hd], slots and n_ctx int64 [B], out float32 [B, H*hd]
+    (token stride free). `impl`: 'auto', 'scalar', 'avx2' or 'avx512'. Returns out."""
+    if _F32 is None:
+        _init()
+    kcp = _flat(k_cache, "attn_decode k_cache", _F32, "float *")
+    vcp = _flat(v_cache, "attn_decode v_cache", _F32, "float *")
+    qp, qs = _rows(q, "attn_decode q", 3)
+    op, os_ = _rows(out, "attn_decode out", 2)
+    cshape, (B, H, hd) = k_cache.shape, q.shape
+    if (len(cshape) != 4 or v_cache.shape != cshape or cshape[3] != hd or out.shape != (B, H * hd)
+            or slots.shape != (B,) or n_ctx.shape != (B,)):
+        raise ValueError(f"attn_decode: q {tuple(q.shape)}, out {tuple(out.shape)}, slots {tuple(slots.shape)}, "
+                         f"n_ctx {tuple(n_ctx.shape)} do not fit caches {tuple(cshape)} and {tuple(v_cache.shape)}")
+    S, Hkv, C, _ = cshape
+    status = lib.strata_glue_attn_decode(qp, qs, B, H, Hkv, hd, kcp, vcp, S, C,
+                                         _flat(slots, "attn_decode slots", _I64, "int64_t *"),
+                                         _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, op, os_,
+                                         IMPLS[impl] if impl in IMPLS else impl_code(impl))
+    if status:
+        check(status, f"decode attention of q {tuple(q.shape)} over caches {tuple(cshape)} "
+                      f"(H must be a multiple of Hkv; slots in [0, {S}); n_ctx in [1, {C}])")
+    return out
+
+
+def matvec(x: Any, w: Any, out: Any, impl: str = "auto") -> Any:
+    """out[T, N] = x[T, n] @ w[N, n]^T in float32 (the router's logits from an F32 router
+    weight); x's token stride is free, w and out contiguous. Equal to F.linear within float
+    rounding (another summation order). Returns out."""
+    if _F32 is None:
+        _init()
+    xp, xs = _rows(x, "matvec x", 2)
+    T, n = x.shape
+    wshape = w.shape
+    if len(wshape) != 2 or wshape[1] != n or out.shape != (T, wshape[0]):
+        raise ValueError(f"matvec: x {tuple(x.shape)}, w {tuple(wshape)}, out {tuple(out.shape)} "
+                         f"(expected w [N, {n}] and out [{T}, N])")
+    status = lib.strata_glue_matvec(xp, xs, T, n, _flat(w, "matvec w", _F32, "float *"), wshape[0],
+                                    _flat(out, "matvec out", _F32, "float *"),
+                                    IMPLS[impl] if impl in IMPLS else impl_code(impl))
+    if status:
+        check(status, f"matvec of x {tuple(x.shape)} by w {tuple(wshape)}")
+    return out
+
+
+_GATING = {"softmax": lib.STRATA_GATING_SOFTMAX, "sigmoid": lib.STRATA_GATING_SIGMOID}
+
+
+def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids: Any, weights: Any) -> None:
+    """Router on logits [T, E] float32: probabilities (softmax, or sigmoid), the k largest per
+    token descending (equal values: lower expert id first; torch.topk leaves their order
+    unspecified) into expert_ids int64 [T, k] and weights float32 [T, k], renormalised to sum 1
+    when norm, times scale: Router.forward after its logits."""
+    if _F32 is None:
+        _init()
+    g = _GATING.get(gating)
+    if g is None:
+        raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+    lp = _flat(logits, "route logits", _F32, "float *")
+    T, E = logits.shape
+    if expert_ids.shape != (T, k) or weights.shape != (T, k):
+        raise ValueError(f"route: expert_ids {tuple(expert_ids.shape)} and weights {tuple(weights.shape)} "
+                         f"must be [{T}, {k}]")
+    status = lib.strata_glue_route(lp, T, E, k, g, 1 if norm else 0, scale,
+                                   _flat(expert_ids, "route expert_ids", _I64, "int64_t *"),
+                                   _flat(weights, "route weights", _F32, "float *"))
+    if status:
+        check(status, f"route of logits {tuple(logits.shape)}, top-{k} (k <= E <= 4096, finite logits)")
+
+
+def group_assignments(expert_ids: Any, weights: Any, n_experts: int, used: Any, offsets: Any, token_ids: Any,
+                      weights_sorted: Any) -> int:
+    """Sort the T*K assignments of expert_ids int64 [T, K] (weights float32 [T, K]) by expert,
+    stably: returns n, the number of experts used; used int32 [E] gets them ascending in [0, n),
+    offsets int64 [E+1] their bounds in [0, n] (used[j] owns entries offsets[j]..offsets[j+1]-1),
+    token_ids int32 and weights_sorted float32 [T*K] each entry's token and weight. The same
+    values as numpy's stable argsort / unique / order // K in RoutedExperts._packed_tokens."""
+    if _F32 is None:
+        _init()
+    ip = _flat(expert_ids, "group expert_ids", _I64, "int64_t *")
+    T, K = expert_ids.shape
+    if (weights.shape != (T, K) or used.shape != (n_experts,) or offsets.shape != (n_experts + 1,)
+            or token_ids.shape != (T * K,) or weights_sorted.shape != (T * K,)):
+        raise ValueError(f"group_assignments: expert_ids {tuple(expert_ids.shape)}, weights {tuple(weights.shape)}, "
+                         f"used {tuple(used.shape)}, offsets {tuple(offsets.shape)}, token_ids "
+                         f"{tuple(token_ids.shape)}, weights_sorted {tuple(weights_sorted.shape)} (E = {n_experts})")
+    cell = getattr(_cell, "n", None)
+    if cell is None:
+        cell = _cell.n = ffi.new("int64_t *")
+    status = lib.strata_glue_group(ip, _flat(weights, "group weights", _F32, "float *"), T, K, n_experts,
+                                   _flat(used, "group used", _I32, "int32_t *"),
+                                   _flat(offsets, "group offsets", _I64, "int64_t *"),
+                                   _flat(token_ids, "group token_ids", _I32, "int32_t *"),
+                                   _flat(weights_sorted, "group weights_sorted", _F32, "float *"), cell)
+    if status:
+        check(status, f"group_assignments of expert ids {tuple(expert_ids.shape)} (ids must lie in [0, {n_experts}))")
+    return int(cell[0])
+
+
+__all__ = ["attn_decode", "group_assignments", "kv_write", "matvec", "rmsnorm", "rope", "route"]

@@ -1,0 +1,282 @@
+"""Decoder glue (native/glue.c, strata/native/glue.py) against the torch and numpy formulations
+it replaces: strata.models' RMSNorm, Rope.apply, Attention.attend_decode and Router, and the numpy
+grouping of RoutedExperts._packed_tokens.
+
+Tolerances: RMSNorm within 2e-6 relative (the mean is summed in double, torch sums in float32);
+RoPE bit for bit (the same float products and sums); KV writes and grouping bit for bit; decode
+attention within 1e-5 relative to the output's scale (a different summation order and, for AVX2,
+a polynomial exp within 2 ulp); router weights within 1e-6 and expert ids exactly (random
+logits have no ties).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from strata import native
+from strata.errors import NativeError
+from strata.models.attention import Attention
+from strata.models.batch import Batch
+from strata.models.layers import RMSNorm
+from strata.models.moe import Router
+from strata.models.rope import Rope
+
+IMPLS = ["scalar", pytest.param("avx2", marks=pytest.mark.skipif(
+    not native.cpu_has_avx2(), reason="CPU has no AVX2/FMA/F16C"))]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- RMSNorm ----
+
+@pytest.mark.parametrize("T,D", [(1, 1024), (5, 64), (3, 37)])
+def test_rmsnorm_matches_layer(T, D):
+    g = _gen(T * D)
+    x = torch.randn(T, D, generator=g) * 3
+    w = torch.randn(D, generator=g)
+    want = RMSNorm(w, 1e-6)(x)
+    out = torch.empty_like(x)
+    native.rmsnorm(x, w, 1e-6, out)
+    torch.testing.assert_close(out, want, rtol=2e-6, atol=1e-6 * want.abs().max().item())
+
+
+def test_rmsnorm_per_head_on_a_column_slice_and_in_place():
+    T, H, hd, Hkv = 3, 4, 64, 2
+    g = _gen(1)
+    qkv = torch.randn(T, (H + 2 * Hkv) * hd, generator=g)
+    w = torch.randn(hd, generator=g)
+    q = qkv[:, :H * hd].view(T, H, hd)  # a strided view, as the stacked q/k/v product is split
+    want = RMSNorm(w, 1e-5)(q)
+    out = torch.empty(T, H, hd)
+    native.rmsnorm(q, w, 1e-5, out)
+    torch.testing.assert_close(out, want, rtol=2e-6, atol=1e-6 * want.abs().max().item())
+    rest = qkv[:, H * hd:].clone()
+    native.rmsnorm(q, w, 1e-5, q)  # in place
+    assert torch.equal(q, out) and torch.equal(qkv[:, H * hd:], rest)
+
+
+def test_rmsnorm_refuses_bad_arguments():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with pytest.raises(ValueError, match="rmsnorm"):
+        native.rmsnorm(x, torch.randn(7), 1e-6, torch.empty(2, 8))
+    with pytest.raises(ValueError, match="float32"):
+        native.rmsnorm(x.double(), w, 1e-6, torch.empty(2, 8))
+    with pytest.raises(ValueError, match="packed rows"):
+        native.rmsnorm(x.t(), w[:2], 1e-6, torch.empty(8, 2))
+
+
+# ---- RoPE ----
+
+def _rope(neox: bool, rope_dim: int) -> Rope:
+    r = Rope.__new__(Rope)
+    r.neox, r.rope_dim = neox, rope_dim
+    return r
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("hd,rope_dim", [(64, 64), (64, 32), (128, 64)])
+def test_rope_exact(neox, hd, rope_dim):
+    T, H, Hkv = 4, 6, 2
+    g = _gen(hd + rope_dim + neox)
+    qkv = torch.randn(T, (H + 2 * Hkv) * hd, generator=g)
+    pos = torch.tensor([0, 7, 100, 4095]).float()
+    inv = 1.0 / (10000 ** (torch.arange(0, rope_dim, 2).float() / rope_dim))
+    ang = pos[:, None] * inv[None]
+    cos, sin = ang.cos() * 1.1, ang.sin() * 1.1  # [T, R/2], a yarn-like scale
+    q = qkv[:, :H * hd].view(T, H, hd)
+    k = qkv[:, H * hd:(H + Hkv) * hd].view(T, Hkv, hd)
+    r = _rope(neox, rope_dim)
+    want_q, want_k = r.apply(q.clone(), cos, sin), r.apply(k.clone(), cos, sin)
+    v_before = qkv[:, (H + Hkv) * hd:].clone()
+    native.rope(q, cos, sin, rope_dim, neox)
+    native.rope(k, cos, sin, rope_dim, neox)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    assert torch.equal(qkv[:, (H + Hkv) * hd:], v_before)
+
+
+def test_rope_refuses_mismatched_tables():
+    with pytest.raises(ValueError, match="rope: cos"):
+        native.rope(torch.randn(2, 2, 8), torch.randn(2, 3), torch.randn(2, 3), 8, True)
+    with pytest.raises(ValueError, match="rope_dim 3"):
+        native.rope(torch.randn(2, 2, 8), torch.randn(2, 1), torch.randn(2, 1), 3, True)
+    with pytest.raises(NativeError, match="rope"):  # rope_dim past the head
+        native.rope(torch.randn(2, 2, 8), torch.randn(2, 5), torch.randn(2, 5), 10, True)
+
+
+# ---- KV write and decode attention ----
+
+def _cache(S=3, Hkv=4, C=512, hd=64, seed=0):
+    g = _gen(seed)
+    return torch.randn(S, Hkv, C, hd, generator=g), torch.randn(S, Hkv, C, hd, generator=g)
+
+
+def test_kv_write_matches_index_put():
+    T, Hkv, hd = 3, 4, 64
+    k_cache, v_cache = _cache()
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    kv = torch.randn(T, 2 * Hkv * hd + 16)
+    k, v = kv[:, :Hkv * hd].view(T, Hkv, hd), kv[:, Hkv * hd:2 * Hkv * hd].view(T, Hkv, hd)
+    slots, positions = torch.tensor([2, 0, 2]), torch.tensor([5, 511, 6])
+    want_k[slots, :, positions] = k
+    want_v[slots, :, positions] = v
+    native.kv_write(k, v, k_cache, v_cache, slots, positions)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def test_kv_write_checks_every_index_before_writing():
+    k_cache, v_cache = _cache()
+    before = k_cache.clone()
+    k = torch.randn(2, 4, 64)
+    with pytest.raises(NativeError, match="kv_write"):
+        native.kv_write(k, k, k_cache, v_cache, torch.tensor([0, 3]), torch.tensor([1, 2]))
+    with pytest.raises(NativeError, match="kv_write"):
+        native.kv_write(k, k, k_cache, v_cache, torch.tensor([0, 1]), torch.tensor([1, 512]))
+    assert torch.equal(k_cache, before)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("H,Hkv,hd,starts", [(16, 4, 64, (99,)), (8, 8, 32, (0, 300, 17)), (4, 2, 20, (511, 3))])
+def test_attn_decode_matches_sdpa(impl, H, Hkv, hd, starts):
+    B = len(starts)
+    k_cache, v_cache = _cache(S=4, Hkv=Hkv, hd=hd, seed=H + hd)
+    slots = [3, 1, 0][:B]
+    batch = Batch.make(slots, starts, [1] * B)
+    qkv = torch.randn(B, (H + 2 * Hkv) * hd, generator=_gen(B))
+    q = qkv[:, :H * hd].view(B, H, hd)
+    want = Attention.attend_decode(None, q, batch, k_cache, v_cache)  # [B, H*hd]
+    out = torch.empty(B, H * hd)
+    native.attn_decode(q, k_cache, v_cache, batch.slot_ids, batch.positions + 1, 1 / math.sqrt(hd), out, impl=impl)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attn_decode_long_context_and_scale(impl):
+    """Past one 256-position pass the passes are joined by online rescaling; a large scale makes
+    later positions dominate, so a wrong rescale shows."""
+    H, Hkv, hd, n = 4, 1, 64, 700
+    k_cache, v_cache = _cache(S=1, Hkv=Hkv, C=1024, hd=hd, seed=9)
+    k_cache[0, 0, 600:n] *= 3
+    q = torch.randn(1, H, hd, generator=_gen(3))
+    k, v = k_cache[0, :, :n], v_cache[0, :, :n]  # [Hkv, n, hd]
+    p = (torch.einsum("hd,nd->hn", q[0].double(), k[0].double()) * 0.5).softmax(-1)
+    want = (p @ v[0].double()).float().reshape(1, H * hd)
+    out = torch.empty(1, H * hd)
+    native.attn_decode(q, k_cache, v_cache, torch.tensor([0]), torch.tensor([n]), 0.5, out, impl=impl)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_attn_decode_refuses_bad_context():
+    k_cache, v_cache = _cache(S=2)
+    q, out = torch.randn(1, 16, 64), torch.empty(1, 16 * 64)
+    for slots, n_ctx in (([2], [5]), ([0], [0]), ([0], [513])):
+        with pytest.raises(NativeError, match="decode attention"):
+            native.attn_decode(q, k_cache, v_cache, torch.tensor(slots), torch.tensor(n_ctx), 0.125, out)
+    with pytest.raises(NativeError, match="decode attention"):  # 6 heads over 4 kv heads
+        native.attn_decode(torch.randn(1, 6, 64), k_cache, v_cache, torch.tensor([0]), torch.tensor([5]), 0.125,
+                           torch.empty(1, 6 * 64))
+
+
+# ---- router ----
+
+@pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 1.0), ("softmax", False, 1.0),
+                                               ("sigmoid", True, 2.5), ("sigmoid", False, 1.0)])
+@pytest.mark.parametrize("T,E,K", [(1, 64, 8), (7, 128, 8), (3, 8, 2)])
+def test_route_matches_router(gating, norm, scale, T, E, K):
+    logits = torch.randn(T, E, generator=_gen(T * E + K)) * 2
+    want_w, want_ids = Router(torch.eye(E), K, gating, norm, scale)(logits)  # F.linear with I: the logits exactly
+    ids, w = torch.empty(T, K, dtype=torch.int64), torch.empty(T, K)
+    native.route(logits, K, gating, norm, scale, ids, w)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(w, want_w, rtol=1e-6, atol=1e-7)
+
+
+def test_route_ties_go_to_the_lower_expert():
+    """torch.topk leaves the order of equal values unspecified; the native router fixes it."""
+    logits = torch.tensor([[0.0, 1.0, 1.0, 0.5, 1.0, 0.5]])
+    ids, w = torch.empty(1, 4, dtype=torch.int64), torch.empty(1, 4)
+    native.route(logits, 4, "softmax", False, 1.0, ids, w)
+    assert ids.tolist() == [[1, 2, 4, 3]]
+    assert w[0, 0] == w[0, 1] == w[0, 2] and w[0, 3] < w[0, 2]
+
+
+def test_route_refuses_bad_arguments():
+    ids, w = torch.empty(1, 2, dtype=torch.int64), torch.empty(1, 2)
+    with pytest.raises(ValueError, match="gating"):
+        native.route(torch.randn(1, 4), 2, "relu", False, 1.0, ids, w)
+    with pytest.raises(NativeError, match="route"):  # NaN logits leave one candidate for k = 2
+        native.route(torch.tensor([[float("nan"), float("nan"), float("nan"), 1.0]]), 2, "softmax", False, 1.0, ids, w)
+    with pytest.raises(ValueError, match="int64"):
+        native.route(torch.randn(1, 4), 2, "softmax", False, 1.0, ids.int(), w)
+
+
+# ---- grouping of assignments ----
+
+def _numpy_grouping(ids: np.ndarray, weights: np.ndarray):
+    """RoutedExperts._packed_tokens' grouping, verbatim."""
+    K = ids.shape[1]
+    order = np.argsort(ids, axis=None, kind="stable")
+    experts = ids.reshape(-1)[order]
+    used, starts = np.unique(experts, return_index=True)
+    offsets = np.append(starts, order.size).astype(np.int64)
+    return used, offsets, (order // K).astype(np.int32), weights.reshape(-1)[order]
+
+
+@pytest.mark.parametrize("T,E,K", [(1, 64, 8), (37, 16, 4), (512, 128, 8), (5, 3, 3)])
+def test_group_assignments_bit_identical_to_numpy(T, E, K):
+    g = _gen(T + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])  # distinct per token, as top-k gives
+    if T > 30:
+        ids[: T // 2] = ids[0]  # hot experts: many tokens share them
+    weights = torch.rand(T, K, generator=g)
+    used, offsets = torch.empty(E, dtype=torch.int32), torch.empty(E + 1, dtype=torch.int64)
+    token_ids, weights_sorted = torch.empty(T * K, dtype=torch.int32), torch.empty(T * K)
+    n = native.group_assignments(ids, weights, E, used, offsets, token_ids, weights_sorted)
+    w_used, w_offsets, w_tokens, w_weights = _numpy_grouping(ids.numpy(), weights.numpy())
+    assert n == w_used.size
+    assert np.array_equal(used[:n].numpy(), w_used) and np.array_equal(offsets[:n + 1].numpy(), w_offsets)
+    assert np.array_equal(token_ids.numpy(), w_tokens)
+    assert weights_sorted.numpy().tobytes() == w_weights.tobytes()
+
+
+def test_group_assignments_refuses_ids_out_of_range():
+    used, offsets = torch.empty(4, dtype=torch.int32), torch.empty(5, dtype=torch.int64)
+    token_ids, ws = torch.empty(2, dtype=torch.int32), torch.empty(2)
+    for bad in (4, -1):
+        with pytest.raises(NativeError, match=r"\[0, 4\)"):
+            native.group_assignments(torch.tensor([[0, bad]]), torch.rand(1, 2), 4, used, offsets, token_ids, ws)
+    with pytest.raises(ValueError, match="offsets"):
+        native.group_assignments(torch.tensor([[0, 1]]), torch.rand(1, 2), 4, used, offsets[:4], token_ids, ws)
+
+
+# ---- float32 products (router logits) ----
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T,n,N", [(1, 1024, 64), (3, 37, 5), (2, 64, 128)])
+def test_matvec_matches_linear(impl, T, n, N):
+    g = _gen(T * n + N)
+    xs = torch.randn(T, n + 3, generator=g)
+    x = xs[:, :n]  # a token stride wider than the row
+    w = torch.randn(N, n, generator=g)
+    want = torch.nn.functional.linear(x, w)
+    out = torch.empty(T, N)
+    native.matvec(x, w, out, impl=impl)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * math.sqrt(n))
+
+
+def test_matvec_then_route_equals_router():
+    x, w = torch.randn(2, 256, generator=_gen(5)), torch.randn(32, 256, generator=_gen(6))
+    want_w, want_ids = Router(w, 4, "softmax", True, 1.0)(x)
+    logits, ids, rw = torch.empty(2, 32), torch.empty(2, 4, dtype=torch.int64), torch.empty(2, 4)
+    native.route(native.matvec(x, w, logits), 4, "softmax", True, 1.0, ids, rw)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(rw, want_w, rtol=1e-5, atol=1e-6)
+
+
+def test_matvec_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="matvec"):
+        native.matvec(torch.randn(1, 8), torch.randn(4, 7), torch.empty(1, 4))
