@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import native
+
 from .batch import Batch
 from .layers import RMSNorm, Weight, linear
 from .rope import Rope
@@ -39,9 +41,12 @@ class Attention(nn.Module):
         super().__init__()
         self.w, self.rope, self.layer = w, rope, layer
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
+        self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if self.native:
+            return self.forward_native(x, batch, cos_sin, kv)
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv  # [S, Hkv, C, hd]
@@ -49,6 +54,23 @@ class Attention(nn.Module):
         v_cache[batch.token_slots, :, batch.positions] = v
         attend = self.attend_decode if batch.is_decode else self.attend_each
         out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
+        return linear(out, self.w.wo)  # [T, D]
+
+    def forward_native(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                       kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The same maths in native glue calls (float32 on the CPU; packed compute): rope in place,
+        cache writes and decode attention each one call; prefill attends through torch."""
+        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]: views of one product
+        cos, sin = cos_sin
+        native.rope(q, cos, sin, self.rope.rope_dim, self.rope.neox)
+        native.rope(k, cos, sin, self.rope.rope_dim, self.rope.neox)
+        k_cache, v_cache = kv  # [S, Hkv, C, hd]
+        native.kv_write(k, v, k_cache, v_cache, batch.token_slots, batch.positions)
+        if batch.is_decode:
+            out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
+            native.attn_decode(q, k_cache, v_cache, batch.slot_ids, batch.positions + 1, self.head_dim ** -0.5, out)
+        else:
+            out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
         return linear(out, self.w.wo)  # [T, D]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

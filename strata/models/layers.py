@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import native
+
 from .packed import PackedMatrix
 
 
@@ -20,8 +22,11 @@ class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
         self.weight, self.eps = weight, eps  # [N]
+        self.native = False  # float32 on the CPU: one native call (packed compute sets it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return native.rmsnorm(x, self.weight, self.eps, torch.empty(x.shape, dtype=torch.float32))
         x32 = x.float()
         return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 

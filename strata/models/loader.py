@@ -121,7 +121,7 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
-    return MoE(router, RoutedExperts(memory, i, w.compute), shared)
+    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -138,6 +138,18 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory:
     ffn = _moe(w, arch, hp, i, memory) if has_experts else _dense(w, hp, i)
     return Block(RMSNorm(w.get(MT.ATTN_NORM, i, (D,)), hp.norm_eps), _attention(w, arch, hp, i, rope),
                  RMSNorm(w.get(MT.FFN_NORM, i, (D,)), hp.norm_eps), ffn)
+
+
+def _use_native_glue(model: Transformer) -> None:
+    """Packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
+    run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)."""
+    for b in model.blocks:
+        parts = [b.attention, b.attention_norm, b.ffn_norm, b.attention.w.q_norm, b.attention.w.k_norm]
+        parts += [b.ffn.router] if isinstance(b.ffn, MoE) else []
+        for module in parts:
+            if module is not None:
+                module.native = True
+    model.norm.native = True
 
 
 def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None:
@@ -177,6 +189,8 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
     model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
     model.compute = packed  # the pool and scratch of packed compute (None: float)
+    if packed is not None:
+        _use_native_glue(model)
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
     return model

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from itertools import accumulate
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,8 +34,19 @@ class Router(nn.Module):
         if gating not in ("softmax", "sigmoid"):
             raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
         self.weight, self.k, self.gating, self.norm, self.scale = weight, n_experts_used, gating, norm, scale  # [E, D]
+        self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
+
+    def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        T, E = x.shape[0], self.weight.shape[0]
+        logits = native.matvec(x, self.weight, torch.empty((T, E), dtype=torch.float32))  # [T, E]
+        weights = torch.empty((T, self.k), dtype=torch.float32)  # [T, K]
+        expert_ids = torch.empty((T, self.k), dtype=torch.int64)  # [T, K]
+        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights)
+        return weights, expert_ids
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native:
+            return self.forward_native(x)
         logits = F.linear(x, self.weight).float()  # [T, E]
         probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
         weights, expert_ids = probs.topk(self.k, dim=-1)  # [T, K], [T, K]
@@ -53,10 +63,11 @@ class RoutedExperts(nn.Module):
     runs gate, up, SiLU, down and the weighted sum from the file's blocks; otherwise each expert
     runs as a float GEMM over its tokens."""
 
-    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None):
+    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None, n_experts: int = 0):
         super().__init__()
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
+        self.memory_n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.seconds = 0.0  # time in this layer's routed experts, waits for the memory included
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
@@ -96,20 +107,21 @@ class RoutedExperts(nn.Module):
         return out.to(weights.dtype)
 
     def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
-        ids = expert_ids.numpy()  # [T, K]
-        K = ids.shape[1]
-        order = np.argsort(ids, axis=None, kind="stable")  # [T*K] assignments grouped by expert
-        experts = ids.reshape(-1)[order]
-        used, starts = np.unique(experts, return_index=True)
-        offsets = np.append(starts, order.size).astype(np.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
-        token_ids = (order // K).astype(np.int32)  # [T*K]
-        router_w = weights.float().numpy().reshape(-1)[order]  # [T*K]
+        T, K = expert_ids.shape
+        E = self.memory_n_experts
+        used = torch.empty(E, dtype=torch.int32)
+        offsets = torch.empty(E + 1, dtype=torch.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
+        token_ids = torch.empty(T * K, dtype=torch.int32)
+        router_w = torch.empty(T * K, dtype=torch.float32)
+        n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
+                                          token_ids, router_w)
+        used_ids = used[:n_used].tolist()
         n = self.memory.max_acquire
-        for i in range(0, used.size, n):
-            chunk = used[i:i + n].tolist()
+        for i in range(0, n_used, n):
+            chunk = used_ids[i:i + n]
             held = self.memory.acquire_packed(self.layer, chunk)
             try:
-                native.moe_swiglu(self.compute.pool, x, out, held.parts, np.asarray(held.index, dtype=np.int32),
+                native.moe_swiglu(self.compute.pool, x, out, held.parts, torch.tensor(held.index, dtype=torch.int32),
                                   offsets[i:i + len(chunk) + 1], token_ids, router_w, self.compute.scratch)
             finally:  # an interrupted step must not leave the experts held
                 self.memory.release(self.layer, chunk)
