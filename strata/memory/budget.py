@@ -105,6 +105,11 @@ class TieredConfig:
     compute: 'float' (experts handed out as float weights; packed slots are dequantized into
         scratch at each use) or 'packed' (the CPU's native kernels read the packed slots: slot form
         packed, no float scratch, so a step may hold every slot of a layer at once).
+    hybrid: compute missed experts that the host tier holds on the CPU (native kernels on the
+        host slots) when the measured costs say it is faster than copying them (`hybrid_exec.py`).
+        For CUDA; on the CPU device it runs too (float compute only), for tests. Off by default:
+        it pays only where the CPU is fast relative to PCIe and the misses carry few tokens
+        (decode); once on, it measures its own rates, probing the CPU with one expert per format.
     """
 
     device_mem: int | str | None = None
@@ -118,6 +123,7 @@ class TieredConfig:
     pager_threads: int = DEFAULT_PAGER_THREADS
     direct: bool | None = None
     compute: str = "float"
+    hybrid: bool = False
 
     def __post_init__(self) -> None:
         if self.slot_form is not None:
@@ -127,6 +133,9 @@ class TieredConfig:
         if self.compute == "packed" and self.slot_form not in (None, "packed"):
             raise StrataError(f"slot form {self.slot_form!r} cannot be computed from packed blocks: packed compute "
                               f"reads packed slots (use --slot-form packed, or --compute float)")
+        if self.hybrid and self.compute == "packed":
+            raise StrataError("hybrid compute splits experts between the device and the CPU; packed compute "
+                              "already runs every expert on the CPU (use one or the other)")
         d = self.prefetch_depth
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
             raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")

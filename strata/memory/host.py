@@ -16,7 +16,11 @@ gate, up and down slabs, each in a region of its own:
 
 where A is the pager's O_DIRECT alignment. GGUF slabs are only 32-byte aligned, so a direct read
 fetches the enclosing aligned range [floor(offset), ceil(offset + nbytes)), which is never longer
-than round_up(nbytes, A) + A; the slab then starts `data_offset` bytes into its region.
+than round_up(nbytes, A) + A; the slab then starts `data_offset` bytes into its region. With
+`compact=True` each finished read is moved to the start of its region (one memmove of the slab,
+before the slot turns READY), so every part p of every slot starts at s * slot_bytes +
+part_offset[p]: the pool is then one strided region per part that the native MoE kernels read in
+place (the hybrid CPU compute of `hybrid_exec.py`).
 
 Placement. Which expert occupies which slot is ExpertPolicy's decision (strata.memory.policy):
 per-layer slot budgets, decayed use counts and hints; a LOADING or pinned slot is never a victim.
@@ -29,6 +33,7 @@ Must not decide placement (the policy does) or compute anything: it moves bytes.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import threading
 import weakref
@@ -133,8 +138,8 @@ class HostTier:
     def __init__(self, model: ModelFile, budget: int | None = None, *, top_k: int | None = None,
                  device: str = "cpu", n_threads: int = DEFAULT_PAGER_THREADS, chunk_bytes: int = 0,
                  direct: bool | None = None, fallback: str = "pread",
-                 policy_config: PolicyConfig | None = None) -> None:
-        self.model = model
+                 policy_config: PolicyConfig | None = None, compact: bool = False) -> None:
+        self.model, self.compact = model, compact
         self.layers = ExpertLayers(model.expert_layers, model.path)
         if not len(self.layers):
             raise ValueError(f"{model.path}: the model has no routed experts: nothing for a host tier to hold")
@@ -240,6 +245,33 @@ class HostTier:
             self.policy.pin(self._index(layer), expert)
             return self._view(layer, expert, slot)
 
+    def pin_if_ready(self, layer: int, expert: int) -> HostExpert | None:
+        """`pin` when (layer, expert) is loaded, else None (not resident, or still loading): one
+        step, so no load can evict it in between."""
+        with self._lock:
+            slot = self.policy.lookup(self._index(layer), expert)
+            if slot is None or self.policy.slot_state[slot] != READY:
+                return None
+            self.policy.pin(self._index(layer), expert)
+            return self._view(layer, expert, slot)
+
+    def is_ready(self, layer: int, expert: int) -> bool:
+        """True when (layer, expert) is loaded in a host slot (a hint: pin it to keep it)."""
+        with self._lock:
+            slot = self.policy.lookup(self._index(layer), expert)
+            return slot is not None and self.policy.slot_state[slot] == READY
+
+    def layer_parts(self, layer: int) -> native.MoeParts:
+        """The pool as the native MoE kernels' regions for `layer` (compact mode only): slot s's
+        part p starts at byte s * slot_bytes + part_offset[p], so `index` is the host slot."""
+        if not self.compact:
+            raise StrataError("host tier: slabs sit at their read offsets; only a compact tier (compact=True) "
+                              "is read in place as strided regions")
+        stride = self.layout.slot_bytes
+        return native.MoeParts(*(native.MoePart(self.pool[self.layout.part_offset[p]:], slab.ggml_type, *slab.shape,
+                                                stride=stride)
+                                 for p, slab in enumerate(self.model.expert_slabs(layer, 0))))
+
     def unpin(self, layer: int, expert: int) -> None:
         with self._lock:
             self.policy.unpin(self._index(layer), expert)
@@ -317,6 +349,8 @@ class HostTier:
             except NativeError as exc:
                 load.error, offset = load.error or exc, -1
             load.offsets.append(offset)
+        if self.compact and load.error is None:
+            self._move_to_region_starts(load)
         with self._lock:
             li = self._index(load.layer)
             self._loading.pop(load.slot, None)
@@ -326,6 +360,16 @@ class HostTier:
                 self.counters["failed_loads"] += 1
                 self.policy.cancel(li, load.expert)
             load.done = True
+
+    def _move_to_region_starts(self, load: HostLoad) -> None:
+        """Compact mode (self._lock not held; the slot is LOADING, so nothing reads it): move each
+        slab from `data_offset` to the start of its region. memmove: the ranges may overlap."""
+        base = self.pool.ctypes.data + load.slot * self.layout.slot_bytes
+        for p, part in enumerate(PARTS):
+            if load.offsets[p]:
+                start = base + self.layout.part_offset[p]
+                ctypes.memmove(start, start + load.offsets[p], self.model.expert(load.layer, load.expert, part).nbytes)
+                load.offsets[p] = 0
 
     def _finish(self, load: HostLoad, li: int) -> None:
         self._data_offset[load.slot] = load.offsets

@@ -12,6 +12,10 @@ Loads started by prefetch count separately (prefetch_host_hits + prefetch_disk_r
 loads that ran). Bytes: `bytes_disk` is the payload the pager read into host slots (slab sizes);
 `bytes_to_device` what was written into device slots (packed bytes, or dequantized values).
 
+Hybrid compute (CUDA, `TieredConfig.hybrid`): `cpu_computed` counts experts computed on the CPU
+from their host slots instead of being acquired on the device (not in `requests`: those are
+device requests); `cpu_s` is the time of those CPU calls.
+
 Times are seconds: `wait_s` is how long compute blocked in `acquire` for experts (demand loads,
 waits for prefetches in flight and, on CUDA, for their copies to finish); `dequant_s` the time
 in dequantization calls (filling dequantized slots, or dequantizing packed slots at use; on
@@ -39,9 +43,9 @@ from strata.units import format_bytes
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
             "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
-            "predicted", "actual", "predicted_correct", "evictions", "startup_loads")
+            "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed")
 #: Second totals, one [L] array each.
-TIMERS = ("wait_s", "dequant_s")
+TIMERS = ("wait_s", "dequant_s", "cpu_s")
 
 
 class MemoryStats:
@@ -100,7 +104,8 @@ class MemoryStats:
             f"placed at start-up {t['startup_loads']}",
             f"  bytes: disk -> host {format_bytes(t['bytes_disk'])}, host -> device "
             f"{format_bytes(t['bytes_to_device'])}; evictions {t['evictions']}",
-            f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s",
+            f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s"
+            + (f"; computed on the CPU {t['cpu_computed']} ({t['cpu_s']:.3f} s)" if t["cpu_computed"] else ""),
             f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
             f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "
             f"{_pct(t['precision'])}, recall {_pct(t['recall'])}",

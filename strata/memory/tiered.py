@@ -16,7 +16,9 @@ device indexes slots, so it has no device copy). Every buffer is allocated in th
 the device slots and scratch (`device.py`), the host pool (`host.py`); decoding only changes
 which expert each slot holds (`alloc.ALLOCATIONS` counts every buffer, for the tests).
 
-This file is the acquire path. Loads and the prefetch loader are `loader.py`'s, start-up
+Hybrid (`TieredConfig.hybrid`): `hybrid_split` hands a chunk's missed experts that the host
+tier holds to the CPU where the measured costs say so (`hybrid_exec.py`); the rest are acquired
+as above. This file is the acquire path. Loads and the prefetch loader are `loader.py`'s, start-up
 placement `startup.py`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
 here are model layer numbers; the policies, predictors and statistics index expert layers
 0..L-1 (`ExpertLayers` maps them). Must not: decide placement (the policies do).
@@ -37,6 +39,7 @@ from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import Plan, TieredConfig, make_plan
 from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
+from .hybrid_exec import HybridExec, HybridSplit
 from .loader import COMPUTE, QUEUED, RETRY_S, SlotLoads
 from .policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from .predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
@@ -75,7 +78,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         self.policy = ExpertPolicy(L, E, self.plan.slots_per_layer, self.top_k, policy_config)
         self.host = HostTier(model_file, self.plan.host_budget, top_k=self.top_k, device=str(self.device),
                              n_threads=self.config.pager_threads, direct=self.config.direct,
-                             policy_config=policy_config)
+                             policy_config=policy_config, compact=self.config.hybrid)
         try:
             self.slots = DeviceSlots(self.geometry, self.policy.n_slots, self.plan.form, self.device, dtype,
                                      n_scratch=0 if self.config.compute == "packed" else self.max_acquire,
@@ -84,6 +87,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             self.host.close()
             raise
         self.stats = MemoryStats(self.layers.layers, E)
+        self.hybrid = HybridExec(model_file, self.host, self.layers, self.stats) if self.config.hybrid else None
         self.predictors: list[Predictor] = []
         if self.config.cooccurrence and self.prefetch_depth > 0 and L > 1:
             self.predictors.append(Cooccurrence(CooccurrencePredictor(L, E, self.top_k, max_batch=64),
@@ -135,6 +139,28 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
         return PackedExperts(parts, slots)
 
+    def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> HybridSplit:
+        """Hybrid only: split a chunk (with each expert's token count) into experts to acquire and
+        experts the CPU computes from their host slots, pinned there until `hybrid_release`."""
+        if self.hybrid is None:
+            raise StrataError(f"{self!r}: hybrid compute is off (TieredConfig.hybrid)")
+        li = self._layer(layer)
+
+        def on_device(e: int) -> bool:
+            with self._lock:
+                return self.policy.lookup(li, e) is not None
+
+        return self.hybrid.split(layer, expert_ids, n_tokens, on_device)
+
+    def hybrid_observe(self, layer: int, split: HybridSplit, seconds: float) -> None:
+        """The model computed the split's CPU experts in `seconds` (statistics and rates)."""
+        with self._lock:
+            self.hybrid.observe_cpu(layer, split, seconds)
+
+    def hybrid_release(self, layer: int, split: HybridSplit) -> None:
+        """Unpin the split's CPU experts in the host tier (their computation is finished)."""
+        self.hybrid.release(layer, split)
+
     def _acquire_slots(self, layer: int, expert_ids: Sequence[int]) -> tuple[int, tuple[int, ...], list[int]]:
         """Pin a device slot holding each expert (loading what is missing); (li, ids, slots)."""
         ids = tuple(int(e) for e in expert_ids)
@@ -149,9 +175,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         slots: list[int | None] = [None] * len(ids)
         try:
             demand, late = self._reserve(layer, li, ids, slots)
+            t_load, disk_reads = time.perf_counter(), int(self.stats.disk_reads[li])
             self._load(layer, li, demand)
             self._wait(li, late)
             self._wait_copies(slots)
+            if self.hybrid is not None and demand and not late and self.stats.disk_reads[li] == disk_reads:
+                self.hybrid.observe_copy(len(demand) * self.hybrid.expert_bytes(layer), time.perf_counter() - t_load)
         except BaseException:
             self._abort(li, [(e, s) for e, s in zip(ids, slots) if s is not None])
             raise

@@ -25,6 +25,7 @@ from strata.memory import ExpertMemory
 from strata.memory.direct import file_parts
 
 from .attention import Attention, AttentionWeights
+from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .packed import PackedCompute, PackedMatrix
 from .moe import Lookahead, MoE, RoutedExperts, Router
@@ -191,6 +192,11 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     model.compute = packed  # the pool and scratch of packed compute (None: float)
     if packed is not None:
         _use_native_glue(model)
+    if getattr(memory, "hybrid", None) is not None:  # misses computed on the CPU: one shared CPU side
+        hybrid = HybridCompute(memory, mf, n_threads)
+        for block in model.blocks:
+            if isinstance(block.ffn, MoE):
+                block.ffn.experts.hybrid = hybrid
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
     return model

@@ -68,12 +68,18 @@ class RoutedExperts(nn.Module):
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
         self.memory_n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
+        self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
         self.seconds = 0.0  # time in this layer's routed experts, waits for the memory included
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
-        out = self._packed(x, weights, expert_ids) if self.compute is not None else self._float(x, weights, expert_ids)
+        if self.hybrid is not None:
+            out = self.hybrid(self.memory, self.layer, x, weights, expert_ids)
+        elif self.compute is not None:
+            out = self._packed(x, weights, expert_ids)
+        else:
+            out = self._float(x, weights, expert_ids)
         self.seconds += time.perf_counter() - t0
         return out
 
