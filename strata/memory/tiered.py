@@ -175,11 +175,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         slots: list[int | None] = [None] * len(ids)
         try:
             demand, late = self._reserve(layer, li, ids, slots)
-            t_load, disk_reads = time.perf_counter(), int(self.stats.disk_reads[li])
+            t_load, disk_reads = time.perf_counter(), self._disk_reads(li)
             self._load(layer, li, demand)
             self._wait(li, late)
             self._wait_copies(slots)
-            if self.hybrid is not None and demand and not late and self.stats.disk_reads[li] == disk_reads:
+            if self.hybrid is not None and demand and not late and self._disk_reads(li) == disk_reads:
+                # every demand load was a host hit: the time was the copies' (the hybrid's copy rate)
                 self.hybrid.observe_copy(len(demand) * self.hybrid.expert_bytes(layer), time.perf_counter() - t_load)
         except BaseException:
             self._abort(li, [(e, s) for e, s in zip(ids, slots) if s is not None])
@@ -353,6 +354,9 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                 owned = self._job[slot] == COMPUTE or self._error[slot] is not None
                 if self.policy.slot_state[slot] == LOADING and owned and self.policy.slot_pins[slot] == 0:
                     self._cancel(li, slot)
+
+    def _disk_reads(self, li: int) -> int:
+        return int(self.stats.disk_reads[li] + self.stats.prefetch_disk_reads[li])
 
     def _layer(self, layer: int) -> int:
         return self.layers.index(layer)
