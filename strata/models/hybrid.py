@@ -10,8 +10,8 @@ in one native fused MoE call (`native.moe_swiglu` over the host tier's slots) on
 while this thread acquires the device experts and queues their GEMMs as the float path does; then
 the CPU's float32 sum is copied to the device and added. Activations of the CPU share are rounded
 to 8-bit blocks by the kernels, so results differ from the device-only path by that rounding.
-Every buffer is made here, once; a step allocates none. Touches no files (the file's regions are
-read only to size the scratch).
+Every buffer is made here, once; a step allocates none. Must not: decide which experts go to the
+CPU (the memory does), or read files (the file's regions are looked at only to size the scratch).
 """
 from __future__ import annotations
 
