@@ -31,7 +31,7 @@
 #define POOL_MAX_THREADS 256
 /* Spin this long after a job before sleeping: long enough to cover the Python work between two
  * matrix calls of one decode step, short enough that a pool left idle stops burning a core. */
-#define POOL_SPIN_NS 200000
+#define POOL_SPIN_NS 1000000
 
 typedef struct {
     strata_pool *pool;
