@@ -4,6 +4,11 @@
  * arithmetic is the tile kernels' (qdot.h); this file checks arguments, lays out scratch, rounds
  * activations once and splits the work.
  *
+ * Each call is one pool job: every thread runs the call's phases in turn, claiming work items of a
+ * phase from a shared counter (so a thread the OS delays holds up one item, not half the call) and
+ * waiting between phases until the previous phase's items are all done (not until every thread
+ * arrives, so a thread that never wakes costs nothing).
+ *
  * Determinism: weight rows are always handed to the tile kernel in fixed blocks of MM_ROW_BLOCK
  * rows (aligned at multiples of it within the matrix), each with all the tokens of the product,
  * whatever the thread count; threads only decide which blocks they run. So every output element
@@ -15,8 +20,16 @@
 #include "qdot.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MM_PAUSE() _mm_pause()
+#else
+#define MM_PAUSE() ((void)0)
+#endif
 
 /* Rows per tile call: a multiple of every kernel's row group, small enough that decode (T = 1)
  * with a 512-row expert still gives every thread work. */
@@ -25,6 +38,8 @@
  * thread: ~5 us at a core's decode rate, about what waking a worker costs. Smaller jobs run on
  * fewer threads; that changes no result, only who computes it. */
 #define MM_MIN_PART (64 * 1024)
+/* Work items per thread and phase: enough that a thread the OS delays leaves little to wait for. */
+#define MM_ITEMS_PER_THREAD 8
 /* Scratch sub-buffers start on cache-line boundaries. */
 #define MM_ALIGN 64
 
@@ -35,8 +50,6 @@ static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_ov
 
 static int64_t align_up(int64_t n) { return (n + MM_ALIGN - 1) / MM_ALIGN * MM_ALIGN; }
 
-/* Items of `item_work` each that make MM_MIN_PART of work (at least 1). */
-static int64_t grain_of(int64_t item_work) { return item_work >= MM_MIN_PART ? 1 : MM_MIN_PART / (item_work > 0 ? item_work : 1); }
 
 /* a * b saturated at INT64_MAX (for work estimates only). */
 static int64_t mul_sat(int64_t a, int64_t b) { int64_t r; return mul_ok(a, b, &r) ? r : INT64_MAX; }
@@ -69,6 +82,26 @@ static int64_t act_row_bytes(const strata_qdot_kernels *k, int64_t row_len) {
     return strata_qact_row_bytes(k->act, row_len);
 }
 
+/* The next unclaimed item of a phase. */
+static inline int64_t claim(atomic_llong *next) { return atomic_fetch_add_explicit(next, 1, memory_order_relaxed); }
+
+/* Count one finished item; release: its outputs are visible to whoever sees the count. */
+static inline void finish(atomic_llong *done) { atomic_fetch_add_explicit(done, 1, memory_order_release); }
+
+/* Wait until `n` items of a phase are finished (acquire: their outputs are visible). */
+static void wait_done(atomic_llong *done, int64_t n) {
+    for (int i = 1; atomic_load_explicit(done, memory_order_acquire) < n; i++) {
+        if (i % 256 == 0) sched_yield();  /* on a busy machine, let the thread we wait for run */
+        MM_PAUSE();
+    }
+}
+
+/* Threads worth using for `work` (weight bytes times tokens): 1 below 2 * MM_MIN_PART. */
+static int64_t participants(strata_pool *pool, int64_t work) {
+    const int64_t fit = work / MM_MIN_PART, n = strata_pool_threads(pool);
+    return fit < 2 ? 1 : fit < n ? fit : n;
+}
+
 /* Round (or copy, for float kernels) one row of K values into activation format. */
 static void act_row(const strata_qdot_kernels *k, const float *x, uint8_t *a, int64_t row_len) {
     if (k->qact) k->qact(x, a, row_len);
@@ -98,18 +131,24 @@ typedef struct {
     uint8_t *act;
     int64_t a_row_bytes, n_tokens;
     float *y;
+    atomic_llong next_tok, done_tok, next_block;
 } matmul_job;
 
-static void matmul_quantize(void *ctx, int64_t first, int64_t count) {
-    const matmul_job *j = ctx;
-    for (int64_t t = first; t < first + count; t++) j->k->qact(j->x + t * j->row_len, j->act + t * j->a_row_bytes, j->row_len);
-}
-
-static void matmul_rows(void *ctx, int64_t first, int64_t count) {
-    const matmul_job *j = ctx;
-    const int64_t r0 = first * MM_ROW_BLOCK, r1 = (first + count) * MM_ROW_BLOCK;
-    tile_rows(j->k, j->row_len, j->w, j->w_row_bytes, r0, r1 < j->n_rows ? r1 : j->n_rows, j->act, j->a_row_bytes,
-              j->n_tokens, j->y + r0, j->n_rows);
+/* Every thread: round the tokens (items: tokens), then the row blocks (items: MM_ROW_BLOCK rows). */
+static void matmul_run(void *ctx, int64_t first, int64_t count) {
+    matmul_job *j = ctx;
+    (void)first, (void)count;
+    if (j->k->act != STRATA_ACT_F32) {
+        for (int64_t t; (t = claim(&j->next_tok)) < j->n_tokens; finish(&j->done_tok))
+            j->k->qact(j->x + t * j->row_len, j->act + t * j->a_row_bytes, j->row_len);
+        wait_done(&j->done_tok, j->n_tokens);
+    }
+    const int64_t n_blocks = (j->n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
+    for (int64_t b; (b = claim(&j->next_block)) < n_blocks;) {
+        const int64_t r0 = b * MM_ROW_BLOCK, r1 = r0 + MM_ROW_BLOCK < j->n_rows ? r0 + MM_ROW_BLOCK : j->n_rows;
+        tile_rows(j->k, j->row_len, j->w, j->w_row_bytes, r0, r1, j->act, j->a_row_bytes, j->n_tokens, j->y + r0,
+                  j->n_rows);
+    }
 }
 
 int strata_matmul_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes) {
@@ -154,9 +193,11 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
     matmul_job job = {.k = &k, .w = w, .w_row_bytes = w_row_bytes, .n_rows = n_rows, .row_len = row_len, .x = x,
                       .act = k.act == STRATA_ACT_F32 ? (uint8_t *)(uintptr_t)x : scratch,
                       .a_row_bytes = a_row_bytes, .n_tokens = n_tokens, .y = y};
-    if (k.act != STRATA_ACT_F32) strata_pool_run(pool, n_tokens, grain_of(row_len * 4), matmul_quantize, &job);
-    strata_pool_run(pool, (n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK,
-                    grain_of(mul_sat(MM_ROW_BLOCK * w_row_bytes, n_tokens)), matmul_rows, &job);
+    atomic_init(&job.next_tok, 0);
+    atomic_init(&job.done_tok, 0);
+    atomic_init(&job.next_block, 0);
+    const int64_t n_part = participants(pool, mul_sat(mul_sat(n_rows, w_row_bytes), n_tokens));
+    strata_pool_run(n_part > 1 ? pool : NULL, n_part, 1, matmul_run, &job);
     return STRATA_OK;
 }
 
@@ -173,11 +214,11 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
  *   tmp    float[A, max(F, D)]  up result in phase B, down result in phase C
  *   hq     A down activation rows of h (h itself for float down weights)
  *
- * Phases (one pool job each):
+ * Phases (of one pool job; items claimed one at a time, each phase waits for the last one's items):
  *   A  per token: round x[t] once, copy it to each of its assignments' rows of xg (and xu).
- *   B  per (busy expert, ff row block), claimed dynamically: gate and up rows for the expert's
- *      tokens, then h = silu(gate) * up; the thread finishing an expert's last block rounds that
- *      expert's h rows into hq.
+ *   B  per (busy expert, ff row block): gate and up rows for the expert's tokens, then
+ *      h = silu(gate) * up; the thread finishing an expert's last block rounds that expert's h
+ *      rows into hq (before counting its own item done, so phase C sees every hq).
  *   C  per embedding row block: down rows for every busy expert, then for those columns
  *      out[token] += weight * down, assignment by assignment in ascending order.
  * ====================================================================================== */
@@ -191,7 +232,8 @@ typedef struct {
 
 typedef struct {
     moe_matrix gate, up, down;
-    int64_t n_tokens, n_embd, n_ff, n_busy, n_ff_blocks, a_first, n_used;
+    int64_t n_tokens, n_embd, n_ff, n_busy, a_first, n_used;
+    int64_t ff_chunk, n_ff_items, d_chunk, n_d_items;  /* rows per phase B / C item (MM_ROW_BLOCK multiples) */
     const float *x;
     const int32_t *expert_index, *token_ids;
     const int64_t *offsets;
@@ -201,7 +243,7 @@ typedef struct {
     atomic_int *done;
     uint8_t *xg, *xu, *hq;
     float *h, *tmp;
-    atomic_llong next_item;
+    atomic_llong next_tok, done_tok, next_item, done_item, next_block;
 } moe_job;
 
 static int moe_matrix_init(moe_matrix *m, const strata_moe_part *part, int impl, int64_t n_rows, int64_t row_len) {
@@ -272,21 +314,18 @@ int strata_moe_scratch_bytes(int gate_type, int up_type, int down_type, int64_t 
     return st;
 }
 
-/* Phase A: items are tokens. */
-static void moe_gather(void *ctx, int64_t first, int64_t count) {
-    const moe_job *J = ctx;
+/* Phase A: one token. */
+static void moe_gather(const moe_job *J, int64_t t) {
     const int share = J->xu == J->xg;
-    for (int64_t t = first; t < first + count; t++) {
-        const int64_t u0 = J->head[t];
-        if (u0 < 0) continue;
-        const float *x = J->x + t * J->n_embd;
-        uint8_t *g0 = J->xg + u0 * J->gate.a_row_bytes, *p0 = J->xu + u0 * J->up.a_row_bytes;
-        act_row(&J->gate.k, x, g0, J->n_embd);
-        if (!share) act_row(&J->up.k, x, p0, J->n_embd);
-        for (int64_t u = J->next[u0]; u >= 0; u = J->next[u]) {
-            memcpy(J->xg + u * J->gate.a_row_bytes, g0, (size_t)J->gate.a_row_bytes);
-            if (!share) memcpy(J->xu + u * J->up.a_row_bytes, p0, (size_t)J->up.a_row_bytes);
-        }
+    const int64_t u0 = J->head[t];
+    if (u0 < 0) return;
+    const float *x = J->x + t * J->n_embd;
+    uint8_t *g0 = J->xg + u0 * J->gate.a_row_bytes, *p0 = J->xu + u0 * J->up.a_row_bytes;
+    act_row(&J->gate.k, x, g0, J->n_embd);
+    if (!share) act_row(&J->up.k, x, p0, J->n_embd);
+    for (int64_t u = J->next[u0]; u >= 0; u = J->next[u]) {
+        memcpy(J->xg + u * J->gate.a_row_bytes, g0, (size_t)J->gate.a_row_bytes);
+        if (!share) memcpy(J->xu + u * J->up.a_row_bytes, p0, (size_t)J->up.a_row_bytes);
     }
 }
 
@@ -296,13 +335,13 @@ static float silu_mul(float g, float u) {
     return (float)s * u;
 }
 
-/* Phase B: one (busy expert, ff row block) item. */
+/* Phase B: one (busy expert, chunk of ff rows) item. */
 static void moe_gate_up_item(moe_job *J, int64_t item) {
     /* Expert-major: experts finish (and round their h) one after another, not all at the end. */
-    const int64_t i = item / J->n_ff_blocks, b = item % J->n_ff_blocks;
+    const int64_t i = item / J->n_ff_items, b = item % J->n_ff_items;
     const int64_t j = J->busy[i], e = J->expert_index[j];
     const int64_t u0 = J->offsets[j] - J->a_first, n_tok = J->offsets[j + 1] - J->offsets[j];
-    const int64_t r0 = b * MM_ROW_BLOCK, r1 = r0 + MM_ROW_BLOCK < J->n_ff ? r0 + MM_ROW_BLOCK : J->n_ff;
+    const int64_t r0 = b * J->ff_chunk, r1 = r0 + J->ff_chunk < J->n_ff ? r0 + J->ff_chunk : J->n_ff;
     const int64_t F = J->n_ff;
     float *h = J->h + u0 * F + r0, *up = J->tmp + u0 * F + r0;
     tile_rows(&J->gate.k, J->n_embd, moe_matrix_at(&J->gate, e), J->gate.row_bytes, r0, r1,
@@ -312,27 +351,15 @@ static void moe_gate_up_item(moe_job *J, int64_t item) {
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < r1 - r0; r++) h[t * F + r] = silu_mul(h[t * F + r], up[t * F + r]);
     /* acq_rel: the last finisher sees every other block's h of this expert. */
-    if (atomic_fetch_add_explicit(&J->done[i], 1, memory_order_acq_rel) == J->n_ff_blocks - 1 && J->hq != (uint8_t *)J->h)
+    if (atomic_fetch_add_explicit(&J->done[i], 1, memory_order_acq_rel) == J->n_ff_items - 1 && J->hq != (uint8_t *)J->h)
         for (int64_t t = 0; t < n_tok; t++)
             J->down.k.qact(J->h + (u0 + t) * F, J->hq + (u0 + t) * J->down.a_row_bytes, F);
 }
 
-static void moe_gate_up(void *ctx, int64_t first, int64_t count) {
-    moe_job *J = ctx;
-    (void)first, (void)count;
-    const int64_t n_items = J->n_busy * J->n_ff_blocks;
-    for (;;) {
-        const int64_t item = atomic_fetch_add_explicit(&J->next_item, 1, memory_order_relaxed);
-        if (item >= n_items) return;
-        moe_gate_up_item(J, item);
-    }
-}
-
-/* Phase C: items are blocks of MM_ROW_BLOCK embedding rows (output columns). */
-static void moe_down(void *ctx, int64_t first, int64_t count) {
-    const moe_job *J = ctx;
+/* Phase C: one chunk of embedding rows (output columns). */
+static void moe_down(const moe_job *J, int64_t block) {
     const int64_t D = J->n_embd;
-    const int64_t r0 = first * MM_ROW_BLOCK, r1 = (first + count) * MM_ROW_BLOCK < D ? (first + count) * MM_ROW_BLOCK : D;
+    const int64_t r0 = block * J->d_chunk, r1 = r0 + J->d_chunk < D ? r0 + J->d_chunk : D;
     for (int64_t i = 0; i < J->n_busy; i++) {
         const int64_t j = J->busy[i];
         const int64_t u0 = J->offsets[j] - J->a_first, n_tok = J->offsets[j + 1] - J->offsets[j];
@@ -346,6 +373,18 @@ static void moe_down(void *ctx, int64_t first, int64_t count) {
         const float *dn = J->tmp + (a - J->a_first) * D;
         for (int64_t r = r0; r < r1; r++) o[r] += w * dn[r];
     }
+}
+
+/* Every thread: the three phases in turn. */
+static void moe_run(void *ctx, int64_t first, int64_t count) {
+    moe_job *J = ctx;
+    (void)first, (void)count;
+    for (int64_t t; (t = claim(&J->next_tok)) < J->n_tokens; finish(&J->done_tok)) moe_gather(J, t);
+    wait_done(&J->done_tok, J->n_tokens);
+    const int64_t n_items = J->n_busy * J->n_ff_items;
+    for (int64_t i; (i = claim(&J->next_item)) < n_items; finish(&J->done_item)) moe_gate_up_item(J, i);
+    wait_done(&J->done_item, n_items);
+    for (int64_t b; (b = claim(&J->next_block)) < J->n_d_items;) moe_down(J, b);
 }
 
 /* Check offsets, expert indices and token ids; fill head/next/busy. */
@@ -418,15 +457,23 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
     st = moe_index(&J, n_experts);
     if (st != STRATA_OK) return st;
 
-    J.n_ff_blocks = (n_ff + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
+    atomic_init(&J.next_tok, 0);
+    atomic_init(&J.done_tok, 0);
     atomic_init(&J.next_item, 0);
-    /* Work estimates: weight bytes times the tokens that use them. */
-    const int64_t up_work = mul_sat(mul_sat(n_ff, J.gate.row_bytes + J.up.row_bytes), J.n_used);
-    const int64_t lanes = up_work / MM_MIN_PART;
-    strata_pool_run(pool, n_tokens, grain_of(n_embd * 4), moe_gather, &J);
-    strata_pool_run(pool, lanes < 1 ? 1 : lanes < strata_pool_threads(pool) ? lanes : strata_pool_threads(pool), 1,
-                    moe_gate_up, &J);
-    strata_pool_run(pool, (n_embd + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK,
-                    grain_of(mul_sat(MM_ROW_BLOCK * J.down.row_bytes, J.n_used)), moe_down, &J);
+    atomic_init(&J.done_item, 0);
+    atomic_init(&J.next_block, 0);
+    /* Work estimate: weight bytes times the tokens that use them. */
+    const int64_t per_use = mul_sat(n_ff, J.gate.row_bytes + J.up.row_bytes) + mul_sat(n_embd, J.down.row_bytes);
+    const int64_t n_part = participants(pool, mul_sat(per_use, J.n_used));
+    /* Items: about MM_ITEMS_PER_THREAD per thread in each phase, each as long a run of rows as that
+     * allows (short runs over many matrices stream from memory slower than long ones). */
+    const int64_t ff_blocks = (n_ff + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK, d_blocks = (n_embd + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
+    const int64_t want = MM_ITEMS_PER_THREAD * n_part;
+    const int64_t per_expert = (want + J.n_busy - 1) / J.n_busy;
+    J.ff_chunk = MM_ROW_BLOCK * ((ff_blocks + per_expert - 1) / per_expert);
+    J.n_ff_items = (n_ff + J.ff_chunk - 1) / J.ff_chunk;
+    J.d_chunk = MM_ROW_BLOCK * ((d_blocks + want - 1) / want);
+    J.n_d_items = (n_embd + J.d_chunk - 1) / J.d_chunk;
+    strata_pool_run(n_part > 1 ? pool : NULL, n_part, 1, moe_run, &J);
     return STRATA_OK;
 }

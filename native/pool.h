@@ -4,7 +4,8 @@
  *
  * A job is fn(ctx, first, count) over items [0, n_items), split into P = min(threads,
  * n_items / grain) (at least 1) whole contiguous ranges: range p holds n_items / P items, the first
- * (n_items % P) ranges one more, the calling thread runs range 0 and worker p runs range p. `grain`
+ * (n_items % P) ranges one more; each range is run once, by whichever thread claims it first (the
+ * caller claims until none is left, so it never waits for a worker that has not started). `grain`
  * is the fewest items worth a thread: a job too small to repay a dispatch (a few microseconds)
  * runs on the calling thread alone. The split depends only on n_items and the
  * pool's thread count, never on timing, so a job whose items write disjoint outputs gives the same

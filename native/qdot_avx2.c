@@ -147,6 +147,13 @@ INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
         for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
 }
 
+/* Decode (fewer than 4 tokens) is bound by reading the weights: fetch this far ahead of each row's
+ * current block (into the next rows' bytes near a row's end), past where the hardware prefetcher
+ * has ramped up on a new stream. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+
 #define ZERO_ACC(acc) \
     for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
 
@@ -221,6 +228,7 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
     for (int64_t b = 0; b < k / STRATA_QK; b++)
         for (int r = 0; r < nr; r++) {
             float wd, wm = 0.0f;
+            if (nt < 4) _mm_prefetch((const char *)(w + r * wrb + b * bs + PF_AHEAD), _MM_HINT_T0);
             const __m256i q = q8_codes(fmt, w + r * wrb + b * bs, &wd, &wm);
             const __m256i qa = fmt == FMT_Q8_0 ? _mm256_sign_epi8(q, q) : q;
             const __m256 m8 = _mm256_set1_ps(wm * 0.125f);  /* the min term, spread over 8 lanes (exact) */
@@ -401,6 +409,10 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     for (int64_t b = 0; b < k / STRATA_QK_K; b++)
         for (int r = 0; r < nr; r++) {
             const uint8_t *p = w + r * wrb + b * bs;
+            if (nt < 4) {
+                _mm_prefetch((const char *)(p + PF_AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p + PF_AHEAD + 64), _MM_HINT_T0);
+            }
             khead hd;
             k_head(fmt, p, &hd);
             __m256i isum[8];

@@ -78,6 +78,10 @@ INLINE __m256i nibbles_one(const uint8_t *p) {
 #define ZERO_ACC(acc) \
     for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 4; t_++) acc[r_][t_] = _mm512_setzero_ps();
 
+/* Decode (fewer than 4 tokens) is bound by reading the weights: fetch this far ahead of each row's
+ * current block, as the AVX2 kernels do (qdot_avx2.c). */
+#define PF_AHEAD 2048
+
 INLINE void store_tile(int nr, int nt, __m512 acc[4][4], float *y, int64_t ys) {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
@@ -179,6 +183,10 @@ INLINE void q8_step(int fmt, int pair, int64_t bs, int nr, int nt, int64_t b, co
     }
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * wrb + b * bs;
+        if (nt < 4) {
+            _mm_prefetch((const char *)(p + PF_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + PF_AHEAD + 64), _MM_HINT_T0);
+        }
         const __m512i u = pair ? q8_codes_pair(fmt, p, p + bs) : q8_codes_one(fmt, p);
         const __m512 wd = pair ? _mm512_mask_blend_ps(hi, _mm512_set1_ps(q8_scale(fmt, p)),
                                                       _mm512_set1_ps(q8_scale(fmt, p + bs)))
@@ -320,6 +328,10 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     for (int64_t b = 0; b < k / STRATA_QK_K; b++)
         for (int r = 0; r < nr; r++) {
             kblock kb;
+            if (nt < 4) {
+                _mm_prefetch((const char *)(w + r * wrb + b * bs + PF_AHEAD), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + r * wrb + b * bs + PF_AHEAD + 64), _MM_HINT_T0);
+            }
             k_unpack(fmt, w + r * wrb + b * bs, &kb);
             for (int t = 0; t < nt; t++)
                 acc[r][t] = k_block_dot(fmt, &kb, (const strata_block_act_q8k *)(a + t * arb) + b, acc[r][t]);
