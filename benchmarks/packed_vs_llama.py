@@ -219,7 +219,7 @@ def in_ram(a: argparse.Namespace) -> dict:
 
 def out_of_ram(a: argparse.Namespace) -> dict:
     from benchmarks.tiered_cgroup import CGROUP_V1, _cgroup
-    from strata.memory.pager_bench import sequential_direct_rate
+    from strata.bench.pager import sequential_direct_rate
 
     if not os.access(CGROUP_V1, os.W_OK):
         raise SystemExit(f"{CGROUP_V1} is not writable (needs root and cgroup v1)")
