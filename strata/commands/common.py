@@ -37,6 +37,9 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
                    help="layers ahead whose experts are loaded while a layer computes; 0 = off "
                         "(default 2 on cuda, 1 on cpu)")
+    g.add_argument("--hybrid", action="store_true", default=None,
+                   help="cuda: compute missed experts that host RAM holds on the CPU (native kernels) while the "
+                        "GPU runs the others, when measured costs say that beats copying them")
     g.add_argument("--slot-form", choices=("dequantized", "packed"), default=None,
                    help="device slots hold experts dequantized (pure GEMM at use) or packed (3.5-7x more "
                         "experts per byte, dequantized at use); default: dequantized when every expert fits so")
@@ -95,7 +98,7 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
 
     check_save_routing(args)
     tiered = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
-                  slot_form=args.slot_form)
+                  slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None))
     if args.memory == "direct":
         given = [f"--{k.replace('_', '-')}" for k, v in tiered.items() if v is not None]
         if given:

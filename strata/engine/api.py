@@ -360,7 +360,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
          memory: MemoryFactory | str | None = None, device_mem: int | str | None = None,
          host_mem: int | str | None = None, prefetch_depth: int | None = None,
-         slot_form: str | None = None, compute: str | None = None) -> Model:
+         slot_form: str | None = None, compute: str | None = None, hybrid: bool | None = None) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
@@ -373,6 +373,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     device_mem, host_mem: budgets of the tiered memory in bytes or as '512M', '8G' (device_mem
     covers resident weights and KV cache too); prefetch_depth: layers ahead to prefetch (0: off);
     slot_form: 'dequantized' or 'packed'. Defaults come from the machine (strata.memory.budget).
+    hybrid: on CUDA, compute missed experts that the host tier holds on the CPU when measured costs
+    say it beats copying them (`TieredConfig.hybrid`).
     compute: "packed" (the CPU default: weights stay in their GGUF blocks and the native quantized
     kernels multiply, activations rounded to 8-bit blocks as llama.cpp does), "float" (weights
     dequantized into `dtype`, torch multiplies: the reference path, and CUDA's), or "auto".
@@ -396,7 +398,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         raise StrataError(f"n_ctx must be at least 2, found {ctx}")
     kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
     factory = _memory_factory(memory, mf, compute, kv_bytes, dict(device_mem=device_mem, host_mem=host_mem,
-                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form),
+                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form,
+                                                                   hybrid=hybrid),
                               mode)
     mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
     try:
