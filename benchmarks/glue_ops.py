@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,17 +23,12 @@ from strata.models.attention import Attention
 from strata.models.batch import Batch
 from strata.models.layers import RMSNorm
 from strata.models.moe import Router
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.matmul_pool import best_us  # noqa: E402  (one timing helper for the benchmarks)
 from strata.models.rope import Rope
 
 
-def best_us(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / repeat)
-    return best * 1e6
 
 
 def numpy_grouping(ids: torch.Tensor, weights: torch.Tensor):
