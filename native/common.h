@@ -20,6 +20,7 @@
 #define STRATA_COMMON_H
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define STRATA_QK 32
 #define STRATA_QK_K 256
@@ -125,6 +126,15 @@ static inline void strata_k_scale_min(int j, const uint8_t s[12], uint8_t *sc, u
         *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
         *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
     }
+}
+
+/* ---- time ---- */
+
+/* Monotonic clock in nanoseconds (pool spin deadlines, pager busy time and read timings). */
+static inline int64_t strata_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 #endif

@@ -21,6 +21,7 @@
  * Nothing is allocated after open: the request table, the queue and the workers are fixed.
  */
 #include "strata.h"
+#include "common.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -81,12 +82,6 @@ struct strata_pager {
     int64_t busy_since_ns;
 };
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static int64_t round_down(int64_t x, int64_t a) { return x / a * a; }
 static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -144,7 +139,7 @@ static void finish_request(strata_pager *p, request *r) {
         p->stats.direct += r->direct;
         p->stats.bytes_requested += r->nbytes;
     }
-    if (--p->stats.in_flight == 0) p->stats.busy_ns += now_ns() - p->busy_since_ns;
+    if (--p->stats.in_flight == 0) p->stats.busy_ns += strata_now_ns() - p->busy_since_ns;
     pthread_cond_broadcast(&p->done);
 }
 
@@ -175,9 +170,9 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
 
         int os_errno = 0, status = STRATA_OK;
-        int64_t error_offset = 0, bytes = 0, t0 = now_ns();
+        int64_t error_offset = 0, bytes = 0, t0 = strata_now_ns();
         if (!skip) status = read_chunk(p, r, chunk, &os_errno, &error_offset, &bytes);
-        int64_t t1 = now_ns();
+        int64_t t1 = strata_now_ns();
 
         pthread_mutex_lock(&p->mu);
         p->stats.read_ns += t1 - t0;
@@ -360,7 +355,7 @@ int strata_pager_submit(strata_pager *p, int64_t offset, int64_t nbytes, void *d
     r->data_offset = offset - r->read_start;
     r->n_chunks = r->chunks_left = (r->read_end - r->read_start + p->chunk_bytes - 1) / p->chunk_bytes;
     p->stats.submitted++;
-    if (p->stats.in_flight++ == 0) p->busy_since_ns = now_ns();
+    if (p->stats.in_flight++ == 0) p->busy_since_ns = strata_now_ns();
     if (r->n_chunks == 0) {
         finish_request(p, r);
     } else {
@@ -390,7 +385,7 @@ int strata_pager_poll(strata_pager *p, int64_t ticket, int *done) {
 }
 
 static struct timespec deadline_after(int64_t timeout_ns) {
-    int64_t t = now_ns() + timeout_ns;
+    int64_t t = strata_now_ns() + timeout_ns;
     return (struct timespec){.tv_sec = t / 1000000000, .tv_nsec = t % 1000000000};
 }
 
@@ -434,7 +429,7 @@ int strata_pager_get_stats(strata_pager *p, strata_pager_stats *stats) {
     if (!p || !stats) return STRATA_E_ARG;
     pthread_mutex_lock(&p->mu);
     *stats = p->stats;
-    if (stats->in_flight) stats->busy_ns += now_ns() - p->busy_since_ns;
+    if (stats->in_flight) stats->busy_ns += strata_now_ns() - p->busy_since_ns;
     pthread_mutex_unlock(&p->mu);
     return STRATA_OK;
 }

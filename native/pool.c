@@ -19,6 +19,7 @@
  * broadcast is sent under `lock`, so a worker between its check and its wait cannot miss it.
  */
 #include "pool.h"
+#include "common.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -64,12 +65,6 @@ struct strata_pool {
     int n_parts;
 };
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Claim and run parts of the current job until none is left. */
 static void run_parts(strata_pool *p) {
     const int64_t base = p->n_items / p->n_parts, extra = p->n_items % p->n_parts;
@@ -81,12 +76,12 @@ static void run_parts(strata_pool *p) {
 
 /* Wait until the job word's generation differs from `seen` (or stop); returns the job word. */
 static uint_fast64_t wait_for_job(strata_pool *p, uint_fast64_t seen) {
-    const int64_t deadline = now_ns() + POOL_SPIN_NS;
+    const int64_t deadline = strata_now_ns() + POOL_SPIN_NS;
     for (int i = 0;; i++) {
         const uint_fast64_t j = atomic_load(&p->job);
         if (j >> JOB_GEN_SHIFT != seen || atomic_load(&p->stop)) return j;
         if ((i & 63) == 63) {
-            if (now_ns() > deadline) break;
+            if (strata_now_ns() > deadline) break;
             sched_yield();  /* on an oversubscribed machine, let the caller run */
         }
         POOL_PAUSE();

@@ -27,10 +27,8 @@ from strata.gguf import ModelFile
 from strata.memory import alloc
 from strata.memory.direct import file_parts
 
-from .layers import swiglu
-
-#: Tokens one window holds (host buffers and scratch are sized for it; longer inputs run in windows).
-DEFAULT_MAX_TOKENS = 512
+from .moe import float_experts
+from .packed import DEFAULT_MAX_TOKENS  # tokens one window holds: host buffers and scratch are sized for it
 
 
 class HybridCompute:
@@ -117,16 +115,8 @@ class HybridCompute:
                 w_flat: torch.Tensor, K: int) -> None:
         """The device experts, one GEMM each over their tokens (as RoutedExperts' float path)."""
         pos = {int(e): k for k, e in enumerate(used)}
-        acquired = memory.acquire(layer, device_ids)
-        try:
-            for e, w in zip(device_ids, acquired):
-                k = pos[e]
-                picks = order[int(starts[k]):int(starts[k] + counts[k])]  # [Te] indices into T*K
-                tokens = picks // K  # [Te]
-                y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
-                out.index_add_(0, tokens, y * w_flat[picks, None])
-        finally:
-            memory.release(layer, device_ids)
+        spans = [(int(starts[pos[e]]), int(starts[pos[e]] + counts[pos[e]])) for e in device_ids]
+        float_experts(memory, layer, device_ids, spans, order, K, x, w_flat, out)
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "HybridCompute"]
+__all__ = ["HybridCompute"]

@@ -67,7 +67,7 @@ class RoutedExperts(nn.Module):
         super().__init__()
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
-        self.memory_n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
+        self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
         self.seconds = 0.0  # time in this layer's routed experts, waits for the memory included
 
@@ -90,17 +90,11 @@ class RoutedExperts(nn.Module):
         bounds = [0, *accumulate(torch.bincount(flat).tolist())]  # expert e owns order[bounds[e]:bounds[e+1]]
         used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
         out = torch.zeros_like(x)  # [T, D]
+        w_flat = weights.flatten()  # [T*K]
         for i in range(0, len(used), self.memory.max_acquire):
             chunk = used[i:i + self.memory.max_acquire]
-            acquired = self.memory.acquire(self.layer, chunk)
-            try:
-                for e, w in zip(chunk, acquired):
-                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
-                    tokens = picks // K  # [Te]
-                    y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
-                    out.index_add_(0, tokens, y * weights.flatten()[picks, None])
-            finally:  # an interrupted step must not leave the experts held
-                self.memory.release(self.layer, chunk)
+            spans = [(bounds[e], bounds[e + 1]) for e in chunk]
+            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out)
         return out
 
     def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
@@ -114,7 +108,7 @@ class RoutedExperts(nn.Module):
 
     def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
         T, K = expert_ids.shape
-        E = self.memory_n_experts
+        E = self.n_experts
         used = torch.empty(E, dtype=torch.int32)
         offsets = torch.empty(E + 1, dtype=torch.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
         token_ids = torch.empty(T * K, dtype=torch.int32)
@@ -131,6 +125,22 @@ class RoutedExperts(nn.Module):
                                   offsets[i:i + len(chunk) + 1], token_ids, router_w, self.compute.scratch)
             finally:  # an interrupted step must not leave the experts held
                 self.memory.release(self.layer, chunk)
+
+
+def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans: list[tuple[int, int]],
+                  order: torch.Tensor, K: int, x: torch.Tensor, w_flat: torch.Tensor, out: torch.Tensor) -> None:
+    """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM over its
+    assignments order[lo:hi] (indices into the T*K routing; token = index // K), add the results
+    weighted by w_flat [T*K] into out [T, D], release."""
+    acquired = memory.acquire(layer, expert_ids)
+    try:
+        for (lo, hi), w in zip(spans, acquired):
+            picks = order[lo:hi]  # [Te] indices into T*K
+            tokens = picks // K  # [Te]
+            y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+            out.index_add_(0, tokens, y * w_flat[picks, None])
+    finally:  # an interrupted step must not leave the experts held
+        memory.release(layer, expert_ids)
 
 
 class Lookahead:
@@ -160,4 +170,4 @@ class MoE(nn.Module):
         return out if self.shared is None else out + self.shared(x)
 
 
-__all__ = ["Lookahead", "MoE", "Router", "RoutedExperts"]
+__all__ = ["Lookahead", "MoE", "Router", "RoutedExperts", "float_experts"]

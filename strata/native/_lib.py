@@ -129,5 +129,34 @@ def f32_view(src: Any) -> tuple[Any, int, tuple[int, ...]]:
     return ffi.cast("const float *", ffi.from_buffer(src)), src.nbytes, src.shape
 
 
+# Per-call argument types: numpy dtype, torch dtype name and the cffi array type of the pointer.
+_CTYPES = {"float *": (np.dtype(np.float32), "torch.float32", "float[]"),
+           "int32_t *": (np.dtype(np.int32), "torch.int32", "int32_t[]"),
+           "int64_t *": (np.dtype(np.int64), "torch.int64", "int64_t[]")}
+
+
+def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[Any, int, tuple[int, ...]]:
+    """(typed pointer, bytes, shape) of a contiguous CPU numpy array or torch tensor whose element
+    type is `ctype`. The per-call fast path: one buffer request (which also refuses non-contiguous
+    and, when asked, read-only arrays) and no string formatting unless the argument is wrong."""
+    np_dtype, torch_dtype, array_type = _CTYPES[ctype]
+    if type(a) is np.ndarray:
+        if a.dtype != np_dtype:
+            raise ValueError(f"{what} must be a {np_dtype} array, found {a.dtype}")
+        try:
+            return ffi.from_buffer(array_type, a, require_writable=writable), a.nbytes, a.shape
+        except (BufferError, ValueError) as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    if hasattr(a, "data_ptr"):
+        if str(a.dtype) != torch_dtype or a.device.type != "cpu" or not a.is_contiguous():
+            raise ValueError(f"{what} must be a contiguous CPU {torch_dtype} tensor, found {a.dtype} on {a.device}"
+                             f"{'' if a.is_contiguous() else ' (not contiguous)'}")
+        return ffi.cast(ctype, a.data_ptr()), a.numel() * a.element_size(), tuple(a.shape)
+    if isinstance(a, np.ndarray):                 # a subclass: take the plain array view
+        return typed_view(a.view(np.ndarray), ctype, what, writable)
+    raise TypeError(f"{what} must be a numpy array or a torch tensor, found {type(a).__name__}")
+
+
+
 __all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "default_impl", "default_threads",
-           "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason"]
+           "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

@@ -15,11 +15,10 @@ import math
 import weakref
 from typing import Any, NamedTuple
 
-import numpy as np
 
 from strata.quant import block_size, ggml_type, row_bytes
 
-from ._lib import check, check_threads, default_threads, dst_view, ffi, impl_code, lib, src_view
+from ._lib import check, check_threads, default_threads, dst_view, ffi, impl_code, lib, src_view, typed_view
 
 
 class ComputePool:
@@ -63,34 +62,6 @@ def _pool_ptr(pool: ComputePool | None) -> Any:
     return ffi.NULL if pool is None else pool.ptr
 
 
-# Per-call argument types: numpy dtype, torch dtype name and the cffi array type of the pointer.
-_CTYPES = {"float *": (np.dtype(np.float32), "torch.float32", "float[]"),
-           "int32_t *": (np.dtype(np.int32), "torch.int32", "int32_t[]"),
-           "int64_t *": (np.dtype(np.int64), "torch.int64", "int64_t[]")}
-
-
-def _typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[Any, int, tuple[int, ...]]:
-    """(typed pointer, bytes, shape) of a contiguous CPU numpy array or torch tensor whose element
-    type is `ctype`. The per-call fast path: one buffer request (which also refuses non-contiguous
-    and, when asked, read-only arrays) and no string formatting unless the argument is wrong."""
-    np_dtype, torch_dtype, array_type = _CTYPES[ctype]
-    if type(a) is np.ndarray:
-        if a.dtype != np_dtype:
-            raise ValueError(f"{what} must be a {np_dtype} array, found {a.dtype}")
-        try:
-            return ffi.from_buffer(array_type, a, require_writable=writable), a.nbytes, a.shape
-        except (BufferError, ValueError) as exc:
-            raise ValueError(f"{what}: {exc}") from None
-    if hasattr(a, "data_ptr"):
-        if str(a.dtype) != torch_dtype or a.device.type != "cpu" or not a.is_contiguous():
-            raise ValueError(f"{what} must be a contiguous CPU {torch_dtype} tensor, found {a.dtype} on {a.device}"
-                             f"{'' if a.is_contiguous() else ' (not contiguous)'}")
-        return ffi.cast(ctype, a.data_ptr()), a.numel() * a.element_size(), tuple(a.shape)
-    if isinstance(a, np.ndarray):                 # a subclass: take the plain array view
-        return _typed_view(a.view(np.ndarray), ctype, what, writable)
-    raise TypeError(f"{what} must be a numpy array or a torch tensor, found {type(a).__name__}")
-
-
 def matmul_scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:
     """Scratch bytes `matmul_into` needs for `n_tokens` rows of `row_len` (0 for float weights)."""
     t = ggml_type(t)
@@ -107,8 +78,8 @@ def matmul_into(pool: ComputePool | None, t: Any, w: Any, n_rows: int, row_len: 
     format's 8-bit blocks in `scratch` (`matmul_scratch_bytes`). The result is bit-identical for
     every pool size, pool None included. Returns `out`."""
     t = ggml_type(t)
-    x_ptr, x_bytes, x_shape = _typed_view(x, "float *", "matmul x")
-    y_ptr, y_bytes, y_shape = _typed_view(out, "float *", "matmul output", writable=True)
+    x_ptr, x_bytes, x_shape = typed_view(x, "float *", "matmul x")
+    y_ptr, y_bytes, y_shape = typed_view(out, "float *", "matmul output", writable=True)
     n_tokens = math.prod(x_shape[:-1])
     if not x_shape or x_shape[-1] != row_len:
         raise ValueError(f"{t.name} matmul: x has shape {x_shape}, expected rows of {row_len}")
@@ -198,14 +169,14 @@ def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expe
     weights float32 [A]. Terms are added into `out` in ascending assignment order whatever the pool
     size, so calls over consecutive chunks of experts add up to one call. Returns `out`."""
     parts.check()
-    x_ptr, x_bytes, x_shape = _typed_view(x, "float *", "MoE x")
-    o_ptr, o_bytes, o_shape = _typed_view(out, "float *", "MoE output", writable=True)
+    x_ptr, x_bytes, x_shape = typed_view(x, "float *", "MoE x")
+    o_ptr, o_bytes, o_shape = typed_view(out, "float *", "MoE output", writable=True)
     if len(x_shape) != 2 or x_shape[1] != parts.n_embd or o_shape != x_shape:
         raise ValueError(f"MoE: x {x_shape} and out {o_shape} must both be [T, {parts.n_embd}]")
-    e_ptr, n_experts, _ = _typed_view(expert_index, "int32_t *", "expert_index")
-    f_ptr, n_off, _ = _typed_view(offsets, "int64_t *", "offsets")
-    t_ptr, n_assign, _ = _typed_view(token_ids, "int32_t *", "token_ids")
-    w_ptr, n_weights, _ = _typed_view(weights, "float *", "weights")
+    e_ptr, n_experts, _ = typed_view(expert_index, "int32_t *", "expert_index")
+    f_ptr, n_off, _ = typed_view(offsets, "int64_t *", "offsets")
+    t_ptr, n_assign, _ = typed_view(token_ids, "int32_t *", "token_ids")
+    w_ptr, n_weights, _ = typed_view(weights, "float *", "weights")
     n_experts, n_off, n_assign, n_weights = n_experts // 4, n_off // 8, n_assign // 4, n_weights // 4
     if n_off != n_experts + 1 or n_weights != n_assign:
         raise ValueError(f"MoE: {n_experts} experts need {n_experts + 1} offsets (found {n_off}); "
