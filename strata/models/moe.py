@@ -115,6 +115,20 @@ class RoutedExperts(nn.Module):
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
+        self._packed_groups(x, out, n_used, used, offsets, token_ids, router_w)
+
+    def add_grouped(self, x: torch.Tensor, out: torch.Tensor, expert_ids: torch.Tensor, n_used: int,
+                    used: torch.Tensor, offsets: torch.Tensor, token_ids: torch.Tensor, router_w: torch.Tensor) -> None:
+        """out [T, D] += the routed experts of x [T, D] (float32, T within the packed scratch), the
+        routing already grouped by expert (`native.group_assignments`' outputs: the fused decode
+        step computes them with the router). Packed compute only."""
+        t0 = time.perf_counter()
+        self.memory.observe(self.layer, expert_ids)
+        self._packed_groups(x, out, n_used, used, offsets, token_ids, router_w)
+        self.seconds += time.perf_counter() - t0
+
+    def _packed_groups(self, x: torch.Tensor, out: torch.Tensor, n_used: int, used: torch.Tensor,
+                       offsets: torch.Tensor, token_ids: torch.Tensor, router_w: torch.Tensor) -> None:
         used_ids = used[:n_used].tolist()
         n = self.memory.max_acquire
         for i in range(0, n_used, n):

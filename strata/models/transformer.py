@@ -42,9 +42,12 @@ class Block(nn.Module):
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
         self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
         self.attention_s = 0.0  # time in attention since the last reset
+        self.fused = None  # packed compute: the decode step in two native calls (strata.models.step)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if self.fused is not None and batch.is_decode:
+            return self.fused(x, batch, cos_sin, kv)  # the same maths; x updated in place
         t0 = time.perf_counter()
         h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
         self.attention_s += time.perf_counter() - t0
