@@ -64,9 +64,19 @@ class FusedDecode:
         return isinstance(block.ffn, FeedForward)
 
     def _grow(self, capacity: int) -> None:
-        self.out = native.StepOutputs(self.layer, capacity)
+        out = self.out = native.StepOutputs(self.layer, capacity)
         self.routed = torch.empty((capacity, self.layer.n_embd), dtype=torch.float32)
         self.compute.reserve(self.layer.scratch_bytes(capacity))
+        if self.moe is not None:
+            self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
+                                           self.layer.n_experts)
+        self._views: dict[int, tuple] = {}  # batch size -> (xn, expert_ids, routed) views
+
+    def views(self, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = (self.out.xn[:B], self.out.expert_ids[:B], self.routed[:B])
+        return v
 
     def __call__(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                  kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -75,24 +85,21 @@ class FusedDecode:
         t0 = time.perf_counter()
         if B > self.out.capacity:
             self._grow(B)
-        x = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
         self.layer.bind_cache(*kv)
-        out = self.out
-        n_used = self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, *cos_sin, x, out,
+        n_used = self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, *cos_sin, x, self.out,
                                 self.compute.scratch)
-        block.attention_s += time.perf_counter() - t0
+        block.clock[0] += time.perf_counter() - t0
         if block.lookahead is not None:
             block.lookahead(x)  # next layers' experts start moving; x is unchanged
-        xn = out.xn[:B]
+        xn, expert_ids, routed = self.views(B)
         if self.moe is None:
             return x.add_(block.ffn(xn))
-        k = self.layer.n_used
-        routed = self.routed[:B].zero_()
-        self.moe.experts.add_grouped(xn, routed, out.expert_ids[:B], n_used, out.used, out.offsets,
-                                     out.token_ids[:B * k], out.weights_sorted[:B * k])
+        routed.zero_()
+        self.moe.experts.add_bound(self.moe_call, expert_ids, n_used, self.out.used, B)
         if self.moe.shared is not None:
-            routed = routed + self.moe.shared(xn)
+            return x.add_(routed + self.moe.shared(xn))
         return x.add_(routed)
-
 
 __all__ = ["FusedDecode"]
