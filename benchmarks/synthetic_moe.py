@@ -23,29 +23,14 @@ and `--shape NAME` for the shapes the benchmarks share (SHAPES: FACTS.md's "medi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import gguf  # noqa: E402
-import gguf.quants  # noqa: E402
-from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
-
-from strata import native  # noqa: E402
-from strata.quant import block_size  # noqa: E402
-
-HEAD_DIM = 128
-
-
-def _bytes(t: Q, shape: tuple[int, ...]) -> int:
-    elems, nbytes = block_size(t)
-    return int(np.prod(shape)) // elems * nbytes
-
+from strata.synth.gguf_file import Shape, file_bytes  # noqa: E402
+from strata.synth.gguf_file import write as write_shape  # noqa: E402
 
 #: Named shapes (keyword arguments of `write`, with `n_layers`) shared by the benchmarks.
 #: medium/large: FACTS.md's llama.cpp reference files (1.4 and 5.5 GB); mixtral: 8 experts top-2
@@ -64,123 +49,19 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def plan(n_layers: int, n_experts: int, hidden: int, ff: int, vocab: int, n_head: int, n_head_kv: int,
-         expert_type: Q = Q.Q4_K, arch: str = "qwen3moe"):
-    """(name, row-major shape, type) of every tensor, in file order."""
-    head_dim = HEAD_DIM if arch == "qwen3moe" else hidden // n_head
-    q, kv = n_head * head_dim, n_head_kv * head_dim
-    out = [("token_embd.weight", (vocab, hidden), Q.F32), ("output_norm.weight", (hidden,), Q.F32),
-           ("output.weight", (vocab, hidden), Q.F32)]
-    qk_norms = [("attn_q_norm.weight", (HEAD_DIM,), Q.F32), ("attn_k_norm.weight", (HEAD_DIM,), Q.F32)]
-    for i in range(n_layers):
-        b = f"blk.{i}."
-        out += [(b + "attn_norm.weight", (hidden,), Q.F32), (b + "attn_q.weight", (q, hidden), Q.Q8_0),
-                (b + "attn_k.weight", (kv, hidden), Q.Q8_0), (b + "attn_v.weight", (kv, hidden), Q.Q8_0),
-                (b + "attn_output.weight", (hidden, q), Q.Q8_0)]
-        out += [(b + name, shape, t) for name, shape, t in qk_norms] if arch == "qwen3moe" else []
-        out += [(b + "ffn_norm.weight", (hidden,), Q.F32), (b + "ffn_gate_inp.weight", (n_experts, hidden), Q.F32),
-                (b + "ffn_gate_exps.weight", (n_experts, ff, hidden), expert_type),
-                (b + "ffn_up_exps.weight", (n_experts, ff, hidden), expert_type),
-                (b + "ffn_down_exps.weight", (n_experts, hidden, ff), expert_type)]
-    return out
-
-
-class _Weights:
-    """Quantized Gaussian weights, std weight_scale / sqrt(row length). Expert tensors are rows
-    drawn from a pool of quantized rows (quantizing gigabytes of fresh values would take minutes;
-    drawn rows still give every expert its own matrix)."""
-
-    POOL_ROWS = 8192
-
-    def __init__(self, rng: np.random.Generator, scale: float):
-        self.rng, self.scale, self._pools = rng, scale, {}
-
-    def _pool(self, t: Q, row_len: int) -> np.ndarray:
-        if (t, row_len) not in self._pools:
-            rows = self.rng.standard_normal((self.POOL_ROWS, row_len), dtype=np.float32)
-            rows *= np.float32(self.scale / np.sqrt(row_len))
-            if native.can_quantize(t):
-                self._pools[t, row_len] = native.quantize(t, rows, n_threads=native.default_threads())
-            else:  # e.g. Q4_0: gguf-py's numpy quantizer (a few seconds for the pool)
-                self._pools[t, row_len] = gguf.quants.quantize(rows, t)
-        return self._pools[t, row_len]  # uint8 [POOL_ROWS, row bytes]
-
-    def values(self, name: str, shape: tuple[int, ...], t: Q) -> np.ndarray:
-        if t != Q.F32:
-            pool = self._pool(t, shape[-1])
-            n_rows = int(np.prod(shape[:-1]))
-            return pool[self.rng.integers(0, self.POOL_ROWS, n_rows)].reshape(-1)
-        if name.endswith("norm.weight"):
-            return np.ones(shape, dtype=np.float32)
-        std = 1.0 if name.startswith("token_embd") else 0.3 if name.startswith("output") else 1.0 / np.sqrt(shape[-1])
-        return rng_normal(self.rng, shape, std)
-
-
-def rng_normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
-    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-
-
-def _tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
-    """Byte-level BPE: the 256 byte symbols, one merge, then special tokens up to `vocab`."""
-    from strata.tokenizer import bytes_to_unicode
-
-    chars = bytes_to_unicode()
-    tokens = [chars[b] for b in range(256)] + [chars[32] + "t"]
-    tokens += [f"<|special_{i}|>" for i in range(len(tokens), vocab)]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 257 + [3] * (vocab - 257))
-    w.add_token_merges([f"{chars[32]} t"])
-    w.add_eos_token_id(vocab - 1)
-
-
 def write(path: Path, target_bytes: int = 0, *, hidden: int = 1024, ff: int = 512, n_experts: int = 208,
           top_k: int = 4, vocab: int = 512, n_head: int = 4, n_head_kv: int = 1, seed: int = 0,
-          weight_scale: float = 1.0, n_layers: int | None = None, expert_type: str | Q = Q.Q4_K,
+          weight_scale: float = 1.0, n_layers: int | None = None, expert_type: str = "Q4_K",
           arch: str = "qwen3moe") -> Path:
-    """Write the model; returns `path`. Layers: `n_layers`, or as many as reach `target_bytes`
-    (at least 2). `weight_scale` scales the quantized (attention and expert) weights, so how much
-    each layer changes the residual stream. `arch`: "qwen3moe" or "llama" (Mixtral)."""
-    expert_type = Q[expert_type] if isinstance(expert_type, str) else Q(expert_type)
-    if arch not in ("qwen3moe", "llama"):
-        raise ValueError(f"synthetic_moe: arch must be 'qwen3moe' or 'llama', found {arch!r}")
-    if arch == "llama" and hidden % n_head:
-        raise ValueError(f"synthetic_moe: llama needs hidden ({hidden}) divisible by heads ({n_head})")
-    per_layer = 3 * _bytes(expert_type, (n_experts, ff, hidden))
-    n_layers = n_layers or max(2, round(target_bytes / per_layer))
-    w = gguf.GGUFWriter(None, arch)
-    head = [(w.add_context_length, 4096), (w.add_embedding_length, hidden), (w.add_block_count, n_layers)]
-    tail = [(w.add_layer_norm_rms_eps, 1e-6), (w.add_rope_freq_base, 1e6), (w.add_expert_count, n_experts),
-            (w.add_expert_used_count, top_k), (w.add_vocab_size, vocab)]
-    if arch == "qwen3moe":
-        keys = head + [(w.add_feed_forward_length, 2 * ff), (w.add_expert_feed_forward_length, ff),
-                       (w.add_head_count, n_head), (w.add_head_count_kv, n_head_kv), (w.add_key_length, HEAD_DIM),
-                       (w.add_value_length, HEAD_DIM)] + tail + [(w.add_expert_weights_norm, True)]
-    else:  # llama.cpp's llama loader reads the expert width from feed_forward_length
-        keys = head + [(w.add_feed_forward_length, ff), (w.add_head_count, n_head), (w.add_head_count_kv, n_head_kv),
-                       (w.add_rope_dimension_count, hidden // n_head)] + tail
-    for add, value in keys:
-        add(value)
-    _tokenizer(w, vocab)
-    tensors = plan(n_layers, n_experts, hidden, ff, vocab, n_head, n_head_kv, expert_type, arch)
-    for name, shape, t in tensors:
-        w.add_tensor_info(name, shape, np.dtype(np.float32), _bytes(t, shape), raw_dtype=t)
-    w.write_header_to_file(path=path)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    fout = w.fout[0]
-    w.write_padding(fout, fout.tell())
-    weights = _Weights(np.random.default_rng(seed), weight_scale)
-    for name, shape, t in tensors:
-        data = weights.values(name, shape, t)
-        fout.write(data.tobytes())
-        w.write_padding(fout, data.nbytes)
-    fout.flush()
-    os.fsync(fout.fileno())
-    os.posix_fadvise(fout.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the next reader goes to the disk
-    w.close()
-    return path
+    """Write the model (strata.synth.gguf_file, Gaussian routers); returns `path`. Layers:
+    `n_layers`, or as many as reach `target_bytes` (at least 2)."""
+    expert_type = getattr(expert_type, "name", expert_type)
+    shape = Shape(arch=arch, n_layers=1, n_experts=n_experts, top_k=top_k, hidden=hidden, ff=ff, n_head=n_head,
+                  n_head_kv=n_head_kv, vocab=vocab, expert_type=expert_type, weight_scale=weight_scale, seed=seed)
+    if not n_layers:
+        per_layer = file_bytes(shape) - file_bytes(Shape(**{**shape.__dict__, "n_layers": 0}))
+        n_layers = max(2, round(target_bytes / per_layer))
+    return write_shape(path, Shape(**{**shape.__dict__, "n_layers": n_layers}))
 
 
 def main() -> int:
