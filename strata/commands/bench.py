@@ -1,4 +1,4 @@
-"""`strata bench dequant|cache|pager|tiered`: parse the arguments, call `strata.bench`, print
+"""`strata bench MODEL|ladder|dequant|cache|pager|tiered`: parse the arguments, call `strata.bench`, print
 its figures as a table (or one JSON object with --json). The tables are formatted here and only
 here; `benchmarks/` imports the formatters to print the same tables.
 
@@ -124,6 +124,16 @@ def format_model(r: dict[str, Any]) -> str:
     h2d = "" if r["h2d_gbs"] is None else f", host to device {r['h2d_gbs']:.2f} GB/s"
     lines += ["", f"disk (sequential O_DIRECT on this file) {disk}{h2d}; peak RSS {format_bytes(r['peak_rss_bytes'])}"
               + (f", peak device memory {format_bytes(r['peak_device_bytes'])}" if "peak_device_bytes" in r else "")]
+    return "\n".join(lines)
+
+
+def format_ladder(r: dict[str, Any]) -> str:
+    """The table `strata bench ladder` prints: one row per mechanism added."""
+    lines = [f"{r['file']}: ablation ladder on {r['device']}, {r['gen']} tokens per sequence, threads "
+             f"{r['threads'] or 'all'}", f"{'step':<26}{'batch':>6}{'tok/s':>10}{'x naive':>9}  memory"]
+    for x in r["rows"]:
+        ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}"
+        lines.append(f"{x['name']:<26}{x['batch']:>6}{x['tok_s']:>10.2f}{ratio:>9}  {x['memory']}")
     return "\n".join(lines)
 
 
@@ -258,8 +268,36 @@ def _add_model_parser(sub) -> None:
     m.set_defaults(func=_run_model)
 
 
+def _run_ladder(args: argparse.Namespace) -> int:
+    from strata.bench.ladder import bench_ladder
+
+    result = bench_ladder(args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype,
+                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
+                          prefetch_depth=args.prefetch_depth, seed=args.seed)
+    return _print(result, args, format_ladder)
+
+
+def _add_ladder_parser(sub) -> None:
+    a = sub.add_parser("ladder", help="the ablation ladder: naive, + batching, + prefetch, + placement and caching, "
+                                      "+ packed compute; tokens/s of each and its ratio to naive")
+    a.add_argument("model", help="GGUF model file")
+    a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    a.add_argument("--dtype", default=None, help="float compute dtype (default float32 on cpu, bfloat16 on cuda)")
+    a.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    a.add_argument("--ctx", type=int, default=None, help="context length (default: -n plus a little)")
+    a.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget of the caching rows, e.g. 2G")
+    a.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget of the caching rows, e.g. 8G")
+    a.add_argument("--prefetch-depth", type=int, default=None, metavar="D", help="prefetch depth of the tiered rows")
+    a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default 32)")
+    a.add_argument("--batch", type=int, default=8, help="sequences decoded together from the batching row on "
+                                                        "(default 8)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the one-token prompts")
+    a.add_argument("--json", action="store_true", help="print one JSON object")
+    a.set_defaults(func=_run_ladder)
+
+
 #: The subcommands of `strata bench`; anything else in their place is a model file.
-SUBCOMMANDS = ("dequant", "cache", "pager", "tiered", "model")
+SUBCOMMANDS = ("dequant", "cache", "pager", "tiered", "model", "ladder")
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -284,3 +322,4 @@ def add_parser(subparsers) -> None:
     _add_pager_parser(sub)
     _add_tiered_parser(sub)
     _add_model_parser(sub)
+    _add_ladder_parser(sub)

@@ -8,6 +8,7 @@ import pytest
 
 import strata
 from strata.commands.bench import normalize_argv
+from strata.gguf import open_model
 
 
 def _bench(cli, path, *extra):
@@ -64,3 +65,23 @@ def test_generate_ignore_eos_runs_to_the_length(cli, qwen3, monkeypatch):
     assert code == 0 and len(json.loads(out)["token_ids"]) == 9 and seen == [()]
     code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the router", "-n", "9", "--json", "--threads", "1")
     assert code == 0 and seen[-1] == "default"
+
+
+def test_bench_ladder_runs_every_step_on_the_same_model(cli, qwen3):
+    from strata.bench.ladder import ROWS
+
+    code, out, err = cli("bench", "ladder", qwen3.gguf(None), "-n", "4", "--batch", "2", "--threads", "1", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert [x["name"] for x in r["rows"]] == list(ROWS)
+    assert [x["batch"] for x in r["rows"]] == [1, 2, 2, 2, 2]
+    assert r["rows"][0]["ratio"] == 1.0 and all(x["tok_s"] > 0 for x in r["rows"])
+    assert [x["tokens"] for x in r["rows"]] == [3, 6, 6, 6, 6]
+    memories = [x["memory"] for x in r["rows"]]
+    assert memories[0] == memories[1] == "DirectExpertMemory"
+    with open_model(qwen3.gguf(None)) as mf:
+        k, e = mf.hparams.n_experts_used, mf.hparams.n_experts
+    assert f"{k}/{e} per layer on the device, {k}/{e} in the host tier" in memories[2]  # no room between steps
+    assert r["rows"][4]["config"]["compute"] == "packed" and r["rows"][3]["config"]["compute"] == "float"
+    code, out, _ = cli("bench", "ladder", qwen3.gguf(None), "-n", "3", "--batch", "2", "--threads", "1")
+    assert code == 0 and "+ packed compute" in out and "x naive" in out

@@ -1,0 +1,90 @@
+"""`strata bench ladder MODEL`: the ablation ladder. One model, one set of budgets, one run per
+row, each row adding one mechanism to the one above, so each mechanism's share of the speed is
+measured rather than claimed:
+
+  naive                    every expert a step needs is read and dequantized from the mapped file
+                           on each use (`memory="direct"`, float compute), one sequence
+  + batching               the same, `batch` sequences decoded together (an expert read once serves
+                           every token of the step that routed to it)
+  + prefetch               the tiered memory with the smallest pools that work (top-k device and
+                           host slots per layer: no room to keep experts between steps), the router
+                           look-ahead loading the next layers' experts while a layer computes
+  + placement and caching  the tiered memory with the budgets given (or the machine's defaults):
+                           hot experts stay resident, placed at start from the file's routing
+                           statistics and kept by the policy
+  + packed compute         (CPU) the native kernels compute from the packed slots in place;
+                           (CUDA) misses the host tier holds are computed on the CPU (hybrid)
+
+Each row: decode tokens/s over `gen` tokens per sequence (the same one-token prompts in every row)
+and its ratio to the naive row. Must not print: `strata.commands.bench` formats the result.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .model import _decode
+
+ROWS = ("naive", "+ batching", "+ prefetch", "+ placement and caching", "+ packed compute")
+
+
+def _smallest_tiered(path: str, prefetch_depth: int | None):
+    """A `strata.load` memory factory: the tiered memory with top-k device and host slots per layer."""
+    from strata.gguf import open_model
+    from strata.memory.budget import device_budget_for_slots, host_budget_for_slots, make_plan
+    from strata.memory.device import expert_geometry
+    from strata.memory.tiered import TieredConfig, TieredExpertMemory
+
+    def build(mf, device, dtype, n_threads):
+        k = mf.hparams.n_experts_used
+        geometry, n_layers = expert_geometry(mf), len(mf.expert_layers)
+        form = make_plan(mf, geometry, device, dtype, device_mem=device_budget_for_slots(
+            geometry, "packed", dtype, device, n_layers, k, k)).form  # the form such a pool takes
+        config = TieredConfig(device_mem=device_budget_for_slots(geometry, form, dtype, device, n_layers, k, k),
+                              host_mem=host_budget_for_slots(mf, k), slot_form=form, prefetch_depth=prefetch_depth)
+        return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config)
+
+    with open_model(path):  # fail early, with the file's own error, before the first row
+        pass
+    return build
+
+
+def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu", dtype: str | None = None,
+                 threads: int | None = None, n_ctx: int | None = None, device_mem: Any = None, host_mem: Any = None,
+                 prefetch_depth: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """See the module docstring; returns {"rows": [{"name", "tok_s", "ratio", "batch", "config"}], ...}."""
+    import strata
+    import torch
+
+    if gen < 2 or batch < 1:
+        raise ValueError(f"ladder: gen >= 2 and batch >= 1, found gen {gen}, batch {batch}")
+    cuda = torch.device(device).type == "cuda"
+    common = dict(device=device, dtype=dtype, threads=threads, n_ctx=n_ctx or gen + 16)
+    budgets = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth)
+    configs = [
+        (1, dict(memory="direct", compute="float")),
+        (batch, dict(memory="direct", compute="float")),
+        (batch, dict(memory=_smallest_tiered(path, prefetch_depth), compute="float")),
+        (batch, dict(memory="tiered", compute="float", **budgets)),
+        (batch, dict(memory="tiered", compute="float", hybrid=True, **budgets) if cuda
+         else dict(memory="tiered", compute="packed", **budgets)),
+    ]
+    rows = []
+    for name, (b, cfg) in zip(ROWS, configs):
+        t0 = time.perf_counter()
+        with strata.load(path, max_batch=b, **common, **cfg) as model:
+            model.generate([1, 2], max_tokens=2, stop_token_ids=())  # warm-up: first calls, thread pools
+            run = _decode(model, b, gen, seed)
+            memory = repr(model.memory)
+            memory = type(model.memory).__name__ if memory.startswith("<") else memory
+        shown = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else "top-k slots per layer")
+                 for k, v in cfg.items()}
+        rows.append({"name": name, "batch": b, "tok_s": run["tok_s"], "tokens": run["tokens"], "config": shown,
+                     "memory": memory, "seconds": time.perf_counter() - t0})
+    naive = rows[0]["tok_s"]
+    for r in rows:
+        r["ratio"] = r["tok_s"] / naive if naive > 0 else None
+    return {"file": str(path), "gen": gen, "batch": batch, "device": device, "threads": threads, "rows": rows}
+
+
+__all__ = ["ROWS", "bench_ladder"]
