@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from strata.commands.errors import run_guarded
 
@@ -26,7 +27,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Strata's own warnings as one `strata: warning:` line; others as Python prints them."""
+    from strata.errors import SlowPathWarning
+
+    if issubclass(category, SlowPathWarning):
+        print(f"strata: warning: {message}", file=file or sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     from strata.commands.bench import normalize_argv
 
     args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))

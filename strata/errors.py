@@ -14,3 +14,8 @@ class StrataFormatError(StrataError):
 
 class NativeError(StrataError):
     """The native runtime refused a call; the message names the call and the reason."""
+
+
+class SlowPathWarning(UserWarning):
+    """A configuration that works but will be much slower than a user would expect (experts read
+    mostly from the disk); said once, at start. The CLI prints it as one `strata: warning:` line."""

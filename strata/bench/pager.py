@@ -25,31 +25,11 @@ from typing import Any
 import numpy as np
 
 from strata.gguf import PARTS, ExpertSlab, open_model
+from strata.memory.placement import sequential_direct_rate  # the benchmarks use it from here too
 from strata.native import DEFAULT_PAGER_THREADS, Pager
 from strata.units import round_up
 
 SEQ_BLOCK = 8 << 20
-
-
-def sequential_direct_rate(path: str | os.PathLike, block: int = SEQ_BLOCK,
-                           limit: int | None = None) -> tuple[float, int]:
-    """(bytes/s, bytes read) of one thread reading `path` front to back with O_DIRECT, `block`
-    bytes per preadv. Raises OSError when the file system refuses O_DIRECT."""
-    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT requires
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        size = os.fstat(fd).st_size if limit is None else min(limit, os.fstat(fd).st_size)
-        done, t0 = 0, time.perf_counter()
-        while done < size:
-            n = os.preadv(fd, [buf], done)
-            if n <= 0:
-                break
-            done += n
-        seconds = time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        buf.close()
-    return done / seconds, done
 
 
 def _all_slabs(model) -> list[ExpertSlab]:

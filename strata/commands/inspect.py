@@ -20,6 +20,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("model", help="GGUF file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    g = p.add_argument_group("--placement: where experts would start, for these budgets")
+    g.add_argument("--placement", action="store_true",
+                   help="print which experts would start on the device, in host RAM and on the disk, and the "
+                        "expected share of expert reads per tier (nothing is loaded)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    g.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 20G")
+    g.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 64G")
+    g.add_argument("--ctx", type=int, default=4096, help="context length the KV cache is sized for (default 4096)")
+    g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
     p.set_defaults(func=run)
     return p
 
@@ -53,15 +62,59 @@ def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -
         _render(value, key, 1, out)
 
 
+def placement(args: argparse.Namespace, model) -> dict[str, Any]:
+    """The tiered memory's plan and start-up placement for the budgets in `args`."""
+    from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
+    from strata.engine.kv_cache import KVCache
+    from strata.memory.placement import plan_placement
+
+    device = resolve_device(args.device)
+    compute = resolve_compute(args.compute, device, None)
+    dtype = resolve_dtype(None, device)
+    hp = model.hparams
+    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype)
+    plan, host_slots, est = plan_placement(model, device, dtype, compute, device_mem=args.device_mem,
+                                           host_mem=args.host_mem, kv_bytes=kv)
+    return {"device": str(device), "compute": compute, "slot_form": plan.form, "device_budget_bytes": plan.device_budget,
+            "host_budget_bytes": plan.host_budget if args.host_mem else None,
+            "device_slots_per_layer": est.device_slots, "host_slots_per_layer": host_slots, "n_experts": est.n_experts,
+            "estimate_from": est.source, "expected_share": {"device": est.device_share, "host": est.host_share,
+                                                            "disk": est.disk_share},
+            "disk_bytes_per_token": est.disk_bytes_per_token, "layers": est.layers}
+
+
+def render_placement(p: dict[str, Any], out: TextIO) -> None:
+    share = p["expected_share"]
+    print(f"placement on {p['device']} ({p['compute']} compute, {p['slot_form']} slots): per layer "
+          f"{p['device_slots_per_layer']}/{p['n_experts']} experts on the device, {p['host_slots_per_layer']}/"
+          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): device "
+          f"{share['device']:.0%}, host {share['host']:.0%}, disk {share['disk']:.0%} "
+          f"({format_bytes(p['disk_bytes_per_token'])} from the disk per token)", file=out)
+    if not p["layers"]:
+        print("  (the file has no routing statistics: slots start empty and fill with the first tokens' experts)",
+              file=out)
+    for x in p["layers"]:
+        print(f"  layer {x['layer']}: device {x['device']}, host {x['host']}, the rest on the disk", file=out)
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from strata.gguf import open_model
 
     out = out or sys.stdout
     with open_model(args.model) as model:
         summary = model.summary()
+        if getattr(args, "placement", False):
+            if not model.expert_layers:
+                from strata.errors import StrataError
+
+                raise StrataError(f"{args.model}: --placement: the model has no routed experts")
+            summary["placement"] = placement(args, model)
     if args.json:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)
     else:
-        render_text(summary, args.model, out)
+        shown = {k: v for k, v in summary.items() if k != "placement"}
+        render_text(shown, args.model, out)
+        if "placement" in summary:
+            render_placement(summary["placement"], out)
     return 0

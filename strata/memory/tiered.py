@@ -41,6 +41,7 @@ from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
 from .hybrid_exec import HybridExec, HybridSplit
 from .loader import COMPUTE, QUEUED, RETRY_S, SlotLoads
+from .placement import estimate, warn_if_slow
 from .policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from .predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
 from .startup import place_initial
@@ -86,6 +87,8 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         except BaseException:
             self.host.close()
             raise
+        self.placement = estimate(model_file, self.plan.slots_per_layer, self.host.slots_per_layer)
+        warn_if_slow(model_file, self.placement)  # once, at start: most experts would come from the disk
         self.stats = MemoryStats(self.layers.layers, E)
         self.hybrid = HybridExec(model_file, self.host, self.layers, self.stats) if self.config.hybrid else None
         self.predictors: list[Predictor] = []
