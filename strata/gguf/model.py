@@ -3,6 +3,7 @@ Must not: import torch or interpret tensor values (it hands out bytes and shapes
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -166,8 +167,14 @@ class ModelFile:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop this object's hold on the file; views already handed out keep the mapping alive."""
+        """Drop this object's hold on the file; unmap it (closing its descriptor) when no view
+        handed out still uses the mapping, else those views keep it alive until they are freed."""
+        mm = getattr(self._data, "_mmap", None)
         self._data = None
+        # numpy holds no buffer export on the mapping, so closing it under a live view would leave
+        # that view dangling: every view derives from a memmap holding `_mmap`, so count references.
+        if mm is not None and sys.getrefcount(mm) == 2:  # `mm` here and getrefcount's argument
+            mm.close()
 
     def __enter__(self) -> ModelFile:
         return self
