@@ -118,6 +118,18 @@ class ModelFile:
                              f"({self.file_size} bytes)")
         return self._data[offset:offset + nbytes]
 
+    def check_intact(self) -> None:
+        """Raise StrataError naming the file when it is shorter now than when it was opened.
+
+        Touching a mapped page past the end of a truncated file kills the process (SIGBUS), so
+        code that reads through the map in the decode loop calls this first (one fstat)."""
+        if self._data is None:
+            raise StrataError(f"{self.path}: the model file is closed")
+        size = self._data._mmap.size()  # fstat of the mapped file itself, even if the path was replaced
+        if size < self.file_size:
+            raise StrataError(f"{self.path}: the file is now {size} bytes, it had {self.file_size} when opened "
+                              "(truncated while in use?)")
+
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of tensor `name` as a uint8 view of the memory map."""
         t = self.tensors[name]
