@@ -138,15 +138,15 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return out
 
 
-def _bounded_filter(f: Callable, max_chars: int) -> Callable:
+def _bounded_filter(name: str, f: Callable, max_chars: int) -> Callable:
     @functools.wraps(f)  # keeps jinja2's pass_context/... marks
     def bounded(*args, **kwargs):
         for a in (*args, *kwargs.values()):
             if isinstance(a, int) and not isinstance(a, bool) and abs(a) > max_chars:
-                raise jinja2.exceptions.SecurityError(f"filter {f.__name__}: argument {a} is too large")
+                raise jinja2.exceptions.SecurityError(f"filter {name}: argument {a} is too large")
         out = f(*args, **kwargs)
         if _too_big(out, max_chars):
-            raise jinja2.exceptions.SecurityError(f"filter {f.__name__}: result of {len(out)} items is too long")
+            raise jinja2.exceptions.SecurityError(f"filter {name}: result of {len(out)} items is too long")
         return out
     return bounded
 
@@ -157,7 +157,7 @@ def _compile(source: str, max_chars: int) -> jinja2.Template:
                               extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.max_chars = max_chars
     env.filters["tojson"] = _tojson
-    env.filters = {name: _bounded_filter(f, max_chars) for name, f in env.filters.items()}
+    env.filters = {name: _bounded_filter(name, f, max_chars) for name, f in env.filters.items()}
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_dict,
                        namespace=_Namespace)
     refused = next(iter(env.parse(source).find_all((jinja2.nodes.Include, jinja2.nodes.Import,

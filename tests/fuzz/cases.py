@@ -110,7 +110,7 @@ TEMPLATES = {
     "list doubling": "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
                      "{% endfor %}{{ ns.l | length }}",
     "big range": "{{ range(1000000000) | list | length }}",
-    "big power": "{{ 9 ** 9 ** 9 }}",
+    "big power": "{{ 9 ** 99999999 }}",
     "syntax": "{% for m in messages %}{{ m.content }",
     "attribute escape": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "globals escape": "{{ cycler.__init__.__globals__.os.system('true') }}",
