@@ -37,7 +37,7 @@ class Report:
 
 
 def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(ROOT)])
     return dict(os.environ, PYTHONPATH=path, PYTHONIOENCODING="utf-8", OMP_NUM_THREADS="1", STRATA_DEBUG="1")
 
 
