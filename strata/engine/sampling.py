@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from strata.errors import StrataArgumentError
+from strata.errors import StrataArgumentError, StrataError
 
 #: Largest seed a torch generator takes (seeds are unsigned 64-bit).
 MAX_SEED = 2**64 - 1
@@ -111,10 +111,14 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """Next token id from logits [V] (float32) given the tokens so far."""
+        if torch.isnan(logits).any():
+            raise StrataError("sampling: the model's logits contain NaN (corrupt weights or hyperparameters?)")
         logits = apply_repetition_penalty(logits, history, self.params.repetition_penalty)
         if self.params.greedy:
             return int(logits.argmax())
         probs = filter_logits(logits, self.params).softmax(-1).cpu()
+        if not torch.isfinite(probs).all():  # an infinite logit
+            raise StrataError("sampling: the model's logits are not finite (corrupt weights or hyperparameters?)")
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
