@@ -11,6 +11,7 @@ Must not: touch weights, files or kernels directly (models, memory and native do
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
@@ -19,7 +20,7 @@ import torch
 
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
-from strata.errors import StrataError
+from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, resident_bytes
@@ -163,7 +164,14 @@ class Model:
 
     def _sequence(self, prompt: str | Seq[int], max_tokens: int, stop: Seq[str] | str | None,
                   stop_token_ids: Iterable[int] | None, sampling: dict[str, Any], add_special: bool = True) -> Sequence:
-        ids = self.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_special=add_special)
+        else:
+            try:
+                ids = [operator.index(t) for t in prompt]  # ints, numpy or torch integers; not floats
+            except TypeError:
+                raise StrataArgumentError(f"prompt: expected text or a sequence of token ids, "
+                                          f"found {prompt!r:.80}") from None
         for t in ids:
             if not 0 <= t < self.tokenizer.vocab_size:
                 raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
@@ -202,6 +210,9 @@ class Model:
 
     def chat(self, messages: Seq[dict[str, Any]], **kwargs: Any) -> Completion | Stream:
         """Generate the assistant's reply to `messages` (rendered with the chat template)."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Seq):
+            raise StrataArgumentError(f"messages: expected a list of dicts with 'role' and 'content', "
+                                      f"found {messages!r:.80}")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate(prompt, add_special=False, **kwargs)
 

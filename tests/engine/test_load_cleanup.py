@@ -66,3 +66,15 @@ def test_failed_load_leaves_nothing_behind(path, tmp_path, monkeypatch, memory, 
         assert str(target) in str(e.value) or fail == "layers"
         del e
     assert _settled(before) == before, "threads and open files (before, after) differ"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_ctx=0), "^n_ctx: expected an integer >= 2, found 0"),
+    (dict(n_ctx=10**12, memory="direct"), "n_ctx=1000000000000 x 4 sequences: the KV cache needs"),
+    (dict(threads=0), "^threads: expected an integer >= 1"), (dict(max_batch=0), "^max_batch: expected"),
+])
+def test_bad_load_arguments(path, kwargs, match):
+    before = _counts()
+    with pytest.raises(StrataError, match=match):
+        strata.load(path, **kwargs)
+    assert _settled(before) == before

@@ -66,3 +66,29 @@ def test_closing_or_dropping_one_stream_ends_only_its_sequence(model, solo, how)
     assert _tokens(b_chunks) == solo[B].token_ids
     assert sb.completion.text == solo[B].text
     assert not model.engine.busy and model.cache.n_free == model.cache.n_slots
+
+
+@pytest.mark.parametrize("prompt", [None, [1.5, 2.0], ["a"], 7])
+def test_bad_prompts_are_argument_errors(model, prompt):
+    from strata.errors import StrataArgumentError
+
+    with pytest.raises(StrataArgumentError, match="^prompt: expected text or a sequence of token ids"):
+        model.generate(prompt, max_tokens=2)
+
+
+@pytest.mark.parametrize("messages", [None, "hi", 5])
+def test_bad_messages_are_argument_errors(model, messages):
+    from strata.errors import StrataArgumentError
+
+    with pytest.raises(StrataArgumentError, match="^messages: expected a list"):
+        model.chat(messages, max_tokens=2)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(max_tokens=0), "max_tokens"), (dict(stop=[""]), "stop"),
+                                          (dict(temperature=float("nan")), "temperature"), (dict(seed=2**70), "seed")])
+def test_bad_api_arguments_name_the_argument(model, kwargs, name):
+    from strata.errors import StrataArgumentError
+
+    with pytest.raises(StrataArgumentError, match=f"^{name}: expected"):
+        model.generate("Hello", **kwargs)
+    assert not model.engine.busy
