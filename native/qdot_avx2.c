@@ -220,8 +220,14 @@ INLINE __m256i q8_codes(int fmt, const uint8_t *p, float *d, float *m) {
 INLINE int q8_bias(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_Q5_0 ? 16 : fmt == FMT_MXFP4 ? 12 : 0; }
 INLINE int q8_has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
 
+INLINE void q4_0_rows4(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y);
+
 INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                     const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    if (fmt == FMT_Q4_0 && nr == 4 && nt == 1) {
+        q4_0_rows4(k, w, wrb, a, y);  /* y: 4 consecutive rows of one token */
+        return;
+    }
     const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)q8_bias(fmt));
     __m256 acc[4][8];
     ZERO_ACC(acc)
@@ -245,6 +251,35 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
             }
         }
     store_tile(nr, nt, acc, y, ys);
+}
+
+/* Decode (one token) over 4 rows of Q4_0: the rows' integer block sums are folded into one vector
+ * by horizontal adds (lanes r and r + 4: row r's sums over the low and high 16 codes), so the
+ * conversion to float, the scale and the accumulation run once for 4 rows, with the 4 rows' fp16
+ * scales converted together. The pair sums of (code - 8) in [-8, 7] times |a| <= 127 fold in int16
+ * (16 products: |sum| <= 16256). (Q8_0's pair sums need int32, whose horizontal adds cost more here
+ * than they save: it keeps the row-at-a-time tile.) ~11% faster than that tile for Q4_0. */
+INLINE void q4_0_rows4(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y) {
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
+    const strata_block_act_q8 *ab = (const strata_block_act_q8 *)a;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * (int64_t)sizeof(strata_block_q4_0);
+        if (!(b & 1))  /* two blocks are 36 bytes: every cache line of each row is still fetched ahead */
+            for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p + r * wrb + PF_AHEAD), _MM_HINT_T0);
+        const __m256i av = _mm256_loadu_si256((const __m256i *)ab[b].q);
+        const __m256i bias = _mm256_maddubs_epi16(eight, av);
+        __m256i p16[4];
+        for (int r = 0; r < 4; r++)
+            p16[r] = _mm256_sub_epi16(_mm256_maddubs_epi16(nibbles32(p + r * wrb + 2), av), bias);
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p16[0], p16[1]), _mm256_hadd_epi16(p16[2], p16[3]));
+        uint16_t h0, h1, h2, h3;
+        memcpy(&h0, p, 2), memcpy(&h1, p + wrb, 2), memcpy(&h2, p + 2 * wrb, 2), memcpy(&h3, p + 3 * wrb, 2);
+        const uint64_t hs = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+        const __m128 d4 = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hs)), _mm_set1_ps(ab[b].d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(h, ones)), _mm256_set_m128(d4, d4), acc);
+    }
+    _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)

@@ -361,4 +361,51 @@ int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n
                       int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
                       float *weights_sorted, int64_t *n_used);
 
+/* ==== Decode step (step.c): a layer's attention half and router in one call ==== */
+
+/* One decoder layer as strata_decode_attn reads it. Matrices are packed in their ggml type (qkv:
+ * q, k and v stacked by rows, [(H + 2 Hkv) hd, D]; o: [D, H hd]); norms, biases and the router are
+ * float32. q_norm / k_norm: NULL when the model has none, else [hd] (per head) or [H hd] / [Hkv hd]
+ * (full width). router: NULL for a dense layer, else [n_experts, D] float32. Caches [S, Hkv, C, hd]. */
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, head_dim, rope_dim;
+    int32_t neox, qk_norm_per_head;
+    float norm_eps, attn_scale;
+    const float *attn_norm, *ffn_norm;
+    int32_t qkv_type, o_type;
+    const void *wqkv, *wo;
+    int64_t wqkv_bytes, wo_bytes;
+    const float *bqkv, *q_norm, *k_norm;
+    float *k_cache, *v_cache;
+    int64_t n_slots, n_cache_ctx;
+    const float *router;
+    int64_t n_experts, n_used;
+    int32_t gating, norm_weights;
+    float weights_scale;
+} strata_attn_layer;
+
+/* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):
+ * used [n_experts], offsets [n_experts + 1], token_ids and weights_sorted [n_seq * n_used]. */
+typedef struct {
+    int32_t *used;
+    int64_t *offsets;
+    int32_t *token_ids;
+    float *weights_sorted;
+    int64_t n_used;
+} strata_route_groups;
+
+/* Scratch bytes strata_decode_attn needs for `n_seq` sequences of `layer`. */
+int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_seq, int64_t *bytes);
+
+/* One decode step (one new token per sequence, n_seq sequences; sequence b in KV slot slots[b] at
+ * position positions[b], rope cos/sin [n_seq, rope_dim / 2]) through the attention half of
+ * `layer`: x [n_seq, D] += attention(attn_norm(x)) in place; xn [n_seq, D] = ffn_norm(x); for an
+ * MoE layer the router's choice into expert_ids (int64) and weights [n_seq, n_used], and, when
+ * `groups` is given, its grouping by expert. The same steps, in the same order, as the per-call
+ * glue, so the results are those bytes. */
+int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_t n_seq, const int64_t *slots,
+                       const int64_t *positions, const float *cos_t, const float *sin_t, float *x, float *xn,
+                       int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+                       int64_t scratch_bytes, int impl);
+
 #endif

@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from strata.commands.bench import normalize_argv
+
+    args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     return run_guarded(args.func, args)
 
 

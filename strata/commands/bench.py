@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from strata.errors import StrataError
 from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
@@ -91,6 +92,38 @@ def format_tiered(r: dict[str, Any]) -> str:
     for d, ratio in r.get("wait_ratio", {}).items():
         lines.append(f"wait with prefetch depth {d} / without: "
                      + ("-" if ratio is None else f"{ratio:.2f}"))
+    return "\n".join(lines)
+
+
+def format_model(r: dict[str, Any]) -> str:
+    """The report `strata bench MODEL` prints: llama-bench's table, then where the time goes."""
+    def rate(x: dict[str, float]) -> str:
+        return f"{x['mean']:9.2f} +- {x['std']:6.2f}"
+
+    lines = [f"{r['file']}: {r['memory']}; {r['compute']} compute on {r['device']}, threads {r['threads'] or 'all'}; "
+             f"{r['reps']} repetitions; loaded in {r['load_s']:.1f} s",
+             f"{'test':<14}{'tok/s':>21}", f"{'pp' + str(r['prompt']):<14}{rate(r['pp_tok_s']):>21}"]
+    for b, x in r["tg"].items():
+        lines.append(f"{'tg' + str(r['gen']) + (f' x{b}' if int(b) > 1 else ''):<14}{rate(x['tok_s']):>21}")
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    for b, x in r["tg"].items():
+        s, roof = x["split_ms"], x["roofline"]
+        lines += ["", f"decode, batch {b} (last run, {x['tokens_per_run']} tokens):",
+                  "  ms per token: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in s.items())
+                  + f"; waiting for experts {pct(x['wait_share'])} of the time"]
+        t = x.get("tiers")
+        if t:
+            lines.append(f"  device hit rate {pct(t['device_hit_rate'])}, host hit rate (of device misses) "
+                         f"{pct(t['host_hit_rate'])}; per token: {format_bytes(t['disk_bytes_per_token'])} from "
+                         f"disk, {format_bytes(t['device_bytes_per_token'])} to the device")
+        bound = lambda v: "-" if v is None else f"{v:.2f} tok/s"  # noqa: E731
+        lines.append(f"  roofline: compute-bound {bound(roof['compute_bound_tok_s'])}, transfer-bound "
+                     f"{bound(roof.get('transfer_bound_tok_s'))}; measured {x['tok_s']['mean']:.2f} tok/s = "
+                     f"{pct(roof['share_of_bound'])} of the bound")
+    disk = "-" if r["disk_gbs"] is None else f"{r['disk_gbs']:.2f} GB/s"
+    h2d = "" if r["h2d_gbs"] is None else f", host to device {r['h2d_gbs']:.2f} GB/s"
+    lines += ["", f"disk (sequential O_DIRECT on this file) {disk}{h2d}; peak RSS {format_bytes(r['peak_rss_bytes'])}"
+              + (f", peak device memory {format_bytes(r['peak_device_bytes'])}" if "peak_device_bytes" in r else "")]
     return "\n".join(lines)
 
 
@@ -189,8 +222,56 @@ def _add_tiered_parser(sub) -> None:
     t.set_defaults(func=_run_tiered)
 
 
+def _run_model(args: argparse.Namespace) -> int:
+    from strata.bench.model import bench_model
+
+    from .common import load_kwargs
+
+    batches = _int_list(args.batch, "--batch")
+    result = bench_model(args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
+                         **load_kwargs(args))
+    return _print(result, args, format_model)
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise StrataError(f"{flag} {text!r}: expected positive integers separated by commas, e.g. 1,8")
+    return values
+
+
+def _add_model_parser(sub) -> None:
+    from .common import add_model_args
+
+    m = sub.add_parser("model", help="prompt processing and decode speed of a whole model, with the time split, "
+                                     "tier hit rates and the roofline (also: strata bench MODEL.gguf)")
+    add_model_args(m)
+    m.add_argument("-p", type=int, default=512, metavar="N", help="prompt tokens of the pp test (default 512)")
+    m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default 128)")
+    m.add_argument("--batch", default="1", help="sequences decoded together in tg, comma-separated (default 1)")
+    m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default 3)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    m.set_defaults(func=_run_model)
+
+
+#: The subcommands of `strata bench`; anything else in their place is a model file.
+SUBCOMMANDS = ("dequant", "cache", "pager", "tiered", "model")
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`strata bench MODEL.gguf ...` is `strata bench model MODEL.gguf ...`."""
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] not in SUBCOMMANDS and not argv[1].startswith("-"):
+        return [argv[0], "model", *argv[1:]]
+    return argv
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="measure speed and hit rates (dequantization, expert cache, ...)")
+    p = subparsers.add_parser("bench", help="measure speed and hit rates (a whole model, dequantization, expert "
+                                            "cache, ...): strata bench MODEL.gguf, or strata bench SUBCOMMAND")
     sub = p.add_subparsers(dest="bench_command", required=True)
     d = sub.add_parser("dequant", help="GB/s of every dequantization kernel against gguf.quants and memcpy")
     d.add_argument("--json", action="store_true", help="print one JSON object keyed by format name")
@@ -202,3 +283,4 @@ def add_parser(subparsers) -> None:
     _add_cache_parser(sub)
     _add_pager_parser(sub)
     _add_tiered_parser(sub)
+    _add_model_parser(sub)

@@ -131,6 +131,11 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
     if hasattr(args, "max_tokens"):
         check_sampling_args(args)
     check_save_routing(args)
+    return strata.load(args.model, max_batch=max_batch, **load_kwargs(args))
+
+
+def load_kwargs(args: argparse.Namespace) -> dict:
+    """`strata.load`'s keyword arguments from the shared model and memory options."""
     tiered = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
                   slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None))
     if args.memory == "direct":
@@ -138,8 +143,8 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
         if given:
             raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
         tiered = {}
-    return strata.load(args.model, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
-                       max_batch=max_batch, memory=args.memory, compute=getattr(args, "compute", None), **tiered)
+    return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx, memory=args.memory,
+                compute=getattr(args, "compute", None), **tiered)
 
 
 def print_stats(args: argparse.Namespace, model) -> None:

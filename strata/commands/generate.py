@@ -11,6 +11,11 @@ from .common import (add_model_args, add_sampling_args, add_save_routing_arg, lo
                      sampling_kwargs, save_routing)
 
 
+def _kwargs(args: argparse.Namespace) -> dict:
+    extra = {"stop_token_ids": ()} if args.ignore_eos else {}  # fixed-length runs (benchmarks)
+    return {**sampling_kwargs(args), **extra}
+
+
 def run(args: argparse.Namespace) -> int:
     with load_model(args) as model:  # closed on every path: the pager's and pools' threads end
         return _run(args, model)
@@ -18,12 +23,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, model) -> int:
     if args.json:
-        done = model.generate(args.prompt, **sampling_kwargs(args))
+        done = model.generate(args.prompt, **_kwargs(args))
         print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))
         print_stats(args, model)
         save_routing(args, model)
         return 0
-    stream = model.generate(args.prompt, stream=True, **sampling_kwargs(args))
+    stream = model.generate(args.prompt, stream=True, **_kwargs(args))
     sys.stdout.write(args.prompt)
     for chunk in stream:
         sys.stdout.write(chunk.text)
@@ -42,6 +47,8 @@ def add_parser(subparsers) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     add_sampling_args(p, temperature=0.0)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the end-of-sequence token: generate exactly -n tokens (stop strings still apply)")
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids": [...], "text": ..., "tokens_per_second": ...} and nothing else')
     add_save_routing_arg(p)

@@ -238,6 +238,29 @@ class ExpertPolicy:
         self.slot_pins[slot] += 1
         return slot
 
+    def pin_ready(self, layer: int, experts: Sequence[int]) -> np.ndarray | None:
+        """Pin every one of `experts` (distinct) at once when all are READY in their slots (the
+        common step once the working set is resident); None, with nothing pinned, otherwise.
+        Returns their slots, in the order given."""
+        layer = self._layer(layer)
+        if not experts or min(experts) < 0 or max(experts) >= self.n_experts:
+            return None
+        slots = self.page_table[layer, list(experts)]
+        if (slots < 0).any() or (self.slot_state[slots] != READY).any():
+            return None
+        self.slot_pins[slots] += 1
+        return slots
+
+    def unpin_slots(self, layer: int, experts: Sequence[int], slots: Sequence[int]) -> None:
+        """`unpin` of each of `experts` (distinct), pinned earlier in `slots` (pinned slots are
+        never evicted, so they are still theirs)."""
+        layer = self._layer(layer)
+        slots = np.asarray(slots, dtype=np.int64)
+        if (self.page_table[layer, list(experts)] != slots).any() or (self.slot_pins[slots] <= 0).any():
+            raise StrataError(f"unpin: experts {list(experts)} of layer {layer} are not all pinned in slots "
+                              f"{slots.tolist()}")
+        self.slot_pins[slots] -= 1
+
     def unpin(self, layer: int, expert: int) -> None:
         slot = self.lookup(layer, expert)
         if slot is None or self.slot_pins[slot] == 0:

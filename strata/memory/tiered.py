@@ -172,6 +172,20 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
         t0 = time.perf_counter()
         self._drain_unpins()
+        with self._lock:  # the common step once the working set is resident: every expert ready
+            ready = self.policy.pin_ready(li, ids)
+            if ready is not None:
+                if self._prefetched[ready].any():
+                    self.stats.prefetch_used[li] += int(self._prefetched[ready].sum())
+                    self._prefetched[ready] = False
+                self.stats.device_hits[li] += len(ids)
+                self.stats.requests[li] += len(ids)
+        if ready is not None:
+            slots = ready.tolist()
+            self._wait_copies(slots)
+            self.stats.wait_s[li] += time.perf_counter() - t0
+            self._held = (layer, ids, slots)
+            return li, ids, slots
         slots: list[int | None] = [None] * len(ids)
         try:
             demand, late = self._reserve(layer, li, ids, slots)
@@ -196,9 +210,9 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {held}")
         li, slots = self._layer(layer), self._held[2]
         with self._lock:
-            for e, slot in zip(ids, slots):
+            for slot in slots:
                 self.slots.release(slot)
-                self.policy.unpin(li, e)
+            self.policy.unpin_slots(li, ids, slots)
         self._held = None
 
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ from .attention import Attention, AttentionWeights
 from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .packed import PackedCompute, PackedMatrix
+from .step import FusedDecode
 from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
@@ -211,6 +212,9 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
                 block.ffn.experts.hybrid = hybrid
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
+    for block in model.blocks:  # decode steps in two native calls per layer where the block allows
+        if FusedDecode.eligible(block, packed):
+            block.fused = FusedDecode(block, packed)
     return model
 
 __all__ = ["WeightReader", "architecture", "load_model"]

@@ -69,7 +69,16 @@ class RoutedExperts(nn.Module):
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
-        self.seconds = 0.0  # time in this layer's routed experts, waits for the memory included
+        self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
+        # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
+
+    @property
+    def seconds(self) -> float:
+        return self._seconds[0]
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        self._seconds[0] = value
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -80,7 +89,7 @@ class RoutedExperts(nn.Module):
             out = self._packed(x, weights, expert_ids)
         else:
             out = self._float(x, weights, expert_ids)
-        self.seconds += time.perf_counter() - t0
+        self._seconds[0] += time.perf_counter() - t0
         return out
 
     def _float(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
@@ -115,6 +124,28 @@ class RoutedExperts(nn.Module):
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
+        self._packed_groups(x, out, n_used, used, offsets, token_ids, router_w)
+
+    def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,
+                  n_tokens: int) -> None:
+        """The fused decode step's form (packed compute): `call` is bound to the step's buffers, where
+        the routing of n_tokens tokens (expert_ids [T, K]) is already grouped by expert (used, and
+        the offsets, token ids and weights `call` reads); adds the routed experts into its output."""
+        t0 = time.perf_counter()
+        self.memory.observe(self.layer, expert_ids)
+        used_ids = used[:n_used].tolist()
+        n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
+        for i in range(0, n_used, n):
+            chunk = used_ids[i:i + n]
+            held = self.memory.acquire_packed(self.layer, chunk)
+            try:
+                call(pool, held.parts, held.index, i, n_tokens, scratch)
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
+        self._seconds[0] += time.perf_counter() - t0
+
+    def _packed_groups(self, x: torch.Tensor, out: torch.Tensor, n_used: int, used: torch.Tensor,
+                       offsets: torch.Tensor, token_ids: torch.Tensor, router_w: torch.Tensor) -> None:
         used_ids = used[:n_used].tolist()
         n = self.memory.max_acquire
         for i in range(0, n_used, n):

@@ -41,13 +41,16 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
         self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
-        self.attention_s = 0.0  # time in attention since the last reset
+        self.clock = [0.0]  # time in attention since the last reset (a list: see RoutedExperts._seconds)
+        self.fused = None  # packed compute: the decode step in two native calls (strata.models.step)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if self.fused is not None and batch.is_decode:
+            return self.fused(x, batch, cos_sin, kv)  # the same maths; x updated in place
         t0 = time.perf_counter()
         h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
-        self.attention_s += time.perf_counter() - t0
+        self.clock[0] += time.perf_counter() - t0
         if self.lookahead is not None:
             self.lookahead(h)  # next layers' experts start moving; h is unchanged
         return h + self.ffn(self.ffn_norm(h))  # [T, D]
@@ -91,12 +94,12 @@ class Transformer(nn.Module):
     def times(self) -> StepTimes:
         """The time split of the passes since the last `reset_times`."""
         experts = sum(b.ffn.experts.seconds for b in self.blocks if hasattr(b.ffn, "experts"))
-        return StepTimes(self._total_s, sum(b.attention_s for b in self.blocks), experts, self._tokens)
+        return StepTimes(self._total_s, sum(b.clock[0] for b in self.blocks), experts, self._tokens)
 
     def reset_times(self) -> None:
         self._total_s, self._tokens = 0.0, 0
         for b in self.blocks:
-            b.attention_s = 0.0
+            b.clock[0] = 0.0
             if hasattr(b.ffn, "experts"):
                 b.ffn.experts.seconds = 0.0
 

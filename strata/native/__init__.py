@@ -8,6 +8,7 @@
         native.matmul_into(pool, t, w, n_rows, row_len, x, y, scratch)
     native.qdot_rows(t, w, n_rows, row_len, x)           # qdot.py (quantized matrix kernels, tests)
     native.rmsnorm(x, weight, eps, out); native.rope(q, cos, sin, rope_dim, neox)   # glue.py: decode glue
+    native.DecodeAttn(...).run(pool, slots, positions, cos, sin, x, outputs, scratch)  # step.py: fused
 
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
@@ -15,13 +16,14 @@ through one helper (`_lib.check`); they hold no policy about what to compute or 
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .glue import attn_decode, group_assignments, kv_write, matvec, rmsnorm, rope, route
-from .matmul import (ComputePool, MoePart, MoeParts, matmul_into, matmul_scratch_bytes, moe_scratch_bytes,
+from .matmul import (ComputePool, MoeCall, MoePart, MoeParts, matmul_into, matmul_scratch_bytes, moe_scratch_bytes,
                      moe_swiglu)
 from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
+from .step import DecodeAttn, StepOutputs
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 
-__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo",
+__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "MoeCall", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo",
            "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",

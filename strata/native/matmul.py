@@ -193,5 +193,47 @@ def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expe
     return out
 
 
-__all__ = ["ComputePool", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
+class MoeCall:
+    """`moe_swiglu` over buffers bound once (a decode step's fixed inputs and outputs): x and out
+    float32 [capacity, D], offsets int64, token_ids int32 and weights float32 as `moe_swiglu`
+    takes them. Per call only the experts (their parts and indices), the first expert's offset and
+    the token count change, so a call costs a few pointer operations instead of a dozen checks."""
+
+    def __init__(self, x: Any, out: Any, offsets: Any, token_ids: Any, weights: Any, max_experts: int):
+        self._keep = (x, out, offsets, token_ids, weights)
+        self._x, self._x_bytes, x_shape = typed_view(x, "float *", "MoE x")
+        self._out, self._out_bytes, o_shape = typed_view(out, "float *", "MoE output", writable=True)
+        if len(x_shape) != 2 or o_shape != x_shape:
+            raise ValueError(f"MoE: x {x_shape} and out {o_shape} must both be [T, D]")
+        self.n_embd = x_shape[1]
+        self._off, off_bytes, _ = typed_view(offsets, "int64_t *", "offsets")
+        self._tok, tok_bytes, _ = typed_view(token_ids, "int32_t *", "token_ids")
+        self._w, w_bytes, _ = typed_view(weights, "float *", "weights")
+        self.n_assign = tok_bytes // 4
+        if w_bytes // 4 != self.n_assign:
+            raise ValueError(f"MoE: {self.n_assign} token ids need as many weights, found {w_bytes // 4}")
+        self.max_experts = min(max_experts, off_bytes // 8 - 1)
+        self._index = ffi.new("int32_t[]", max(self.max_experts, 1))
+
+    def __call__(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
+                 scratch: Any, impl: str = "auto") -> None:
+        """out[:n_tokens] += the experts `index` (positions in `parts`), which own the assignments
+        between offsets[first] and offsets[first + len(index)]."""
+        n = len(index)
+        if parts.n_embd != self.n_embd or first < 0 or first + n > self.max_experts or n_tokens * self.n_embd * 4 > self._x_bytes:
+            raise ValueError(f"MoE call: {n} experts from {first} of {self.max_experts}, {n_tokens} tokens, "
+                             f"parts of width {parts.n_embd} for x of width {self.n_embd}")
+        for j, e in enumerate(index):
+            self._index[j] = e
+        g, u, d = parts
+        status = lib.strata_moe_swiglu(_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff,
+                                       g.c, u.c, d.c, n, self._index, self._off + first, self._tok, self._w,
+                                       self.n_assign, self._out, self._out_bytes,
+                                       ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        if status:
+            check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {n_tokens} tokens, {n} experts; "
+                          f"experts held: {g.n_experts}/{u.n_experts}/{d.n_experts}; scratch {scratch.numel()} B)")
+
+
+__all__ = ["ComputePool", "MoeCall", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
            "moe_swiglu"]

@@ -1,0 +1,149 @@
+"""`strata bench MODEL`: a whole model's prompt processing and decode speed, llama-bench style,
+with where the time goes and what bounds it.
+
+Per batch size, `reps` repetitions of: prompt processing (one sequence of `prompt` random tokens,
+tokens/s of its prefill) and generation (`batch` sequences of one random token each, `gen` tokens
+each, no stop token: tokens/s over the decode steps, the prefill excluded). Decode runs also give
+the expert memory's counters (hit rate per tier, bytes moved per token per tier, share of the time
+spent waiting for experts), the per-token time split, and the roofline:
+
+- compute-bound rate: decode tokens/s with the waits for experts taken out, i.e. what the same run
+  would do with every expert resident (measured: the forward passes' time less the waits);
+- transfer-bound rate: per decode token, the expert bytes read from the disk over the disk's
+  sequential O_DIRECT rate (measured on the same file) plus the bytes copied to the device over the
+  host-to-device rate (measured here on CUDA; on the CPU the device tier is RAM and the copy is part
+  of the compute);
+- the bound is the lower of the two, and the measured rate is shown as a share of it.
+
+Peak RSS and (on CUDA) peak device memory close the report. Must not print: it returns data and
+`strata.commands.bench` formats it.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "runs": values}
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def _h2d_rate(device: torch.device) -> float | None:
+    """Bytes/s of a pinned host-to-device copy of 64 MiB (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(src, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return 4 * src.numel() / (time.perf_counter() - t0)
+
+
+def _disk_rate(path: str) -> float | None:
+    """Bytes/s of a sequential O_DIRECT read of (up to 1 GiB of) the file; None where refused."""
+    from strata.bench.pager import sequential_direct_rate
+
+    try:
+        return sequential_direct_rate(path, limit=1 << 30)[0]
+    except OSError:
+        return None
+
+
+def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
+    """`batch` one-token prompts decoded together for `gen` tokens: tok/s of the decode steps and
+    the memory's counters and the time split over the whole run (its prefill is `batch` tokens)."""
+    prompts = [_prompt(model.transformer.vocab_size, 1, seed + i) for i in range(batch)]
+    stats = model.memory_stats()
+    if stats is not None:
+        stats.reset()
+    model.reset_time_split()
+    done = model.generate_batch(prompts, max_tokens=gen, stop_token_ids=())
+    seconds = max(c.decode_seconds for c in done)
+    tokens = sum(len(c.token_ids) - 1 for c in done)
+    return {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
+            "stats": stats.totals() if stats is not None else None, "split": model.time_split()}
+
+
+def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
+                seed: int = 0, **load_kwargs: Any) -> dict[str, Any]:
+    """See the module docstring. `load_kwargs` go to `strata.load` (device, dtype, threads,
+    memory, device_mem, host_mem, prefetch_depth, slot_form, compute)."""
+    import strata
+
+    if prompt < 1 or gen < 2 or reps < 1 or not batches or min(batches) < 1:
+        raise ValueError(f"bench: prompt >= 1, gen >= 2, reps >= 1 and batch sizes >= 1, found prompt {prompt}, "
+                         f"gen {gen}, reps {reps}, batches {list(batches)}")
+    if load_kwargs.get("n_ctx") is None:
+        load_kwargs["n_ctx"] = max(prompt, gen + 1) + 8
+    t0 = time.perf_counter()
+    model = strata.load(path, max_batch=max(batches), **load_kwargs)
+    load_s = time.perf_counter() - t0
+    try:
+        tokens = _prompt(model.transformer.vocab_size, prompt, seed)
+        model.generate(tokens[:8], max_tokens=4, stop_token_ids=())  # warm-up: pool, first calls, first experts
+        pp = [prompt / model.generate(tokens, max_tokens=1, stop_token_ids=()).prefill_seconds for _ in range(reps)]
+        result: dict[str, Any] = {
+            "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,
+            "memory": repr(model.memory), "compute": "packed" if model.transformer.compute is not None else "float",
+            "device": str(model.device), "threads": load_kwargs.get("threads"), "pp_tok_s": _spread(pp),
+            "tg": {}}
+        disk, h2d = _disk_rate(str(path)), _h2d_rate(model.device)
+        result.update(disk_gbs=disk and disk / 1e9, h2d_gbs=h2d and h2d / 1e9)
+        for b in batches:
+            runs = [_decode(model, b, gen, seed + 1000 * r) for r in range(reps)]
+            result["tg"][b] = _summary(runs, disk, h2d)
+        result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if model.device.type == "cuda":
+            result["peak_device_bytes"] = torch.cuda.max_memory_allocated(model.device)
+        return result
+    finally:
+        model.close()
+
+
+def _summary(runs: list[dict[str, Any]], disk: float | None, h2d: float | None) -> dict[str, Any]:
+    """One batch size's decode runs: speed, memory figures of the last run, the roofline."""
+    last = runs[-1]
+    split, stats, n = last["split"], last["stats"], last["tokens"]
+    out: dict[str, Any] = {"tok_s": _spread([r["tok_s"] for r in runs]), "split_ms": {
+        k: 1e3 * split[k] for k in ("attention", "expert_compute", "expert_wait", "dequantization", "other")}}
+    per_token = split["attention"] + split["expert_compute"] + split["expert_wait"] + split["dequantization"] \
+        + split["other"]  # seconds per processed token
+    wait = split["expert_wait"]
+    out["wait_share"] = wait / per_token if per_token > 0 else 0.0
+    # per processed token; the run's tokens are its decode tokens plus one prompt token per sequence
+    compute_tok_s = 1.0 / (per_token - wait) if per_token > wait else None
+    roof: dict[str, Any] = {"compute_bound_tok_s": compute_tok_s}
+    if stats is not None:
+        processed = max(split["tokens"], 1)
+        disk_b = (stats["bytes_disk"]) / processed
+        dev_b = stats["bytes_to_device"] / processed
+        host_total = stats["host_hits"] + stats["disk_reads"]
+        out["tiers"] = {"device_hit_rate": stats["device_hit_rate"],
+                        "host_hit_rate": stats["host_hits"] / host_total if host_total else None,
+                        "disk_bytes_per_token": disk_b, "device_bytes_per_token": dev_b,
+                        "disk_reads": stats["disk_reads"], "prefetch_used": stats["prefetch_used"]}
+        transfer_s = (disk_b / disk if disk and disk_b else 0.0) + (dev_b / h2d if h2d and dev_b else 0.0)
+        roof["transfer_bound_tok_s"] = 1.0 / transfer_s if transfer_s > 0 else None
+    bounds = [v for v in roof.values() if v]
+    roof["bound_tok_s"] = min(bounds) if bounds else None
+    roof["share_of_bound"] = out["tok_s"]["mean"] / roof["bound_tok_s"] if roof["bound_tok_s"] else None
+    out["roofline"] = roof
+    out["tokens_per_run"] = n
+    return out
+
+
+__all__ = ["bench_model"]

@@ -1,0 +1,105 @@
+"""The fused decode step of packed compute: a block's attention half and router in one native
+call (`native.DecodeAttn`), its routed experts in the fused MoE call, so a decode step crosses
+into C about twice per layer instead of a dozen times.
+
+The maths is the block's own, step for step (attention.py forward_native, moe.py Router and
+RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
+for prefill (several tokens per sequence) and as the reference the tests compare with.
+Must not: choose when to run (the loader attaches it; Block uses it for decode batches only) or
+reach expert bytes other than through the block's RoutedExperts.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from strata import native
+
+from .batch import Batch
+from .layers import FeedForward
+from .moe import MoE
+from .packed import PackedCompute, PackedMatrix
+
+
+class FusedDecode:
+    """One block's decode step. Buffers are sized for `capacity` sequences and grow (once, at
+    warm-up) when a larger batch arrives."""
+
+    def __init__(self, block, compute: PackedCompute, capacity: int = 1):
+        att, w = block.attention, block.attention.w
+        moe = block.ffn if isinstance(block.ffn, MoE) else None
+        router = moe.router if moe is not None else None
+        bias = None
+        if w.bq is not None or w.bk is not None or w.bv is not None:
+            hq, hkv = att.n_head * att.head_dim, att.n_head_kv * att.head_dim
+            bias = torch.cat([b if b is not None else torch.zeros(n) for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hkv))])
+            bias = bias.float().contiguous()
+        self.block, self.compute, self.moe = block, compute, moe
+        self.layer = native.DecodeAttn(
+            n_embd=w.wo.shape[0], n_head=att.n_head, n_head_kv=att.n_head_kv, head_dim=att.head_dim,
+            rope_dim=att.rope.rope_dim, neox=att.rope.neox, norm_eps=block.attention_norm.eps,
+            attn_scale=att.head_dim ** -0.5, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
+            qkv=(w.wqkv.type, w.wqkv._data_t), o=(w.wo.type, w.wo._data_t), bqkv=bias,
+            q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
+            qk_norm_per_head=w.qk_norm_per_head, router=None if router is None else router.weight,
+            n_used=0 if router is None else router.k, gating="softmax" if router is None else router.gating,
+            norm_weights=router is not None and router.norm, weights_scale=1.0 if router is None else router.scale)
+        if w.q_norm is not None and w.q_norm.eps != block.attention_norm.eps:
+            raise ValueError("the fused decode step needs one norm epsilon for the layer")
+        self._grow(capacity)
+
+    @staticmethod
+    def eligible(block, compute: PackedCompute | None) -> bool:
+        """Whether packed compute can run this block's decode step fused: packed q/k/v stacked
+        into one matrix and a packed output projection; an MoE's router in float32 and its experts
+        computed from packed memory (not the hybrid CPU/GPU split)."""
+        w = block.attention.w
+        if compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix):
+            return False
+        if isinstance(block.ffn, MoE):
+            e, r = block.ffn.experts, block.ffn.router
+            return e.compute is not None and e.hybrid is None and r.weight.dtype == torch.float32 \
+                and r.weight.is_contiguous() and r.weight.device.type == "cpu"
+        return isinstance(block.ffn, FeedForward)
+
+    def _grow(self, capacity: int) -> None:
+        out = self.out = native.StepOutputs(self.layer, capacity)
+        self.routed = torch.empty((capacity, self.layer.n_embd), dtype=torch.float32)
+        self.compute.reserve(self.layer.scratch_bytes(capacity))
+        if self.moe is not None:
+            self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
+                                           self.layer.n_experts)
+        self._views: dict[int, tuple] = {}  # batch size -> (xn, expert_ids, routed) views
+
+    def views(self, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        v = self._views.get(B)
+        if v is None:
+            v = self._views[B] = (self.out.xn[:B], self.out.expert_ids[:B], self.routed[:B])
+        return v
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [B, D] (one new token per sequence) through the block; x is updated in place and returned."""
+        block, B = self.block, x.shape[0]
+        t0 = time.perf_counter()
+        if B > self.out.capacity:
+            self._grow(B)
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        self.layer.bind_cache(*kv)
+        n_used = self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, *cos_sin, x, self.out,
+                                self.compute.scratch)
+        block.clock[0] += time.perf_counter() - t0
+        if block.lookahead is not None:
+            block.lookahead(x)  # next layers' experts start moving; x is unchanged
+        xn, expert_ids, routed = self.views(B)
+        if self.moe is None:
+            return x.add_(block.ffn(xn))
+        routed.zero_()
+        self.moe.experts.add_bound(self.moe_call, expert_ids, n_used, self.out.used, B)
+        if self.moe.shared is not None:
+            return x.add_(routed + self.moe.shared(xn))
+        return x.add_(routed)
+
+__all__ = ["FusedDecode"]

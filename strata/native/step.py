@@ -1,0 +1,144 @@
+"""A decoder layer's attention half and router as one native call (native/step.c).
+
+    layer = native.DecodeAttn(n_embd=D, n_head=H, n_head_kv=Hkv, head_dim=hd, rope_dim=R, neox=True,
+                              norm_eps=eps, attn_scale=hd ** -0.5, attn_norm=w1, ffn_norm=w2,
+                              qkv=(Q8_0, qkv_bytes), o=(Q8_0, o_bytes), router=router_w, n_used=8)
+    layer.bind_cache(k_cache, v_cache)                 # [S, Hkv, C, hd] float32, once (again if moved)
+    out = native.StepOutputs(layer, max_seq)           # xn, routing and its grouping, made once
+    layer.run(pool, slots, positions, cos, sin, x, out, scratch)   # x += attention; out filled
+
+For each decode step (one new token per sequence) this does what the per-call glue does between
+the layer's input and its routed experts, in the same order, so the results are the same bytes.
+The descriptor and the outputs are built once; a call casts five pointers and checks shapes.
+Holds no policy about when to use it: the models decide.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from strata.quant import ggml_type
+
+from ._lib import check, ffi, impl_code, lib
+
+_GATING = {"softmax": 0, "sigmoid": 1}
+
+
+def _f32(t: Any, what: str, n: int | None = None) -> Any:
+    """Pointer of a contiguous CPU float32 tensor (of `n` elements when given), or NULL for None."""
+    if t is None:
+        return ffi.NULL
+    if str(t.dtype) != "torch.float32" or t.device.type != "cpu" or not t.is_contiguous() or (n is not None and t.numel() != n):
+        raise ValueError(f"decode step: {what} must be a contiguous CPU float32 tensor"
+                         f"{'' if n is None else f' of {n} values'}, found {t.dtype} {tuple(t.shape)} on {t.device}")
+    return ffi.cast("float *", t.data_ptr())
+
+
+class DecodeAttn:
+    """The attention half of one decoder layer (and its router, for an MoE layer), described once.
+
+    Matrices are (ggml type, packed bytes as a uint8 tensor): qkv stacks q, k, v by rows
+    [(H + 2 Hkv) hd, D]; o is [D, H hd]. Norm weights, biases and the router [E, D] are float32
+    tensors. The tensors are kept alive by this object."""
+
+    def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
+                 norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
+                 o: tuple[Any, Any], bqkv: Any = None, q_norm: Any = None, k_norm: Any = None,
+                 qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
+                 norm_weights: bool = False, weights_scale: float = 1.0):
+        if gating not in _GATING:
+            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+        D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
+        n_experts = 0 if router is None else int(router.shape[0])
+        self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router)
+        qn = None if q_norm is None else (head_dim if qk_norm_per_head else hq)
+        kn = None if k_norm is None else (head_dim if qk_norm_per_head else hkv)
+        self.c = ffi.new("strata_attn_layer *", {
+            "n_embd": D, "n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "rope_dim": rope_dim,
+            "neox": 1 if neox else 0, "qk_norm_per_head": 1 if qk_norm_per_head else 0, "norm_eps": norm_eps,
+            "attn_scale": attn_scale, "attn_norm": _f32(attn_norm, "attn_norm", D),
+            "ffn_norm": _f32(ffn_norm, "ffn_norm", D), "qkv_type": int(ggml_type(qkv[0])),
+            "o_type": int(ggml_type(o[0])), "wqkv": ffi.cast("void *", qkv[1].data_ptr()),
+            "wo": ffi.cast("void *", o[1].data_ptr()), "wqkv_bytes": qkv[1].numel(), "wo_bytes": o[1].numel(),
+            "bqkv": _f32(bqkv, "qkv bias", hq + 2 * hkv), "q_norm": _f32(q_norm, "q_norm", qn),
+            "k_norm": _f32(k_norm, "k_norm", kn), "router": _f32(router, "router", None if router is None
+                                                                else n_experts * D),
+            "n_experts": n_experts, "n_used": n_used, "gating": _GATING[gating],
+            "norm_weights": 1 if norm_weights else 0, "weights_scale": weights_scale})
+        self.n_embd, self.n_experts, self.n_used = D, n_experts, n_used
+        self._cache: tuple[int, int] | None = None
+
+    def bind_cache(self, k_cache: Any, v_cache: Any) -> None:
+        """Point at the layer's KV cache [S, Hkv, C, hd] (float32, contiguous); cheap when unchanged."""
+        key = (k_cache.data_ptr(), v_cache.data_ptr())
+        if key == self._cache:
+            return
+        c = self.c
+        shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], c.head_dim)
+        if tuple(k_cache.shape) != shape or tuple(v_cache.shape) != shape:
+            raise ValueError(f"decode step: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} must be "
+                             f"[S, {c.n_head_kv}, C, {c.head_dim}]")
+        c.k_cache, c.v_cache = _f32(k_cache, "k_cache"), _f32(v_cache, "v_cache")
+        c.n_slots, c.n_cache_ctx = shape[0], shape[2]
+        self._keep_cache, self._cache = (k_cache, v_cache), key
+
+    def scratch_bytes(self, n_seq: int) -> int:
+        out = ffi.new("int64_t *")
+        check(lib.strata_decode_attn_scratch_bytes(self.c, n_seq, out), f"decode step scratch for {n_seq} sequences")
+        return int(out[0])
+
+    def run(self, pool: Any, slots: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
+            scratch: Any, impl: str = "auto") -> int:
+        """x [B, D] float32 += the layer's attention for B sequences (one new token each, sequence b in
+        KV slot slots[b] at positions[b], int64 [B]; rope cos/sin [B, R/2]); out.xn[:B] = ffn_norm(x)
+        and, for an MoE layer, out's routing and grouping. Returns the number of experts used."""
+        if self._cache is None:
+            raise ValueError("decode step: bind_cache first")
+        B = x.shape[0]
+        if (tuple(x.shape) != (B, self.n_embd) or str(x.dtype) != "torch.float32" or not x.is_contiguous()
+                or slots.shape != (B,) or positions.shape != (B,) or str(slots.dtype) != "torch.int64"
+                or str(positions.dtype) != "torch.int64" or B > out.capacity or out.layer_experts != self.n_experts):
+            raise ValueError(f"decode step: x {tuple(x.shape)} {x.dtype}, slots {tuple(slots.shape)}, positions "
+                             f"{tuple(positions.shape)} (int64 [B]); outputs for {out.capacity} sequences of "
+                             f"{out.layer_experts} experts, layer has {self.n_experts}")
+        cp = sp = ffi.NULL
+        if self.c.rope_dim:
+            half = self.c.rope_dim // 2
+            cp, sp = _f32(cos, "rope cos", B * half), _f32(sin, "rope sin", B * half)
+        status = lib.strata_decode_attn(pool.ptr, self.c, B, ffi.cast("int64_t *", slots.data_ptr()),
+                                        ffi.cast("int64_t *", positions.data_ptr()), cp, sp,
+                                        ffi.cast("float *", x.data_ptr()), out.xn_ptr, out.ids_ptr, out.w_ptr,
+                                        out.groups if self.n_experts else ffi.NULL,
+                                        ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        if status:
+            check(status, f"decode step of {B} sequences (slots, positions or cache too small?)")
+        return int(out.groups.n_used) if self.n_experts else 0
+
+
+class StepOutputs:
+    """What `DecodeAttn.run` writes for up to `capacity` sequences: xn [B, D] float32, expert_ids
+    int64 and weights float32 [B, k], and the grouping (used int32 [E], offsets int64 [E + 1],
+    token_ids int32 and weights_sorted float32 [B * k]). Views `[:B]` are taken by the caller."""
+
+    def __init__(self, layer: DecodeAttn, capacity: int):
+        import torch
+
+        D, E, k = layer.n_embd, layer.n_experts, max(layer.n_used, 1)
+        self.capacity, self.layer_experts = capacity, E
+        self.xn = torch.empty((capacity, D), dtype=torch.float32)
+        self.expert_ids = torch.empty((capacity, k), dtype=torch.int64)
+        self.weights = torch.empty((capacity, k), dtype=torch.float32)
+        self.used = torch.empty(max(E, 1), dtype=torch.int32)
+        self.offsets = torch.empty(max(E, 1) + 1, dtype=torch.int64)
+        self.token_ids = torch.empty(capacity * k, dtype=torch.int32)
+        self.weights_sorted = torch.empty(capacity * k, dtype=torch.float32)
+        self.xn_ptr = ffi.cast("float *", self.xn.data_ptr())
+        self.ids_ptr = ffi.cast("int64_t *", self.expert_ids.data_ptr())
+        self.w_ptr = ffi.cast("float *", self.weights.data_ptr())
+        self.groups = ffi.new("strata_route_groups *", {
+            "used": ffi.cast("int32_t *", self.used.data_ptr()),
+            "offsets": ffi.cast("int64_t *", self.offsets.data_ptr()),
+            "token_ids": ffi.cast("int32_t *", self.token_ids.data_ptr()),
+            "weights_sorted": ffi.cast("float *", self.weights_sorted.data_ptr())})
+
+
+__all__ = ["DecodeAttn", "StepOutputs"]

@@ -1,0 +1,66 @@
+"""`strata bench MODEL`: llama-bench's figures for a whole model, the time split, tier figures and
+the roofline; `strata generate --ignore-eos` for fixed-length runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import strata
+from strata.commands.bench import normalize_argv
+
+
+def _bench(cli, path, *extra):
+    code, out, err = cli("bench", path, "-p", "8", "-n", "4", "--reps", "2", "--threads", "1", "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_bench_model_reports_speed_split_tiers_and_roofline(cli, qwen3):
+    r = _bench(cli, qwen3.gguf(None), "--batch", "1,2")
+    assert r["prompt"] == 8 and r["gen"] == 4 and r["compute"] == "packed"
+    assert len(r["pp_tok_s"]["runs"]) == 2 and r["pp_tok_s"]["mean"] > 0
+    assert set(r["tg"]) == {"1", "2"}
+    for b, x in r["tg"].items():
+        assert x["tokens_per_run"] == 3 * int(b)  # the first token of each sequence is the prefill's
+        assert len(x["tok_s"]["runs"]) == 2 and x["tok_s"]["min"] <= x["tok_s"]["mean"] <= x["tok_s"]["max"]
+        assert set(x["split_ms"]) == {"attention", "expert_compute", "expert_wait", "dequantization", "other"}
+        assert 0 <= x["wait_share"] < 1
+        assert 0 <= x["tiers"]["device_hit_rate"] <= 1
+        roof = x["roofline"]
+        bounds = [v for v in (roof["compute_bound_tok_s"], roof["transfer_bound_tok_s"]) if v]
+        assert roof["bound_tok_s"] == min(bounds)
+        assert roof["share_of_bound"] == pytest.approx(x["tok_s"]["mean"] / roof["bound_tok_s"])
+    assert r["peak_rss_bytes"] > 0
+
+
+def test_bench_model_table_and_direct_memory(cli, qwen3):
+    code, out, err = cli("bench", "model", qwen3.gguf("q8_0"), "-p", "8", "-n", "3", "--reps", "1", "--threads",
+                         "1", "--memory", "direct")
+    assert code == 0, err
+    assert "pp8" in out and "tg3" in out and "roofline: compute-bound" in out and "tiers" not in out
+    assert "device hit rate" not in out  # the direct memory has no tiers
+
+
+def test_bench_arguments_are_checked(cli, qwen3):
+    code, _, err = cli("bench", qwen3.gguf(None), "--batch", "1,x")
+    assert code == 1 and err.strip().splitlines() == [err.strip()] and "--batch" in err
+    assert normalize_argv(["bench", "m.gguf", "-p", "8"]) == ["bench", "model", "m.gguf", "-p", "8"]
+    assert normalize_argv(["bench", "cache", "--trace", "t"]) == ["bench", "cache", "--trace", "t"]
+    assert normalize_argv(["bench", "--help"]) == ["bench", "--help"]
+
+
+def test_generate_ignore_eos_runs_to_the_length(cli, qwen3, monkeypatch):
+    seen = []
+    real = strata.engine.Model.generate
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("stop_token_ids", "default"))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(strata.engine.Model, "generate", spy)
+    code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the router", "-n", "9", "--json", "--threads", "1",
+                       "--ignore-eos")
+    assert code == 0 and len(json.loads(out)["token_ids"]) == 9 and seen == [()]
+    code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the router", "-n", "9", "--json", "--threads", "1")
+    assert code == 0 and seen[-1] == "default"
