@@ -12,6 +12,11 @@ class StrataFormatError(StrataError):
     """A model file is malformed or not what Strata expects; the message names file and field."""
 
 
+class StrataArgumentError(StrataError, ValueError):
+    """An argument of a call or a command is out of range; the message names it, what was expected
+    and what was found. A ValueError too, so callers catching ValueError keep working."""
+
+
 class NativeError(StrataError):
     """The native runtime refused a call; the message names the call and the reason."""
 

@@ -19,6 +19,7 @@ Must not read files or download anything: it is rebuilt from the GGUF metadata h
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -86,13 +87,16 @@ class Tokenizer:
     # -- construction --------------------------------------------------------------------------
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any], path: str = "model") -> Tokenizer:
+    def from_metadata(cls, metadata: Mapping[str, Any], path: str = "model", vocab_size: int | None = None) -> Tokenizer:
+        """The tokenizer of a file's metadata, every value checked first (`check_metadata`);
+        `vocab_size`: rows of the model's output head, which the token list must match."""
         T = Keys.Tokenizer
         kind = metadata.get(T.MODEL)
         tokens = metadata.get(T.LIST)
         if kind is None or tokens is None:
             raise StrataFormatError(f"{path}: metadata keys {T.MODEL!r} and {T.LIST!r}: expected a tokenizer, "
                                     "found none")
+        check_metadata(metadata, path, vocab_size)
         types = list(metadata.get(T.TOKEN_TYPE) or [TokenType.NORMAL] * len(tokens))
         special = SpecialTokens(
             bos=metadata.get(T.BOS_ID), eos=metadata.get(T.EOS_ID), eot=metadata.get(T.EOT_ID),
@@ -172,6 +176,75 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_SPECIAL_IDS = ("BOS_ID", "EOS_ID", "EOT_ID", "PAD_ID", "UNK_ID")  # the ones Strata uses
+_FLAGS = ("ADD_BOS", "ADD_EOS", "ADD_PREFIX")
+
+
+def _bad(path: str, key: str, expected: str, found: Any) -> StrataFormatError:
+    return StrataFormatError(f"{path}: metadata key {key!r}: expected {expected}, found {found}")
+
+
+def _strings(path: str, key: str, values: Any) -> list[str]:
+    """`values` when it is a list of valid UTF-8 strings (GGUF strings decode losslessly, so bad
+    bytes arrive as surrogates)."""
+    if not isinstance(values, (list, tuple)):
+        raise _bad(path, key, "an array of strings", type(values).__name__)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise _bad(path, key, "an array of strings", f"{type(v).__name__} at index {i}")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad(path, key, "valid UTF-8 strings", f"invalid UTF-8 at index {i} ({v!r:.40})") from None
+    return list(values)
+
+
+def check_metadata(metadata: Mapping[str, Any], path: str, vocab_size: int | None = None) -> None:
+    """Refuse tokenizer metadata that would break encoding or decoding later: lengths, element
+    types, UTF-8, merges, byte tokens, special-token ids and flags. Errors name file and key."""
+    T = Keys.Tokenizer
+    tokens = _strings(path, T.LIST, metadata[T.LIST])
+    n = len(tokens)
+    if not n or (vocab_size is not None and n != vocab_size):
+        raise _bad(path, T.LIST, f"{vocab_size} tokens (the rows of the output head)", f"{n}")
+    types, scores = metadata.get(T.TOKEN_TYPE), metadata.get(T.SCORES)
+    for key, values, ok, what in ((T.TOKEN_TYPE, types, lambda v: isinstance(v, int) and 0 <= v <= 6, "token types 0..6"),
+                                  (T.SCORES, scores, lambda v: isinstance(v, (int, float)) and v == v, "numbers")):
+        if values is None:
+            continue
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            raise _bad(path, key, f"an array of {n} {what} (one per token)",
+                       f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__)
+        bad = next((i for i, v in enumerate(values) if isinstance(v, bool) or not ok(v)), None)
+        if bad is not None:
+            raise _bad(path, key, what, f"{values[bad]!r:.40} at index {bad}")
+    if metadata.get(T.MODEL) == "llama" and types is not None:
+        for i, ty in enumerate(types):
+            if ty == TokenType.BYTE and not _BYTE_TOKEN.fullmatch(tokens[i]):
+                raise _bad(path, T.LIST, "byte tokens spelled <0xXX>", f"{tokens[i]!r:.40} (token {i}, type BYTE)")
+    merges = metadata.get(T.MERGES)
+    if merges is not None:
+        vocab = set(tokens)
+        for i, m in enumerate(_strings(path, T.MERGES, merges)):
+            pair = m.split(" ", 1)
+            if len(pair) != 2 or not all(pair) or any(p not in vocab for p in pair) or "".join(pair) not in vocab:
+                raise _bad(path, T.MERGES, "'LEFT RIGHT' pairs of tokens whose join is a token",
+                           f"{m!r:.60} at index {i}")
+    for name in _SPECIAL_IDS:
+        key = getattr(T, name, None)
+        value = metadata.get(key) if key else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n):
+            raise _bad(path, key, f"a token id in [0, {n})", f"{value!r:.40}")
+    for name in _FLAGS:
+        value = metadata.get(getattr(T, name))
+        if value is not None and not isinstance(value, bool):
+            raise _bad(path, getattr(T, name), "a bool", f"{value!r:.40}")
+    pre = metadata.get(T.PRE)
+    if pre is not None and not isinstance(pre, str):
+        raise _bad(path, T.PRE, "a string", f"{pre!r:.40}")
+
+
 def _vocab(tokens: Sequence[str]) -> dict[str, int]:
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
@@ -231,4 +304,4 @@ def _add_special_tokens(hf: HFTokenizer, tokens: Sequence[str], types: Sequence[
     hf.add_tokens([t for t in added if not t.special])
 
 
-__all__ = ["IGNORE_MERGES", "PRE_TOKENIZER_REGEXES", "SpecialTokens", "StreamDecoder", "Tokenizer"]
+__all__ = ["IGNORE_MERGES", "check_metadata", "PRE_TOKENIZER_REGEXES", "SpecialTokens", "StreamDecoder", "Tokenizer"]

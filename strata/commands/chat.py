@@ -33,11 +33,12 @@ def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args)
-    try:
-        return _loop(model, args)
-    finally:
-        print_stats(args, model)
+    with load_model(args) as model:
+        model.chat_template  # a template that cannot compile ends the command before the first turn
+        try:
+            return _loop(model, args)
+        finally:
+            print_stats(args, model)
 
 
 def _loop(model, args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from strata.errors import StrataError
+from strata.errors import StrataArgumentError, StrataError
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -93,9 +93,43 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
                 min_p=args.min_p, repetition_penalty=args.repeat_penalty, seed=args.seed, stop=args.stop or None)
 
 
+def check_model_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range model options by flag name before anything loads."""
+    from strata.engine.sampling import check_int
+
+    if args.ctx is not None:
+        check_int("--ctx", args.ctx, 2, None)
+    if args.threads is not None:
+        check_int("--threads", args.threads, 1, 4096)
+    if getattr(args, "prefetch_depth", None) is not None:
+        check_int("--prefetch-depth", args.prefetch_depth, 0, None)
+
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range sampling options (and an empty prompt) by flag name."""
+    from strata.engine.sampling import MAX_SEED, check_int, check_number
+
+    check_int("-n/--max-tokens", args.max_tokens, 1, None)
+    check_number("--temperature", args.temperature, 0.0, None)
+    check_int("--top-k", args.top_k, 0, None)
+    check_number("--top-p", args.top_p, 0.0, 1.0, low_open=True)
+    check_number("--min-p", args.min_p, 0.0, 1.0)
+    check_number("--repeat-penalty", args.repeat_penalty, 0.0, None, low_open=True)
+    if args.seed is not None:
+        check_int("--seed", args.seed, 0, MAX_SEED)
+    for stop in args.stop:
+        if not stop:
+            raise StrataArgumentError("--stop: expected a non-empty string, found ''")
+    if getattr(args, "prompt", None) is not None and not args.prompt:
+        raise StrataArgumentError("-p/--prompt: expected non-empty text, found ''")
+
+
 def load_model(args: argparse.Namespace, max_batch: int = 1):
     import strata
 
+    check_model_args(args)
+    if hasattr(args, "max_tokens"):
+        check_sampling_args(args)
     check_save_routing(args)
     return strata.load(args.model, max_batch=max_batch, **load_kwargs(args))
 

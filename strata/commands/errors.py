@@ -3,11 +3,14 @@
 `strata ...` and `python -m strata.convert` both run through `run_guarded`, so a StrataError or an
 OSError (a missing file, a full disk) is one line naming what failed and exit status 1, Ctrl-C is
 exit status 130, and a closed pipe (`strata ... | head`) is a quiet exit 0. Never a traceback for
-an error the user can fix; programming errors still raise.
+an error the user can fix. Anything else (a bug) is a last-resort one-line message naming the
+exception, exit status 1; with STRATA_DEBUG=1 it raises instead, so the traceback shows (the fuzz
+tests run so, to catch errors that escaped the checks where values enter).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -28,3 +31,13 @@ def run_guarded(func: Callable[[argparse.Namespace], int | None], args: argparse
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return 130
+    except MemoryError:
+        print(f"{prefix}error: out of memory", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the safety net: a bug, still one line unless debugging
+        if os.environ.get("STRATA_DEBUG", "") not in ("", "0"):
+            raise
+        message = " ".join(str(exc).split())[:500]
+        print(f"{prefix}error: internal error ({type(exc).__name__}: {message}); "
+              f"STRATA_DEBUG=1 shows the traceback", file=sys.stderr)
+        return 1

@@ -17,7 +17,11 @@ def _kwargs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args)
+    with load_model(args) as model:  # closed on every path: the pager's and pools' threads end
+        return _run(args, model)
+
+
+def _run(args: argparse.Namespace, model) -> int:
     if args.json:
         done = model.generate(args.prompt, **_kwargs(args))
         print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))

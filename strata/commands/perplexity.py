@@ -15,31 +15,84 @@ from strata.errors import StrataError
 from .common import add_model_args, add_save_routing_arg, load_model, print_stats, save_routing
 
 
+#: Bytes of text perplexity reads at most (a device like /dev/zero never ends).
+MAX_TEXT_BYTES = 256 << 20
+#: What a --save-logits file holds, and the type of each entry.
+SAVED_KEYS = {"model": str, "n_ctx": int, "targets": list, "ppl": float, "logits": object}
+
+
 def _read_text(path: str) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StrataError(f"{path}: cannot read the text file: {exc}") from None
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise StrataError(f"{path}: expected a text file of at most {MAX_TEXT_BYTES} bytes, found more")
+        return data.decode("utf-8")
+    except OSError as exc:
+        raise StrataError(f"{path}: cannot read the text file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise StrataError(f"{path}: expected UTF-8 text, found invalid bytes at byte {exc.start}") from None
+
+
+def _check_output(path: str) -> None:
+    """Refuse a --save-logits path whose directory is missing before the run, not after it."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise StrataError(f"--save-logits {path}: the directory {parent} does not exist")
+
+
+def _load_base(path: str) -> dict:
+    """The logits saved by --save-logits at `path`, every expected entry checked."""
+    import torch
+
+    try:
+        base = torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise StrataError(f"--kl-divergence {path}: no such file") from None
+    except Exception as exc:  # torch raises several types for a file that is not one of its own
+        raise StrataError(f"--kl-divergence {path}: not a file saved by --save-logits ({type(exc).__name__})") from None
+    if not isinstance(base, dict):
+        raise StrataError(f"--kl-divergence {path}: expected a dict saved by --save-logits, found "
+                          f"{type(base).__name__}")
+    for key, kind in SAVED_KEYS.items():
+        value = base.get(key)
+        ok = isinstance(value, torch.Tensor) and value.dim() == 2 if key == "logits" else isinstance(value, kind)
+        if kind is float:
+            ok = isinstance(value, (int, float))
+        if not ok:
+            raise StrataError(f"--kl-divergence {path}: entry {key!r}: expected "
+                              f"{'a 2-D tensor' if key == 'logits' else kind.__name__}, found {type(value).__name__}")
+    return base
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.save_logits:
+        _check_output(args.save_logits)
+    base = _load_base(args.kl_divergence) if args.kl_divergence else None
+    text = _read_text(args.file)
+    with load_model(args) as model:
+        return _run(args, model, text, base)
+
+
+def _run(args: argparse.Namespace, model, text: str, base: dict | None) -> int:
     import torch
 
     from strata.engine import compare_logits
 
-    model = load_model(args)
-    tokens = model.tokenize(_read_text(args.file))
+    tokens = model.tokenize(text)
     n_ctx = args.ctx or min(512, model.n_ctx)
     keep = bool(args.save_logits or args.kl_divergence)
     result = model.perplexity(tokens, n_ctx=n_ctx, keep_logits=keep)
     report = {"model": str(model.path), "n_tokens": len(tokens), **result.to_dict()}
     if args.save_logits:
-        torch.save({"model": str(model.path), "n_ctx": n_ctx, "targets": result.targets, "ppl": result.ppl,
-                    "logits": result.logits}, args.save_logits)
+        try:
+            torch.save({"model": str(model.path), "n_ctx": n_ctx, "targets": result.targets, "ppl": result.ppl,
+                        "logits": result.logits}, args.save_logits)
+        except (OSError, RuntimeError) as exc:
+            raise StrataError(f"--save-logits {args.save_logits}: cannot write: {exc}") from None
         report["saved_logits"] = args.save_logits
-    if args.kl_divergence:
-        base = torch.load(args.kl_divergence, weights_only=True)
-        if base["targets"] != result.targets or base["n_ctx"] != n_ctx:
+    if base is not None:
+        if base["targets"] != result.targets or base["n_ctx"] != n_ctx or base["logits"].shape != result.logits.shape:
             raise StrataError(f"{args.kl_divergence}: saved for other tokens or context ({base['model']}, "
                               f"n_ctx {base['n_ctx']}); run both with the same text and --ctx")
         cmp = compare_logits(base["logits"], result.logits)

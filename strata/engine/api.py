@@ -11,19 +11,19 @@ Must not: touch weights, files or kernels directly (models, memory and native do
 from __future__ import annotations
 
 import itertools
+import operator
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
 
 import torch
 
 from strata import native
-from strata.chat_template import ChatTemplate
-from strata.errors import StrataError
+from strata.chat_template import ChatTemplate, ChatTemplateError
+from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import resident_bytes
+from strata.memory.budget import device_memory, resident_bytes
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 from strata.models import Batch, Transformer, architecture, load_model
 from strata.tokenizer import Tokenizer
@@ -31,8 +31,9 @@ from strata.tokenizer import Tokenizer
 from .engine import Engine
 from .kv_cache import KVCache
 from .perplexity import PerplexityResult, perplexity
-from .sampling import SamplingParams
+from .sampling import SamplingParams, check_int
 from .sequence import Sequence, StopConditions
+from .stream import Chunk, Completion, Outboxes, Stream
 
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -70,53 +71,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise StrataError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
 
 
-@dataclass
-class Chunk:
-    """One generated token of a stream and the text it made visible (may be empty)."""
-
-    token_id: int | None  # None for the final chunk of a sequence that ended on a stop token
-    text: str
-    finish_reason: str | None = None  # set on a sequence's last chunk
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]  # generated tokens (without a stop token that ended them)
-    text: str  # their text, cut before a stop string
-    finish_reason: str  # "stop" (stop token or string) or "length" (max_tokens or context full)
-    prompt_tokens: int
-    prefill_seconds: float  # prompt processing up to the first generated token
-    decode_seconds: float  # the remaining tokens
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Decode speed: tokens after the first over the time they took."""
-        n = len(self.token_ids) - 1
-        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
-                "prompt_tokens": self.prompt_tokens, "tokens_per_second": self.tokens_per_second,
-                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds}
-
-
-class Stream:
-    """Iterate for `Chunk`s as tokens are generated; `.completion` is set once it is exhausted."""
-
-    def __init__(self, chunks: Iterator[Chunk]):
-        self._chunks = chunks
-        self.completion: Completion | None = None
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return self._chunks
-
-    def close(self) -> None:
-        """Stop generating (e.g. after Ctrl-C in the consumer); the sequence's slot is freed."""
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-
 class Model:
     """A loaded GGUF model: tokenizer, chat template, and generation on one device.
 
@@ -129,8 +83,9 @@ class Model:
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
         self.engine = Engine(transformer, cache, device)
         self._ids = itertools.count()
-        source = model_file.metadata.get("tokenizer.chat_template")
-        self.chat_template = ChatTemplate(source, self._special_texts()) if source else None
+        self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
+        self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
+        self._chat_template: ChatTemplate | None = None  # compiled on first use: a broken one fails chat only
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -166,6 +121,18 @@ class Model:
     def detokenize(self, token_ids: Iterable[int], skip_special: bool = False) -> str:
         return self.tokenizer.decode(token_ids, skip_special=skip_special)
 
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The file's chat template (`tokenizer.chat_template`), compiled on first use; None when
+        absent. Raises ChatTemplateError (naming the file) when it is not a usable template."""
+        source = self.model_file.metadata.get("tokenizer.chat_template")
+        if self._chat_template is None and source is not None:
+            try:
+                self._chat_template = ChatTemplate(source, self._special_texts())
+            except ChatTemplateError as e:
+                raise ChatTemplateError(f"{self.path}: {e}") from None
+        return self._chat_template
+
     def apply_chat_template(self, messages: Seq[dict[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
         """The prompt text the model's chat template makes of `messages`."""
@@ -197,7 +164,14 @@ class Model:
 
     def _sequence(self, prompt: str | Seq[int], max_tokens: int, stop: Seq[str] | str | None,
                   stop_token_ids: Iterable[int] | None, sampling: dict[str, Any], add_special: bool = True) -> Sequence:
-        ids = self.tokenize(prompt, add_special=add_special) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_special=add_special)
+        else:
+            try:
+                ids = [operator.index(t) for t in prompt]  # ints, numpy or torch integers; not floats
+            except TypeError:
+                raise StrataArgumentError(f"prompt: expected text or a sequence of token ids, "
+                                          f"found {prompt!r:.80}") from None
         for t in ids:
             if not 0 <= t < self.tokenizer.vocab_size:
                 raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
@@ -221,9 +195,7 @@ class Model:
                         repetition_penalty=repetition_penalty, seed=seed)
         seq = self._sequence(prompt, max_tokens, stop, stop_token_ids, sampling, add_special)
         if stream:
-            s = Stream(iter(()))
-            s._chunks = self._run_stream(seq, s)
-            return s
+            return Stream(self._run_stream(seq))
         return self._run([seq])[0]
 
     def generate_batch(self, prompts: Seq[str | Seq[int]], *, max_tokens: int = 128, temperature: float = 0.0,
@@ -238,38 +210,57 @@ class Model:
 
     def chat(self, messages: Seq[dict[str, Any]], **kwargs: Any) -> Completion | Stream:
         """Generate the assistant's reply to `messages` (rendered with the chat template)."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Seq):
+            raise StrataArgumentError(f"messages: expected a list of dicts with 'role' and 'content', "
+                                      f"found {messages!r:.80}")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate(prompt, add_special=False, **kwargs)
 
+    def _step(self) -> None:
+        """One engine step for every running sequence; chunks go to their streams' outboxes."""
+        before = {s.seq_id: len(s.output_ids) for s in (*self.engine.running, *self.engine.waiting)}
+        try:
+            results = self.engine.step()
+        except BaseException:
+            self.engine.abort()  # a failed forward pass leaves the batch's caches half written
+            raise
+        now = time.perf_counter()
+        for seq, text in results:
+            self._first.setdefault(seq.seq_id, now)
+            token = seq.output_ids[-1] if len(seq.output_ids) > before.get(seq.seq_id, 0) else None  # None: stop token
+            self._outboxes.put(seq.seq_id, Chunk(token, text, seq.finish_reason))
+
     def _run(self, seqs: list[Sequence]) -> list[Completion]:
         t0 = time.perf_counter()
-        first: dict[int, float] = {}
         for s in seqs:
             self.engine.add(s)
         try:
-            for seq, _ in self.engine.run():
-                first.setdefault(seq.seq_id, time.perf_counter())
-        except BaseException:
-            self.engine.abort()
-            raise
+            while not all(s.finished for s in seqs):
+                self._step()
+        finally:
+            for s in seqs:
+                if not s.finished:  # interrupted (Ctrl-C): these sequences end, any others go on
+                    self.engine.cancel(s)
         end = time.perf_counter()
-        return [self._completion(s, t0, first.get(s.seq_id, end), end) for s in seqs]
+        return [self._completion(s, t0, self._first.pop(s.seq_id, end), end) for s in seqs]
 
-    def _run_stream(self, seq: Sequence, stream: Stream) -> Iterator[Chunk]:
+    def _run_stream(self, seq: Sequence) -> Iterator[Chunk]:
         t0 = time.perf_counter()
         self.engine.add(seq)
-        t_first = None
+        box = self._outboxes.open(seq.seq_id)
         try:
-            while not seq.finished:
-                n_before = len(seq.output_ids)
-                for _, text in self.engine.step():
-                    t_first = t_first or time.perf_counter()
-                    token = seq.output_ids[-1] if len(seq.output_ids) > n_before else None  # None: a stop token
-                    yield Chunk(token, text, seq.finish_reason)
+            while box or not seq.finished:
+                if box:
+                    yield box.popleft()
+                else:
+                    self._step()
         finally:
-            if not seq.finished:
-                self.engine.abort()
-        stream.completion = self._completion(seq, t0, t_first or time.perf_counter(), time.perf_counter())
+            self._outboxes.close(seq.seq_id)
+            t_first = self._first.pop(seq.seq_id, None)
+            if not seq.finished:  # closed or dropped: this sequence ends, the others go on
+                self.engine.cancel(seq)
+        end = time.perf_counter()
+        return self._completion(seq, t0, t_first or end, end)
 
     @staticmethod
     def _completion(seq: Sequence, t0: float, t_first: float, end: float) -> Completion:
@@ -298,11 +289,7 @@ class Model:
         self.transformer.reset_times()
 
     def close(self) -> None:
-        if self.memory is not None:
-            self.memory.close()
-        if self.transformer.compute is not None:
-            self.transformer.compute.close()
-        self.model_file.close()
+        _close_all(self.transformer, self.memory, self.model_file)
 
     def __enter__(self) -> Model:
         return self
@@ -382,34 +369,59 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
     compute = resolve_dtype(dtype, dev)
-    if threads is not None and threads < 1:
-        raise StrataError(f"threads must be >= 1, found {threads}")
+    if threads is not None:
+        check_int("threads", threads, 1, 4096)
+    if n_ctx is not None:
+        check_int("n_ctx", n_ctx, 2, None)
+    check_int("max_batch", max_batch, 1, 4096)
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
     # beside the pool decode 2.5x slower on 2 cores).
     torch.set_num_threads(1 if mode == "packed" else n_threads)
     mf = open_model(path)
-    architecture(mf)  # an architecture Strata cannot run is the first thing to say
-    tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path))
-    hp = mf.hparams
-    ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-    if not 1 < ctx:
-        raise StrataError(f"n_ctx must be at least 2, found {ctx}")
-    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
-    factory = _memory_factory(memory, mf, compute, kv_bytes, dict(device_mem=device_mem, host_mem=host_mem,
-                                                                   prefetch_depth=prefetch_depth, slot_form=slot_form,
-                                                                   hybrid=hybrid),
-                              mode)
-    mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
-    try:
+    mem = transformer = None
+    try:  # from here on every failure closes what was started: threads, pools, the file
+        architecture(mf)  # an architecture Strata cannot run is the first thing to say
+        hp = mf.hparams
+        tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
+        ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
+        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
+        _check_kv_fits(mf, dev, ctx, max_batch, kv_bytes)
+        tiered = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth, slot_form=slot_form,
+                      hybrid=hybrid)
+        factory = _memory_factory(memory, mf, compute, kv_bytes, tiered, mode)
+        mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
         transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
+        try:
+            cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute,
+                            device=dev)
+        except (RuntimeError, MemoryError) as e:
+            raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
+                              f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+                              ) from None
+        return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
     except BaseException:
-        if mem is not None:
-            mem.close()
+        _close_all(transformer, mem, mf)
         raise
-    cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute, device=dev)
-    return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
+
+
+def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, kv_bytes: int) -> None:
+    """Refuse a KV cache larger than the device's free memory before allocating it."""
+    free = device_memory(dev)[1]
+    if kv_bytes > free:
+        raise StrataError(f"{mf.path}: n_ctx={ctx} x {max_batch} sequences: the KV cache needs {kv_bytes} bytes, "
+                          f"{dev} has {free} free; use a smaller context")
+
+
+def _close_all(transformer: Transformer | None, mem: ExpertMemory | None, mf: ModelFile) -> None:
+    """Close a half-built model's parts (errors while closing would hide the first one)."""
+    for part in (getattr(transformer, "hybrid", None), getattr(transformer, "compute", None), mem, mf):
+        try:
+            if part is not None:
+                part.close()
+        except Exception:
+            pass
 
 
 __all__ = ["Chunk", "Completion", "Model", "Stream", "load", "resolve_compute", "resolve_device", "resolve_dtype"]

@@ -95,11 +95,21 @@ class Engine:
         self.cache.free(seq.slot)
         seq.slot = None
 
+    def cancel(self, seq: Sequence) -> None:
+        """End one sequence wherever it is (waiting or running), freeing its slot."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.retire(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+
     def abort(self) -> None:
         """Drop every sequence (e.g. after Ctrl-C), freeing their slots."""
         for seq in list(self.running):
             seq.finish_reason = seq.finish_reason or "abort"
             self.retire(seq)
+        for seq in self.waiting:
+            seq.finish_reason = seq.finish_reason or "abort"
         self.waiting.clear()
 
 

@@ -11,11 +11,43 @@ Must not touch the model or the KV cache: logits and a token history in, one tok
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from strata.errors import StrataArgumentError, StrataError
+
+#: Largest seed a torch generator takes (seeds are unsigned 64-bit).
+MAX_SEED = 2**64 - 1
+
+
+def _range(low: float | None, high: float | None, low_open: bool) -> str:
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"<= {high:g}"
+    return " and ".join(x for x in (lo, hi) if x)
+
+
+def check_number(name: str, value, low: float | None, high: float | None, low_open: bool = False) -> float:
+    """`value` as a float when it is a finite number in the range; else StrataArgumentError naming `name`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        raise StrataArgumentError(f"{name}: expected a finite number {_range(low, high, low_open)}, found {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value, low: int | None, high: int | None) -> int:
+    """`value` when it is an integer in [low, high]; else StrataArgumentError naming `name`."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not (ok and (low is None or value >= low) and (high is None or value <= high)):
+        raise StrataArgumentError(f"{name}: expected an integer {_range(low, high, False)}, found {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -28,12 +60,13 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per sequence
 
     def __post_init__(self):
-        checks = [(self.temperature >= 0, "temperature must be >= 0"), (self.top_k >= 0, "top_k must be >= 0"),
-                  (0 < self.top_p <= 1, "top_p must be in (0, 1]"), (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-                  (self.repetition_penalty > 0, "repetition_penalty must be > 0")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"{message}, found {self}")
+        check_number("temperature", self.temperature, 0.0, None)
+        check_int("top_k", self.top_k, 0, None)
+        check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_number("min_p", self.min_p, 0.0, 1.0)
+        check_number("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, MAX_SEED)
 
     @property
     def greedy(self) -> bool:
@@ -78,11 +111,15 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int]) -> int:
         """Next token id from logits [V] (float32) given the tokens so far."""
+        if torch.isnan(logits).any():
+            raise StrataError("sampling: the model's logits contain NaN (corrupt weights or hyperparameters?)")
         logits = apply_repetition_penalty(logits, history, self.params.repetition_penalty)
         if self.params.greedy:
             return int(logits.argmax())
         probs = filter_logits(logits, self.params).softmax(-1).cpu()
+        if not torch.isfinite(probs).all():  # an infinite logit
+            raise StrataError("sampling: the model's logits are not finite (corrupt weights or hyperparameters?)")
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-__all__ = ["Sampler", "SamplingParams", "apply_repetition_penalty", "filter_logits"]
+__all__ = ["MAX_SEED", "Sampler", "SamplingParams", "check_int", "check_number", "apply_repetition_penalty", "filter_logits"]

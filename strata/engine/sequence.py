@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .sampling import Sampler, SamplingParams
+from strata.errors import StrataArgumentError
+
+from .sampling import Sampler, SamplingParams, check_int
 
 
 class TokenDecoder(Protocol):
@@ -25,17 +27,18 @@ class StopConditions:
     stop_strings: tuple[str, ...] = ()  # end the output at the first occurrence, not part of it
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, found {self.max_tokens}")
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop strings must not be empty")
+        check_int("max_tokens", self.max_tokens, 1, None)
+        for s in self.stop_strings:
+            if not isinstance(s, str) or not s:
+                raise StrataArgumentError(f"stop: expected non-empty strings, found {s!r}")
 
 
 class Sequence:
     def __init__(self, seq_id: int, prompt_ids: list[int], sampling: SamplingParams, stop: StopConditions,
                  decoder: TokenDecoder | None = None):
         if not prompt_ids:
-            raise ValueError("a prompt needs at least one token")
+            raise StrataArgumentError("prompt: expected at least one token, found none (an empty prompt "
+                                      "of a model that adds no BOS token)")
         self.seq_id, self.prompt_ids, self.stop = seq_id, list(prompt_ids), stop
         self.sampler = Sampler(sampling)
         self.decoder = decoder

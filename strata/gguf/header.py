@@ -170,6 +170,11 @@ def _scan(cur: _Cursor) -> HeaderScan:
     tensors = _scan_tensor_infos(cur, n_tensors)
     alignment = _alignment(path, metadata, value_types)
     data_offset = round_up(cur.pos, alignment)
+    padding = cur.buf[cur.pos:min(data_offset, cur.end)]
+    if padding.strip(b"\0"):  # writers pad with zeros: anything else means the header was misread
+        at = cur.pos + next(i for i, b in enumerate(padding) if b)
+        raise format_error(path, "padding after the tensor table", f"zero bytes up to the data at {data_offset}",
+                           f"a non-zero byte at offset {at}")
     return HeaderScan(version, metadata, value_types, alignment, data_offset, cur.end, tensors)
 
 

@@ -10,6 +10,7 @@ Must not read tensor data or import torch: metadata and tensor shapes only.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -161,6 +162,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         sliding_window=m.get(A.SLIDING_WINDOW, int, _REQUIRED if spec.swa else 0),
     )
     _check_counts(path, hp, spec)
+    _check_values(path, hp)
     return hp
 
 
@@ -239,6 +241,35 @@ def _check_counts(path: Path, hp: HParams, spec: Arch) -> None:
     if not 0 <= hp.n_dense_lead <= hp.n_layers:
         raise format_error(path, f"metadata key {Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=hp.arch)!r}",
                            f"between 0 and block_count={hp.n_layers}", str(hp.n_dense_lead))
+
+
+
+def _check_values(path: Path, hp: HParams) -> None:
+    """Refuse values that would crash the forward pass or silently give garbage (NaN, infinite,
+    zero or negative scales; a rotary dimension the heads cannot hold)."""
+    L, A, R = Keys.LLM, Keys.Attention, Keys.Rope
+    positive = [(R.FREQ_BASE, hp.rope_freq_base), (A.LAYERNORM_RMS_EPS, hp.norm_eps),
+                (L.EXPERT_WEIGHTS_SCALE, hp.expert_weights_scale), (R.SCALING_FACTOR, hp.rope_scaling.factor),
+                (R.SCALING_ORIG_CTX_LEN, hp.rope_scaling.original_context_length),
+                (L.CONTEXT_LENGTH, hp.context_length), (L.BLOCK_COUNT, hp.n_layers),
+                (L.EMBEDDING_LENGTH, hp.n_embd), (A.HEAD_COUNT_KV, hp.n_head_kv), (A.KEY_LENGTH, hp.head_dim),
+                (A.VALUE_LENGTH, hp.head_dim_v)]
+    r = hp.rope_scaling
+    finite = [(R.SCALING_ATTN_FACTOR, r.attn_factor), (R.SCALING_YARN_EXT_FACTOR, r.yarn_ext_factor),
+              (R.SCALING_YARN_ATTN_FACTOR, r.yarn_attn_factor), (R.SCALING_YARN_BETA_FAST, r.yarn_beta_fast),
+              (R.SCALING_YARN_BETA_SLOW, r.yarn_beta_slow), (R.SCALING_YARN_LOG_MUL, r.yarn_log_multiplier)]
+    for key, value in positive:
+        if not (math.isfinite(value) and value > 0):
+            raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}", "a finite number > 0", repr(value))
+    for key, value in finite:
+        if value is not None and not math.isfinite(value):
+            raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}", "a finite number", repr(value))
+    if not (0 < hp.rope_dim <= hp.head_dim and hp.rope_dim % 2 == 0):
+        raise format_error(path, f"metadata key {R.DIMENSION_COUNT.format(arch=hp.arch)!r}",
+                           f"an even number in 2..head_dim={hp.head_dim}", str(hp.rope_dim))
+    if hp.n_head % hp.n_head_kv:
+        raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
+                           f"a divisor of head_count={hp.n_head}", str(hp.n_head_kv))
 
 
 __all__ = ["HParams", "RopeScaling", "architecture", "read_hparams"]

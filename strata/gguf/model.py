@@ -3,6 +3,7 @@ Must not: import torch or interpret tensor values (it hands out bytes and shapes
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,18 @@ class ModelFile:
                              f"({self.file_size} bytes)")
         return self._data[offset:offset + nbytes]
 
+    def check_intact(self) -> None:
+        """Raise StrataError naming the file when it is shorter now than when it was opened.
+
+        Touching a mapped page past the end of a truncated file kills the process (SIGBUS), so
+        code that reads through the map in the decode loop calls this first (one fstat)."""
+        if self._data is None:
+            raise StrataError(f"{self.path}: the model file is closed")
+        size = self._data._mmap.size()  # fstat of the mapped file itself, even if the path was replaced
+        if size < self.file_size:
+            raise StrataError(f"{self.path}: the file is now {size} bytes, it had {self.file_size} when opened "
+                              "(truncated while in use?)")
+
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of tensor `name` as a uint8 view of the memory map."""
         t = self.tensors[name]
@@ -166,8 +179,14 @@ class ModelFile:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop this object's hold on the file; views already handed out keep the mapping alive."""
+        """Drop this object's hold on the file; unmap it (closing its descriptor) when no view
+        handed out still uses the mapping, else those views keep it alive until they are freed."""
+        mm = getattr(self._data, "_mmap", None)
         self._data = None
+        # numpy holds no buffer export on the mapping, so closing it under a live view would leave
+        # that view dangling: every view derives from a memmap holding `_mmap`, so count references.
+        if mm is not None and sys.getrefcount(mm) == 2:  # `mm` here and getrefcount's argument
+            mm.close()
 
     def __enter__(self) -> ModelFile:
         return self

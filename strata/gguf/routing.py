@@ -65,6 +65,9 @@ def load_routing_npz(path: str | Path, n_layers: int, n_experts: int) -> tuple[n
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise StrataFormatError(f"{path}: not a routing statistics file (arrays 'counts' [L, E] and "
                                 f"'tokens'): {exc}") from None
+    if counts.dtype.kind not in "iuf" or not np.isfinite(counts).all():
+        raise StrataFormatError(f"{path}: routing statistics: expected finite numeric counts, found "
+                                f"{'NaN or infinite counts' if counts.dtype.kind == 'f' else counts.dtype}")
     if counts.shape != (n_layers, n_experts) or (counts < 0).any() or tokens <= 0:
         raise StrataFormatError(f"{path}: routing statistics for another model: expected counts "
                                 f"[{n_layers}, {n_experts}] >= 0 over a positive token count, found "

@@ -6,6 +6,8 @@ dequantizes them with the native runtime into buffers allocated once at start (p
 device is CUDA, then copied to device buffers). Packed form (`packed=True`, the CPU's packed
 compute): `acquire_packed` hands out the file's own expert tensors, so the native MoE kernels read
 the mapped bytes in place (as llama.cpp does with a mapped file). Nothing is allocated per call.
+Both forms check that the file still has its size before each layer's experts are touched (a
+page of a truncated file kills the process with SIGBUS), which costs one fstat per layer.
 Must not: cache, place or prefetch (that is the tiered memory's job).
 """
 from __future__ import annotations
@@ -68,6 +70,7 @@ class DirectExpertMemory(ExpertMemory):
                                "are still held: release them first")
         if len(ids) > self.max_acquire:
             raise ValueError(f"acquire of {len(ids)} experts, at most max_acquire={self.max_acquire} at once")
+        self.model_file.check_intact()  # a truncated file would SIGBUS the reads below
         out = [self._load(layer, e, i) for i, e in enumerate(ids)]
         self._held = (layer, ids)
         return out
@@ -79,6 +82,7 @@ class DirectExpertMemory(ExpertMemory):
         if self._held is not None:
             raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
                                "are still held: release them first")
+        self.model_file.check_intact()  # the kernels read these experts in place from the map
         parts = self._parts.get(layer)
         if parts is None:
             parts = self._parts[layer] = file_parts(self.model_file, layer)

@@ -176,13 +176,24 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     compute: "float" (weights dequantized into `dtype`) or "packed" (the CPU only, float32
     activations: weight matrices stay in their file type, the native kernels multiply; routed
     experts too when `memory.packed`)."""
-    arch, hp, device = architecture(mf), mf.hparams, torch.device(device)
+    arch, device = architecture(mf), torch.device(device)
     n_threads = n_threads or native.default_threads()
     if compute not in ("float", "packed"):
         raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
     if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
         raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
     packed = PackedCompute(n_threads) if compute == "packed" else None
+    try:
+        return _build(mf, memory, arch, device, dtype, n_threads, packed)
+    except BaseException:
+        if packed is not None:  # its pool's threads would outlive the failed load
+            packed.close()
+        raise
+
+
+def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch.device, dtype: torch.dtype,
+           n_threads: int, packed: PackedCompute | None) -> Transformer:
+    hp = mf.hparams
     w = WeightReader(mf, device, dtype, n_threads, packed)
     rope = Rope(hp, device)
     V, D = hp.vocab_size, hp.n_embd
@@ -191,10 +202,11 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
     model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
     model.compute = packed  # the pool and scratch of packed compute (None: float)
+    model.hybrid = None  # the CPU side of hybrid compute (closed with the model)
     if packed is not None:
         _use_native_glue(model)
     if getattr(memory, "hybrid", None) is not None:  # misses computed on the CPU: one shared CPU side
-        hybrid = HybridCompute(memory, mf, n_threads)
+        model.hybrid = hybrid = HybridCompute(memory, mf, n_threads)
         for block in model.blocks:
             if isinstance(block.ffn, MoE):
                 block.ffn.experts.hybrid = hybrid
@@ -204,6 +216,5 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
         if FusedDecode.eligible(block, packed):
             block.fused = FusedDecode(block, packed)
     return model
-
 
 __all__ = ["WeightReader", "architecture", "load_model"]

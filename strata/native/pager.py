@@ -208,8 +208,12 @@ class Pager:
         what = (f"{self.path}: read of bytes [{request[1]}, {request[1] + request[2]})" if request
                 else f"{self.path}: read")
         if result.os_errno == 0:
-            return (f"{what}: the file ended at byte {result.error_offset} (it had "
-                    f"{self.info.file_size} bytes at open; truncated since?)")
+            try:
+                now = f"is now {os.stat(self.path).st_size} bytes"
+            except OSError as e:
+                now = f"cannot be examined ({e.strerror})"
+            return (f"{what}: the file ended early: it {now}, it had {self.info.file_size} bytes at open "
+                    f"(truncated since?)")
         err = result.os_errno
         return (f"{what} failed at byte {result.error_offset}: {os.strerror(err)} "
                 f"(errno {err}, {errno.errorcode.get(err, '?')})")

@@ -25,9 +25,30 @@ def big_ckpt(tmp_path_factory) -> Path:
     return folder
 
 
-def _start(ckpt: Path, out: Path, **popen) -> subprocess.Popen:
+#: `python -m strata.convert` whose writer stalls once 2 MB of tensor data are encoded, so the signal
+#: of a test always arrives mid-write however busy the machine (else a fast converter can finish
+#: first and exit 0). Only the encoder is wrapped; the writer and its clean-up are the real ones.
+STALLED_CONVERT = """
+import sys, time
+import converters.writer as writer
+from strata.convert import main
+encode, done = writer.encode, [0]
+def stalled(*args, **kwargs):
+    if done[0] >= 2 << 20:
+        while True:
+            time.sleep(0.05)  # the test's signal lands here
+    data = encode(*args, **kwargs)
+    done[0] += data.nbytes
+    return data
+writer.encode = stalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _start(ckpt: Path, out: Path, stall: bool = True, **popen) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-m", "strata.convert", str(ckpt), "-o", str(out), "--threads", "1",
+    entry = ["-c", STALLED_CONVERT] if stall else ["-m", "strata.convert"]
+    return subprocess.Popen([sys.executable, *entry, str(ckpt), "-o", str(out), "--threads", "1",
                              "--no-progress"], env=env, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -75,7 +96,7 @@ def test_full_disk_removes_partial_output(big_ckpt, tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, 8 << 20))
 
     out = tmp_path / "model.gguf"
-    proc = _start(big_ckpt, out, preexec_fn=limit)
+    proc = _start(big_ckpt, out, stall=False, preexec_fn=limit)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     last = err.strip().splitlines()[-1]  # (gguf-py warns first that this tokenizer has no merges)

@@ -58,3 +58,27 @@ def test_seeded_draws_repeat_and_follow_the_distribution():
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_are_an_error_not_a_crash(temperature, bad):
+    from strata.errors import StrataError
+
+    logits = LOGITS.clone()
+    logits[2] = bad
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=1))
+    if temperature == 0.0 and bad == float("inf"):
+        assert sampler(logits, []) == 2  # greedy: an infinite logit is still the largest
+        return
+    with pytest.raises(StrataError, match="logits"):
+        sampler(logits, [])
+
+
+@pytest.mark.parametrize("name, bad", [("temperature", float("nan")), ("top_p", float("nan")), ("seed", 2**70),
+                                       ("seed", -1), ("top_k", 1.5), ("min_p", float("inf"))])
+def test_bad_parameters_name_the_argument(name, bad):
+    from strata.errors import StrataArgumentError
+
+    with pytest.raises(StrataArgumentError, match=f"^{name}: expected .* found"):
+        SamplingParams(**{name: bad})
