@@ -235,8 +235,9 @@ def _add_tiered_parser(sub) -> None:
 def _run_model(args: argparse.Namespace) -> int:
     from strata.bench.model import bench_model
 
-    from .common import load_kwargs
+    from .common import check_model_args, load_kwargs
 
+    check_model_args(args)
     batches = _int_list(args.batch, "--batch")
     result = bench_model(args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
                          **load_kwargs(args))
