@@ -9,6 +9,7 @@ Must not name an architecture: what differs between them is data in `strata.arch
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from pathlib import Path
@@ -38,7 +39,8 @@ def converter_for(ckpt: Checkpoint) -> Converter:
     for name in names:
         arch = archs.for_hf(name)
         if arch is not None:
-            return Converter(ckpt, arch)
+            cls = importlib.import_module(f"converters.{arch.converter}").CONVERTER if arch.converter else Converter
+            return cls(ckpt, arch)
     known = ", ".join(archs.hf_names())
     raise ConversionError(f"{ckpt.folder / 'config.json'}: unsupported architecture "
                           f"{names[0] if names else '(none given)'}; supported: {known}")

@@ -45,6 +45,7 @@ class Arch:
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
     same_kv_heads: bool = False  # llama.cpp's graph needs num_key_value_heads == num_attention_heads
     refused_config: tuple[str, ...] = ()  # config.json keys that must be absent or null (unsupported features)
+    converter: str | None = None  # module of `converters` whose CONVERTER subclass converts it (None: the generic one)
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:

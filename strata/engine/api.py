@@ -25,7 +25,7 @@ from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import resident_bytes
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
-from strata.models import Batch, Transformer, architecture, load_model
+from strata.models import Batch, Transformer, architecture, cache_dims, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
@@ -396,7 +396,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
     if not 1 < ctx:
         raise StrataError(f"n_ctx must be at least 2, found {ctx}")
-    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
+    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute)
     factory = _memory_factory(memory, mf, compute, kv_bytes, dict(device_mem=device_mem, host_mem=host_mem,
                                                                    prefetch_depth=prefetch_depth, slot_form=slot_form,
                                                                    hybrid=hybrid),
@@ -408,7 +408,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         if mem is not None:
             mem.close()
         raise
-    cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute, device=dev)
+    cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev)
     return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
 
 

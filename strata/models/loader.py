@@ -27,6 +27,7 @@ from strata.memory.direct import file_parts
 from .attention import Attention, AttentionWeights
 from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
+from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .step import FusedDecode
 from .moe import Lookahead, MoE, RoutedExperts, Router
@@ -90,7 +91,33 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention:
+def cache_dims(hp: HParams) -> tuple[int, int, int]:
+    """(heads, key width, value width) per position of a layer's KV cache. Latent attention
+    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values."""
+    if hp.kv_lora_rank:
+        return 1, hp.kv_lora_rank + hp.rope_dim, 0
+    return hp.n_head_kv, hp.head_dim, hp.head_dim_v
+
+
+def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttention:
+    D, H, L, R = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim
+    key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
+    N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
+    Q = hp.q_lora_rank
+    weights = MLAWeights(
+        wq=None if Q else w.matrix(MT.ATTN_Q, i, (H * key_dim, D)),
+        wq_a=w.matrix(MT.ATTN_Q_A, i, (Q, D)) if Q else None,
+        q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
+        wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
+        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
+        k_b=w.get(MT.ATTN_K_B, i, (H, L, N)), v_b=w.get(MT.ATTN_V_B, i, (H, V, L)),
+        wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
+    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i)
+
+
+def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
+    if arch.mla:
+        return _mla_attention(w, hp, i, rope)
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
@@ -111,8 +138,11 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
     D = hp.n_embd
-    router = Router(w.get(MT.FFN_GATE_INP, i, (hp.n_experts, D)), hp.n_experts_used, hp.expert_gating_func,
-                    hp.expert_weights_norm, hp.expert_weights_scale)
+    E = hp.n_experts
+    router = Router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
+                    hp.expert_weights_norm, hp.expert_weights_scale, bias=w.opt(MT.FFN_GATE_INP, i, (E,), "bias"),
+                    selection_bias=w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias"),
+                    n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used)
     shared = None
     if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
         Is = hp.n_ff_shexp
@@ -146,7 +176,8 @@ def _use_native_glue(model: Transformer) -> None:
     """Packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
     run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)."""
     for b in model.blocks:
-        parts = [b.attention, b.attention_norm, b.ffn_norm, b.attention.w.q_norm, b.attention.w.k_norm]
+        w = b.attention.w
+        parts = [b.attention, b.attention_norm, b.ffn_norm, getattr(w, "q_norm", None), getattr(w, "k_norm", None)]
         parts += [b.ffn.router] if isinstance(b.ffn, MoE) else []
         for module in parts:
             if module is not None:
@@ -206,4 +237,4 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     return model
 
 
-__all__ = ["WeightReader", "architecture", "load_model"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "load_model"]

@@ -29,12 +29,30 @@ from .packed import PackedCompute
 
 
 class Router(nn.Module):
-    def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float):
+    """Top-k experts per token and their weights. Optional parts (DeepSeek-V3, gpt-oss):
+    `bias` [E] added to the logits; `selection_bias` [E] added to the probabilities for choosing
+    only (the weights stay the unbiased probabilities); expert groups, where only the
+    `n_groups_used` groups with the largest sum of their top-2 (biased) probabilities compete;
+    gating "softmax_weight": top-k of the logits, softmax over the chosen k."""
+
+    def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float,
+                 bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
+                 n_groups: int = 0, n_groups_used: int = 0):
         super().__init__()
-        if gating not in ("softmax", "sigmoid"):
-            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+        if gating not in ("softmax", "sigmoid", "softmax_weight"):
+            raise ValueError(f"expert gating function {gating!r} is not supported "
+                             "(expected softmax, sigmoid or softmax_weight)")
         self.weight, self.k, self.gating, self.norm, self.scale = weight, n_experts_used, gating, norm, scale  # [E, D]
+        self.bias, self.selection_bias = bias, selection_bias  # [E], [E]
+        self.n_groups, self.n_groups_used = (n_groups, n_groups_used) if 1 < n_groups and n_groups_used < n_groups \
+            else (0, 0)
         self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
+
+    @property
+    def plain(self) -> bool:
+        """Whether the native routing call computes this router (softmax or sigmoid, no biases, no groups)."""
+        return self.gating != "softmax_weight" and self.bias is None and self.selection_bias is None \
+            and not self.n_groups
 
     def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, E = x.shape[0], self.weight.shape[0]
@@ -45,16 +63,34 @@ class Router(nn.Module):
         return weights, expert_ids
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.native:
+        if self.native and self.plain:
             return self.forward_native(x)
         logits = F.linear(x, self.weight).float()  # [T, E]
-        probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
-        weights, expert_ids = probs.topk(self.k, dim=-1)  # [T, K], [T, K]
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.gating == "softmax_weight":
+            top, expert_ids = logits.topk(self.k, dim=-1)  # [T, K]
+            weights = top.softmax(dim=-1)
+        else:
+            probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
+            choice = probs if self.selection_bias is None else probs + self.selection_bias
+            if self.n_groups:
+                choice = self._mask_groups(choice)
+            expert_ids = choice.topk(self.k, dim=-1)[1]  # [T, K]
+            weights = probs.gather(1, expert_ids)  # [T, K]
         if self.norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.scale != 1.0:
             weights = weights * self.scale
         return weights.to(x.dtype), expert_ids
+
+    def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        T, E = choice.shape
+        groups = choice.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
+        group_scores = groups.topk(min(2, E // self.n_groups), dim=-1)[0].sum(dim=-1)  # [T, G]
+        keep = group_scores.topk(self.n_groups_used, dim=-1)[1]  # [T, Gu]
+        mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)  # [T, G]: groups dropped
+        return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
 
 
 class RoutedExperts(nn.Module):
@@ -69,6 +105,7 @@ class RoutedExperts(nn.Module):
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
+        self.plain = True  # plain SwiGLU experts without biases (what the native MoE call computes)
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
 
@@ -194,6 +231,12 @@ class MoE(nn.Module):
     def __init__(self, router: Router, experts: RoutedExperts, shared: SharedExpert | None):
         super().__init__()
         self.router, self.experts, self.shared = router, experts, shared
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused decode step's routing and expert calls compute this layer (plain SwiGLU
+        experts behind a plain router)."""
+        return self.router.plain and self.experts.plain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]
