@@ -27,6 +27,7 @@ from strata.memory.direct import file_parts
 from .attention import Attention, AttentionWeights
 from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
+from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .step import FusedDecode
@@ -133,7 +134,13 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
     qkv = [weights.wq, weights.wk, weights.wv]
     if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
         weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
-    return Attention(weights, H, Hkv, hd, rope, i)
+    if arch.attn_out_bias:
+        weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
+    if arch.attn_sinks:
+        weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    period = arch.swa_period
+    window = hp.sliding_window if period and i % period < period - 1 else 0
+    return Attention(weights, H, Hkv, hd, rope, i, window)
 
 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
@@ -153,7 +160,12 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
-    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts), shared)
+    experts = RoutedExperts(memory, i, w.compute, hp.n_experts)
+    if arch.expert_bias or arch.swiglu_clamp:
+        I, (alpha, limit) = hp.n_ff_exp, arch.swiglu_clamp or (1.0, float("inf"))
+        experts.expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
+                                          w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
+    return MoE(router, experts, shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -168,8 +180,9 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory:
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
     ffn = _moe(w, arch, hp, i, memory) if has_experts else _dense(w, hp, i)
+    ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
     return Block(RMSNorm(w.get(MT.ATTN_NORM, i, (D,)), hp.norm_eps), _attention(w, arch, hp, i, rope),
-                 RMSNorm(w.get(MT.FFN_NORM, i, (D,)), hp.norm_eps), ffn)
+                 RMSNorm(w.get(ffn_norm, i, (D,)), hp.norm_eps), ffn)
 
 
 def _use_native_glue(model: Transformer) -> None:
@@ -227,7 +240,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     if getattr(memory, "hybrid", None) is not None:  # misses computed on the CPU: one shared CPU side
         hybrid = HybridCompute(memory, mf, n_threads)
         for block in model.blocks:
-            if isinstance(block.ffn, MoE):
+            if isinstance(block.ffn, MoE) and block.ffn.experts.plain:  # others: through the memory
                 block.ffn.experts.hybrid = hybrid
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)

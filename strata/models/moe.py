@@ -105,9 +105,13 @@ class RoutedExperts(nn.Module):
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
-        self.plain = True  # plain SwiGLU experts without biases (what the native MoE call computes)
+        self.expert_fn = None  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU, what the native MoE call computes
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
+
+    @property
+    def plain(self) -> bool:
+        return self.expert_fn is None
 
     @property
     def seconds(self) -> float:
@@ -122,6 +126,8 @@ class RoutedExperts(nn.Module):
         self.memory.observe(self.layer, expert_ids)
         if self.hybrid is not None:
             out = self.hybrid(self.memory, self.layer, x, weights, expert_ids)
+        elif self.compute is not None and self.expert_fn is not None:
+            out = self._packed_each(x, weights, expert_ids)
         elif self.compute is not None:
             out = self._packed(x, weights, expert_ids)
         else:
@@ -140,8 +146,30 @@ class RoutedExperts(nn.Module):
         for i in range(0, len(used), self.memory.max_acquire):
             chunk = used[i:i + self.memory.max_acquire]
             spans = [(bounds[e], bounds[e + 1]) for e in chunk]
-            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out)
+            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out, self.expert_fn)
         return out
+
+    def _packed_each(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Packed experts whose function the fused native call does not compute: each held expert's
+        products from its packed bytes, its function in torch (same grouping as `_float`)."""
+        from .expert_act import packed_expert
+        K, flat = expert_ids.shape[1], expert_ids.flatten()  # [T*K]
+        order = flat.argsort(stable=True)
+        bounds = [0, *accumulate(torch.bincount(flat).tolist())]
+        used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
+        out, w_flat, x = torch.zeros(x.shape, dtype=torch.float32), weights.flatten().float(), x.float()
+        for i in range(0, len(used), self.memory.max_acquire):
+            chunk = used[i:i + self.memory.max_acquire]
+            held = self.memory.acquire_packed(self.layer, chunk)
+            try:
+                for e, index in zip(chunk, held.index):
+                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
+                    tokens = picks // K
+                    y = self.expert_fn(x[tokens].contiguous(), *packed_expert(held.parts, index, self.compute), e)
+                    out.index_add_(0, tokens, y * w_flat[picks, None])
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
+        return out.to(weights.dtype)
 
     def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape, dtype=torch.float32)  # [T, D]
@@ -196,16 +224,18 @@ class RoutedExperts(nn.Module):
 
 
 def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans: list[tuple[int, int]],
-                  order: torch.Tensor, K: int, x: torch.Tensor, w_flat: torch.Tensor, out: torch.Tensor) -> None:
-    """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM over its
-    assignments order[lo:hi] (indices into the T*K routing; token = index // K), add the results
-    weighted by w_flat [T*K] into out [T, D], release."""
+                  order: torch.Tensor, K: int, x: torch.Tensor, w_flat: torch.Tensor, out: torch.Tensor,
+                  expert_fn=None) -> None:
+    """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM (or
+    `expert_fn(x, gate, up, down, e)`) over its assignments order[lo:hi] (indices into the T*K
+    routing; token = index // K), add the results weighted by w_flat [T*K] into out [T, D], release."""
     acquired = memory.acquire(layer, expert_ids)
     try:
-        for (lo, hi), w in zip(spans, acquired):
+        for (lo, hi), w, e in zip(spans, acquired, expert_ids):
             picks = order[lo:hi]  # [Te] indices into T*K
             tokens = picks // K  # [Te]
-            y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+            y = swiglu(x[tokens], w.gate, w.up, w.down) if expert_fn is None else \
+                expert_fn(x[tokens], w.gate, w.up, w.down, e)  # [Te, D]
             out.index_add_(0, tokens, y * w_flat[picks, None])
     finally:  # an interrupted step must not leave the experts held
         memory.release(layer, expert_ids)

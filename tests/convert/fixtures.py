@@ -75,12 +75,24 @@ MORE_SPECS = {
                            qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", num_mtp_layers=0,
                            rope_interleave=True),
                       "qwen2", torch.float32, True),
+    # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
+    # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
+    "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=256, num_key_value_heads=2, head_dim=64,
+                        num_local_experts=4, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=131072,
+                        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": True, "original_max_position_embeddings": 4096,
+                                         "rope_theta": 150000.0}),
+                   "qwen2", torch.bfloat16, True),
 }
 
 
 def _randomize_extras(model: torch.nn.Module) -> None:
     """Give parameters transformers initialises to constants real values: the DeepSeek-V3 router's
-    selection bias (zeros) so it changes which experts win."""
+    selection bias (zeros) so it changes which experts win, gpt-oss's sinks and biases."""
+    for name, p in model.named_parameters():
+        if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
+            p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
     for m in model.modules():
         if hasattr(m, "e_score_correction_bias"):
             m.e_score_correction_bias.normal_(0.0, 0.1)
