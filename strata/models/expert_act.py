@@ -10,6 +10,8 @@ Must not: reach expert bytes other than those the memory handed out.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -37,7 +39,9 @@ def packed_expert(parts, index: int, compute: PackedCompute) -> tuple[PackedMatr
     for part in (parts.gate, parts.up, parts.down):
         data = part.matrix(index)
         data = data.numpy() if isinstance(data, torch.Tensor) else np.asarray(data)
-        out.append(PackedMatrix(data.view(np.uint8).reshape(-1), part.type, (part.n_rows, part.row_len), compute))
+        with warnings.catch_warnings():  # a read-only file mapping: torch warns, PackedMatrix only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            out.append(PackedMatrix(data.view(np.uint8).reshape(-1), part.type, (part.n_rows, part.row_len), compute))
     return out[0], out[1], out[2]
 
 

@@ -73,3 +73,18 @@ def test_llama_cpp_converted_files_in_strata(new, record_property):
     q8 = new.llama_cpp_gguf("q8_0")
     ids = new.prompt_ids(96)
     assert _top1(strata.load(q8, threads=1, n_ctx=N_CTX, max_batch=1).logits(ids), new.hf_logits(ids)) >= 0.95
+
+
+def test_gpt_oss_mxfp4_experts_in_llama_cpp(tmp_path):
+    """llama.cpp reads Strata's MXFP4 experts as its own (its gpt-oss releases are MXFP4): the same
+    tokens as Strata's packed compute on the file."""
+    from converters import TypePolicy, convert
+    tiny = zoo().get("gptoss")
+    path = tmp_path / "gptoss-mxfp4.gguf"
+    convert(tiny.hf_dir, path, TypePolicy.from_args(experts="mxfp4"), n_threads=2)
+    ids = tiny.prompt_ids(96)
+    llama = LlamaCpp(path)
+    got = llama.logits(ids)
+    llama.close()
+    with strata.load(path, threads=1, n_ctx=N_CTX, max_batch=1, compute="packed") as ours:
+        assert _top1(got, ours.logits(ids)) >= 0.95

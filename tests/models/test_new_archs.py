@@ -14,7 +14,7 @@ from tests.fixtures.tiny import GGUF_ARCH, zoo
 
 from .helpers import REL_TOL, Bare, rel_err
 
-NEW_KEYS = ("deepseek3",)
+NEW_KEYS = ("deepseek3", "gptoss")
 N_PREFILL, N_DECODE = 20, 16
 
 
@@ -72,6 +72,8 @@ def test_expert_memory_and_packed_compute(new):
     with load(new.gguf("f32"), "float") as ref, load(new.gguf("f32"), "packed") as packed:
         a, b = ref.logits(ids), packed.logits(ids)
         assert rel_err(b, a) < 1e-5
+        # MLA, sinks, windows, biased routers and experts: FusedDecode.eligible refuses them
+        assert all(block.fused is None for block in packed.transformer.blocks)
     path = new.gguf(None)
     with load(path, "float") as ref, load(path, "packed") as direct, load(path, "packed", "tiered") as tiered:
         assert tiered.memory.packed
@@ -127,3 +129,50 @@ def test_deepseek2_inspect_shows_its_hyperparameters():
     assert (hp["n_dense_lead"], hp["n_expert_groups"], hp["n_expert_groups_used"]) == (1, 4, 2)
     assert hp["expert_gating_func"] == "sigmoid" and hp["expert_weights_scale"] == 2.5 and hp["expert_weights_norm"]
     assert hp["n_shared_experts"] == 1 and hp["rope_dim"] == 32
+
+
+# -- gpt-oss only ----------------------------------------------------------------------------
+
+
+def test_gpt_oss_windows_sinks_and_expert_function_are_where_transformers_has_them():
+    tiny = zoo().get("gptoss")
+    bare = Bare(tiny.gguf("f32"))
+    cfg = tiny.model.config
+    windows = [b.attention.window for b in bare.model.blocks]
+    assert windows == [cfg.sliding_window if t == "sliding_attention" else 0 for t in cfg.layer_types] == [8, 0, 8, 0]
+    for block, layer in zip(bare.model.blocks, tiny.model.model.layers):
+        assert torch.equal(block.attention.w.sinks, layer.self_attn.sinks.detach())
+        fn = block.ffn.experts.expert_fn
+        assert (fn.alpha, fn.limit) == (cfg.swiglu_alpha, cfg.swiglu_limit)
+        assert torch.equal(fn.b_gate, layer.mlp.experts.gate_up_proj_bias.detach()[:, ::2])
+
+
+def test_gpt_oss_mxfp4_experts_through_the_native_kernels(tmp_path):
+    """Experts written as MXFP4 (`--experts mxfp4`) stay MXFP4 in the file; packed compute
+    multiplies them from their blocks (direct and tiered memory alike) and picks the tokens the
+    float path on the same file picks."""
+    from converters import TypePolicy, convert
+    tiny = zoo().get("gptoss")
+    path = tmp_path / "gptoss-mxfp4.gguf"
+    convert(tiny.hf_dir, path, TypePolicy.from_args(experts="mxfp4"), n_threads=2)
+    with strata.gguf.open_model(path) as mf:
+        assert {mf.tensors[f"blk.0.ffn_{p}_exps.weight"].ggml_type.name for p in ("gate", "up", "down")} == {"MXFP4"}
+
+    def load(compute, memory="direct"):
+        return strata.load(path, threads=1, n_ctx=128, max_batch=1, compute=compute, memory=memory)
+
+    ids = tiny.prompt_ids(48)
+    with load("float") as ref, load("packed") as direct, load("packed", "tiered") as tiered:
+        a, b = ref.logits(ids), direct.logits(ids)
+        assert torch.equal(b, tiered.logits(ids))
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+        assert rel_err(b, a) < 0.02  # activations rounded to 8 bits in the packed products
+
+
+def test_gpt_oss_inspect_shows_its_hyperparameters():
+    tiny = zoo().get("gptoss")
+    with strata.gguf.open_model(tiny.gguf(None)) as mf:
+        hp = mf.summary()["hparams"]
+    assert hp["sliding_window"] == 8 and hp["expert_gating_func"] == "softmax_weight"
+    assert hp["rope_scaling"]["type"] == "yarn" and hp["rope_scaling"]["factor"] == 32.0
+    assert (hp["head_dim"], hp["n_head_kv"], hp["n_ff_exp"]) == (64, 2, 256)
