@@ -66,14 +66,18 @@ SPECS = {
 #: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
 #: every test parameterised over SPECS.
 MORE_SPECS = {
-    # 3 layers: 1 dense + 2 MoE; query LoRA; 8 experts in 4 groups (2 used), nope != v head dims.
+    # 3 layers: 1 dense + 2 MoE; query LoRA; 8 experts in 4 groups (2 used), nope != v head dims;
+    # YaRN (factor 4 over 128 positions) with DeepSeek's mscale in the attention scale.
     "deepseek3": Spec("deepseek3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
                       dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
                            num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
                            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
                            norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
                            qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", num_mtp_layers=0,
-                           rope_interleave=True),
+                           rope_interleave=True, max_position_embeddings=512,
+                           rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                            "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
+                                            "beta_slow": 1.0, "rope_theta": 10000.0}),
                       "qwen2", torch.float32, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).

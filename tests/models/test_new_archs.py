@@ -129,6 +129,17 @@ def test_deepseek2_inspect_shows_its_hyperparameters():
     assert (hp["n_dense_lead"], hp["n_expert_groups"], hp["n_expert_groups_used"]) == (1, 4, 2)
     assert hp["expert_gating_func"] == "sigmoid" and hp["expert_weights_scale"] == 2.5 and hp["expert_weights_norm"]
     assert hp["n_shared_experts"] == 1 and hp["rope_dim"] == 32
+    yarn = hp["rope_scaling"]  # mscale_all_dim 1.0, written as llama.cpp's converter does (x 0.1)
+    assert yarn["type"] == "yarn" and yarn["factor"] == 4.0 and abs(yarn["yarn_log_multiplier"] - 0.1) < 1e-6
+
+
+def test_deepseek2_yarn_scales_attention_as_transformers_does():
+    from strata.models.mla import mla_scale
+    tiny = zoo().get("deepseek3")
+    with strata.gguf.open_model(tiny.gguf("f32")) as mf:
+        hp = mf.hparams
+    attn = tiny.model.model.layers[0].self_attn
+    assert abs(mla_scale(hp.head_dim_mla, hp) - attn.scaling) < 1e-6 and attn.scaling > hp.head_dim_mla ** -0.5
 
 
 # -- gpt-oss only ----------------------------------------------------------------------------
