@@ -3,7 +3,10 @@
 Which architectures convert, and how they differ, is data in the registry (`strata.arch`: a
 record per architecture, found by config.json's `architectures`); the machinery is shared
 (`source`: checkpoint reading; `experts`: HF expert layouts; `base`: planning and checks;
-`types`: ggml types; `tokenizer`; `writer`: streaming output). `convert()` is the whole pipeline.
+`types`: ggml types; `tokenizer`; `writer`: streaming output). An architecture whose tensors
+differ in form, not only in name (`deepseek2`'s split kv_b, `gpt_oss`'s transposed experts),
+has a `Converter` subclass in a module named by its record's `converter`. `convert()` is the
+whole pipeline.
 
 Must not name an architecture: what differs between them is data in `strata.arch`.
 """

@@ -121,13 +121,16 @@ class DeepSeek2Converter(Converter):
         return range(self.n_dense, self.hp.n_layers)
 
     def _split_sources(self):
-        layers = self.hp.n_layers
-        mtp = [n for n in self.ckpt.tensors if _layer(n) is not None and _layer(n) >= layers]
-        if mtp:
-            log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(mtp), layers)
-            tensors = self.ckpt.tensors
-            self.ckpt.tensors = {n: t for n, t in tensors.items() if n not in set(mtp)}
-        return super()._split_sources()
+        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
+        layers, every = self.hp.n_layers, self.ckpt.tensors
+        keep = {n: t for n, t in every.items() if (_layer(n) or 0) < layers}
+        if len(keep) < len(every):
+            log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep), layers)
+        self.ckpt.tensors = keep
+        try:
+            return super()._split_sources()
+        finally:
+            self.ckpt.tensors = every
 
     def _map_resident(self, name: str, src: SourceTensor):
         if name.endswith("e_score_correction_bias"):  # gguf-py's table knows it as `e_score_correction.bias`

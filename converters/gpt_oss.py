@@ -17,6 +17,8 @@ Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
 
+import logging
+
 import gguf
 import numpy as np
 from gguf import MODEL_TENSOR as MT
@@ -27,6 +29,8 @@ from converters.experts import ExpertSource
 from converters.source import ConversionError, SourceTensor
 from converters.types import TypePolicy
 from strata.arch import weight_name
+
+log = logging.getLogger("strata.convert")
 
 _PARTS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
 
@@ -65,6 +69,9 @@ class GptOssConverter(Converter):
         if types is not None and list(types) != want:
             raise ConversionError(f"{self.config_path}: layer_types {types} do not alternate sliding/full from "
                                   "layer 0 as GGUF gpt-oss assumes")
+        if self.rope_parameters().get("truncate") is False:
+            log.warning("%s: YaRN with truncate=false: GGUF has no key for it and llama.cpp (and Strata) round "
+                        "the correction dimensions; logits will differ slightly from transformers'", self.config_path)
         hp = super().read_hparams()
         hp.n_ff_exp = int(self.get("intermediate_size"))
         return hp

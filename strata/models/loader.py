@@ -111,8 +111,12 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
         q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
         wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
         wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
-        k_b=w.get(MT.ATTN_K_B, i, (H, L, N)), v_b=w.get(MT.ATTN_V_B, i, (H, V, L)),
-        wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
+        k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
+    if w.has(MT.ATTN_K_B, i) or not w.has(MT.ATTN_KV_B, i):
+        weights.k_b, weights.v_b = w.get(MT.ATTN_K_B, i, (H, L, N)), w.get(MT.ATTN_V_B, i, (H, V, L))
+    else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
+        kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
+        weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
     return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i)
 
 

@@ -38,8 +38,8 @@ class MLAWeights:
     wq_b: Weight | None  # [H*(N+R), Q]
     wkv_a: Weight  # [L+R, D]
     kv_a_norm: RMSNorm  # over L
-    k_b: torch.Tensor  # [H, L, N]
-    v_b: torch.Tensor  # [H, V, L]
+    k_b: torch.Tensor | None  # [H, L, N]
+    v_b: torch.Tensor | None  # [H, V, L]
     wo: Weight  # [D, H*V]
 
 
