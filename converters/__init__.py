@@ -3,12 +3,16 @@
 Which architectures convert, and how they differ, is data in the registry (`strata.arch`: a
 record per architecture, found by config.json's `architectures`); the machinery is shared
 (`source`: checkpoint reading; `experts`: HF expert layouts; `base`: planning and checks;
-`types`: ggml types; `tokenizer`; `writer`: streaming output). `convert()` is the whole pipeline.
+`types`: ggml types; `tokenizer`; `writer`: streaming output). An architecture whose tensors
+differ in form, not only in name (`deepseek2`'s split kv_b, `gpt_oss`'s transposed experts),
+has a `Converter` subclass in a module named by its record's `converter`. `convert()` is the
+whole pipeline.
 
 Must not name an architecture: what differs between them is data in `strata.arch`.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from pathlib import Path
@@ -38,7 +42,8 @@ def converter_for(ckpt: Checkpoint) -> Converter:
     for name in names:
         arch = archs.for_hf(name)
         if arch is not None:
-            return Converter(ckpt, arch)
+            cls = importlib.import_module(f"converters.{arch.converter}").CONVERTER if arch.converter else Converter
+            return cls(ckpt, arch)
     known = ", ".join(archs.hf_names())
     raise ConversionError(f"{ckpt.folder / 'config.json'}: unsupported architecture "
                           f"{names[0] if names else '(none given)'}; supported: {known}")

@@ -100,12 +100,14 @@ class Converter:
 
     #: Rows per piece when a large resident tensor (embeddings, output head) is streamed.
     chunk_rows = 8192
+    #: The converter writes `{arch}.expert_weights_norm` from norm_topk_prob (no default to warn about).
+    writes_weights_norm = False
 
     def __init__(self, ckpt: Checkpoint, arch: Arch):
         self.ckpt, self.cfg, self.arch = ckpt, ckpt.config, arch
         self.hp = self.read_hparams()
         norm = self.cfg.get("norm_topk_prob")
-        if norm is not None and bool(norm) != arch.expert_weights_norm:
+        if norm is not None and bool(norm) != arch.expert_weights_norm and not self.writes_weights_norm:
             log.warning("config.json: norm_topk_prob=%s, but llama.cpp's %s graph %s the top-k routing weights; "
                         "llama.cpp's outputs will differ from transformers'", norm, arch.name,
                         "renormalises" if arch.expert_weights_norm else "does not renormalise")
@@ -227,8 +229,8 @@ class Converter:
             MT.FFN_DOWN_SHEXP: (hp.n_embd, hp.n_ff_shexp),
         }.get(kind)
 
-    def layer_tensors(self) -> tuple[MT, ...]:
-        """Per-layer tensors that must be present (experts are checked separately)."""
+    def layer_tensors(self, bid: int) -> tuple[MT, ...]:
+        """Per-layer tensors layer `bid` must have (experts are checked separately)."""
         a = self.arch
         return (_LAYER_TENSORS + ((MT.ATTN_Q_NORM, MT.ATTN_K_NORM) if a.qk_norm else ())
                 + (_SHARED_TENSORS if a.shared_expert else ())
@@ -249,8 +251,9 @@ class Converter:
     def plan(self, policy: TypePolicy) -> list[PlannedTensor]:
         """Every GGUF tensor of the output, checked against the config, in file order."""
         resident, experts = self._split_sources()
-        planned = [self._plan_resident(kind, name, bid, src, policy) for name, (kind, bid, src) in resident.items()]
-        for bid in range(self.hp.n_layers):
+        planned = [p for name, (kind, bid, src) in resident.items()
+                   for p in self.plan_resident(kind, name, bid, src, policy)]
+        for bid in self.expert_layers():
             planned += self._plan_experts(bid, experts.get(bid), policy)
         self._check_complete({p.name for p in planned})
         order = {kind: i for i, kind in enumerate(gguf.MODEL_TENSORS[self.arch.tensors])}
@@ -297,6 +300,15 @@ class Converter:
             what = "bias" if is_bias else "weight"
             raise ConversionError(f"{src.path}: tensor {src.name}: {what} shape {tuple(found)}, expected {tuple(want)} "
                                   f"from config.json")
+
+    def expert_layers(self) -> range:
+        """Layers with routed experts (all of them here; an architecture with dense layers narrows it)."""
+        return range(self.hp.n_layers)
+
+    def plan_resident(self, kind: MT, gname: str, bid: int | None, src: SourceTensor,
+                      policy: TypePolicy) -> list[PlannedTensor]:
+        """The GGUF tensors one resident source tensor becomes (one here; an architecture may split it)."""
+        return [self._plan_resident(kind, gname, bid, src, policy)]
 
     def _plan_resident(self, kind: MT, gname: str, bid: int | None, src: SourceTensor,
                        policy: TypePolicy) -> PlannedTensor:
@@ -371,7 +383,7 @@ class Converter:
     def _check_complete(self, names: set[str]) -> None:
         wanted = [weight_name(k) for k in self.required()]
         for bid in range(self.hp.n_layers):
-            wanted += [weight_name(k, bid) for k in self.layer_tensors()]
+            wanted += [weight_name(k, bid) for k in self.layer_tensors(bid)]
         missing = [w for w in wanted if w not in names]
         if missing:
             raise ConversionError(f"{self.ckpt.folder}: missing tensors for {', '.join(missing[:5])}"

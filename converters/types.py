@@ -18,7 +18,7 @@ from strata.quant import GGMLType, block_size, ggml_type
 log = logging.getLogger("strata.convert")
 
 #: Types a user may ask for, by command-line name.
-CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
+CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "mxfp4")
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
 #: Kept in float32 whatever was asked: routers and the shared-expert gate (tiny, and their
@@ -28,13 +28,15 @@ _EXPERT_KINDS = frozenset({MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP})
 _SHARED_KINDS = frozenset({MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP})
 
 #: What a type falls back to when a tensor's rows are not a whole number of its blocks.
-_FALLBACK = {GGMLType.Q4_K: GGMLType.Q8_0, GGMLType.Q6_K: GGMLType.Q8_0, GGMLType.Q8_0: GGMLType.F16}
+_FALLBACK = {GGMLType.Q4_K: GGMLType.Q8_0, GGMLType.Q6_K: GGMLType.Q8_0, GGMLType.Q8_0: GGMLType.F16,
+             GGMLType.MXFP4: GGMLType.Q8_0}
 
 #: general.file_type for a file whose experts (its bulk) are of a type, as llama.cpp labels it.
 _FILE_TYPE = {
     GGMLType.F32: gguf.LlamaFileType.ALL_F32, GGMLType.F16: gguf.LlamaFileType.MOSTLY_F16,
     GGMLType.BF16: gguf.LlamaFileType.MOSTLY_BF16, GGMLType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
     GGMLType.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M, GGMLType.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K,
+    GGMLType.MXFP4: gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 
 
@@ -76,6 +78,6 @@ def encode(values: np.ndarray, t: GGMLType, n_threads: int) -> np.ndarray:
         return values
     if t == GGMLType.F16:
         return values.astype(np.float16)
-    if t == GGMLType.BF16:
-        return gguf.quants.quantize(values, GGMLType.BF16)
+    if t in (GGMLType.BF16, GGMLType.MXFP4):  # no native quantizer for these: gguf-py's (numpy)
+        return gguf.quants.quantize(values.reshape(-1, values.shape[-1]), t)
     return native.quantize(t, values.reshape(-1, values.shape[-1]), n_threads=n_threads)

@@ -1,8 +1,12 @@
-"""DeepSeek-V2/V3 as GGUF `deepseek2`, hyperparameters only (Strata does not build it yet).
+"""DeepSeek-V3 (`DeepseekV3ForCausalLM`) as GGUF `deepseek2`, the form llama.cpp's converter writes.
 
-Multi-head latent attention (kv_lora_rank required), leading dense layers (required count),
-shared experts without a gate. llama.cpp's rope type for it is NORM: its converter keeps the
-checkpoint's interleaved rotary layout. V3's sigmoid routing comes from expert_gating_func.
+Multi-head latent attention (kv_lora_rank required; query LoRA optional) stored for the latent
+decode form: `kv_b` split into per-head `attn_k_b` [H, kv_lora, nope] and `attn_v_b`
+[H, v, kv_lora], key_length = kv_lora + rope, value_length = kv_lora, one KV "head"; leading
+dense layers (required count); shared experts without a gate; sigmoid router with a selection
+bias (`exp_probs_b`), group-limited top-k, renormalised weights times the routed scaling factor.
+llama.cpp's rope type for it is NORM: the checkpoint's rotary features are interleaved pairs.
+Its converter is `converters.deepseek2`; the model maths `strata.models.mla`.
 
 A record only: must not hold model maths or read files.
 """
@@ -11,6 +15,6 @@ from gguf.constants import MODEL_ARCH
 from .registry import Arch, register
 
 DEEPSEEK2 = register(Arch(
-    name="deepseek2", tensors=MODEL_ARCH.DEEPSEEK2, runs=False,
-    rope_type="norm", dense_lead=True, mla=True, shared_expert=True,
+    name="deepseek2", tensors=MODEL_ARCH.DEEPSEEK2, hf_architectures=("DeepseekV3ForCausalLM",),
+    rope_type="norm", dense_lead=True, mla=True, shared_expert=True, converter="deepseek2",
 ))

@@ -35,16 +35,24 @@ class Arch:
     dense_lead: bool = False  # `{arch}.leading_dense_block_count` is required (leading dense FFN layers)
     mla: bool = False  # multi-head latent attention: attention.kv_lora_rank is required
     swa: bool = False  # sliding-window attention: attention.sliding_window is required
+    swa_period: int = 0  # layers i with i % swa_period < swa_period - 1 use the window (llama.cpp's swa pattern)
 
     qk_norm: str | None = None  # one of QK_NORMS
     attn_bias: bool = False  # q, k and v projections have biases
     shared_expert: bool = False  # every MoE layer has an always-on shared expert (ffn_*_shexp)
     shared_expert_gate: bool = False  # ... scaled by sigmoid(ffn_gate_inp_shexp . x)
+    attn_sinks: bool = False  # a learned per-head logit joins each softmax (attn_sinks), then is dropped
+    attn_out_bias: bool = False  # the attention output projection has a bias
+    post_attention_norm: bool = False  # the FFN's pre-norm is stored as `post_attention_norm`, not `ffn_norm`
+    expert_bias: bool = False  # routed experts' gate, up and down have biases (ffn_*_exps.bias)
+    router_bias: bool = False  # the router has a bias (ffn_gate_inp.bias)
+    swiglu_clamp: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU llama.cpp hard-codes
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
     same_kv_heads: bool = False  # llama.cpp's graph needs num_key_value_heads == num_attention_heads
     refused_config: tuple[str, ...] = ()  # config.json keys that must be absent or null (unsupported features)
+    converter: str | None = None  # module of `converters` whose CONVERTER subclass converts it (None: the generic one)
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:

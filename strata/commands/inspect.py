@@ -67,12 +67,13 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
     from strata.engine.kv_cache import KVCache
     from strata.memory.placement import plan_placement
+    from strata.models import cache_dims
 
     device = resolve_device(args.device)
     compute = resolve_compute(args.compute, device, None)
     dtype = resolve_dtype(None, device)
     hp = model.hparams
-    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype)
+    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype)
     plan, host_slots, est = plan_placement(model, device, dtype, compute, device_mem=args.device_mem,
                                            host_mem=args.host_mem, kv_bytes=kv)
     return {"device": str(device), "compute": compute, "slot_form": plan.form, "device_budget_bytes": plan.device_budget,

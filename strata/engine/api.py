@@ -25,7 +25,7 @@ from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, resident_bytes
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
-from strata.models import Batch, Transformer, architecture, load_model
+from strata.models import Batch, Transformer, architecture, cache_dims, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
@@ -386,7 +386,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, compute)
+        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute)
         _check_kv_fits(mf, dev, ctx, max_batch, kv_bytes)
         tiered = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth, slot_form=slot_form,
                       hybrid=hybrid)
@@ -394,8 +394,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
         transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
         try:
-            cache = KVCache(hp.n_layers, max_batch, ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v, dtype=compute,
-                            device=dev)
+            cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev)
         except (RuntimeError, MemoryError) as e:
             raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                               f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"

@@ -18,7 +18,7 @@ class KVCache:
                  device: str | torch.device = "cpu"):
         self.n_slots, self.n_ctx = n_slots, n_ctx
         shape_k = (n_slots, n_head_kv, n_ctx, head_dim)
-        shape_v = (n_slots, n_head_kv, n_ctx, head_dim_v or head_dim)
+        shape_v = (n_slots, n_head_kv, n_ctx, head_dim if head_dim_v is None else head_dim_v)  # 0: no values
         self.k = [torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(n_layers)]
         self._free = list(range(n_slots - 1, -1, -1))
@@ -27,7 +27,7 @@ class KVCache:
     def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                   head_dim_v: int | None = None, dtype: torch.dtype = torch.float32) -> int:
         """Bytes a cache of these dimensions takes (before it is allocated)."""
-        per_position = n_head_kv * (head_dim + (head_dim_v or head_dim))
+        per_position = n_head_kv * (head_dim + (head_dim if head_dim_v is None else head_dim_v))
         return n_layers * n_slots * n_ctx * per_position * itemsize(dtype)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

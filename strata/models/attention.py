@@ -1,6 +1,7 @@
 """Grouped-query attention over a preallocated KV cache, for a batch of sequences.
 
-H query heads share Hkv key/value heads (H % Hkv == 0). QK-norm, when the model has it, is an
+H query heads share Hkv key/value heads (H % Hkv == 0). Sliding windows and attention sinks (gpt-oss) take
+`attend_sinks`, in torch on every device. QK-norm, when the model has it, is an
 RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
 heads' features at once (OLMoE). New keys and values are written to the cache first; each
 sequence then attends causally over its cached prefix plus its new tokens.
@@ -34,27 +35,40 @@ class AttentionWeights:
     k_norm: RMSNorm | None = None  # over hd (per head) or Hkv*hd (full width)
     qk_norm_per_head: bool = True
     wqkv: Weight | None = None  # [(H + 2 Hkv)*hd, D]: wq, wk, wv stacked (one product), when set
+    bo: torch.Tensor | None = None  # [D] output projection bias (gpt-oss)
+    sinks: torch.Tensor | None = None  # [H] sink logits: one more softmax column per head, then dropped (gpt-oss)
 
 
 class Attention(nn.Module):
-    def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int):
+    def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
+                 window: int = 0):
         super().__init__()
         self.w, self.rope, self.layer = w, rope, layer
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
+        self.window = window  # > 0: a query at position i sees keys at positions > i - window only
         self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
+
+    @property
+    def fusable(self) -> bool:
+        """Plain causal attention without sinks or an output bias: what the native glue and the
+        fused decode step (strata.models.step) compute."""
+        return self.window == 0 and self.w.sinks is None and self.w.bo is None
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if self.native:
+        if self.native and self.fusable:
             return self.forward_native(x, batch, cos_sin, kv)
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv  # [S, Hkv, C, hd]
         k_cache[batch.token_slots, :, batch.positions] = k
         v_cache[batch.token_slots, :, batch.positions] = v
-        attend = self.attend_decode if batch.is_decode else self.attend_each
-        out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
-        return linear(out, self.w.wo)  # [T, D]
+        if not self.fusable:
+            out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
+        else:
+            attend = self.attend_decode if batch.is_decode else self.attend_each
+            out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
+        return linear(out, self.w.wo, self.w.bo)  # [T, D]
 
     def forward_native(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                        kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -112,6 +126,26 @@ class Attention(nn.Module):
         return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
 
 
+def attend_sinks(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 sinks: torch.Tensor | None, window: int, scale: float) -> torch.Tensor:
+    """Causal attention, each sequence over its cache, optionally within a sliding window and with a
+    sink logit per head joining the softmax (gpt-oss): softmax over [scores | sink], sink dropped."""
+    outs, H = [], q.shape[1]
+    for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
+        k, v = k_cache[slot, :, :start + n], v_cache[slot, :, :start + n]  # [Hkv, L, hd]
+        k, v = k.repeat_interleave(H // k.shape[0], dim=0), v.repeat_interleave(H // v.shape[0], dim=0)  # [H, L, hd]
+        scores = (q[off:off + n].transpose(0, 1).float() @ k.float().transpose(1, 2)) * scale  # [H, n, L]
+        rows = torch.arange(start, start + n, device=q.device)[:, None]  # [n, 1]
+        cols = torch.arange(start + n, device=q.device)[None, :]  # [1, L]
+        keep = (cols <= rows) & ((cols > rows - window) if window > 0 else True)  # [n, L]
+        scores = scores.masked_fill(~keep, float("-inf"))
+        if sinks is not None:
+            scores = torch.cat((scores, sinks.float()[:, None, None].expand(H, n, 1)), dim=-1)  # [H, n, L+1]
+        probs = scores.softmax(dim=-1)[..., :start + n]  # [H, n, L]
+        outs.append((probs.to(v.dtype) @ v).transpose(0, 1).flatten(1))  # [n, H*hd]
+    return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
+
+
 def _bias(y: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return y if b is None else y + b
 
@@ -121,4 +155,4 @@ def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start + n, device=device)[None, :] <= rows  # [n, L]
 
 
-__all__ = ["Attention", "AttentionWeights"]
+__all__ = ["Attention", "AttentionWeights", "attend_sinks"]

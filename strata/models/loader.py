@@ -27,6 +27,8 @@ from strata.memory.direct import file_parts
 from .attention import Attention, AttentionWeights
 from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
+from .expert_act import ClampedSwiGLU
+from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .step import FusedDecode
 from .moe import Lookahead, MoE, RoutedExperts, Router
@@ -90,7 +92,37 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention:
+def cache_dims(hp: HParams) -> tuple[int, int, int]:
+    """(heads, key width, value width) per position of a layer's KV cache. Latent attention
+    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values."""
+    if hp.kv_lora_rank:
+        return 1, hp.kv_lora_rank + hp.rope_dim, 0
+    return hp.n_head_kv, hp.head_dim, hp.head_dim_v
+
+
+def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttention:
+    D, H, L, R = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim
+    key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
+    N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
+    Q = hp.q_lora_rank
+    weights = MLAWeights(
+        wq=None if Q else w.matrix(MT.ATTN_Q, i, (H * key_dim, D)),
+        wq_a=w.matrix(MT.ATTN_Q_A, i, (Q, D)) if Q else None,
+        q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
+        wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
+        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
+        k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
+    if w.has(MT.ATTN_K_B, i) or not w.has(MT.ATTN_KV_B, i):
+        weights.k_b, weights.v_b = w.get(MT.ATTN_K_B, i, (H, L, N)), w.get(MT.ATTN_V_B, i, (H, V, L))
+    else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
+        kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
+        weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
+    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i)
+
+
+def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
+    if arch.mla:
+        return _mla_attention(w, hp, i, rope)
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
@@ -106,13 +138,22 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
     qkv = [weights.wq, weights.wk, weights.wv]
     if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
         weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
-    return Attention(weights, H, Hkv, hd, rope, i)
+    if arch.attn_out_bias:
+        weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
+    if arch.attn_sinks:
+        weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    period = arch.swa_period
+    window = hp.sliding_window if period and i % period < period - 1 else 0
+    return Attention(weights, H, Hkv, hd, rope, i, window)
 
 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
     D = hp.n_embd
-    router = Router(w.get(MT.FFN_GATE_INP, i, (hp.n_experts, D)), hp.n_experts_used, hp.expert_gating_func,
-                    hp.expert_weights_norm, hp.expert_weights_scale)
+    E = hp.n_experts
+    router = Router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
+                    hp.expert_weights_norm, hp.expert_weights_scale, bias=w.opt(MT.FFN_GATE_INP, i, (E,), "bias"),
+                    selection_bias=w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias"),
+                    n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used)
     shared = None
     if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
         Is = hp.n_ff_shexp
@@ -123,7 +164,12 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
-    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts), shared)
+    experts = RoutedExperts(memory, i, w.compute, hp.n_experts)
+    if arch.expert_bias or arch.swiglu_clamp:
+        I, (alpha, limit) = hp.n_ff_exp, arch.swiglu_clamp or (1.0, float("inf"))
+        experts.expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
+                                          w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
+    return MoE(router, experts, shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -138,15 +184,17 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory:
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
     ffn = _moe(w, arch, hp, i, memory) if has_experts else _dense(w, hp, i)
+    ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
     return Block(RMSNorm(w.get(MT.ATTN_NORM, i, (D,)), hp.norm_eps), _attention(w, arch, hp, i, rope),
-                 RMSNorm(w.get(MT.FFN_NORM, i, (D,)), hp.norm_eps), ffn)
+                 RMSNorm(w.get(ffn_norm, i, (D,)), hp.norm_eps), ffn)
 
 
 def _use_native_glue(model: Transformer) -> None:
     """Packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
     run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)."""
     for b in model.blocks:
-        parts = [b.attention, b.attention_norm, b.ffn_norm, b.attention.w.q_norm, b.attention.w.k_norm]
+        w = b.attention.w
+        parts = [b.attention, b.attention_norm, b.ffn_norm, getattr(w, "q_norm", None), getattr(w, "k_norm", None)]
         parts += [b.ffn.router] if isinstance(b.ffn, MoE) else []
         for module in parts:
             if module is not None:
@@ -208,7 +256,7 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     if getattr(memory, "hybrid", None) is not None:  # misses computed on the CPU: one shared CPU side
         model.hybrid = hybrid = HybridCompute(memory, mf, n_threads)
         for block in model.blocks:
-            if isinstance(block.ffn, MoE):
+            if isinstance(block.ffn, MoE) and block.ffn.experts.plain:  # others: through the memory
                 block.ffn.experts.hybrid = hybrid
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
@@ -217,4 +265,5 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
             block.fused = FusedDecode(block, packed)
     return model
 
-__all__ = ["WeightReader", "architecture", "load_model"]
+
+__all__ = ["WeightReader", "architecture", "cache_dims", "load_model"]

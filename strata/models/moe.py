@@ -29,12 +29,30 @@ from .packed import PackedCompute
 
 
 class Router(nn.Module):
-    def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float):
+    """Top-k experts per token and their weights. Optional parts (DeepSeek-V3, gpt-oss):
+    `bias` [E] added to the logits; `selection_bias` [E] added to the probabilities for choosing
+    only (the weights stay the unbiased probabilities); expert groups, where only the
+    `n_groups_used` groups with the largest sum of their top-2 (biased) probabilities compete;
+    gating "softmax_weight": top-k of the logits, softmax over the chosen k."""
+
+    def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float,
+                 bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
+                 n_groups: int = 0, n_groups_used: int = 0):
         super().__init__()
-        if gating not in ("softmax", "sigmoid"):
-            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+        if gating not in ("softmax", "sigmoid", "softmax_weight"):
+            raise ValueError(f"expert gating function {gating!r} is not supported "
+                             "(expected softmax, sigmoid or softmax_weight)")
         self.weight, self.k, self.gating, self.norm, self.scale = weight, n_experts_used, gating, norm, scale  # [E, D]
+        self.bias, self.selection_bias = bias, selection_bias  # [E], [E]
+        self.n_groups, self.n_groups_used = (n_groups, n_groups_used) if 1 < n_groups and n_groups_used < n_groups \
+            else (0, 0)
         self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
+
+    @property
+    def plain(self) -> bool:
+        """Whether the native routing call computes this router (softmax or sigmoid, no biases, no groups)."""
+        return self.gating != "softmax_weight" and self.bias is None and self.selection_bias is None \
+            and not self.n_groups
 
     def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, E = x.shape[0], self.weight.shape[0]
@@ -45,16 +63,34 @@ class Router(nn.Module):
         return weights, expert_ids
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.native:
+        if self.native and self.plain:
             return self.forward_native(x)
         logits = F.linear(x, self.weight).float()  # [T, E]
-        probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
-        weights, expert_ids = probs.topk(self.k, dim=-1)  # [T, K], [T, K]
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.gating == "softmax_weight":
+            top, expert_ids = logits.topk(self.k, dim=-1)  # [T, K]
+            weights = top.softmax(dim=-1)
+        else:
+            probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()  # [T, E]
+            choice = probs if self.selection_bias is None else probs + self.selection_bias
+            if self.n_groups:
+                choice = self._mask_groups(choice)
+            expert_ids = choice.topk(self.k, dim=-1)[1]  # [T, K]
+            weights = probs.gather(1, expert_ids)  # [T, K]
         if self.norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.scale != 1.0:
             weights = weights * self.scale
         return weights.to(x.dtype), expert_ids
+
+    def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        T, E = choice.shape
+        groups = choice.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
+        group_scores = groups.topk(min(2, E // self.n_groups), dim=-1)[0].sum(dim=-1)  # [T, G]
+        keep = group_scores.topk(self.n_groups_used, dim=-1)[1]  # [T, Gu]
+        mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)  # [T, G]: groups dropped
+        return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
 
 
 class RoutedExperts(nn.Module):
@@ -69,8 +105,13 @@ class RoutedExperts(nn.Module):
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
+        self.expert_fn = None  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU, what the native MoE call computes
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
+
+    @property
+    def plain(self) -> bool:
+        return self.expert_fn is None
 
     @property
     def seconds(self) -> float:
@@ -85,6 +126,8 @@ class RoutedExperts(nn.Module):
         self.memory.observe(self.layer, expert_ids)
         if self.hybrid is not None:
             out = self.hybrid(self.memory, self.layer, x, weights, expert_ids)
+        elif self.compute is not None and self.expert_fn is not None:
+            out = self._packed_each(x, weights, expert_ids)
         elif self.compute is not None:
             out = self._packed(x, weights, expert_ids)
         else:
@@ -103,8 +146,30 @@ class RoutedExperts(nn.Module):
         for i in range(0, len(used), self.memory.max_acquire):
             chunk = used[i:i + self.memory.max_acquire]
             spans = [(bounds[e], bounds[e + 1]) for e in chunk]
-            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out)
+            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out, self.expert_fn)
         return out
+
+    def _packed_each(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        """Packed experts whose function the fused native call does not compute: each held expert's
+        products from its packed bytes, its function in torch (same grouping as `_float`)."""
+        from .expert_act import packed_expert
+        K, flat = expert_ids.shape[1], expert_ids.flatten()  # [T*K]
+        order = flat.argsort(stable=True)
+        bounds = [0, *accumulate(torch.bincount(flat).tolist())]
+        used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
+        out, w_flat, x = torch.zeros(x.shape, dtype=torch.float32), weights.flatten().float(), x.float()
+        for i in range(0, len(used), self.memory.max_acquire):
+            chunk = used[i:i + self.memory.max_acquire]
+            held = self.memory.acquire_packed(self.layer, chunk)
+            try:
+                for e, index in zip(chunk, held.index):
+                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
+                    tokens = picks // K
+                    y = self.expert_fn(x[tokens].contiguous(), *packed_expert(held.parts, index, self.compute), e)
+                    out.index_add_(0, tokens, y * w_flat[picks, None])
+            finally:  # an interrupted step must not leave the experts held
+                self.memory.release(self.layer, chunk)
+        return out.to(weights.dtype)
 
     def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape, dtype=torch.float32)  # [T, D]
@@ -159,16 +224,18 @@ class RoutedExperts(nn.Module):
 
 
 def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans: list[tuple[int, int]],
-                  order: torch.Tensor, K: int, x: torch.Tensor, w_flat: torch.Tensor, out: torch.Tensor) -> None:
-    """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM over its
-    assignments order[lo:hi] (indices into the T*K routing; token = index // K), add the results
-    weighted by w_flat [T*K] into out [T, D], release."""
+                  order: torch.Tensor, K: int, x: torch.Tensor, w_flat: torch.Tensor, out: torch.Tensor,
+                  expert_fn=None) -> None:
+    """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM (or
+    `expert_fn(x, gate, up, down, e)`) over its assignments order[lo:hi] (indices into the T*K
+    routing; token = index // K), add the results weighted by w_flat [T*K] into out [T, D], release."""
     acquired = memory.acquire(layer, expert_ids)
     try:
-        for (lo, hi), w in zip(spans, acquired):
+        for (lo, hi), w, e in zip(spans, acquired, expert_ids):
             picks = order[lo:hi]  # [Te] indices into T*K
             tokens = picks // K  # [Te]
-            y = swiglu(x[tokens], w.gate, w.up, w.down)  # [Te, D]
+            y = swiglu(x[tokens], w.gate, w.up, w.down) if expert_fn is None else \
+                expert_fn(x[tokens], w.gate, w.up, w.down, e)  # [Te, D]
             out.index_add_(0, tokens, y * w_flat[picks, None])
     finally:  # an interrupted step must not leave the experts held
         memory.release(layer, expert_ids)
@@ -194,6 +261,12 @@ class MoE(nn.Module):
     def __init__(self, router: Router, experts: RoutedExperts, shared: SharedExpert | None):
         super().__init__()
         self.router, self.experts, self.shared = router, experts, shared
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused decode step's routing and expert calls compute this layer (plain SwiGLU
+        experts behind a plain router)."""
+        return self.router.plain and self.experts.plain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]

@@ -42,6 +42,11 @@ def _yarn(inv_freq: torch.Tensor, hp: HParams) -> tuple[torch.Tensor, float]:
     mix = (1 - ((i - low) / max(0.001, high - low)).clamp(0, 1)) * ext_factor  # [rope_dim/2]
     inv_freq = inv_freq / s.factor * (1 - mix) + inv_freq * mix
     attn_factor = s.attn_factor if s.attn_factor is not None else 1.0
+    if s.yarn_log_multiplier and hp.kv_lora_rank:
+        # deepseek2 (mscale_all_dim written as 0.1 * it): llama.cpp takes mscale = mscale_all_dim, so
+        # cos/sin keep get_mscale(f, mscale) / get_mscale(f, mscale_all_dim) = 1 (transformers' attention
+        # factor); the mscale^2 goes into the attention scale instead (strata.models.mla.mla_scale)
+        return inv_freq, attn_factor
     if ext_factor != 0:
         attn_factor *= 1.0 + 0.1 * math.log(s.factor)
     return inv_freq, attn_factor

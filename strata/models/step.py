@@ -54,6 +54,8 @@ class FusedDecode:
         """Whether packed compute can run this block's decode step fused: packed q/k/v stacked
         into one matrix and a packed output projection; an MoE's router in float32 and its experts
         computed from packed memory (not the hybrid CPU/GPU split)."""
+        if not getattr(block.attention, "fusable", True) or (isinstance(block.ffn, MoE) and not block.ffn.fusable):
+            return False  # latent attention, sinks, windows, biased routers or experts: the per-call path
         w = block.attention.w
         if compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix):
             return False

@@ -53,9 +53,20 @@ def _one_error_line(code: int, err: str, needle: str) -> None:
 
 
 def test_unsupported_architecture_is_one_line(cli, tmp_path):
+    """A file of an architecture Strata reads but does not run (its record says runs=False)."""
+    import dataclasses
+
+    from strata import arch
     path = tmp_path / "deepseek.gguf"
     gguf_fixtures.write_deepseek2(path)
-    code, _, err = cli("generate", path, "-p", "hi")
+    record = arch.get("deepseek2")
+    arch.unregister("deepseek2")
+    arch.register(dataclasses.replace(record, runs=False))
+    try:
+        code, _, err = cli("generate", path, "-p", "hi")
+    finally:
+        arch.unregister("deepseek2")
+        arch.register(record)
     _one_error_line(code, err, "architecture 'deepseek2' is not supported")
 
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, trainers
 
 from strata.synth.tokenizer import CHAT_TEMPLATE, SPECIALS, corpus, save_tokenizer, train_byte_bpe
 
-__all__ = ["CHAT_TEMPLATE", "SPECIALS", "SPECS", "TRICKY", "Spec", "build_model", "corpus", "save_checkpoint",
+__all__ = ["CHAT_TEMPLATE", "SPECIALS", "MORE_SPECS", "SPECS", "TRICKY", "Spec", "build_model", "corpus", "save_checkpoint",
            "save_tokenizer", "train_byte_bpe", "train_llama_bpe"]
 
 TRICKY = [
@@ -63,6 +63,46 @@ SPECS = {
 }
 
 
+#: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
+#: every test parameterised over SPECS.
+MORE_SPECS = {
+    # 3 layers: 1 dense + 2 MoE; query LoRA; 8 experts in 4 groups (2 used), nope != v head dims;
+    # YaRN (factor 4 over 128 positions) with DeepSeek's mscale in the attention scale.
+    "deepseek3": Spec("deepseek3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+                      dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                           num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                           n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                           norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
+                           qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", num_mtp_layers=0,
+                           rope_interleave=True, max_position_embeddings=512,
+                           rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                            "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
+                                            "beta_slow": 1.0, "rope_theta": 10000.0}),
+                      "qwen2", torch.float32, True),
+    # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
+    # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
+    "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=256, num_key_value_heads=2, head_dim=64,
+                        num_local_experts=4, num_experts_per_tok=2, sliding_window=8, max_position_embeddings=131072,
+                        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "truncate": True, "original_max_position_embeddings": 4096,
+                                         "rope_theta": 150000.0}),
+                   "qwen2", torch.bfloat16, True),
+}
+
+
+def _randomize_extras(model: torch.nn.Module) -> None:
+    """Give parameters transformers initialises to constants real values: the DeepSeek-V3 router's
+    selection bias (zeros) so it changes which experts win, gpt-oss's sinks and biases."""
+    for name, p in model.named_parameters():
+        if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
+            p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
+    for m in model.modules():
+        if hasattr(m, "e_score_correction_bias"):
+            m.e_score_correction_bias.normal_(0.0, 0.1)
+            m.weight.normal_(0.0, 0.05)
+
+
 def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
     """A random model whose logits have real margins: embeddings of unit scale, output head x8.
 
@@ -77,6 +117,7 @@ def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, 1.0)
         model.lm_head.weight.mul_(8.0)
+        _randomize_extras(model)
         for p in model.parameters():
             p.copy_(p.to(spec.dtype).to(torch.float32))
     return model

@@ -276,6 +276,8 @@ def write_gpt_oss(path: Path, d: Dims = Dims(), meta: Dims | None = None, drop: 
     for i in range(d.n_layers):
         _attention(mw, d, i, bias=True)
         mw.f32(f"blk.{i}.attn_sinks.weight", d.n_head)
+        mw.f32(f"blk.{i}.attn_output.bias", d.n_embd)  # llama.cpp's gpt-oss graph requires both biases
+        mw.f32(f"blk.{i}.ffn_gate_inp.bias", E)
         mw.f32(f"blk.{i}.post_attention_norm.weight", d.n_embd)
         _experts(mw, d, i, gate_up=Q.MXFP4, down=Q.MXFP4)
         mw.f32(f"blk.{i}.ffn_gate_exps.bias", E, I)

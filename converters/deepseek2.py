@@ -1,0 +1,177 @@
+"""DeepSeek-V3 checkpoints -> GGUF `deepseek2`, in the layout llama.cpp's converter writes.
+
+What differs from the generic converter (`converters.base`):
+  * multi-head latent attention: `q_a`/`q_a_norm`/`q_b` (query LoRA) or `q`, `kv_a_mqa`,
+    `kv_a_norm`, and `kv_b_proj` [H*(nope+v), kv_lora] split per head into `attn_k_b`
+    [H, kv_lora, nope] (transposed, for the latent decode form) and `attn_v_b` [H, v, kv_lora];
+    one KV head of key_length kv_lora + rope and value_length kv_lora, the full head sizes
+    under the `_mla` keys;
+  * the first `first_k_dense_replace` layers have a dense FFN and no router or experts;
+  * shared experts (n_shared_experts x moe_intermediate_size rows, no gate) in every MoE layer;
+  * the router's selection bias `e_score_correction_bias` -> `exp_probs_b.bias`, sigmoid
+    gating, expert groups, renormalised top-k weights scaled by `routed_scaling_factor`.
+Sources are bf16/f16/f32 (fp8 block-scaled checkpoints are refused); multi-token-prediction
+layers past num_hidden_layers are skipped, as llama.cpp's converter does.
+Must not: write files (the pipeline does) or quantize (types).
+"""
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+from gguf import MODEL_TENSOR as MT
+from gguf.constants import ExpertGatingFuncType
+
+from converters.base import Converter, HParams, PlannedTensor
+from converters.source import ConversionError, SourceTensor
+from converters.types import TypePolicy
+from strata.arch import weight_name
+
+log = logging.getLogger("strata.convert")
+
+_MLA_Q = (MT.ATTN_Q_A, MT.ATTN_Q_A_NORM, MT.ATTN_Q_B)
+_MLA_KV = (MT.ATTN_KV_A_MQA, MT.ATTN_KV_A_NORM, MT.ATTN_K_B, MT.ATTN_V_B, MT.ATTN_OUT)
+
+
+class DeepSeek2Converter(Converter):
+    writes_weights_norm = True
+
+    def read_hparams(self) -> HParams:
+        c = self.cfg
+        if c.get("quantization_config") is not None:
+            raise ConversionError(f"{self.config_path}: quantized (fp8) checkpoints are not supported; "
+                                  "convert a bf16 checkpoint")
+        n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
+        self.q_lora = c.get("q_lora_rank")
+        self.kv_lora, self.rope = int(self.get("kv_lora_rank")), int(self.get("qk_rope_head_dim"))
+        self.nope, self.v_dim = int(self.get("qk_nope_head_dim")), int(self.get("v_head_dim"))
+        self.n_dense = int(self.get("first_k_dense_replace", default=0))
+        self.n_shared = int(self.get("n_shared_experts", default=0))
+        rp = self.rope_parameters()
+        theta = self.get("rope_theta", default=None) or rp.get("rope_theta", 10000.0)
+        n_ff_exp = int(self.get("moe_intermediate_size"))
+        return HParams(
+            n_layers=int(self.get("num_hidden_layers")), n_embd=n_embd, n_heads=n_heads, n_kv_heads=1,
+            head_dim=self.nope + self.rope, n_vocab=int(self.get("vocab_size")),
+            n_ctx=int(self.get("max_position_embeddings")), n_ff=int(self.get("intermediate_size")),
+            n_experts=int(self.get("n_routed_experts", "num_local_experts")),
+            n_experts_used=int(self.get("num_experts_per_tok")), n_ff_exp=n_ff_exp,
+            rope_theta=float(theta), rms_eps=float(self.get("rms_norm_eps", default=1e-6)),
+            tied_embeddings=bool(self.get("tie_word_embeddings", default=False)),
+            n_ff_shexp=n_ff_exp * self.n_shared)
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        hp, c = self.hp, self.cfg
+        w.add_context_length(hp.n_ctx)
+        w.add_embedding_length(hp.n_embd)
+        w.add_block_count(hp.n_layers)
+        w.add_feed_forward_length(hp.n_ff)
+        w.add_head_count(hp.n_heads)
+        w.add_head_count_kv(1)
+        w.add_rope_freq_base(hp.rope_theta)
+        w.add_layer_norm_rms_eps(hp.rms_eps)
+        w.add_vocab_size(hp.n_vocab)
+        w.add_leading_dense_block_count(self.n_dense)
+        if self.q_lora is not None:
+            w.add_q_lora_rank(int(self.q_lora))
+        w.add_kv_lora_rank(self.kv_lora)
+        w.add_key_length(self.kv_lora + self.rope)
+        w.add_value_length(self.kv_lora)
+        w.add_key_length_mla(self.nope + self.rope)
+        w.add_value_length_mla(self.v_dim)
+        w.add_rope_dimension_count(self.rope)
+        w.add_expert_count(hp.n_experts)
+        w.add_expert_used_count(hp.n_experts_used)
+        w.add_expert_feed_forward_length(hp.n_ff_exp)
+        w.add_expert_shared_count(self.n_shared)
+        w.add_expert_weights_scale(float(c.get("routed_scaling_factor") or 1.0))
+        w.add_expert_weights_norm(bool(c.get("norm_topk_prob")))
+        if c.get("n_group") is not None:
+            w.add_expert_group_count(int(c["n_group"]))
+            w.add_expert_group_used_count(int(self.get("topk_group")))
+        # V3 (transformers' DeepseekV3TopkRouter) always takes sigmoid scores; V2's softmax is the default
+        sigmoid = c.get("scoring_func", "sigmoid") == "sigmoid"
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if sigmoid else ExpertGatingFuncType.SOFTMAX)
+        self.write_rope_scaling(w)
+        if (mscale_all := self.rope_parameters().get("mscale_all_dim")):
+            w.add_rope_scaling_yarn_log_mul(0.1 * float(mscale_all))  # llama.cpp's deepseek2 convention
+
+    def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
+        hp, H = self.hp, self.hp.n_heads
+        q_rows = H * (self.nope + self.rope)
+        mla = {
+            MT.ATTN_Q: (q_rows, hp.n_embd), MT.ATTN_Q_A: (self.q_lora, hp.n_embd), MT.ATTN_Q_A_NORM: (self.q_lora,),
+            MT.ATTN_Q_B: (q_rows, self.q_lora), MT.ATTN_KV_A_MQA: (self.kv_lora + self.rope, hp.n_embd),
+            MT.ATTN_KV_A_NORM: (self.kv_lora,), MT.ATTN_KV_B: (H * (self.nope + self.v_dim), self.kv_lora),
+            MT.ATTN_OUT: (hp.n_embd, H * self.v_dim), MT.FFN_EXP_PROBS_B: (hp.n_experts,),
+            MT.FFN_GATE: (hp.n_ff, hp.n_embd), MT.FFN_UP: (hp.n_ff, hp.n_embd), MT.FFN_DOWN: (hp.n_embd, hp.n_ff),
+        }
+        return mla[kind] if kind in mla else super().expected_shape(kind)
+
+    def layer_tensors(self, bid: int) -> tuple[MT, ...]:
+        q = _MLA_Q if self.q_lora is not None else (MT.ATTN_Q,)
+        common = (MT.ATTN_NORM, MT.FFN_NORM) + q + _MLA_KV
+        if bid < self.n_dense:
+            return common + (MT.FFN_GATE, MT.FFN_UP, MT.FFN_DOWN)
+        shared = (MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP) if self.n_shared else ()
+        return common + (MT.FFN_GATE_INP,) + shared
+
+    def expert_layers(self) -> range:
+        return range(self.n_dense, self.hp.n_layers)
+
+    def _split_sources(self):
+        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
+        layers, every = self.hp.n_layers, self.ckpt.tensors
+        keep = {n: t for n, t in every.items() if (_layer(n) or 0) < layers}
+        if len(keep) < len(every):
+            log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep), layers)
+        self.ckpt.tensors = keep
+        try:
+            return super()._split_sources()
+        finally:
+            self.ckpt.tensors = every
+
+    def _map_resident(self, name: str, src: SourceTensor):
+        if name.endswith("e_score_correction_bias"):  # gguf-py's table knows it as `e_score_correction.bias`
+            kind, _, bid = super()._map_resident(name.replace("e_score_correction_bias", "e_score_correction"), src)
+            return kind, weight_name(kind, bid, "bias"), bid
+        return super()._map_resident(name, src)
+
+    def plan_resident(self, kind: MT, gname: str, bid: int | None, src: SourceTensor,
+                      policy: TypePolicy) -> list[PlannedTensor]:
+        if kind == MT.FFN_EXP_PROBS_B:
+            self._check_shape(kind, src, src.shape)
+            return [PlannedTensor(gname, kind, bid, src.shape, gguf.GGMLQuantizationType.F32,
+                                  [lambda: self.ckpt.read_rows(src.name).reshape(1, -1)], src.nbytes, (src.name,))]
+        if kind != MT.ATTN_KV_B:
+            return super().plan_resident(kind, gname, bid, src, policy)
+        self._check_shape(kind, src, src.shape)
+        H, nope, v, r = self.hp.n_heads, self.nope, self.v_dim, self.kv_lora
+
+        def split() -> tuple[np.ndarray, np.ndarray]:
+            kv_b = self.ckpt.read_rows(src.name).reshape(H, nope + v, r)
+            return np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)), np.ascontiguousarray(kv_b[:, nope:])
+
+        out = []
+        for k, shape, pick in ((MT.ATTN_K_B, (H, r, nope), 0), (MT.ATTN_V_B, (H, v, r), 1)):
+            name = weight_name(k, bid)
+            out.append(PlannedTensor(name, k, bid, shape, policy.choose(k, shape, name),
+                                     [lambda pick=pick: split()[pick]], src.nbytes // 2, (src.name,)))
+        return out
+
+    def _check_complete(self, names: set[str]) -> None:
+        super()._check_complete(names)
+        missing = [weight_name(MT.FFN_EXP_PROBS_B, b, "bias") for b in self.expert_layers()
+                   if self.cfg.get("n_group") is not None and weight_name(MT.FFN_EXP_PROBS_B, b, "bias") not in names]
+        if missing:
+            raise ConversionError(f"{self.ckpt.folder}: missing the router's e_score_correction_bias for "
+                                  f"{', '.join(missing[:3])}")
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
+
+
+CONVERTER = DeepSeek2Converter

@@ -1,0 +1,159 @@
+"""gpt-oss checkpoints (`GptOssForCausalLM`) -> GGUF `gpt-oss`, in the layout llama.cpp's converter writes.
+
+What differs from the generic converter (`converters.base`):
+  * experts are fused and transposed: `experts.gate_up_proj` [E, D, 2I] with gate and up
+    columns interleaved (gate = [..., ::2]), `experts.down_proj` [E, I, D]; their biases
+    `gate_up_proj_bias` [E, 2I] (interleaved too) and `down_proj_bias` [E, D] become float32
+    `ffn_{gate,up,down}_exps.bias` [E, I] / [E, D];
+  * attention sinks (`self_attn.sinks` [H] -> `attn_sinks.weight`), biases on q, k, v and the
+    output projection, the FFN's pre-norm stored as `post_attention_norm`;
+  * `attention.sliding_window` (llama.cpp uses it on every other layer, from layer 0) and the
+    expert FFN length;
+  * the clamped SwiGLU's alpha and limit have no GGUF key: llama.cpp fixes them at 1.702 and 7.0,
+    so other values are refused; `layer_types` must alternate as llama.cpp assumes.
+Sources are bf16/f16/f32: MXFP4 `*_blocks`/`*_scales` checkpoints are refused (see the closing note
+of issue 12); `--experts` chooses the experts' type as for any architecture.
+Must not: write files (the pipeline does) or quantize (types).
+"""
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+from gguf import MODEL_TENSOR as MT
+from gguf.constants import Keys
+
+from converters.base import Converter, HParams, PlannedTensor
+from converters.experts import ExpertSource
+from converters.source import ConversionError, SourceTensor
+from converters.types import TypePolicy
+from strata.arch import weight_name
+
+log = logging.getLogger("strata.convert")
+
+_PARTS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
+
+
+class TransposedInterleavedSource(ExpertSource):
+    """gpt-oss's experts: gate_up [E, D, 2I] (gate and up columns interleaved), down [E, I, D]."""
+
+    def __init__(self, ckpt, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
+        self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        if part == "down":
+            return np.ascontiguousarray(self.ckpt.read_slab(self.down.name, e, (self.n_ff, self.n_embd)).T)  # [D, I]
+        slab = self.ckpt.read_slab(self.gate_up.name, e, (self.n_embd, 2 * self.n_ff))  # [D, 2I]
+        return np.ascontiguousarray(slab[:, 0 if part == "gate" else 1::2].T)  # [I, D]
+
+    def nbytes(self, part: str) -> int:
+        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
+
+    def names(self, part: str) -> tuple[str, ...]:
+        return ((self.down if part == "down" else self.gate_up).name,)
+
+
+class GptOssConverter(Converter):
+    def read_hparams(self) -> HParams:
+        c = self.cfg
+        if c.get("quantization_config") is not None:
+            raise ConversionError(f"{self.config_path}: quantized (MXFP4) checkpoints are not supported yet; "
+                                  "convert a bf16 checkpoint (`--experts` chooses the experts' type)")
+        if (c.get("swiglu_alpha", 1.702), c.get("swiglu_limit", 7.0)) != (1.702, 7.0):
+            raise ConversionError(f"{self.config_path}: swiglu_alpha={c.get('swiglu_alpha')}, swiglu_limit="
+                                  f"{c.get('swiglu_limit')}: GGUF gpt-oss fixes them at 1.702 and 7.0")
+        n = int(self.get("num_hidden_layers"))
+        types = c.get("layer_types")
+        want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        if types is not None and list(types) != want:
+            raise ConversionError(f"{self.config_path}: layer_types {types} do not alternate sliding/full from "
+                                  "layer 0 as GGUF gpt-oss assumes")
+        if self.rope_parameters().get("truncate") is False:
+            log.warning("%s: YaRN with truncate=false: GGUF has no key for it and llama.cpp (and Strata) round "
+                        "the correction dimensions; logits will differ slightly from transformers'", self.config_path)
+        hp = super().read_hparams()
+        hp.n_ff_exp = int(self.get("intermediate_size"))
+        return hp
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        super().write_metadata(w)
+        w.add_sliding_window(int(self.get("sliding_window")))
+        w.add_uint32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=self.arch.name), self.hp.n_ff_exp)
+
+    def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
+        hp = self.hp
+        extra = {MT.ATTN_SINKS: (hp.n_heads,), MT.ATTN_POST_NORM: (hp.n_embd,)}
+        return extra[kind] if kind in extra else super().expected_shape(kind)
+
+    def layer_tensors(self, bid: int) -> tuple[MT, ...]:
+        return (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.ATTN_SINKS, MT.ATTN_POST_NORM,
+                MT.FFN_GATE_INP)
+
+    def _split_sources(self):
+        """The generic split, with the experts' fused tensors and biases taken out first."""
+        self._fused: dict[int, dict[str, SourceTensor]] = {}
+        keep = {}
+        for name, src in self.ckpt.tensors.items():
+            parts = name.split(".")
+            if len(parts) == 6 and parts[3:5] == ["mlp", "experts"] and parts[2].isdigit():
+                self._fused.setdefault(int(parts[2]), {})[parts[5]] = src
+            else:
+                keep[name] = src
+        all_tensors, self.ckpt.tensors = self.ckpt.tensors, keep
+        try:
+            resident, experts = super()._split_sources()
+        finally:
+            self.ckpt.tensors = all_tensors
+        return resident, {bid: {"gpt_oss": found} for bid, found in self._fused.items()}
+
+    def _map_resident(self, name: str, src: SourceTensor):
+        if name.endswith(".sinks"):  # gguf-py's table names it with a suffix, as llama.cpp's converter adds
+            return super()._map_resident(name + ".weight", src)
+        return super()._map_resident(name, src)
+
+    def _plan_experts(self, bid: int, found, policy: TypePolicy) -> list[PlannedTensor]:
+        srcs = (found or {}).get("gpt_oss", {})
+        hp = self.hp
+        want = {"gate_up_proj": (hp.n_experts, hp.n_embd, 2 * hp.n_ff_exp), "down_proj": (hp.n_experts, hp.n_ff_exp,
+                                                                                           hp.n_embd),
+                "gate_up_proj_bias": (hp.n_experts, 2 * hp.n_ff_exp), "down_proj_bias": (hp.n_experts, hp.n_embd)}
+        for key, shape in want.items():
+            src = srcs.get(key)
+            if src is None:
+                raise ConversionError(f"{self.ckpt.folder}: layer {bid}: missing model.layers.{bid}.mlp.experts.{key}")
+            if src.shape != shape:
+                raise ConversionError(f"{src.path}: tensor {src.name}: shape {src.shape}, expected {shape} "
+                                      "from config.json")
+        for key in srcs:
+            if key not in want:
+                raise ConversionError(f"{srcs[key].path}: unexpected tensor {srcs[key].name}")
+        source = TransposedInterleavedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], hp.n_ff_exp,
+                                             hp.n_embd)
+        planned = []
+        for part, kind in _PARTS.items():
+            rows, cols = self.expected_shape(kind)
+            name, shape = weight_name(kind, bid), (hp.n_experts, rows, cols)
+            pieces = [lambda part=part, e=e: source.read(part, e) for e in range(hp.n_experts)]
+            planned.append(PlannedTensor(name, kind, bid, shape, policy.choose(kind, shape, name), pieces,
+                                         source.nbytes(part), source.names(part)))
+        return planned + self._plan_expert_biases(bid, srcs)
+
+    def _plan_expert_biases(self, bid: int, srcs: dict[str, SourceTensor]) -> list[PlannedTensor]:
+        hp, f32 = self.hp, gguf.GGMLQuantizationType.F32
+        gate_up, down = srcs["gate_up_proj_bias"], srcs["down_proj_bias"]
+        out = []
+        for part, src, pick in (("gate", gate_up, 0), ("up", gate_up, 1), ("down", down, None)):
+            kind = _PARTS[part]
+            width = hp.n_embd if part == "down" else hp.n_ff_exp
+
+            def piece(src=src, pick=pick) -> np.ndarray:
+                values = self.ckpt.read_rows(src.name)  # [E, 2I] or [E, D]
+                return np.ascontiguousarray(values if pick is None else values[:, pick::2])
+
+            out.append(PlannedTensor(weight_name(kind, bid, "bias"), kind, bid, (hp.n_experts, width), f32, [piece],
+                                     src.nbytes // (1 if pick is None else 2), (src.name,)))
+        return out
+
+
+CONVERTER = GptOssConverter

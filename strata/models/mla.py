@@ -1,0 +1,98 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, GGUF `deepseek2`) in its latent ("absorbed") form.
+
+Per token: a query per head q = [q_nope | q_rope] (from x, or through the query LoRA
+q_b(norm(q_a x))), and one compressed latent c = norm(kv_a x)[:kv_lora] plus one shared rope key
+k_rope = rope(kv_a x)[kv_lora:]. The cache keeps only [c | k_rope] per position (kv_lora + rope
+values, one "head"), never per-head keys and values. Attention runs in the latent space, as
+llama.cpp's deepseek2 graph does:
+
+    q_lat[h] = k_b[h] @ q_nope[h]                       # [kv_lora]; k_b [H, kv_lora, nope]
+    score[h, t] = ([q_lat[h] | q_rope[h]] . [c_t | k_rope_t]) * scale
+    o_lat[h] = softmax(score[h]) @ c                    # [kv_lora]
+    out = wo @ concat_h(v_b[h] @ o_lat[h])              # v_b [H, v, kv_lora]
+
+which is the same function as expanding keys and values with kv_b (transformers' form).
+scale = 1/sqrt(nope + rope), times mscale^2 under YaRN (mscale = 1 + yarn_log_multiplier * ln factor).
+Dimension letters: T tokens, H heads, L latent rank (kv_lora), R rope dims, N nope dims, V value dims.
+Must not: allocate the cache or read files.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import Batch
+from .layers import RMSNorm, Weight, linear
+from .rope import Rope
+
+
+@dataclass
+class MLAWeights:
+    wq: Weight | None  # [H*(N+R), D] without query LoRA
+    wq_a: Weight | None  # [Q, D] query LoRA down-projection
+    q_a_norm: RMSNorm | None  # over Q
+    wq_b: Weight | None  # [H*(N+R), Q]
+    wkv_a: Weight  # [L+R, D]
+    kv_a_norm: RMSNorm  # over L
+    k_b: torch.Tensor | None  # [H, L, N]
+    v_b: torch.Tensor | None  # [H, V, L]
+    wo: Weight  # [D, H*V]
+
+
+def mla_scale(key_dim: int, hp) -> float:
+    """The attention scale of llama.cpp's deepseek2 graph: 1/sqrt(N+R), times mscale^2 with YaRN."""
+    scale = key_dim ** -0.5
+    s = hp.rope_scaling
+    if s.type == "yarn" and s.factor > 1.0 and s.yarn_log_multiplier:
+        mscale = 1.0 + s.yarn_log_multiplier * math.log(s.factor)
+        scale *= mscale * mscale
+    return scale
+
+
+class MLAttention(nn.Module):
+    fusable = False  # the fused decode step (strata.models.step) knows grouped-query attention only
+
+    def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int):
+        super().__init__()
+        self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
+        self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
+        self.kv_lora = w.k_b.shape[1]
+        self.native = False  # no native glue for this form: torch on every device
+
+    def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        w, T, H, L = self.w, x.shape[0], self.n_head, self.kv_lora
+        q = linear(x, w.wq) if w.wq is not None else linear(w.q_a_norm(linear(x, w.wq_a)), w.wq_b)
+        q = q.view(T, H, self.nope + self.rope_dim)
+        q_nope, q_rope = q[..., :self.nope], self.rope.apply(q[..., self.nope:], *cos_sin)  # [T, H, N], [T, H, R]
+        ckv = linear(x, w.wkv_a)  # [T, L+R]
+        c = w.kv_a_norm(ckv[:, :L])  # [T, L]
+        k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
+        cache = kv[0]  # [S, 1, C, L+R]: the latent and the rope key of every position
+        cache[batch.token_slots, 0, batch.positions] = torch.cat((c, k_rope), dim=-1).to(cache.dtype)
+        q_lat = torch.einsum("thn,hln->thl", q_nope, w.k_b)  # [T, H, L]
+        query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
+        o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
+        out = torch.einsum("thl,hvl->thv", o_lat, w.v_b)  # [T, H, V]
+        return linear(out.flatten(1), w.wo)  # [T, D]
+
+
+def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:
+    """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c."""
+    outs = []
+    for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
+        keys = cache[slot, :, :start + n]  # [1, Lk, L+R]
+        q = query[off:off + n].transpose(0, 1)  # [H, n, L+R]
+        rows = torch.arange(start, start + n, device=q.device)[:, None]
+        mask = torch.arange(start + n, device=q.device)[None, :] <= rows  # [n, Lk]
+        out = F.scaled_dot_product_attention(q[None], keys[None], keys[None, ..., :L], attn_mask=mask,
+                                             scale=scale, enable_gqa=True)  # [1, H, n, L]
+        outs.append(out[0].transpose(0, 1))  # [n, H, L]
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale"]

@@ -1,0 +1,70 @@
+"""Converting DeepSeek-V3 (-> deepseek2) and gpt-oss (-> gpt-oss): the tensors llama.cpp's graphs
+expect, with the source's values, and the refusals of what GGUF cannot express."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from converters import ConversionError, TypePolicy, convert
+from tests.fixtures.tiny import zoo
+
+
+def _tensors(path) -> dict[str, object]:
+    return {t.name: t for t in GGUFReader(path).tensors}
+
+
+def _array(t) -> np.ndarray:
+    return np.array(t.data).reshape([int(d) for d in reversed(t.shape)])
+
+
+def test_deepseek2_tensors_and_values():
+    tiny = zoo().get("deepseek3")
+    cfg, layers = tiny.model.config, tiny.model.model.layers
+    tensors = _tensors(tiny.gguf("f32"))
+    H, L, N, V = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+    assert not any("attn_kv_b" in n for n in tensors)
+    kv_b = layers[1].self_attn.kv_b_proj.weight.detach().numpy().reshape(H, N + V, L)
+    assert np.array_equal(_array(tensors["blk.1.attn_k_b.weight"]), kv_b[:, :N].transpose(0, 2, 1))  # [H, L, N]
+    assert np.array_equal(_array(tensors["blk.1.attn_v_b.weight"]), kv_b[:, N:])  # [H, V, L]
+    assert "blk.0.ffn_gate.weight" in tensors and "blk.0.ffn_gate_inp.weight" not in tensors  # the dense lead
+    bias = tensors["blk.2.exp_probs_b.bias"]
+    assert bias.tensor_type.name == "F32"
+    assert np.array_equal(_array(bias).reshape(-1), layers[2].mlp.gate.e_score_correction_bias.numpy())
+    assert "blk.1.ffn_up_shexp.weight" in tensors
+
+
+def test_gpt_oss_tensors_and_values():
+    tiny = zoo().get("gptoss")
+    tensors = _tensors(tiny.gguf(None))  # q8_0 attention, q4_k experts: biases and sinks stay F32
+    experts = tiny.model.model.layers[3].mlp.experts
+    for part, pick in (("gate", 0), ("up", 1)):
+        t = tensors[f"blk.3.ffn_{part}_exps.bias"]
+        assert t.tensor_type.name == "F32"
+        assert np.array_equal(_array(t), experts.gate_up_proj_bias.detach().float().numpy()[:, pick::2])
+    assert np.array_equal(_array(tensors["blk.3.ffn_down_exps.bias"]), experts.down_proj_bias.detach().float().numpy())
+    assert tensors["blk.3.ffn_gate_exps.weight"].tensor_type.name == "Q4_K"
+    sinks = tensors["blk.0.attn_sinks.weight"]
+    assert np.array_equal(_array(sinks).reshape(-1), tiny.model.model.layers[0].self_attn.sinks.detach().numpy())
+    assert {"blk.0.attn_output.bias", "blk.0.post_attention_norm.weight", "blk.0.ffn_gate_inp.bias"} <= set(tensors)
+
+
+@pytest.mark.parametrize("key, change, words", [
+    ("deepseek3", {"quantization_config": {"quant_method": "fp8"}}, "fp8"),
+    ("gptoss", {"quantization_config": {"quant_method": "mxfp4"}}, "MXFP4"),
+    ("gptoss", {"swiglu_limit": 10.0}, "swiglu_limit=10.0"),
+    ("gptoss", {"layer_types": ["full_attention"] * 4}, "layer_types"),
+])
+def test_unsupported_configs_are_refused(tmp_path, key, change, words):
+    tiny = zoo().get(key)
+    src = tmp_path / "hf"
+    shutil.copytree(tiny.hf_dir, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ConversionError, match="config.json") as err:
+        convert(src, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
+    assert words in str(err.value)
+    assert not (tmp_path / "out.gguf").exists()

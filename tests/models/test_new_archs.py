@@ -1,0 +1,189 @@
+"""The architectures with their own attention or expert forms (deepseek2: latent attention;
+gpt-oss: sinks, sliding windows, biased clamped experts) against transformers' own classes, on
+the same bar as the first four (tests/models/test_logits.py), plus what only they have: the
+latent KV cache's size, batching, expert memory and packed compute."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from strata.engine.kv_cache import KVCache
+from strata.models import Batch, cache_dims
+from tests.fixtures.tiny import GGUF_ARCH, zoo
+
+from .helpers import REL_TOL, Bare, rel_err
+
+NEW_KEYS = ("deepseek3", "gptoss")
+N_PREFILL, N_DECODE = 20, 16
+
+
+@pytest.fixture(params=NEW_KEYS, scope="module")
+def new(request):
+    return zoo().get(request.param)
+
+
+def test_prefill_and_each_decode_step_match_transformers(new, record_property):
+    bare = Bare(new.gguf("f32"))
+    assert bare.mf.arch == GGUF_ARCH[new.key]
+    ids = new.prompt_ids(N_PREFILL + N_DECODE)
+    ref = new.hf_logits(ids)  # [T, V]
+    errs = [rel_err(bare.forward(ids[:N_PREFILL], 0), ref[:N_PREFILL])]
+    errs += [rel_err(bare.forward([ids[p]], p)[0], ref[p]) for p in range(N_PREFILL, N_PREFILL + N_DECODE)]
+    record_property("max_rel_err", max(errs))
+    assert max(errs) <= REL_TOL, errs
+
+
+def test_greedy_32_tokens_match_transformers(new):
+    prompt = new.prompt_ids(16, seed=5)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids.append(int(new.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert Bare(new.gguf("f32")).greedy(prompt, 32) == ids[16:]
+
+
+def test_a_batch_of_two_equals_each_alone(new):
+    """Two sequences of different lengths prefilled in one batch, then decoded together, give the
+    logits each gives alone (its own cache slot, its own positions)."""
+    a, b = new.prompt_ids(13, seed=1), new.prompt_ids(9, seed=2)
+    alone = []
+    for ids in (a, b):
+        bare = Bare(new.gguf("f32"))
+        alone.append([bare.forward(ids[:-3], 0)] + [bare.forward([ids[p]], p) for p in range(len(ids) - 3, len(ids))])
+    pair = Bare(new.gguf("f32"), n_slots=2)
+    n_a, n_b = len(a) - 3, len(b) - 3
+    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), Batch.make([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
+    assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
+    for step in range(3):
+        pos_a, pos_b = n_a + step, n_b + step
+        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), Batch.make([0, 1], [pos_a, pos_b], [1, 1]), pair.cache,
+                         True)
+        assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
+
+
+def test_expert_memory_and_packed_compute(new):
+    """Tiered expert memory equals direct; packed compute (per-call path where the fused decode step
+    does not apply) equals float on the f32 file and picks the same tokens on the default file."""
+    def load(path, compute, memory="direct"):
+        return strata.load(path, threads=1, n_ctx=128, max_batch=1, compute=compute, memory=memory)
+
+    ids = new.prompt_ids(40)
+    with load(new.gguf("f32"), "float") as ref, load(new.gguf("f32"), "packed") as packed:
+        a, b = ref.logits(ids), packed.logits(ids)
+        assert rel_err(b, a) < 1e-5
+        # MLA, sinks, windows, biased routers and experts: FusedDecode.eligible refuses them
+        assert all(block.fused is None for block in packed.transformer.blocks)
+    path = new.gguf(None)
+    with load(path, "float") as ref, load(path, "packed") as direct, load(path, "packed", "tiered") as tiered:
+        assert tiered.memory.packed
+        a, b = ref.logits(ids), direct.logits(ids)
+        assert torch.equal(b, tiered.logits(ids))
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+        prompt = new.prompt_ids(16, seed=21)
+        assert direct.generate(prompt, max_tokens=16, stop_token_ids=()).token_ids == \
+            ref.generate(prompt, max_tokens=16, stop_token_ids=()).token_ids
+
+
+# -- deepseek2 only --------------------------------------------------------------------------
+
+
+def test_deepseek2_latent_cache_takes_the_compressed_size():
+    """Per layer and position the cache holds the latent (kv_lora_rank) and the rope key
+    (qk_rope_head_dim) once, not H keys and values of nope+rope / v features."""
+    tiny = zoo().get("deepseek3")
+    cfg = tiny.model.config
+    hp = strata.gguf.open_model(tiny.gguf("f32")).hparams
+    assert cache_dims(hp) == (1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, 0)
+    n_ctx, per_token = 64, hp.n_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4  # float32 bytes
+    cache = KVCache(hp.n_layers, 1, n_ctx, *cache_dims(hp))
+    assert cache.nbytes == n_ctx * per_token == KVCache.bytes_for(hp.n_layers, 1, n_ctx, *cache_dims(hp))
+    full = hp.n_layers * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * 4
+    assert per_token * 4 < full  # 96 vs 512 values per layer here
+
+
+def test_deepseek2_router_matches_transformers():
+    """Sigmoid scores, selection bias, group-limited top-k, renormalisation and the routed scaling
+    factor: the same experts and weights as transformers' DeepseekV3TopkRouter."""
+    from strata.models.moe import Router
+    tiny = zoo().get("deepseek3")
+    gate = tiny.model.model.layers[1].mlp.gate
+    cfg = tiny.model.config
+    router = Router(gate.weight.detach(), cfg.num_experts_per_tok, "sigmoid", True, cfg.routed_scaling_factor,
+                    selection_bias=gate.e_score_correction_bias.detach(), n_groups=cfg.n_group,
+                    n_groups_used=cfg.topk_group)
+    x = torch.randn(64, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, want_w, want_ids = gate(x)
+    got_w, got_ids = router(x)
+    order_w, order_g = want_ids.sort(-1), got_ids.sort(-1)
+    assert torch.equal(order_w.values, order_g.values)
+    assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices), atol=1e-6)
+
+
+def test_deepseek2_inspect_shows_its_hyperparameters():
+    tiny = zoo().get("deepseek3")
+    with strata.gguf.open_model(tiny.gguf(None)) as mf:
+        hp = mf.summary()["hparams"]
+    assert (hp["q_lora_rank"], hp["kv_lora_rank"], hp["head_dim_mla"], hp["head_dim_v_mla"]) == (64, 64, 64, 64)
+    assert (hp["n_dense_lead"], hp["n_expert_groups"], hp["n_expert_groups_used"]) == (1, 4, 2)
+    assert hp["expert_gating_func"] == "sigmoid" and hp["expert_weights_scale"] == 2.5 and hp["expert_weights_norm"]
+    assert hp["n_shared_experts"] == 1 and hp["rope_dim"] == 32
+    yarn = hp["rope_scaling"]  # mscale_all_dim 1.0, written as llama.cpp's converter does (x 0.1)
+    assert yarn["type"] == "yarn" and yarn["factor"] == 4.0 and abs(yarn["yarn_log_multiplier"] - 0.1) < 1e-6
+
+
+def test_deepseek2_yarn_scales_attention_as_transformers_does():
+    from strata.models.mla import mla_scale
+    tiny = zoo().get("deepseek3")
+    with strata.gguf.open_model(tiny.gguf("f32")) as mf:
+        hp = mf.hparams
+    attn = tiny.model.model.layers[0].self_attn
+    assert abs(mla_scale(hp.head_dim_mla, hp) - attn.scaling) < 1e-6 and attn.scaling > hp.head_dim_mla ** -0.5
+
+
+# -- gpt-oss only ----------------------------------------------------------------------------
+
+
+def test_gpt_oss_windows_sinks_and_expert_function_are_where_transformers_has_them():
+    tiny = zoo().get("gptoss")
+    bare = Bare(tiny.gguf("f32"))
+    cfg = tiny.model.config
+    windows = [b.attention.window for b in bare.model.blocks]
+    assert windows == [cfg.sliding_window if t == "sliding_attention" else 0 for t in cfg.layer_types] == [8, 0, 8, 0]
+    for block, layer in zip(bare.model.blocks, tiny.model.model.layers):
+        assert torch.equal(block.attention.w.sinks, layer.self_attn.sinks.detach())
+        fn = block.ffn.experts.expert_fn
+        assert (fn.alpha, fn.limit) == (cfg.swiglu_alpha, cfg.swiglu_limit)
+        assert torch.equal(fn.b_gate, layer.mlp.experts.gate_up_proj_bias.detach()[:, ::2])
+
+
+def test_gpt_oss_mxfp4_experts_through_the_native_kernels(tmp_path):
+    """Experts written as MXFP4 (`--experts mxfp4`) stay MXFP4 in the file; packed compute
+    multiplies them from their blocks (direct and tiered memory alike) and picks the tokens the
+    float path on the same file picks."""
+    from converters import TypePolicy, convert
+    tiny = zoo().get("gptoss")
+    path = tmp_path / "gptoss-mxfp4.gguf"
+    convert(tiny.hf_dir, path, TypePolicy.from_args(experts="mxfp4"), n_threads=2)
+    with strata.gguf.open_model(path) as mf:
+        assert {mf.tensors[f"blk.0.ffn_{p}_exps.weight"].ggml_type.name for p in ("gate", "up", "down")} == {"MXFP4"}
+
+    def load(compute, memory="direct"):
+        return strata.load(path, threads=1, n_ctx=128, max_batch=1, compute=compute, memory=memory)
+
+    ids = tiny.prompt_ids(48)
+    with load("float") as ref, load("packed") as direct, load("packed", "tiered") as tiered:
+        a, b = ref.logits(ids), direct.logits(ids)
+        assert torch.equal(b, tiered.logits(ids))
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+        assert rel_err(b, a) < 0.02  # activations rounded to 8 bits in the packed products
+
+
+def test_gpt_oss_inspect_shows_its_hyperparameters():
+    tiny = zoo().get("gptoss")
+    with strata.gguf.open_model(tiny.gguf(None)) as mf:
+        hp = mf.summary()["hparams"]
+    assert hp["sliding_window"] == 8 and hp["expert_gating_func"] == "softmax_weight"
+    assert hp["rope_scaling"]["type"] == "yarn" and hp["rope_scaling"]["factor"] == 32.0
+    assert (hp["head_dim"], hp["n_head_kv"], hp["n_ff_exp"]) == (64, 2, 256)
