@@ -97,7 +97,11 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                                                 self.prefetch_depth, min_prob=self.config.cooccurrence_min_prob,
                                                 min_tokens=self.config.cooccurrence_min_tokens))
         self._init_loads(self.policy.n_slots, L, E)
-        self._held: tuple[int, tuple[int, ...], list[int]] | None = None
+        self._held: tuple[int, tuple[int, ...], list[int], bool] | None = None  # layer, experts, slots, pinned
+        # Settled: the device has a slot for every expert and no loader thread or hybrid split moves
+        # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
+        # policy's use counts are never read (the common in-RAM case on the CPU).
+        self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.config.hybrid)
         self.packed = self.config.compute == "packed"
         self._parts: list[native.MoeParts | None] = [None] * L  # packed slot regions per expert layer
         try:
@@ -175,6 +179,15 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
         t0 = time.perf_counter()
         self._drain_unpins()
+        if self._settled:  # every expert has its own slot and nothing moves them: no pins needed
+            slots = self.policy.ready_slots(li, ids)
+            if slots is not None:
+                self.stats.device_hits[li] += len(ids)
+                self.stats.requests[li] += len(ids)
+                self._wait_copies(slots)
+                self.stats.wait_s[li] += time.perf_counter() - t0
+                self._held = (layer, ids, slots, False)
+                return li, ids, slots
         with self._lock:  # the common step once the working set is resident: every expert ready
             ready = self.policy.pin_ready(li, ids)
             if ready is not None:
@@ -187,7 +200,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             slots = ready.tolist()
             self._wait_copies(slots)
             self.stats.wait_s[li] += time.perf_counter() - t0
-            self._held = (layer, ids, slots)
+            self._held = (layer, ids, slots, True)
             return li, ids, slots
         slots: list[int | None] = [None] * len(ids)
         try:
@@ -203,7 +216,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             self._abort(li, [(e, s) for e, s in zip(ids, slots) if s is not None])
             raise
         self.stats.wait_s[li] += time.perf_counter() - t0
-        self._held = (layer, ids, slots)
+        self._held = (layer, ids, slots, True)
         return li, ids, slots
 
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
@@ -211,11 +224,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         if self._held is None or self._held[:2] != (layer, ids):
             held = None if self._held is None else self._held[:2]
             raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {held}")
-        li, slots = self._layer(layer), self._held[2]
+        li, slots, pinned = self._layer(layer), self._held[2], self._held[3]
         with self._lock:
             for slot in slots:
                 self.slots.release(slot)
-            self.policy.unpin_slots(li, ids, slots)
+            if pinned:
+                self.policy.unpin_slots(li, ids, slots)
         self._held = None
 
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
@@ -224,10 +238,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         li = self._layer(layer)
         ids = expert_ids.detach().to("cpu", torch.int64).numpy()  # [T, K]
         with self._lock:
-            self.policy.record(li, ids)
+            if not self._settled:  # use counts choose victims; settled, nothing is ever evicted
+                self.policy.record(li, ids)
             self.stats.record_routing(li, ids)
             self._score_predictions(li, ids)
-        self.host.record(layer, ids)
+        if not self._settled:
+            self.host.record(layer, ids)
         self._predict(li, ids)
 
     def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None) -> None:
