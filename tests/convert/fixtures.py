@@ -89,6 +89,16 @@ MORE_SPECS = {
                            qk_nope_head_dim=32, v_head_dim=64, rope_parameters={"rope_type": "default",
                                                                                 "rope_theta": 10000.0}),
                       "qwen2", torch.bfloat16, True),
+    # The same V2 form at llama.cpp's "lite" depth (26 layers): llama.cpp reads attn_q (no query
+    # LoRA) only for deepseek2 files of 26/27 layers; small widths keep it light (f32 / q8_0 only).
+    "deepseek2lite": Spec("deepseek2lite", "DeepseekV2Config", "DeepseekV2ForCausalLM",
+                          dict(_COMMON, hidden_size=64, num_hidden_layers=26, intermediate_size=128,
+                               moe_intermediate_size=64, num_key_value_heads=4, n_routed_experts=8,
+                               num_experts_per_tok=2, n_group=4, topk_group=1, topk_method="group_limited_greedy",
+                               n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.0,
+                               q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                               v_head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                          "qwen2", torch.bfloat16, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
     "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
