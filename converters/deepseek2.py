@@ -12,7 +12,7 @@ What differs from the generic converter (`converters.base`):
     gating, expert groups ("noaux_tc"), renormalised top-k weights scaled by `routed_scaling_factor`;
     V2's: softmax gating, no selection bias, groups only for "group_limited_greedy" (the file
     has no key for V2's group score, the max per group: readers tell it by the absent bias).
-Sources are bf16/f16/f32 (fp8 block-scaled checkpoints are refused); multi-token-prediction
+Sources are bf16/f16/f32 or block-scaled fp8 (dequantized on read by `converters.source`); multi-token-prediction
 layers past num_hidden_layers are skipped, as llama.cpp's converter does.
 Must not: write files (the pipeline does) or quantize (types).
 """
@@ -48,9 +48,10 @@ class DeepSeek2Converter(Converter):
         if self.topk_method not in (_V3_TOPK if self.v3 else _V2_TOPK):
             raise ConversionError(f"{self.config_path}: topk_method {self.topk_method!r} is not supported "
                                   f"(expected one of {', '.join(_V3_TOPK if self.v3 else _V2_TOPK)})")
-        if c.get("quantization_config") is not None:
-            raise ConversionError(f"{self.config_path}: quantized (fp8) checkpoints are not supported; "
-                                  "convert a bf16 checkpoint")
+        qc = c.get("quantization_config")
+        if qc is not None and (qc.get("quant_method") != "fp8" or qc.get("activation_scheme", "dynamic") != "dynamic"):
+            raise ConversionError(f"{self.config_path}: quantization_config {qc!r} is not supported (block-scaled fp8 "
+                                  "with dynamic activations is; otherwise convert a bf16 checkpoint)")
         n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
         self.q_lora = c.get("q_lora_rank")
         self.kv_lora, self.rope = int(self.get("kv_lora_rank")), int(self.get("qk_rope_head_dim"))
