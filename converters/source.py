@@ -32,7 +32,7 @@ class ConversionError(StrataError):
 
 
 #: Source dtypes the converter reads, with their element size.
-DTYPES: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}
+DTYPES: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "U8": 1}  # U8: packed blocks, raw reads
 _SCALE = ".weight_scale_inv"  # fp8 block scales (multipliers, despite the name) of `X.weight`
 
 _MAX_HEADER = 100 << 20  # a safetensors header larger than this is corrupt, not big
@@ -43,7 +43,7 @@ class SourceTensor:
     """One tensor of one safetensors file: where its bytes are and what they mean."""
     name: str
     path: Path
-    dtype: str               # 'F32' | 'F16' | 'BF16' | 'F8_E4M3'
+    dtype: str               # 'F32' | 'F16' | 'BF16' | 'F8_E4M3' | 'U8'
     shape: tuple[int, ...]   # row-major, as torch/numpy see it
     offset: int              # absolute byte offset of the data in the file
     nbytes: int
@@ -109,6 +109,8 @@ def _to_f32(raw: bytearray, dtype: str) -> np.ndarray:
     """Bytes of `dtype` -> float32 (exact for every source dtype)."""
     if dtype == "F8_E4M3":
         return _E4M3[np.frombuffer(raw, dtype=np.uint8)]
+    if dtype == "U8":
+        raise ConversionError("internal: U8 tensors (packed blocks) are read as bytes, not as values")
     if dtype == "F32":
         return np.frombuffer(raw, dtype="<f4")
     if dtype == "F16":

@@ -79,7 +79,7 @@ def test_gpt_oss_tensors_and_values():
 
 @pytest.mark.parametrize("key, change, words", [
     ("deepseek3", {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}, "static"),
-    ("gptoss", {"quantization_config": {"quant_method": "mxfp4"}}, "MXFP4"),
+    ("gptoss", {"quantization_config": {"quant_method": "awq"}}, "'awq'"),
     ("gptoss", {"swiglu_limit": 10.0}, "swiglu_limit=10.0"),
     ("gptoss", {"layer_types": ["full_attention"] * 4}, "layer_types"),
 ])
