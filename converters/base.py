@@ -70,7 +70,8 @@ class PlannedTensor:
     """One GGUF tensor: its name, row-major shape, type and the pieces that produce its values.
 
     `pieces` are called in order; each returns float32 values whose concatenation along the
-    slowest dimension is the whole tensor (one expert per piece for 3-D expert tensors)."""
+    slowest dimension is the whole tensor (one expert per piece for 3-D expert tensors), or
+    uint8 rows already encoded as `ggml_type` (written as they are)."""
     name: str
     kind: MT
     layer: int | None

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 checkpoints -> GGUF `deepseek2`, in the layout llama.cpp's converter writes.
+"""DeepSeek-V2/V3 checkpoints -> GGUF `deepseek2`, in the layout llama.cpp's converter writes.
 
 What differs from the generic converter (`converters.base`):
   * multi-head latent attention: `q_a`/`q_a_norm`/`q_b` (query LoRA) or `q`, `kv_a_mqa`,
@@ -8,9 +8,11 @@ What differs from the generic converter (`converters.base`):
     under the `_mla` keys;
   * the first `first_k_dense_replace` layers have a dense FFN and no router or experts;
   * shared experts (n_shared_experts x moe_intermediate_size rows, no gate) in every MoE layer;
-  * the router's selection bias `e_score_correction_bias` -> `exp_probs_b.bias`, sigmoid
-    gating, expert groups, renormalised top-k weights scaled by `routed_scaling_factor`.
-Sources are bf16/f16/f32 (fp8 block-scaled checkpoints are refused); multi-token-prediction
+  * V3's router: selection bias `e_score_correction_bias` -> `exp_probs_b.bias`, sigmoid
+    gating, expert groups ("noaux_tc"), renormalised top-k weights scaled by `routed_scaling_factor`;
+    V2's: softmax gating, no selection bias, groups only for "group_limited_greedy" (the file
+    has no key for V2's group score, the max per group: readers tell it by the absent bias).
+Sources are bf16/f16/f32 or block-scaled fp8 (dequantized on read by `converters.source`); multi-token-prediction
 layers past num_hidden_layers are skipped, as llama.cpp's converter does.
 Must not: write files (the pipeline does) or quantize (types).
 """
@@ -30,6 +32,8 @@ from strata.arch import weight_name
 
 log = logging.getLogger("strata.convert")
 
+_V3_TOPK = ("noaux_tc",)
+_V2_TOPK = ("greedy", "group_limited_greedy")
 _MLA_Q = (MT.ATTN_Q_A, MT.ATTN_Q_A_NORM, MT.ATTN_Q_B)
 _MLA_KV = (MT.ATTN_KV_A_MQA, MT.ATTN_KV_A_NORM, MT.ATTN_K_B, MT.ATTN_V_B, MT.ATTN_OUT)
 
@@ -39,9 +43,15 @@ class DeepSeek2Converter(Converter):
 
     def read_hparams(self) -> HParams:
         c = self.cfg
-        if c.get("quantization_config") is not None:
-            raise ConversionError(f"{self.config_path}: quantized (fp8) checkpoints are not supported; "
-                                  "convert a bf16 checkpoint")
+        self.v3 = (c.get("architectures") or [""])[0] == "DeepseekV3ForCausalLM"
+        self.topk_method = c.get("topk_method") or ("noaux_tc" if self.v3 else "greedy")
+        if self.topk_method not in (_V3_TOPK if self.v3 else _V2_TOPK):
+            raise ConversionError(f"{self.config_path}: topk_method {self.topk_method!r} is not supported "
+                                  f"(expected one of {', '.join(_V3_TOPK if self.v3 else _V2_TOPK)})")
+        qc = c.get("quantization_config")
+        if qc is not None and (qc.get("quant_method") != "fp8" or qc.get("activation_scheme", "dynamic") != "dynamic"):
+            raise ConversionError(f"{self.config_path}: quantization_config {qc!r} is not supported (block-scaled fp8 "
+                                  "with dynamic activations is; otherwise convert a bf16 checkpoint)")
         n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
         self.q_lora = c.get("q_lora_rank")
         self.kv_lora, self.rope = int(self.get("kv_lora_rank")), int(self.get("qk_rope_head_dim"))
@@ -87,15 +97,20 @@ class DeepSeek2Converter(Converter):
         w.add_expert_shared_count(self.n_shared)
         w.add_expert_weights_scale(float(c.get("routed_scaling_factor") or 1.0))
         w.add_expert_weights_norm(bool(c.get("norm_topk_prob")))
-        if c.get("n_group") is not None:
+        if self.grouped:  # as llama.cpp's converter (which writes them for V2's "greedy" too)
             w.add_expert_group_count(int(c["n_group"]))
             w.add_expert_group_used_count(int(self.get("topk_group")))
-        # V3 (transformers' DeepseekV3TopkRouter) always takes sigmoid scores; V2's softmax is the default
-        sigmoid = c.get("scoring_func", "sigmoid") == "sigmoid"
+        # transformers' DeepseekV3TopkRouter always takes sigmoid scores, DeepseekV2TopkRouter softmax
+        sigmoid = c.get("scoring_func", "sigmoid" if self.v3 else "softmax") == "sigmoid"
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if sigmoid else ExpertGatingFuncType.SOFTMAX)
         self.write_rope_scaling(w)
         if (mscale_all := self.rope_parameters().get("mscale_all_dim")):
             w.add_rope_scaling_yarn_log_mul(0.1 * float(mscale_all))  # llama.cpp's deepseek2 convention
+
+    @property
+    def grouped(self) -> bool:
+        """Group-limited routing: V3's "noaux_tc", V2's "group_limited_greedy" (V2's "greedy" ignores n_group)."""
+        return self.cfg.get("n_group") is not None and self.topk_method != "greedy"
 
     def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
         hp, H = self.hp, self.hp.n_heads
@@ -163,7 +178,7 @@ class DeepSeek2Converter(Converter):
     def _check_complete(self, names: set[str]) -> None:
         super()._check_complete(names)
         missing = [weight_name(MT.FFN_EXP_PROBS_B, b, "bias") for b in self.expert_layers()
-                   if self.cfg.get("n_group") is not None and weight_name(MT.FFN_EXP_PROBS_B, b, "bias") not in names]
+                   if self.v3 and self.grouped and weight_name(MT.FFN_EXP_PROBS_B, b, "bias") not in names]
         if missing:
             raise ConversionError(f"{self.ckpt.folder}: missing the router's e_score_correction_bias for "
                                   f"{', '.join(missing[:3])}")

@@ -11,8 +11,12 @@ What differs from the generic converter (`converters.base`):
     expert FFN length;
   * the clamped SwiGLU's alpha and limit have no GGUF key: llama.cpp fixes them at 1.702 and 7.0,
     so other values are refused; `layer_types` must alternate as llama.cpp assumes.
-Sources are bf16/f16/f32: MXFP4 `*_blocks`/`*_scales` checkpoints are refused (see the closing note
-of issue 12); `--experts` chooses the experts' type as for any architecture.
+Sources are bf16/f16/f32 (`--experts` chooses the experts' type as for any architecture), or the
+released MXFP4 form (`quantization_config.quant_method` "mxfp4"): experts as `*_blocks` [E, rows,
+cols/32, 16] uint8 (two e2m1 codes a byte, value 2j in the low nibble) and `*_scales` [E, rows,
+cols/32] E8M0, in [out, in] orientation. Those stay MXFP4 whatever `--experts` says: their nibbles
+are repacked into ggml's blocks (scale byte, then 16 bytes holding values j and j+16), no values
+change.
 Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
@@ -54,12 +58,49 @@ class TransposedInterleavedSource(ExpertSource):
         return ((self.down if part == "down" else self.gate_up).name,)
 
 
+def ggml_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """HF MXFP4 blocks [rows, n, 16] + scales [rows, n] -> ggml MXFP4 rows [rows, n * 17] (uint8)."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)  # value order
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1).reshape(blocks.shape[0], -1)
+
+
+class MXFP4Source:
+    """Released gpt-oss experts: gate_up blocks [E, 2I, D/32, 16] (gate and up rows interleaved),
+    down blocks [E, D, I/32, 16], with their scales; read as ggml MXFP4 rows, one expert at a time."""
+
+    def __init__(self, ckpt, srcs: dict[str, SourceTensor]):
+        self.ckpt, self.srcs = ckpt, srcs
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        key = "down_proj" if part == "down" else "gate_up_proj"
+        blocks, scales = self.srcs[key + "_blocks"], self.srcs[key + "_scales"]
+        rows, n = blocks.shape[1], blocks.shape[2]
+        b = np.frombuffer(self.ckpt.read_bytes(blocks, e * rows * n * 16, rows * n * 16), np.uint8).reshape(rows, n, 16)
+        sc = np.frombuffer(self.ckpt.read_bytes(scales, e * rows * n, rows * n), np.uint8).reshape(rows, n)
+        if part != "down":
+            pick = 0 if part == "gate" else 1
+            b, sc = b[pick::2], sc[pick::2]
+        return ggml_mxfp4(b, sc)
+
+    def nbytes(self, part: str) -> int:
+        key = "down_proj" if part == "down" else "gate_up_proj"
+        n = self.srcs[key + "_blocks"].nbytes + self.srcs[key + "_scales"].nbytes
+        return n if part == "down" else n // 2
+
+    def names(self, part: str) -> tuple[str, ...]:
+        key = "down_proj" if part == "down" else "gate_up_proj"
+        return (self.srcs[key + "_blocks"].name, self.srcs[key + "_scales"].name)
+
+
 class GptOssConverter(Converter):
     def read_hparams(self) -> HParams:
         c = self.cfg
-        if c.get("quantization_config") is not None:
-            raise ConversionError(f"{self.config_path}: quantized (MXFP4) checkpoints are not supported yet; "
-                                  "convert a bf16 checkpoint (`--experts` chooses the experts' type)")
+        qc = c.get("quantization_config")
+        self.mxfp4 = qc is not None and qc.get("quant_method") == "mxfp4"
+        if qc is not None and not self.mxfp4:
+            raise ConversionError(f"{self.config_path}: quantization_config {qc!r} is not supported (the released "
+                                  "MXFP4 form is; otherwise convert a bf16 checkpoint)")
         if (c.get("swiglu_alpha", 1.702), c.get("swiglu_limit", 7.0)) != (1.702, 7.0):
             raise ConversionError(f"{self.config_path}: swiglu_alpha={c.get('swiglu_alpha')}, swiglu_limit="
                                   f"{c.get('swiglu_limit')}: GGUF gpt-oss fixes them at 1.702 and 7.0")
@@ -115,27 +156,35 @@ class GptOssConverter(Converter):
     def _plan_experts(self, bid: int, found, policy: TypePolicy) -> list[PlannedTensor]:
         srcs = (found or {}).get("gpt_oss", {})
         hp = self.hp
-        want = {"gate_up_proj": (hp.n_experts, hp.n_embd, 2 * hp.n_ff_exp), "down_proj": (hp.n_experts, hp.n_ff_exp,
-                                                                                           hp.n_embd),
-                "gate_up_proj_bias": (hp.n_experts, 2 * hp.n_ff_exp), "down_proj_bias": (hp.n_experts, hp.n_embd)}
+        E, D, I = hp.n_experts, hp.n_embd, hp.n_ff_exp
+        if self.mxfp4:
+            if D % 32 or I % 32:
+                raise ConversionError(f"{self.config_path}: MXFP4 experts need hidden_size ({D}) and "
+                                      f"intermediate_size ({I}) in whole blocks of 32")
+            want = {"gate_up_proj_blocks": (E, 2 * I, D // 32, 16), "gate_up_proj_scales": (E, 2 * I, D // 32),
+                    "down_proj_blocks": (E, D, I // 32, 16), "down_proj_scales": (E, D, I // 32)}
+        else:
+            want = {"gate_up_proj": (E, D, 2 * I), "down_proj": (E, I, D)}
+        want.update(gate_up_proj_bias=(E, 2 * I), down_proj_bias=(E, D))
         for key, shape in want.items():
             src = srcs.get(key)
             if src is None:
                 raise ConversionError(f"{self.ckpt.folder}: layer {bid}: missing model.layers.{bid}.mlp.experts.{key}")
-            if src.shape != shape:
-                raise ConversionError(f"{src.path}: tensor {src.name}: shape {src.shape}, expected {shape} "
-                                      "from config.json")
+            if src.shape != shape or (src.dtype == "U8") != key.endswith(("_blocks", "_scales")):
+                raise ConversionError(f"{src.path}: tensor {src.name}: shape {src.shape} {src.dtype}, expected "
+                                      f"{shape} from config.json")
         for key in srcs:
             if key not in want:
                 raise ConversionError(f"{srcs[key].path}: unexpected tensor {srcs[key].name}")
-        source = TransposedInterleavedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], hp.n_ff_exp,
-                                             hp.n_embd)
+        source = MXFP4Source(self.ckpt, srcs) if self.mxfp4 else \
+            TransposedInterleavedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], I, D)
         planned = []
         for part, kind in _PARTS.items():
             rows, cols = self.expected_shape(kind)
             name, shape = weight_name(kind, bid), (hp.n_experts, rows, cols)
             pieces = [lambda part=part, e=e: source.read(part, e) for e in range(hp.n_experts)]
-            planned.append(PlannedTensor(name, kind, bid, shape, policy.choose(kind, shape, name), pieces,
+            ggml_type = gguf.GGMLQuantizationType.MXFP4 if self.mxfp4 else policy.choose(kind, shape, name)
+            planned.append(PlannedTensor(name, kind, bid, shape, ggml_type, pieces,
                                          source.nbytes(part), source.names(part)))
         return planned + self._plan_expert_biases(bid, srcs)
 

@@ -6,6 +6,11 @@ what it asks for, whatever the checkpoint's size, and it runs under an address-s
 Pages just read are dropped from the page cache (`POSIX_FADV_DONTNEED`) so a conversion does not
 evict the rest of the machine's cache.
 
+fp8 block-scaled checkpoints (DeepSeek-V3's release: `quantization_config.quant_method` "fp8"):
+an F8_E4M3 `X.weight` [N, K] with a float `X.weight_scale_inv` [ceil(N/b0), ceil(K/b1)] (b = the
+config's `weight_block_size`, 128 x 128) reads as its values times the scale of each element's
+block; the scales leave `tensors`, so the converters see float weights.
+
 Must not memory-map a checkpoint or know GGUF names and types: it hands out bytes and values.
 """
 from __future__ import annotations
@@ -27,7 +32,8 @@ class ConversionError(StrataError):
 
 
 #: Source dtypes the converter reads, with their element size.
-DTYPES: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2}
+DTYPES: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "U8": 1}  # U8: packed blocks, raw reads
+_SCALE = ".weight_scale_inv"  # fp8 block scales (multipliers, despite the name) of `X.weight`
 
 _MAX_HEADER = 100 << 20  # a safetensors header larger than this is corrupt, not big
 
@@ -37,7 +43,7 @@ class SourceTensor:
     """One tensor of one safetensors file: where its bytes are and what they mean."""
     name: str
     path: Path
-    dtype: str               # 'F32' | 'F16' | 'BF16'
+    dtype: str               # 'F32' | 'F16' | 'BF16' | 'F8_E4M3' | 'U8'
     shape: tuple[int, ...]   # row-major, as torch/numpy see it
     offset: int              # absolute byte offset of the data in the file
     nbytes: int
@@ -87,8 +93,24 @@ def _tensor_record(path: Path, name: str, info: Any, base: int, size: int) -> So
     return SourceTensor(name, path, dtype, shape, base + start, end - start)
 
 
+def _e4m3_table() -> np.ndarray:
+    """float32 value of each F8_E4M3 (fn: no infinities, S.1111.111 is NaN) byte."""
+    b = np.arange(256, dtype=np.int64)
+    exp, mant = (b >> 3) & 15, (b & 7).astype(np.float64)
+    mag = np.where(exp == 0, mant / 8 * 2.0 ** -6, (1 + mant / 8) * 2.0 ** (exp - 7))
+    mag[(exp == 15) & (mant == 7)] = np.nan
+    return np.where(b >> 7, -mag, mag).astype(np.float32)
+
+
+_E4M3 = _e4m3_table()
+
+
 def _to_f32(raw: bytearray, dtype: str) -> np.ndarray:
     """Bytes of `dtype` -> float32 (exact for every source dtype)."""
+    if dtype == "F8_E4M3":
+        return _E4M3[np.frombuffer(raw, dtype=np.uint8)]
+    if dtype == "U8":
+        raise ConversionError("internal: U8 tensors (packed blocks) are read as bytes, not as values")
     if dtype == "F32":
         return np.frombuffer(raw, dtype="<f4")
     if dtype == "F16":
@@ -107,6 +129,8 @@ class Checkpoint:
         self.config = self._load_config()
         self.tensors = self._index_tensors()
         self._fds: dict[Path, int] = {}
+        self.scales: dict[str, SourceTensor] = {}  # fp8 weight name -> its block scales
+        self.block = self._fp8_scales()
 
     def _load_config(self) -> dict[str, Any]:
         path = self.folder / "config.json"
@@ -146,6 +170,37 @@ class Checkpoint:
                 tensors[name] = rec
         return tensors
 
+    def _fp8_scales(self) -> tuple[int, int]:
+        """Pair each F8_E4M3 weight with its `weight_scale_inv` (removed from `tensors`); the block shape."""
+        qc = self.config.get("quantization_config") or {}
+        block = tuple(int(b) for b in (qc.get("weight_block_size") or (128, 128)))
+        for name in [n for n in self.tensors if n.endswith(_SCALE)]:
+            scale, weight = self.tensors.pop(name), name[: -len(_SCALE)] + ".weight"
+            t = self.tensors.get(weight)
+            if t is None or t.dtype != "F8_E4M3":
+                raise ConversionError(f"{scale.path}: tensor {name}: scales for {weight}, which is "
+                                      f"{'missing' if t is None else t.dtype + ', not F8_E4M3'}")
+            want = tuple(-(-d // b) for d, b in zip(t.shape, block))
+            if len(t.shape) != 2 or len(block) != 2 or scale.shape != want or scale.dtype == "F8_E4M3":
+                raise ConversionError(f"{scale.path}: tensor {name}: shape {list(scale.shape)} {scale.dtype}; expected "
+                                      f"float scales {list(want)} of {list(block)} blocks of {weight} {list(t.shape)}")
+            self.scales[weight] = scale
+        unscaled = [n for n, t in self.tensors.items() if t.dtype == "F8_E4M3" and n not in self.scales]
+        if unscaled:
+            raise ConversionError(f"{self.folder}: F8_E4M3 tensor {unscaled[0]} has no {_SCALE[1:]} "
+                                  f"(only block-scaled fp8 checkpoints are supported)")
+        return block
+
+    def _scaled(self, name: str, first: int, values: np.ndarray) -> np.ndarray:
+        """fp8 rows [first, first + len(values)) of weight `name` times their blocks' scales."""
+        scale = self.scales.get(name)
+        if scale is None:
+            return values
+        b0, b1 = self.block
+        s = _to_f32(self.read_bytes(scale, 0, scale.nbytes), scale.dtype).reshape(scale.shape)
+        rows = np.arange(first, first + values.shape[0]) // b0
+        return values * np.repeat(s[rows], b1, axis=1)[:, : values.shape[1]]
+
     # ---- reads ----
 
     def _fd(self, path: Path) -> int:
@@ -182,11 +237,16 @@ class Checkpoint:
         row_elems = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
         row_bytes = row_elems * t.itemsize
         raw = self.read_bytes(t, first * row_bytes, count * row_bytes)
-        return _to_f32(raw, t.dtype).reshape((count, *t.shape[1:]) if t.shape else ())
+        return self._scaled(name, first, _to_f32(raw, t.dtype).reshape((count, *t.shape[1:]) if t.shape else ()))
 
     def read_slab(self, name: str, index: int, slab_shape: tuple[int, ...]) -> np.ndarray:
         """Slab `index` of tensor `name` seen as consecutive slabs of `slab_shape`, as float32."""
         t = self.tensors[name]
+        if name in self.scales:  # a 2-D fp8 weight: slabs of whole rows
+            rows = int(np.prod(slab_shape, dtype=np.int64)) // t.shape[1]
+            if rows * t.shape[1] != int(np.prod(slab_shape, dtype=np.int64)):
+                raise ConversionError(f"{t.path}: tensor {t.name}: slabs of {slab_shape} are not whole fp8 rows")
+            return self.read_rows(name, index * rows, rows).reshape(slab_shape)
         slab = int(np.prod(slab_shape, dtype=np.int64)) * t.itemsize
         if (index + 1) * slab > t.nbytes:
             raise ConversionError(f"{t.path}: tensor {t.name}: slab {index} of {slab_shape} lies past its end")

@@ -90,7 +90,8 @@ def write_data(w: gguf.GGUFWriter, planned: list[PlannedTensor], n_threads: int,
             assert fout.tell() == data_start + offset, f"{p.name}: data would land at the wrong offset"
             written, per_piece = 0, p.src_bytes / max(1, len(p.pieces))
             for values in _prefetched(p.pieces, pool):
-                data = encode(values, p.ggml_type, n_threads)
+                # uint8 pieces are already blocks of p.ggml_type (MXFP4 sources kept as they are)
+                data = values if values.dtype == np.uint8 else encode(values, p.ggml_type, n_threads)
                 fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 written += data.nbytes
                 on_progress(int(per_piece))

@@ -150,10 +150,14 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
     D = hp.n_embd
     E = hp.n_experts
+    selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
+    # GGUF has no key for the group score: DeepSeek-V3 ("noaux_tc") always has a selection bias and
+    # sums each group's top two; V2 ("group_limited_greedy") never has one and takes the best expert
+    # (llama.cpp sums the top two for both, so it differs from V2's own code on grouped V2 files).
     router = Router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
                     hp.expert_weights_norm, hp.expert_weights_scale, bias=w.opt(MT.FFN_GATE_INP, i, (E,), "bias"),
-                    selection_bias=w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias"),
-                    n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used)
+                    selection_bias=selection_bias, n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used,
+                    group_score="top2" if selection_bias is not None else "max")
     shared = None
     if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
         Is = hp.n_ff_shexp

@@ -32,12 +32,13 @@ class Router(nn.Module):
     """Top-k experts per token and their weights. Optional parts (DeepSeek-V3, gpt-oss):
     `bias` [E] added to the logits; `selection_bias` [E] added to the probabilities for choosing
     only (the weights stay the unbiased probabilities); expert groups, where only the
-    `n_groups_used` groups with the largest sum of their top-2 (biased) probabilities compete;
+    `n_groups_used` groups with the largest score compete (`group_score` "top2": the sum of their
+    top-2 (biased) probabilities, DeepSeek-V3 and llama.cpp; "max": their best one, DeepSeek-V2);
     gating "softmax_weight": top-k of the logits, softmax over the chosen k."""
 
     def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float,
                  bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
-                 n_groups: int = 0, n_groups_used: int = 0):
+                 n_groups: int = 0, n_groups_used: int = 0, group_score: str = "top2"):
         super().__init__()
         if gating not in ("softmax", "sigmoid", "softmax_weight"):
             raise ValueError(f"expert gating function {gating!r} is not supported "
@@ -46,6 +47,9 @@ class Router(nn.Module):
         self.bias, self.selection_bias = bias, selection_bias  # [E], [E]
         self.n_groups, self.n_groups_used = (n_groups, n_groups_used) if 1 < n_groups and n_groups_used < n_groups \
             else (0, 0)
+        if group_score not in ("top2", "max"):
+            raise ValueError(f"expert group score {group_score!r} is not supported (expected top2 or max)")
+        self.group_score = group_score
         self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
 
     @property
@@ -87,7 +91,8 @@ class Router(nn.Module):
     def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
         T, E = choice.shape
         groups = choice.view(T, self.n_groups, E // self.n_groups)  # [T, G, E/G]
-        group_scores = groups.topk(min(2, E // self.n_groups), dim=-1)[0].sum(dim=-1)  # [T, G]
+        top = 2 if self.group_score == "top2" else 1
+        group_scores = groups.topk(min(top, E // self.n_groups), dim=-1)[0].sum(dim=-1)  # [T, G]
         keep = group_scores.topk(self.n_groups_used, dim=-1)[1]  # [T, Gu]
         mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)  # [T, G]: groups dropped
         return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)

@@ -79,6 +79,26 @@ MORE_SPECS = {
                                             "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
                                             "beta_slow": 1.0, "rope_theta": 10000.0}),
                       "qwen2", torch.float32, True),
+    # DeepSeek-V2: 3 layers (1 dense + 2 MoE), no query LoRA (attn_q), softmax router without a
+    # selection bias, 8 experts in 4 groups of which only the best one (by its best expert) competes.
+    "deepseek2": Spec("deepseek2", "DeepseekV2Config", "DeepseekV2ForCausalLM",
+                      dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                           num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=1,
+                           topk_method="group_limited_greedy", n_shared_experts=2, first_k_dense_replace=1,
+                           routed_scaling_factor=2.0, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=32,
+                           qk_nope_head_dim=32, v_head_dim=64, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 10000.0}),
+                      "qwen2", torch.bfloat16, True),
+    # The same V2 form at llama.cpp's "lite" depth (26 layers): llama.cpp reads attn_q (no query
+    # LoRA) only for deepseek2 files of 26/27 layers; small widths keep it light (f32 / q8_0 only).
+    "deepseek2lite": Spec("deepseek2lite", "DeepseekV2Config", "DeepseekV2ForCausalLM",
+                          dict(_COMMON, hidden_size=64, num_hidden_layers=26, intermediate_size=128,
+                               moe_intermediate_size=64, num_key_value_heads=4, n_routed_experts=8,
+                               num_experts_per_tok=2, n_group=4, topk_group=1, topk_method="group_limited_greedy",
+                               n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.0,
+                               q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                               v_head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                          "qwen2", torch.bfloat16, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
     "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
@@ -98,6 +118,8 @@ def _randomize_extras(model: torch.nn.Module) -> None:
         if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
     for m in model.modules():
+        if hasattr(m, "topk_method") and hasattr(m, "weight"):  # DeepSeek-V2's router starts at zeros
+            m.weight.normal_(0.0, 0.05)
         if hasattr(m, "e_score_correction_bias"):
             m.e_score_correction_bias.normal_(0.0, 0.1)
             m.weight.normal_(0.0, 0.05)

@@ -37,6 +37,31 @@ def test_deepseek2_tensors_and_values():
     assert "blk.1.ffn_up_shexp.weight" in tensors
 
 
+def test_deepseek_v2_tensors_and_metadata():
+    """V2 without query LoRA: one `attn_q`; no selection bias; softmax gating and V2's groups."""
+    tiny = zoo().get("deepseek2")
+    layers = tiny.model.model.layers
+    reader = GGUFReader(tiny.gguf("f32"))
+    tensors = {t.name: t for t in reader.tensors}
+    assert np.array_equal(_array(tensors["blk.1.attn_q.weight"]), layers[1].self_attn.q_proj.weight.detach().numpy())
+    assert not any(("attn_q_a" in n or "exp_probs_b" in n) for n in tensors)
+    fields = {f.name: f.contents() for f in reader.fields.values()}
+    assert fields["deepseek2.expert_gating_func"] == 1  # softmax
+    assert (fields["deepseek2.expert_group_count"], fields["deepseek2.expert_group_used_count"]) == (4, 1)
+    assert fields["deepseek2.expert_weights_scale"] == 2.0 and "deepseek2.attention.q_lora_rank" not in fields
+
+
+def test_deepseek_v2_unknown_topk_method_is_refused(tmp_path):
+    tiny = zoo().get("deepseek2")
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny.hf_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["topk_method"] = "noaux_tc"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match="topk_method 'noaux_tc'"):
+        convert(folder, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
+
+
 def test_gpt_oss_tensors_and_values():
     tiny = zoo().get("gptoss")
     tensors = _tensors(tiny.gguf(None))  # q8_0 attention, q4_k experts: biases and sinks stay F32
@@ -53,8 +78,8 @@ def test_gpt_oss_tensors_and_values():
 
 
 @pytest.mark.parametrize("key, change, words", [
-    ("deepseek3", {"quantization_config": {"quant_method": "fp8"}}, "fp8"),
-    ("gptoss", {"quantization_config": {"quant_method": "mxfp4"}}, "MXFP4"),
+    ("deepseek3", {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}, "static"),
+    ("gptoss", {"quantization_config": {"quant_method": "awq"}}, "'awq'"),
     ("gptoss", {"swiglu_limit": 10.0}, "swiglu_limit=10.0"),
     ("gptoss", {"layer_types": ["full_attention"] * 4}, "layer_types"),
 ])

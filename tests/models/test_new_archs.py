@@ -14,7 +14,7 @@ from tests.fixtures.tiny import GGUF_ARCH, zoo
 
 from .helpers import REL_TOL, Bare, rel_err
 
-NEW_KEYS = ("deepseek3", "gptoss")
+NEW_KEYS = ("deepseek3", "deepseek2", "gptoss")  # deepseek2: DeepSeek-V2
 N_PREFILL, N_DECODE = 20, 16
 
 
@@ -119,6 +119,56 @@ def test_deepseek2_router_matches_transformers():
     order_w, order_g = want_ids.sort(-1), got_ids.sort(-1)
     assert torch.equal(order_w.values, order_g.values)
     assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices), atol=1e-6)
+
+
+def test_deepseek_v2_router_matches_transformers():
+    """Softmax scores, no selection bias, groups scored by their best expert ("group_limited_greedy"),
+    no renormalisation, the routed scaling factor: as transformers' DeepseekV2TopkRouter; scoring
+    groups by their top two (V3's rule, and llama.cpp's for every deepseek2 file) picks otherwise."""
+    from strata.models.moe import Router
+    tiny = zoo().get("deepseek2")
+    gate, cfg = tiny.model.model.layers[1].mlp.gate, tiny.model.config
+    x = torch.randn(256, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, want_w, want_ids = gate(x)
+    order_w = want_ids.sort(-1)
+
+    def route(score):
+        return Router(gate.weight.detach(), cfg.num_experts_per_tok, "softmax", False, cfg.routed_scaling_factor,
+                      n_groups=cfg.n_group, n_groups_used=cfg.topk_group, group_score=score)(x)
+
+    got_w, got_ids = route("max")
+    order_g = got_ids.sort(-1)
+    assert torch.equal(order_w.values, order_g.values)
+    assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices), atol=1e-6)
+    differ = (route("top2")[1].sort(-1).values != order_w.values).any(-1).float().mean()
+    assert differ > 0.05  # the fixture's groups decide
+
+
+def test_deepseek_v2_file_routes_by_the_best_expert_per_group():
+    """A deepseek2 file without selection biases (V2) gets V2's group score; the whole model with
+    V3's instead departs from transformers by far more than the tolerance."""
+    tiny = zoo().get("deepseek2")
+    ids = tiny.prompt_ids(40)
+    ref = tiny.hf_logits(ids)
+    bare = Bare(tiny.gguf("f32"))
+    routers = [b.ffn.router for b in bare.model.blocks if hasattr(b.ffn, "router")]
+    assert len(routers) == 2 and all(r.group_score == "max" and r.selection_bias is None for r in routers)
+    assert rel_err(bare.forward(ids, 0), ref) <= REL_TOL
+    other = Bare(tiny.gguf("f32"))
+    for block in other.model.blocks[1:]:
+        block.ffn.router.group_score = "top2"
+    assert rel_err(other.forward(ids, 0), ref) > 100 * REL_TOL
+
+
+def test_deepseek_v2_inspect_shows_its_hyperparameters():
+    tiny = zoo().get("deepseek2")
+    with strata.gguf.open_model(tiny.gguf(None)) as mf:
+        hp = mf.summary()["hparams"]
+    assert not hp.get("q_lora_rank") and (hp["kv_lora_rank"], hp["head_dim_mla"], hp["head_dim_v_mla"]) == (64, 64, 64)
+    assert (hp["n_dense_lead"], hp["n_expert_groups"], hp["n_expert_groups_used"]) == (1, 4, 1)
+    assert hp["expert_gating_func"] == "softmax" and hp["expert_weights_scale"] == 2.0
+    assert not hp["expert_weights_norm"] and hp["n_shared_experts"] == 2
 
 
 def test_deepseek2_inspect_shows_its_hyperparameters():
