@@ -62,9 +62,12 @@ def test_invalid_utf8_template_is_refused():
     ("{{ cycler.__init__.__globals__.os.system('true') }}", "chat template"),
 ])
 def test_stopped_while_rendering(source, match):
+    # the size limits are tested under the default time limit: on a loaded machine the 1 s one
+    # could stop a render before its size check does
+    limits = FAST if match == "longer than 1 s" else Limits()
     t0 = time.monotonic()
     with pytest.raises(ChatTemplateError, match=match):
-        ChatTemplate(source, {}, FAST).render(MESSAGES)
+        ChatTemplate(source, {}, limits).render(MESSAGES)
     assert time.monotonic() - t0 < 10
 
 
