@@ -222,6 +222,21 @@ class HostTier:
                 self.policy.pin(self._index(load.layer), load.expert)
             return self._view(load.layer, load.expert, slot)
 
+    def reap(self, layer: int) -> int:
+        """Complete every load in flight in `layer`'s slots, waiting for their reads. A load nobody
+        waits for (a prefetch whose device slot was given back) would otherwise keep its slot
+        LOADING for good, and a layer whose slots are all LOADING refuses every load. Returns how
+        many loads it completed."""
+        with self._lock:
+            loads = [ld for ld in self._loading.values() if ld.layer == layer]
+        n = 0
+        for load in loads:
+            with load.lock:
+                if not load.done:
+                    self._collect(load, None)
+                    n += 1
+        return n
+
     def acquire(self, layer: int, expert: int) -> HostExpert:
         """Load, wait and pin: the expert's bytes stay put until `unpin(layer, expert)`."""
         return self.wait(self.load(layer, expert), pin=True)

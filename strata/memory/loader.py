@@ -98,7 +98,19 @@ class SlotLoads:
             except StrataError:
                 if load.error is not None or not load.done:
                     raise
-            load = self.host.load(layer, e)
+            while True:
+                try:
+                    load = self.host.load(layer, e)
+                    break
+                except PoolExhaustedError:  # every host slot of the layer loading or pinned
+                    self._make_host_room(layer)
+
+    def _make_host_room(self, layer: int) -> None:
+        """Every host slot of `layer` is loading or pinned: complete the loads in flight (some may
+        have nobody waiting for them), else let pins go (CUDA copies) and pause."""
+        if not self.host.reap(layer):
+            self._drain_unpins()
+            time.sleep(RETRY_S)
 
     def _fill(self, layer: int, li: int, e: int, slot: int, expert, prefetched: bool = False) -> None:
         """Host slot -> device slot, then READY; the host slot is unpinned once the copy is done."""
@@ -217,8 +229,7 @@ class SlotLoads:
                 try:  # compute is waiting for it: load it as a demand load would
                     load = self.host.load(layer, e)
                 except PoolExhaustedError:
-                    self._drain_unpins()
-                    time.sleep(RETRY_S)
+                    self._make_host_room(layer)
                     continue
             self._count_host(li, layer, e, load, prefetch=True)
             return self._host_wait(layer, e, load)

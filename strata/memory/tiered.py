@@ -40,7 +40,7 @@ from .budget import Plan, TieredConfig, make_plan
 from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
 from .hybrid_exec import HybridExec, HybridSplit
-from .loader import COMPUTE, QUEUED, RETRY_S, SlotLoads
+from .loader import COMPUTE, QUEUED, SlotLoads
 from .placement import estimate, warn_if_slow
 from .policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from .predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
@@ -343,8 +343,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                     if pending:
                         self._fill_demand(layer, li, *pending.popleft())
                     else:
-                        self._drain_unpins()
-                        time.sleep(RETRY_S)
+                        self._make_host_room(layer)
             self._count_host(li, layer, e, load, prefetch=taken_over)
             pending.append((e, slot, load))
         while pending:

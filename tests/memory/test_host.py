@@ -296,3 +296,18 @@ def test_pinned_pool_on_cuda(model):
         on_device = torch.from_numpy(expert.down).to("cuda", non_blocking=True)
         torch.cuda.synchronize()
         assert np.array_equal(on_device.cpu().numpy(), model.expert_data(expert.slabs[2]))
+
+
+def test_loads_nobody_waits_for_are_reaped_when_a_layer_is_full(model):
+    # prefetches whose device slots were given back are never waited for: their host slots would
+    # stay LOADING and the layer refuse every load (a hang or a 'pool exhausted' error in decoding)
+    layer = model.expert_layers[0]
+    with tier(model, 2) as host:
+        orphans = [host.prefetch(layer, e) for e in (0, 1)]
+        assert all(o is not None and not o.done for o in orphans)
+        with pytest.raises(PoolExhaustedError):
+            host.load(layer, 2)
+        assert host.reap(layer) == 2 and all(o.done for o in orphans)
+        assert host.reap(layer) == 0
+        got = host.wait(host.load(layer, 2))  # a finished, unpinned load is evicted to make room
+        assert got is not None and host.is_ready(layer, 2)
