@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +60,9 @@ def write(path: Path, target_bytes: int = 0, *, hidden: int = 1024, ff: int = 51
     shape = Shape(arch=arch, n_layers=1, n_experts=n_experts, top_k=top_k, hidden=hidden, ff=ff, n_head=n_head,
                   n_head_kv=n_head_kv, vocab=vocab, expert_type=expert_type, weight_scale=weight_scale, seed=seed)
     if not n_layers:
-        per_layer = file_bytes(shape) - file_bytes(Shape(**{**shape.__dict__, "n_layers": 0}))
+        per_layer = file_bytes(shape) - file_bytes(replace(shape, n_layers=0))
         n_layers = max(2, round(target_bytes / per_layer))
-    return write_shape(path, Shape(**{**shape.__dict__, "n_layers": n_layers}))
+    return write_shape(path, replace(shape, n_layers=n_layers))
 
 
 def main() -> int:

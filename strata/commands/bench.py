@@ -212,16 +212,21 @@ def _run_tiered(args: argparse.Namespace) -> int:
     return _print(result, args, format_tiered)
 
 
+def _add_run_args(p: argparse.ArgumentParser, ctx: int | None, ctx_help: str, budgets_of: str) -> None:
+    """The model, device, threads, context and budget options of `bench tiered` and `bench ladder`."""
+    p.add_argument("model", help="GGUF model file")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default=None, help="compute dtype (default float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    p.add_argument("--ctx", type=int, default=ctx, help=ctx_help)
+    p.add_argument("--device-mem", default=None, metavar="SIZE", help=f"device budget{budgets_of}, e.g. 2G (default: the machine's)")
+    p.add_argument("--host-mem", default=None, metavar="SIZE", help=f"host budget{budgets_of}, e.g. 8G (default: the machine's)")
+
+
 def _add_tiered_parser(sub) -> None:
     t = sub.add_parser("tiered", help="decode through the tiered expert memory with prefetch off and on: hits, "
                                       "bytes moved, time waited for experts, prefetch precision and recall")
-    t.add_argument("model", help="GGUF model file")
-    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    t.add_argument("--dtype", default=None, help="compute dtype (default float32 on cpu, bfloat16 on cuda)")
-    t.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
-    t.add_argument("--ctx", type=int, default=256, help="context length (default 256)")
-    t.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 2G (default: the machine's)")
-    t.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 8G (default: the machine's)")
+    _add_run_args(t, ctx=256, ctx_help="context length (default 256)", budgets_of="")
     t.add_argument("--slot-form", choices=("dequantized", "packed"), default=None, help="device slot form")
     t.add_argument("--depths", type=int, nargs="+", default=[0, 2], help="prefetch depths to compare (default 0 2)")
     t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
@@ -281,13 +286,7 @@ def _run_ladder(args: argparse.Namespace) -> int:
 def _add_ladder_parser(sub) -> None:
     a = sub.add_parser("ladder", help="the ablation ladder: naive, + batching, + prefetch, + placement and caching, "
                                       "+ packed compute; tokens/s of each and its ratio to naive")
-    a.add_argument("model", help="GGUF model file")
-    a.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    a.add_argument("--dtype", default=None, help="float compute dtype (default float32 on cpu, bfloat16 on cuda)")
-    a.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
-    a.add_argument("--ctx", type=int, default=None, help="context length (default: -n plus a little)")
-    a.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget of the caching rows, e.g. 2G")
-    a.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget of the caching rows, e.g. 8G")
+    _add_run_args(a, ctx=None, ctx_help="context length (default: -n plus a little)", budgets_of=" of the caching rows")
     a.add_argument("--prefetch-depth", type=int, default=None, metavar="D", help="prefetch depth of the tiered rows")
     a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default 32)")
     a.add_argument("--batch", type=int, default=8, help="sequences decoded together from the batching row on "

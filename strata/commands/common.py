@@ -107,16 +107,13 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 def check_sampling_args(args: argparse.Namespace) -> None:
     """Refuse out-of-range sampling options (and an empty prompt) by flag name."""
-    from strata.engine.sampling import MAX_SEED, check_int, check_number
+    from strata.engine.sampling import check_int, check_sampling
 
     check_int("-n/--max-tokens", args.max_tokens, 1, None)
-    check_number("--temperature", args.temperature, 0.0, None)
-    check_int("--top-k", args.top_k, 0, None)
-    check_number("--top-p", args.top_p, 0.0, 1.0, low_open=True)
-    check_number("--min-p", args.min_p, 0.0, 1.0)
-    check_number("--repeat-penalty", args.repeat_penalty, 0.0, None, low_open=True)
-    if args.seed is not None:
-        check_int("--seed", args.seed, 0, MAX_SEED)
+    check_sampling({"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+                    "repetition_penalty": args.repeat_penalty, "seed": args.seed},
+                   {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                    "repetition_penalty": "--repeat-penalty", "seed": "--seed"})
     for stop in args.stop:
         if not stop:
             raise StrataArgumentError("--stop: expected a non-empty string, found ''")

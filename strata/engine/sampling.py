@@ -50,6 +50,26 @@ def check_int(name: str, value, low: int | None, high: int | None) -> int:
     return value
 
 
+#: The sampling options' ranges: (kind, low, high, low excluded), by SamplingParams field name.
+SAMPLING_RANGES = {"temperature": ("number", 0.0, None, False), "top_k": ("int", 0, None, False),
+                   "top_p": ("number", 0.0, 1.0, True), "min_p": ("number", 0.0, 1.0, False),
+                   "repetition_penalty": ("number", 0.0, None, True), "seed": ("int", 0, MAX_SEED, False)}
+
+
+def check_sampling(values: dict, names: dict[str, str] | None = None) -> None:
+    """Check each sampling option of `values` (SamplingParams field name -> value; a seed of None
+    is a fresh one) against SAMPLING_RANGES; errors name the option as `names` spells it (a
+    command-line flag), else by its field name."""
+    for field, (kind, low, high, low_open) in SAMPLING_RANGES.items():
+        value, name = values[field], (names or {}).get(field, field)
+        if field == "seed" and value is None:
+            continue
+        if kind == "int":
+            check_int(name, value, low, high)
+        else:
+            check_number(name, value, low, high, low_open=low_open)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0: greedy
@@ -60,13 +80,7 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per sequence
 
     def __post_init__(self):
-        check_number("temperature", self.temperature, 0.0, None)
-        check_int("top_k", self.top_k, 0, None)
-        check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        check_number("min_p", self.min_p, 0.0, 1.0)
-        check_number("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
-        if self.seed is not None:
-            check_int("seed", self.seed, 0, MAX_SEED)
+        check_sampling(self.__dict__)
 
     @property
     def greedy(self) -> bool:
@@ -122,4 +136,4 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-__all__ = ["MAX_SEED", "Sampler", "SamplingParams", "check_int", "check_number", "apply_repetition_penalty", "filter_logits"]
+__all__ = ["MAX_SEED", "SAMPLING_RANGES", "Sampler", "SamplingParams", "check_int", "check_number", "check_sampling", "apply_repetition_penalty", "filter_logits"]

@@ -238,7 +238,7 @@ class ExpertPolicy:
         self.slot_pins[slot] += 1
         return slot
 
-    def ready_slots(self, layer: int, experts: Sequence[int]) -> list[int] | None:
+    def ready_slots(self, layer: int, experts: Sequence[int]) -> np.ndarray | None:
         """The slots of `experts` when every one is READY (without pinning them), else None."""
         layer = self._layer(layer)
         if not experts or min(experts) < 0 or max(experts) >= self.n_experts:
@@ -246,19 +246,15 @@ class ExpertPolicy:
         slots = self.page_table[layer, list(experts)]
         if (slots < 0).any() or (self.slot_state[slots] != READY).any():
             return None
-        return slots.tolist()
+        return slots
 
     def pin_ready(self, layer: int, experts: Sequence[int]) -> np.ndarray | None:
         """Pin every one of `experts` (distinct) at once when all are READY in their slots (the
         common step once the working set is resident); None, with nothing pinned, otherwise.
         Returns their slots, in the order given."""
-        layer = self._layer(layer)
-        if not experts or min(experts) < 0 or max(experts) >= self.n_experts:
-            return None
-        slots = self.page_table[layer, list(experts)]
-        if (slots < 0).any() or (self.slot_state[slots] != READY).any():
-            return None
-        self.slot_pins[slots] += 1
+        slots = self.ready_slots(layer, experts)
+        if slots is not None:
+            self.slot_pins[slots] += 1
         return slots
 
     def unpin_slots(self, layer: int, experts: Sequence[int], slots: Sequence[int]) -> None:

@@ -179,19 +179,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
         t0 = time.perf_counter()
         self._drain_unpins()
-        if self._settled:  # every expert has its own slot and nothing moves them: no pins needed
-            slots = self.policy.ready_slots(li, ids)
-            if slots is not None:
-                self.stats.device_hits[li] += len(ids)
-                self.stats.requests[li] += len(ids)
-                self._wait_copies(slots)
-                self.stats.wait_s[li] += time.perf_counter() - t0
-                self._held = (layer, ids, slots, False)
-                return li, ids, slots
         with self._lock:  # the common step once the working set is resident: every expert ready
-            ready = self.policy.pin_ready(li, ids)
+            # settled (every expert has its own slot and nothing moves them): hits need no pins
+            pinned = not self._settled
+            ready = self.policy.pin_ready(li, ids) if pinned else self.policy.ready_slots(li, ids)
             if ready is not None:
-                if self._prefetched[ready].any():
+                if pinned and self._prefetched[ready].any():
                     self.stats.prefetch_used[li] += int(self._prefetched[ready].sum())
                     self._prefetched[ready] = False
                 self.stats.device_hits[li] += len(ids)
@@ -200,7 +193,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             slots = ready.tolist()
             self._wait_copies(slots)
             self.stats.wait_s[li] += time.perf_counter() - t0
-            self._held = (layer, ids, slots, True)
+            self._held = (layer, ids, slots, pinned)
             return li, ids, slots
         slots: list[int | None] = [None] * len(ids)
         try:

@@ -194,7 +194,7 @@ class RoutedExperts(nn.Module):
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
-        self._packed_groups(x, out, n_used, used, offsets, token_ids, router_w)
+        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
 
     def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,
                   n_tokens: int) -> None:
@@ -203,6 +203,12 @@ class RoutedExperts(nn.Module):
         the offsets, token ids and weights `call` reads); adds the routed experts into its output."""
         t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
+        self._held_experts(call, n_used, used, n_tokens)
+        self._seconds[0] += time.perf_counter() - t0
+
+    def _held_experts(self, call: native.MoeCall, n_used: int, used: torch.Tensor, n_tokens: int) -> None:
+        """Run `call` over the used experts in chunks of at most `memory.max_acquire`, each chunk
+        acquired packed and released after."""
         used_ids = used[:n_used].tolist()
         n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
         for i in range(0, n_used, n):
@@ -212,20 +218,7 @@ class RoutedExperts(nn.Module):
                 call(pool, held.parts, held.index, i, n_tokens, scratch)
             finally:  # an interrupted step must not leave the experts held
                 self.memory.release(self.layer, chunk)
-        self._seconds[0] += time.perf_counter() - t0
 
-    def _packed_groups(self, x: torch.Tensor, out: torch.Tensor, n_used: int, used: torch.Tensor,
-                       offsets: torch.Tensor, token_ids: torch.Tensor, router_w: torch.Tensor) -> None:
-        used_ids = used[:n_used].tolist()
-        n = self.memory.max_acquire
-        for i in range(0, n_used, n):
-            chunk = used_ids[i:i + n]
-            held = self.memory.acquire_packed(self.layer, chunk)
-            try:
-                native.moe_swiglu(self.compute.pool, x, out, held.parts, torch.tensor(held.index, dtype=torch.int32),
-                                  offsets[i:i + len(chunk) + 1], token_ids, router_w, self.compute.scratch)
-            finally:  # an interrupted step must not leave the experts held
-                self.memory.release(self.layer, chunk)
 
 
 def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans: list[tuple[int, int]],
