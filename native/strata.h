@@ -408,4 +408,33 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_
                        int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl);
 
+/* ==== Decode program (program.c): a decode step through every layer in one call ==== */
+
+/* One MoE layer of the program: its attention half (strata_decode_attn's layer, caches bound),
+ * its expert parts (gate and up [n_ff, D], down [D, n_ff]) and its page table row: expert e is the
+ * matrix at position slot_of[e] of the parts (-1: not in place, an error). */
+typedef struct {
+    const strata_attn_layer *attn;
+    strata_moe_part gate, up, down;
+    const int32_t *slot_of;
+    int64_t n_ff;
+} strata_decode_layer;
+
+/* One decode step (as strata_decode_attn) through n_layers MoE layers: per layer, the attention
+ * half, the routed experts of the routing into routed [n_seq, D] (zeroed first) and x += routed.
+ * Layer l's expert ids go to expert_ids + l * ids_stride ([n_seq, n_used] int64); weights
+ * [n_seq, n_used], groups, expert_index [index_len >= n_experts] and routed are working buffers.
+ * Runs layers first_layer.. in turn; *stopped_at = n_layers when all ran, or the layer whose
+ * routing needs an expert not in place (slot_of -1): that layer's attention half and routing are
+ * done (x, xn, its expert ids, weights and groups written), its experts are the caller's to add
+ * before resuming at the next layer. layer_used [n_layers] receives each run layer's count of
+ * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
+ * attention and experts. */
+int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
+                         const int64_t *slots, const int64_t *positions, const float *cos_t, const float *sin_t,
+                         float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
+                         strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
+                         void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
+                         int64_t *layer_used, int64_t *layer_ns, int impl);
+
 #endif

@@ -77,6 +77,23 @@ class ExpertMemory(ABC):
         """The router of `layer` chose `expert_ids` [T, K] for this step (before `acquire`):
         routing statistics for placement and prediction. The default does nothing."""
 
+    def fixed_packed(self, layer: int) -> tuple[Any, torch.Tensor] | None:
+        """Every packed expert of `layer` in place for as long as the memory lives (read in place
+        from the file, or a slot pool that holds them all and never moves them): (parts, slot_of),
+        expert e being the matrix at position slot_of[e] (int32 [E]) of the parts. A step may then
+        compute from them without acquire and release, reporting its routing with
+        `served_fixed`. None (the default) while any expert may move or is not in place."""
+        return None
+
+    def check_fixed(self) -> None:
+        """Before each step computed from `fixed_packed` experts: raise if they can no longer be
+        read (a file truncated under a read-in-place map). The default has nothing to check."""
+
+    def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
+        """A step computed `layer`'s routing expert_ids [T, K] (n_used distinct experts) from
+        `fixed_packed`: what `observe` and the acquire would have counted."""
+        self.observe(layer, expert_ids)
+
     def memory_stats(self):
         """Counters of hits, misses, bytes and waits (`strata.memory.stats.MemoryStats`), or None."""
         return None

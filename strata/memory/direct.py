@@ -89,6 +89,19 @@ class DirectExpertMemory(ExpertMemory):
         self._held = (layer, ids)
         return PackedExperts(parts, list(ids))
 
+    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
+        """Packed: the file's expert tensors, expert e at position e (the map never moves)."""
+        if not self.packed:
+            return None
+        self.model_file.check_intact()
+        parts = self._parts.get(layer)
+        if parts is None:
+            parts = self._parts[layer] = file_parts(self.model_file, layer)
+        return parts, torch.arange(parts.gate.n_experts, dtype=torch.int32)
+
+    def check_fixed(self) -> None:
+        self.model_file.check_intact()  # the program reads the experts in place from the map
+
     def _load(self, layer: int, expert: int, index: int) -> ExpertWeights:
         host, dev = self._host[index], self._device[index]
         for slab in self.model_file.expert_slabs(layer, expert):

@@ -146,6 +146,26 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
         return PackedExperts(parts, slots)
 
+    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
+        """Settled packed memory: the slot pool and the layer's page table row (a live view).
+        Nothing moves a settled memory's experts, and its loads finish inside `acquire` (there is
+        no loader thread), so between steps a slot in the row holds its expert, ready; an expert
+        not loaded yet is -1 there, and a step that needs it acquires it."""
+        if not (self.packed and self._settled):
+            return None
+        li = self._layer(layer)
+        parts = self._parts[li]
+        if parts is None:
+            parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
+        return parts, torch.from_numpy(self.policy.page_table[li])
+
+    def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
+        self.observe(layer, expert_ids)
+        li = self._layer(layer)
+        with self._lock:
+            self.stats.device_hits[li] += n_used
+            self.stats.requests[li] += n_used
+
     def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> HybridSplit:
         """Hybrid only: split a chunk (with each expert's token count) into experts to acquire and
         experts the CPU computes from their host slots, pinned there until `hybrid_release`."""

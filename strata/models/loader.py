@@ -30,6 +30,7 @@ from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
+from .program import DecodeProgram
 from .step import FusedDecode
 from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
@@ -267,6 +268,7 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     for block in model.blocks:  # decode steps in two native calls per layer where the block allows
         if FusedDecode.eligible(block, packed):
             block.fused = FusedDecode(block, packed)
+    model.program = DecodeProgram.build(model, memory)  # and all of them in one call where experts stay put
     return model
 
 

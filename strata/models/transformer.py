@@ -64,6 +64,7 @@ class Transformer(nn.Module):
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
         self.compute = None  # PackedCompute of packed compute (its pool and scratch), set by the loader
+        self.program = None  # packed compute: decode steps through every block in one call (DecodeProgram)
         self._total_s, self._tokens = 0.0, 0
 
     @property
@@ -82,8 +83,11 @@ class Transformer(nn.Module):
         if self.lookahead is not None:
             self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
-        for i, block in enumerate(self.blocks):
-            x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
+        if self.program is not None and batch.is_decode:
+            x = self.program(x, batch, cos_sin, cache)  # the blocks' maths, all in one native call
+        else:
+            for i, block in enumerate(self.blocks):
+                x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
         logits = linear(self.norm(x), self.output).float()  # [T or B, V]
@@ -94,10 +98,16 @@ class Transformer(nn.Module):
     def times(self) -> StepTimes:
         """The time split of the passes since the last `reset_times`."""
         experts = sum(b.ffn.experts.seconds for b in self.blocks if hasattr(b.ffn, "experts"))
-        return StepTimes(self._total_s, sum(b.clock[0] for b in self.blocks), experts, self._tokens)
+        attention = sum(b.clock[0] for b in self.blocks)
+        if self.program is not None:
+            a, e = self.program.seconds()
+            attention, experts = attention + a, experts + e
+        return StepTimes(self._total_s, attention, experts, self._tokens)
 
     def reset_times(self) -> None:
         self._total_s, self._tokens = 0.0, 0
+        if self.program is not None:
+            self.program.reset()
         for b in self.blocks:
             b.clock[0] = 0.0
             if hasattr(b.ffn, "experts"):

@@ -9,6 +9,7 @@
     native.qdot_rows(t, w, n_rows, row_len, x)           # qdot.py (quantized matrix kernels, tests)
     native.rmsnorm(x, weight, eps, out); native.rope(q, cos, sin, rope_dim, neox)   # glue.py: decode glue
     native.DecodeAttn(...).run(pool, slots, positions, cos, sin, x, outputs, scratch)  # step.py: fused
+    native.DecodeLayers(layers, outputs).run(pool, slots, positions, cos, sin, x, ...)  # program.py: all layers
 
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
@@ -20,10 +21,11 @@ from .matmul import (ComputePool, MoeCall, MoePart, MoeParts, matmul_into, matmu
                      moe_swiglu)
 from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .step import DecodeAttn, StepOutputs
+from .program import DecodeLayers
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 
-__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "MoeCall", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo",
+__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeLayers", "MoeCall", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo",
            "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",

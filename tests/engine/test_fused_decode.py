@@ -1,7 +1,9 @@
 """The fused decode step of packed compute (strata.models.step: a layer's attention half and
-router in one native call, its routed experts in the fused MoE call) gives exactly the bytes of
-the per-call path it replaces, on every architecture's fixture, for one sequence and for a batch
-of sequences at different positions; and its native entry point refuses bad arguments.
+router in one native call, its routed experts in the fused MoE call) and the decode program
+(strata.models.program: every layer in one call) give exactly the bytes of the per-call path they
+replace, on every architecture's fixture, for one sequence and for a batch of sequences at
+different positions, also when the program hands a layer back to the expert memory; and their
+native entry points refuse bad arguments.
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ from strata.models import Batch
 STEPS = 12
 
 
-def _decode_logits(model, prompts: list[list[int]], fused: bool) -> list[torch.Tensor]:
+def _decode_logits(model, prompts: list[list[int]], mode: str = "program") -> list[torch.Tensor]:
     """Prefill each prompt in its own slot, then STEPS batched greedy decode steps: the logits
-    [B, V] of every step."""
+    [B, V] of every step. mode: "program" (as loaded), "fused" (per-block fused steps, no
+    program) or "per_call"."""
     t = model.transformer
-    saved = [b.fused for b in t.blocks]
-    if not fused:
+    saved, program = [b.fused for b in t.blocks], t.program
+    if mode != "program":
+        t.program = None
+    if mode == "per_call":
         for b in t.blocks:
             b.fused = None
     slots = [model.cache.allocate() for _ in prompts]
@@ -42,6 +47,14 @@ def _decode_logits(model, prompts: list[list[int]], fused: bool) -> list[torch.T
             model.cache.free(s)
         for b, f in zip(t.blocks, saved):
             b.fused = f
+        t.program = program
+
+
+def _has_program(tiny, model) -> bool:
+    """Every fixture's blocks are fused; the program takes those without a shared expert."""
+    shared = any(b.ffn.shared is not None for b in model.transformer.blocks)
+    assert (model.transformer.program is not None) == (not shared), tiny
+    return not shared
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
@@ -49,11 +62,35 @@ def test_fused_decode_equals_the_per_call_path(tiny, outtype):
     with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                      memory="direct") as m:
         assert all(b.fused is not None for b in m.transformer.blocks)
+        _has_program(tiny, m)
         for prompts in ([tiny.prompt_ids(7, seed=1)],
                         [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
-            fused, per_call = _decode_logits(m, prompts, True), _decode_logits(m, prompts, False)
-            for a, b in zip(fused, per_call):
-                assert torch.equal(a, b)
+            per_call = _decode_logits(m, prompts, "per_call")
+            for mode in ("fused", "program"):
+                for a, b in zip(_decode_logits(m, prompts, mode), per_call):
+                    assert torch.equal(a, b), mode
+
+
+def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
+    """A page table row with experts not in place (-1) stops the program after that layer's
+    attention half; the memory computes the layer's experts and the program resumes: the same
+    bytes, and the layers the program ran report their routing to the memory."""
+    with strata.load(tiny.gguf(None), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
+        if not _has_program(tiny, m):
+            pytest.skip("shared experts: no program")
+        prog = m.transformer.program
+        first, last = prog.model_layers[0], prog.model_layers[-1]
+        prog.fixed[0][1][::2] = -1  # half the first layer's experts "not in place"
+        acquired, served = [], []
+        acquire, served_fixed = m.memory.acquire_packed, m.memory.served_fixed
+        m.memory.acquire_packed = lambda layer, ids: (acquired.append(layer), acquire(layer, ids))[1]
+        m.memory.served_fixed = lambda layer, ids, n: (served.append(layer), served_fixed(layer, ids, n))[1]
+        prompts = [tiny.prompt_ids(6, seed=7), tiny.prompt_ids(13, seed=8)]
+        got = _decode_logits(m, prompts)
+        # prefill acquires every layer; decode only the first one's missing experts
+        assert served.count(last) == STEPS and acquired.count(first) > acquired.count(last)
+        for a, b in zip(got, _decode_logits(m, prompts, "per_call")):
+            assert torch.equal(a, b)
 
 
 def test_fused_decode_under_tiered_memory_equals_direct(tiny):
@@ -62,8 +99,26 @@ def test_fused_decode_under_tiered_memory_equals_direct(tiny):
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="tiered") as tiered:
         assert all(b.fused is not None for b in tiered.transformer.blocks)
-        for a, b in zip(_decode_logits(direct, prompts, True), _decode_logits(tiered, prompts, True)):
+        for a, b in zip(_decode_logits(direct, prompts, "fused"), _decode_logits(tiered, prompts, "fused")):
             assert torch.equal(a, b)
+
+
+def test_program_under_settled_tiered_memory_equals_direct(tiny):
+    """A settled pool fills on demand: the program hands the layers with experts not yet loaded
+    to the memory (which loads them) and runs the rest itself; hits are counted either way."""
+    path = tiny.gguf(None)
+    prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
+    with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
+            strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0) as settled:
+        assert settled.memory._settled
+        if not _has_program(tiny, settled):
+            pytest.skip("shared experts: no program")
+        for a, b in zip(_decode_logits(direct, prompts, "per_call"), _decode_logits(settled, prompts)):
+            assert torch.equal(a, b)
+        t = settled.memory_stats().totals()
+        assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"] > 0
+        times = settled.transformer.times()
+        assert times.attention_s > 0 and times.experts_s > 0
 
 
 def test_float_compute_has_no_fused_step(tiny):
@@ -94,3 +149,33 @@ def test_native_step_refuses_bad_arguments(tiny):
             layer.bind_cache(torch.zeros((1, 1, 8, 3)), torch.zeros((1, 1, 8, 3)))
         with pytest.raises(NativeError):  # scratch too small
             layer.run(c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin, x, step.out, torch.zeros(8, dtype=torch.uint8))
+
+
+def test_native_program_refuses_bad_arguments(tiny):
+    with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
+                     memory="direct") as m:
+        prog = m.transformer.program
+        if prog is None:
+            pytest.skip("shared experts: no program")
+        c, x = m.transformer.compute, torch.zeros((1, prog.layers[0].n_embd))
+        cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
+        args = (c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin)
+
+        def run(*head, slot_of=None, **kw):
+            if slot_of is not None:
+                prog.fixed[0][1][:] = slot_of
+            return prog.native.run(*(head or args), x, prog.routed, prog.expert_ids, prog.layer_used, c.scratch, **kw)
+
+        for i, layer in enumerate(prog.layers):
+            layer.bind_cache(*m.cache.layer(i))
+        assert run() == len(prog.layers)
+        with pytest.raises(NativeError, match="decode program"):  # position past the cache
+            run(c.pool, torch.tensor([0]), torch.tensor([64]), cos, sin)
+        with pytest.raises(ValueError, match="first layer"):
+            run(first=len(prog.layers) + 1)
+        with pytest.raises(ValueError, match="expert_ids"):
+            prog.native.run(*args, x, prog.routed, prog.expert_ids[:, :, :1], prog.layer_used, c.scratch)
+        with pytest.raises(NativeError, match="decode program"):  # a page table entry past the experts
+            run(slot_of=torch.full_like(prog.fixed[0][1], 10 ** 6))
+        with pytest.raises(ValueError, match="page table row"):
+            native.DecodeLayers([(prog.layers[0], prog.fixed[0][0], torch.zeros(3, dtype=torch.int32))], prog.out)

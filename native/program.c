@@ -1,0 +1,103 @@
+/*
+ * A whole decode step through every layer in one call: for each layer, the attention half and
+ * router (strata_decode_attn), the routed experts (strata_moe_swiglu) and the residual add, the
+ * same calls in the same order as strata/models/step.py makes them from Python, so the results
+ * are the same bytes. Crossing into C once per token instead of twice per layer is what removes
+ * the interpreter from decode when every expert stays where it is (memory read in place, or a
+ * slot pool that holds every expert and never moves them).
+ *
+ * Each layer's experts are addressed through `slot_of`, the layer's page table row: expert e is
+ * the matrix at position slot_of[e] of the layer's parts. Every entry is checked against the
+ * parts' regions before use (strata_moe_swiglu checks the regions again). A layer whose routing
+ * needs an expert that is not in place (-1) ends the call after its attention half, so that the
+ * caller brings the expert in through the memory, computes that layer's experts and resumes the
+ * program at the next layer.
+ * No allocation: intermediates live in the caller's buffers and scratch, sized for the largest
+ * of strata_decode_attn_scratch_bytes and strata_moe_scratch_bytes.
+ */
+#include "strata.h"
+#include "common.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* map_experts' answer for an expert that is not in place (never returned to the caller). */
+#define NOT_IN_PLACE (-1)
+
+static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+/* The layer list agrees with itself and with the buffers' shapes. */
+static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq, int64_t ids_stride,
+                     int64_t index_len) {
+    if (!layers || n_layers < 1 || n_seq < 1) return STRATA_E_ARG;
+    const strata_attn_layer *first = layers[0].attn;
+    if (!first) return STRATA_E_ARG;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const strata_decode_layer *L = &layers[l];
+        const strata_attn_layer *A = L->attn;
+        int64_t n_assign;
+        if (!A || !A->router || !L->slot_of || L->n_ff < 1 || A->n_embd != first->n_embd) return STRATA_E_ARG;
+        if (A->n_experts > index_len || !mul_ok(n_seq, A->n_used, &n_assign) || n_assign > ids_stride)
+            return STRATA_E_SIZE;
+    }
+    return STRATA_OK;
+}
+
+/* Expert positions of the experts the grouping used, from the layer's page table row;
+ * NOT_IN_PLACE when one is not in place. */
+static int map_experts(const strata_decode_layer *L, const strata_route_groups *g, int32_t *index) {
+    for (int64_t j = 0; j < g->n_used; j++) {
+        const int32_t e = g->used[j];
+        if (e < 0 || e >= L->attn->n_experts) return STRATA_E_SIZE;
+        const int32_t s = L->slot_of[e];
+        if (s < 0) return NOT_IN_PLACE;  /* not in place yet */
+        index[j] = s;
+    }
+    return STRATA_OK;
+}
+
+int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
+                         const int64_t *slots, const int64_t *positions, const float *cos_t, const float *sin_t,
+                         float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
+                         strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
+                         void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
+                         int64_t *layer_used, int64_t *layer_ns, int impl) {
+    int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len);
+    if (st != STRATA_OK) return st;
+    if (!x || !xn || !expert_ids || !weights || !groups || !expert_index || !routed || !stopped_at || !layer_used ||
+        first_layer < 0 || first_layer > n_layers)
+        return STRATA_E_ARG;
+    const int64_t D = layers[0].attn->n_embd;
+    int64_t xy_bytes;
+    if (!mul_ok(n_seq, D, &xy_bytes) || !mul_ok(xy_bytes, 4, &xy_bytes)) return STRATA_E_SIZE;
+    for (int64_t l = first_layer; l < n_layers; l++) {
+        const strata_decode_layer *L = &layers[l];
+        const int64_t t0 = layer_ns ? strata_now_ns() : 0;
+        int64_t *ids = expert_ids + l * ids_stride;
+        st = strata_decode_attn(pool, L->attn, n_seq, slots, positions, cos_t, sin_t, x, xn, ids, weights, groups,
+                                scratch, scratch_bytes, impl);
+        if (st != STRATA_OK) return st;
+        const int64_t t1 = layer_ns ? strata_now_ns() : 0;
+        layer_used[l] = groups->n_used;
+        st = map_experts(L, groups, expert_index);
+        if (st == NOT_IN_PLACE) {  /* the caller brings the experts in and computes this layer's */
+            if (layer_ns) layer_ns[2 * l] += t1 - t0;
+            *stopped_at = l;
+            return STRATA_OK;
+        }
+        if (st != STRATA_OK) return st;
+        memset(routed, 0, (size_t)xy_bytes);
+        st = strata_moe_swiglu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
+                               expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
+                               n_seq * L->attn->n_used, routed, xy_bytes, scratch, scratch_bytes, impl);
+        if (st != STRATA_OK) return st;
+        for (int64_t i = 0; i < n_seq * D; i++) x[i] += routed[i];
+        if (layer_ns) {
+            const int64_t t2 = strata_now_ns();
+            layer_ns[2 * l] += t1 - t0;
+            layer_ns[2 * l + 1] += t2 - t1;
+        }
+    }
+    *stopped_at = n_layers;
+    return STRATA_OK;
+}

@@ -1,0 +1,114 @@
+"""The decode program of packed compute: a decode step through every layer in one native call
+(`native.DecodeLayers`), so that once every expert stays where it is (experts read in place from
+the file, or a settled slot pool) the interpreter runs once per token, not twice per layer.
+
+Each layer is its block's fused decode step (strata.models.step) composed in C: the same native
+functions in the same order, so the logits are the same bytes. A layer whose routing needs an
+expert that is not in place yet (a settled pool still filling) hands back to Python after its
+attention half: that layer's experts go through the expert memory as in the fused step (which
+loads them, after which they stay), and the program resumes at the next layer.
+Must not: decide placement or move experts (the memory does); run prefill (several tokens per
+sequence go through the blocks).
+"""
+from __future__ import annotations
+
+import torch
+
+from strata import native
+from strata.memory import ExpertMemory
+
+from .batch import Batch, KVStore
+from .moe import MoE
+from .packed import PackedCompute
+
+
+class DecodeProgram:
+    """Every block of a model as one decode program. Buffers are sized for `capacity` sequences
+    and grow (once, at warm-up) when a larger batch arrives."""
+
+    def __init__(self, blocks: list, memory: ExpertMemory, compute: PackedCompute,
+                 fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1):
+        self.blocks, self.memory, self.compute, self.fixed = blocks, memory, compute, fixed
+        self.layers = [b.fused.layer for b in blocks]
+        self.model_layers = [b.ffn.experts.layer for b in blocks]
+        self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
+        self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
+        self._grow(capacity)
+
+    @staticmethod
+    def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
+        """The program of `model` when packed compute can run all its decode steps so: every block
+        fused with routed experts and no shared expert, no look-ahead announcements (they are
+        Python between layers), and a memory whose experts stay in place (`fixed_packed`)."""
+        compute = getattr(model, "compute", None)
+        if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
+            return None
+        blocks = list(model.blocks)
+        for b in blocks:
+            if (b.fused is None or b.fused.moe is None or not isinstance(b.ffn, MoE) or b.ffn.shared is not None
+                    or b.lookahead is not None or b.ffn.experts.hybrid is not None):
+                return None
+        fixed = [memory.fixed_packed(b.ffn.experts.layer) for b in blocks]
+        if any(f is None for f in fixed):
+            return None
+        return DecodeProgram(blocks, memory, compute, fixed)
+
+    def _grow(self, capacity: int) -> None:
+        first = self.layers[0]
+        out = self.out = native.StepOutputs(first, capacity)
+        self.routed = torch.empty((capacity, first.n_embd), dtype=torch.float32)
+        self.expert_ids = torch.empty((len(self.layers), capacity, max(first.n_used, 1)), dtype=torch.int64)
+        for layer in self.layers:
+            self.compute.reserve(layer.scratch_bytes(capacity))
+        self.native = native.DecodeLayers([(layer, parts, slot_of) for layer, (parts, slot_of)
+                                           in zip(self.layers, self.fixed)], out)
+        self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
+                                       first.n_experts)
+
+    def _reports(self) -> bool:
+        """Whether the memory does anything with reported routing (the base protocol's no-ops
+        are skipped, loop and all)."""
+        m = self.memory
+        return (getattr(m.served_fixed, "__func__", None) is not ExpertMemory.served_fixed
+                or getattr(m.observe, "__func__", None) is not ExpertMemory.observe)
+
+    def seconds(self) -> tuple[float, float]:
+        """Seconds in attention and in routed experts since the last `reset`."""
+        ns = self.layer_ns.sum(0).tolist()
+        return ns[0] * 1e-9, ns[1] * 1e-9
+
+    def reset(self) -> None:
+        self.layer_ns.zero_()
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                 cache: KVStore) -> torch.Tensor:
+        """x [B, D] (one new token per sequence) through every block; returns the result (x itself
+        when it was contiguous float32, updated in place)."""
+        B = x.shape[0]
+        if B > self.out.capacity:
+            self._grow(B)
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        for i, layer in enumerate(self.layers):
+            layer.bind_cache(*cache.layer(i))
+        self.memory.check_fixed()
+        c, n, first = self.compute, len(self.layers), 0
+        while True:
+            stop = self.native.run(c.pool, batch.slot_ids, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
+                                   self.layer_used, c.scratch, first, self.layer_ns)
+            if self._reports():
+                used = self.layer_used.tolist()
+                for li in range(first, stop):
+                    self.memory.served_fixed(self.model_layers[li], self.expert_ids[li, :B], used[li])
+            if stop == n:
+                return x
+            # layer `stop` routed to an expert not in place: its experts through the memory
+            routed = self.routed[:B]
+            routed.zero_()
+            self.blocks[stop].ffn.experts.add_bound(self.moe_call, self.expert_ids[stop, :B],
+                                                    int(self.layer_used[stop]), self.out.used, B)
+            x.add_(routed)  # (add_bound timed itself into the block's experts)
+            first = stop + 1
+
+
+__all__ = ["DecodeProgram"]

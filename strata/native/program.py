@@ -1,0 +1,103 @@
+"""A decode step through every MoE layer in one native call (native/program.c).
+
+    program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
+    stopped = program.run(pool, slots, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
+
+Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts` and its page table row
+`slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
+is seen, one that changes during a call must not happen). The outputs of `StepOutputs` serve as
+the working buffers of every layer. Holds no policy about when the program may run: the models
+decide (every expert in place and staying there).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ._lib import check, ffi, impl_code, lib
+from .matmul import MoeParts
+from .step import DecodeAttn, StepOutputs
+
+
+def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
+    if str(t.dtype) != f"torch.{dtype}" or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+        raise ValueError(f"decode program: {what} must be a contiguous CPU {dtype} tensor of shape {shape}, found "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+
+
+class DecodeLayers:
+    """The MoE layers of a model as one decode program; `out` (a StepOutputs of any of the layers,
+    which must agree in width, experts and experts per token) holds the working buffers."""
+
+    def __init__(self, layers: list[tuple[DecodeAttn, MoeParts, Any]], out: StepOutputs):
+        if not layers:
+            raise ValueError("decode program: no layers")
+        first = layers[0][0]
+        self.n_layers, self.n_embd, self.n_experts, self.n_used = len(layers), first.n_embd, first.n_experts, first.n_used
+        self.c = ffi.new("strata_decode_layer[]", len(layers))
+        for i, (attn, parts, slot_of) in enumerate(layers):
+            if (attn.n_embd, attn.n_experts, attn.n_used) != (self.n_embd, self.n_experts, self.n_used) or not self.n_experts:
+                raise ValueError(f"decode program: layer {i} has width {attn.n_embd}, {attn.n_experts} experts, "
+                                 f"{attn.n_used} per token; layer 0 {self.n_embd}, {self.n_experts}, {self.n_used}")
+            parts.check()
+            if parts.n_embd != self.n_embd:
+                raise ValueError(f"decode program: layer {i}'s experts are {parts.n_embd} wide, the layer {self.n_embd}")
+            _tensor(slot_of, "int32", (self.n_experts,), f"layer {i}'s page table row")
+            g, u, d = parts
+            self.c[i].attn = attn.c
+            self.c[i].gate, self.c[i].up, self.c[i].down = g.c[0], u.c[0], d.c[0]
+            self.c[i].slot_of = ffi.cast("const int32_t *", slot_of.data_ptr())
+            self.c[i].n_ff = parts.n_ff
+        self._keep = layers
+        if out.layer_experts != self.n_experts:
+            raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
+        self.out = out
+        self._index = ffi.new("int32_t[]", self.n_experts)
+        self._stopped = ffi.new("int64_t *")
+
+    def run(self, pool: Any, slots: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
+            layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, impl: str = "auto") -> int:
+        """x [B, D] float32 through layers first.., in place; returns where it stopped: L when every
+        layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
+        attention half done and its routing in the outputs (`out`, expert_ids[l]): the caller adds
+        that layer's experts into x and resumes at the next layer.
+
+        expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
+        [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
+        layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer."""
+        B, out = x.shape[0], self.out
+        if B > out.capacity:
+            raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
+        _tensor(x, "float32", (B, self.n_embd), "x")
+        _tensor(slots, "int64", (B,), "slots")
+        _tensor(positions, "int64", (B,), "positions")
+        _tensor(expert_ids, "int64", (self.n_layers, out.capacity, self.n_used), "expert_ids")
+        if routed.shape[0] < B:
+            raise ValueError(f"decode program: routed holds {routed.shape[0]} rows, {B} needed")
+        _tensor(routed, "float32", (routed.shape[0], self.n_embd), "routed")
+        _tensor(layer_used, "int64", (self.n_layers,), "layer_used")
+        if not 0 <= first <= self.n_layers:
+            raise ValueError(f"decode program: first layer {first} outside 0..{self.n_layers}")
+        if layer_ns is not None:
+            _tensor(layer_ns, "int64", (self.n_layers, 2), "layer_ns")
+        cp = sp = ffi.NULL
+        rope_dim = self.c[0].attn.rope_dim
+        if rope_dim:
+            half = B * (rope_dim // 2)
+            for t, what in ((cos, "rope cos"), (sin, "rope sin")):
+                if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
+                    raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
+            cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+        status = lib.strata_decode_layers(
+            pool.ptr, self.c, self.n_layers, B, ffi.cast("int64_t *", slots.data_ptr()),
+            ffi.cast("int64_t *", positions.data_ptr()), cp, sp, ffi.cast("float *", x.data_ptr()), out.xn_ptr,
+            ffi.cast("int64_t *", expert_ids.data_ptr()), out.capacity * self.n_used, out.w_ptr, out.groups,
+            self._index, self.n_experts, ffi.cast("float *", routed.data_ptr()), ffi.cast("void *", scratch.data_ptr()),
+            scratch.numel(), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),
+            ffi.NULL if layer_ns is None else ffi.cast("int64_t *", layer_ns.data_ptr()), impl_code(impl))
+        if status:
+            check(status, f"decode program of {self.n_layers} layers from layer {first}, {B} sequences (slots, "
+                          "positions, a page table entry or a cache out of range?)")
+        return int(self._stopped[0])
+
+
+__all__ = ["DecodeLayers"]
