@@ -277,16 +277,20 @@ class Model:
         compute, waiting for experts, dequantization and the rest, plus `tokens` and `total_s`.
         Expert compute is the routed experts' time less the memory's waits and dequantization."""
         t = self.transformer.times()
-        stats = self.memory_stats()
-        wait = float(stats.total("wait_s")) if stats is not None else 0.0
-        dequant = float(stats.total("dequant_s")) if stats is not None else 0.0
+        wait, dequant = (a - b for a, b in zip(self._memory_seconds(), getattr(self, "_split_base", (0.0, 0.0))))
         n = max(t.tokens, 1)
         return {"tokens": t.tokens, "total_s": t.total_s, "attention": t.attention_s / n,
                 "expert_compute": max(t.experts_s - wait - dequant, 0.0) / n, "expert_wait": wait / n,
                 "dequantization": dequant / n, "other": max(t.total_s - t.attention_s - t.experts_s, 0.0) / n}
 
+    def _memory_seconds(self) -> tuple[float, float]:
+        """The memory's waits and dequantization so far (its counters are never reset)."""
+        stats = self.memory_stats()
+        return (0.0, 0.0) if stats is None else (float(stats.total("wait_s")), float(stats.total("dequant_s")))
+
     def reset_time_split(self) -> None:
         self.transformer.reset_times()
+        self._split_base = self._memory_seconds()
 
     def close(self) -> None:
         _close_all(self.transformer, self.memory, self.model_file)

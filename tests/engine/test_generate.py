@@ -119,3 +119,18 @@ def test_more_prompts_than_slots_queue_and_a_closed_stream_frees_its_slot(tiny):
     next(iter(stream))
     stream.close()
     assert m.cache.n_free == 2 and not m.engine.busy
+
+
+def test_time_split_restarts_at_reset(tiny):
+    """`reset_time_split` restarts every part, the memory's waits included (its counters are
+    never reset): right after it nothing is counted, and the expert waits of later tokens are at
+    most their experts' time."""
+    with strata.load(tiny.gguf(None), threads=1, n_ctx=128, compute="packed", memory="tiered") as m:
+        m.generate(tiny.prompt_ids(6, seed=1), max_tokens=8, stop_token_ids=())
+        assert m.time_split()["expert_wait"] > 0
+        m.reset_time_split()
+        assert m.time_split() == {"tokens": 0, "total_s": 0.0, "attention": 0.0, "expert_compute": 0.0,
+                                  "expert_wait": 0.0, "dequantization": 0.0, "other": 0.0}
+        m.generate(tiny.prompt_ids(6, seed=2), max_tokens=8, stop_token_ids=())
+        s, t = m.time_split(), m.transformer.times()
+        assert 0 < s["expert_wait"] * s["tokens"] <= t.experts_s
