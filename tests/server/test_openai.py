@@ -3,6 +3,7 @@ the model list, the usage chunk, 16 concurrent streams equal to each request alo
 and a client that leaves mid-stream has its sequence cancelled."""
 from __future__ import annotations
 
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -163,3 +164,31 @@ def test_disconnect_cancels_the_sequence(server):
         before.get("strata:request_success_total{finished_reason=abort}", 0) + 1
     assert now["strata:requests_running"] == 0 and now["strata:kv_blocks_used"] == 0
     assert now["strata:generation_tokens_total"] - before["strata:generation_tokens_total"] < 1000
+
+
+def test_random_disconnects_leave_nothing_behind(server, client):
+    rng = random.Random(0)
+    plans = [(rng.randint(4, 60), rng.randint(0, 30)) for _ in range(40)]  # (max_tokens, events read before leaving)
+
+    def one(plan):
+        max_tokens, leave_after = plan
+        body = {"model": "tiny", "prompt": f"story {max_tokens}", "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            for n, _ in enumerate(response.iter_lines()):
+                if n >= leave_after:
+                    break
+
+    before = metrics(server)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, plans))
+    finished = lambda m: sum(v for k, v in m.items() if k.startswith("strata:request_success_total"))  # noqa: E731
+    deadline = time.monotonic() + 30
+    while finished(now := metrics(server)) < finished(before) + 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert finished(now) == finished(before) + 40
+    assert now["strata:requests_running"] == 0 and now["strata:requests_waiting"] == 0
+    assert now["strata:kv_blocks_used"] == 0
+    assert client.completions.create(model="tiny", prompt="after", max_tokens=3, temperature=0,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 3
