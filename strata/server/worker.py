@@ -105,9 +105,13 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                self._drain(block=not self.engine.busy)
-                if self.engine.busy and not self._stopping:
-                    self._step()
+                try:
+                    self._drain(block=not self.engine.busy)
+                    if self.engine.busy and not self._stopping:
+                        self._step()
+                except Exception as e:  # a bug here must not leave every later request hanging
+                    log.exception("engine thread")
+                    self._fail_all(APIError(500, f"internal error: {type(e).__name__}: {e}"), drain=False)
                 self._gauges()
         finally:
             self._fail_all(APIError(503, "the server is shutting down", code="shutting_down"), drain=True)
@@ -137,8 +141,8 @@ class EngineWorker:
         except Exception as e:
             if full is not None and isinstance(e, full):
                 error = APIError(503, f"the server is busy: {e}; retry later", code="queue_full")
-            elif isinstance(e, StrataError):
-                error = APIError(400, str(e), code="context_length_exceeded")
+            elif isinstance(e, StrataError):  # the engine refused this sequence (the prompt is checked before)
+                error = APIError(400, str(e))
             else:
                 log.exception("engine.add failed")
                 error = APIError(500, f"internal error: {type(e).__name__}: {e}")

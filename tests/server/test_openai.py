@@ -3,7 +3,9 @@ the model list, the usage chunk, 16 concurrent streams equal to each request alo
 and a client that leaves mid-stream has its sequence cancelled."""
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import start
+from .conftest import ROOT, start
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
 
@@ -192,3 +194,33 @@ def test_random_disconnects_leave_nothing_behind(server, client):
     assert now["strata:kv_blocks_used"] == 0
     assert client.completions.create(model="tiny", prompt="after", max_tokens=3, temperature=0,
                                      extra_body={"ignore_eos": True}).usage.completion_tokens == 3
+
+
+def test_chat_against_the_server(server, tiny_model):
+    import pexpect
+
+    from tests.cli.test_chat import STATS, _expected
+
+    child = pexpect.spawn(sys.executable, ["-m", "strata", "chat", "--server", server.url, "--temperature", "0",
+                                           "-n", "10", "--system", "Be brief."],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=60)
+    try:
+        replies = []
+        for text in ("hello there", "and the cache?"):
+            child.expect_exact("> ")
+            child.sendline(text)
+            child.expect_exact(text + "\r\n")
+            child.expect(STATS)
+            replies.append((child.before.replace("\r", ""), int(child.match.group(2)), int(child.match.group(3))))
+        child.expect_exact("> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    system, u1 = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}
+    u2 = {"role": "user", "content": "and the cache?"}
+    a1 = tiny_model.chat([system, u1], max_tokens=10, temperature=0.0).text
+    assert replies[0][:2] == _expected(tiny_model, [system, u1])
+    assert replies[1][:2] == _expected(tiny_model, [system, u1, {"role": "assistant", "content": a1}, u2])
+    assert replies[0][2] == 1024  # the server's context
