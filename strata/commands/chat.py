@@ -6,6 +6,7 @@ Must not hold engine logic: each turn is one `Model.chat` call (or one request) 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
@@ -98,6 +99,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--server", default=None, metavar="URL",
                    help="chat with a running strata serve (e.g. http://127.0.0.1:8080) instead of loading MODEL")
-    p.add_argument("--api-key", default=None, metavar="KEY", help="the server's --api-key (with --server)")
+    p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY") or None, metavar="KEY",
+                   help="the server's --api-key (with --server; default: $STRATA_API_KEY)")
     add_sampling_args(p, temperature=0.8)
     p.set_defaults(func=run)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -77,13 +78,14 @@ def add_parser(subparsers) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    g.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1/* requests")
+    g.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY") or None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* requests (default: $STRATA_API_KEY, "
+                        "which keeps the key out of the process list)")
     g.add_argument("--alias", default=None, metavar="NAME",
                    help="model id served in /v1/models and expected in requests (default: the file's stem)")
-    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
                    help=f"sequences decoded together (default {DEFAULT_MAX_BATCH})")
-    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests accepted beyond those running; more are refused with 503 (default "
                         f"{DEFAULT_MAX_QUEUE})")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
