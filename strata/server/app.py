@@ -226,11 +226,14 @@ def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model:
 async def _watch_disconnect(request: Request, worker: EngineWorker, ticket: Ticket) -> None:
     """Cancel the ticket's sequence when the client goes away (read after the body: only
     'http.disconnect' can come)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            worker.cancel(ticket)
-            return
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except asyncio.CancelledError:  # the answer is complete: nothing to watch
+        raise
+    except Exception:  # the connection broke some other way: the client is gone all the same
+        pass
+    worker.cancel(ticket)
 
 
 async def _generate(request: Request, state: ServerState, parse: Callable[[Any], GenerationRequest]) -> Response:
