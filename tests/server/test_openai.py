@@ -170,7 +170,7 @@ def test_disconnect_cancels_the_sequence(server):
 
 def test_random_disconnects_leave_nothing_behind(server, client):
     rng = random.Random(0)
-    plans = [(rng.randint(4, 60), rng.randint(0, 30)) for _ in range(40)]  # (max_tokens, events read before leaving)
+    plans = [(rng.randint(4, 40), rng.randint(0, 25)) for _ in range(200)]  # (max_tokens, events read before leaving)
 
     def one(plan):
         max_tokens, leave_after = plan
@@ -187,9 +187,12 @@ def test_random_disconnects_leave_nothing_behind(server, client):
         list(pool.map(one, plans))
     finished = lambda m: sum(v for k, v in m.items() if k.startswith("strata:request_success_total"))  # noqa: E731
     deadline = time.monotonic() + 30
-    while finished(now := metrics(server)) < finished(before) + 40 and time.monotonic() < deadline:
+    while finished(now := metrics(server)) < finished(before) + 200 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert finished(now) == finished(before) + 40
+    assert finished(now) == finished(before) + 200
+    for reason in ("abort", "length"):  # some clients left, some read to the end
+        key = f"strata:request_success_total{{finished_reason={reason}}}"
+        assert now.get(key, 0) > before.get(key, 0)
     assert now["strata:requests_running"] == 0 and now["strata:requests_waiting"] == 0
     assert now["strata:kv_blocks_used"] == 0
     assert client.completions.create(model="tiny", prompt="after", max_tokens=3, temperature=0,
