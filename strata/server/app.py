@@ -207,6 +207,9 @@ def _check_model(name: str | None, config: ServerConfig) -> None:
 
 
 async def _json_body(request: Request) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body has {declared} bytes; at most {MAX_BODY_BYTES} are accepted")
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body has {len(body)} bytes; at most {MAX_BODY_BYTES} are accepted")

@@ -21,7 +21,7 @@ from strata.chat_template import ChatTemplateError
 from strata.engine.sampling import SAMPLING_RANGES
 from strata.errors import StrataError
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 
 MAX_STOP_STRINGS = 16
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
