@@ -1,15 +1,18 @@
 """`strata chat MODEL`: an interactive chat with history; /reset clears it, /exit (or Ctrl-D) quits.
+`strata chat --server URL` runs the same loop against a running `strata serve` (chat_server.py).
 
-Must not hold engine logic: each turn is one `Model.chat` call on the history.
+Must not hold engine logic: each turn is one `Model.chat` call (or one request) on the history.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Callable
 
-from strata.errors import StrataError
+from strata.errors import StrataArgumentError, StrataError
 
-from .common import add_model_args, add_sampling_args, load_model, print_stats, sampling_kwargs
+from .common import add_model_args, add_sampling_args, check_sampling_args, load_model, print_stats, sampling_kwargs
 
 HELP = "commands: /reset clears the conversation, /exit quits"
 
@@ -33,18 +36,33 @@ def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.server is not None:
+        return _run_remote(args)
+    if args.model is None:
+        raise StrataArgumentError("strata chat: expected a MODEL file or --server URL")
     with load_model(args) as model:
         model.chat_template  # a template that cannot compile ends the command before the first turn
         try:
-            return _loop(model, args)
+            return _loop(lambda history: _reply(model, history, args), args,
+                         f"{model.path.name} ({model.hparams.arch}, {model.device})")
         finally:
             print_stats(args, model)
 
 
-def _loop(model, args: argparse.Namespace) -> int:
+def _run_remote(args: argparse.Namespace) -> int:
+    from .chat_server import ServerChat
+
+    if args.model is not None:
+        raise StrataArgumentError(f"strata chat: give a MODEL file or --server URL, not both ({args.model})")
+    check_sampling_args(args)
+    server = ServerChat(args.server, args.api_key)
+    return _loop(lambda history: server.reply(history, args), args, server.name)
+
+
+def _loop(reply: Callable[[list[dict]], str | None], args: argparse.Namespace, name: str) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = list(system)
-    print(f"strata chat: {model.path.name} ({model.hparams.arch}, {model.device}). {HELP}", flush=True)
+    print(f"strata chat: {name}. {HELP}", flush=True)
     while True:
         try:
             line = input("> ")
@@ -65,19 +83,23 @@ def _loop(model, args: argparse.Namespace) -> int:
             continue
         history.append({"role": "user", "content": line})
         try:
-            reply = _reply(model, history, args)
+            text = reply(history)
         except StrataError as exc:
             print(f"error: {exc} (/reset starts a new conversation)", flush=True)
-            reply = None
-        if reply is None:
+            text = None
+        if text is None:
             history.pop()
         else:
-            history.append({"role": "assistant", "content": reply})
+            history.append({"role": "assistant", "content": text})
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal")
-    add_model_args(p)
+    add_model_args(p, model_optional=True)
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="chat with a running strata serve (e.g. http://127.0.0.1:8080) instead of loading MODEL")
+    p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY") or None, metavar="KEY",
+                   help="the server's --api-key (with --server; default: $STRATA_API_KEY)")
     add_sampling_args(p, temperature=0.8)
     p.set_defaults(func=run)

@@ -9,8 +9,11 @@ import sys
 from strata.errors import StrataArgumentError, StrataError
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="GGUF model file")
+def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> None:
+    if model_optional:
+        p.add_argument("model", nargs="?", default=None, help="GGUF model file")
+    else:
+        p.add_argument("model", help="GGUF model file")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype: float32, bfloat16, float16 "
                                                  "(default float32 on cpu, bfloat16 on cuda)")

@@ -1,0 +1,93 @@
+"""`strata serve MODEL`: an OpenAI-compatible HTTP server (strata.server) run by uvicorn.
+
+Must not hold server logic: it parses arguments, builds the app and runs uvicorn. The model
+loads in the background after the port is open (`GET /health` is 503 until it is ready); a
+model that fails to load stops the server with the error and exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from strata.errors import StrataArgumentError, StrataError
+
+from .common import add_model_args, check_model_args, check_save_routing, load_kwargs, print_stats
+
+DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_QUEUE = 64
+
+
+def _check(args: argparse.Namespace) -> None:
+    from strata.engine.sampling import check_int
+
+    check_model_args(args)
+    check_save_routing(args)
+    check_int("--max-batch", args.max_batch, 1, 4096)
+    check_int("--max-queue", args.max_queue, 0, None)
+    check_int("--port", args.port, 0, 65535)
+    if args.api_key is not None and not args.api_key.strip():
+        raise StrataArgumentError("--api-key: expected a non-empty key")
+    if not Path(args.model).is_file():
+        raise StrataError(f"{args.model}: no such model file")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+        from strata.server import ServerConfig, create_app
+    except ImportError as e:
+        raise StrataError(f"strata serve needs the server packages ({e.name} is missing): "
+                          f"pip install 'strata[serve]'") from None
+    _check(args)
+    kwargs = load_kwargs(args)
+
+    def loader():
+        import strata
+
+        return strata.load(args.model, max_batch=args.max_batch, **kwargs)
+
+    name = args.alias or Path(args.model).stem
+    config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
+                          aliases=(Path(args.model).name,))
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_error(e: BaseException) -> None:
+        failed.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(loader, config, on_load_error, on_close=lambda model: print_stats(args, model))
+    logging.basicConfig(level=logging.INFO, format="strata serve: %(message)s")
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5, access_log=args.log_level == "debug"))
+    print(f"strata serve: {args.model} as {name!r} on http://{args.host}:{args.port} (loading; GET /health "
+          f"answers 200 when ready)", file=sys.stderr, flush=True)
+    server.run()
+    if failed:
+        raise failed[0] if isinstance(failed[0], (StrataError, OSError)) else StrataError(str(failed[0]))
+    return 0 if server.started else 1
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    add_model_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    g.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY") or None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* requests (default: $STRATA_API_KEY, "
+                        "which keeps the key out of the process list)")
+    g.add_argument("--alias", default=None, metavar="NAME",
+                   help="model id served in /v1/models and expected in requests (default: the file's stem)")
+    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+                   help=f"sequences decoded together (default {DEFAULT_MAX_BATCH})")
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                   help=f"requests accepted beyond those running; more are refused with 503 (default "
+                        f"{DEFAULT_MAX_QUEUE})")
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                   help="uvicorn's log level (default info; debug also logs every request)")
+    p.set_defaults(func=run)

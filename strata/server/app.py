@@ -1,0 +1,284 @@
+"""The HTTP app: OpenAI-style endpoints over one engine thread, health and Prometheus metrics.
+
+    app = create_app(lambda: strata.load("model.gguf", max_batch=8), ServerConfig("model"))
+    uvicorn.run(app, host="127.0.0.1", port=8080)
+
+The model loads on a background thread when the app starts (`GET /health` answers 503 until it
+is ready, 200 after); the `EngineWorker` then owns the engine. A request is parsed and checked
+(`protocol`), tokenized off the event loop, handed to the engine thread as a `Ticket`, and
+answered from the ticket's events (`responses`): whole, or streamed as server-sent events.
+A watcher on the connection cancels the request's sequence when the client leaves. Every
+error is an OpenAI-shaped body (`errors.APIError`) and touches no other request.
+
+Must not step the engine (the worker does) or do model maths.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from strata.engine import SamplingParams, Sequence, StopConditions
+
+from .errors import APIError, bad_request
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
+from .responses import Reply, collect, stream
+from .worker import EngineWorker, Ticket
+
+log = logging.getLogger("strata.server")
+MAX_BODY_BYTES = 16 << 20
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the id /v1/models lists and requests name
+    api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1/* when set
+    max_running: int = 4  # sequences decoded together (the model's max_batch)
+    max_queue: int = 64  # requests accepted beyond those running; more get 503
+    aliases: tuple[str, ...] = ()  # other names accepted for the model (e.g. the file name)
+
+
+class ServerState:
+    """The loaded model and its engine thread, or why there is none yet."""
+
+    def __init__(self, loader: Callable[[], Any], config: ServerConfig,
+                 on_load_error: Callable[[BaseException], None] | None = None,
+                 on_close: Callable[[Any], None] | None = None):
+        self.loader, self.config, self.on_load_error, self.on_close = loader, config, on_load_error, on_close
+        self.metrics = ServerMetrics()
+        self.model: Any = None
+        self.worker: EngineWorker | None = None
+        self.load_error: BaseException | None = None
+        self.ids = itertools.count()
+        self.created = int(time.time())
+        self._lock = threading.Lock()
+        self._closed = False
+        self._loading = threading.Thread(target=self._load, name="strata-load", daemon=True)
+
+    def start(self) -> None:
+        self._loading.start()
+
+    def _load(self) -> None:
+        try:
+            model = self.loader()
+            try:
+                model.chat_template  # compiled once here, not by racing request threads
+            except Exception as e:
+                log.warning("chat template unusable, /v1/chat/completions will refuse requests: %s", e)
+        except BaseException as e:
+            log.error("loading the model failed: %s", e)
+            self.load_error = e
+            if self.on_load_error is not None:
+                self.on_load_error(e)
+            return
+        worker = EngineWorker(model, self.metrics, self.config.max_running, self.config.max_queue)
+        with self._lock:
+            if self._closed:  # the server stopped while the model loaded
+                model.close()
+                return
+            self.metrics.attach(model)
+            worker.start()
+            self.model, self.worker = model, worker
+        log.info("model ready: %s", self.config.model_name)
+
+    def ready(self) -> tuple[Any, EngineWorker]:
+        if self.worker is None:
+            if self.load_error is not None:
+                raise APIError(503, f"the model failed to load: {self.load_error}", code="model_load_failed")
+            raise APIError(503, "the model is loading; retry when GET /health answers 200", code="model_loading")
+        return self.model, self.worker
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+            model, worker = self.model, self.worker
+        if worker is not None:
+            worker.stop()
+        if model is not None:
+            try:
+                if self.on_close is not None:
+                    self.on_close(model)
+            finally:
+                model.close()
+
+
+def create_app(loader: Callable[[], Any], config: ServerConfig,
+               on_load_error: Callable[[BaseException], None] | None = None,
+               on_close: Callable[[Any], None] | None = None) -> FastAPI:
+    """The app; `loader()` returns the `strata.Model` to serve (called once, on a thread).
+    `on_load_error(exc)` hears of a failed load; `on_close(model)` runs before the model closes."""
+    state = ServerState(loader, config, on_load_error, on_close)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(state.stop)
+
+    app = FastAPI(title="strata", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.strata = state
+    _add_error_handlers(app, state)
+    _add_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        state.metrics.requests_refused.labels(str(exc.status)).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return await api_error(request, APIError(exc.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return await api_error(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        state.ready()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        _authorize(request, state.config)
+        model, _ = state.ready()
+        return {"object": "list", "data": [_model_card(state, model)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str, request: Request) -> dict[str, Any]:
+        _authorize(request, state.config)
+        model, _ = state.ready()
+        _check_model(model_id, state.config)
+        return _model_card(state, model)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, state, parse_chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, state, parse_completion)
+
+
+def _model_card(state: ServerState, model: Any) -> dict[str, Any]:
+    return {"id": state.config.model_name, "object": "model", "created": state.created,
+            "owned_by": "strata", "max_model_len": model.n_ctx}
+
+
+def _authorize(request: Request, config: ServerConfig) -> None:
+    if config.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), config.api_key.encode()):
+        raise APIError(401, "invalid or missing API key: send the header 'Authorization: Bearer KEY'",
+                       code="invalid_api_key")
+
+
+def _check_model(name: str | None, config: ServerConfig) -> None:
+    if name is not None and name not in (config.model_name, *config.aliases):
+        raise APIError(404, f"model {name!r} does not exist; this server serves {config.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+async def _json_body(request: Request) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body has {declared} bytes; at most {MAX_BODY_BYTES} are accepted")
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body has {len(body)} bytes; at most {MAX_BODY_BYTES} are accepted")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+
+
+def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any) -> Sequence:
+    stops = StopConditions(max_tokens=req.max_tokens or model.n_ctx - len(ids),
+                           stop_token_ids=frozenset() if req.ignore_eos else model.stop_token_ids,
+                           stop_strings=req.stop)
+    return Sequence(next(state.ids), ids, SamplingParams(**req.sampling), stops, model.tokenizer.stream())
+
+
+async def _watch_disconnect(request: Request, worker: EngineWorker, ticket: Ticket) -> None:
+    """Cancel the ticket's sequence when the client goes away (read after the body: only
+    'http.disconnect' can come)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except asyncio.CancelledError:  # the answer is complete: nothing to watch
+        raise
+    except Exception:  # the connection broke some other way: the client is gone all the same
+        pass
+    worker.cancel(ticket)
+
+
+async def _generate(request: Request, state: ServerState, parse: Callable[[Any], GenerationRequest]) -> Response:
+    _authorize(request, state.config)
+    model, worker = state.ready()
+    req = parse(await _json_body(request))
+    _check_model(req.model, state.config)
+    ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
+    ticket = Ticket(_sequence(state, req, ids, model), asyncio.get_running_loop())
+    worker.submit(ticket)
+    watcher = asyncio.create_task(_watch_disconnect(request, worker, ticket))
+    reply = Reply(req, state.config.model_name)
+    try:
+        first = await ticket.events.get()  # admitted by the engine, or refused
+        if first.kind == "error":
+            raise first.error
+        if req.stream:
+            return StreamingResponse(_streaming(reply, ticket, worker, watcher, state),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        text, last = await collect(ticket)
+        return JSONResponse(reply.whole(text, last))
+    except BaseException:
+        worker.cancel(ticket)
+        watcher.cancel()
+        raise
+    finally:
+        if not req.stream:
+            watcher.cancel()
+
+
+async def _streaming(reply: Reply, ticket: Ticket, worker: EngineWorker, watcher: asyncio.Task,
+                     state: ServerState):
+    def refused(error: APIError) -> None:
+        state.metrics.requests_refused.labels(str(error.status)).inc()
+
+    try:
+        async for event in stream(reply, ticket, refused):
+            yield event
+    finally:  # ended, or the client left (the response task was cancelled): end the sequence
+        watcher.cancel()
+        if not ticket.closed:
+            worker.cancel(ticket)
+
+
+__all__ = ["ServerConfig", "ServerState", "create_app"]

@@ -1,0 +1,238 @@
+"""OpenAI request bodies in, a checked `GenerationRequest` out; and a request's prompt as tokens.
+
+`parse_chat` and `parse_completion` read `/v1/chat/completions` and `/v1/completions` bodies
+(already decoded JSON) field by field: every wrong value is a 400 `APIError` naming its field
+(`param`). Fields the engine cannot honour are refused rather than ignored: `n` other than 1,
+`frequency_penalty` / `presence_penalty` other than 0 (the sampler has the multiplicative
+`repetition_penalty` instead), `logprobs` (the engine hands out tokens, not their
+probabilities), `logit_bias`, `tools`, `echo`, `suffix`, `best_of`. Unknown fields are ignored,
+as OpenAI's own clients send extras. `ignore_eos` (vLLM's extension) runs to max_tokens.
+
+`prompt_ids` turns a request into token ids with the model's tokenizer and chat template and
+checks them against the context. Must not: touch the engine, sample, or format responses.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.chat_template import ChatTemplateError
+from strata.engine.sampling import SAMPLING_RANGES
+from strata.errors import StrataError
+
+from .errors import bad_request
+
+MAX_STOP_STRINGS = 16
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+@dataclass
+class GenerationRequest:
+    kind: str  # "chat" | "completion"
+    model: str | None
+    messages: list[dict[str, Any]] | None = None  # chat
+    prompt: str | list[int] | None = None  # completion: text, or token ids
+    max_tokens: int | None = None  # None: until the context is full
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+
+
+def _typed(body: dict, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
+    """body[name] when it is one of `kinds` (bool is never a number); default when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
+        raise bad_request(f"{name}: expected {what}, found {_show(value)}", param=name)
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _int(body: dict, name: str, low: int | None, high: int | None = None) -> int | None:
+    value = _typed(body, name, (int,), "an integer")
+    if value is not None and ((low is not None and value < low) or (high is not None and value > high)):
+        bounds = " and ".join(b for b in ((f">= {low}" if low is not None else ""),
+                                          (f"<= {high}" if high is not None else "")) if b)
+        raise bad_request(f"{name}: expected an integer {bounds}, found {value}", param=name)
+    return value
+
+
+def _sampling(body: dict) -> dict[str, Any]:
+    """The SamplingParams fields, each checked against the sampler's own ranges."""
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": None}
+    out = {}
+    for name, (kind, low, high, low_open) in SAMPLING_RANGES.items():
+        value = body.get(name)
+        if name == "top_k" and value == -1:  # vLLM's spelling of "off"
+            value = 0
+        if value is None:
+            out[name] = defaults[name]
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = number and (isinstance(value, int) if kind == "int" else math.isfinite(value))
+        ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+        if not ok:
+            lo = f"{'>' if low_open else '>='} {low:g}"
+            hi = "" if high is None else " and < 2**64" if name == "seed" else f" and <= {high:g}"
+            raise bad_request(f"{name}: expected {'an integer' if kind == 'int' else 'a finite number'} {lo}{hi}, "
+                              f"found {_show(value)}", param=name)
+        out[name] = value
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = _typed(body, name, (int, float), "a number", 0)
+        if value != 0:
+            raise bad_request(f"{name}: not supported (only 0); the sampler applies repetition_penalty "
+                              f"(multiplicative, 1 = off) instead", param=name)
+    return out
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request(f"stop: expected a non-empty string or a list of them, found {_show(value)}", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop: expected at most {MAX_STOP_STRINGS} strings, found {len(stops)}", param="stop")
+    return tuple(stops)
+
+
+def _refuse_unsupported(body: dict, kind: str) -> None:
+    n = _int(body, "n", 1)
+    if n is not None and n != 1:
+        raise bad_request(f"n: only 1 choice per request is supported, found {n}", param="n")
+    best_of = _int(body, "best_of", 1)
+    if best_of is not None and best_of != 1:
+        raise bad_request(f"best_of: only 1 is supported, found {best_of}", param="best_of")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        param = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
+        raise bad_request(f"{param}: not supported: the engine hands out sampled tokens, not their "
+                          "probabilities", param=param)
+    if body.get("logit_bias"):
+        raise bad_request("logit_bias: not supported", param="logit_bias")
+    if kind == "chat":
+        if body.get("tools"):
+            raise bad_request("tools: tool calling is not supported", param="tools")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
+            raise bad_request(f"response_format: only {{'type': 'text'}} is supported, found {_show(fmt)}",
+                              param="response_format")
+    else:
+        if body.get("echo"):
+            raise bad_request("echo: not supported", param="echo")
+        if body.get("suffix"):
+            raise bad_request("suffix: not supported (no fill-in-the-middle)", param="suffix")
+
+
+def _common(body: Any, kind: str) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, found {type(body).__name__}")
+    model = _typed(body, "model", (str,), "a string")
+    _refuse_unsupported(body, kind)
+    max_tokens = _int(body, "max_tokens", 1)
+    if kind == "chat":
+        newer = _int(body, "max_completion_tokens", 1)
+        max_tokens = newer if newer is not None else max_tokens
+    stream = _typed(body, "stream", (bool,), "true or false", False)
+    options = _typed(body, "stream_options", (dict,), "an object")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+        include_usage = _typed(options, "include_usage", (bool,), "true or false", False)
+    return GenerationRequest(kind, model, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body),
+                             stream=stream, include_usage=include_usage,
+                             ignore_eos=_typed(body, "ignore_eos", (bool,), "true or false", False))
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad_request(f"{param}: expected an object with 'role' and 'content', found {_show(m)}", param=param)
+    role = m.get("role")
+    if role not in ROLES:
+        raise bad_request(f"{param}.role: expected one of {', '.join(ROLES)}, found {_show(role)}",
+                          param=f"{param}.role")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{param}.content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are "
+                                  f"supported, found {_show(part)}", param=f"{param}.content")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif content is None and role != "assistant":
+        raise bad_request(f"{param}.content: expected a string", param=f"{param}.content")
+    elif content is not None and not isinstance(content, str):
+        raise bad_request(f"{param}.content: expected a string or a list of text parts, found {_show(content)}",
+                          param=f"{param}.content")
+    out = {k: v for k, v in m.items() if k in ("name", "tool_call_id")}
+    return {"role": "system" if role == "developer" else role, "content": content or "", **out}
+
+
+def parse_chat(body: Any) -> GenerationRequest:
+    req = _common(body, "chat")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(f"messages: expected a non-empty list of messages, found {_show(messages)}",
+                          param="messages")
+    req.messages = [_message(m, i) for i, m in enumerate(messages)]
+    return req
+
+
+def parse_completion(body: Any) -> GenerationRequest:
+    req = _common(body, "completion")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.prompt = list(prompt)
+    elif isinstance(prompt, str):
+        req.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad_request(f"prompt: one prompt per request is supported, found {len(prompt)}", param="prompt")
+    else:
+        raise bad_request(f"prompt: expected a string or a non-empty list of token ids, found {_show(prompt)}",
+                          param="prompt")
+    return req
+
+
+def prompt_ids(req: GenerationRequest, model) -> list[int]:
+    """The request's prompt as token ids: messages through the model's chat template, text with
+    the file's BOS rule, ids as given (checked against the vocabulary). 400 when it does not fit."""
+    param = "messages" if req.kind == "chat" else "prompt"
+    if req.kind == "chat":
+        try:
+            text = model.apply_chat_template(req.messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise bad_request(f"messages: the model's chat template refused them: {e}", param="messages") from None
+        except StrataError as e:  # no template in the file
+            raise bad_request(f"{e}; use /v1/completions", param="messages") from None
+        ids = model.tokenize(text, add_special=False)
+    elif isinstance(req.prompt, str):
+        ids = model.tokenize(req.prompt)
+    else:
+        vocab = model.tokenizer.vocab_size
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
+        ids = list(req.prompt)
+    if not ids:
+        raise bad_request(f"{param}: the prompt is empty (no tokens)", param=param)
+    if len(ids) >= model.n_ctx:
+        raise bad_request(f"{param}: the prompt has {len(ids)} tokens; this server's context is {model.n_ctx} tokens "
+                          f"and at least one must be left to generate", param=param, code="context_length_exceeded")
+    return ids
+
+
+__all__ = ["GenerationRequest", "parse_chat", "parse_completion", "prompt_ids"]

@@ -1,0 +1,218 @@
+"""The engine thread: the one thread that owns the `Engine` and steps it (it is not thread-safe).
+
+Requests reach it as `Ticket`s through a thread-safe inbox; before every step it drains the
+inbox (new sequences join the batch, cancelled ones leave it), then steps while anything runs
+and sleeps on the inbox when nothing does. Each step's new text goes back to its request's
+asyncio queue with `loop.call_soon_threadsafe`, so the HTTP side never touches the engine.
+A cancel (the client disconnected) is applied before the next step: the sequence and its KV
+memory are freed within one step. Admission control: at most `max_running + max_queue`
+requests are open at once; more are refused with 503 before they reach the engine, as is a
+sequence the engine itself refuses as full (`strata.engine.EngineFull`, where it exists).
+
+Must not parse or format HTTP: tickets carry sequences in and `Event`s out.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import strata.engine
+from strata.engine import Sequence
+from strata.errors import StrataError
+
+from .errors import APIError
+from .metrics import ServerMetrics
+
+log = logging.getLogger("strata.server")
+
+
+@dataclass
+class Event:
+    """What the engine thread tells a request: admitted, new text, its end, or an error."""
+
+    kind: str  # "added" | "text" | "error"
+    text: str = ""
+    finish_reason: str | None = None  # set on the request's last event
+    prompt_tokens: int = 0  # usage, on the last event
+    completion_tokens: int = 0
+    error: APIError | None = None
+
+
+class Ticket:
+    """One request's sequence and the asyncio queue its events arrive on."""
+
+    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop):
+        self.seq, self.loop = seq, loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.arrived = time.perf_counter()
+        self.last_token: float | None = None  # when its previous token came (engine thread)
+        self.n_reported = 0  # output tokens already counted (engine thread)
+        self.closed = False  # its last event was sent (engine thread)
+
+    def send(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
+            pass
+
+
+class EngineWorker:
+    """Runs `model.engine` on its own thread; `submit` and `cancel` may be called from any thread."""
+
+    def __init__(self, model: Any, metrics: ServerMetrics, max_running: int, max_queue: int):
+        self.model, self.engine, self.metrics = model, model.engine, metrics
+        self.limit = max_running + max_queue
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._n_open = 0  # tickets submitted and not yet closed
+        self._active: dict[int, Ticket] = {}  # engine thread only: seq_id -> ticket
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
+
+    @property
+    def n_open(self) -> int:
+        return self._n_open
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort every request and end the thread."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop", None))
+            self._thread.join(timeout)
+
+    def submit(self, ticket: Ticket) -> None:
+        """Queue `ticket` for the engine; APIError 503 when the queue is full."""
+        with self._lock:
+            if self._n_open >= self.limit:
+                raise APIError(503, f"the server is busy: {self._n_open} requests are running or queued "
+                                    f"(at most {self.limit}); retry later", code="queue_full")
+            self._n_open += 1
+        self._inbox.put(("add", ticket))
+
+    def cancel(self, ticket: Ticket) -> None:
+        """End the ticket's sequence before the next step (a no-op once it has finished)."""
+        self._inbox.put(("cancel", ticket))
+
+    # -- the engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                try:
+                    self._drain(block=not self.engine.busy)
+                    if self.engine.busy and not self._stopping:
+                        self._step()
+                except Exception as e:  # a bug here must not leave every later request hanging
+                    log.exception("engine thread")
+                    self._fail_all(APIError(500, f"internal error: {type(e).__name__}: {e}"), drain=False)
+                self._gauges()
+        finally:
+            self._fail_all(APIError(503, "the server is shutting down", code="shutting_down"), drain=True)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+            while True:
+                self._handle(*item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _handle(self, what: str, ticket: Ticket | None) -> None:
+        if what == "stop":
+            self._stopping = True
+        elif what == "add":
+            self._add(ticket)
+        elif what == "cancel" and not ticket.closed and ticket.seq.seq_id in self._active:
+            self.engine.cancel(ticket.seq)
+            self._close(ticket, Event("text", finish_reason="abort"))
+
+    def _add(self, ticket: Ticket) -> None:
+        full = getattr(strata.engine, "EngineFull", None)
+        try:
+            self.engine.add(ticket.seq)
+        except Exception as e:
+            if full is not None and isinstance(e, full):
+                error = APIError(503, f"the server is busy: {e}; retry later", code="queue_full")
+            elif isinstance(e, StrataError):  # the engine refused this sequence (the prompt is checked before)
+                error = APIError(400, str(e))
+            else:
+                log.exception("engine.add failed")
+                error = APIError(500, f"internal error: {type(e).__name__}: {e}")
+            self._close(ticket, Event("error", error=error), finished=False)
+            return
+        self._active[ticket.seq.seq_id] = ticket
+        ticket.send(Event("added"))
+
+    def _step(self) -> None:
+        try:
+            results = self.engine.step()
+        except Exception as e:  # a failed forward pass: every sequence in it is lost, the server goes on
+            log.exception("engine step failed")
+            self._fail_all(APIError(500, f"internal error in the engine: {type(e).__name__}: {e}"), drain=False)
+            return
+        now = time.perf_counter()
+        for seq, text in results:
+            ticket = self._active.get(seq.seq_id)
+            if ticket is None or ticket.closed:
+                continue
+            self._timing(ticket, now)
+            if seq.finished:
+                self._close(ticket, Event("text", text, finish_reason=seq.finish_reason))
+            elif text:
+                ticket.send(Event("text", text))
+
+    def _timing(self, ticket: Ticket, now: float) -> None:
+        seq, m = ticket.seq, self.metrics
+        new = len(seq.output_ids) - ticket.n_reported
+        if ticket.last_token is None:  # the first result: its prompt has been processed
+            m.prompt_tokens.inc(len(seq.prompt_ids))
+            m.ttft.observe(now - ticket.arrived)
+        elif new > 0:
+            m.itl.observe(now - ticket.last_token)
+        if new > 0:
+            m.generation_tokens.inc(new)
+            ticket.n_reported += new
+        ticket.last_token = now
+
+    def _close(self, ticket: Ticket, event: Event, finished: bool = True) -> None:
+        """The ticket's last event; it leaves the engine thread's books and the open count."""
+        ticket.closed = True
+        self._active.pop(ticket.seq.seq_id, None)
+        event.prompt_tokens, event.completion_tokens = len(ticket.seq.prompt_ids), len(ticket.seq.output_ids)
+        if finished:
+            self.metrics.requests_finished.labels(event.finish_reason).inc()
+            self.metrics.e2e.observe(time.perf_counter() - ticket.arrived)
+        with self._lock:
+            self._n_open -= 1
+        ticket.send(event)
+
+    def _fail_all(self, error: APIError, drain: bool) -> None:
+        """Abort every sequence in the engine with `error`; with `drain`, the inbox's too."""
+        self.engine.abort()
+        for ticket in list(self._active.values()):
+            self._close(ticket, Event("error", error=error), finished=False)
+        while drain:  # requests still in the inbox never reached the engine
+            try:
+                what, ticket = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if what == "add":
+                self._close(ticket, Event("error", error=error), finished=False)
+
+    def _gauges(self) -> None:
+        running = getattr(self.engine, "running", None)
+        waiting = getattr(self.engine, "waiting", None)
+        n_running = len(running) if running is not None else len(self._active)
+        self.metrics.requests_running.set(n_running)
+        self.metrics.requests_waiting.set(len(waiting) if waiting is not None else 0)
+
+
+__all__ = ["EngineWorker", "Event", "Ticket"]

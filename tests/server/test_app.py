@@ -1,0 +1,98 @@
+"""The app in this process (no subprocess): /health 503 while the model loads and 200 after, a
+failed load, and request parsing on its own (no model)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from strata.server import APIError, ServerConfig, create_app
+from strata.server.protocol import parse_chat, parse_completion
+
+
+def _wait_for(client: TestClient, path: str, status: int, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = client.get(path)
+        if response.status_code == status:
+            return response
+        time.sleep(0.02)
+    raise AssertionError(f"{path} did not answer {status} within {timeout} s: {response.status_code} {response.text}")
+
+
+def test_health_503_while_loading_then_200(tiny_path):
+    import strata
+
+    gate = threading.Event()
+
+    def loader():
+        assert gate.wait(60)
+        return strata.load(tiny_path, threads=1, max_batch=2)
+
+    app = create_app(loader, ServerConfig("tiny", max_running=2, max_queue=2))
+    with TestClient(app) as client:
+        loading = client.get("/health")
+        assert loading.status_code == 503 and loading.json()["error"]["code"] == "model_loading"
+        busy = client.post("/v1/completions", json={"prompt": "hi"})
+        assert busy.status_code == 503 and busy.json()["error"]["code"] == "model_loading"
+        assert client.get("/metrics").status_code == 200  # open while loading, no model metrics yet
+        assert "strata:kv_blocks_total" not in client.get("/metrics").text
+        gate.set()
+        assert _wait_for(client, "/health", 200).json() == {"status": "ok"}
+        done = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
+        assert "strata:kv_blocks_total 2.0" in client.get("/metrics").text
+        worker = app.state.strata.worker
+    assert not worker._thread.is_alive()  # the lifespan's end stopped the engine thread
+
+
+def test_failed_load_is_503_with_the_reason(tmp_path):
+    import strata
+
+    heard = []
+    app = create_app(lambda: strata.load(tmp_path / "missing.gguf"), ServerConfig("x"), on_load_error=heard.append)
+    with TestClient(app) as client:
+        response = _wait_for(client, "/health", 503)
+        deadline = time.monotonic() + 30
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.02)
+        response = client.get("/health")
+        assert response.json()["error"]["code"] == "model_load_failed"
+        assert "missing.gguf" in response.json()["error"]["message"]
+    assert len(heard) == 1
+
+
+def test_parse_defaults_and_aliases():
+    req = parse_chat({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                                   {"type": "text", "text": "b"}]},
+                                                  {"role": "assistant", "content": None}],
+                      "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1, "stop": "END"})
+    assert req.messages == [{"role": "system", "content": "ab"}, {"role": "assistant", "content": ""}]
+    assert req.max_tokens == 7 and req.stop == ("END",) and not req.stream
+    assert req.sampling == {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                            "seed": None}
+    req = parse_completion({"prompt": [[1, 2, 3]], "stream": True, "stream_options": {"include_usage": True},
+                            "frequency_penalty": 0, "presence_penalty": 0.0, "n": 1, "logprobs": None})
+    assert req.prompt == [1, 2, 3] and req.stream and req.include_usage and req.max_tokens is None
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "temperature": True}, "temperature"),
+    ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "seed": 2**64}, "seed"),
+    ({"prompt": "x", "presence_penalty": 1}, "presence_penalty"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
+    ({"prompt": [True, 2]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": "x", "model": 3}, "model"),
+])
+def test_parse_refuses(body, param):
+    with pytest.raises(APIError) as info:
+        parse_completion(body)
+    assert info.value.status == 400 and info.value.param == param, info.value

@@ -1,0 +1,194 @@
+"""The engine thread with a scripted engine (no model): events in order, a cancel lands before the
+next step, the engine's own refusals (EngineFull, a StrataError) and a failed step answer only
+the requests they concern, and admission control counts open requests."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+
+import pytest
+
+import strata.engine
+from strata.engine import SamplingParams, Sequence, StopConditions
+from strata.errors import StrataError
+from strata.server import APIError, ServerMetrics
+from strata.server.worker import EngineWorker, Ticket
+
+
+class Letters:
+    def push(self, token_id: int) -> str:
+        return chr(ord("a") + token_id % 26)
+
+    def flush(self) -> str:
+        return ""
+
+
+class ScriptedEngine:
+    """Engine's public interface; every step appends token len(output) to each running sequence.
+    `gate`, when set, must be released once per step (so a test can act between steps)."""
+
+    def __init__(self):
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.steps: list[list[int]] = []  # seq ids stepped, per step
+        self.gate: threading.Semaphore | None = None
+        self.full = False
+        self.fail_next = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if self.full:
+            raise strata.engine.EngineFull("the waiting queue holds 0 sequences at most")
+        if len(seq.prompt_ids) > 8:
+            raise StrataError(f"prompt of {len(seq.prompt_ids)} tokens does not fit")
+        self.waiting.append(seq)
+
+    def step(self):
+        if self.gate is not None:
+            assert self.gate.acquire(timeout=10)
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("forward failed")
+        self.running += list(self.waiting)
+        self.waiting.clear()
+        self.steps.append([s.seq_id for s in self.running])
+        out = []
+        for seq in list(self.running):
+            out.append((seq, seq.append(len(seq.output_ids))))
+            if seq.finished:
+                self.running.remove(seq)
+        return out
+
+    def cancel(self, seq: Sequence) -> None:
+        for group in (self.waiting, self.running):
+            if seq in group:
+                group.remove(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+
+    def abort(self) -> None:
+        for seq in [*self.waiting, *self.running]:
+            seq.finish_reason = seq.finish_reason or "abort"
+        self.waiting.clear()
+        self.running.clear()
+
+
+class FakeModel:
+    def __init__(self):
+        self.engine = ScriptedEngine()
+
+    def memory_stats(self):
+        return None
+
+
+def seq(i: int, n_prompt: int = 2, max_tokens: int = 3) -> Sequence:
+    return Sequence(i, list(range(n_prompt)), SamplingParams(), StopConditions(max_tokens=max_tokens), Letters())
+
+
+async def events(ticket: Ticket) -> list[tuple]:
+    out = []
+    while True:
+        e = await asyncio.wait_for(ticket.events.get(), 10)
+        out.append((e.kind, e.text, e.finish_reason, e.error.status if e.error else None))
+        if e.kind == "error" or e.finish_reason is not None:
+            return out
+
+
+@pytest.fixture
+def engine_full(monkeypatch):
+    class EngineFull(StrataError):
+        pass
+    monkeypatch.setattr(strata.engine, "EngineFull", EngineFull, raising=False)
+
+
+def run_worker(body, max_queue: int = 8):
+    model = FakeModel()
+    worker = EngineWorker(model, ServerMetrics(), max_running=2, max_queue=max_queue)
+    worker.start()
+    try:
+        return asyncio.run(body(worker, model.engine))
+    finally:
+        worker.stop()
+
+
+def test_events_in_order_and_usage():
+    async def body(worker, engine):
+        loop = asyncio.get_running_loop()
+        a, b = Ticket(seq(0, max_tokens=3), loop), Ticket(seq(1, max_tokens=2), loop)
+        worker.submit(a)
+        worker.submit(b)
+        got = await asyncio.gather(events(a), events(b))
+        assert a.closed and b.closed and worker.n_open == 0
+        return got
+
+    ea, eb = run_worker(body)
+    assert ea == [("added", "", None, None), ("text", "a", None, None), ("text", "b", None, None),
+                  ("text", "c", "length", None)]
+    assert eb == [("added", "", None, None), ("text", "a", None, None), ("text", "b", "length", None)]
+
+
+def test_cancel_lands_before_the_next_step():
+    async def body(worker, engine):
+        engine.gate = threading.Semaphore(0)
+        loop = asyncio.get_running_loop()
+        t = Ticket(seq(0, max_tokens=100), loop)
+        worker.submit(t)
+        assert (await t.events.get()).kind == "added"
+        engine.gate.release()  # step 1
+        assert (await t.events.get()).text == "a"
+        worker.cancel(t)  # while the worker waits inside step 2
+        engine.gate.release()  # step 2 (already begun) ends; the cancel is applied before step 3
+        rest = await events(t)
+        for _ in range(3):
+            engine.gate.release()
+        return rest
+
+    rest = run_worker(body)
+    assert rest[-1][2] == "abort" and len(rest) <= 2
+
+
+def test_refusals_touch_only_their_request(engine_full):
+    async def body(worker, engine):
+        loop = asyncio.get_running_loop()
+        long = Ticket(seq(0, n_prompt=20), loop)
+        worker.submit(long)
+        assert (await events(long))[-1] == ("error", "", None, 400)
+        engine.full = True
+        refused = Ticket(seq(1), loop)
+        worker.submit(refused)
+        assert (await events(refused))[-1] == ("error", "", None, 503)
+        engine.full = False
+        engine.fail_next = True
+        failed = Ticket(seq(2), loop)
+        worker.submit(failed)
+        assert (await events(failed))[-1] == ("error", "", None, 500)
+        ok = Ticket(seq(3), loop)
+        worker.submit(ok)
+        assert (await events(ok))[-1] == ("text", "c", "length", None)
+        assert worker.n_open == 0
+
+    run_worker(body)
+
+
+def test_admission_counts_open_requests():
+    async def body(worker, engine):
+        engine.gate = threading.Semaphore(0)
+        loop = asyncio.get_running_loop()
+        tickets = [Ticket(seq(i), loop) for i in range(3)]  # limit: 2 running + 1 queued
+        for t in tickets:
+            worker.submit(t)
+        with pytest.raises(APIError) as info:
+            worker.submit(Ticket(seq(9), loop))
+        assert info.value.status == 503 and info.value.code == "queue_full"
+        for _ in range(20):
+            engine.gate.release()
+        for t in tickets:
+            await events(t)
+        worker.submit(Ticket(seq(10), loop))  # room again
+        for _ in range(5):
+            engine.gate.release()
+
+    run_worker(body, max_queue=1)
