@@ -29,7 +29,7 @@ from strata.models import Transformer, architecture, cache_dims, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
-from .kv_cache import BLOCK_SIZE, KVCache
+from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingParams, check_int
@@ -399,6 +399,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
+        if kv_blocks is not None and kv_blocks < blocks_for(ctx):
+            raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
+                              f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
         kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute, n_blocks=kv_blocks)
         _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
         tiered = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth, slot_form=slot_form,
