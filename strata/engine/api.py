@@ -234,9 +234,9 @@ class Model:
 
     def _run(self, seqs: list[Sequence]) -> list[Completion]:
         t0 = time.perf_counter()
-        for s in seqs:
-            self.engine.add(s)
         try:
+            for s in seqs:
+                self.engine.add(s)  # EngineFull part way: the ones added are cancelled below
             while not all(s.finished for s in seqs):
                 self._step()
         finally:
