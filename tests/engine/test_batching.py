@@ -193,3 +193,12 @@ def test_a_prompt_chunk_after_cached_positions_equals_the_whole_prompt():
                 cache.free(slot)
             chunked = torch.cat(parts)
             assert (chunked - whole).abs().max() <= 1e-4 * whole.abs().max(), key
+
+
+def test_the_default_step_fits_one_window_of_packed_expert_compute():
+    """Packed compute runs a layer's experts over at most DEFAULT_MAX_TOKENS tokens per window, and
+    acquires them once per window: a default step must fit one window for 'once per step'."""
+    from strata.engine import MAX_STEP_TOKENS
+    from strata.models.packed import DEFAULT_MAX_TOKENS
+
+    assert MAX_STEP_TOKENS <= DEFAULT_MAX_TOKENS
