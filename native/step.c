@@ -75,13 +75,14 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
 }
 
 int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
-                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x, float *xn,
-                       int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
+                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl) {
     int st = layer_ok(L);
     if (st != STRATA_OK) return st;
     if (!L->k_cache || !L->v_cache || L->n_blocks < 1 || L->block_size < 1) return STRATA_E_ARG;
-    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t))) return STRATA_E_ARG;
+    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t)))
+        return STRATA_E_ARG;
     if (L->router && (!expert_ids || !weights)) return STRATA_E_ARG;
     step_layout S;
     st = step_plan(L, n_seq, &S);
@@ -98,12 +99,14 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
     int64_t max_ctx, last;
     if (!mul_ok(table_stride, L->block_size, &max_ctx) || !mul_ok(n_seq, table_stride, &last)) return STRATA_E_SIZE;
-    for (int64_t b = 0; b < n_seq; b++) {  /* the new token's block; attention checks the earlier ones */
+    for (int64_t b = 0; b < n_seq; b++) {  /* every block the step reads or writes, before the first write */
         if (positions[b] < 0 || positions[b] >= max_ctx) return STRATA_E_SIZE;
+        const int64_t *table = block_table + b * table_stride;
+        for (int64_t i = 0; i <= positions[b] / L->block_size; i++)
+            if (table[i] < 0 || table[i] >= L->n_blocks) return STRATA_E_SIZE;
         n_ctx[b] = positions[b] + 1;
-        blk[b] = block_table[b * table_stride + positions[b] / L->block_size];
+        blk[b] = table[positions[b] / L->block_size];
         off[b] = positions[b] % L->block_size;
-        if (blk[b] < 0 || blk[b] >= L->n_blocks) return STRATA_E_SIZE;
     }
 
     /* Attention. */

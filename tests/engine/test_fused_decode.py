@@ -87,8 +87,10 @@ def test_native_step_refuses_bad_arguments(tiny):
             layer.run(c.pool, torch.tensor([[0, 1]]), torch.tensor([32]), cos, sin, x, step.out, c.scratch)
         with pytest.raises(NativeError):  # the new token's block past the pool
             layer.run(c.pool, torch.tensor([[0, 4]]), torch.tensor([20]), cos, sin, x, step.out, c.scratch)
+        before = m.cache.k[0].clone()
         with pytest.raises(NativeError):  # an earlier block past the pool (read by attention)
             layer.run(c.pool, torch.tensor([[-1, 0]]), torch.tensor([20]), cos, sin, x, step.out, c.scratch)
+        assert torch.equal(m.cache.k[0], before)  # checked before the new token's keys were written
         with pytest.raises(ValueError, match="int64"):
             layer.run(c.pool, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]), cos, sin, x, step.out,
                       c.scratch)
