@@ -101,8 +101,8 @@ def test_closed_streams_free_their_blocks_within_a_step_and_nothing_leaks():
         for s in streams[1:]:
             s.close()
         live = []
-        for i in range(40):  # clients come and go at random
-            live.append(iter(m.generate(_ids(V, rng.randint(1, 60), seed=100 + i), max_tokens=rng.randint(1, 20),
+        for i in range(200):  # clients come and go at random
+            live.append(iter(m.generate(_ids(V, rng.randint(1, 60), seed=100 + i), max_tokens=rng.randint(1, 12),
                                         stream=True, stop_token_ids=())))
             for s in list(live):
                 if rng.random() < 0.3:
