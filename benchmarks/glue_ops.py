@@ -57,7 +57,8 @@ def cases(n_ctx: int):
     ang = torch.tensor([float(n_ctx - 1)])[:, None] / (10000 ** (torch.arange(0, hd, 2).float() / hd))[None]
     cos, sin = ang.cos(), ang.sin()
     P = 16  # the paged KV cache's blocks
-    k_cache, v_cache = torch.randn(2 * C // P, Hkv, P, hd, generator=g), torch.randn(2 * C // P, Hkv, P, hd, generator=g)
+    N = 2 * C // P
+    k_cache, v_cache = torch.randn(N, Hkv, P, hd, generator=g), torch.randn(N, Hkv, P, hd, generator=g)
     batch = Batch.make([list(range(C // P, 2 * C // P))], [n_ctx - 1], [1], P)
     n_ctx_t, attn_out = batch.positions + 1, torch.empty(T, H * hd)
     router_w, h = torch.randn(E, D, generator=g), torch.randn(T, D, generator=g)

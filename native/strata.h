@@ -410,8 +410,8 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
  * `groups` is given, its grouping by expert. The same steps, in the same order, as the per-call
  * glue, so the results are those bytes. */
 int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_t n_seq, const int64_t *block_table,
-                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x, float *xn,
-                       int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
+                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl);
 
 #endif

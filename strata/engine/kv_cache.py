@@ -134,7 +134,8 @@ class KVCache(BlockTables):
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
 
-    def batch(self, slots: list[int], starts: list[int], lengths: list[int], device: torch.device | str | None = None) -> Batch:
+    def batch(self, slots: list[int], starts: list[int], lengths: list[int],
+              device: torch.device | str | None = None) -> Batch:
         """A model `Batch` of these slots' new tokens; blocks are reserved for them first (a
         StrataError when the pool has too few free blocks)."""
         for slot, start, n in zip(slots, starts, lengths):

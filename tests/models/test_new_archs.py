@@ -57,8 +57,8 @@ def test_a_batch_of_two_equals_each_alone(new):
     assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
     for step in range(3):
         pos_a, pos_b = n_a + step, n_b + step
-        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1]), pair.cache,
-                         True)
+        batch = pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1])
+        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), batch, pair.cache, True)
         assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
 
 
