@@ -56,8 +56,10 @@ def cases(n_ctx: int):
     rope.neox, rope.rope_dim = True, hd
     ang = torch.tensor([float(n_ctx - 1)])[:, None] / (10000 ** (torch.arange(0, hd, 2).float() / hd))[None]
     cos, sin = ang.cos(), ang.sin()
-    k_cache, v_cache = torch.randn(2, Hkv, C, hd, generator=g), torch.randn(2, Hkv, C, hd, generator=g)
-    batch = Batch.make([1], [n_ctx - 1], [1])
+    P = 16  # the paged KV cache's blocks
+    N = 2 * C // P
+    k_cache, v_cache = torch.randn(N, Hkv, P, hd, generator=g), torch.randn(N, Hkv, P, hd, generator=g)
+    batch = Batch.make([list(range(C // P, 2 * C // P))], [n_ctx - 1], [1], P)
     n_ctx_t, attn_out = batch.positions + 1, torch.empty(T, H * hd)
     router_w, h = torch.randn(E, D, generator=g), torch.randn(T, D, generator=g)
     router = Router(router_w, K, "softmax", True, 1.0)
@@ -74,8 +76,8 @@ def cases(n_ctx: int):
         return wt / wt.sum(dim=-1, keepdim=True), i
 
     def torch_kv_write():
-        k_cache[batch.token_slots, :, batch.positions] = k
-        v_cache[batch.token_slots, :, batch.positions] = v
+        batch.write(k_cache, k)
+        batch.write(v_cache, v)
 
     return [
         ("rmsnorm [1, 1024]", lambda: norm(x), lambda: native.rmsnorm(x, w, 1e-6, out)),
@@ -83,11 +85,11 @@ def cases(n_ctx: int):
         ("rope q [1, 16, 64] + k [1, 4, 64]", lambda: (rope.apply(q, cos, sin), rope.apply(k, cos, sin)),
          lambda: (native.rope(q, cos, sin, hd, True), native.rope(k, cos, sin, hd, True))),
         ("kv write", torch_kv_write,
-         lambda: native.kv_write(k, v, k_cache, v_cache, batch.token_slots, batch.positions)),
+         lambda: native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)),
         (f"attention decode (n_ctx {n_ctx}, avx2)", lambda: Attention.attend_decode(None, q, batch, k_cache, v_cache),
-         lambda: native.attn_decode(q, k_cache, v_cache, batch.slot_ids, n_ctx_t, 1 / math.sqrt(hd), attn_out)),
+         lambda: native.attn_decode(q, k_cache, v_cache, batch.block_table, n_ctx_t, 1 / math.sqrt(hd), attn_out)),
         (f"attention decode (n_ctx {n_ctx}, scalar)", lambda: Attention.attend_decode(None, q, batch, k_cache, v_cache),
-         lambda: native.attn_decode(q, k_cache, v_cache, batch.slot_ids, n_ctx_t, 1 / math.sqrt(hd), attn_out,
+         lambda: native.attn_decode(q, k_cache, v_cache, batch.block_table, n_ctx_t, 1 / math.sqrt(hd), attn_out,
                                     impl="scalar")),
         ("router after logits (E 64, top-8)", torch_router_after_logits,
          lambda: native.route(logits, K, "softmax", True, 1.0, ids, rw)),

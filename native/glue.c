@@ -148,12 +148,26 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
  * Decode attention: one query row per sequence against its cached keys 0..n_ctx-1
  * ====================================================================================== */
 
+/* One query head's view of the paged cache: position j's key row is at
+ * k + table[j / block] * block_elems + (j % block) * hd (and its value row alike), where k and v
+ * point at this kv head's rows in block 0. Every table entry below n_ctx was checked by the caller. */
 typedef struct {
-    const float *q, *k, *v;  /* q [hd]; k, v [n_ctx, hd] of this query's kv head */
+    const float *q, *k, *v;  /* q [hd]; k, v: block 0 of this query's kv head */
+    const int64_t *table;    /* [ceil(n_ctx / block)] blocks of the sequence */
     float *out;              /* [hd] */
-    int64_t n_ctx, hd;
+    int64_t n_ctx, hd, block, block_elems;
     float scale;
 } attn_head;
+
+/* Rows j..j+n-1 of a head lie in one block when they do not cross a multiple of `block`. */
+static inline int64_t run_len(const attn_head *a, int64_t j, int64_t end) {
+    const int64_t left = a->block - j % a->block;
+    return end - j < left ? end - j : left;
+}
+
+static inline int64_t row_at(const attn_head *a, int64_t j) {
+    return a->table[j / a->block] * a->block_elems + (j % a->block) * a->hd;
+}
 
 /* Eight partial sums (lane i % 8), so the compiler can vectorise without reassociating. */
 static float dot_ref(const float *a, const float *b, int64_t n) {
@@ -172,6 +186,8 @@ static void attn_head_ref(const attn_head *a) {
     /* Locals, not a->...: with -fno-strict-aliasing a store to out[i] could change *a, which
      * would keep the compiler from vectorising the loops. */
     const float *restrict q = a->q, *restrict k = a->k, *restrict v = a->v;
+    const int64_t *restrict table = a->table;
+    const int64_t block = a->block, block_elems = a->block_elems;
     float *restrict out = a->out;
     const int64_t n_ctx = a->n_ctx, hd = a->hd;
     float s[GLUE_ATTN_CHUNK];
@@ -181,7 +197,8 @@ static void attn_head_ref(const attn_head *a) {
         const int64_t nj = n_ctx - j0 < GLUE_ATTN_CHUNK ? n_ctx - j0 : GLUE_ATTN_CHUNK;
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) {
-            s[j] = dot_ref(q, k + (j0 + j) * hd, hd) * a->scale;
+            const int64_t at = table[(j0 + j) / block] * block_elems + ((j0 + j) % block) * hd;
+            s[j] = dot_ref(q, k + at, hd) * a->scale;
             cm = s[j] > cm ? s[j] : cm;
         }
         if (cm > m) {
@@ -194,7 +211,7 @@ static void attn_head_ref(const attn_head *a) {
         }
         for (int64_t j = 0; j < nj; j++) {
             const float p = expf(s[j] - m);
-            const float *vr = v + (j0 + j) * hd;
+            const float *vr = v + table[(j0 + j) / block] * block_elems + ((j0 + j) % block) * hd;
             l += p;
             for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
         }
@@ -317,7 +334,12 @@ static void attn_head_avx2(const attn_head *a) {
     memset(a->out, 0, (size_t)a->hd * sizeof(float));
     for (int64_t j0 = 0; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
-        scores_avx2(a->q, a->k + j0 * a->hd, nj, a->hd, a->scale, s);
+        /* Runs of rows inside one block; with blocks of a multiple of 4 positions that divide the
+         * chunk, the runs group rows four by four as one contiguous region would. */
+        for (int64_t j = j0, n; j < j0 + nj; j += n) {
+            n = run_len(a, j, j0 + nj);
+            scores_avx2(a->q, a->k + row_at(a, j), n, a->hd, a->scale, s + (j - j0));
+        }
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) cm = s[j] > cm ? s[j] : cm;
         if (cm > m) {
@@ -340,7 +362,10 @@ static void attn_head_avx2(const attn_head *a) {
             s[j] = expf(s[j] - m);
             l += s[j];
         }
-        weighted_sum_avx2(s, a->v + j0 * a->hd, nj, a->hd, a->out);
+        for (int64_t j = j0, n; j < j0 + nj; j += n) {  /* the same sums in the same order, run by run */
+            n = run_len(a, j, j0 + nj);
+            weighted_sum_avx2(s + (j - j0), a->v + row_at(a, j), n, a->hd, a->out);
+        }
     }
     scale_avx2(a->out, 1.0f / l, a->hd);
 }
@@ -349,21 +374,27 @@ static void attn_head_avx2(const attn_head *a) {
 #endif
 
 int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head, int64_t n_head_kv,
-                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_slots,
-                            int64_t n_cache_ctx, const int64_t *slots, const int64_t *n_ctx, float scale,
-                            float *out, int64_t out_stride, int impl) {
-    int64_t head_elems, cache_elems, width, last;
-    int st = cache_shape(n_slots, n_head_kv, n_cache_ctx, head_dim, &head_elems, &cache_elems);
+                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_blocks,
+                            int64_t block_size, const int64_t *block_table, int64_t table_stride,
+                            const int64_t *n_ctx, float scale, float *out, int64_t out_stride, int impl) {
+    int64_t block_elems, cache_elems, width, last, max_ctx;
+    int st = cache_shape(n_blocks, n_head_kv, block_size, head_dim, &block_elems, &cache_elems);
     if (st) return st;
-    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || !isfinite(scale)) return STRATA_E_ARG;
+    block_elems *= n_head_kv;  /* cache_shape gave one head's P * hd */
+    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale)) return STRATA_E_ARG;
     if ((st = strata_resolve_impl(impl, &impl))) return st;
     if (n_seq == 0) return STRATA_OK;
-    if (!q || !k_cache || !v_cache || !slots || !n_ctx || !out) return STRATA_E_ARG;
+    if (!q || !k_cache || !v_cache || !block_table || !n_ctx || !out) return STRATA_E_ARG;
     if (!mul_ok(n_head, head_dim, &width) || q_stride < width || out_stride < width ||
-        !mul_ok(n_seq - 1, q_stride > out_stride ? q_stride : out_stride, &last))
+        !mul_ok(n_seq - 1, q_stride > out_stride ? q_stride : out_stride, &last) ||
+        !mul_ok(n_seq, table_stride, &last) || !mul_ok(table_stride, block_size, &max_ctx))
         return STRATA_E_SIZE;
-    for (int64_t b = 0; b < n_seq; b++)
-        if (slots[b] < 0 || slots[b] >= n_slots || n_ctx[b] < 1 || n_ctx[b] > n_cache_ctx) return STRATA_E_SIZE;
+    for (int64_t b = 0; b < n_seq; b++) {  /* every length and every block read, before any work */
+        if (n_ctx[b] < 1 || n_ctx[b] > max_ctx) return STRATA_E_SIZE;
+        const int64_t *table = block_table + b * table_stride;
+        for (int64_t i = 0; i < (n_ctx[b] + block_size - 1) / block_size; i++)
+            if (table[i] < 0 || table[i] >= n_blocks) return STRATA_E_SIZE;
+    }
     void (*head_fn)(const attn_head *) = attn_head_ref;
 #ifdef GLUE_X86
     if (impl != STRATA_IMPL_SCALAR) head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
@@ -371,9 +402,10 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
     const int64_t group = n_head / n_head_kv;  /* query heads per kv head */
     for (int64_t b = 0; b < n_seq; b++)
         for (int64_t h = 0; h < n_head; h++) {
-            const int64_t at = (slots[b] * n_head_kv + h / group) * head_elems;
+            const int64_t at = (h / group) * block_size * head_dim;  /* the kv head's rows in a block */
             const attn_head a = {q + b * q_stride + h * head_dim, k_cache + at, v_cache + at,
-                                 out + b * out_stride + h * head_dim, n_ctx[b], head_dim, scale};
+                                 block_table + b * table_stride, out + b * out_stride + h * head_dim, n_ctx[b],
+                                 head_dim, block_size, block_elems, scale};
             head_fn(&a);
         }
     return STRATA_OK;

@@ -57,7 +57,8 @@ static int map_experts(const strata_decode_layer *L, const strata_route_groups *
 }
 
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *slots, const int64_t *positions, const float *cos_t, const float *sin_t,
+                         const int64_t *block_table, int64_t table_stride, const int64_t *positions,
+                         const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
                          void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
@@ -74,7 +75,7 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
         const strata_decode_layer *L = &layers[l];
         const int64_t t0 = layer_ns ? strata_now_ns() : 0;
         int64_t *ids = expert_ids + l * ids_stride;
-        st = strata_decode_attn(pool, L->attn, n_seq, slots, positions, cos_t, sin_t, x, xn, ids, weights, groups,
+        st = strata_decode_attn(pool, L->attn, n_seq, block_table, table_stride, positions, cos_t, sin_t, x, xn, ids, weights, groups,
                                 scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;

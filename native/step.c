@@ -8,8 +8,8 @@
  *   q|k|v = xa @ Wqkv^T (+ bias)             one packed product (strata_matmul)
  *   q, k = q_norm(q), k_norm(k)              per head or full width, when the model has them
  *   q, k = rope(q), rope(k)
- *   k_cache, v_cache <- k, v                 at each sequence's slot and position
- *   o = attention(q, caches) @ Wo^T          decode attention over positions 0..position
+ *   k_cache, v_cache <- k, v                 at each sequence's position, through its block table
+ *   o = attention(q, caches) @ Wo^T          paged decode attention over positions 0..position
  *   x += o                                   the residual, in place
  *   xn = ffn_norm(x)
  *   expert ids, weights = route(xn @ router^T); grouped by expert   (MoE layers)
@@ -31,7 +31,7 @@ static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_ov
 static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
-typedef struct { int64_t xa, qkv, att, o, n_ctx, logits, act, total; } step_layout;
+typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, act, total; } step_layout;
 
 static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) {
     const int64_t D = L->n_embd, hq = L->n_head * L->head_dim, hkv = L->n_head_kv * L->head_dim;
@@ -39,13 +39,14 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     int st = strata_matmul_scratch_bytes(L->qkv_type, n_seq, D, &act_qkv);
     if (st == STRATA_OK) st = strata_matmul_scratch_bytes(L->o_type, n_seq, hq, &act_o);
     if (st != STRATA_OK) return st;
-    /* Per sequence: xa, qkv, att, o, n_ctx, logits (bytes); then the activation rows of the products. */
-    const int64_t per_seq[6] = {D * 4, (hq + 2 * hkv) * 4, hq * 4, D * 4, 8, (L->router ? L->n_experts : 0) * 4};
-    int64_t *offs[7] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->logits, &S->act};
+    /* Per sequence: xa, qkv, att, o, n_ctx, the new token's block and offset, logits (bytes); then
+     * the activation rows of the products. */
+    const int64_t per_seq[8] = {D * 4, (hq + 2 * hkv) * 4, hq * 4, D * 4, 8, 8, 8, (L->router ? L->n_experts : 0) * 4};
+    int64_t *offs[9] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->act};
     int64_t at = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 9; i++) {
         int64_t n = act_qkv > act_o ? act_qkv : act_o;
-        if (i < 6 && !mul_ok(per_seq[i], n_seq, &n)) return STRATA_E_SIZE;
+        if (i < 8 && !mul_ok(per_seq[i], n_seq, &n)) return STRATA_E_SIZE;
         *offs[i] = at;
         if (n > INT64_MAX / 4 || !add_ok(at, align_up(n), &at)) return STRATA_E_SIZE;
     }
@@ -73,14 +74,15 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
     return st;
 }
 
-int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *slots,
-                       const int64_t *positions, const float *cos_t, const float *sin_t, float *x, float *xn,
-                       int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
+                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
+                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl) {
     int st = layer_ok(L);
     if (st != STRATA_OK) return st;
-    if (!L->k_cache || !L->v_cache || L->n_slots < 1 || L->n_cache_ctx < 1) return STRATA_E_ARG;
-    if (n_seq < 1 || !slots || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t))) return STRATA_E_ARG;
+    if (!L->k_cache || !L->v_cache || L->n_blocks < 1 || L->block_size < 1) return STRATA_E_ARG;
+    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t)))
+        return STRATA_E_ARG;
     if (L->router && (!expert_ids || !weights)) return STRATA_E_ARG;
     step_layout S;
     st = step_plan(L, n_seq, &S);
@@ -92,12 +94,19 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     const int64_t hq = H * hd, hkv = Hkv * hd, n_qkv = hq + 2 * hkv;
     float *xa = (float *)(s + S.xa), *qkv = (float *)(s + S.qkv), *att = (float *)(s + S.att);
     float *o = (float *)(s + S.o), *logits = (float *)(s + S.logits);
-    int64_t *n_ctx = (int64_t *)(s + S.n_ctx);
+    int64_t *n_ctx = (int64_t *)(s + S.n_ctx), *blk = (int64_t *)(s + S.blk), *off = (int64_t *)(s + S.off);
     void *act = s + S.act;
     const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
-    for (int64_t b = 0; b < n_seq; b++) {
-        if (positions[b] < 0 || positions[b] >= L->n_cache_ctx) return STRATA_E_SIZE;
+    int64_t max_ctx, last;
+    if (!mul_ok(table_stride, L->block_size, &max_ctx) || !mul_ok(n_seq, table_stride, &last)) return STRATA_E_SIZE;
+    for (int64_t b = 0; b < n_seq; b++) {  /* every block the step reads or writes, before the first write */
+        if (positions[b] < 0 || positions[b] >= max_ctx) return STRATA_E_SIZE;
+        const int64_t *table = block_table + b * table_stride;
+        for (int64_t i = 0; i <= positions[b] / L->block_size; i++)
+            if (table[i] < 0 || table[i] >= L->n_blocks) return STRATA_E_SIZE;
         n_ctx[b] = positions[b] + 1;
+        blk[b] = table[positions[b] / L->block_size];
+        off[b] = positions[b] % L->block_size;
     }
 
     /* Attention. */
@@ -123,11 +132,12 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
         if (st == STRATA_OK) st = strata_glue_rope(k, n_qkv, n_seq, Hkv, hd, cos_t, sin_t, L->rope_dim, L->neox);
         if (st != STRATA_OK) return st;
     }
-    st = strata_glue_kv_write(k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache, L->n_slots, L->n_cache_ctx,
-                              slots, positions);
+    /* A block is a "slot" of block_size positions to kv_write. */
+    st = strata_glue_kv_write(k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
+                              blk, off);
     if (st == STRATA_OK)
-        st = strata_glue_attn_decode(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_slots, L->n_cache_ctx,
-                                     slots, n_ctx, L->attn_scale, att, hq, impl);
+        st = strata_glue_attn_decode(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
+                                     block_table, table_stride, n_ctx, L->attn_scale, att, hq, impl);
     if (st == STRATA_OK)
         st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, hq, att, n_seq * hq * 4, n_seq, o, n_seq * D * 4,
                            act, act_bytes, impl);

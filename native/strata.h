@@ -323,15 +323,19 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
                          int64_t n_head_kv, int64_t head_dim, float *k_cache, float *v_cache, int64_t n_slots,
                          int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions);
 
-/* Grouped-query decode attention: for sequence b and head h (kv head g = h / (H / Hkv)),
- * out[b, h*hd:(h+1)*hd] = softmax_j(scale * q[b, h] . k_cache[slots[b], g, j]) @ v_cache[slots[b], g, j]
- * over positions j < n_ctx[b] (1 <= n_ctx[b] <= C). Softmax in float32, max subtracted; past 256
- * positions the passes are joined by online rescaling. `impl` (enum strata_impl): scalar or AVX2
- * (AVX-512 runs AVX2); they agree to float rounding, not bit for bit. */
+/* Grouped-query decode attention over a paged cache: caches [N, Hkv, P, hd] (contiguous; N =
+ * n_blocks blocks of P = block_size positions); sequence b's position j lives in block
+ * block_table[b * table_stride + j / P] at offset j % P. For sequence b and head h (kv head
+ * g = h / (H / Hkv)), out[b, h*hd:(h+1)*hd] = softmax_j(scale * q[b, h] . k[b, g, j]) @ v[b, g, j]
+ * over positions j < n_ctx[b] (1 <= n_ctx[b] <= table_stride * P; every block entry read is checked
+ * to lie in [0, N) first). A contiguous cache [S, Hkv, C, hd] is the case P = C, table = slots,
+ * table_stride = 1. Softmax in float32, max subtracted; past 256 positions the passes are joined by
+ * online rescaling. `impl` (enum strata_impl): scalar or AVX2 (AVX-512 runs AVX2); they agree to
+ * float rounding, not bit for bit. */
 int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head, int64_t n_head_kv,
-                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_slots,
-                            int64_t n_cache_ctx, const int64_t *slots, const int64_t *n_ctx, float scale,
-                            float *out, int64_t out_stride, int impl);
+                            int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_blocks,
+                            int64_t block_size, const int64_t *block_table, int64_t table_stride,
+                            const int64_t *n_ctx, float scale, float *out, int64_t out_stride, int impl);
 
 /* y[t, r] = x[t] . w[r] for x [T, n] (token t at x + t * x_stride), w [n_rows, n] and y
  * [T, n_rows] contiguous: float32 products for small matrices kept in F32, the router's logits.
@@ -366,7 +370,8 @@ int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n
 /* One decoder layer as strata_decode_attn reads it. Matrices are packed in their ggml type (qkv:
  * q, k and v stacked by rows, [(H + 2 Hkv) hd, D]; o: [D, H hd]); norms, biases and the router are
  * float32. q_norm / k_norm: NULL when the model has none, else [hd] (per head) or [H hd] / [Hkv hd]
- * (full width). router: NULL for a dense layer, else [n_experts, D] float32. Caches [S, Hkv, C, hd]. */
+ * (full width). router: NULL for a dense layer, else [n_experts, D] float32. Caches [N, Hkv, P, hd]:
+ * n_blocks blocks of block_size positions (the paged KV cache). */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, rope_dim;
     int32_t neox, qk_norm_per_head;
@@ -377,7 +382,7 @@ typedef struct {
     int64_t wqkv_bytes, wo_bytes;
     const float *bqkv, *q_norm, *k_norm;
     float *k_cache, *v_cache;
-    int64_t n_slots, n_cache_ctx;
+    int64_t n_blocks, block_size;
     const float *router;
     int64_t n_experts, n_used;
     int32_t gating, norm_weights;
@@ -397,15 +402,16 @@ typedef struct {
 /* Scratch bytes strata_decode_attn needs for `n_seq` sequences of `layer`. */
 int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_seq, int64_t *bytes);
 
-/* One decode step (one new token per sequence, n_seq sequences; sequence b in KV slot slots[b] at
- * position positions[b], rope cos/sin [n_seq, rope_dim / 2]) through the attention half of
+/* One decode step (one new token per sequence, n_seq sequences; sequence b at position
+ * positions[b], its blocks at block_table[b * table_stride ...] (every entry read is checked to
+ * lie in [0, n_blocks)), rope cos/sin [n_seq, rope_dim / 2]) through the attention half of
  * `layer`: x [n_seq, D] += attention(attn_norm(x)) in place; xn [n_seq, D] = ffn_norm(x); for an
  * MoE layer the router's choice into expert_ids (int64) and weights [n_seq, n_used], and, when
  * `groups` is given, its grouping by expert. The same steps, in the same order, as the per-call
  * glue, so the results are those bytes. */
-int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_t n_seq, const int64_t *slots,
-                       const int64_t *positions, const float *cos_t, const float *sin_t, float *x, float *xn,
-                       int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_t n_seq, const int64_t *block_table,
+                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
+                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl);
 
 /* ==== Decode program (program.c): a decode step through every layer in one call ==== */
@@ -431,7 +437,8 @@ typedef struct {
  * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
  * attention and experts. */
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *slots, const int64_t *positions, const float *cos_t, const float *sin_t,
+                         const int64_t *block_table, int64_t table_stride, const int64_t *positions,
+                         const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
                          void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,

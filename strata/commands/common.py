@@ -23,6 +23,13 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
                    help="packed: weights stay in their GGUF blocks, native quantized kernels multiply (the CPU "
                         "default); float: weights dequantized into --dtype, torch multiplies (the reference, and "
                         "CUDA's)")
+    g = p.add_argument_group("batching and KV cache")
+    g.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
+                   help="tokens one engine step processes at most: running decodes plus chunks of prompts being "
+                        "prefilled, so a long prompt does not stall running streams (default 512)")
+    g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="KV cache blocks of 16 positions shared by all sequences (default: enough for every "
+                        "sequence of the batch at --ctx)")
     add_memory_args(p)
 
 
@@ -106,6 +113,10 @@ def check_model_args(args: argparse.Namespace) -> None:
         check_int("--threads", args.threads, 1, 4096)
     if getattr(args, "prefetch_depth", None) is not None:
         check_int("--prefetch-depth", args.prefetch_depth, 0, None)
+    if getattr(args, "max_step_tokens", None) is not None:
+        check_int("--max-step-tokens", args.max_step_tokens, 1, None)
+    if getattr(args, "kv_blocks", None) is not None:
+        check_int("--kv-blocks", args.kv_blocks, 1, None)
 
 
 def check_sampling_args(args: argparse.Namespace) -> None:
@@ -143,8 +154,9 @@ def load_kwargs(args: argparse.Namespace) -> dict:
         if given:
             raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
         tiered = {}
+    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks") if getattr(args, k, None) is not None}
     return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx, memory=args.memory,
-                compute=getattr(args, "compute", None), **tiered)
+                compute=getattr(args, "compute", None), **tiered, **engine)
 
 
 def print_stats(args: argparse.Namespace, model) -> None:

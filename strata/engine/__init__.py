@@ -3,10 +3,12 @@
 Must not hold code: the package's public names, re-exported.
 """
 from .api import Chunk, Completion, Model, Stream, load
-from .kv_cache import KVCache
+from .kv_cache import BLOCK_SIZE, BlockTables, KVCache
 from .perplexity import LogitsComparison, PerplexityResult, compare_logits
 from .sampling import SamplingParams
+from .scheduler import MAX_STEP_TOKENS, EngineFull, Scheduler
 from .sequence import Sequence, StopConditions
 
-__all__ = ["Chunk", "Completion", "KVCache", "LogitsComparison", "Model", "PerplexityResult", "SamplingParams",
-           "Sequence", "StopConditions", "Stream", "compare_logits", "load"]
+__all__ = ["BLOCK_SIZE", "BlockTables", "Chunk", "Completion", "EngineFull", "KVCache", "LogitsComparison",
+           "MAX_STEP_TOKENS", "Model", "PerplexityResult", "SamplingParams", "Scheduler", "Sequence", "StopConditions",
+           "Stream", "compare_logits", "load"]

@@ -25,11 +25,12 @@ from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, resident_bytes
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
-from strata.models import Batch, Transformer, architecture, cache_dims, load_model
+from strata.models import Transformer, architecture, cache_dims, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
-from .kv_cache import KVCache
+from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
+from .scheduler import MAX_STEP_TOKENS
 from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingParams, check_int
 from .sequence import Sequence, StopConditions
@@ -78,10 +79,11 @@ class Model:
     """
 
     def __init__(self, model_file: ModelFile, transformer: Transformer, memory: ExpertMemory, cache: KVCache,
-                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int):
+                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
+                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
         self.model_file, self.transformer, self.memory, self.cache = model_file, transformer, memory, cache
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
-        self.engine = Engine(transformer, cache, device)
+        self.engine = Engine(transformer, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting)
         self._ids = itertools.count()
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
@@ -149,7 +151,7 @@ class Model:
             raise StrataError(f"logits of {len(ids)} tokens: expected 1 to n_ctx={self.n_ctx} tokens")
         slot = self.cache.allocate()
         try:
-            batch = Batch.make([slot], [0], [len(ids)], self.device)
+            batch = self.cache.batch([slot], [0], [len(ids)], self.device)
             tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
             return self.transformer(tokens, batch, self.cache, all_logits=True).cpu()
         finally:
@@ -232,9 +234,9 @@ class Model:
 
     def _run(self, seqs: list[Sequence]) -> list[Completion]:
         t0 = time.perf_counter()
-        for s in seqs:
-            self.engine.add(s)
         try:
+            for s in seqs:
+                self.engine.add(s)  # EngineFull part way: the ones added are cancelled below
             while not all(s.finished for s in seqs):
                 self._step()
         finally:
@@ -351,13 +353,19 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
          memory: MemoryFactory | str | None = None, device_mem: int | str | None = None,
          host_mem: int | str | None = None, prefetch_depth: int | None = None,
-         slot_form: str | None = None, compute: str | None = None, hybrid: bool | None = None) -> Model:
+         slot_form: str | None = None, compute: str | None = None, hybrid: bool | None = None,
+         max_step_tokens: int = MAX_STEP_TOKENS, kv_blocks: int | None = None, max_waiting: int | None = None) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
     default float32 on the CPU, bfloat16 on CUDA). threads: CPU threads for dequantization and
     torch (default: all this process may use; sets torch's thread count for the process). n_ctx: context positions per sequence (default
     min(model's context, 4096)). max_batch: sequences decoded together.
+    The KV cache is paged: a pool of `kv_blocks` blocks of 16 positions (default: enough for
+    max_batch sequences of n_ctx positions) that sequences take as they grow and give back as
+    they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
+    chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
+    batch (None: unbounded; past it `Engine.add` raises EngineFull).
     memory: the expert memory: "tiered" (default: `TieredExpertMemory`, device slots, host
     tier, pager and prefetch), "direct" (`DirectExpertMemory`, experts dequantized from the file
     on every use), or a factory (model_file, device, dtype, n_threads) -> ExpertMemory.
@@ -378,6 +386,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     if n_ctx is not None:
         check_int("n_ctx", n_ctx, 2, None)
     check_int("max_batch", max_batch, 1, 4096)
+    check_int("max_step_tokens", max_step_tokens, max_batch, None)
+    if kv_blocks is not None:
+        check_int("kv_blocks", kv_blocks, 1, None)
+    if max_waiting is not None:
+        check_int("max_waiting", max_waiting, 0, None)
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
@@ -390,31 +403,37 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute)
-        _check_kv_fits(mf, dev, ctx, max_batch, kv_bytes)
+        if kv_blocks is not None and kv_blocks < blocks_for(ctx):
+            raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
+                              f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
+        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute, n_blocks=kv_blocks)
+        _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
         tiered = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth, slot_form=slot_form,
                       hybrid=hybrid)
         factory = _memory_factory(memory, mf, compute, kv_bytes, tiered, mode)
         mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
         transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
         try:
-            cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev)
+            cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev, n_blocks=kv_blocks)
         except (RuntimeError, MemoryError) as e:
             raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                               f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
                               ) from None
-        return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads)
+        return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads, max_step_tokens, max_waiting)
     except BaseException:
         _close_all(transformer, mem, mf)
         raise
 
 
-def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, kv_bytes: int) -> None:
+def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, kv_blocks: int | None,
+                   kv_bytes: int) -> None:
     """Refuse a KV cache larger than the device's free memory before allocating it."""
     free = device_memory(dev)[1]
     if kv_bytes > free:
-        raise StrataError(f"{mf.path}: n_ctx={ctx} x {max_batch} sequences: the KV cache needs {kv_bytes} bytes, "
-                          f"{dev} has {free} free; use a smaller context")
+        pool = (f"{kv_blocks} blocks of {BLOCK_SIZE} positions" if kv_blocks is not None
+                else f"n_ctx={ctx} x {max_batch} sequences")
+        raise StrataError(f"{mf.path}: {pool}: the KV cache needs {kv_bytes} bytes, {dev} has {free} free; "
+                          f"use a smaller context, batch or --kv-blocks")
 
 
 def _close_all(transformer: Transformer | None, mem: ExpertMemory | None, mf: ModelFile) -> None:

@@ -1,15 +1,16 @@
-"""The decode loop: admit sequences, prefill them, decode all running ones together.
+"""The decode loop: each step the scheduler picks the work, the model runs it, sequences sample.
 
-`step()` reads like its spec: `schedule()` picks either the waiting sequences that fit (a prefill
-step: their whole prompts, several sequences of different lengths in one flattened batch) or,
-when none wait, every running sequence (a decode step: one token each); `forward()` runs the
-model over the batch and `postprocess()` samples, appends and retires finished sequences.
+`step()` reads like its spec: `schedule()` (strata.engine.scheduler) returns every running
+decode (one token each) and prompt chunks under the step's token budget, as (sequence, new
+tokens) pairs; `forward()` runs the model once over that mixed batch (sequences of different
+lengths in one flattened token axis, each reading its own blocks of the paged KV cache);
+`postprocess()` samples for the sequences whose pending tokens are all cached now (a prompt's
+middle chunk samples nothing), appends and retires finished ones, freeing their blocks.
 
 Must not do model maths or touch weights: it schedules, calls `forward` and samples.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Iterator
 
 import torch
@@ -18,34 +19,46 @@ from strata.errors import StrataError
 from strata.models import Batch, Transformer
 
 from .kv_cache import KVCache
+from .scheduler import MAX_STEP_TOKENS, EngineFull, Scheduler
 from .sequence import Sequence
-
-#: New tokens one prefill step takes at most (sequences are admitted whole until this is reached).
-MAX_PREFILL_TOKENS = 4096
 
 
 class Engine:
-    def __init__(self, model: Transformer, cache: KVCache, device: torch.device,
-                 max_prefill_tokens: int = MAX_PREFILL_TOKENS):
+    """Continuous batching over a model and its paged KV cache.
+
+    max_batch: sequences running at once (default: the cache's slots); max_step_tokens: tokens one
+    step processes at most (decodes plus prompt chunks); max_waiting: sequences that may wait
+    (None: unbounded; past it `add` raises EngineFull)."""
+
+    def __init__(self, model: Transformer, cache: KVCache, device: torch.device, max_batch: int | None = None,
+                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
         self.model, self.cache, self.device = model, cache, device
-        self.max_prefill_tokens = max_prefill_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.scheduler = Scheduler(cache, max_batch, max_step_tokens, max_waiting)
 
     @property
     def n_ctx(self) -> int:
         return self.cache.n_ctx
 
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
     def add(self, seq: Sequence) -> None:
+        """Queue a sequence; StrataError when its prompt leaves no room in the context, EngineFull
+        when `max_waiting` sequences already wait."""
         n = len(seq.prompt_ids)
         if n >= self.n_ctx:
             raise StrataError(f"prompt of {n} tokens does not fit the context of {self.n_ctx} tokens "
                               "(room for at least one generated token is needed)")
-        self.waiting.append(seq)
+        self.scheduler.add(seq)
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.busy
 
     def run(self) -> Iterator[tuple[Sequence, str]]:
         """Step until every sequence has finished, yielding (sequence, new visible text) per token."""
@@ -53,64 +66,45 @@ class Engine:
             yield from self.step()
 
     def step(self) -> list[tuple[Sequence, str]]:
-        seqs = self.schedule()
-        logits = self.forward(seqs)  # [B, V]
-        return self.postprocess(seqs, logits)
+        work = self.schedule()
+        if not work:
+            return []
+        logits = self.forward(work)  # [B, V]
+        return self.postprocess(work, logits)
 
-    def schedule(self) -> list[Sequence]:
-        admitted, n_tokens = [], 0
-        while self.waiting and self.cache.n_free and (
-                not admitted or n_tokens + len(self.waiting[0].prompt_ids) <= self.max_prefill_tokens):
-            seq = self.waiting.popleft()
-            seq.slot = self.cache.allocate()
-            admitted.append(seq)
-            n_tokens += len(seq.prompt_ids)
-        if admitted:
-            self.running.extend(admitted)
-            return admitted
-        return list(self.running)
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        return self.scheduler.schedule()
 
-    def forward(self, seqs: list[Sequence]) -> torch.Tensor:
-        pending = [s.pending_ids for s in seqs]
-        tokens = torch.tensor([t for p in pending for t in p], dtype=torch.long, device=self.device)  # [T]
-        batch = Batch.make([s.slot for s in seqs], [s.n_cached for s in seqs], [len(p) for p in pending], self.device)
+    def forward(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
+        ids = [s.all_ids[s.n_cached:s.n_cached + n] for s, n in work]
+        tokens = torch.tensor([t for chunk in ids for t in chunk], dtype=torch.long, device=self.device)  # [T]
+        batch = Batch.make([self.cache.table(s.slot) for s, _ in work], [s.n_cached for s, _ in work],
+                           [n for _, n in work], self.cache.block_size, self.device)
         logits = self.model(tokens, batch, self.cache)  # [B, V]
-        for s, p in zip(seqs, pending):
-            s.n_cached += len(p)
+        for s, n in work:
+            s.n_cached += n
         return logits.cpu()
 
-    def postprocess(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple[Sequence, str]]:
+    def postprocess(self, work: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[tuple[Sequence, str]]:
         out = []
-        for seq, row in zip(seqs, logits):
+        for (seq, _), row in zip(work, logits):
+            if seq.n_cached < len(seq.all_ids):
+                continue  # a prompt chunk with more to come: nothing to sample yet
             text = seq.append(seq.sampler(row, seq.all_ids))
             if not seq.finished and len(seq.all_ids) >= self.n_ctx:
                 text += seq.finish("length")  # the next token would not fit the cache
             out.append((seq, text))
             if seq.finished:
-                self.retire(seq)
+                self.scheduler.retire(seq)
         return out
 
-    def retire(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.cache.free(seq.slot)
-        seq.slot = None
-
     def cancel(self, seq: Sequence) -> None:
-        """End one sequence wherever it is (waiting or running), freeing its slot."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.running:
-            self.retire(seq)
-        seq.finish_reason = seq.finish_reason or "abort"
+        """End one sequence wherever it is (waiting or running); its KV blocks are free at once."""
+        self.scheduler.cancel(seq)
 
     def abort(self) -> None:
-        """Drop every sequence (e.g. after Ctrl-C), freeing their slots."""
-        for seq in list(self.running):
-            seq.finish_reason = seq.finish_reason or "abort"
-            self.retire(seq)
-        for seq in self.waiting:
-            seq.finish_reason = seq.finish_reason or "abort"
-        self.waiting.clear()
+        """Drop every sequence (e.g. after Ctrl-C), freeing their blocks."""
+        self.scheduler.abort()
 
 
-__all__ = ["Engine", "MAX_PREFILL_TOKENS"]
+__all__ = ["Engine", "EngineFull", "MAX_STEP_TOKENS"]

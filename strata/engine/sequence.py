@@ -43,8 +43,8 @@ class Sequence:
         self.sampler = Sampler(sampling)
         self.decoder = decoder
         self.output_ids: list[int] = []
-        self.slot: int | None = None  # KV-cache slot while running
-        self.n_cached = 0  # tokens whose keys and values are in the cache
+        self.slot: int | None = None  # KV-cache slot (the handle of its block table) while running
+        self.n_cached = 0  # tokens whose keys and values are in the cache (0 again after a preemption)
         self.finish_reason: str | None = None  # "stop" | "length"
         self.text = ""  # output text so far (with a decoder), cut at a stop string
         self._emitted = 0  # characters of `text` already handed out

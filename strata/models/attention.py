@@ -3,8 +3,9 @@
 H query heads share Hkv key/value heads (H % Hkv == 0). Sliding windows and attention sinks (gpt-oss) take
 `attend_sinks`, in torch on every device. QK-norm, when the model has it, is an
 RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
-heads' features at once (OLMoE). New keys and values are written to the cache first; each
-sequence then attends causally over its cached prefix plus its new tokens.
+heads' features at once (OLMoE). New keys and values are written to the paged cache first
+(Batch.write: each token's block and offset); each sequence then attends causally over its cached
+prefix plus its new tokens, read through its block table (Batch.read).
 Must not: allocate the cache or read files; it reads and writes the KV tensors it is given.
 """
 from __future__ import annotations
@@ -60,9 +61,9 @@ class Attention(nn.Module):
             return self.forward_native(x, batch, cos_sin, kv)
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
-        k_cache, v_cache = kv  # [S, Hkv, C, hd]
-        k_cache[batch.token_slots, :, batch.positions] = k
-        v_cache[batch.token_slots, :, batch.positions] = v
+        k_cache, v_cache = kv  # [N, Hkv, P, hd]: blocks of P positions
+        batch.write(k_cache, k)
+        batch.write(v_cache, v)
         if not self.fusable:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         else:
@@ -78,11 +79,11 @@ class Attention(nn.Module):
         cos, sin = cos_sin
         native.rope(q, cos, sin, self.rope.rope_dim, self.rope.neox)
         native.rope(k, cos, sin, self.rope.rope_dim, self.rope.neox)
-        k_cache, v_cache = kv  # [S, Hkv, C, hd]
-        native.kv_write(k, v, k_cache, v_cache, batch.token_slots, batch.positions)
+        k_cache, v_cache = kv  # [N, Hkv, P, hd]: a block is a "slot" of P positions to kv_write
+        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
         if batch.is_decode:
             out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
-            native.attn_decode(q, k_cache, v_cache, batch.slot_ids, batch.positions + 1, self.head_dim ** -0.5, out)
+            native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out)
         else:
             out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
         return linear(out, self.w.wo)  # [T, D]
@@ -106,7 +107,7 @@ class Attention(nn.Module):
                       v_cache: torch.Tensor) -> torch.Tensor:
         """One new token per sequence: one batched call over the longest prefix, shorter ones masked."""
         n_ctx = max(batch.starts) + 1
-        k, v = k_cache[batch.slot_ids, :, :n_ctx], v_cache[batch.slot_ids, :, :n_ctx]  # [B, Hkv, L, hd]
+        k, v = batch.read_all(k_cache, n_ctx), batch.read_all(v_cache, n_ctx)  # [B, Hkv, L, hd]
         mask = torch.arange(n_ctx, device=q.device)[None, :] <= batch.positions[:, None]  # [B, L]
         out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :],
                                              enable_gqa=True)  # [B, H, 1, hd]
@@ -116,8 +117,8 @@ class Attention(nn.Module):
                     v_cache: torch.Tensor) -> torch.Tensor:
         """Sequences one at a time: queries at positions start..start+n-1 see keys 0..own position."""
         outs = []
-        for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
-            k, v = k_cache[slot, :, :start + n], v_cache[slot, :, :start + n]  # [Hkv, L, hd]
+        for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
+            k, v = batch.read(k_cache, b), batch.read(v_cache, b)  # [Hkv, L, hd]
             q_seq = q[off:off + n].transpose(0, 1)  # [H, n, hd]
             mask = None if start == 0 else _causal_mask(start, n, q.device)
             out = F.scaled_dot_product_attention(q_seq[None], k[None], v[None], attn_mask=mask,
@@ -131,8 +132,8 @@ def attend_sinks(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache: 
     """Causal attention, each sequence over its cache, optionally within a sliding window and with a
     sink logit per head joining the softmax (gpt-oss): softmax over [scores | sink], sink dropped."""
     outs, H = [], q.shape[1]
-    for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
-        k, v = k_cache[slot, :, :start + n], v_cache[slot, :, :start + n]  # [Hkv, L, hd]
+    for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
+        k, v = batch.read(k_cache, b), batch.read(v_cache, b)  # [Hkv, L, hd]
         k, v = k.repeat_interleave(H // k.shape[0], dim=0), v.repeat_interleave(H // v.shape[0], dim=0)  # [H, L, hd]
         scores = (q[off:off + n].transpose(0, 1).float() @ k.float().transpose(1, 2)) * scale  # [H, n, L]
         rows = torch.arange(start, start + n, device=q.device)[:, None]  # [n, 1]

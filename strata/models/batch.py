@@ -1,9 +1,12 @@
-"""What one forward pass computes: which new tokens of which sequences (plain data).
+"""What one forward pass computes: which new tokens of which sequences (plain data), and where
+their keys and values live in the paged KV cache.
 
 Sequences are flattened into one token axis T (B sequences, new tokens of sequence b at
-`offsets[b]:offsets[b] + lengths[b]`). Sequence b keeps its keys and values in KV-cache slot
-`slots[b]`, where its first `starts[b]` positions are already cached. The engine builds batches;
-model code reads them.
+`offsets[b]:offsets[b] + lengths[b]`). Sequence b has its first `starts[b]` positions cached
+already. The cache is a pool of blocks of P positions (per layer [N, Hkv, P, hd]); position j of
+sequence b lives in block `tables[b][j // P]` at offset `j % P`. The new tokens may be a whole
+prompt, a chunk of one (starts > 0, several new tokens) or one decoded token. The engine builds
+batches; model code reads them, and reads the cache through `read_pages`.
 Must not: hold tensors of the model or schedule sequences (the engine does).
 """
 from __future__ import annotations
@@ -16,38 +19,50 @@ import torch
 
 
 class KVStore(Protocol):
-    """Per-layer key and value storage: `layer(i)` -> (k, v), each [S, Hkv, C, hd] (S slots,
-    C positions per slot)."""
+    """Per-layer key and value storage: `layer(i)` -> (k, v), each [N, Hkv, P, hd] (N blocks of P
+    positions)."""
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
 class Batch:
-    slots: tuple[int, ...]  # [B] KV-cache slot of each sequence
+    tables: tuple[tuple[int, ...], ...]  # [B] blocks of each sequence, covering its positions 0..start+length-1
     starts: tuple[int, ...]  # [B] positions already cached (= position of the first new token)
     lengths: tuple[int, ...]  # [B] new tokens of each sequence
+    block_size: int  # P: positions per cache block
     positions: torch.Tensor  # [T] position of every new token
-    token_slots: torch.Tensor  # [T] KV-cache slot of every new token
+    token_blocks: torch.Tensor  # [T] cache block of every new token
+    token_offsets: torch.Tensor  # [T] its offset in that block
     last: torch.Tensor  # [B] index in T of each sequence's last new token
-    slot_ids: torch.Tensor  # [B] `slots` on the device
+    block_table: torch.Tensor  # [B, M] int64 `tables` on the device, rows padded with block 0
 
     @classmethod
-    def make(cls, slots: Sequence[int], starts: Sequence[int], lengths: Sequence[int],
+    def make(cls, tables: Sequence[Sequence[int]], starts: Sequence[int], lengths: Sequence[int], block_size: int,
              device: torch.device | str = "cpu") -> Batch:
-        if not (len(slots) == len(starts) == len(lengths)) or not slots:
-            raise ValueError(f"a batch needs one slot, start and length per sequence, found "
-                             f"{len(slots)}, {len(starts)}, {len(lengths)}")
-        if min(lengths) < 1:
-            raise ValueError(f"every sequence of a batch needs at least one new token, found lengths {list(lengths)}")
+        if not (len(tables) == len(starts) == len(lengths)) or not tables:
+            raise ValueError(f"a batch needs one block table, start and length per sequence, found "
+                             f"{len(tables)}, {len(starts)}, {len(lengths)}")
+        if min(lengths) < 1 or min(starts) < 0:
+            raise ValueError(f"every sequence of a batch needs at least one new token at a position >= 0, found "
+                             f"starts {list(starts)}, lengths {list(lengths)}")
+        P = block_size
+        need = [-(-(s + n) // P) for s, n in zip(starts, lengths)]
+        if any(len(t) < k for t, k in zip(tables, need)):
+            raise ValueError(f"block tables of {[len(t) for t in tables]} blocks of {P} positions do not cover "
+                             f"positions up to {[s + n for s, n in zip(starts, lengths)]}")
+        tables = tuple(tuple(t[:k]) for t, k in zip(tables, need))
         positions = [p for s, n in zip(starts, lengths) for p in range(s, s + n)]
-        token_slots = [slot for slot, n in zip(slots, lengths) for _ in range(n)]
+        token_blocks = [t[p // P] for t, s, n in zip(tables, starts, lengths) for p in range(s, s + n)]
+        width = max(need)
         ends = list(accumulate(lengths))
-        return cls(tuple(slots), tuple(starts), tuple(lengths),
-                   torch.tensor(positions, dtype=torch.long, device=device),
-                   torch.tensor(token_slots, dtype=torch.long, device=device),
-                   torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
-                   torch.tensor(slots, dtype=torch.long, device=device))
+
+        def tensor(values):
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return cls(tables, tuple(starts), tuple(lengths), P, tensor(positions), tensor(token_blocks),
+                   tensor([p % P for p in positions]), tensor([e - 1 for e in ends]),
+                   tensor([list(t) + [0] * (width - len(t)) for t in tables]))
 
     @property
     def offsets(self) -> list[int]:
@@ -62,5 +77,27 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.positions.shape[0])
 
+    def write(self, cache: torch.Tensor, values: torch.Tensor) -> None:
+        """cache [N, Hkv, P, d] at every new token's block and offset <- values [T, Hkv, d]."""
+        cache[self.token_blocks, :, self.token_offsets] = values.to(cache.dtype)
 
-__all__ = ["Batch", "KVStore"]
+    def read(self, cache: torch.Tensor, b: int) -> torch.Tensor:
+        """Positions 0..starts[b]+lengths[b]-1 of sequence b: [Hkv, L, d] from cache [N, Hkv, P, d]."""
+        return read_pages(cache, self.block_table[b], self.starts[b] + self.lengths[b])
+
+    def read_all(self, cache: torch.Tensor, length: int) -> torch.Tensor:
+        """Positions 0..length-1 of every sequence: [B, Hkv, length, d] (past a sequence's own
+        positions: whatever block 0 or its last block holds; mask those)."""
+        return read_pages(cache, self.block_table, length)
+
+
+def read_pages(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions 0..length-1 through block table [..., M] of cache [N, Hkv, P, d]: [..., Hkv, length, d]."""
+    P = cache.shape[2]
+    n = -(-length // P)
+    pages = cache[table[..., :n]]  # [..., n, Hkv, P, d]
+    pages = pages.transpose(-3, -4)  # [..., Hkv, n, P, d]
+    return pages.reshape(*pages.shape[:-3], n * P, pages.shape[-1])[..., :length, :]
+
+
+__all__ = ["Batch", "KVStore", "read_pages"]

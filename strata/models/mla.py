@@ -72,8 +72,8 @@ class MLAttention(nn.Module):
         ckv = linear(x, w.wkv_a)  # [T, L+R]
         c = w.kv_a_norm(ckv[:, :L])  # [T, L]
         k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
-        cache = kv[0]  # [S, 1, C, L+R]: the latent and the rope key of every position
-        cache[batch.token_slots, 0, batch.positions] = torch.cat((c, k_rope), dim=-1).to(cache.dtype)
+        cache = kv[0]  # [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
+        batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
         q_lat = torch.einsum("thn,hln->thl", q_nope, w.k_b)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
         o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
@@ -84,8 +84,8 @@ class MLAttention(nn.Module):
 def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:
     """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c."""
     outs = []
-    for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
-        keys = cache[slot, :, :start + n]  # [1, Lk, L+R]
+    for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
+        keys = batch.read(cache, b)  # [1, Lk, L+R]
         q = query[off:off + n].transpose(0, 1)  # [H, n, L+R]
         rows = torch.arange(start, start + n, device=q.device)[:, None]
         mask = torch.arange(start + n, device=q.device)[None, :] <= rows  # [n, Lk]

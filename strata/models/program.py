@@ -94,7 +94,7 @@ class DecodeProgram:
         self.memory.check_fixed()
         c, n, first = self.compute, len(self.layers), 0
         while True:
-            stop = self.native.run(c.pool, batch.slot_ids, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
+            stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
                                    self.layer_used, c.scratch, first, self.layer_ns)
             if self._reports():
                 used = self.layer_used.tolist()

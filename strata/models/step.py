@@ -90,7 +90,7 @@ class FusedDecode:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         self.layer.bind_cache(*kv)
-        n_used = self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, *cos_sin, x, self.out,
+        n_used = self.layer.run(self.compute.pool, batch.block_table, batch.positions, *cos_sin, x, self.out,
                                 self.compute.scratch)
         block.clock[0] += time.perf_counter() - t0
         if block.lookahead is not None:

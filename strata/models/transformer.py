@@ -75,7 +75,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, batch: Batch, cache: KVStore, all_logits: bool = False) -> torch.Tensor:
         """Logits [T, V] of every new token (`all_logits`), else [B, V] of each sequence's last one.
 
-        Writes the new tokens' keys and values to `cache` at `batch`'s slots and positions.
+        Writes the new tokens' keys and values into `cache`'s blocks as `batch`'s block tables say.
         """
         t0 = time.perf_counter()
         x = (F.embedding(tokens, self.embedding) if isinstance(self.embedding, torch.Tensor)

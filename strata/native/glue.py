@@ -4,7 +4,7 @@ products, one call each instead of a dozen small torch ops.
     native.rmsnorm(x, weight, eps, out)                     # [T, D] or per head [T, H, hd]
     native.rope(q, cos, sin, rope_dim, neox)                # in place, q may be a column slice
     native.kv_write(k, v, k_cache, v_cache, slots, positions)
-    native.attn_decode(q, k_cache, v_cache, slots, n_ctx, scale, out)
+    native.attn_decode(q, k_cache, v_cache, block_table, n_ctx, scale, out)   # paged cache
     native.matvec(x, router_weight, logits)                 # F32 weights: the router's logits
     native.route(logits, k, "softmax", norm, scale, expert_ids, weights)
     n_used = native.group_assignments(expert_ids, weights, n_experts, used, offsets, token_ids, weights_sorted)
@@ -114,12 +114,14 @@ def kv_write(k: Any, v: Any, k_cache: Any, v_cache: Any, slots: Any, positions: 
         check(status, f"kv_write of {kshape[0]} tokens into caches {tuple(cshape)} (slot or position out of range?)")
 
 
-def attn_decode(q: Any, k_cache: Any, v_cache: Any, slots: Any, n_ctx: Any, scale: float, out: Any,
+def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any, scale: float, out: Any,
                 impl: str = "auto") -> Any:
-    """Decode attention: out[b] [H*hd] = softmax(scale q[b] K^T) V over cached positions
-    0..n_ctx[b]-1 of slot slots[b], head h reading kv head h // (H / Hkv). q [B, H, hd] (token
-    stride free), caches [S, Hkv, C, hd], slots and n_ctx int64 [B], out float32 [B, H*hd]
-    (token stride free). `impl`: 'auto', 'scalar', 'avx2' or 'avx512'. Returns out."""
+    """Decode attention over a paged cache: out[b] [H*hd] = softmax(scale q[b] K^T) V over positions
+    0..n_ctx[b]-1 of sequence b, position j in block block_table[b, j // P] at offset j % P, head h
+    reading kv head h // (H / Hkv). q [B, H, hd] (token stride free), caches [N, Hkv, P, hd],
+    block_table int64 [B, M] (contiguous), n_ctx int64 [B], out float32 [B, H*hd] (token stride
+    free). A contiguous cache [S, Hkv, C, hd] is P = C with block_table = slots[:, None].
+    `impl`: 'auto', 'scalar', 'avx2' or 'avx512'. Returns out."""
     if _F32 is None:
         _init()
     kcp = _flat(k_cache, "attn_decode k_cache", _F32, "float *")
@@ -128,17 +130,19 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, slots: Any, n_ctx: Any, scal
     op, os_ = _rows(out, "attn_decode out", 2)
     cshape, (B, H, hd) = k_cache.shape, q.shape
     if (len(cshape) != 4 or v_cache.shape != cshape or cshape[3] != hd or out.shape != (B, H * hd)
-            or slots.shape != (B,) or n_ctx.shape != (B,)):
-        raise ValueError(f"attn_decode: q {tuple(q.shape)}, out {tuple(out.shape)}, slots {tuple(slots.shape)}, "
-                         f"n_ctx {tuple(n_ctx.shape)} do not fit caches {tuple(cshape)} and {tuple(v_cache.shape)}")
-    S, Hkv, C, _ = cshape
-    status = lib.strata_glue_attn_decode(qp, qs, B, H, Hkv, hd, kcp, vcp, S, C,
-                                         _flat(slots, "attn_decode slots", _I64, "int64_t *"),
+            or block_table.dim() != 2 or block_table.shape[0] != B or n_ctx.shape != (B,)):
+        raise ValueError(f"attn_decode: q {tuple(q.shape)}, out {tuple(out.shape)}, block_table "
+                         f"{tuple(block_table.shape)}, n_ctx {tuple(n_ctx.shape)} do not fit caches {tuple(cshape)} "
+                         f"and {tuple(v_cache.shape)}")
+    N, Hkv, P, _ = cshape
+    M = block_table.shape[1]
+    status = lib.strata_glue_attn_decode(qp, qs, B, H, Hkv, hd, kcp, vcp, N, P,
+                                         _flat(block_table, "attn_decode block_table", _I64, "int64_t *"), M,
                                          _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, op, os_,
                                          IMPLS[impl] if impl in IMPLS else impl_code(impl))
     if status:
         check(status, f"decode attention of q {tuple(q.shape)} over caches {tuple(cshape)} "
-                      f"(H must be a multiple of Hkv; slots in [0, {S}); n_ctx in [1, {C}])")
+                      f"(H must be a multiple of Hkv; n_ctx in [1, {M * P}]; blocks in [0, {N}))")
     return out
 
 

@@ -1,7 +1,7 @@
 """A decode step through every MoE layer in one native call (native/program.c).
 
     program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
-    stopped = program.run(pool, slots, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
+    stopped = program.run(pool, block_table, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
 
 Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts` and its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
@@ -54,9 +54,10 @@ class DecodeLayers:
         self._index = ffi.new("int32_t[]", self.n_experts)
         self._stopped = ffi.new("int64_t *")
 
-    def run(self, pool: Any, slots: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
+    def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, impl: str = "auto") -> int:
-        """x [B, D] float32 through layers first.., in place; returns where it stopped: L when every
+        """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
+        block_table[b], int64 [B, M], as `DecodeAttn.run` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
         attention half done and its routing in the outputs (`out`, expert_ids[l]): the caller adds
         that layer's experts into x and resumes at the next layer.
@@ -68,7 +69,9 @@ class DecodeLayers:
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
         _tensor(x, "float32", (B, self.n_embd), "x")
-        _tensor(slots, "int64", (B,), "slots")
+        if block_table.dim() != 2:
+            raise ValueError(f"decode program: block_table must be int64 [B, M], found {tuple(block_table.shape)}")
+        _tensor(block_table, "int64", (B, block_table.shape[1]), "block_table")
         _tensor(positions, "int64", (B,), "positions")
         _tensor(expert_ids, "int64", (self.n_layers, out.capacity, self.n_used), "expert_ids")
         if routed.shape[0] < B:
@@ -88,15 +91,15 @@ class DecodeLayers:
                     raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
             cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
         status = lib.strata_decode_layers(
-            pool.ptr, self.c, self.n_layers, B, ffi.cast("int64_t *", slots.data_ptr()),
+            pool.ptr, self.c, self.n_layers, B, ffi.cast("int64_t *", block_table.data_ptr()), block_table.shape[1],
             ffi.cast("int64_t *", positions.data_ptr()), cp, sp, ffi.cast("float *", x.data_ptr()), out.xn_ptr,
             ffi.cast("int64_t *", expert_ids.data_ptr()), out.capacity * self.n_used, out.w_ptr, out.groups,
             self._index, self.n_experts, ffi.cast("float *", routed.data_ptr()), ffi.cast("void *", scratch.data_ptr()),
             scratch.numel(), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),
             ffi.NULL if layer_ns is None else ffi.cast("int64_t *", layer_ns.data_ptr()), impl_code(impl))
         if status:
-            check(status, f"decode program of {self.n_layers} layers from layer {first}, {B} sequences (slots, "
-                          "positions, a page table entry or a cache out of range?)")
+            check(status, f"decode program of {self.n_layers} layers from layer {first}, {B} sequences (block "
+                          "table, positions, a page table entry or a cache out of range?)")
         return int(self._stopped[0])
 
 

@@ -3,9 +3,9 @@
     layer = native.DecodeAttn(n_embd=D, n_head=H, n_head_kv=Hkv, head_dim=hd, rope_dim=R, neox=True,
                               norm_eps=eps, attn_scale=hd ** -0.5, attn_norm=w1, ffn_norm=w2,
                               qkv=(Q8_0, qkv_bytes), o=(Q8_0, o_bytes), router=router_w, n_used=8)
-    layer.bind_cache(k_cache, v_cache)                 # [S, Hkv, C, hd] float32, once (again if moved)
+    layer.bind_cache(k_cache, v_cache)                 # [N, Hkv, P, hd] float32 blocks, once (again if moved)
     out = native.StepOutputs(layer, max_seq)           # xn, routing and its grouping, made once
-    layer.run(pool, slots, positions, cos, sin, x, out, scratch)   # x += attention; out filled
+    layer.run(pool, block_table, positions, cos, sin, x, out, scratch)   # x += attention; out filled
 
 For each decode step (one new token per sequence) this does what the per-call glue does between
 the layer's input and its routed experts, in the same order, so the results are the same bytes.
@@ -68,7 +68,8 @@ class DecodeAttn:
         self._cache: tuple[int, int] | None = None
 
     def bind_cache(self, k_cache: Any, v_cache: Any) -> None:
-        """Point at the layer's KV cache [S, Hkv, C, hd] (float32, contiguous); cheap when unchanged."""
+        """Point at the layer's paged KV cache [N, Hkv, P, hd] (N blocks of P positions; float32,
+        contiguous); cheap when unchanged."""
         key = (k_cache.data_ptr(), v_cache.data_ptr())
         if key == self._cache:
             return
@@ -76,9 +77,9 @@ class DecodeAttn:
         shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], c.head_dim)
         if tuple(k_cache.shape) != shape or tuple(v_cache.shape) != shape:
             raise ValueError(f"decode step: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} must be "
-                             f"[S, {c.n_head_kv}, C, {c.head_dim}]")
+                             f"[N, {c.n_head_kv}, P, {c.head_dim}]")
         c.k_cache, c.v_cache = _f32(k_cache, "k_cache"), _f32(v_cache, "v_cache")
-        c.n_slots, c.n_cache_ctx = shape[0], shape[2]
+        c.n_blocks, c.block_size = shape[0], shape[2]
         self._keep_cache, self._cache = (k_cache, v_cache), key
 
     def scratch_bytes(self, n_seq: int) -> int:
@@ -86,31 +87,34 @@ class DecodeAttn:
         check(lib.strata_decode_attn_scratch_bytes(self.c, n_seq, out), f"decode step scratch for {n_seq} sequences")
         return int(out[0])
 
-    def run(self, pool: Any, slots: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
+    def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
             scratch: Any, impl: str = "auto") -> int:
-        """x [B, D] float32 += the layer's attention for B sequences (one new token each, sequence b in
-        KV slot slots[b] at positions[b], int64 [B]; rope cos/sin [B, R/2]); out.xn[:B] = ffn_norm(x)
+        """x [B, D] float32 += the layer's attention for B sequences (one new token each, sequence b at
+        positions[b], int64 [B], its cache blocks in block_table[b], int64 [B, M] contiguous; rope
+        cos/sin [B, R/2]); out.xn[:B] = ffn_norm(x)
         and, for an MoE layer, out's routing and grouping. Returns the number of experts used."""
         if self._cache is None:
             raise ValueError("decode step: bind_cache first")
         B = x.shape[0]
         if (tuple(x.shape) != (B, self.n_embd) or str(x.dtype) != "torch.float32" or not x.is_contiguous()
-                or slots.shape != (B,) or positions.shape != (B,) or str(slots.dtype) != "torch.int64"
+                or block_table.dim() != 2 or block_table.shape[0] != B or not block_table.is_contiguous()
+                or positions.shape != (B,) or str(block_table.dtype) != "torch.int64"
                 or str(positions.dtype) != "torch.int64" or B > out.capacity or out.layer_experts != self.n_experts):
-            raise ValueError(f"decode step: x {tuple(x.shape)} {x.dtype}, slots {tuple(slots.shape)}, positions "
-                             f"{tuple(positions.shape)} (int64 [B]); outputs for {out.capacity} sequences of "
+            raise ValueError(f"decode step: x {tuple(x.shape)} {x.dtype}, block_table {tuple(block_table.shape)} "
+                             f"(int64 [B, M]), positions {tuple(positions.shape)} (int64 [B]); outputs for "
+                             f"{out.capacity} sequences of "
                              f"{out.layer_experts} experts, layer has {self.n_experts}")
         cp = sp = ffi.NULL
         if self.c.rope_dim:
             half = self.c.rope_dim // 2
             cp, sp = _f32(cos, "rope cos", B * half), _f32(sin, "rope sin", B * half)
-        status = lib.strata_decode_attn(pool.ptr, self.c, B, ffi.cast("int64_t *", slots.data_ptr()),
-                                        ffi.cast("int64_t *", positions.data_ptr()), cp, sp,
+        status = lib.strata_decode_attn(pool.ptr, self.c, B, ffi.cast("int64_t *", block_table.data_ptr()),
+                                        block_table.shape[1], ffi.cast("int64_t *", positions.data_ptr()), cp, sp,
                                         ffi.cast("float *", x.data_ptr()), out.xn_ptr, out.ids_ptr, out.w_ptr,
                                         out.groups if self.n_experts else ffi.NULL,
                                         ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
         if status:
-            check(status, f"decode step of {B} sequences (slots, positions or cache too small?)")
+            check(status, f"decode step of {B} sequences (block table, positions or cache too small?)")
         return int(out.groups.n_used) if self.n_experts else 0
 
 

@@ -97,3 +97,25 @@ def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
     assert set(parts) == {"attention", "expert compute", "expert wait", "dequantization", "other"}
     assert float(parts["attention"]) > 0 and float(parts["expert compute"]) > 0
     assert (float(parts["dequantization"]) == 0) == (compute == "packed")  # packed slots are never dequantized
+
+
+def test_engine_flags_reach_the_engine(cli, qwen3, monkeypatch):
+    """--max-step-tokens and --kv-blocks size the scheduler and the KV pool; a 16-token prompt in
+    two chunks of 8 gives the tokens of one whole prefill; a pool below one --ctx sequence is one
+    error line naming it."""
+    seen = {}
+    real_load = strata.load
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return real_load(path, **kwargs)
+
+    monkeypatch.setattr(strata, "load", spy)
+    prompt = " ".join(corpus(40, seed=2))[:60]
+    code, out, err = cli("generate", qwen3.gguf("f32"), "-p", prompt, "-n", "6", "--json", "--threads", "1",
+                       "--ctx", "128", "--max-step-tokens", "8", "--kv-blocks", "9")
+    assert code == 0 and seen["max_step_tokens"] == 8 and seen["kv_blocks"] == 9, err
+    ref = real_load(qwen3.gguf("f32"), threads=1, n_ctx=128).generate(prompt, max_tokens=6)
+    assert json.loads(out)["token_ids"] == ref.token_ids
+    code, _, err = cli("generate", qwen3.gguf("f32"), "-p", "hi", "--ctx", "128", "--kv-blocks", "7")
+    _one_error_line(code, err, "kv_blocks=7")

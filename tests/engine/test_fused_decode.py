@@ -13,7 +13,6 @@ import torch
 import strata
 from strata import native
 from strata.errors import NativeError
-from strata.models import Batch
 
 STEPS = 12
 
@@ -33,11 +32,11 @@ def _decode_logits(model, prompts: list[list[int]], mode: str = "program") -> li
     try:
         last = []
         for slot, ids in zip(slots, prompts):
-            batch = Batch.make([slot], [0], [len(ids)])
+            batch = model.cache.batch([slot], [0], [len(ids)])
             last.append(int(t(torch.tensor(ids), batch, model.cache)[0].argmax()))
         starts, out = [len(p) for p in prompts], []
         for _ in range(STEPS):
-            batch = Batch.make(slots, starts, [1] * len(slots))
+            batch = model.cache.batch(slots, starts, [1] * len(slots))
             logits = t(torch.tensor(last), batch, model.cache)  # [B, V]
             out.append(logits.clone())
             last, starts = logits.argmax(-1).tolist(), [s + 1 for s in starts]
@@ -136,19 +135,27 @@ def test_native_step_refuses_bad_arguments(tiny):
         fresh = native.DecodeAttn.__new__(native.DecodeAttn)
         fresh.__dict__.update(layer.__dict__, _cache=None)
         with pytest.raises(ValueError, match="bind_cache"):
-            fresh.run(c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
+            fresh.run(c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
         layer.bind_cache(*m.cache.layer(0))
-        with pytest.raises(NativeError, match="decode step of 1 sequences"):  # position past the cache
-            layer.run(c.pool, torch.tensor([0]), torch.tensor([64]), cos, sin, x, step.out, c.scratch)
-        with pytest.raises(NativeError):  # slot past the cache
-            layer.run(c.pool, torch.tensor([5]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
+        assert m.cache.n_blocks == 4  # 64 positions in blocks of 16
+        with pytest.raises(NativeError, match="decode step of 1 sequences"):  # position past the table
+            layer.run(c.pool, torch.tensor([[0, 1]]), torch.tensor([32]), cos, sin, x, step.out, c.scratch)
+        with pytest.raises(NativeError):  # the new token's block past the pool
+            layer.run(c.pool, torch.tensor([[0, 4]]), torch.tensor([20]), cos, sin, x, step.out, c.scratch)
+        before = m.cache.k[0].clone()
+        with pytest.raises(NativeError):  # an earlier block past the pool (read by attention)
+            layer.run(c.pool, torch.tensor([[-1, 0]]), torch.tensor([20]), cos, sin, x, step.out, c.scratch)
+        assert torch.equal(m.cache.k[0], before)  # checked before the new token's keys were written
         with pytest.raises(ValueError, match="int64"):
-            layer.run(c.pool, torch.tensor([0], dtype=torch.int32), torch.tensor([0]), cos, sin, x, step.out,
+            layer.run(c.pool, torch.tensor([[0]], dtype=torch.int32), torch.tensor([0]), cos, sin, x, step.out,
                       c.scratch)
+        with pytest.raises(ValueError, match="block_table"):  # one table row per sequence
+            layer.run(c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
         with pytest.raises(ValueError, match="must be"):  # caches of the wrong shape
             layer.bind_cache(torch.zeros((1, 1, 8, 3)), torch.zeros((1, 1, 8, 3)))
         with pytest.raises(NativeError):  # scratch too small
-            layer.run(c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin, x, step.out, torch.zeros(8, dtype=torch.uint8))
+            layer.run(c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin, x, step.out,
+                      torch.zeros(8, dtype=torch.uint8))
 
 
 def test_native_program_refuses_bad_arguments(tiny):
@@ -159,7 +166,7 @@ def test_native_program_refuses_bad_arguments(tiny):
             pytest.skip("shared experts: no program")
         c, x = m.transformer.compute, torch.zeros((1, prog.layers[0].n_embd))
         cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
-        args = (c.pool, torch.tensor([0]), torch.tensor([0]), cos, sin)
+        args = (c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin)
 
         def run(*head, slot_of=None, **kw):
             if slot_of is not None:
@@ -170,7 +177,7 @@ def test_native_program_refuses_bad_arguments(tiny):
             layer.bind_cache(*m.cache.layer(i))
         assert run() == len(prog.layers)
         with pytest.raises(NativeError, match="decode program"):  # position past the cache
-            run(c.pool, torch.tensor([0]), torch.tensor([64]), cos, sin)
+            run(c.pool, torch.tensor([[0]]), torch.tensor([64]), cos, sin)
         with pytest.raises(ValueError, match="first layer"):
             run(first=len(prog.layers) + 1)
         with pytest.raises(ValueError, match="expert_ids"):

@@ -36,7 +36,7 @@ def test_deepseek2_and_gpt_oss_fixture_files_build_and_run(tmp_path, writer):
     import torch
 
     from strata.engine.kv_cache import KVCache
-    from strata.models import Batch, cache_dims
+    from strata.models import cache_dims
 
     path = tmp_path / "m.gguf"
     getattr(gguf_fixtures, writer)(path)
@@ -46,7 +46,7 @@ def test_deepseek2_and_gpt_oss_fixture_files_build_and_run(tmp_path, writer):
         memory = DirectExpertMemory(mf, packed=compute == "packed")
         model = load_model(mf, memory, compute=compute)
         cache = KVCache(hp.n_layers, 1, 16, *cache_dims(hp))
-        logits = model(torch.arange(5), Batch.make([0], [0], [5]), cache, True)
+        logits = model(torch.arange(5), cache.batch([cache.allocate()], [0], [5]), cache, True)
         assert logits.shape == (5, hp.vocab_size)
 
 
@@ -56,7 +56,6 @@ def test_quantized_fixture_files_load_and_run(tmp_path):
     import torch
 
     from strata.engine.kv_cache import KVCache
-    from strata.models import Batch
 
     for writer in (gguf_fixtures.write_mixtral, gguf_fixtures.write_qwen2moe, gguf_fixtures.write_olmoe,
                    gguf_fixtures.write_qwen3moe_fused):
@@ -66,6 +65,6 @@ def test_quantized_fixture_files_load_and_run(tmp_path):
         hp = mf.hparams
         model = load_model(mf, DirectExpertMemory(mf))
         cache = KVCache(hp.n_layers, 1, 16, hp.n_head_kv, hp.head_dim)
-        logits = model(torch.tensor([1, 2, 3]), Batch.make([0], [0], [3]), cache)
+        logits = model(torch.tensor([1, 2, 3]), cache.batch([cache.allocate()], [0], [3]), cache)
         assert logits.shape == (1, hp.vocab_size), writer.__name__
         assert torch.isfinite(logits).all() or writer is not gguf_fixtures.write_mixtral

@@ -9,7 +9,7 @@ import torch
 
 import strata
 from strata.engine.kv_cache import KVCache
-from strata.models import Batch, cache_dims
+from strata.models import cache_dims
 from tests.fixtures.tiny import GGUF_ARCH, zoo
 
 from .helpers import REL_TOL, Bare, rel_err
@@ -53,12 +53,12 @@ def test_a_batch_of_two_equals_each_alone(new):
         alone.append([bare.forward(ids[:-3], 0)] + [bare.forward([ids[p]], p) for p in range(len(ids) - 3, len(ids))])
     pair = Bare(new.gguf("f32"), n_slots=2)
     n_a, n_b = len(a) - 3, len(b) - 3
-    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), Batch.make([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
+    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), pair.cache.batch([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
     assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
     for step in range(3):
         pos_a, pos_b = n_a + step, n_b + step
-        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), Batch.make([0, 1], [pos_a, pos_b], [1, 1]), pair.cache,
-                         True)
+        batch = pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1])
+        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), batch, pair.cache, True)
         assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
 
 

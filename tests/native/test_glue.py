@@ -139,45 +139,76 @@ def test_kv_write_checks_every_index_before_writing():
     assert torch.equal(k_cache, before)
 
 
+def _paged(k_cache, starts, P=16, seed=0):
+    """The first sequences of a contiguous cache [S, Hkv, C, hd] copied into a pool of blocks of P
+    positions [N, Hkv, P, hd], in shuffled blocks: (pool, block tables)."""
+    S, Hkv, C, hd = k_cache.shape
+    n_each = C // P
+    order = torch.randperm(S * n_each, generator=_gen(seed))
+    pool = torch.full((S * n_each, Hkv, P, hd), float("nan"))  # unmapped blocks are never read
+    tables = []
+    for s in range(len(starts)):
+        table = order[s * n_each:(s + 1) * n_each].tolist()
+        for i, blk in enumerate(table[:-(-(starts[s] + 1) // P)]):
+            pool[blk] = k_cache[s, :, i * P:(i + 1) * P]
+        tables.append(table)
+    return pool, tables
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("H,Hkv,hd,starts", [(16, 4, 64, (99,)), (8, 8, 32, (0, 300, 17)), (4, 2, 20, (511, 3))])
-def test_attn_decode_matches_sdpa(impl, H, Hkv, hd, starts):
+def test_attn_decode_paged_matches_sdpa_and_the_contiguous_cache(impl, H, Hkv, hd, starts):
+    """Through shuffled block tables the kernel gives SDPA's result, and exactly the bytes it gives
+    over the same positions in one contiguous region (blocks of 16 keep its order of sums)."""
     B = len(starts)
-    k_cache, v_cache = _cache(S=4, Hkv=Hkv, hd=hd, seed=H + hd)
-    slots = [3, 1, 0][:B]
-    batch = Batch.make(slots, starts, [1] * B)
+    k_cache, v_cache = _cache(S=B, Hkv=Hkv, hd=hd, seed=H + hd)
+    (k_pool, tables), (v_pool, _) = _paged(k_cache, starts, seed=hd), _paged(v_cache, starts, seed=hd)
+    batch = Batch.make(tables, starts, [1] * B, 16)
     qkv = torch.randn(B, (H + 2 * Hkv) * hd, generator=_gen(B))
     q = qkv[:, :H * hd].view(B, H, hd)
-    want = Attention.attend_decode(None, q, batch, k_cache, v_cache)  # [B, H*hd]
-    out = torch.empty(B, H * hd)
-    native.attn_decode(q, k_cache, v_cache, batch.slot_ids, batch.positions + 1, 1 / math.sqrt(hd), out, impl=impl)
+    want = Attention.attend_decode(None, q, batch, k_pool, v_pool)  # [B, H*hd]
+    out, flat = torch.empty(B, H * hd), torch.empty(B, H * hd)
+    n_ctx = batch.positions + 1
+    native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, 1 / math.sqrt(hd), out, impl=impl)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    native.attn_decode(q, k_cache, v_cache, torch.arange(B)[:, None], n_ctx, 1 / math.sqrt(hd), flat, impl=impl)
+    assert torch.equal(out, flat)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_attn_decode_long_context_and_scale(impl):
     """Past one 256-position pass the passes are joined by online rescaling; a large scale makes
-    later positions dominate, so a wrong rescale shows."""
-    H, Hkv, hd, n = 4, 1, 64, 700
+    later positions dominate, so a wrong rescale shows. Blocks of 7 positions: runs cross the
+    passes' boundaries."""
+    H, Hkv, hd, n, P = 4, 1, 64, 700, 7
     k_cache, v_cache = _cache(S=1, Hkv=Hkv, C=1024, hd=hd, seed=9)
     k_cache[0, 0, 600:n] *= 3
     q = torch.randn(1, H, hd, generator=_gen(3))
     k, v = k_cache[0, :, :n], v_cache[0, :, :n]  # [Hkv, n, hd]
     p = (torch.einsum("hd,nd->hn", q[0].double(), k[0].double()) * 0.5).softmax(-1)
     want = (p @ v[0].double()).float().reshape(1, H * hd)
-    out = torch.empty(1, H * hd)
-    native.attn_decode(q, k_cache, v_cache, torch.tensor([0]), torch.tensor([n]), 0.5, out, impl=impl)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    nb = -(-1024 // P)
+    table = torch.randperm(nb, generator=_gen(4))
+    k_pool, v_pool = torch.zeros(nb, Hkv, P, hd), torch.zeros(nb, Hkv, P, hd)
+    pad = torch.zeros(1, Hkv, nb * P - 1024, hd)
+    k_pool[table] = torch.cat((k_cache, pad), 2).view(Hkv, nb, P, hd).transpose(0, 1)
+    v_pool[table] = torch.cat((v_cache, pad), 2).view(Hkv, nb, P, hd).transpose(0, 1)
+    for kc, vc, tab in ((k_cache, v_cache, torch.tensor([[0]])), (k_pool, v_pool, table[None])):
+        out = torch.empty(1, H * hd)
+        native.attn_decode(q, kc, vc, tab.contiguous(), torch.tensor([n]), 0.5, out, impl=impl)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_attn_decode_refuses_bad_context():
-    k_cache, v_cache = _cache(S=2)
+def test_attn_decode_refuses_bad_context_and_blocks():
+    k_cache, v_cache = _cache(S=2)  # 2 blocks of 512 positions
     q, out = torch.randn(1, 16, 64), torch.empty(1, 16 * 64)
-    for slots, n_ctx in (([2], [5]), ([0], [0]), ([0], [513])):
+    for table, n_ctx in (([[2]], [5]), ([[-1]], [5]), ([[0]], [0]), ([[0]], [513]), ([[0, 2]], [513]),
+                         ([[0, 1, 7]], [1025])):
         with pytest.raises(NativeError, match="decode attention"):
-            native.attn_decode(q, k_cache, v_cache, torch.tensor(slots), torch.tensor(n_ctx), 0.125, out)
+            native.attn_decode(q, k_cache, v_cache, torch.tensor(table), torch.tensor(n_ctx), 0.125, out)
+    native.attn_decode(q, k_cache, v_cache, torch.tensor([[1, 0, 7]]), torch.tensor([1024]), 0.125, out)  # 7 unread
     with pytest.raises(NativeError, match="decode attention"):  # 6 heads over 4 kv heads
-        native.attn_decode(torch.randn(1, 6, 64), k_cache, v_cache, torch.tensor([0]), torch.tensor([5]), 0.125,
+        native.attn_decode(torch.randn(1, 6, 64), k_cache, v_cache, torch.tensor([[0]]), torch.tensor([5]), 0.125,
                            torch.empty(1, 6 * 64))
 
 

@@ -25,11 +25,12 @@ def _wait_for(client: TestClient, path: str, status: int, timeout: float = 60.0)
 def test_health_503_while_loading_then_200(tiny_path):
     import strata
 
-    gate = threading.Event()
+    gate, loaded = threading.Event(), []
 
     def loader():
         assert gate.wait(60)
-        return strata.load(tiny_path, threads=1, max_batch=2)
+        loaded.append(strata.load(tiny_path, threads=1, max_batch=2))
+        return loaded[0]
 
     app = create_app(loader, ServerConfig("tiny", max_running=2, max_queue=2))
     with TestClient(app) as client:
@@ -43,7 +44,9 @@ def test_health_503_while_loading_then_200(tiny_path):
         assert _wait_for(client, "/health", 200).json() == {"status": "ok"}
         done = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
-        assert "strata:kv_blocks_total 2.0" in client.get("/metrics").text
+        # the paged cache's pool: blocks for 2 sequences of the whole context
+        assert f"strata:kv_blocks_total {float(loaded[0].cache.n_blocks)}" in client.get("/metrics").text
+        assert "strata:kv_blocks_used 0.0" in client.get("/metrics").text
         worker = app.state.strata.worker
     assert not worker._thread.is_alive()  # the lifespan's end stopped the engine thread
 

@@ -1,0 +1,157 @@
+"""Continuous batching: which sequences run each step, and how many of their tokens.
+
+Every step `schedule()` returns (sequence, new tokens) pairs:
+
+1. every running sequence that decodes (one pending token) gets one token, oldest first; one that
+   needs a new KV block when the pool has none preempts the youngest running sequence (itself,
+   when it is the youngest): that one gives back all its blocks and returns to the front of the
+   waiting queue, to be prefilled again (prompt and output so far) when blocks are free;
+2. what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks: first the
+   running sequences still prefilling, then waiting sequences admitted in order while fewer than
+   `max_batch` run. A chunk takes what fits the budget and the free blocks (keeping one block per
+   other running sequence in hand, so decodes do not preempt at once); a waiting sequence that
+   gets nothing stays waiting.
+
+So running decodes keep their pace while a long prompt is prefilled beside them, a few hundred
+tokens per step. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
+
+Plain Python over `BlockTables` and `Sequence`s (no tensors, no model): tested with a fake model.
+Must not: run the model or sample (the engine does).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from strata.errors import StrataArgumentError, StrataError
+
+from .kv_cache import BlockTables
+from .sequence import Sequence
+
+#: Tokens one step processes at most by default: running decodes (one each) plus prompt chunks.
+MAX_STEP_TOKENS = 512
+
+
+class EngineFull(StrataError):
+    """The waiting queue is full: the request is refused (try again later)."""
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockTables, max_batch: int | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
+                 max_waiting: int | None = None):
+        self.blocks = blocks
+        self.max_batch = blocks.n_slots if max_batch is None else max_batch
+        if not 1 <= self.max_batch <= blocks.n_slots:
+            raise StrataArgumentError(f"max_batch: expected 1 to {blocks.n_slots} (the KV cache's sequence slots), "
+                                      f"found {self.max_batch}")
+        if max_step_tokens < self.max_batch:
+            raise StrataArgumentError(f"max_step_tokens: expected at least max_batch={self.max_batch} (every running "
+                                      f"sequence decodes one token per step), found {max_step_tokens}")
+        if max_waiting is not None and max_waiting < 0:
+            raise StrataArgumentError(f"max_waiting: expected >= 0 or None (unbounded), found {max_waiting}")
+        self.max_step_tokens, self.max_waiting = max_step_tokens, max_waiting
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the youngest last
+        self.n_preempted = 0  # preemptions since start
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+            raise EngineFull(f"the engine's queue is full: {len(self.waiting)} requests wait (max_waiting="
+                             f"{self.max_waiting}) beside {len(self.running)} running")
+        self.waiting.append(seq)
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """This step's work: (sequence, its new tokens), decodes first. Blocks for them are reserved."""
+        for _ in range(len(self.running) + 1):
+            work = self._decodes()
+            budget = self.max_step_tokens - len(work)
+            work += self._prefills(budget)
+            if work or not self.running:
+                return work
+            self.preempt(self.running[-1])  # prefills hold every block and none can go on: free the youngest
+        raise AssertionError("scheduler: no progress after preempting every running sequence")
+
+    def _decodes(self) -> list[tuple[Sequence, int]]:
+        work = []
+        for seq in list(self.running):
+            if seq.slot is None or len(seq.pending_ids) != 1:
+                continue  # preempted in this loop, or still prefilling
+            while not self.blocks.reserve(seq.slot, seq.n_cached + 1):
+                victim = self.running[-1]  # the youngest: not scheduled yet, or seq itself
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                work.append((seq, 1))
+        return work
+
+    def _prefills(self, budget: int) -> list[tuple[Sequence, int]]:
+        work = []
+        for seq in self.running:
+            if budget > 0 and len(seq.pending_ids) > 1:
+                n = self._chunk(seq, budget)
+                if n:
+                    work.append((seq, n))
+                    budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch and self.blocks.n_free:
+            seq = self.waiting[0]
+            seq.slot = self.blocks.allocate()
+            n = self._chunk(seq, budget)
+            if not n:  # no blocks to spare: it waits (blocks come back as sequences end)
+                self.blocks.free(seq.slot)
+                seq.slot = None
+                break
+            self.running.append(self.waiting.popleft())
+            work.append((seq, n))
+            budget -= n
+        return work
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Prompt tokens of `seq` this step (blocks reserved for them): within the budget and the
+        free blocks less one kept in hand per other running sequence."""
+        b = self.blocks
+        others = sum(1 for s in self.running if s is not seq)
+        spare = max(0, b.n_free_blocks - others)
+        room = (len(b.table(seq.slot)) + spare) * b.block_size - seq.n_cached
+        n = max(0, min(len(seq.pending_ids), budget, room))
+        if n and not b.reserve(seq.slot, seq.n_cached + n):
+            raise AssertionError(f"scheduler: {n} tokens of sequence {seq.seq_id} were counted to fit")
+        return n
+
+    def preempt(self, seq: Sequence) -> None:
+        """Take `seq` out of the running batch and give back its blocks; it waits at the front of
+        the queue and is prefilled again (prompt and output so far) when it is admitted."""
+        self.running.remove(seq)
+        self.blocks.free(seq.slot)
+        seq.slot, seq.n_cached = None, 0
+        self.waiting.appendleft(seq)
+        self.n_preempted += 1
+
+    def retire(self, seq: Sequence) -> None:
+        """A running sequence ended: its slot and blocks go back at once."""
+        self.running.remove(seq)
+        self.blocks.free(seq.slot)
+        seq.slot = None
+
+    def cancel(self, seq: Sequence) -> None:
+        """End one sequence wherever it is (waiting or running), freeing its blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.retire(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+
+    def abort(self) -> None:
+        """Drop every sequence, freeing their blocks."""
+        for seq in list(self.running):
+            self.retire(seq)
+            seq.finish_reason = seq.finish_reason or "abort"
+        for seq in self.waiting:
+            seq.finish_reason = seq.finish_reason or "abort"
+        self.waiting.clear()
+
+
+__all__ = ["EngineFull", "MAX_STEP_TOKENS", "Scheduler"]
