@@ -3,6 +3,7 @@
     python benchmarks/packed_vs_llama.py [--shapes medium,mixtral] [--threads 2] [-n 32] [--reps 3]
         [--prompt 64] [--strata-args '{"compute": "packed"}'] [--workdir /tmp/strata-bench] [--json]
     python benchmarks/packed_vs_llama.py --out-of-ram [--shape large] [--ratio 2.6] [-n 16] [--warmup 4]
+        [--with-llama [--llama-cap-s 240]]
     python benchmarks/packed_vs_llama.py --small [--out-of-ram]      # smoke run on tiny files
 
 In RAM (issue 9, figure 1): for each shape (benchmarks/synthetic_moe.py SHAPES; files cached in
@@ -25,6 +26,10 @@ The O_DIRECT sequential read rate of that copy is measured before and after the 
 is the reference). Reports decode tok/s after `warmup` tokens, expert bytes read from disk per
 token (`Model.memory_stats()`), the disk-bound rate = read rate / bytes per token, Strata's share
 of it, and the per-token split of every timer the stats report (wait_s, dequant_s, ...).
+--with-llama then runs llama.cpp in a cgroup of the same limit on a fresh cold copy (its mmap
+pages count against the limit as Strata's do; weight repacking off, as llama-bench's `--repack 0`,
+since its anonymous repacked copy of the weights cannot fit): `warmup` tokens, then up to `n` timed, stopping
+early after --llama-cap-s seconds.
 --strata-args is passed to `strata.load` last (it may override device, threads, n_ctx, the
 budgets). --small: the tiny and tiny-mixtral shapes in RAM, 8 tokens x 2; out of RAM the "small"
 shape (0.24 GB) under a cgroup floored at 1 GiB (Python alone needs more than 0.24 / 2.6 GB)
@@ -98,6 +103,16 @@ def child_llama(a: argparse.Namespace) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
+    if a.out_of_ram:  # no repacking into anonymous copies: in a memory limit they are killed (FACTS.md)
+        import llama_cpp.llama_cpp as lib
+
+        default = lib.llama_model_default_params
+
+        def without_repack():
+            params = default()
+            params.use_extra_bufts = False
+            return params
+        lib.llama_model_default_params = without_repack
     t0 = time.perf_counter()
     llm = Llama(model_path=str(a.file), n_threads=a.threads, n_threads_batch=a.threads, n_ctx=a.n_ctx,
                 n_batch=max(a.prompt, DECODE_PROMPT), logits_all=False, verbose=False)
@@ -123,6 +138,20 @@ def child_llama(a: argparse.Namespace) -> dict:
             token = argmax()
         return n / (time.perf_counter() - t)
 
+    if a.out_of_ram:  # one decode, as Strata's: warm-up tokens, then n timed, stopped at a time cap
+        llm.eval(prompt[:DECODE_PROMPT])
+        token = argmax()
+        for _ in range(a.warmup):
+            llm.eval([token])
+            token = argmax()
+        t, n = time.perf_counter(), 0
+        while n < a.n and time.perf_counter() - t < a.llama_cap_s:
+            llm.eval([token])
+            token, n = argmax(), n + 1
+        seconds = time.perf_counter() - t
+        return {"engine": "llama.cpp", "load_s": load_s, "decode": {"tok_s": n / seconds, "tokens": n,
+                                                                    "seconds": seconds},
+                "self_peak_rss_kib": _peak_rss_kib()}
     prefill(), decode(a.n)  # warm-up: page the file in (mapped pages), start the thread pool
     return {"engine": "llama.cpp", "load_s": load_s, "prefill_tok_s": spread([prefill() for _ in range(a.reps)]),
             "decode_tok_s": spread([decode(a.n) for _ in range(a.reps)])}
@@ -180,7 +209,7 @@ def run_child(engine: str, path: Path, a: argparse.Namespace, group: Path | None
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", engine, "--file", str(path),
             "--threads", str(a.threads), "-n", str(a.n), "--reps", str(a.reps), "--prompt", str(a.prompt),
             "--warmup", str(a.warmup), "--n-ctx", str(a.n_ctx), "--strata-args", a.strata_args]
-    argv += ["--out-of-ram"] if a.out_of_ram else []
+    argv += ["--out-of-ram", "--llama-cap-s", str(a.llama_cap_s)] if a.out_of_ram else []
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     preexec = (lambda: (group / "cgroup.procs").write_text(str(os.getpid()))) if group else None
     if group is not None:
@@ -243,6 +272,14 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         finally:
             group.rmdir()
         after, _ = sequential_direct_rate(cold, limit=read_limit)
+        if a.with_llama:  # the same limit, a fresh cold copy (nothing of the file left in the page cache)
+            cold.unlink()
+            cold_copy(src, cold)
+            group = _cgroup(limit)
+            try:
+                report["llama"] = run_child("llama", cold, a, group)
+            finally:
+                group.rmdir()
     finally:
         cold.unlink(missing_ok=True)
     report["read_bytes_per_s"] = {"before": before, "after": after, "mean": (before + after) / 2}
@@ -313,6 +350,15 @@ def format_out_of_ram(r: dict) -> str:
         parts = ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in t.items() if k not in ("total", "other"))
         lines.append(f"  per token (ms): total {1e3 * t['total']:.1f}; {parts}; the rest {1e3 * t['other']:.1f}")
     lines.append(f"  memory: {x['memory']}")
+    y = r.get("llama")
+    if y is not None and "error" in y:
+        lines.append(f"  llama.cpp FAILED ({y.get('returncode')}): {y['error']}")
+    elif y is not None:
+        d = y["decode"]
+        lines.append(f"  llama.cpp decode (same cgroup, fresh cold copy): {d['tok_s']:.3f} tok/s over {d['tokens']} "
+                     f"tokens ({d['seconds']:.0f} s); cgroup peak {y['cgroup_peak_bytes'] / 2**20:.0f} MiB, failcnt "
+                     f"{y['cgroup_failcnt']}; strata/llama.cpp {run['tok_s'] / d['tok_s']:.1f}x" if d["tokens"] else
+                     f"  llama.cpp decode: no token within {d['seconds']:.0f} s")
     return "\n".join(lines)
 
 
@@ -333,6 +379,10 @@ def main() -> int:
     p.add_argument("--ratio", type=float, default=2.6, help="out of RAM: file size / cgroup limit")
     p.add_argument("--min-limit-mib", type=int, default=None, help="out of RAM: floor of the cgroup limit")
     p.add_argument("--read-gib", type=float, default=2.0, help="out of RAM: bytes per O_DIRECT rate pass")
+    p.add_argument("--with-llama", action="store_true",
+                   help="out of RAM: then llama.cpp in the same cgroup, on a fresh cold copy")
+    p.add_argument("--llama-cap-s", type=float, default=240.0,
+                   help="out of RAM: stop llama.cpp's timed decode after this many seconds")
     p.add_argument("--json", action="store_true")
     p.add_argument("--child", choices=("llama", "strata"), help=argparse.SUPPRESS)
     p.add_argument("--file", type=Path, help=argparse.SUPPRESS)
