@@ -9,6 +9,8 @@ measured rather than claimed:
   + prefetch               the tiered memory with the smallest pools that work (top-k device and
                            host slots per layer: no room to keep experts between steps), the router
                            look-ahead loading the next layers' experts while a layer computes
+                           (depth 1 on the CPU unless given, though the CPU's default is 0: this
+                           row measures the mechanism, and the rows below keep it)
   + placement and caching  the tiered memory with the budgets given (or the machine's defaults):
                            hot experts stay resident, placed at start from the file's routing
                            statistics and kept by the policy
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+from strata.memory.budget import DEFAULT_PREFETCH_DEPTH
 
 from .model import _decode
 
@@ -59,6 +63,8 @@ def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu
     if gen < 2 or batch < 1:
         raise ValueError(f"ladder: gen >= 2 and batch >= 1, found gen {gen}, batch {batch}")
     cuda = torch.device(device).type == "cuda"
+    if prefetch_depth is None:  # the ladder measures prefetch: on, at the device's depth or 1 (the
+        prefetch_depth = max(1, DEFAULT_PREFETCH_DEPTH.get(torch.device(device).type, 1))  # CPU's default is 0)
     common = dict(device=device, dtype=dtype, threads=threads, n_ctx=n_ctx or gen + 16)
     budgets = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth)
     configs = [

@@ -271,8 +271,12 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return machine_memory()
 
 
-#: Prefetch depth when none is asked for, per device type.
-DEFAULT_PREFETCH_DEPTH = {"cpu": 1, "cuda": 2}
+#: Prefetch depth when none is asked for, per device type. On the CPU the router look-ahead runs
+#: on the compute thread (a router pass per layer and step, and the loader's work under the GIL),
+#: which cost more than the overlap gained in every measurement here (README, "Tiered expert
+#: memory": 2-core machine, uniform and trace-calibrated routing): misses load on demand there
+#: unless a depth is asked for. On CUDA the look-ahead overlaps the GPU's work.
+DEFAULT_PREFETCH_DEPTH = {"cpu": 0, "cuda": 2}
 
 
 def default_slot_form(device: torch.device, fits_dequantized: bool) -> str:
