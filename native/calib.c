@@ -401,3 +401,40 @@ int strata_calib_set_codes(int t, const float *codes, int64_t codes_len, void *b
     }
     return STRATA_OK;
 }
+
+typedef struct {
+    float *W;
+    int64_t B, ldw;
+    const float *U, *step, *zero;
+    int cmax;
+    float *codes, *err;
+} gptq_job;
+
+static void gptq_rows(void *ctx, int64_t first, int64_t n_rows) {
+    const gptq_job *g = ctx;
+    const int64_t B = g->B;
+    for (int64_t r = first; r < first + n_rows; r++) {
+        float *w = g->W + r * g->ldw;
+        const float *s = g->step + r * B, *z = g->zero + r * B;
+        for (int64_t j = 0; j < B; j++) {
+            const int c = s[j] != 0.0f ? rclamp((w[j] - z[j]) / s[j], 0, g->cmax) : 0;
+            const float e = (w[j] - (z[j] + s[j] * c)) / g->U[j * B + j];
+            const float *u = g->U + j * B;
+            for (int64_t k = j + 1; k < B; k++) w[k] -= e * u[k];
+            g->codes[r * B + j] = (float)c;
+            g->err[r * B + j] = e;
+        }
+    }
+}
+
+int strata_calib_gptq_block(float *W, int64_t n_rows, int64_t B, int64_t ldw, const float *U, const float *step,
+                            const float *zero, int cmax, float *codes, float *err, int n_threads) {
+    if (!W || !U || !step || !zero || !codes || !err || n_rows < 0 || B < 0 || ldw < B || cmax < 1 || n_threads < 1)
+        return STRATA_E_ARG;
+    for (int64_t j = 0; j < B; j++)
+        if (!(U[j * B + j] != 0.0f)) return STRATA_E_ARG;
+    gptq_job job = {.W = W, .B = B, .ldw = ldw, .U = U, .step = step, .zero = zero, .cmax = cmax,
+                    .codes = codes, .err = err};
+    strata_parallel_rows(n_rows, n_threads, gptq_rows, &job);
+    return STRATA_OK;
+}

@@ -28,3 +28,13 @@ int strata_calib_grid(int ggml_type, const void *blocks, int64_t blocks_bytes, i
  * keeping each block's scales: the packing step of GPTQ, which chose the codes itself. */
 int strata_calib_set_codes(int ggml_type, const float *codes, int64_t codes_len, void *blocks, int64_t blocks_bytes,
                            int64_t n_blocks);
+
+/*
+ * GPTQ's inner loop over one block of B columns, row by row (rows are independent):
+ * for j in 0..B-1: code = clamp(round((w_j - zero_j) / step_j), 0, cmax) (0 where step_j == 0),
+ * e_j = (w_j - zero_j - step_j * code) / U[j][j], w_k -= e_j * U[j][k] for k > j.
+ * W [n_rows, B] with row stride ldw (updated in place), U [B, B] row-major upper factor, step and
+ * zero [n_rows, B]; writes codes and e [n_rows, B]. Rows are split across n_threads.
+ */
+int strata_calib_gptq_block(float *W, int64_t n_rows, int64_t B, int64_t ldw, const float *U, const float *step,
+                            const float *zero, int cmax, float *codes, float *err, int n_threads);

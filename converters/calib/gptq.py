@@ -66,15 +66,16 @@ def gptq_quantize(W: np.ndarray, H: np.ndarray | torch.Tensor, t, *, damp: float
         g1 = g0 + group
         packed = calib.quantize_weighted(t, Wt[:, g0:g1].contiguous().numpy(), imp[g0:g1], n_threads=n_threads)
         step, zero = (torch.from_numpy(a.reshape(N, group)) for a in calib.grid(t, packed, N * group))
-        codes, err = _quantize_block(Wt[:, g0:g1], U[g0:g1, g0:g1], step, zero, cmax)
+        codes, err = calib.gptq_block(Wt[:, g0:g1], U[g0:g1, g0:g1], step, zero, cmax, n_threads=n_threads)
         Wt[:, g1:] -= err @ U[g0:g1, g1:]  # lazy update of the columns after the block
         out[:, g0 // group * gbytes:g1 // group * gbytes] = calib.set_codes(t, codes.numpy(), packed)
     return out
 
 
-def _quantize_block(W: torch.Tensor, U: torch.Tensor, step: torch.Tensor, zero: torch.Tensor,
+def quantize_block_ref(W: torch.Tensor, U: torch.Tensor, step: torch.Tensor, zero: torch.Tensor,
                     cmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes [N, B] and scaled errors [N, B] of one block of columns, compensating inside it."""
+    """Codes [N, B] and scaled errors [N, B] of one block of columns, compensating inside it: the
+    torch reference of `strata.native.calib.gptq_block` (tests compare the two)."""
     W = W.clone()  # [N, B]
     N, B = W.shape
     codes, err = torch.empty((N, B)), torch.empty((N, B))
@@ -90,4 +91,4 @@ def _quantize_block(W: torch.Tensor, U: torch.Tensor, step: torch.Tensor, zero: 
     return codes, err
 
 
-__all__ = ["DAMP", "gptq_quantize"]
+__all__ = ["DAMP", "gptq_quantize", "quantize_block_ref"]

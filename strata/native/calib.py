@@ -79,4 +79,29 @@ def set_codes(t: Any, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     return blocks
 
 
-__all__ = ["code_max", "grid", "quantize_weighted", "set_codes"]
+
+
+
+def gptq_block(W: Any, U: Any, step: Any, zero: Any, cmax: int, *, n_threads: int = 1) -> tuple[Any, Any]:
+    """GPTQ's column loop over one block (native): W [N, B] float32 torch view (row stride free,
+    updated in place), U [B, B] upper factor, step/zero [N, B]. Returns (codes, errors) [N, B]."""
+    import torch
+
+    check_threads(n_threads)
+    N, B = W.shape
+    if W.dtype != torch.float32 or W.stride(1) != 1 or W.device.type != "cpu":
+        raise ValueError("W must be a float32 CPU tensor with contiguous rows")
+    U, step, zero = (t.contiguous().float() for t in (U, step, zero))
+    if U.shape != (B, B) or step.shape != (N, B) or zero.shape != (N, B):
+        raise ValueError(f"GPTQ block: W {tuple(W.shape)}, U {tuple(U.shape)}, step {tuple(step.shape)}, "
+                         f"zero {tuple(zero.shape)}")
+    codes, err = torch.empty((N, B)), torch.empty((N, B))
+
+    def fp(t):
+        return ffi.cast("float *", t.data_ptr())
+
+    status = lib.strata_calib_gptq_block(fp(W), N, B, W.stride(0), fp(U), fp(step), fp(zero), cmax, fp(codes),
+                                         fp(err), n_threads)
+    check(status, f"GPTQ block of {N}x{B}")
+    return codes, err
+__all__ = ["code_max", "gptq_block", "grid", "quantize_weighted", "set_codes"]

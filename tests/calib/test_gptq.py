@@ -44,3 +44,21 @@ def test_gptq_refuses_bad_shapes():
         gptq_quantize(np.zeros((4, 100), np.float32), np.eye(100), "Q8_0")
     with pytest.raises(ValueError, match="Hessian"):
         gptq_quantize(np.zeros((4, 256), np.float32), np.eye(128), "Q4_K")
+
+
+def test_native_block_matches_torch_reference():
+    import torch
+
+    from converters.calib.gptq import quantize_block_ref
+    rng = np.random.default_rng(3)
+    N, B = 8, 256
+    W = torch.from_numpy(rng.standard_normal((N, 2 * B)).astype(np.float32))
+    U = torch.from_numpy(np.triu(rng.uniform(0.1, 1, (B, B))).astype(np.float32)) + torch.eye(B)
+    step = torch.from_numpy(rng.uniform(0.01, 0.2, (N, B)).astype(np.float32))
+    step[0, :7] = 0  # a zero-scale sub-block: code 0
+    zero = torch.from_numpy(-8 * step.numpy())
+    ref_codes, ref_err = quantize_block_ref(W[:, :B], U, step, zero, 15)
+    view = W[:, :B]  # a strided view, as in gptq_quantize
+    codes, err = calib.gptq_block(view, U, step, zero, 15, n_threads=2)
+    assert torch.equal(codes, ref_codes) and torch.equal(err, ref_err)
+    assert codes[0, :7].eq(0).all() and codes.max() <= 15 and codes.min() >= 0
