@@ -109,3 +109,15 @@ def test_argument_errors(tmp_path):
     with pytest.raises(ConversionError, match="missing.txt: cannot read"):
         convert(hf, tmp_path / "o.gguf", TypePolicy(), calib=CalibOptions(str(tmp_path / "missing.txt")))
     assert not (tmp_path / "o.gguf").exists() and not list(tmp_path.glob(".o.gguf*"))
+
+
+def test_cli_calib_options(tmp_path, capsys):
+    from strata.commands.convert import main
+    from tests.fixtures.tiny import zoo
+    hf = str(zoo().get("mixtral").hf_dir)
+    assert main([hf, "-o", str(tmp_path / "o.gguf"), "--calib-tokens", "64", "--no-progress"]) == 1
+    assert "--calib-tokens and --calib-ctx need --calib" in capsys.readouterr().err
+    assert main([hf, "-o", str(tmp_path / "o.gguf"), "--calib", "x.txt", "--imatrix", "y", "--no-progress"]) == 1
+    assert "choose one" in capsys.readouterr().err
+    assert main([hf, "-o", str(tmp_path / "o.gguf"), "--imatrix", str(tmp_path / "nope"), "--no-progress"]) == 1
+    assert "nope: cannot read" in capsys.readouterr().err
