@@ -107,6 +107,12 @@ class LayerQuantizer:
         self.methods: dict[str, int] = {"gptq": 0, "weighted": 0, "rtn": 0}
 
     def tensor(self, p: PlannedTensor, values: np.ndarray, stats: Hessians) -> np.ndarray:
+        try:
+            return self._tensor(p, values, stats)
+        except ValueError as exc:
+            raise ConversionError(f"calibrating tensor {p.name} ({', '.join(p.sources[:2])}): {exc}") from None
+
+    def _tensor(self, p: PlannedTensor, values: np.ndarray, stats: Hessians) -> np.ndarray:
         t = GGMLType(p.ggml_type)
         if t not in CALIB_TYPES:
             return as_bytes(values, t, self.n_threads)
