@@ -72,7 +72,6 @@ def run_calibration(conv: Converter, w: gguf.GGUFWriter, planned: list[PlannedTe
     spill = Spill(target)
     cleanup.callback(spill.close)
     counts, _ = calibrate(planned, arch, hp, tokens, n_ctx, spill, n_threads, opts.progress)
-    spill.f.flush()
     return counts, len(tokens)
 
 

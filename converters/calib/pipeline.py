@@ -94,6 +94,10 @@ class Spill:
         path = self.path
         return lambda: np.fromfile(path, dtype=np.uint8, count=int(np.prod(shape)), offset=offset).reshape(shape)
 
+    def flush(self) -> None:
+        """Make everything `put` so far readable by the pieces."""
+        self.f.flush()
+
     def close(self) -> None:
         self.f.close()
         self.path.unlink(missing_ok=True)
@@ -180,6 +184,7 @@ def calibrate(planned: list[PlannedTensor], arch: Arch, hp: HParams, tokens: lis
             bar.update(1)
     if bar is not None:
         bar.close()
+    spill.flush()
     log.info("calibrated %d layers over %d tokens in %.1f s: %s", hp.n_layers, len(tokens),
              time.perf_counter() - t0, quantizer.methods)
     return counts, quantizer.methods
