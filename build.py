@@ -27,8 +27,12 @@ def _require_compiler():
         )
 
 
+#: Headers that form the cdef, in order (calib.h: the calibration entry points, kept apart from strata.h).
+HEADERS = ("strata.h", "calib.h")
+
+
 def _cdef():
-    lines = (NATIVE / "strata.h").read_text().splitlines()
+    lines = [line for h in HEADERS for line in (NATIVE / h).read_text().splitlines()]
     return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
 
 
@@ -41,7 +45,7 @@ ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "strata._native",
-    '#include "strata.h"',
+    "".join(f'#include "{h}"\n' for h in HEADERS),
     sources=_sources(),
     include_dirs=[os.path.relpath(NATIVE, ROOT)],
     # -ffp-contract=off: the kernels must round exactly as gguf-py's numpy code does, so no

@@ -12,6 +12,7 @@ Must not name an architecture: what differs between them is data in `strata.arch
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import gguf
 
 from converters.base import Converter, PlannedTensor
+from converters.calib import CalibOptions, apply_imatrix, check_calib_args, read_imatrix, run_calibration
 from converters.source import Checkpoint, ConversionError
 from converters.tokenizer import write_tokenizer
 from converters.types import TypePolicy
@@ -33,7 +35,7 @@ from strata.gguf.routing import add_routing_counts, load_routing_npz
 
 log = logging.getLogger("strata.convert")
 
-__all__ = ["Checkpoint", "ConversionError", "Converter", "TypePolicy", "converter_for", "convert"]
+__all__ = ["CalibOptions", "Checkpoint", "ConversionError", "Converter", "TypePolicy", "converter_for", "convert"]
 
 
 def converter_for(ckpt: Checkpoint) -> Converter:
@@ -72,11 +74,17 @@ def _write_routing(w: gguf.GGUFWriter, npz: str | os.PathLike[str], planned: lis
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy: TypePolicy | None = None, *,
             name: str | None = None, n_threads: int | None = None, tokenizer_pre: str | None = None,
             progress: Callable[[int], Any] | None = None,
-            routing_stats: str | os.PathLike[str] | None = None) -> list[PlannedTensor]:
+            routing_stats: str | os.PathLike[str] | None = None,
+            calib: CalibOptions | None = None,
+            imatrix: str | os.PathLike[str] | None = None) -> list[PlannedTensor]:
     """Convert checkpoint folder `hf_dir` into GGUF file `out`; returns the tensors written.
 
     `routing_stats`: an .npz file saved by `--save-routing` (counts [L, E] over the expert layers,
     tokens), embedded as `strata.routing.*` metadata for the tiered memory's initial placement.
+
+    `calib`: GPTQ over a calibration text, layer by layer (`converters.calib`); it records the routing
+    it sees as `strata.routing.*`. `imatrix`: an importance matrix file (llama.cpp's GGUF or legacy
+    format) for importance-weighted rounding. At most one of the two.
 
     `progress(total_source_bytes)` may return a progress bar (an object with `update(n_bytes)`
     and `close()`, e.g. tqdm's). Raises ConversionError (and writes nothing) for any problem
@@ -86,13 +94,19 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
     if not target.parent.is_dir():
         raise ConversionError(f"{target}: output directory {target.parent} does not exist")
     n_threads = n_threads or native.default_threads()
-    with Checkpoint(hf_dir) as ckpt:
+    check_calib_args(calib, imatrix, routing_stats)
+    with Checkpoint(hf_dir) as ckpt, contextlib.ExitStack() as cleanup:
         conv = converter_for(ckpt)
         planned = conv.plan(policy)
         w = gguf.GGUFWriter(None, conv.arch.name)
         _write_metadata(w, conv, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
         if routing_stats is not None:
             _write_routing(w, routing_stats, planned, conv.hp.n_experts)
+        if imatrix is not None:
+            apply_imatrix(planned, read_imatrix(imatrix), n_threads)
+        if calib is not None:
+            counts, tokens = run_calibration(conv, w, planned, calib, target, n_threads, cleanup)
+            add_routing_counts(w, counts, tokens)
         for p in planned:
             w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
         total = sum(p.src_bytes for p in planned)

@@ -17,7 +17,7 @@ from strata.commands.errors import run_guarded
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
 COMMAND_MODULES = ("strata.commands.bench", "strata.commands.inspect", "strata.commands.generate",
                    "strata.commands.chat", "strata.commands.serve", "strata.commands.perplexity",
-                   "strata.commands.demo", "strata.commands.synth")
+                   "strata.commands.demo", "strata.commands.synth", "strata.commands.imatrix")
 
 
 def build_parser() -> argparse.ArgumentParser:

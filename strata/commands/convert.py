@@ -31,6 +31,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--tokenizer-pre", default=None, help="llama.cpp pre-tokenizer name, when it cannot be detected")
     p.add_argument("--routing-stats", metavar="FILE.npz", default=None,
                    help="embed routing statistics saved by strata perplexity/generate --save-routing")
+    p.add_argument("--calib", metavar="TEXT_FILE", default=None,
+                   help="GPTQ: calibrate every layer on this text (records its routing statistics too)")
+    p.add_argument("--calib-tokens", type=int, default=None, metavar="N", help="calibration tokens (default 8192)")
+    p.add_argument("--calib-ctx", type=int, default=None, metavar="N", help="calibration sequence length (default 512)")
+    p.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="importance matrix (llama.cpp's GGUF or legacy format) for importance-weighted rounding")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -48,6 +54,20 @@ def _progress_bar(enabled: bool) -> Callable[[int], object] | None:
     return start
 
 
+def _calib_options(args: argparse.Namespace):
+    from converters.calib import DEFAULT_CALIB_CTX, DEFAULT_CALIB_TOKENS, CalibOptions
+    from strata.errors import StrataError
+
+    if args.calib is None:
+        if args.calib_tokens is not None or args.calib_ctx is not None:
+            raise StrataError("--calib-tokens and --calib-ctx need --calib TEXT_FILE")
+        return None
+    n, ctx = args.calib_tokens or DEFAULT_CALIB_TOKENS, args.calib_ctx or DEFAULT_CALIB_CTX
+    if n < 1 or ctx < 1:
+        raise StrataError(f"--calib-tokens and --calib-ctx must be positive, found {n} and {ctx}")
+    return CalibOptions(args.calib, n, ctx, progress=not args.no_progress)
+
+
 def convert(args: argparse.Namespace) -> int:
     """Convert as the parsed arguments say; errors propagate to `run`."""
     from converters import TypePolicy, convert as convert_checkpoint
@@ -56,7 +76,7 @@ def convert(args: argparse.Namespace) -> int:
     policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
     convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
                        tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
-                       routing_stats=args.routing_stats)
+                       routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix)
     return 0
 
 
