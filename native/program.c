@@ -1,6 +1,8 @@
 /*
  * A whole decode step through every layer in one call: for each layer, the attention half and
- * router (strata_decode_attn), the routed experts (strata_moe_swiglu) and the residual add, the
+ * router (strata_decode_attn), the routed experts (strata_moe_swiglu), the shared expert if the
+ * layer has one (a one-expert strata_moe_swiglu call, every token, weighted by
+ * strata_shared_weights) and the residual add, the
  * same calls in the same order as strata/models/step.py makes them from Python, so the results
  * are the same bytes. Crossing into C once per token instead of twice per layer is what removes
  * the interpreter from decode when every expert stays where it is (memory read in place, or a
@@ -18,6 +20,7 @@
 #include "strata.h"
 #include "common.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,7 +39,8 @@ static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_
         const strata_decode_layer *L = &layers[l];
         const strata_attn_layer *A = L->attn;
         int64_t n_assign;
-        if (!A || !A->router || !L->slot_of || L->n_ff < 1 || A->n_embd != first->n_embd) return STRATA_E_ARG;
+        if (!A || !A->router || !L->slot_of || L->n_ff < 1 || L->s_ff < 0 || A->n_embd != first->n_embd)
+            return STRATA_E_ARG;
         if (A->n_experts > index_len || !mul_ok(n_seq, A->n_used, &n_assign) || n_assign > ids_stride)
             return STRATA_E_SIZE;
     }
@@ -56,13 +60,39 @@ static int map_experts(const strata_decode_layer *L, const strata_route_groups *
     return STRATA_OK;
 }
 
+int strata_shared_weights(const float *x, int64_t n_tok, int64_t n_embd, const float *gate_inp, float *w, int impl) {
+    if (!x || !w || n_tok < 0 || n_embd < 1) return STRATA_E_ARG;
+    if (!gate_inp) {
+        for (int64_t t = 0; t < n_tok; t++) w[t] = 1.0f;
+        return STRATA_OK;
+    }
+    int st = strata_glue_matvec(x, n_embd, n_tok, n_embd, gate_inp, 1, w, impl);
+    if (st != STRATA_OK) return st;
+    for (int64_t t = 0; t < n_tok; t++) w[t] = 1.0f / (1.0f + expf(-w[t]));
+    return STRATA_OK;
+}
+
+/* The layer's shared expert into routed: one expert at position 0 of its parts, every token. */
+static int add_shared(strata_pool *pool, const strata_decode_layer *L, const float *xn, int64_t xy_bytes, int64_t n_seq,
+                      int64_t D, float *routed, int32_t *s_tokens, float *s_weights, void *scratch,
+                      int64_t scratch_bytes, int impl) {
+    if (!s_tokens || !s_weights) return STRATA_E_ARG;
+    int st = strata_shared_weights(xn, n_seq, D, L->s_gate_inp, s_weights, impl);
+    if (st != STRATA_OK) return st;
+    for (int64_t t = 0; t < n_seq; t++) s_tokens[t] = (int32_t)t;
+    const int32_t index[1] = {0};
+    const int64_t offsets[2] = {0, n_seq};
+    return strata_moe_swiglu(pool, xn, xy_bytes, n_seq, D, L->s_ff, &L->s_gate, &L->s_up, &L->s_down, 1, index,
+                             offsets, s_tokens, s_weights, n_seq, routed, xy_bytes, scratch, scratch_bytes, impl);
+}
+
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
                          const int64_t *block_table, int64_t table_stride, const int64_t *positions,
                          const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
                          void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
-                         int64_t *layer_used, int64_t *layer_ns, int impl) {
+                         int64_t *layer_used, int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl) {
     int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len);
     if (st != STRATA_OK) return st;
     if (!x || !xn || !expert_ids || !weights || !groups || !expert_index || !routed || !stopped_at || !layer_used ||
@@ -91,6 +121,8 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
         st = strata_moe_swiglu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
                                expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
                                n_seq * L->attn->n_used, routed, xy_bytes, scratch, scratch_bytes, impl);
+        if (st == STRATA_OK && L->s_ff > 0)
+            st = add_shared(pool, L, xn, xy_bytes, n_seq, D, routed, s_tokens, s_weights, scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;
         for (int64_t i = 0; i < n_seq * D; i++) x[i] += routed[i];
         if (layer_ns) {

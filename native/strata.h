@@ -424,7 +424,17 @@ typedef struct {
     strata_moe_part gate, up, down;
     const int32_t *slot_of;
     int64_t n_ff;
+    /* The shared expert, when s_ff > 0: one SwiGLU expert of s_ff rows (parts holding it at
+     * position 0) added for every token, weighted by strata_shared_weights (s_gate_inp: NULL or [D]). */
+    strata_moe_part s_gate, s_up, s_down;
+    int64_t s_ff;
+    const float *s_gate_inp;
 } strata_decode_layer;
+
+/* The shared expert's weight per token: w[t] = sigmoid(x[t] . gate_inp) (x [n_tok, D] contiguous;
+ * the dot product as strata_glue_matvec's, the sigmoid 1 / (1 + expf(-z)) in float), or 1 for
+ * every token when gate_inp is NULL. */
+int strata_shared_weights(const float *x, int64_t n_tok, int64_t n_embd, const float *gate_inp, float *w, int impl);
 
 /* One decode step (as strata_decode_attn) through n_layers MoE layers: per layer, the attention
  * half, the routed experts of the routing into routed [n_seq, D] (zeroed first) and x += routed.
@@ -433,7 +443,9 @@ typedef struct {
  * Runs layers first_layer.. in turn; *stopped_at = n_layers when all ran, or the layer whose
  * routing needs an expert not in place (slot_of -1): that layer's attention half and routing are
  * done (x, xn, its expert ids, weights and groups written), its experts are the caller's to add
- * before resuming at the next layer. layer_used [n_layers] receives each run layer's count of
+ * before resuming at the next layer. A layer with a shared expert adds it into routed after the
+ * routed experts (s_tokens int32 and s_weights float [n_seq]: working buffers, NULL when no layer
+ * has one). layer_used [n_layers] receives each run layer's count of
  * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
  * attention and experts. */
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
@@ -442,6 +454,6 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
                          void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
-                         int64_t *layer_used, int64_t *layer_ns, int impl);
+                         int64_t *layer_used, int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl);
 
 #endif

@@ -66,8 +66,39 @@ class SharedExpert(nn.Module):
     def __init__(self, ffn: FeedForward, gate_inp: torch.Tensor | None):
         super().__init__()
         self.ffn, self.gate_inp = ffn, gate_inp  # gate_inp [D]
+        self.packed = None  # packed compute: (MoeParts holding the expert, PackedCompute); see set_packed
+
+    def set_packed(self, compute) -> bool:
+        """Packed compute: run the expert as a one-expert fused MoE call (the decode program's own
+        form, so every path gives the same bytes) when its three matrices are packed."""
+        mats = (self.ffn.gate, self.ffn.up, self.ffn.down)
+        if not all(isinstance(m, PackedMatrix) for m in mats):
+            return False
+        parts = native.MoeParts(*(native.MoePart(m._data_t, m.type, *m.shape) for m in mats))
+        T = compute.max_tokens
+        compute.reserve(native.moe_scratch_bytes(parts, T, T))
+        gate = None if self.gate_inp is None else self.gate_inp.float().contiguous()
+        self.packed = (parts, compute, gate)
+        self._bufs = (torch.zeros(1, dtype=torch.int32), torch.empty(2, dtype=torch.int64),
+                      torch.arange(T, dtype=torch.int32), torch.empty(T, dtype=torch.float32))
+        return True
+
+    def add_packed(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, D] float32 += this expert of x [T, D] float32 (contiguous), weighted per token."""
+        parts, c, gate = self.packed
+        index, offsets, tokens, weights = self._bufs
+        step = c.max_tokens
+        for t0 in range(0, x.shape[0], step):
+            xs, n = x[t0:t0 + step], min(step, x.shape[0] - t0)
+            native.shared_weights(xs, gate, weights[:n])
+            offsets[0], offsets[1] = 0, n
+            native.moe_swiglu(c.pool, xs, out[t0:t0 + n], parts, index, offsets, tokens[:n], weights[:n], c.scratch)
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            x = x.float().contiguous()
+            return self.add_packed(x, torch.zeros(x.shape, dtype=torch.float32))
         out = self.ffn(x)  # [T, D]
         if self.gate_inp is None:
             return out

@@ -166,6 +166,8 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
                           w.matrix(MT.FFN_DOWN_SHEXP, i, (D, Is)))
         gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
         shared = SharedExpert(ffn, gate)
+        if w.compute is not None:
+            shared.set_packed(w.compute)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))

@@ -38,14 +38,15 @@ class DecodeProgram:
     @staticmethod
     def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
         """The program of `model` when packed compute can run all its decode steps so: every block
-        fused with routed experts and no shared expert, no look-ahead announcements (they are
+        fused with routed experts (and a shared expert, if any, in packed form), no look-ahead announcements (they are
         Python between layers), and a memory whose experts stay in place (`fixed_packed`)."""
         compute = getattr(model, "compute", None)
         if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
             return None
         blocks = list(model.blocks)
         for b in blocks:
-            if (b.fused is None or b.fused.moe is None or not isinstance(b.ffn, MoE) or b.ffn.shared is not None
+            if (b.fused is None or b.fused.moe is None or not isinstance(b.ffn, MoE)
+                    or (b.ffn.shared is not None and b.ffn.shared.packed is None)
                     or b.lookahead is not None or b.ffn.experts.hybrid is not None):
                 return None
         fixed = [memory.fixed_packed(b.ffn.experts.layer) for b in blocks]
@@ -60,8 +61,8 @@ class DecodeProgram:
         self.expert_ids = torch.empty((len(self.layers), capacity, max(first.n_used, 1)), dtype=torch.int64)
         for layer in self.layers:
             self.compute.reserve(layer.scratch_bytes(capacity))
-        self.native = native.DecodeLayers([(layer, parts, slot_of) for layer, (parts, slot_of)
-                                           in zip(self.layers, self.fixed)], out)
+        self.native = native.DecodeLayers([(layer, parts, slot_of, self._shared(block)) for layer, block, (parts, slot_of)
+                                           in zip(self.layers, self.blocks, self.fixed)], out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
 
@@ -71,6 +72,12 @@ class DecodeProgram:
         m = self.memory
         return (getattr(m.served_fixed, "__func__", None) is not ExpertMemory.served_fixed
                 or getattr(m.observe, "__func__", None) is not ExpertMemory.observe)
+
+    @staticmethod
+    def _shared(block) -> tuple | None:
+        """The block's shared expert as the native program takes it: (parts, gate [D] or None)."""
+        shared = block.ffn.shared
+        return None if shared is None else (shared.packed[0], shared.packed[2])
 
     def seconds(self) -> tuple[float, float]:
         """Seconds in attention and in routed experts since the last `reset`."""
@@ -105,8 +112,10 @@ class DecodeProgram:
             # layer `stop` routed to an expert not in place: its experts through the memory
             routed = self.routed[:B]
             routed.zero_()
-            self.blocks[stop].ffn.experts.add_bound(self.moe_call, self.expert_ids[stop, :B],
-                                                    int(self.layer_used[stop]), self.out.used, B)
+            ffn = self.blocks[stop].ffn
+            ffn.experts.add_bound(self.moe_call, self.expert_ids[stop, :B], int(self.layer_used[stop]), self.out.used, B)
+            if ffn.shared is not None:
+                ffn.shared.add_packed(self.out.xn[:B], routed)
             x.add_(routed)  # (add_bound timed itself into the block's experts)
             first = stop + 1
 

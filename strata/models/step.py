@@ -100,8 +100,11 @@ class FusedDecode:
             return x.add_(block.ffn(xn))
         routed.zero_()
         self.moe.experts.add_bound(self.moe_call, expert_ids, n_used, self.out.used, B)
-        if self.moe.shared is not None:
-            return x.add_(routed + self.moe.shared(xn))
+        shared = self.moe.shared
+        if shared is not None and shared.packed is not None:
+            shared.add_packed(xn, routed)  # after the routed experts, as the decode program adds it
+        elif shared is not None:
+            return x.add_(routed + shared(xn))
         return x.add_(routed)
 
 __all__ = ["FusedDecode"]

@@ -21,7 +21,7 @@ from .matmul import (ComputePool, MoeCall, MoePart, MoeParts, matmul_into, matmu
                      moe_swiglu)
 from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerTimeoutError, numa_node_count, numa_node_of
 from .step import DecodeAttn, StepOutputs
-from .program import DecodeLayers
+from .program import DecodeLayers, shared_weights
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 
@@ -30,4 +30,4 @@ __all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeLayers",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",
            "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into",
-           "rmsnorm", "rope", "route"]
+           "rmsnorm", "rope", "route", "shared_weights"]

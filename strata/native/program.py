@@ -3,9 +3,10 @@
     program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
     stopped = program.run(pool, block_table, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
 
-Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts` and its page table row
+Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts`, its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
-is seen, one that changes during a call must not happen). The outputs of `StepOutputs` serve as
+is seen, one that changes during a call must not happen) and optionally its shared expert
+(`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight). The outputs of `StepOutputs` serve as
 the working buffers of every layer. Holds no policy about when the program may run: the models
 decide (every expert in place and staying there).
 """
@@ -28,13 +29,15 @@ class DecodeLayers:
     """The MoE layers of a model as one decode program; `out` (a StepOutputs of any of the layers,
     which must agree in width, experts and experts per token) holds the working buffers."""
 
-    def __init__(self, layers: list[tuple[DecodeAttn, MoeParts, Any]], out: StepOutputs):
+    def __init__(self, layers: list[tuple[DecodeAttn, MoeParts, Any] | tuple[DecodeAttn, MoeParts, Any, Any]],
+                 out: StepOutputs):
         if not layers:
             raise ValueError("decode program: no layers")
         first = layers[0][0]
         self.n_layers, self.n_embd, self.n_experts, self.n_used = len(layers), first.n_embd, first.n_experts, first.n_used
         self.c = ffi.new("strata_decode_layer[]", len(layers))
-        for i, (attn, parts, slot_of) in enumerate(layers):
+        shared_any = False
+        for i, (attn, parts, slot_of, *rest) in enumerate(layers):
             if (attn.n_embd, attn.n_experts, attn.n_used) != (self.n_embd, self.n_experts, self.n_used) or not self.n_experts:
                 raise ValueError(f"decode program: layer {i} has width {attn.n_embd}, {attn.n_experts} experts, "
                                  f"{attn.n_used} per token; layer 0 {self.n_embd}, {self.n_experts}, {self.n_used}")
@@ -47,12 +50,31 @@ class DecodeLayers:
             self.c[i].gate, self.c[i].up, self.c[i].down = g.c[0], u.c[0], d.c[0]
             self.c[i].slot_of = ffi.cast("const int32_t *", slot_of.data_ptr())
             self.c[i].n_ff = parts.n_ff
+            shared = rest[0] if rest else None  # (MoeParts of the shared expert, gate_inp [D] or None)
+            if shared is not None:
+                s_parts, gate_inp = shared
+                s_parts.check()
+                if s_parts.n_embd != self.n_embd:
+                    raise ValueError(f"decode program: layer {i}'s shared expert is {s_parts.n_embd} wide")
+                sg, su, sd = s_parts
+                self.c[i].s_gate, self.c[i].s_up, self.c[i].s_down = sg.c[0], su.c[0], sd.c[0]
+                self.c[i].s_ff = s_parts.n_ff
+                if gate_inp is not None:
+                    _tensor(gate_inp, "float32", (self.n_embd,), f"layer {i}'s shared expert gate")
+                    self.c[i].s_gate_inp = ffi.cast("const float *", gate_inp.data_ptr())
+                shared_any = True
         self._keep = layers
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
         self._index = ffi.new("int32_t[]", self.n_experts)
         self._stopped = ffi.new("int64_t *")
+        import torch
+
+        n = out.capacity if shared_any else 0
+        self._s_tokens, self._s_weights = torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.float32)
+        self._s_ptrs = ((ffi.cast("int32_t *", self._s_tokens.data_ptr()), ffi.cast("float *", self._s_weights.data_ptr()))
+                        if shared_any else (ffi.NULL, ffi.NULL))
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, impl: str = "auto") -> int:
@@ -96,11 +118,27 @@ class DecodeLayers:
             ffi.cast("int64_t *", expert_ids.data_ptr()), out.capacity * self.n_used, out.w_ptr, out.groups,
             self._index, self.n_experts, ffi.cast("float *", routed.data_ptr()), ffi.cast("void *", scratch.data_ptr()),
             scratch.numel(), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),
-            ffi.NULL if layer_ns is None else ffi.cast("int64_t *", layer_ns.data_ptr()), impl_code(impl))
+            ffi.NULL if layer_ns is None else ffi.cast("int64_t *", layer_ns.data_ptr()), *self._s_ptrs,
+            impl_code(impl))
         if status:
             check(status, f"decode program of {self.n_layers} layers from layer {first}, {B} sequences (block "
                           "table, positions, a page table entry or a cache out of range?)")
         return int(self._stopped[0])
 
 
-__all__ = ["DecodeLayers"]
+def shared_weights(x: Any, gate_inp: Any, out: Any, impl: str = "auto") -> Any:
+    """out[t] = sigmoid(x[t] . gate_inp) for x float32 [T, D] (out float32 [T]), or 1 when gate_inp is
+    None: a shared expert's weight per token, as the decode program computes it. Returns out."""
+    T, D = x.shape
+    _tensor(x, "float32", (T, D), "shared expert input")
+    _tensor(out, "float32", (T,), "shared expert weights")
+    if gate_inp is not None:
+        _tensor(gate_inp, "float32", (D,), "shared expert gate")
+    check(lib.strata_shared_weights(ffi.cast("const float *", x.data_ptr()), T, D,
+                                    ffi.NULL if gate_inp is None else ffi.cast("const float *", gate_inp.data_ptr()),
+                                    ffi.cast("float *", out.data_ptr()), impl_code(impl)),
+          f"shared expert weights of {T} tokens")
+    return out
+
+
+__all__ = ["DecodeLayers", "shared_weights"]

@@ -50,10 +50,9 @@ def _decode_logits(model, prompts: list[list[int]], mode: str = "program") -> li
 
 
 def _has_program(tiny, model) -> bool:
-    """Every fixture's blocks are fused; the program takes those without a shared expert."""
-    shared = any(b.ffn.shared is not None for b in model.transformer.blocks)
-    assert (model.transformer.program is not None) == (not shared), tiny
-    return not shared
+    """The program takes every fixture whose blocks are fused (shared experts included)."""
+    assert model.transformer.program is not None, tiny
+    return True
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
@@ -75,8 +74,7 @@ def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
     attention half; the memory computes the layer's experts and the program resumes: the same
     bytes, and the layers the program ran report their routing to the memory."""
     with strata.load(tiny.gguf(None), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
-        if not _has_program(tiny, m):
-            pytest.skip("shared experts: no program")
+        _has_program(tiny, m)
         prog = m.transformer.program
         first, last = prog.model_layers[0], prog.model_layers[-1]
         prog.fixed[0][1][::2] = -1  # half the first layer's experts "not in place"
@@ -110,8 +108,7 @@ def test_program_under_settled_tiered_memory_equals_direct(tiny):
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0) as settled:
         assert settled.memory._settled
-        if not _has_program(tiny, settled):
-            pytest.skip("shared experts: no program")
+        _has_program(tiny, settled)
         for a, b in zip(_decode_logits(direct, prompts, "per_call"), _decode_logits(settled, prompts)):
             assert torch.equal(a, b)
         t = settled.memory_stats().totals()
@@ -162,8 +159,6 @@ def test_native_program_refuses_bad_arguments(tiny):
     with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
                      memory="direct") as m:
         prog = m.transformer.program
-        if prog is None:
-            pytest.skip("shared experts: no program")
         c, x = m.transformer.compute, torch.zeros((1, prog.layers[0].n_embd))
         cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
         args = (c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin)
@@ -186,3 +181,14 @@ def test_native_program_refuses_bad_arguments(tiny):
             run(slot_of=torch.full_like(prog.fixed[0][1], 10 ** 6))
         with pytest.raises(ValueError, match="page table row"):
             native.DecodeLayers([(prog.layers[0], prog.fixed[0][0], torch.zeros(3, dtype=torch.int32))], prog.out)
+
+
+def test_shared_expert_weights():
+    """The shared expert's per-token weight: sigmoid of the gate's dot product (float rounding of
+    torch's), or 1 without a gate; shapes are checked."""
+    x, gate = torch.randn(5, 64), torch.randn(64)
+    got = native.shared_weights(x, gate, torch.empty(5))
+    assert torch.allclose(got, torch.sigmoid(x @ gate), rtol=1e-5, atol=1e-6)
+    assert torch.equal(native.shared_weights(x, None, torch.empty(5)), torch.ones(5))
+    with pytest.raises(ValueError, match="shared expert gate"):
+        native.shared_weights(x, torch.randn(3), torch.empty(5))
