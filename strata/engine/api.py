@@ -88,6 +88,7 @@ class Model:
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
         self._chat_template: ChatTemplate | None = None  # compiled on first use: a broken one fails chat only
+        self._split_base = (0.0, 0.0)  # the memory's waits and dequantization at the last reset_time_split
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -279,7 +280,7 @@ class Model:
         compute, waiting for experts, dequantization and the rest, plus `tokens` and `total_s`.
         Expert compute is the routed experts' time less the memory's waits and dequantization."""
         t = self.transformer.times()
-        wait, dequant = (a - b for a, b in zip(self._memory_seconds(), getattr(self, "_split_base", (0.0, 0.0))))
+        wait, dequant = (a - b for a, b in zip(self._memory_seconds(), self._split_base))
         n = max(t.tokens, 1)
         return {"tokens": t.tokens, "total_s": t.total_s, "attention": t.attention_s / n,
                 "expert_compute": max(t.experts_s - wait - dequant, 0.0) / n, "expert_wait": wait / n,

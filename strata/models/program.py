@@ -20,6 +20,7 @@ from strata.memory import ExpertMemory
 from .batch import Batch, KVStore
 from .moe import MoE
 from .packed import PackedCompute
+from .step import add_moe
 
 
 class DecodeProgram:
@@ -38,8 +39,9 @@ class DecodeProgram:
     @staticmethod
     def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
         """The program of `model` when packed compute can run all its decode steps so: every block
-        fused with routed experts (and a shared expert, if any, in packed form), no look-ahead announcements (they are
-        Python between layers), and a memory whose experts stay in place (`fixed_packed`)."""
+        fused with routed experts (and a shared expert, if any, in packed form), no look-ahead
+        announcements (they are Python between layers), and a memory whose experts stay in place
+        (`fixed_packed`)."""
         compute = getattr(model, "compute", None)
         if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
             return None
@@ -110,13 +112,8 @@ class DecodeProgram:
             if stop == n:
                 return x
             # layer `stop` routed to an expert not in place: its experts through the memory
-            routed = self.routed[:B]
-            routed.zero_()
-            ffn = self.blocks[stop].ffn
-            ffn.experts.add_bound(self.moe_call, self.expert_ids[stop, :B], int(self.layer_used[stop]), self.out.used, B)
-            if ffn.shared is not None:
-                ffn.shared.add_packed(self.out.xn[:B], routed)
-            x.add_(routed)  # (add_bound timed itself into the block's experts)
+            add_moe(self.blocks[stop].ffn, self.moe_call, x, self.out.xn[:B], self.routed[:B],
+                    self.expert_ids[stop, :B], int(self.layer_used[stop]), self.out.used)
             first = stop + 1
 
 

@@ -98,13 +98,23 @@ class FusedDecode:
         xn, expert_ids, routed = self.views(B)
         if self.moe is None:
             return x.add_(block.ffn(xn))
-        routed.zero_()
-        self.moe.experts.add_bound(self.moe_call, expert_ids, n_used, self.out.used, B)
-        shared = self.moe.shared
-        if shared is not None and shared.packed is not None:
-            shared.add_packed(xn, routed)  # after the routed experts, as the decode program adds it
-        elif shared is not None:
-            return x.add_(routed + shared(xn))
-        return x.add_(routed)
+        return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
 
-__all__ = ["FusedDecode"]
+
+def add_moe(moe: MoE, call: native.MoeCall, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,
+            expert_ids: torch.Tensor, n_used: int, used: torch.Tensor) -> torch.Tensor:
+    """x [B, D] += the MoE of xn [B, D] whose routing (expert_ids [B, K], n_used distinct experts,
+    grouped in `used` and the buffers `call` is bound to) is already computed: the routed experts
+    into `routed` [B, D] through the expert memory, then the shared expert, then the residual, in
+    the decode program's order (so every path gives the same bytes). Returns x."""
+    routed.zero_()
+    moe.experts.add_bound(call, expert_ids, n_used, used, x.shape[0])
+    shared = moe.shared
+    if shared is not None and shared.packed is not None:
+        shared.add_packed(xn, routed)
+    elif shared is not None:
+        return x.add_(routed + shared(xn))
+    return x.add_(routed)
+
+
+__all__ = ["FusedDecode", "add_moe"]
