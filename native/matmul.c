@@ -109,10 +109,12 @@ static void act_row(const strata_qdot_kernels *k, const float *x, uint8_t *a, in
 }
 
 /* Weight rows [r0, r1) (r0 a multiple of MM_ROW_BLOCK) times n_tok activation rows:
- * y[t * y_stride + r - r0] for each row r. One tile call per fixed block of rows. */
+ * y[t * y_stride + r - r0] for each row r. One tile call per fixed block of rows. Rows [r1, ahead)
+ * are the ones this thread works through next: the decode kernels fetch them early. */
 static void tile_rows(const strata_qdot_kernels *k, int64_t row_len, const uint8_t *w, int64_t w_row_bytes,
-                      int64_t r0, int64_t r1, const uint8_t *a, int64_t a_row_bytes, int64_t n_tok,
-                      float *y, int64_t y_stride) {
+                      int64_t r0, int64_t r1, int64_t ahead, const uint8_t *a, int64_t a_row_bytes,
+                      int64_t n_tok, float *y, int64_t y_stride) {
+    strata_qdot_ahead_end = w + ahead * w_row_bytes;
     for (int64_t r = r0; r < r1; r += MM_ROW_BLOCK) {
         const int64_t n = r1 - r < MM_ROW_BLOCK ? r1 - r : MM_ROW_BLOCK;
         k->tile(row_len, w + r * w_row_bytes, w_row_bytes, n, a, a_row_bytes, n_tok, y + (r - r0), y_stride);
@@ -123,6 +125,8 @@ static void tile_rows(const strata_qdot_kernels *k, int64_t row_len, const uint8
  * strata_matmul
  * ====================================================================================== */
 
+#define MM_MAX_SPANS 64
+
 typedef struct {
     const strata_qdot_kernels *k;
     const uint8_t *w;
@@ -131,23 +135,36 @@ typedef struct {
     uint8_t *act;
     int64_t a_row_bytes, n_tokens;
     float *y;
-    atomic_llong next_tok, done_tok, next_block;
+    int64_t n_spans;
+    atomic_llong next_tok, done_tok;
+    /* Row blocks [span_end[s - 1], span_end[s]) form span s; next[s] is its next unclaimed block. */
+    int64_t span_end[MM_MAX_SPANS];
+    atomic_llong next[MM_MAX_SPANS];
 } matmul_job;
 
-/* Every thread: round the tokens (items: tokens), then the row blocks (items: MM_ROW_BLOCK rows). */
+/* One row block of a span: the thread runs on through the rest of the span, so the kernels fetch
+ * ahead up to the span's end. */
+static void matmul_block(const matmul_job *j, int64_t b, int64_t span_end) {
+    const int64_t r0 = b * MM_ROW_BLOCK, r1 = r0 + MM_ROW_BLOCK < j->n_rows ? r0 + MM_ROW_BLOCK : j->n_rows;
+    const int64_t ahead = span_end * MM_ROW_BLOCK < j->n_rows ? span_end * MM_ROW_BLOCK : j->n_rows;
+    tile_rows(j->k, j->row_len, j->w, j->w_row_bytes, r0, r1, ahead, j->act, j->a_row_bytes, j->n_tokens,
+              j->y + r0, j->n_rows);
+}
+
+/* Every thread: round the tokens (items: tokens), then the row blocks (MM_ROW_BLOCK rows each).
+ * Participant p works through span p in order (one long run of rows, which streams from memory
+ * faster than blocks scattered over the matrix), then takes what is left of the others' spans. */
 static void matmul_run(void *ctx, int64_t first, int64_t count) {
     matmul_job *j = ctx;
-    (void)first, (void)count;
+    (void)count;
     if (j->k->act != STRATA_ACT_F32) {
         for (int64_t t; (t = claim(&j->next_tok)) < j->n_tokens; finish(&j->done_tok))
             j->k->qact(j->x + t * j->row_len, j->act + t * j->a_row_bytes, j->row_len);
         wait_done(&j->done_tok, j->n_tokens);
     }
-    const int64_t n_blocks = (j->n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
-    for (int64_t b; (b = claim(&j->next_block)) < n_blocks;) {
-        const int64_t r0 = b * MM_ROW_BLOCK, r1 = r0 + MM_ROW_BLOCK < j->n_rows ? r0 + MM_ROW_BLOCK : j->n_rows;
-        tile_rows(j->k, j->row_len, j->w, j->w_row_bytes, r0, r1, j->act, j->a_row_bytes, j->n_tokens, j->y + r0,
-                  j->n_rows);
+    for (int64_t i = 0; i < j->n_spans; i++) {
+        const int64_t s = (first + i) % j->n_spans;
+        for (int64_t b; (b = claim(&j->next[s])) < j->span_end[s];) matmul_block(j, b, j->span_end[s]);
     }
 }
 
@@ -195,8 +212,14 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
                       .a_row_bytes = a_row_bytes, .n_tokens = n_tokens, .y = y};
     atomic_init(&job.next_tok, 0);
     atomic_init(&job.done_tok, 0);
-    atomic_init(&job.next_block, 0);
-    const int64_t n_part = participants(pool, mul_sat(mul_sat(n_rows, w_row_bytes), n_tokens));
+    int64_t n_part = participants(pool, mul_sat(mul_sat(n_rows, w_row_bytes), n_tokens));
+    if (n_part > MM_MAX_SPANS) n_part = MM_MAX_SPANS;
+    const int64_t n_blocks = (n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK;
+    job.n_spans = n_part;
+    for (int64_t s = 0; s < n_part; s++) {
+        atomic_init(&job.next[s], s == 0 ? 0 : job.span_end[s - 1]);
+        job.span_end[s] = n_blocks * (s + 1) / n_part;
+    }
     strata_pool_run(n_part > 1 ? pool : NULL, n_part, 1, matmul_run, &job);
     return STRATA_OK;
 }
@@ -344,9 +367,9 @@ static void moe_gate_up_item(moe_job *J, int64_t item) {
     const int64_t r0 = b * J->ff_chunk, r1 = r0 + J->ff_chunk < J->n_ff ? r0 + J->ff_chunk : J->n_ff;
     const int64_t F = J->n_ff;
     float *h = J->h + u0 * F + r0, *up = J->tmp + u0 * F + r0;
-    tile_rows(&J->gate.k, J->n_embd, moe_matrix_at(&J->gate, e), J->gate.row_bytes, r0, r1,
+    tile_rows(&J->gate.k, J->n_embd, moe_matrix_at(&J->gate, e), J->gate.row_bytes, r0, r1, r1,
               J->xg + u0 * J->gate.a_row_bytes, J->gate.a_row_bytes, n_tok, h, F);
-    tile_rows(&J->up.k, J->n_embd, moe_matrix_at(&J->up, e), J->up.row_bytes, r0, r1,
+    tile_rows(&J->up.k, J->n_embd, moe_matrix_at(&J->up, e), J->up.row_bytes, r0, r1, r1,
               J->xu + u0 * J->up.a_row_bytes, J->up.a_row_bytes, n_tok, up, F);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < r1 - r0; r++) h[t * F + r] = silu_mul(h[t * F + r], up[t * F + r]);
@@ -363,7 +386,7 @@ static void moe_down(const moe_job *J, int64_t block) {
     for (int64_t i = 0; i < J->n_busy; i++) {
         const int64_t j = J->busy[i];
         const int64_t u0 = J->offsets[j] - J->a_first, n_tok = J->offsets[j + 1] - J->offsets[j];
-        tile_rows(&J->down.k, J->n_ff, moe_matrix_at(&J->down, J->expert_index[j]), J->down.row_bytes, r0, r1,
+        tile_rows(&J->down.k, J->n_ff, moe_matrix_at(&J->down, J->expert_index[j]), J->down.row_bytes, r0, r1, r1,
                   J->hq + u0 * J->down.a_row_bytes, J->down.a_row_bytes, n_tok, J->tmp + u0 * D + r0, D);
     }
     const int64_t a_end = J->a_first + J->n_used;

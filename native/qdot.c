@@ -19,6 +19,8 @@ typedef struct {
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
 } qdot_row;
 
+_Thread_local const uint8_t *strata_qdot_ahead_end;
+
 static const qdot_row TILES[] = {
     {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}},
     {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}},
@@ -157,6 +159,7 @@ int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_ro
         for (int64_t t = 0; t < n_tokens; t++) k.qact(x + t * row_len, (uint8_t *)scratch + t * a_row, row_len);
         a = scratch;
     }
+    strata_qdot_ahead_end = (const uint8_t *)w + n_rows * w_row;
     k.tile(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
     return STRATA_OK;
 }

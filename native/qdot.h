@@ -46,6 +46,10 @@ typedef void (*strata_qdot_tile_fn)(int64_t k, const uint8_t *restrict w, int64_
                                     const uint8_t *restrict a, int64_t a_row_bytes, int64_t n_tok,
                                     float *restrict y, int64_t y_stride);
 
+/* End of the run of weight rows the calling thread is working through (set before tile calls):
+ * the decode kernels fetch ahead into the rows to come, never past it. */
+extern _Thread_local const uint8_t *strata_qdot_ahead_end;
+
 typedef struct {
     int weight_type;        /* ggml type id */
     int act;                /* STRATA_ACT_* */
