@@ -3,7 +3,7 @@
     python benchmarks/packed_vs_llama.py [--shapes medium,mixtral] [--threads 2] [-n 32] [--reps 3]
         [--prompt 64] [--strata-args '{"compute": "packed"}'] [--workdir /tmp/strata-bench] [--json]
     python benchmarks/packed_vs_llama.py --out-of-ram [--shape large] [--ratio 2.6] [-n 16] [--warmup 4]
-        [--with-llama [--llama-cap-s 240]]
+        [--compute-bound] [--with-llama [--llama-cap-s 240]]
     python benchmarks/packed_vs_llama.py --small [--out-of-ram]      # smoke run on tiny files
 
 In RAM (issue 9, figure 1): for each shape (benchmarks/synthetic_moe.py SHAPES; files cached in
@@ -26,6 +26,10 @@ The O_DIRECT sequential read rate of that copy is measured before and after the 
 is the reference). Reports decode tok/s after `warmup` tokens, expert bytes read from disk per
 token (`Model.memory_stats()`), the disk-bound rate = read rate / bytes per token, Strata's share
 of it, and the per-token split of every timer the stats report (wait_s, dequant_s, ...).
+--compute-bound also decodes the original file outside the cgroup with every expert in RAM (`memory
+"direct"`, the page cache warm), the rate compute alone allows, and reports Strata's share of the
+lower of the two bounds: where the tiers keep most experts in memory, few bytes are read per token
+and the disk-bound rate exceeds what the CPU can compute.
 --with-llama then runs llama.cpp in a cgroup of the same limit on a fresh cold copy (its mmap
 pages count against the limit as Strata's do; weight repacking off, as llama-bench's `--repack 0`,
 since its anonymous repacked copy of the weights cannot fit): `warmup` tokens, then up to `n` timed, stopping
@@ -256,8 +260,13 @@ def out_of_ram(a: argparse.Namespace) -> dict:
     size = src.stat().st_size
     limit = max(int(size / a.ratio), a.min_limit_mib << 20)
     args = json.loads(a.strata_args)
-    for key, share in (("device_mem", 0.35), ("host_mem", 0.15)):  # budgets inside the limit
+    for key, share in (("device_mem", 0.45), ("host_mem", 0.15)):  # budgets inside the limit
         args.setdefault(key, a.small_budgets[key] if a.small else int(share * size / a.ratio))
+    if not a.small and "host_mem" not in json.loads(a.strata_args):  # at least the host tier's floor
+        from strata.gguf import open_model
+        from strata.memory.budget import host_budget_for_slots
+        mf = open_model(src)
+        args["host_mem"] = max(args["host_mem"], host_budget_for_slots(mf, mf.hparams.n_experts_used))
     a.strata_args = json.dumps(args)
     cold = a.workdir / f"cold-{os.getpid()}-{src.name}"
     report = {"mode": "out-of-ram", "shape": a.shape, "spec": SHAPES[a.shape], "file": str(src), "file_bytes": size,
@@ -272,6 +281,12 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         finally:
             group.rmdir()
         after, _ = sequential_direct_rate(cold, limit=read_limit)
+        if a.compute_bound:  # the same decode with every expert in RAM: the compute-bound rate
+            with open(src, "rb") as f:  # into the page cache first: the decode must not fault pages in
+                while f.read(1 << 24):
+                    pass
+            in_ram_args = argparse.Namespace(**{**vars(a), "strata_args": json.dumps({"memory": "direct"})})
+            report["in_ram"] = run_child("strata", src, in_ram_args)
         if a.with_llama:  # the same limit, a fresh cold copy (nothing of the file left in the page cache)
             cold.unlink()
             cold_copy(src, cold)
@@ -290,6 +305,11 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         if per_token > 0:
             report["disk_bound_tok_s"] = report["read_bytes_per_s"]["mean"] / per_token
             report["share_of_disk_bound"] = run["tok_s"] / report["disk_bound_tok_s"]
+        ram = report.get("in_ram", {}).get("decode")
+        if ram:
+            report["compute_bound_tok_s"] = ram["tok_s"]
+            report["bound_tok_s"] = min(ram["tok_s"], report.get("disk_bound_tok_s", float("inf")))
+            report["share_of_bound"] = run["tok_s"] / report["bound_tok_s"]
         report["per_token_s"] = {k: v / run["tokens"] for k, v in run["stats"].items() if k.endswith("_s")}
         timed = sum(report["per_token_s"].values())
         report["per_token_s"]["total"] = run["seconds"] / run["tokens"]
@@ -345,6 +365,12 @@ def format_out_of_ram(r: dict) -> str:
     if "disk_bound_tok_s" in r:
         lines.append(f"  disk-bound rate: {r['disk_bound_tok_s']:.2f} tok/s; strata reaches "
                      f"{100 * r['share_of_disk_bound']:.0f}% of it")
+    if "compute_bound_tok_s" in r:
+        lines.append(f"  compute-bound rate (the same decode in RAM, experts read in place): "
+                     f"{r['compute_bound_tok_s']:.2f} tok/s; strata reaches {100 * r['share_of_bound']:.0f}% of the "
+                     f"lower bound ({r['bound_tok_s']:.2f} tok/s)")
+    elif "in_ram" in r:
+        lines.append(f"  compute-bound run FAILED: {r['in_ram'].get('error')}")
     if "per_token_s" in r:
         t = r["per_token_s"]
         parts = ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in t.items() if k not in ("total", "other"))
@@ -379,6 +405,9 @@ def main() -> int:
     p.add_argument("--ratio", type=float, default=2.6, help="out of RAM: file size / cgroup limit")
     p.add_argument("--min-limit-mib", type=int, default=None, help="out of RAM: floor of the cgroup limit")
     p.add_argument("--read-gib", type=float, default=2.0, help="out of RAM: bytes per O_DIRECT rate pass")
+    p.add_argument("--compute-bound", action="store_true",
+                   help="out of RAM: also decode the file in RAM (outside the cgroup, experts read in place) "
+                        "for the compute-bound rate")
     p.add_argument("--with-llama", action="store_true",
                    help="out of RAM: then llama.cpp in the same cgroup, on a fresh cold copy")
     p.add_argument("--llama-cap-s", type=float, default=240.0,

@@ -147,11 +147,14 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         return PackedExperts(parts, slots)
 
     def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
-        """Settled packed memory: the slot pool and the layer's page table row (a live view).
-        Nothing moves a settled memory's experts, and its loads finish inside `acquire` (there is
-        no loader thread), so between steps a slot in the row holds its expert, ready; an expert
-        not loaded yet is -1 there, and a step that needs it acquires it."""
-        if not (self.packed and self._settled):
+        """Packed memory without a loader thread or hybrid split (prefetch depth 0): the slot pool
+        and the layer's page table row (a live view). Every load and eviction then happens inside
+        `acquire`, on the compute thread, and finishes (or is undone) before it returns, so between
+        steps a slot in the row holds its expert, ready; an expert not in the pool is -1 there, and a
+        step that needs it acquires it (which may evict another). A step that finds all of a layer's
+        experts in the row reports them with `served_fixed`, which counts them as `acquire`'s hits
+        would (the eviction policy's use counts included): evictions stay exactly those of acquire."""
+        if not (self.packed and self.prefetch_depth == 0 and self._loader is None and self.hybrid is None):
             return None
         li = self._layer(layer)
         parts = self._parts[li]
