@@ -117,6 +117,46 @@ def test_program_under_settled_tiered_memory_equals_direct(tiny):
         assert times.attention_s > 0 and times.experts_s > 0
 
 
+def _evicting_budgets(path, n_ctx: int, max_batch: int) -> tuple[int, int]:
+    """(device_mem, host_mem): top-k + 1 packed device slots and top-k host slots per layer."""
+    from strata.engine.kv_cache import KVCache
+    from strata.gguf import open_model
+    from strata.memory.budget import device_budget_for_slots, host_budget_for_slots, resident_bytes
+    from strata.memory.device import expert_geometry
+
+    with open_model(path) as mf:
+        hp = mf.hparams
+        reserved = resident_bytes(mf, torch.float32, "packed") + KVCache.bytes_for(
+            hp.n_layers, max_batch, n_ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v)
+        dev = device_budget_for_slots(expert_geometry(mf), "packed", torch.float32, "cpu", len(mf.expert_layers),
+                                      hp.n_experts_used + 1, hp.n_experts_used, reserved=reserved, compute="packed")
+        return dev, host_budget_for_slots(mf, hp.n_experts_used)
+
+
+def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
+    """Fewer device slots than experts at prefetch depth 0: the program runs the layers whose
+    experts are all in the pool and hands the others to the memory, which loads and evicts in
+    acquire. The logits equal direct memory's, and the hits, misses, evictions and disk reads equal
+    those of the per-block path (the program's reported hits count in the eviction policy as
+    acquire's do)."""
+    path = tiny.gguf(None)
+    dev, host = _evicting_budgets(path, 128, 2)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    prompts = [tiny.prompt_ids(9, seed=11), tiny.prompt_ids(5, seed=12)]
+    with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
+            strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
+        assert not prog.memory._settled and prog.memory.plan.slots_per_layer < prog.memory.n_experts
+        _has_program(tiny, prog)
+        want = _decode_logits(direct, prompts, "per_call")
+        for mode, m in (("program", prog), ("fused", blocks)):
+            for a, b in zip(_decode_logits(m, prompts, mode), want):
+                assert torch.equal(a, b), mode
+        a, b = prog.memory_stats().totals(), blocks.memory_stats().totals()
+        for key in ("requests", "device_hits", "device_misses", "evictions", "disk_reads", "host_hits"):
+            assert a[key] == b[key], key
+        assert a["evictions"] > 0 and a["device_hits"] > 0
+
+
 def test_float_compute_has_no_fused_step(tiny):
     with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, compute="float") as m:
         assert all(b.fused is None for b in m.transformer.blocks)
