@@ -260,9 +260,10 @@ def out_of_ram(a: argparse.Namespace) -> dict:
     size = src.stat().st_size
     limit = max(int(size / a.ratio), a.min_limit_mib << 20)
     args = json.loads(a.strata_args)
-    for key, share in (("device_mem", 0.45), ("host_mem", 0.15)):  # budgets inside the limit
-        args.setdefault(key, a.small_budgets[key] if a.small else int(share * size / a.ratio))
-    if not a.small and "host_mem" not in json.loads(a.strata_args):  # at least the host tier's floor
+    paged = args.get("memory") == "paged"  # one RAM tier: its budget is host_mem
+    for key, share in ((("host_mem", 0.6),) if paged else (("device_mem", 0.45), ("host_mem", 0.15))):
+        args.setdefault(key, a.small_budgets[key] if a.small else int(share * size / a.ratio))  # inside the limit
+    if not a.small and not paged and "host_mem" not in json.loads(a.strata_args):  # the host tier's floor
         from strata.gguf import open_model
         from strata.memory.budget import host_budget_for_slots
         mf = open_model(src)

@@ -35,9 +35,10 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("expert memory")
-    g.add_argument("--memory", choices=("tiered", "direct"), default="tiered",
-                   help="tiered: device slots, host tier, pager, prefetch (default); direct: dequantize "
-                        "every expert from the file on each use")
+    g.add_argument("--memory", choices=("tiered", "paged", "direct"), default="tiered",
+                   help="tiered: device slots, host tier, pager, prefetch (default); paged (cpu, packed "
+                        "compute): one pool of RAM slots that misses are read into and computed from, its "
+                        "budget --host-mem; direct: read every expert from the mapped file on each use")
     g.add_argument("--device-mem", default=None, metavar="SIZE",
                    help="bytes the model may use on the device, resident weights and KV cache included, "
                         "e.g. 20G (default: free GPU memory less headroom; on cpu a quarter of available RAM)")
@@ -154,6 +155,12 @@ def load_kwargs(args: argparse.Namespace) -> dict:
         if given:
             raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
         tiered = {}
+    if args.memory == "paged":
+        given = [f"--{k.replace('_', '-')}" for k, v in tiered.items() if v is not None and k != "host_mem"]
+        if given:
+            raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory paged (one RAM "
+                              f"tier: its budget is --host-mem)")
+        tiered = {"host_mem": args.host_mem}
     engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks") if getattr(args, k, None) is not None}
     return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx, memory=args.memory,
                 compute=getattr(args, "compute", None), **tiered, **engine)

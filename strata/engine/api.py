@@ -23,7 +23,8 @@ from strata.chat_template import ChatTemplate, ChatTemplateError
 from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import device_memory, resident_bytes
+from strata.memory.budget import device_memory, paged_budget, resident_bytes
+from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 from strata.models import Transformer, architecture, cache_dims, load_model
 from strata.tokenizer import Tokenizer
@@ -318,6 +319,14 @@ def _tiered_memory(config: TieredConfig, reserved: int) -> MemoryFactory:
     return build
 
 
+def _paged_memory(host_mem: int | str | None, reserved: int) -> MemoryFactory:
+    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
+        if device.type != "cpu":
+            raise StrataError(f"memory='paged' computes experts on the CPU; on {device} use the tiered memory")
+        return PagedExpertMemory(mf, host_mem=host_mem if host_mem is not None else paged_budget(mf, reserved))
+    return build
+
+
 def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: torch.dtype, kv_bytes: int,
                     tiered: dict[str, Any], compute: str) -> MemoryFactory:
     """The factory `memory` names: "tiered" (the default), "direct", or a callable."""
@@ -329,8 +338,16 @@ def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: to
             raise StrataError(f"{', '.join(sorted(given))}: options of the tiered expert memory, not of "
                               f"memory='direct'")
         return _direct_memory(compute == "packed")
+    if memory == "paged":
+        extra = sorted(set(given) - {"host_mem"})
+        if extra:
+            raise StrataError(f"{', '.join(extra)}: options of the tiered expert memory, not of memory='paged' "
+                              f"(one RAM tier: its budget is host_mem)")
+        if compute != "packed":
+            raise StrataError("memory='paged' serves packed compute on the CPU (compute='packed')")
+        return _paged_memory(given.get("host_mem"), resident_bytes(mf, dtype, compute) + kv_bytes)
     if memory not in (None, "tiered"):
-        raise StrataError(f"unknown expert memory {memory!r}: expected 'tiered', 'direct' or a factory")
+        raise StrataError(f"unknown expert memory {memory!r}: expected 'tiered', 'paged', 'direct' or a factory")
     return _tiered_memory(TieredConfig(**given, compute=compute), resident_bytes(mf, dtype, compute) + kv_bytes)
 
 
@@ -368,8 +385,10 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
     batch (None: unbounded; past it `Engine.add` raises EngineFull).
     memory: the expert memory: "tiered" (default: `TieredExpertMemory`, device slots, host
-    tier, pager and prefetch), "direct" (`DirectExpertMemory`, experts dequantized from the file
-    on every use), or a factory (model_file, device, dtype, n_threads) -> ExpertMemory.
+    tier, pager and prefetch), "paged" (`PagedExpertMemory`, CPU packed compute only: one pool of
+    RAM slots the pager reads misses into and the kernels compute from, its budget host_mem),
+    "direct" (`DirectExpertMemory`, experts read from the mapped file on every use), or a factory
+    (model_file, device, dtype, n_threads) -> ExpertMemory.
     device_mem, host_mem: budgets of the tiered memory in bytes or as '512M', '8G' (device_mem
     covers resident weights and KV cache too); prefetch_depth: layers ahead to prefetch (0: off);
     slot_form: 'dequantized' or 'packed'. Defaults come from the machine (strata.memory.budget).

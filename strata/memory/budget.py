@@ -389,6 +389,20 @@ def default_host_budget(model: ModelFile, layout: SlotLayout) -> int:
     return max(minimum, min(every, int(machine_memory()[1] * DEFAULT_HOST_FRACTION)))
 
 
+def paged_budget(model: ModelFile, reserved: int = 0) -> int:
+    """Default budget of the one-tier paged memory (`paged.py`): the RAM the tiered memory's two
+    CPU tiers would take together (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION of available
+    memory) less `reserved` (resident weights and KV cache), at least top-k slots per layer, no
+    more than a slot for every expert."""
+    with native.Pager(model.path, 1) as pager:
+        layout = slot_layout(model, pager.info.align)
+    n_layers, hp = len(model.expert_layers), model.hparams
+    minimum = n_layers * hp.n_experts_used * layout.slot_bytes
+    every = n_layers * hp.n_experts * layout.slot_bytes
+    share = int(machine_memory()[1] * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - reserved
+    return max(minimum, min(every, share))
+
+
 def check_host_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
     """The host budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
@@ -447,5 +461,5 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
 __all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
            "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
            "cgroup_memory", "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
-           "device_memory", "host_budget_for_slots", "machine_memory", "make_plan", "parse_bytes",
+           "device_memory", "host_budget_for_slots", "machine_memory", "make_plan", "paged_budget", "parse_bytes",
            "resident_bytes", "slot_layout"]

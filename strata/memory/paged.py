@@ -1,0 +1,171 @@
+"""One RAM tier for packed compute on the CPU: `PagedExpertMemory`.
+
+    model = strata.load(path, memory="paged", host_mem="1500M")   # the experts' RAM budget
+
+On the CPU the tiered memory's device slots and its host tier are both RAM: a miss is read from
+the disk into a host slot and then copied into a device slot, and an expert may take RAM twice.
+Here the host tier's compact slot pool (`host.py`, compact=True) is the only copy: the pager reads
+a missing expert straight into its slot (O_DIRECT where the file system allows it), the slab is
+moved to the start of its region, and the native kernels compute from the slot in place. The
+whole budget holds experts, and a miss costs one read and no copy.
+
+Placement is the host tier's `ExpertPolicy` (decayed use counts, per-layer budgets), seeded from
+the file's routing statistics when it has them. There is no prefetch: every load happens inside
+`acquire_packed`, on the compute thread, and finishes (or is undone) before it returns, so between
+steps the page table is exact and the decode program (`fixed_packed`) runs every layer whose
+experts are all in their slots, handing the others to `acquire_packed`.
+
+Must not compute: it moves bytes and counts them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from strata import native
+from strata.errors import StrataError
+from strata.gguf import ModelFile
+
+from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
+from .budget import DEFAULT_PAGER_THREADS, parse_bytes
+from .host import HostTier
+from .stats import MemoryStats
+
+
+class PagedExpertMemory(ExpertMemory):
+    """Packed experts paged from the model file into one pool of RAM slots (see the module)."""
+
+    packed = True
+    prefetch_depth = 0
+
+    def __init__(self, model_file: ModelFile, *, host_mem: Any = None, pager_threads: int = DEFAULT_PAGER_THREADS,
+                 direct: bool | None = None) -> None:
+        self.model_file = model_file
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
+        self.n_experts = model_file.hparams.n_experts
+        budget = parse_bytes(host_mem, "expert memory budget (--host-mem)")
+        self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True)
+        self.max_acquire = self.host.slots_per_layer
+        self.stats = MemoryStats(list(self.layers), self.n_experts)
+        self._parts: list[native.MoeParts | None] = [None] * len(self.layers)
+        self._held: tuple[int, tuple[int, ...]] | None = None
+        try:
+            self._place_initial()
+        except BaseException:
+            self.host.close()
+            raise
+
+    def __repr__(self) -> str:
+        return (f"PagedExpertMemory({self.model_file.path.name}, cpu, packed slots in RAM: "
+                f"{self.host.slots_per_layer}/{self.n_experts} per layer, no prefetch)")
+
+    @property
+    def page_table(self) -> np.ndarray:
+        """[L, E] int32: the slot holding each (expert layer, expert), -1 when not in RAM."""
+        return self.host.policy.page_table
+
+    # ---- the protocol ----------------------------------------------------------------------------
+
+    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+        raise StrataError(f"{self!r} hands out packed experts only: it serves compute='packed' on the CPU")
+
+    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """Pin a slot holding each expert, reading the missing ones from the file (every read is
+        queued before the first wait, so the pager's threads overlap them)."""
+        ids = tuple(int(e) for e in expert_ids)
+        li = self.layers.index(layer)
+        if self._held is not None:
+            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
+                               "are still held: release them first")
+        if len(ids) > self.max_acquire or len(set(ids)) != len(ids):
+            raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
+        t0 = time.perf_counter()
+        slots: list[int | None] = [None] * len(ids)
+        pinned: list[int] = []
+        try:
+            # hits first, pinned at once: a miss's load may evict any unpinned expert of the layer
+            for i, e in enumerate(ids):
+                if self.host.pin_if_ready(layer, e) is not None:
+                    pinned.append(e)
+                    slots[i] = self.host.lookup(layer, e)
+            evicted = self.host.counters["evictions"]
+            misses = [(i, e, self.host.load(layer, e)) for i, e in enumerate(ids) if slots[i] is None]
+            self.stats.evictions[li] += self.host.counters["evictions"] - evicted
+            for i, e, load in misses:
+                self.host.wait(load, pin=True)
+                pinned.append(e)
+                slots[i] = load.slot
+        except BaseException:
+            for e in pinned:
+                self.host.unpin(layer, e)
+            self.host.reap(layer)  # loads nobody will wait for must not stay LOADING
+            raise
+        n_miss = len(misses)
+        self.stats.requests[li] += len(ids)
+        self.stats.device_hits[li] += len(ids) - n_miss
+        self.stats.device_misses[li] += n_miss
+        self.stats.disk_reads[li] += n_miss
+        self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in misses for s in self.model_file.expert_slabs(layer, e))
+        self.stats.wait_s[li] += time.perf_counter() - t0
+        self._held = (layer, ids)
+        return PackedExperts(self._layer_parts(layer, li), slots)
+
+    def release(self, layer: int, expert_ids: Sequence[int]) -> None:
+        ids = tuple(int(e) for e in expert_ids)
+        if self._held != (layer, ids):
+            raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {self._held}")
+        for e in ids:
+            self.host.unpin(layer, e)
+        self._held = None
+
+    def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
+        """The router of `layer` chose `expert_ids` [T, K]: the policy's use counts and the
+        routing statistics."""
+        li = self.layers.index(layer)
+        ids = expert_ids.detach().to("cpu", torch.int64).numpy()
+        self.host.record(layer, ids)
+        self.stats.record_routing(li, ids)
+
+    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor]:
+        """The slot pool and the layer's page table row (a live view): between steps every slot
+        in it holds its expert, ready (loads finish inside `acquire_packed`)."""
+        li = self.layers.index(layer)
+        return self._layer_parts(layer, li), torch.from_numpy(self.host.policy.page_table[li])
+
+    def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
+        self.observe(layer, expert_ids)
+        li = self.layers.index(layer)
+        self.stats.device_hits[li] += n_used
+        self.stats.requests[li] += n_used
+
+    def memory_stats(self) -> MemoryStats:
+        return self.stats
+
+    def close(self) -> None:
+        self.host.close()
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _layer_parts(self, layer: int, li: int) -> native.MoeParts:
+        parts = self._parts[li]
+        if parts is None:
+            parts = self._parts[li] = self.host.layer_parts(layer)
+        return parts
+
+    def _place_initial(self) -> None:
+        """Seed the policy from the file's routing statistics and read each layer's hottest
+        experts (a no-op for a file without them)."""
+        routing = self.model_file.routing_counts()  # ([L, E], n_tokens) or None
+        if routing is None:
+            return
+        self.host.seed_counts(*routing)
+        for li, e in self.host.policy.initial_placement():
+            self.host.wait(self.host.load(self.layers.layer(li), e))
+            self.stats.startup_loads[li] += 1
+
+
+__all__ = ["PagedExpertMemory"]

@@ -1,0 +1,72 @@
+"""The one-tier paged memory (strata.memory.paged: packed experts read from the file into RAM
+slots and computed in place): the logits of direct memory under a budget that evicts, through the
+decode program and through the per-block path alike (same hits, misses and evictions), prefill
+chunks wider than a layer's slots, start-up placement from the file's routing statistics, and
+clear refusals of what it does not serve."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from strata.errors import StrataError
+from strata.gguf import open_model
+from strata.memory.budget import host_budget_for_slots
+from tests.engine.test_fused_decode import _decode_logits, _has_program
+
+
+def _budget(path, slots: int) -> int:
+    with open_model(path) as mf:
+        return host_budget_for_slots(mf, slots)
+
+
+def _top_k(path) -> int:
+    with open_model(path) as mf:
+        return mf.hparams.n_experts_used
+
+
+def test_paged_memory_equals_direct_under_evictions(tiny):
+    path = tiny.gguf(None)
+    k = _top_k(path)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, memory="paged", host_mem=_budget(path, k + 1))
+    prompts = [tiny.prompt_ids(9, seed=21), tiny.prompt_ids(6, seed=22)]
+    with strata.load(path, threads=1, n_ctx=128, max_batch=2, memory="direct") as direct, \
+            strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
+        assert prog.memory.max_acquire == k + 1 < prog.memory.n_experts
+        _has_program(tiny, prog)
+        want = _decode_logits(direct, prompts, "per_call")
+        for mode, m in (("program", prog), ("fused", blocks)):
+            for a, b in zip(_decode_logits(m, prompts, mode), want):
+                assert torch.equal(a, b), mode
+        a, b = prog.memory_stats().totals(), blocks.memory_stats().totals()
+        for key in ("requests", "device_hits", "device_misses", "evictions", "disk_reads", "bytes_disk"):
+            assert a[key] == b[key], key
+        assert a["evictions"] > 0 and a["device_hits"] > 0 and a["bytes_disk"] > 0
+        assert a["requests"] == a["device_hits"] + a["device_misses"]
+
+
+def test_paged_memory_generates_as_direct_with_long_prompts(tiny):
+    """A prompt routes to more experts than a layer has slots: acquired in chunks."""
+    path = tiny.gguf(None)
+    prompt = tiny.prompt_ids(40, seed=23)
+    with strata.load(path, threads=2, n_ctx=128, max_batch=1, memory="direct") as direct, \
+            strata.load(path, threads=2, n_ctx=128, max_batch=1, memory="paged",
+                        host_mem=_budget(path, _top_k(path))) as paged:
+        want = direct.generate(prompt, max_tokens=8, stop_token_ids=())
+        got = paged.generate(prompt, max_tokens=8, stop_token_ids=())
+        assert got.token_ids == want.token_ids
+        assert paged.memory._held is None
+
+
+def test_paged_memory_refuses_what_it_does_not_serve(tiny):
+    path = tiny.gguf(None)
+    with pytest.raises(StrataError, match="device_mem.*memory='paged'"):
+        strata.load(path, threads=1, n_ctx=64, memory="paged", device_mem="64M")
+    with pytest.raises(StrataError, match="packed compute"):
+        strata.load(path, threads=1, n_ctx=64, memory="paged", compute="float")
+    with pytest.raises(StrataError, match="too small"):
+        strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem=_budget(path, 1))
+    with strata.load(path, threads=1, n_ctx=64, memory="paged") as m:  # default budget: every expert fits here
+        assert m.memory.max_acquire == m.memory.n_experts
+        with pytest.raises(StrataError, match="packed experts only"):
+            m.memory.acquire(m.memory.layers.layer(0), [0])
