@@ -262,6 +262,7 @@ typedef struct {
     const int64_t *offsets;
     const float *weights;
     float *out;
+    float *rows;  /* strata_moe_swiglu_rows: down results by assignment, no sum (NULL: sum into out) */
     int64_t *head, *next, *busy;
     atomic_int *done;
     uint8_t *xg, *xu, *hq;
@@ -386,9 +387,11 @@ static void moe_down(const moe_job *J, int64_t block) {
     for (int64_t i = 0; i < J->n_busy; i++) {
         const int64_t j = J->busy[i];
         const int64_t u0 = J->offsets[j] - J->a_first, n_tok = J->offsets[j + 1] - J->offsets[j];
+        float *y = J->rows ? J->rows + (J->a_first + u0) * D + r0 : J->tmp + u0 * D + r0;
         tile_rows(&J->down.k, J->n_ff, moe_matrix_at(&J->down, J->expert_index[j]), J->down.row_bytes, r0, r1, r1,
-                  J->hq + u0 * J->down.a_row_bytes, J->down.a_row_bytes, n_tok, J->tmp + u0 * D + r0, D);
+                  J->hq + u0 * J->down.a_row_bytes, J->down.a_row_bytes, n_tok, y, D);
     }
+    if (J->rows) return;
     const int64_t a_end = J->a_first + J->n_used;
     for (int64_t a = J->a_first; a < a_end; a++) {
         const float w = J->weights[a];
@@ -417,6 +420,7 @@ static int moe_index(moe_job *J, int64_t n_experts) {
         if (off[j + 1] < off[j]) return STRATA_E_ARG;
         if (off[j + 1] == off[j]) continue;
         const int64_t e = J->expert_index[j];
+        if (e < 0 && J->rows) continue;  /* skipped: computed by another call */
         if (e < 0) return STRATA_E_ARG;
         if (!moe_matrix_at(&J->gate, e) || !moe_matrix_at(&J->up, e) || !moe_matrix_at(&J->down, e))
             return STRATA_E_SIZE;
@@ -434,28 +438,32 @@ static int moe_index(moe_job *J, int64_t n_experts) {
     return STRATA_OK;
 }
 
-int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+/* strata_moe_swiglu (rows NULL: the sum into out) and strata_moe_swiglu_rows (out NULL). */
+static int moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
                       int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
                       const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
                       const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
-                      int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
-                      int impl) {
-    if (n_tokens < 0 || n_experts < 0 || n_assign < 0 || x_bytes < 0 || out_bytes < 0 || scratch_bytes < 0 ||
-        !assign_offsets || (n_experts && !expert_index))
+                      int64_t n_assign, float *out, int64_t out_bytes, float *rows, int64_t rows_bytes,
+                      void *scratch, int64_t scratch_bytes, int impl) {
+    if (n_tokens < 0 || n_experts < 0 || n_assign < 0 || x_bytes < 0 || out_bytes < 0 || rows_bytes < 0 ||
+        scratch_bytes < 0 || !assign_offsets || (n_experts && !expert_index))
         return STRATA_E_ARG;
     if (!gate || !up || !down) return STRATA_E_ARG;
     if ((uintptr_t)assign_offsets % 8 || ((uintptr_t)expert_index | (uintptr_t)token_ids | (uintptr_t)weights) % 4)
         return STRATA_E_ARG;
     moe_job J = {.n_tokens = n_tokens, .n_embd = n_embd, .n_ff = n_ff, .x = x, .expert_index = expert_index,
-                 .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out};
+                 .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out, .rows = rows};
     int st = moe_matrices(impl, n_embd, n_ff, gate, up, down, &J.gate, &J.up, &J.down);
     if (st != STRATA_OK) return st;
 
     int64_t xy_need;
     if (!mul_ok(n_tokens, n_embd, &xy_need) || !mul_ok(xy_need, 4, &xy_need)) return STRATA_E_SIZE;
-    if (xy_need && (!x || !out)) return STRATA_E_ARG;
-    if (((uintptr_t)x | (uintptr_t)out) % 4) return STRATA_E_ARG;
-    if (x_bytes < xy_need || out_bytes < xy_need) return STRATA_E_SIZE;
+    if (xy_need && (!x || (!out && !rows))) return STRATA_E_ARG;
+    if (((uintptr_t)x | (uintptr_t)out | (uintptr_t)rows) % 4) return STRATA_E_ARG;
+    if (x_bytes < xy_need || (!rows && out_bytes < xy_need)) return STRATA_E_SIZE;
+    int64_t rows_need;
+    if (rows && (!mul_ok(n_assign, n_embd, &rows_need) || !mul_ok(rows_need, 4, &rows_need) || rows_bytes < rows_need))
+        return STRATA_E_SIZE;
     if (assign_offsets[0] < 0 || assign_offsets[n_experts] > n_assign || assign_offsets[n_experts] < assign_offsets[0])
         return STRATA_E_ARG;
     J.a_first = assign_offsets[0];
@@ -479,6 +487,7 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
     J.hq = J.down.k.act == STRATA_ACT_F32 ? (uint8_t *)J.h : s + L.hq;
     st = moe_index(&J, n_experts);
     if (st != STRATA_OK) return st;
+    if (J.n_busy == 0) return STRATA_OK;  /* every expert skipped */
 
     atomic_init(&J.next_tok, 0);
     atomic_init(&J.done_tok, 0);
@@ -498,5 +507,53 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
     J.d_chunk = MM_ROW_BLOCK * ((d_blocks + want - 1) / want);
     J.n_d_items = (n_embd + J.d_chunk - 1) / J.d_chunk;
     strata_pool_run(n_part > 1 ? pool : NULL, n_part, 1, moe_run, &J);
+    return STRATA_OK;
+}
+
+int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                      int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                      const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                      const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                      int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
+                      int impl) {
+    return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
+                      assign_offsets, token_ids, weights, n_assign, out, out_bytes, NULL, 0, scratch, scratch_bytes,
+                      impl);
+}
+
+int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                           int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                           const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                           const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                           int64_t n_assign, float *rows, int64_t rows_bytes, void *scratch, int64_t scratch_bytes,
+                           int impl) {
+    if (!rows) return STRATA_E_ARG;
+    return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
+                      assign_offsets, token_ids, weights, n_assign, NULL, 0, rows, rows_bytes, scratch, scratch_bytes,
+                      impl);
+}
+
+int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *token_ids, const float *weights,
+                      int64_t a_first, int64_t n_used, int64_t n_assign, int64_t n_tokens, int64_t n_embd,
+                      float *out, int64_t out_bytes) {
+    int64_t rows_need, out_need, a_end;
+    if (a_first < 0 || n_used < 0 || n_assign < 0 || n_tokens < 0 || n_embd < 0 || rows_bytes < 0 || out_bytes < 0 ||
+        !add_ok(a_first, n_used, &a_end) || a_end > n_assign)
+        return STRATA_E_ARG;
+    if (n_used == 0) return STRATA_OK;
+    if (!rows || !token_ids || !weights || !out || ((uintptr_t)rows | (uintptr_t)out | (uintptr_t)token_ids |
+                                                     (uintptr_t)weights) % 4)
+        return STRATA_E_ARG;
+    if (!mul_ok(n_assign, n_embd, &rows_need) || !mul_ok(rows_need, 4, &rows_need) || rows_bytes < rows_need ||
+        !mul_ok(n_tokens, n_embd, &out_need) || !mul_ok(out_need, 4, &out_need) || out_bytes < out_need)
+        return STRATA_E_SIZE;
+    for (int64_t a = a_first; a < a_end; a++)
+        if (token_ids[a] < 0 || token_ids[a] >= n_tokens) return STRATA_E_ARG;
+    for (int64_t a = a_first; a < a_end; a++) {  /* the arithmetic of moe_down's sum, in its order */
+        const float w = weights[a];
+        float *o = out + (int64_t)token_ids[a] * n_embd;
+        const float *dn = rows + a * n_embd;
+        for (int64_t r = 0; r < n_embd; r++) o[r] += w * dn[r];
+    }
     return STRATA_OK;
 }

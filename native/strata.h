@@ -294,6 +294,27 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
                       int impl);
 
+/*
+ * strata_moe_swiglu without the sum: each computed assignment's weighted-sum term's unweighted
+ * vector, down_e @ (silu(gate_e @ x[token]) * (up_e @ x[token])), goes to rows[a, :] (rows is
+ * [n_assign, n_embd] float32) and out is not touched. An expert index below 0 skips that expert
+ * (its rows are left as they were), so the experts of a call can be computed in two calls: those
+ * in memory first, the others once they have been read. strata_moe_reduce then adds the rows into
+ * out in ascending assignment order: the same bytes as strata_moe_swiglu.
+ */
+int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                           int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                           const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                           const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                           int64_t n_assign, float *rows, int64_t rows_bytes, void *scratch, int64_t scratch_bytes,
+                           int impl);
+
+/* out[token_ids[a], :] += weights[a] * rows[a, :] for a in [a_first, a_first + n_used), in that
+ * order (rows [n_assign, n_embd], out [n_tokens, n_embd], float32). */
+int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *token_ids, const float *weights,
+                      int64_t a_first, int64_t n_used, int64_t n_assign, int64_t n_tokens, int64_t n_embd,
+                      float *out, int64_t out_bytes);
+
 /* ==== Decoder glue (glue.c): the float32 steps between the matrix products of a decode step ====
  *
  * RMSNorm, RoPE, KV-cache writes, decode attention, the router's top-k and the grouping of

@@ -20,6 +20,7 @@ Must not compute: it moves bytes and counts them.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -31,8 +32,18 @@ from strata.gguf import ModelFile
 
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import DEFAULT_PAGER_THREADS, parse_bytes
-from .host import HostTier
+from .host import HostLoad, HostTier
 from .stats import MemoryStats
+
+
+@dataclass
+class _Pending:
+    """An acquire between its halves: slots by position (-1 while read), pinned experts, and the
+    reads not yet waited for: (position, expert, load)."""
+
+    slots: list[int]
+    pinned: list[int]
+    loads: list[tuple[int, int, HostLoad]]
 
 
 class PagedExpertMemory(ExpertMemory):
@@ -53,6 +64,7 @@ class PagedExpertMemory(ExpertMemory):
         self.stats = MemoryStats(list(self.layers), self.n_experts)
         self._parts: list[native.MoeParts | None] = [None] * len(self.layers)
         self._held: tuple[int, tuple[int, ...]] | None = None
+        self._pending: _Pending | None = None
         try:
             self._place_initial()
         except BaseException:
@@ -74,8 +86,15 @@ class PagedExpertMemory(ExpertMemory):
         raise StrataError(f"{self!r} hands out packed experts only: it serves compute='packed' on the CPU")
 
     def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """Pin a slot holding each expert, reading the missing ones from the file (every read is
-        queued before the first wait, so the pager's threads overlap them)."""
+        """Pin a slot holding each expert, reading the missing ones from the file."""
+        self.start_packed(layer, expert_ids)
+        return self.finish_packed(layer, expert_ids)
+
+    def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The first half of `acquire_packed`: pins the experts already in RAM and queues the
+        reads of the others (all of them before any wait, so the pager's threads overlap them),
+        then returns at once. The index is -1 for an expert still being read: compute the others
+        meanwhile, then `finish_packed`. `release` undoes either half."""
         ids = tuple(int(e) for e in expert_ids)
         li = self.layers.index(layer)
         if self._held is not None:
@@ -84,7 +103,7 @@ class PagedExpertMemory(ExpertMemory):
         if len(ids) > self.max_acquire or len(set(ids)) != len(ids):
             raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
         t0 = time.perf_counter()
-        slots: list[int | None] = [None] * len(ids)
+        slots: list[int] = [-1] * len(ids)
         pinned: list[int] = []
         try:
             # hits first, pinned at once: a miss's load may evict any unpinned expert of the layer
@@ -93,34 +112,56 @@ class PagedExpertMemory(ExpertMemory):
                     pinned.append(e)
                     slots[i] = self.host.lookup(layer, e)
             evicted = self.host.counters["evictions"]
-            misses = [(i, e, self.host.load(layer, e)) for i, e in enumerate(ids) if slots[i] is None]
+            loads = [(i, e, self.host.load(layer, e)) for i, e in enumerate(ids) if slots[i] < 0]
             self.stats.evictions[li] += self.host.counters["evictions"] - evicted
-            for i, e, load in misses:
-                self.host.wait(load, pin=True)
-                pinned.append(e)
-                slots[i] = load.slot
         except BaseException:
-            for e in pinned:
-                self.host.unpin(layer, e)
-            self.host.reap(layer)  # loads nobody will wait for must not stay LOADING
+            self._undo(layer, pinned)
             raise
-        n_miss = len(misses)
+        self._held = (layer, ids)
+        self._pending = _Pending(slots, pinned, loads)
+        n_miss = len(loads)
         self.stats.requests[li] += len(ids)
         self.stats.device_hits[li] += len(ids) - n_miss
         self.stats.device_misses[li] += n_miss
         self.stats.disk_reads[li] += n_miss
-        self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in misses for s in self.model_file.expert_slabs(layer, e))
+        self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in loads for s in self.model_file.expert_slabs(layer, e))
         self.stats.wait_s[li] += time.perf_counter() - t0
-        self._held = (layer, ids)
-        return PackedExperts(self._layer_parts(layer, li), slots)
+        return PackedExperts(self._layer_parts(layer, li), list(slots))
+
+    def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The second half of `acquire_packed`: waits for the reads `start_packed` queued and pins
+        those experts too. Returns every expert's slot."""
+        ids = tuple(int(e) for e in expert_ids)
+        if self._held != (layer, ids) or self._pending is None:
+            raise RuntimeError(f"finish_packed(layer={layer}, {list(ids)}) without its start_packed: held {self._held}")
+        li, p = self.layers.index(layer), self._pending
+        t0 = time.perf_counter()
+        try:
+            while p.loads:
+                i, e, load = p.loads[0]
+                self.host.wait(load, pin=True)
+                p.loads.pop(0)
+                p.pinned.append(e)
+                p.slots[i] = load.slot
+        finally:
+            self.stats.wait_s[li] += time.perf_counter() - t0
+        return PackedExperts(self._layer_parts(layer, li), list(p.slots))
 
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
         ids = tuple(int(e) for e in expert_ids)
         if self._held != (layer, ids):
             raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {self._held}")
-        for e in ids:
+        self._undo(layer, self._pending.pinned if self._pending is not None else [],
+                   bool(self._pending is not None and self._pending.loads))
+        self._held = self._pending = None
+
+    def _undo(self, layer: int, pinned: Sequence[int], reap: bool = True) -> None:
+        """Unpin `pinned`; with `reap`, finish the layer's loads nobody will wait for (a slot must
+        not stay LOADING: the program would take it for a loaded expert)."""
+        for e in pinned:
             self.host.unpin(layer, e)
-        self._held = None
+        if reap:
+            self.host.reap(layer)
 
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
         """The router of `layer` chose `expert_ids` [T, K]: the policy's use counts and the

@@ -211,11 +211,21 @@ class RoutedExperts(nn.Module):
         acquired packed and released after."""
         used_ids = used[:n_used].tolist()
         n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
+        start = getattr(self.memory, "start_packed", None)
         for i in range(0, n_used, n):
             chunk = used_ids[i:i + n]
-            held = self.memory.acquire_packed(self.layer, chunk)
+            held = (start or self.memory.acquire_packed)(self.layer, chunk)
             try:
-                call(pool, held.parts, held.index, i, n_tokens, scratch)
+                if min(held.index) >= 0:
+                    call(pool, held.parts, held.index, i, n_tokens, scratch)
+                    continue
+                # Some experts are still being read: compute the others meanwhile (their rows, not
+                # yet summed), then the rest, then the sum in the order one call would make it.
+                call.rows(pool, held.parts, held.index, i, n_tokens, scratch)
+                done = self.memory.finish_packed(self.layer, chunk)
+                call.rows(pool, done.parts, [s if h < 0 else -1 for s, h in zip(done.index, held.index)], i, n_tokens,
+                          scratch)
+                call.reduce(i, len(chunk), n_tokens)
             finally:  # an interrupted step must not leave the experts held
                 self.memory.release(self.layer, chunk)
 

@@ -15,6 +15,7 @@ import math
 import weakref
 from typing import Any, NamedTuple
 
+import numpy as np
 
 from strata.quant import block_size, ggml_type, row_bytes
 
@@ -214,11 +215,38 @@ class MoeCall:
             raise ValueError(f"MoE: {self.n_assign} token ids need as many weights, found {w_bytes // 4}")
         self.max_experts = min(max_experts, off_bytes // 8 - 1)
         self._index = ffi.new("int32_t[]", max(self.max_experts, 1))
+        self._rows: np.ndarray | None = None  # [A, D] float32, for `rows` (made at its first use)
 
     def __call__(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
                  scratch: Any, impl: str = "auto") -> None:
         """out[:n_tokens] += the experts `index` (positions in `parts`), which own the assignments
         between offsets[first] and offsets[first + len(index)]."""
+        self._run(lib.strata_moe_swiglu, self._out, self._out_bytes, pool, parts, index, first, n_tokens, scratch, impl)
+
+    def rows(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
+             scratch: Any, impl: str = "auto") -> None:
+        """As a call, but each assignment's unweighted down vector goes to its row of the call's
+        rows buffer [A, D] and `out` is untouched; an index below 0 skips that expert. `reduce`
+        then adds the rows into out: together the bytes of one call."""
+        if self._rows is None:
+            self._rows = np.empty((self.n_assign, self.n_embd), dtype=np.float32)
+            self._rows_ptr = typed_view(self._rows, "float *", "MoE rows", writable=True)[0]
+        self._run(lib.strata_moe_swiglu_rows, self._rows_ptr, self._rows.nbytes, pool, parts, index, first, n_tokens,
+                  scratch, impl)
+
+    def reduce(self, first: int, n: int, n_tokens: int) -> None:
+        """out[:n_tokens] += the rows of the assignments of experts first .. first + n - 1, weighted,
+        in ascending assignment order (after `rows` computed all of them)."""
+        if self._rows is None or first < 0 or first + n > self.max_experts:
+            raise ValueError(f"MoE reduce: experts {first}..{first + n} of {self.max_experts}"
+                             f"{'' if self._rows is not None else ' before any rows call'}")
+        a0, a1 = int(self._off[first]), int(self._off[first + n])
+        check(lib.strata_moe_reduce(self._rows_ptr, self._rows.nbytes, self._tok,
+                                    self._w, a0, a1 - a0, self.n_assign, n_tokens, self.n_embd, self._out,
+                                    self._out_bytes), f"MoE reduce of assignments {a0}..{a1}, {n_tokens} tokens")
+
+    def _run(self, fn, out, out_bytes: int, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int,
+             n_tokens: int, scratch: Any, impl: str) -> None:
         n = len(index)
         if parts.n_embd != self.n_embd or first < 0 or first + n > self.max_experts or n_tokens * self.n_embd * 4 > self._x_bytes:
             raise ValueError(f"MoE call: {n} experts from {first} of {self.max_experts}, {n_tokens} tokens, "
@@ -226,10 +254,9 @@ class MoeCall:
         for j, e in enumerate(index):
             self._index[j] = e
         g, u, d = parts
-        status = lib.strata_moe_swiglu(_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff,
-                                       g.c, u.c, d.c, n, self._index, self._off + first, self._tok, self._w,
-                                       self.n_assign, self._out, self._out_bytes,
-                                       ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        status = fn(_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff, g.c, u.c, d.c, n,
+                    self._index, self._off + first, self._tok, self._w, self.n_assign, out, out_bytes,
+                    ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
         if status:
             check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {n_tokens} tokens, {n} experts; "
                           f"experts held: {g.n_experts}/{u.n_experts}/{d.n_experts}; scratch {scratch.numel()} B)")

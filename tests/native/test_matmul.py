@@ -434,3 +434,46 @@ def test_moe_c_checks_below_the_wrapper():
     assert lib.strata_moe_scratch_bytes(2, 2, int(T.Q4_K), 1, 1, 64, 96, n) == lib.STRATA_E_BLOCK
     assert lib.strata_moe_scratch_bytes(2, 2, 99, 1, 1, 64, 96, n) == lib.STRATA_E_TYPE
     assert lib.strata_moe_scratch_bytes(2, 2, 2, -1, 1, 64, 96, n) == lib.STRATA_E_ARG
+
+
+@pytest.mark.parametrize("n_tokens,top_k", [(1, 4), (7, 3)])
+def test_moe_rows_in_two_calls_then_reduce_equal_one_call(pools, n_tokens, top_k):
+    """The experts of a call split between two `rows` calls (the other half skipped with -1 each
+    time), then `reduce`: the bytes of one call. Skipped experts' rows are left alone."""
+    parts = moe_parts(*MOE_SHAPES[1])
+    expert_index, offsets, token_ids, weights_ = routing(n_tokens, top_k, seed=31)
+    x = activations(n_tokens, parts.n_embd, seed=32)
+    out0 = activations(n_tokens, parts.n_embd, seed=33)
+    want = moe_from_matmul(parts, x, out0, expert_index, offsets, token_ids, weights_)
+    out = out0.copy()
+    call = native.MoeCall(x, out, offsets, token_ids, weights_, len(expert_index))
+    scratch = torch.empty(native.moe_scratch_bytes(parts, n_tokens, len(token_ids)), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="before any rows call"):
+        call.reduce(0, len(expert_index), n_tokens)
+    index = expert_index.tolist()
+    first = [e if j % 2 == 0 else -1 for j, e in enumerate(index)]
+    second = [e if j % 2 == 1 else -1 for j, e in enumerate(index)]
+    call.rows(pools[2], parts, [-1] * len(index), 0, n_tokens, scratch)  # every expert skipped: nothing done
+    call._rows[:] = np.nan
+    call.rows(pools[2], parts, first, 0, n_tokens, scratch)
+    odd = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in range(1, len(index), 2)] or [[]]).astype(int)
+    assert np.isnan(call._rows[odd]).all() and not np.isnan(call._rows[offsets[0]:offsets[1]]).any()
+    call.rows(pools[3], parts, second, 0, n_tokens, scratch)
+    assert np.array_equal(out, out0)  # rows calls leave out alone
+    call.reduce(0, len(index), n_tokens)
+    assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
+def test_moe_reduce_c_checks():
+    from strata.native._lib import ffi, lib
+
+    rows, out = np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)
+    tok, w = np.array([0, 1, 1, 5], np.int32), np.ones(4, np.float32)
+    f = lambda a: ffi.from_buffer("float *", a)  # noqa: E731
+    args = (f(rows), rows.nbytes, ffi.from_buffer("int32_t *", tok), f(w))
+    assert lib.strata_moe_reduce(*args, 0, 3, 4, 2, 8, f(out), out.nbytes) == 0
+    assert lib.strata_moe_reduce(*args, 0, 4, 4, 2, 8, f(out), out.nbytes) != 0   # token 5 of 2
+    assert lib.strata_moe_reduce(*args, 2, 3, 4, 2, 8, f(out), out.nbytes) != 0   # past n_assign
+    assert lib.strata_moe_reduce(*args, 0, 3, 5, 2, 8, f(out), out.nbytes) != 0   # rows shorter than 5 x 8
+    assert lib.strata_moe_reduce(*args, 0, 3, 4, 2, 8, f(out), out.nbytes - 4) != 0
+    assert lib.strata_moe_reduce(ffi.NULL, 0, ffi.NULL, ffi.NULL, 0, 0, 4, 2, 8, ffi.NULL, 0) == 0  # nothing to add
