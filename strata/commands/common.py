@@ -35,10 +35,11 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("expert memory")
-    g.add_argument("--memory", choices=("tiered", "paged", "direct"), default="tiered",
-                   help="tiered: device slots, host tier, pager, prefetch (default); paged (cpu, packed "
-                        "compute): one pool of RAM slots that misses are read into and computed from, its "
-                        "budget --host-mem; direct: read every expert from the mapped file on each use")
+    g.add_argument("--memory", choices=("tiered", "paged", "direct"), default=None,
+                   help="tiered: device slots, host tier, pager, prefetch (the default on cuda, or with "
+                        "--device-mem, --prefetch-depth, --slot-form or --hybrid); paged (cpu, packed compute; "
+                        "the default there): one pool of RAM slots that misses are read into and computed "
+                        "from, its budget --host-mem; direct: read every expert from the mapped file on each use")
     g.add_argument("--device-mem", default=None, metavar="SIZE",
                    help="bytes the model may use on the device, resident weights and KV cache included, "
                         "e.g. 20G (default: free GPU memory less headroom; on cpu a quarter of available RAM)")
@@ -61,25 +62,25 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
 def add_save_routing_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-routing", metavar="FILE.npz", default=None,
                    help="save how often each expert was routed to (arrays counts [L, E] and tokens), for "
-                        "python -m strata.convert --routing-stats (needs --memory tiered)")
+                        "python -m strata.convert --routing-stats (needs --memory tiered or paged)")
 
 
 def check_save_routing(args: argparse.Namespace) -> None:
     """Refuse --save-routing up front when the run will not count routing."""
-    if getattr(args, "save_routing", None) and args.memory != "tiered":
-        raise StrataError(f"--save-routing {args.save_routing}: routing is counted by --memory tiered, "
+    if getattr(args, "save_routing", None) and args.memory == "direct":
+        raise StrataError(f"--save-routing {args.save_routing}: routing is counted by --memory tiered or paged, "
                           f"not --memory {args.memory}")
 
 
 def save_routing(args: argparse.Namespace, model) -> None:
-    """With --save-routing, the tiered memory's routing counts as an .npz file."""
+    """With --save-routing, the expert memory's routing counts as an .npz file."""
     if not getattr(args, "save_routing", None):
         return
     from strata.gguf.routing import save_routing_npz
 
     stats = model.memory_stats()
     if stats is None or not hasattr(stats, "routing"):
-        raise StrataError(f"--save-routing {args.save_routing}: the model's expert memory is not tiered")
+        raise StrataError(f"--save-routing {args.save_routing}: the model's expert memory counts no routing")
     counts, tokens = stats.routing()
     try:
         save_routing_npz(args.save_routing, counts, tokens)

@@ -329,10 +329,14 @@ def _paged_memory(host_mem: int | str | None, reserved: int) -> MemoryFactory:
 
 def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: torch.dtype, kv_bytes: int,
                     tiered: dict[str, Any], compute: str) -> MemoryFactory:
-    """The factory `memory` names: "tiered" (the default), "direct", or a callable."""
+    """The factory `memory` names: "tiered", "paged", "direct", or a callable. None: "paged" for
+    packed compute on the CPU unless an option only the tiered memory has is given (device_mem,
+    prefetch_depth, slot_form, hybrid), else "tiered"."""
     given = {k: v for k, v in tiered.items() if v is not None}
     if callable(memory):
         return memory
+    if memory is None:
+        memory = "paged" if compute == "packed" and not set(given) - {"host_mem"} else "tiered"
     if memory == "direct":
         if given:
             raise StrataError(f"{', '.join(sorted(given))}: options of the tiered expert memory, not of "
@@ -384,8 +388,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
     chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
     batch (None: unbounded; past it `Engine.add` raises EngineFull).
-    memory: the expert memory: "tiered" (default: `TieredExpertMemory`, device slots, host
-    tier, pager and prefetch), "paged" (`PagedExpertMemory`, CPU packed compute only: one pool of
+    memory: the expert memory: "tiered" (`TieredExpertMemory`: device slots, host tier, pager
+    and prefetch; the default on CUDA, and wherever device_mem, prefetch_depth, slot_form or hybrid
+    is given), "paged" (`PagedExpertMemory`, the default for packed compute on the CPU: one pool of
     RAM slots the pager reads misses into and the kernels compute from, its budget host_mem),
     "direct" (`DirectExpertMemory`, experts read from the mapped file on every use), or a factory
     (model_file, device, dtype, n_threads) -> ExpertMemory.

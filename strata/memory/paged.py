@@ -10,10 +10,12 @@ moved to the start of its region, and the native kernels compute from the slot i
 whole budget holds experts, and a miss costs one read and no copy.
 
 Placement is the host tier's `ExpertPolicy` (decayed use counts, per-layer budgets), seeded from
-the file's routing statistics when it has them. There is no prefetch: every load happens inside
-`acquire_packed`, on the compute thread, and finishes (or is undone) before it returns, so between
+the file's routing statistics when it has them. There is no prefetch across layers: a layer's
+misses are queued by `start_packed` (which hands back the experts already in RAM, so the fused MoE
+call computes them while the pager reads the rest) and waited for by `finish_packed`, or all at
+once by `acquire_packed`; each load finishes (or is undone) before the layer ends, so between
 steps the page table is exact and the decode program (`fixed_packed`) runs every layer whose
-experts are all in their slots, handing the others to `acquire_packed`.
+experts are all in their slots, handing the others back to the memory.
 
 Must not compute: it moves bytes and counts them.
 """
@@ -33,6 +35,7 @@ from strata.gguf import ModelFile
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
 from .budget import DEFAULT_PAGER_THREADS, parse_bytes
 from .host import HostLoad, HostTier
+from .placement import estimate, warn_if_slow
 from .stats import MemoryStats
 
 
@@ -58,9 +61,11 @@ class PagedExpertMemory(ExpertMemory):
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
         self.n_experts = model_file.hparams.n_experts
-        budget = parse_bytes(host_mem, "expert memory budget (--host-mem)")
+        budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
         self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True)
         self.max_acquire = self.host.slots_per_layer
+        self.placement = estimate(model_file, self.host.slots_per_layer, 0)
+        warn_if_slow(model_file, self.placement, one_tier=True)  # once, at start: most experts would come from disk
         self.stats = MemoryStats(list(self.layers), self.n_experts)
         self._parts: list[native.MoeParts | None] = [None] * len(self.layers)
         self._held: tuple[int, tuple[int, ...]] | None = None

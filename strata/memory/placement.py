@@ -116,9 +116,10 @@ def sequential_direct_rate(path: str | os.PathLike, block: int = 8 << 20, limit:
     return done / max(seconds, 1e-9), done
 
 
-def warn_if_slow(model: ModelFile, placement: Placement) -> str | None:
+def warn_if_slow(model: ModelFile, placement: Placement, one_tier: bool = False) -> str | None:
     """Warn (`SlowPathWarning`, once per load) when most expert reads are expected from the disk,
-    with the rate that bounds decoding; returns the message, or None when there is nothing to say."""
+    with the rate that bounds decoding; returns the message, or None when there is nothing to say.
+    one_tier: the paged memory's single pool of RAM slots (its device_slots)."""
     if placement.disk_share <= SLOW_PATH_SHARE:
         return None
     per_token = placement.disk_bytes_per_token
@@ -127,11 +128,12 @@ def warn_if_slow(model: ModelFile, placement: Placement) -> str | None:
         bound = f"at this disk's {rate / 1e9:.2f} GB/s that allows at most {rate / per_token:.2f} tokens/s"
     except OSError:
         bound = "the disk's rate bounds decoding"
+    E = placement.n_experts
+    tiers = (f"{placement.device_slots}/{E} experts in RAM" if one_tier else
+             f"{placement.device_slots}/{E} experts on the device, {placement.host_slots}/{E} in host RAM")
     message = (f"{model.path}: with these budgets about {placement.disk_share:.0%} of expert reads will come from the "
-               f"disk (per layer {placement.device_slots}/{placement.n_experts} experts on the device, "
-               f"{placement.host_slots}/{placement.n_experts} in host RAM; {placement.source}): "
-               f"{format_bytes(per_token)} per token; {bound}. Raise --host-mem (or --device-mem) to keep more "
-               f"experts in memory")
+               f"disk (per layer {tiers}; {placement.source}): {format_bytes(per_token)} per token; {bound}. Raise "
+               f"--host-mem{'' if one_tier else ' (or --device-mem)'} to keep more experts in memory")
     warnings.warn(message, SlowPathWarning, stacklevel=3)
     return message
 

@@ -18,6 +18,7 @@ from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.memory.alloc import ALLOCATIONS
 from strata.memory.host import BudgetError, machine_memory
+from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
@@ -168,8 +169,11 @@ def test_default_budgets_hold_a_small_model_whole(path, references):
     with strata.load(path, threads=1, n_ctx=256, compute="float") as m:
         assert m.memory.plan.form == "dequantized" and m.memory.plan.slots_per_layer == N_EXPERTS
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("float")["greedy"]
-    with strata.load(path, threads=1, n_ctx=256) as m:  # the CPU's default: packed compute, packed slots
+    with strata.load(path, threads=1, n_ctx=256, memory="tiered") as m:  # packed compute, packed slots
         assert m.memory.packed and m.memory.plan.form == "packed" and m.memory.plan.slots_per_layer == N_EXPERTS
+        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
+    with strata.load(path, threads=1, n_ctx=256) as m:  # the CPU's default: packed compute, one paged RAM tier
+        assert isinstance(m.memory, PagedExpertMemory) and m.memory.max_acquire == N_EXPERTS
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
 
 
