@@ -100,3 +100,4 @@ def test_paged_acquire_in_two_halves_and_abandoned(tiny):
             mem.finish_packed(layer, third)
         assert min(mem.acquire_packed(layer, first).index) >= 0
         mem.release(layer, first)
+

@@ -15,6 +15,7 @@ from strata.cli import main
 from strata.errors import SlowPathWarning
 from strata.gguf import open_model
 from strata.gguf.routing import save_routing_npz
+from strata.memory.budget import host_budget_for_slots
 from strata.memory.placement import estimate
 from strata.synth import build_checkpoint
 
@@ -110,3 +111,16 @@ def test_slow_path_warns_once_at_load(capsys):
     lines = [x for x in err.splitlines() if x.startswith("strata: warning:")]
     assert code == 0 and len(lines) == 1 and "from the disk" in lines[0]
     assert "SlowPathWarning" not in err  # one line, not Python's warning format
+
+
+def test_paged_memory_warns_once_in_its_own_words(capsys):
+    path = moe_file()
+    with open_model(path) as mf:
+        host = host_budget_for_slots(mf, TOP_K)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="paged", host_mem=host) as m:
+            assert m.memory.max_acquire == TOP_K < N_EXPERTS
+    slow = [str(w.message) for w in seen if issubclass(w.category, SlowPathWarning)]
+    assert len(slow) == 1 and f"{TOP_K}/{N_EXPERTS} experts in RAM" in slow[0], slow
+    assert "--host-mem" in slow[0] and "--device-mem" not in slow[0]

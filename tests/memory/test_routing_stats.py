@@ -79,6 +79,14 @@ def test_cli_save_routing_round_trips_through_the_converter(files, capsys):
         assert mf.routing_counts() is None
 
 
+def test_cli_save_routing_with_the_cpu_default_paged_memory(files, capsys):
+    npz = files["root"] / "paged.npz"
+    assert main(["generate", str(files["plain"]), "-p", "the router", "-n", "4", "--threads", "1", "--ignore-eos",
+                 "--save-routing", str(npz)]) == 0
+    saved = np.load(npz)
+    assert saved["tokens"] > 0 and (saved["counts"].sum(axis=1) == saved["tokens"] * TOP_K).all()
+
+
 def test_save_routing_needs_the_tiered_memory(files, capsys):
     assert main(["generate", str(files["plain"]), "-p", "hi", "-n", "2", "--memory", "direct",
                  "--save-routing", str(files["root"] / "x.npz")]) == 1
