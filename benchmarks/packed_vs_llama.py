@@ -260,9 +260,12 @@ def out_of_ram(a: argparse.Namespace) -> dict:
     size = src.stat().st_size
     limit = max(int(size / a.ratio), a.min_limit_mib << 20)
     args = json.loads(a.strata_args)
+    if "memory" not in args and not set(args) & {"device_mem", "prefetch_depth", "slot_form", "hybrid"}:
+        args["memory"] = "paged"  # strata.load's CPU default for packed compute, named so the report says it
     paged = args.get("memory") == "paged"  # one RAM tier: its budget is host_mem
     for key, share in ((("host_mem", 0.6),) if paged else (("device_mem", 0.45), ("host_mem", 0.15))):
-        args.setdefault(key, a.small_budgets[key] if a.small else int(share * size / a.ratio))  # inside the limit
+        small = a.small_budgets["paged" if paged else key]
+        args.setdefault(key, small if a.small else int(share * size / a.ratio))  # inside the limit
     if not a.small and not paged and "host_mem" not in json.loads(a.strata_args):  # the host tier's floor
         from strata.gguf import open_model
         from strata.memory.budget import host_budget_for_slots
@@ -429,7 +432,7 @@ def main() -> int:
     # The small out-of-RAM file (0.23 GB) cannot hold Python in a cgroup 2.6x smaller: the cgroup
     # gets a floor and the budgets stay small, so the tiers still read experts from the disk.
     a.min_limit_mib = a.min_limit_mib if a.min_limit_mib is not None else 1024 if a.small else 0
-    a.small_budgets = {"device_mem": "128M", "host_mem": "48M"}
+    a.small_budgets = {"device_mem": "128M", "host_mem": "48M", "paged": "176M"}
     a.n_ctx = a.n_ctx or max(256, a.prompt + DECODE_PROMPT + a.warmup + a.n + 16)
     unknown = [s for s in (a.shapes.split(",") + [a.shape]) if s not in SHAPES]
     if unknown:
