@@ -94,6 +94,13 @@ class ExpertMemory(ABC):
         `fixed_packed`: what `observe` and the acquire would have counted."""
         self.observe(layer, expert_ids)
 
+    def served_fixed_layers(self, layers: Sequence[int], expert_ids: torch.Tensor, n_used: Sequence[int]) -> None:
+        """`served_fixed` of several layers of one step at once: expert_ids [len(layers), T, K],
+        n_used one count per layer. The default calls `served_fixed` per layer; a memory may count
+        them in one go (the decode program reports every layer of a token this way)."""
+        for i, layer in enumerate(layers):
+            self.served_fixed(layer, expert_ids[i], int(n_used[i]))
+
     def memory_stats(self):
         """Counters of hits, misses, bytes and waits (`strata.memory.stats.MemoryStats`), or None."""
         return None

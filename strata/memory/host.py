@@ -38,7 +38,7 @@ import mmap
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -295,6 +295,11 @@ class HostTier:
         """The router of `layer` chose `expert_ids` ([..., K]): feeds the policy's use counts."""
         with self._lock:
             self.policy.record(self._index(layer), expert_ids)
+
+    def record_layers(self, layers: Sequence[int], expert_ids: np.ndarray) -> None:
+        """`record` of several layers at once (expert_ids [len(layers), T, K])."""
+        with self._lock:
+            self.policy.record_layers(np.array([self._index(layer) for layer in layers], dtype=np.int64), expert_ids)
 
     def seed_counts(self, counts: np.ndarray, n_tokens: int) -> None:
         """Initial routing statistics for the policy (`ExpertPolicy.seed_counts`), [L, E]."""

@@ -188,6 +188,15 @@ class PagedExpertMemory(ExpertMemory):
         self.stats.device_hits[li] += n_used
         self.stats.requests[li] += n_used
 
+    def served_fixed_layers(self, layers: Sequence[int], expert_ids: torch.Tensor, n_used: Sequence[int]) -> None:
+        lis = np.array([self.layers.index(layer) for layer in layers], dtype=np.int64)
+        ids = expert_ids.detach().to("cpu", torch.int64).numpy()  # [len(layers), T, K]
+        self.host.record_layers(layers, ids)
+        self.stats.record_routing_layers(lis, ids)
+        n = np.asarray(n_used, dtype=np.int64)
+        self.stats.device_hits[lis] += n
+        self.stats.requests[lis] += n
+
     def memory_stats(self) -> MemoryStats:
         return self.stats
 

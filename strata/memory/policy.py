@@ -155,6 +155,24 @@ class ExpertPolicy:
         self._steps[layer] = self._steps[layer] * self._decay ** n_tokens + n_tokens
         self._hints[layer] = 0.0
 
+    def record_layers(self, layers: np.ndarray, expert_ids: np.ndarray) -> None:
+        """`record` of several distinct layers' steps at once (expert_ids [len(layers), T, K]), with
+        the same counts to the bit."""
+        layers = np.asarray(layers, dtype=np.int64)
+        if layers.size and (layers.min() < 0 or layers.max() >= self.n_layers or np.unique(layers).size != layers.size):
+            raise StrataError(f"layers {layers.tolist()}: expected distinct layers in 0..{self.n_layers - 1}")
+        ids = self._experts(expert_ids)
+        if ids.ndim != 3 or ids.shape[0] != layers.size:
+            raise StrataError(f"expert ids of shape {list(ids.shape)}: expected [{layers.size}, T, K]")
+        if not layers.size:
+            return
+        n_tokens = ids.shape[1]
+        decay = self._decay ** n_tokens
+        self._counts[layers] *= decay
+        np.add.at(self._counts, (np.repeat(layers, ids[0].size), ids.reshape(-1)), 1.0)
+        self._steps[layers] = self._steps[layers] * decay + n_tokens
+        self._hints[layers] = 0.0
+
     def hint(self, layer: int, expert_ids: np.ndarray, probs: np.ndarray | float = 1.0) -> None:
         """A predictor expects `expert_ids` at `layer`'s next step with probability `probs`:
         protects them from eviction until that step is recorded."""

@@ -70,6 +70,13 @@ class MemoryStats:
         np.add.at(self.routing_counts[li], expert_ids.ravel(), 1)
         self.routing_tokens[li] += expert_ids.shape[0] if expert_ids.ndim > 1 else 1
 
+    def record_routing_layers(self, lis: np.ndarray, expert_ids: np.ndarray) -> None:
+        """`record_routing` of distinct expert layers `lis` at once (expert_ids [len(lis), T, K])."""
+        if not len(lis):
+            return
+        np.add.at(self.routing_counts, (np.repeat(lis, expert_ids[0].size), expert_ids.reshape(-1)), 1)
+        self.routing_tokens[lis] += expert_ids.shape[1]
+
     def routing(self) -> tuple[np.ndarray, int]:
         """(counts [L, E], tokens): every layer sees every token, so tokens is the layers' maximum."""
         return self.routing_counts.copy(), int(self.routing_tokens.max(initial=0))

@@ -105,10 +105,9 @@ class DecodeProgram:
         while True:
             stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
                                    self.layer_used, c.scratch, first, self.layer_ns)
-            if self._reports():
-                used = self.layer_used.tolist()
-                for li in range(first, stop):
-                    self.memory.served_fixed(self.model_layers[li], self.expert_ids[li, :B], used[li])
+            if self._reports() and stop > first:
+                self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],
+                                                self.layer_used[first:stop].tolist())
             if stop == n:
                 return x
             # layer `stop` routed to an expert not in place: its experts through the memory

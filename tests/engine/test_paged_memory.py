@@ -101,3 +101,29 @@ def test_paged_acquire_in_two_halves_and_abandoned(tiny):
         assert min(mem.acquire_packed(layer, first).index) >= 0
         mem.release(layer, first)
 
+
+def test_a_steps_reports_in_one_call_count_what_per_layer_reports_count(tiny):
+    """The decode program reports a token's layers with served_fixed_layers: the same use counts
+    (to the bit), routing statistics, hits and requests as one served_fixed per layer."""
+    import numpy as np
+
+    path = tiny.gguf(None)
+    kw = dict(threads=1, n_ctx=64, memory="paged", host_mem=_budget(path, _top_k(path)))
+    with strata.load(path, **kw) as one, strata.load(path, **kw) as each:
+        layers = list(one.memory.layers)
+        g = torch.Generator().manual_seed(3)
+        for T in (1, 3, 1):
+            ids = torch.stack([torch.randperm(one.memory.n_experts, generator=g)[:_top_k(path)] for _ in
+                               range(len(layers) * T)]).view(len(layers), T, -1)
+            used = [len(set(x.flatten().tolist())) for x in ids]
+            one.memory.served_fixed_layers(layers, ids, used)
+            for i, layer in enumerate(layers):
+                each.memory.served_fixed(layer, ids[i], used[i])
+        a, b = one.memory.host.policy, each.memory.host.policy
+        assert np.array_equal(a._counts, b._counts) and np.array_equal(a._steps, b._steps)
+        for key in ("routing_counts", "routing_tokens", "device_hits", "requests"):
+            assert np.array_equal(getattr(one.memory.stats, key), getattr(each.memory.stats, key)), key
+        assert one.memory.stats.routing_tokens.tolist() == [5] * len(layers)
+        with pytest.raises(StrataError, match="distinct layers"):
+            a.record_layers(np.array([0, 0]), ids[:1].repeat(2, 1, 1).numpy())
+
