@@ -20,6 +20,8 @@ from .hparams import HParams, read_hparams
 from .records import ExpertSlab, TensorInfo
 from .routing import check_routing_types, read_routing_counts
 
+_PART_INDEX = {part: i for i, part in enumerate(PARTS)}
+
 # Fields GGUFReader adds for the preamble; they are not metadata keys.
 _READER_PSEUDO_FIELDS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
 
@@ -98,6 +100,7 @@ class ModelFile:
         self.resident = {name: t for name, t in tensors.items() if match_expert_tensor(name) is None}
         self.expert_layers = sorted(layout)
         self._layout = layout
+        self._slabs: dict[tuple[int, int], tuple[ExpertSlab, ...]] = {}  # (layer, expert) -> its PARTS' slabs
         self._data: np.memmap | None = data
 
     @property
@@ -143,6 +146,9 @@ class ModelFile:
 
     def expert(self, layer: int, expert: int, part: str) -> ExpertSlab:
         """The slab of `part` ("gate", "up" or "down") of routed expert `expert` in `layer`."""
+        known = self._slabs.get((layer, expert))  # the pager's hot path: every load asks several times
+        if known is not None and part in _PART_INDEX:
+            return known[_PART_INDEX[part]]
         experts = self._layout.get(layer)
         if experts is None:
             raise ValueError(f"{self.path}: layer {layer} has no routed experts (expert layers: "
@@ -154,8 +160,11 @@ class ModelFile:
         return experts.parts[part].slab(layer, expert, part)
 
     def expert_slabs(self, layer: int, expert: int) -> tuple[ExpertSlab, ...]:
-        """The gate, up and down slabs of one expert."""
-        return tuple(self.expert(layer, expert, part) for part in PARTS)
+        """The gate, up and down slabs of one expert (kept: slabs are immutable)."""
+        slabs = self._slabs.get((layer, expert))
+        if slabs is None:
+            slabs = self._slabs[(layer, expert)] = tuple(self.expert(layer, expert, part) for part in PARTS)
+        return slabs
 
     def expert_region(self, layer: int, part: str) -> tuple[np.ndarray, int]:
         """(bytes, stride) holding `part` of every expert of `layer`: expert e's slab starts at

@@ -270,6 +270,17 @@ class HostTier:
             self.policy.pin(self._index(layer), expert)
             return self._view(layer, expert, slot)
 
+    def pin_slot_if_ready(self, layer: int, expert: int) -> int | None:
+        """`pin_if_ready` for a caller that computes from the pool (the paged memory): the slot,
+        or None, without building views."""
+        with self._lock:
+            li = self._index(layer)
+            slot = self.policy.lookup(li, expert)
+            if slot is None or self.policy.slot_state[slot] != READY:
+                return None
+            self.policy.pin(li, expert)
+            return slot
+
     def is_ready(self, layer: int, expert: int) -> bool:
         """True when (layer, expert) is loaded in a host slot (a hint: pin it to keep it)."""
         with self._lock:

@@ -113,9 +113,10 @@ class PagedExpertMemory(ExpertMemory):
         try:
             # hits first, pinned at once: a miss's load may evict any unpinned expert of the layer
             for i, e in enumerate(ids):
-                if self.host.pin_if_ready(layer, e) is not None:
+                slot = self.host.pin_slot_if_ready(layer, e)
+                if slot is not None:
                     pinned.append(e)
-                    slots[i] = self.host.lookup(layer, e)
+                    slots[i] = slot
             evicted = self.host.counters["evictions"]
             loads = [(i, e, self.host.load(layer, e)) for i, e in enumerate(ids) if slots[i] < 0]
             self.stats.evictions[li] += self.host.counters["evictions"] - evicted
