@@ -159,7 +159,8 @@ class ExpertPolicy:
         """`record` of several distinct layers' steps at once (expert_ids [len(layers), T, K]), with
         the same counts to the bit."""
         layers = np.asarray(layers, dtype=np.int64)
-        if layers.size and (layers.min() < 0 or layers.max() >= self.n_layers or np.unique(layers).size != layers.size):
+        distinct = len(set(layers.tolist())) == layers.size
+        if layers.size and (layers.min() < 0 or layers.max() >= self.n_layers or not distinct):
             raise StrataError(f"layers {layers.tolist()}: expected distinct layers in 0..{self.n_layers - 1}")
         ids = self._experts(expert_ids)
         if ids.ndim != 3 or ids.shape[0] != layers.size:

@@ -177,6 +177,34 @@ def test_default_budgets_hold_a_small_model_whole(path, references):
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
 
 
+def test_paged_memory_decoding_allocates_nothing_after_start_up(path, references):
+    """The CPU's default memory under a budget that evicts: no buffer made while decoding, nothing
+    near a slot's size left behind, and the all-resident run's tokens."""
+    from strata.memory.budget import host_budget_for_slots
+
+    with open_model(path) as mf:
+        host_mem = host_budget_for_slots(mf, TOP_K + 1)
+    want = references("packed")["greedy"]  # loaded first: its model's buffers are not the decode's
+    with strata.load(path, threads=1, n_ctx=256, memory="paged", host_mem=host_mem) as m:
+        assert m.memory.max_acquire == TOP_K + 1 < N_EXPERTS
+        m.generate(prompt(8), max_tokens=4, stop_token_ids=())  # warm-up: torch's and numpy's first calls
+        before = ALLOCATIONS.snapshot()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            done = m.generate(prompt(24), max_tokens=32, stop_token_ids=())
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        assert done.token_ids == want
+        assert ALLOCATIONS.snapshot() == before
+        assert grown < 64 << 10, grown
+        t = m.memory_stats().totals()
+        assert t["disk_reads"] > 0 and t["evictions"] > 0
+
+
 # ---- budgets ----------------------------------------------------------------------------------
 
 def test_bad_budgets_are_refused_with_a_reason(path):
