@@ -5,7 +5,8 @@
 On the CPU the tiered memory's device slots and its host tier are both RAM: a miss is read from
 the disk into a host slot and then copied into a device slot, and an expert may take RAM twice.
 Here the host tier's compact slot pool (`host.py`, compact=True) is the only copy: the pager reads
-a missing expert straight into its slot (O_DIRECT where the file system allows it), the slab is
+a missing expert straight into its slot (O_DIRECT where the file system allows it, unless the
+budget holds every expert: then through the page cache, as nothing is ever evicted), the slab is
 moved to the start of its region, and the native kernels compute from the slot in place. The
 whole budget holds experts, and a miss costs one read and no copy.
 
@@ -33,7 +34,7 @@ from strata.errors import StrataError
 from strata.gguf import ModelFile
 
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
-from .budget import DEFAULT_PAGER_THREADS, parse_bytes
+from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .placement import estimate, warn_if_slow
 from .stats import MemoryStats
@@ -62,6 +63,10 @@ class PagedExpertMemory(ExpertMemory):
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
         self.n_experts = model_file.hparams.n_experts
         budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
+        if direct is None and isinstance(budget, int) and budget >= host_budget_for_slots(model_file, self.n_experts):
+            # Every expert gets a slot and none is ever evicted: the pool is the model's RAM, so
+            # read through the page cache (a file already cached is copied, not read again).
+            direct = False
         self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True)
         self.max_acquire = self.host.slots_per_layer
         self.placement = estimate(model_file, self.host.slots_per_layer, 0)

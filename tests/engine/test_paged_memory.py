@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import strata
+from strata import native
 from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.memory.budget import host_budget_for_slots
@@ -126,4 +127,22 @@ def test_a_steps_reports_in_one_call_count_what_per_layer_reports_count(tiny):
         assert one.memory.stats.routing_tokens.tolist() == [5] * len(layers)
         with pytest.raises(StrataError, match="distinct layers"):
             a.record_layers(np.array([0, 0]), ids[:1].repeat(2, 1, 1).numpy())
+
+
+def test_a_budget_for_every_expert_reads_through_the_page_cache(tiny):
+    """Nothing is ever evicted, so reads go through the page cache (a cached file is copied, not
+    read from the disk again); a smaller budget keeps the pager's own choice (O_DIRECT where the
+    file system allows it)."""
+    path = tiny.gguf(None)
+    with open_model(path) as mf:
+        every = host_budget_for_slots(mf, mf.hparams.n_experts)
+    with strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem=every) as whole, \
+            strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem=_budget(path, _top_k(path))) as part, \
+            strata.load(path, threads=1, n_ctx=64, memory="direct") as direct:
+        assert whole.memory.max_acquire == whole.memory.n_experts and not whole.memory.host.pager.info.direct
+        with open_model(path) as mf, native.Pager(mf.path, 1) as probe:
+            assert part.memory.host.pager.info.direct == probe.info.direct
+        ids = tiny.prompt_ids(12, seed=5)
+        assert torch.equal(whole.logits(ids), direct.logits(ids))
+        assert whole.memory_stats().totals()["bytes_disk"] > 0
 
