@@ -39,6 +39,16 @@ class PackedExperts:
     index: list[int]
 
 
+def check_acquire(held: tuple[int, tuple[int, ...]] | None, layer: int, ids: tuple[int, ...], max_acquire: int) -> None:
+    """Refuse an acquire while another is `held` (layer, ids), or one of repeated experts or of
+    more than `max_acquire` of them."""
+    if held is not None:
+        raise RuntimeError(f"acquire(layer={layer}) while layer {held[0]} experts {list(held[1])} "
+                           "are still held: release them first")
+    if len(ids) > max_acquire or len(set(ids)) != len(ids):
+        raise ValueError(f"acquire of {list(ids)}: at most max_acquire={max_acquire} distinct experts at once")
+
+
 class ExpertMemory(ABC):
     """Where model code gets routed experts' weights from.
 
@@ -141,4 +151,4 @@ class ExpertLayers:
         return self.layers[li]
 
 
-__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError", "PackedExperts"]
+__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError", "PackedExperts", "check_acquire"]

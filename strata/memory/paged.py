@@ -33,7 +33,7 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
+from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
 from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .placement import estimate, warn_if_slow
@@ -107,11 +107,7 @@ class PagedExpertMemory(ExpertMemory):
         meanwhile, then `finish_packed`. `release` undoes either half."""
         ids = tuple(int(e) for e in expert_ids)
         li = self.layers.index(layer)
-        if self._held is not None:
-            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
-                               "are still held: release them first")
-        if len(ids) > self.max_acquire or len(set(ids)) != len(ids):
-            raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
+        check_acquire(self._held, layer, ids, self.max_acquire)
         t0 = time.perf_counter()
         slots: list[int] = [-1] * len(ids)
         pinned: list[int] = []

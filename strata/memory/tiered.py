@@ -35,7 +35,7 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts
+from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
 from .budget import Plan, TieredConfig, make_plan
 from .device import DeviceSlots, expert_geometry
 from .host import HostLoad, HostTier
@@ -195,11 +195,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         """Pin a device slot holding each expert (loading what is missing); (li, ids, slots)."""
         ids = tuple(int(e) for e in expert_ids)
         li = self._layer(layer)
-        if self._held is not None:
-            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
-                               "are still held: release them first")
-        if len(ids) > self.max_acquire or len(set(ids)) != len(ids):
-            raise ValueError(f"acquire of {list(ids)}: at most max_acquire={self.max_acquire} distinct experts at once")
+        check_acquire(self._held, layer, ids, self.max_acquire)
         t0 = time.perf_counter()
         self._drain_unpins()
         with self._lock:  # the common step once the working set is resident: every expert ready

@@ -133,6 +133,20 @@ def _evicting_budgets(path, n_ctx: int, max_batch: int) -> tuple[int, int]:
         return dev, host_budget_for_slots(mf, hp.n_experts_used)
 
 
+def program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts, keys) -> dict:
+    """Decode `prompts` through the program (prog) and the per-block path (blocks): both give
+    direct memory's logits and the same memory counters `keys`. Returns the program's totals."""
+    _has_program(tiny, prog)
+    want = _decode_logits(direct, prompts, "per_call")
+    for mode, m in (("program", prog), ("fused", blocks)):
+        for a, b in zip(_decode_logits(m, prompts, mode), want):
+            assert torch.equal(a, b), mode
+    a, b = prog.memory_stats().totals(), blocks.memory_stats().totals()
+    for key in keys:
+        assert a[key] == b[key], key
+    return a
+
+
 def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
     """Fewer device slots than experts at prefetch depth 0: the program runs the layers whose
     experts are all in the pool and hands the others to the memory, which loads and evicts in
@@ -146,14 +160,9 @@ def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
         assert not prog.memory._settled and prog.memory.plan.slots_per_layer < prog.memory.n_experts
-        _has_program(tiny, prog)
-        want = _decode_logits(direct, prompts, "per_call")
-        for mode, m in (("program", prog), ("fused", blocks)):
-            for a, b in zip(_decode_logits(m, prompts, mode), want):
-                assert torch.equal(a, b), mode
-        a, b = prog.memory_stats().totals(), blocks.memory_stats().totals()
-        for key in ("requests", "device_hits", "device_misses", "evictions", "disk_reads", "host_hits"):
-            assert a[key] == b[key], key
+        a = program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts,
+                                            ("requests", "device_hits", "device_misses", "evictions", "disk_reads",
+                                             "host_hits"))
         assert a["evictions"] > 0 and a["device_hits"] > 0
 
 

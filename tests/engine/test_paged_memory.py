@@ -13,7 +13,7 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.memory.budget import host_budget_for_slots
-from tests.engine.test_fused_decode import _decode_logits, _has_program
+from tests.engine.test_fused_decode import program_and_blocks_equal_direct
 
 
 def _budget(path, slots: int) -> int:
@@ -34,14 +34,9 @@ def test_paged_memory_equals_direct_under_evictions(tiny):
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, memory="direct") as direct, \
             strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
         assert prog.memory.max_acquire == k + 1 < prog.memory.n_experts
-        _has_program(tiny, prog)
-        want = _decode_logits(direct, prompts, "per_call")
-        for mode, m in (("program", prog), ("fused", blocks)):
-            for a, b in zip(_decode_logits(m, prompts, mode), want):
-                assert torch.equal(a, b), mode
-        a, b = prog.memory_stats().totals(), blocks.memory_stats().totals()
-        for key in ("requests", "device_hits", "device_misses", "evictions", "disk_reads", "bytes_disk"):
-            assert a[key] == b[key], key
+        a = program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts,
+                                            ("requests", "device_hits", "device_misses", "evictions", "disk_reads",
+                                             "bytes_disk"))
         assert a["evictions"] > 0 and a["device_hits"] > 0 and a["bytes_disk"] > 0
         assert a["requests"] == a["device_hits"] + a["device_misses"]
 

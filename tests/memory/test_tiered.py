@@ -88,20 +88,28 @@ def test_batched_decoding_equals_the_all_resident_run(path, references, compute,
         assert [c.token_ids for c in got] == reference["batch"]
 
 
+def _traced_decode(m, ids: list[int], n: int):
+    """After a warm-up (torch's and numpy's first calls), generate n tokens from ids: (the
+    completion, the memory system's allocation counter before it, bytes of Python and numpy
+    objects it left behind)."""
+    m.generate(prompt(8), max_tokens=4, stop_token_ids=())
+    before = ALLOCATIONS.snapshot()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        done = m.generate(ids, max_tokens=n, stop_token_ids=())
+        gc.collect()  # cyclic garbage is not kept memory
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    return done, before, grown
+
+
 @pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
 def test_decoding_allocates_nothing_after_start_up(path, compute, form):
     with load(path, form, depth=2, compute=compute) as m:
-        m.generate(prompt(8), max_tokens=4, stop_token_ids=())  # warm-up: torch's and numpy's first calls
-        before = ALLOCATIONS.snapshot()
-        gc.collect()
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            done = m.generate(prompt(8, 5), max_tokens=64, stop_token_ids=())
-            gc.collect()  # cyclic garbage is not kept memory
-            grown = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
+        done, before, grown = _traced_decode(m, prompt(8, 5), 64)
         assert len(done.token_ids) == 64
         assert ALLOCATIONS.snapshot() == before  # no slot, scratch, staging or host buffer made
         # numpy and Python objects traced: nothing near the size of one slot (>= 100 KB) stays behind
@@ -187,17 +195,7 @@ def test_paged_memory_decoding_allocates_nothing_after_start_up(path, references
     want = references("packed")["greedy"]  # loaded first: its model's buffers are not the decode's
     with strata.load(path, threads=1, n_ctx=256, memory="paged", host_mem=host_mem) as m:
         assert m.memory.max_acquire == TOP_K + 1 < N_EXPERTS
-        m.generate(prompt(8), max_tokens=4, stop_token_ids=())  # warm-up: torch's and numpy's first calls
-        before = ALLOCATIONS.snapshot()
-        gc.collect()
-        tracemalloc.start()
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            done = m.generate(prompt(24), max_tokens=32, stop_token_ids=())
-            gc.collect()
-            grown = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
+        done, before, grown = _traced_decode(m, prompt(24), 32)
         assert done.token_ids == want
         assert ALLOCATIONS.snapshot() == before
         assert grown < 64 << 10, grown
