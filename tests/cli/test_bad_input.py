@@ -48,6 +48,15 @@ def test_huge_context_with_direct_memory_is_refused_before_allocating(cli, qwen3
     _one_error(code, err, "n_ctx=1000000000000", "KV cache", str(qwen3.gguf(None)))
 
 
+@pytest.mark.parametrize("args, names", [
+    (["--memory", "paged", "--device-mem", "64M"], ("--device-mem", "--memory paged", "--host-mem")),
+    (["--memory", "paged", "--prefetch-depth", "1"], ("--prefetch-depth", "--memory paged")),
+    (["--memory", "paged", "--host-mem", "0"], ("host memory budget (--host-mem)", "positive")),
+])
+def test_paged_memory_refuses_what_is_not_its_own(cli, qwen3, args, names):
+    _one_error(*cli("generate", qwen3.gguf(None), "-p", "Hello", *args)[::2], *names)
+
+
 def test_perplexity_refuses_an_endless_file(cli, qwen3):
     _one_error(*cli("perplexity", qwen3.gguf(None), "-f", "/dev/zero")[::2], "/dev/zero", "at most")
 
