@@ -23,13 +23,19 @@ Out of RAM (figure 2): a cold copy of the file (`dd iflag=direct oflag=direct`, 
 is cached) decoded by Strata inside a v1 memory cgroup `ratio` times smaller than the file
 (benchmarks/tiered_cgroup.py's cgroup), budgets inside the limit unless --strata-args sets them.
 The O_DIRECT sequential read rate of that copy is measured before and after the decode (the mean
-is the reference). Reports decode tok/s after `warmup` tokens, expert bytes read from disk per
-token (`Model.memory_stats()`), the disk-bound rate = read rate / bytes per token, Strata's share
-of it, and the per-token split of every timer the stats report (wait_s, dequant_s, ...).
+is the reference), and so is the rate of a fresh pager reading the copy's expert slabs in random
+order, 16 in flight (strata.bench.pager.random_slab_rate: the pattern of expert misses; a disk
+that serves several readers faster than one sequential reader can beat the first rate). Reports
+decode tok/s after `warmup` tokens, expert bytes read from disk per token
+(`Model.memory_stats()`), the disk-bound rate = read rate / bytes per token at each of the two
+rates, Strata's share of each, and the per-token split of every timer the stats report (wait_s,
+dequant_s, ...). `--shape large` routes near-uniformly (Gaussian routers), and its greedy decode
+reads few experts per token; `--shape large-routed` routes like a real model (synthetic_moe.py).
 --compute-bound also decodes the original file outside the cgroup with every expert in RAM (`memory
 "direct"`, the page cache warm), the rate compute alone allows, and reports Strata's share of the
-lower of the two bounds: where the tiers keep most experts in memory, few bytes are read per token
-and the disk-bound rate exceeds what the CPU can compute.
+lower of the two bounds (the disk's: the higher of its two rates): where the tiers keep most
+experts in memory, few bytes are read per token and the disk-bound rate exceeds what the CPU can
+compute.
 --with-llama then runs llama.cpp in a cgroup of the same limit on a fresh cold copy (its mmap
 pages count against the limit as Strata's do; weight repacking off, as llama-bench's `--repack 0`,
 since its anonymous repacked copy of the weights cannot fit): `warmup` tokens, then up to `n` timed, stopping
@@ -252,7 +258,7 @@ def in_ram(a: argparse.Namespace) -> dict:
 
 def out_of_ram(a: argparse.Namespace) -> dict:
     from benchmarks.tiered_cgroup import CGROUP_V1, _cgroup
-    from strata.bench.pager import sequential_direct_rate
+    from strata.bench.pager import random_slab_rate, sequential_direct_rate
 
     if not os.access(CGROUP_V1, os.W_OK):
         raise SystemExit(f"{CGROUP_V1} is not writable (needs root and cgroup v1)")
@@ -279,12 +285,14 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         report["copy_s"] = cold_copy(src, cold)
         read_limit = int(a.read_gib * 2**30)
         before, _ = sequential_direct_rate(cold, limit=read_limit)
+        slab_before = random_slab_rate(cold, read_limit // 2)
         group = _cgroup(limit)
         try:
             report["strata"] = run_child("strata", cold, a, group)
         finally:
             group.rmdir()
         after, _ = sequential_direct_rate(cold, limit=read_limit)
+        slab_after = random_slab_rate(cold, read_limit // 2, seed=1)
         if a.compute_bound:  # the same decode with every expert in RAM: the compute-bound rate
             with open(src, "rb") as f:  # into the page cache first: the decode must not fault pages in
                 while f.read(1 << 24):
@@ -302,6 +310,8 @@ def out_of_ram(a: argparse.Namespace) -> dict:
     finally:
         cold.unlink(missing_ok=True)
     report["read_bytes_per_s"] = {"before": before, "after": after, "mean": (before + after) / 2}
+    report["slab_read_bytes_per_s"] = {"before": slab_before, "after": slab_after,
+                                       "mean": (slab_before + slab_after) / 2}
     run = report["strata"].get("decode")
     if run and run.get("stats"):
         per_token = run["stats"]["bytes_disk"] / run["tokens"]
@@ -309,10 +319,13 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         if per_token > 0:
             report["disk_bound_tok_s"] = report["read_bytes_per_s"]["mean"] / per_token
             report["share_of_disk_bound"] = run["tok_s"] / report["disk_bound_tok_s"]
+            report["slab_disk_bound_tok_s"] = report["slab_read_bytes_per_s"]["mean"] / per_token
+            report["share_of_slab_disk_bound"] = run["tok_s"] / report["slab_disk_bound_tok_s"]
         ram = report.get("in_ram", {}).get("decode")
-        if ram:
+        if ram:  # against the higher of the two disk-bound rates: the stricter reference
+            disk_bound = max(report.get("disk_bound_tok_s", float("inf")), report.get("slab_disk_bound_tok_s", 0.0))
             report["compute_bound_tok_s"] = ram["tok_s"]
-            report["bound_tok_s"] = min(ram["tok_s"], report.get("disk_bound_tok_s", float("inf")))
+            report["bound_tok_s"] = min(ram["tok_s"], disk_bound)
             report["share_of_bound"] = run["tok_s"] / report["bound_tok_s"]
         report["per_token_s"] = {k: v / run["tokens"] for k, v in run["stats"].items() if k.endswith("_s")}
         timed = sum(report["per_token_s"].values())
@@ -358,6 +371,10 @@ def format_out_of_ram(r: dict) -> str:
              f"{r['threads']}; strata.load args {json.dumps(r['strata_args'])}",
              f"  O_DIRECT sequential read: {r['read_bytes_per_s']['before'] / 1e9:.2f} GB/s before, "
              f"{r['read_bytes_per_s']['after'] / 1e9:.2f} after the decode"]
+    if "slab_read_bytes_per_s" in r:
+        lines.append(f"  O_DIRECT expert slabs in random order, 16 in flight (the pager's default threads): "
+                     f"{r['slab_read_bytes_per_s']['before'] / 1e9:.2f} GB/s before, "
+                     f"{r['slab_read_bytes_per_s']['after'] / 1e9:.2f} after")
     if "error" in x:
         return "\n".join(lines + [f"  strata FAILED ({x.get('returncode')}): {x['error']}"])
     run = x["decode"]
@@ -369,6 +386,9 @@ def format_out_of_ram(r: dict) -> str:
     if "disk_bound_tok_s" in r:
         lines.append(f"  disk-bound rate: {r['disk_bound_tok_s']:.2f} tok/s; strata reaches "
                      f"{100 * r['share_of_disk_bound']:.0f}% of it")
+    if "slab_disk_bound_tok_s" in r:
+        lines.append(f"  disk-bound rate at the random-slab read rate: {r['slab_disk_bound_tok_s']:.2f} tok/s; strata "
+                     f"reaches {100 * r['share_of_slab_disk_bound']:.0f}% of it")
     if "compute_bound_tok_s" in r:
         lines.append(f"  compute-bound rate (the same decode in RAM, experts read in place): "
                      f"{r['compute_bound_tok_s']:.2f} tok/s; strata reaches {100 * r['share_of_bound']:.0f}% of the "

@@ -30,16 +30,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from strata.synth.gguf_file import Shape, file_bytes  # noqa: E402
+from strata.synth.gguf_file import ROUTER_SKEW, Shape, file_bytes  # noqa: E402
 from strata.synth.gguf_file import write as write_shape  # noqa: E402
 
 #: Named shapes (keyword arguments of `write`, with `n_layers`) shared by the benchmarks.
-#: medium/large: FACTS.md's llama.cpp reference files (1.4 and 5.5 GB); mixtral: 8 experts top-2
-#: with Mixtral's FFN ratio (3.5 x hidden), Q4_K experts (1.2 GB); small: medium's layers, 4 of
-#: them (0.23 GB); tiny*: smoke tests (~5 MB).
+#: medium/large: FACTS.md's llama.cpp reference files (1.4 and 5.5 GB; Gaussian routers: near-uniform
+#: routing, layers independent); large-routed: large with routing like a real model's
+#: (strata.synth.gguf_file: popularity skew, layer-to-layer locality, layers that change the
+#: residual stream little, as the presets have); mixtral: 8 experts top-2 with Mixtral's FFN ratio
+#: (3.5 x hidden), Q4_K experts (1.2 GB); small: medium's layers, 4 of them (0.23 GB); tiny*: smoke
+#: tests (~5 MB).
 SHAPES: dict[str, dict] = {
     "medium": dict(arch="qwen3moe", n_layers=24, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),
     "large": dict(arch="qwen3moe", n_layers=48, n_experts=128, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),
+    "large-routed": dict(arch="qwen3moe", n_layers=48, n_experts=128, top_k=8, hidden=1024, ff=512,
+                         expert_type="Q4_0", weight_scale=0.3, skew=ROUTER_SKEW),
     "mixtral": dict(arch="llama", n_layers=24, n_experts=8, top_k=2, hidden=1024, ff=3584, expert_type="Q4_K",
                     n_head=8, n_head_kv=2),
     "small": dict(arch="qwen3moe", n_layers=4, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),
@@ -53,12 +58,13 @@ SHAPES: dict[str, dict] = {
 def write(path: Path, target_bytes: int = 0, *, hidden: int = 1024, ff: int = 512, n_experts: int = 208,
           top_k: int = 4, vocab: int = 512, n_head: int = 4, n_head_kv: int = 1, seed: int = 0,
           weight_scale: float = 1.0, n_layers: int | None = None, expert_type: str = "Q4_K",
-          arch: str = "qwen3moe") -> Path:
+          arch: str = "qwen3moe", skew: float = 0.0) -> Path:
     """Write the model (strata.synth.gguf_file, Gaussian routers); returns `path`. Layers:
     `n_layers`, or as many as reach `target_bytes` (at least 2)."""
     expert_type = getattr(expert_type, "name", expert_type)
     shape = Shape(arch=arch, n_layers=1, n_experts=n_experts, top_k=top_k, hidden=hidden, ff=ff, n_head=n_head,
-                  n_head_kv=n_head_kv, vocab=vocab, expert_type=expert_type, weight_scale=weight_scale, seed=seed)
+                  n_head_kv=n_head_kv, vocab=vocab, expert_type=expert_type, weight_scale=weight_scale, seed=seed,
+                  skew=skew)
     if not n_layers:
         per_layer = file_bytes(shape) - file_bytes(replace(shape, n_layers=0))
         n_layers = max(2, round(target_bytes / per_layer))

@@ -32,7 +32,8 @@ from strata.units import round_up
 SEQ_BLOCK = 8 << 20
 
 
-def _all_slabs(model) -> list[ExpertSlab]:
+def all_slabs(model) -> list[ExpertSlab]:
+    """Every expert slab of `model` (gate, up, down of each expert), in file order."""
     return [model.expert(layer, e, part) for layer in model.expert_layers
             for e in range(model.hparams.n_experts) for part in PARTS]
 
@@ -53,6 +54,23 @@ def pager_slab_rate(pager: Pager, slabs: list[ExpertSlab], depth: int) -> float:
         if ticket is not None:
             pager.wait(ticket)
     return sum(s.nbytes for s in slabs) / (time.perf_counter() - t0)
+
+
+def random_slab_rate(path: str | os.PathLike, limit: int, *, depth: int = 16, seed: int = 0) -> float:
+    """Payload bytes/s of a fresh O_DIRECT pager (the default threads) reading expert slabs of
+    `path` in random order, `depth` in flight, until `limit` bytes: the access pattern of expert
+    misses, where a sequential pass measures one reader streaming."""
+    rng = np.random.default_rng(seed)
+    with open_model(path) as model:
+        slabs = all_slabs(model)
+    order, total = [], 0
+    for i in rng.permutation(len(slabs)):
+        if total >= limit:
+            break
+        order.append(slabs[i])
+        total += slabs[i].nbytes
+    with Pager(path, DEFAULT_PAGER_THREADS, direct=True) as pager:
+        return pager_slab_rate(pager, order, depth)
 
 
 def host_tier_rate(model, order: list[tuple[int, int]], depth: int, n_threads: int, chunk_bytes: int,
@@ -95,7 +113,7 @@ def bench_pager(path: str | os.PathLike, *, n_threads: int = DEFAULT_PAGER_THREA
     order (and the host tier's, when `host`); see the module docstring."""
     rng = np.random.default_rng(seed)
     with open_model(path) as model:
-        slabs = _all_slabs(model)
+        slabs = all_slabs(model)
         order = [slabs[i] for i in rng.permutation(len(slabs))]
         experts = [(layer, e) for layer in model.expert_layers for e in range(model.hparams.n_experts)]
         expert_order = [experts[i] for i in rng.permutation(len(experts))]
