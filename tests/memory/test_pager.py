@@ -376,3 +376,27 @@ def test_bench_pager_cli_reports_both_rates(models):
     missing = subprocess.run([sys.executable, "-m", "strata", "bench", "pager", "missing.gguf"],
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_random_slab_rate_reads_slabs_up_to_the_limit(models, monkeypatch):
+    """The out-of-RAM benchmark's second disk rate: expert slabs in random order, stopping once
+    `limit` bytes are queued; a limit past the file reads every slab once."""
+    import strata.bench.pager as bp
+
+    read = []
+    real = bp.pager_slab_rate
+
+    def spy(pager, slabs, depth):
+        read.append(list(slabs))
+        return real(pager, slabs, depth)
+
+    monkeypatch.setattr(bp, "pager_slab_rate", spy)
+    with open_model(models["qwen3moe"]) as mf:
+        every = bp.all_slabs(mf)
+    limit = 2 * max(s.nbytes for s in every) + 1
+    assert bp.random_slab_rate(models["qwen3moe"], limit, depth=2) > 0
+    got = read[-1]
+    assert len({s.offset for s in got}) == len(got) >= 3
+    assert sum(s.nbytes for s in got[:-1]) < limit <= sum(s.nbytes for s in got)
+    assert bp.random_slab_rate(models["qwen3moe"], 1 << 40, seed=3) > 0
+    assert sorted(s.offset for s in read[-1]) == sorted(s.offset for s in every)
