@@ -263,6 +263,7 @@ typedef struct {
     const float *weights;
     float *out;
     float *rows;  /* strata_moe_swiglu_rows: down results by assignment, no sum (NULL: sum into out) */
+    const strata_moe_act *act;  /* NULL: plain SwiGLU */
     int64_t *head, *next, *busy;
     atomic_int *done;
     uint8_t *xg, *xu, *hq;
@@ -359,6 +360,14 @@ static float silu_mul(float g, float u) {
     return (float)s * u;
 }
 
+/* gpt-oss's clamped SwiGLU of one gate and up value (biases added): sigmoid in double, as silu_mul. */
+static float oai_mul(float g, float u, float alpha, float limit) {
+    g = g < limit ? g : limit;
+    u = u < -limit ? -limit : u > limit ? limit : u;
+    const double s = (double)g / (1.0 + exp(-(double)alpha * (double)g));
+    return (float)s * (u + 1.0f);
+}
+
 /* Phase B: one (busy expert, chunk of ff rows) item. */
 static void moe_gate_up_item(moe_job *J, int64_t item) {
     /* Expert-major: experts finish (and round their h) one after another, not all at the end. */
@@ -372,8 +381,18 @@ static void moe_gate_up_item(moe_job *J, int64_t item) {
               J->xg + u0 * J->gate.a_row_bytes, J->gate.a_row_bytes, n_tok, h, F);
     tile_rows(&J->up.k, J->n_embd, moe_matrix_at(&J->up, e), J->up.row_bytes, r0, r1, r1,
               J->xu + u0 * J->up.a_row_bytes, J->up.a_row_bytes, n_tok, up, F);
-    for (int64_t t = 0; t < n_tok; t++)
-        for (int64_t r = 0; r < r1 - r0; r++) h[t * F + r] = silu_mul(h[t * F + r], up[t * F + r]);
+    const strata_moe_act *act = J->act;
+    if (!act) {
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < r1 - r0; r++) h[t * F + r] = silu_mul(h[t * F + r], up[t * F + r]);
+    } else {
+        const int64_t id = act->expert_ids[j];
+        const float *bg = act->b_gate ? act->b_gate + id * F + r0 : NULL, *bu = act->b_up ? act->b_up + id * F + r0 : NULL;
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < r1 - r0; r++)
+                h[t * F + r] = oai_mul(h[t * F + r] + (bg ? bg[r] : 0.0f), up[t * F + r] + (bu ? bu[r] : 0.0f),
+                                       act->alpha, act->limit);
+    }
     /* acq_rel: the last finisher sees every other block's h of this expert. */
     if (atomic_fetch_add_explicit(&J->done[i], 1, memory_order_acq_rel) == J->n_ff_items - 1 && J->hq != (uint8_t *)J->h)
         for (int64_t t = 0; t < n_tok; t++)
@@ -390,6 +409,11 @@ static void moe_down(const moe_job *J, int64_t block) {
         float *y = J->rows ? J->rows + (J->a_first + u0) * D + r0 : J->tmp + u0 * D + r0;
         tile_rows(&J->down.k, J->n_ff, moe_matrix_at(&J->down, J->expert_index[j]), J->down.row_bytes, r0, r1, r1,
                   J->hq + u0 * J->down.a_row_bytes, J->down.a_row_bytes, n_tok, y, D);
+        if (J->act && J->act->b_down) {
+            const float *bd = J->act->b_down + (int64_t)J->act->expert_ids[j] * D + r0;
+            for (int64_t t = 0; t < n_tok; t++)
+                for (int64_t r = 0; r < r1 - r0; r++) y[t * D + r] += bd[r];
+        }
     }
     if (J->rows) return;
     const int64_t a_end = J->a_first + J->n_used;
@@ -424,6 +448,7 @@ static int moe_index(moe_job *J, int64_t n_experts) {
         if (e < 0) return STRATA_E_ARG;
         if (!moe_matrix_at(&J->gate, e) || !moe_matrix_at(&J->up, e) || !moe_matrix_at(&J->down, e))
             return STRATA_E_SIZE;
+        if (J->act && (J->act->expert_ids[j] < 0 || J->act->expert_ids[j] >= J->act->n_ids)) return STRATA_E_SIZE;
         J->busy[J->n_busy] = j;
         atomic_init(&J->done[J->n_busy], 0);
         J->n_busy++;
@@ -443,8 +468,8 @@ static int moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
                       const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
                       const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
-                      int64_t n_assign, float *out, int64_t out_bytes, float *rows, int64_t rows_bytes,
-                      void *scratch, int64_t scratch_bytes, int impl) {
+                      int64_t n_assign, const strata_moe_act *act, float *out, int64_t out_bytes, float *rows,
+                      int64_t rows_bytes, void *scratch, int64_t scratch_bytes, int impl) {
     if (n_tokens < 0 || n_experts < 0 || n_assign < 0 || x_bytes < 0 || out_bytes < 0 || rows_bytes < 0 ||
         scratch_bytes < 0 || !assign_offsets || (n_experts && !expert_index))
         return STRATA_E_ARG;
@@ -452,7 +477,11 @@ static int moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
     if ((uintptr_t)assign_offsets % 8 || ((uintptr_t)expert_index | (uintptr_t)token_ids | (uintptr_t)weights) % 4)
         return STRATA_E_ARG;
     moe_job J = {.n_tokens = n_tokens, .n_embd = n_embd, .n_ff = n_ff, .x = x, .expert_index = expert_index,
-                 .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out, .rows = rows};
+                 .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out, .rows = rows,
+                 .act = act};
+    if (act && (act->n_ids < 0 || (n_experts && !act->expert_ids) || ((uintptr_t)act->expert_ids | (uintptr_t)act->b_gate |
+                (uintptr_t)act->b_up | (uintptr_t)act->b_down) % 4 || !(act->limit > 0.0f) || !isfinite(act->alpha)))
+        return STRATA_E_ARG;
     int st = moe_matrices(impl, n_embd, n_ff, gate, up, down, &J.gate, &J.up, &J.down);
     if (st != STRATA_OK) return st;
 
@@ -517,8 +546,8 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int64_t n_assign, float *out, int64_t out_bytes, void *scratch, int64_t scratch_bytes,
                       int impl) {
     return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
-                      assign_offsets, token_ids, weights, n_assign, out, out_bytes, NULL, 0, scratch, scratch_bytes,
-                      impl);
+                      assign_offsets, token_ids, weights, n_assign, NULL, out, out_bytes, NULL, 0, scratch,
+                      scratch_bytes, impl);
 }
 
 int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
@@ -529,8 +558,20 @@ int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, i
                            int impl) {
     if (!rows) return STRATA_E_ARG;
     return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
-                      assign_offsets, token_ids, weights, n_assign, NULL, 0, rows, rows_bytes, scratch, scratch_bytes,
-                      impl);
+                      assign_offsets, token_ids, weights, n_assign, NULL, NULL, 0, rows, rows_bytes, scratch,
+                      scratch_bytes, impl);
+}
+
+int strata_moe_glu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                   int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                   const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                   const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                   int64_t n_assign, const strata_moe_act *act, float *out, int64_t out_bytes, float *rows,
+                   int64_t rows_bytes, void *scratch, int64_t scratch_bytes, int impl) {
+    if (!out == !rows) return STRATA_E_ARG;  /* exactly one: the sum, or the rows */
+    return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
+                      assign_offsets, token_ids, weights, n_assign, act, out, out_bytes, rows, rows_bytes, scratch,
+                      scratch_bytes, impl);
 }
 
 int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *token_ids, const float *weights,

@@ -309,6 +309,32 @@ int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, i
                            int64_t n_assign, float *rows, int64_t rows_bytes, void *scratch, int64_t scratch_bytes,
                            int impl);
 
+/*
+ * An expert function other than plain SwiGLU for strata_moe_glu: gpt-oss's clamped SwiGLU with
+ * per-expert biases. For expert j of the call, with id = expert_ids[j] (its row of the bias tables):
+ *     g = min(gate_e @ x + b_gate[id], limit),  u = clamp(up_e @ x + b_up[id], -limit, limit)
+ *     y = down_e @ ((u + 1) * g * sigmoid(alpha * g)) + b_down[id]
+ * A NULL bias table adds nothing. b_gate and b_up are [n_ids, n_ff], b_down [n_ids, n_embd].
+ */
+typedef struct {
+    const float *b_gate, *b_up, *b_down;
+    int64_t n_ids;
+    const int32_t *expert_ids;
+    float alpha, limit;
+} strata_moe_act;
+
+/*
+ * strata_moe_swiglu (rows NULL) or strata_moe_swiglu_rows (out NULL) with the expert function
+ * `act` (NULL: plain SwiGLU, the same bytes as those calls). Every id of an expert that owns
+ * assignments is checked against n_ids.
+ */
+int strata_moe_glu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
+                   int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
+                   const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
+                   const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
+                   int64_t n_assign, const strata_moe_act *act, float *out, int64_t out_bytes, float *rows,
+                   int64_t rows_bytes, void *scratch, int64_t scratch_bytes, int impl);
+
 /* out[token_ids[a], :] += weights[a] * rows[a, :] for a in [a_first, a_first + n_used), in that
  * order (rows [n_assign, n_embd], out [n_tokens, n_embd], float32). */
 int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *token_ids, const float *weights,

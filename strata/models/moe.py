@@ -110,7 +110,7 @@ class RoutedExperts(nn.Module):
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
-        self.expert_fn = None  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU, what the native MoE call computes
+        self.expert_fn = None  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
 
@@ -131,8 +131,6 @@ class RoutedExperts(nn.Module):
         self.memory.observe(self.layer, expert_ids)
         if self.hybrid is not None:
             out = self.hybrid(self.memory, self.layer, x, weights, expert_ids)
-        elif self.compute is not None and self.expert_fn is not None:
-            out = self._packed_each(x, weights, expert_ids)
         elif self.compute is not None:
             out = self._packed(x, weights, expert_ids)
         else:
@@ -154,28 +152,6 @@ class RoutedExperts(nn.Module):
             float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out, self.expert_fn)
         return out
 
-    def _packed_each(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
-        """Packed experts whose function the fused native call does not compute: each held expert's
-        products from its packed bytes, its function in torch (same grouping as `_float`)."""
-        from .expert_act import packed_expert
-        K, flat = expert_ids.shape[1], expert_ids.flatten()  # [T*K]
-        order = flat.argsort(stable=True)
-        bounds = [0, *accumulate(torch.bincount(flat).tolist())]
-        used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
-        out, w_flat, x = torch.zeros(x.shape, dtype=torch.float32), weights.flatten().float(), x.float()
-        for i in range(0, len(used), self.memory.max_acquire):
-            chunk = used[i:i + self.memory.max_acquire]
-            held = self.memory.acquire_packed(self.layer, chunk)
-            try:
-                for e, index in zip(chunk, held.index):
-                    picks = order[bounds[e]:bounds[e + 1]]  # [Te] indices into T*K
-                    tokens = picks // K
-                    y = self.expert_fn(x[tokens].contiguous(), *packed_expert(held.parts, index, self.compute), e)
-                    out.index_add_(0, tokens, y * w_flat[picks, None])
-            finally:  # an interrupted step must not leave the experts held
-                self.memory.release(self.layer, chunk)
-        return out.to(weights.dtype)
-
     def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(x.shape, dtype=torch.float32)  # [T, D]
         x = x.float().contiguous()
@@ -194,7 +170,8 @@ class RoutedExperts(nn.Module):
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
-        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
+        act = None if self.expert_fn is None else self.expert_fn.native()
+        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E, act=act, ids=used), n_used, used, T)
 
     def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,
                   n_tokens: int) -> None:

@@ -151,6 +151,40 @@ class MoeParts(NamedTuple):
                              f"down {d.n_rows}x{d.row_len} (expected down = gate transposed)")
 
 
+class MoeAct:
+    """An expert function other than plain SwiGLU for the fused MoE calls: gpt-oss's clamped SwiGLU
+    with per-expert biases (strata.h `strata_moe_act`),
+
+        g = min(gate_e x + b_gate[e], limit), u = clamp(up_e x + b_up[e], -limit, limit)
+        y = down_e ((u + 1) * g * sigmoid(alpha * g)) + b_down[e]
+
+    b_gate, b_up float32 [E, F] and b_down [E, D] (None: no bias), held alive here. A call also
+    needs each of its experts' ids e (rows of the tables): `MoeCall(..., act=, ids=)`, or
+    `moe_swiglu(..., act=, ids=)`."""
+
+    def __init__(self, b_gate: Any, b_up: Any, b_down: Any, alpha: float, limit: float):
+        if not limit > 0 or not math.isfinite(alpha):
+            raise ValueError(f"clamped SwiGLU needs limit > 0 and a finite alpha, found limit {limit}, alpha {alpha}")
+        tables = [None if b is None else np.ascontiguousarray(np.asarray(b, dtype=np.float32)) for b in
+                  (b_gate, b_up, b_down)]
+        shapes = [t.shape for t in tables if t is not None]
+        if any(len(sh) != 2 for sh in shapes) or len({sh[0] for sh in shapes}) > 1 or \
+                (tables[0] is not None and tables[1] is not None and tables[0].shape != tables[1].shape):
+            raise ValueError(f"expert bias tables must be [E, F], [E, F] and [E, D], found {shapes}")
+        self.tables, self.alpha, self.limit = tables, float(alpha), float(limit)
+        self.n_ids = shapes[0][0] if shapes else 2**31 - 1
+        self.n_ff = None if tables[0] is None else tables[0].shape[1]
+        self.n_embd = None if tables[2] is None else tables[2].shape[1]
+        ptrs = [ffi.NULL if t is None else ffi.cast("const float *", t.ctypes.data) for t in tables]
+        self.c = ffi.new("strata_moe_act *", {"b_gate": ptrs[0], "b_up": ptrs[1], "b_down": ptrs[2],
+                                              "n_ids": self.n_ids, "alpha": self.alpha, "limit": self.limit})
+
+    def check(self, parts: MoeParts) -> None:
+        if self.n_ff not in (None, parts.n_ff) or self.n_embd not in (None, parts.n_embd):
+            raise ValueError(f"expert biases of widths {self.n_ff}/{self.n_embd} for experts of "
+                             f"{parts.n_ff}/{parts.n_embd}")
+
+
 def moe_scratch_bytes(parts: MoeParts, n_tokens: int, n_assign: int) -> int:
     """Scratch bytes `moe_swiglu` needs for up to `n_tokens` tokens and `n_assign` assignments."""
     parts.check()
@@ -162,14 +196,18 @@ def moe_scratch_bytes(parts: MoeParts, n_tokens: int, n_assign: int) -> int:
 
 
 def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expert_index: Any, offsets: Any,
-               token_ids: Any, weights: Any, scratch: Any, impl: str = "auto") -> Any:
+               token_ids: Any, weights: Any, scratch: Any, impl: str = "auto", act: MoeAct | None = None,
+               ids: Any = None) -> Any:
     """out[T, D] += sum over assignments a of weights[a] * down_e(silu(gate_e x_t) * up_e x_t), for
     t = token_ids[a] and e = expert_index[j] where offsets[j] <= a < offsets[j + 1].
 
     x, out: float32 [T, D]; expert_index int32 [J]; offsets int64 [J + 1]; token_ids int32 and
     weights float32 [A]. Terms are added into `out` in ascending assignment order whatever the pool
-    size, so calls over consecutive chunks of experts add up to one call. Returns `out`."""
+    size, so calls over consecutive chunks of experts add up to one call. With `act`, each expert j
+    computes that function instead, with the biases of id ids[j] (int32 [J]). Returns `out`."""
     parts.check()
+    if act is not None:
+        act.check(parts)
     x_ptr, x_bytes, x_shape = typed_view(x, "float *", "MoE x")
     o_ptr, o_bytes, o_shape = typed_view(out, "float *", "MoE output", writable=True)
     if len(x_shape) != 2 or x_shape[1] != parts.n_embd or o_shape != x_shape:
@@ -184,9 +222,19 @@ def moe_swiglu(pool: ComputePool | None, x: Any, out: Any, parts: MoeParts, expe
                          f"{n_assign} token ids need as many weights (found {n_weights})")
     s_ptr, s_bytes = (ffi.NULL, 0) if scratch is None else dst_view(scratch, "MoE scratch")
     g, u, d = parts
-    status = lib.strata_moe_swiglu(_pool_ptr(pool), x_ptr, x_bytes, x_shape[0], parts.n_embd, parts.n_ff, g.c, u.c,
-                                   d.c, n_experts, e_ptr, f_ptr, t_ptr, w_ptr, n_assign, o_ptr, o_bytes, s_ptr,
-                                   s_bytes, impl_code(impl))
+    if act is None:
+        status = lib.strata_moe_swiglu(_pool_ptr(pool), x_ptr, x_bytes, x_shape[0], parts.n_embd, parts.n_ff, g.c,
+                                       u.c, d.c, n_experts, e_ptr, f_ptr, t_ptr, w_ptr, n_assign, o_ptr, o_bytes,
+                                       s_ptr, s_bytes, impl_code(impl))
+    else:
+        i_ptr, i_bytes, _ = typed_view(ids, "int32_t *", "expert ids")
+        if i_bytes // 4 != n_experts:
+            raise ValueError(f"MoE: {n_experts} experts need as many ids, found {i_bytes // 4}")
+        c = ffi.new("strata_moe_act *", act.c[0])
+        c.expert_ids = i_ptr
+        status = lib.strata_moe_glu(_pool_ptr(pool), x_ptr, x_bytes, x_shape[0], parts.n_embd, parts.n_ff, g.c, u.c,
+                                    d.c, n_experts, e_ptr, f_ptr, t_ptr, w_ptr, n_assign, c, o_ptr, o_bytes,
+                                    ffi.NULL, 0, s_ptr, s_bytes, impl_code(impl))
     if status:
         check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {x_shape[0]} tokens, "
                   f"{n_experts} experts, {n_assign} assignments; experts held: {g.n_experts}/{u.n_experts}/"
@@ -200,8 +248,9 @@ class MoeCall:
     takes them. Per call only the experts (their parts and indices), the first expert's offset and
     the token count change, so a call costs a few pointer operations instead of a dozen checks."""
 
-    def __init__(self, x: Any, out: Any, offsets: Any, token_ids: Any, weights: Any, max_experts: int):
-        self._keep = (x, out, offsets, token_ids, weights)
+    def __init__(self, x: Any, out: Any, offsets: Any, token_ids: Any, weights: Any, max_experts: int,
+                 act: MoeAct | None = None, ids: Any = None):
+        self._keep = (x, out, offsets, token_ids, weights, act, ids)
         self._x, self._x_bytes, x_shape = typed_view(x, "float *", "MoE x")
         self._out, self._out_bytes, o_shape = typed_view(out, "float *", "MoE output", writable=True)
         if len(x_shape) != 2 or o_shape != x_shape:
@@ -216,12 +265,18 @@ class MoeCall:
         self.max_experts = min(max_experts, off_bytes // 8 - 1)
         self._index = ffi.new("int32_t[]", max(self.max_experts, 1))
         self._rows: np.ndarray | None = None  # [A, D] float32, for `rows` (made at its first use)
+        self._act = None  # with `act`: its descriptor, whose expert ids point into `ids` at each call
+        if act is not None:
+            self._ids, ids_bytes, _ = typed_view(ids, "int32_t *", "expert ids")
+            if ids_bytes // 4 < self.max_experts:
+                raise ValueError(f"MoE: {self.max_experts} experts need as many ids, found {ids_bytes // 4}")
+            self._act, self._act_src = ffi.new("strata_moe_act *", act.c[0]), act
 
     def __call__(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
                  scratch: Any, impl: str = "auto") -> None:
         """out[:n_tokens] += the experts `index` (positions in `parts`), which own the assignments
         between offsets[first] and offsets[first + len(index)]."""
-        self._run(lib.strata_moe_swiglu, self._out, self._out_bytes, pool, parts, index, first, n_tokens, scratch, impl)
+        self._run(False, pool, parts, index, first, n_tokens, scratch, impl)
 
     def rows(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
              scratch: Any, impl: str = "auto") -> None:
@@ -231,8 +286,7 @@ class MoeCall:
         if self._rows is None:
             self._rows = np.empty((self.n_assign, self.n_embd), dtype=np.float32)
             self._rows_ptr = typed_view(self._rows, "float *", "MoE rows", writable=True)[0]
-        self._run(lib.strata_moe_swiglu_rows, self._rows_ptr, self._rows.nbytes, pool, parts, index, first, n_tokens,
-                  scratch, impl)
+        self._run(True, pool, parts, index, first, n_tokens, scratch, impl)
 
     def reduce(self, first: int, n: int, n_tokens: int) -> None:
         """out[:n_tokens] += the rows of the assignments of experts first .. first + n - 1, weighted,
@@ -245,7 +299,7 @@ class MoeCall:
                                     self._w, a0, a1 - a0, self.n_assign, n_tokens, self.n_embd, self._out,
                                     self._out_bytes), f"MoE reduce of assignments {a0}..{a1}, {n_tokens} tokens")
 
-    def _run(self, fn, out, out_bytes: int, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int,
+    def _run(self, rows: bool, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int,
              n_tokens: int, scratch: Any, impl: str) -> None:
         n = len(index)
         if parts.n_embd != self.n_embd or first < 0 or first + n > self.max_experts or n_tokens * self.n_embd * 4 > self._x_bytes:
@@ -254,13 +308,21 @@ class MoeCall:
         for j, e in enumerate(index):
             self._index[j] = e
         g, u, d = parts
-        status = fn(_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff, g.c, u.c, d.c, n,
-                    self._index, self._off + first, self._tok, self._w, self.n_assign, out, out_bytes,
-                    ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        out, out_bytes = (self._rows_ptr, self._rows.nbytes) if rows else (self._out, self._out_bytes)
+        head = (_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff, g.c, u.c, d.c, n,
+                self._index, self._off + first, self._tok, self._w, self.n_assign)
+        tail = (ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        if self._act is None:
+            status = (lib.strata_moe_swiglu_rows if rows else lib.strata_moe_swiglu)(*head, out, out_bytes, *tail)
+        else:
+            self._act_src.check(parts)
+            self._act.expert_ids = self._ids + first
+            status = lib.strata_moe_glu(*head, self._act, *((ffi.NULL, 0, out, out_bytes) if rows else
+                                                           (out, out_bytes, ffi.NULL, 0)), *tail)
         if status:
             check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {n_tokens} tokens, {n} experts; "
                           f"experts held: {g.n_experts}/{u.n_experts}/{d.n_experts}; scratch {scratch.numel()} B)")
 
 
-__all__ = ["ComputePool", "MoeCall", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
+__all__ = ["ComputePool", "MoeAct", "MoeCall", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
            "moe_swiglu"]

@@ -230,6 +230,36 @@ def test_gpt_oss_mxfp4_experts_through_the_native_kernels(tmp_path):
         assert rel_err(b, a) < 0.02  # activations rounded to 8 bits in the packed products
 
 
+def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
+    """Packed compute runs gpt-oss's clamped, biased experts in the fused native MoE call (one per
+    layer and chunk of held experts), never the per-expert Python function; on the f32 file it
+    equals the float path, whose experts do run that function, through every memory."""
+    from strata.models import expert_act, moe
+    tiny = zoo().get("gptoss")
+    ids = tiny.prompt_ids(40)
+    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=1, compute="float") as ref:
+        want = ref.logits(ids)
+    calls = []
+    real_run = moe.native.MoeCall._run  # whole calls and the two-call form (rows) alike
+
+    def counted(self, *a, **k):
+        calls.append(self._act is not None)
+        return real_run(self, *a, **k)
+
+    def refuse(*a, **k):
+        raise AssertionError("the per-expert function ran under packed compute")
+
+    monkeypatch.setattr(moe.native.MoeCall, "_run", counted)
+    monkeypatch.setattr(expert_act.ClampedSwiGLU, "__call__", refuse)
+    for memory in ("direct", "paged", "tiered"):
+        calls.clear()
+        with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=1, compute="packed", memory=memory) as m:
+            got = m.logits(ids)
+            n_moe = sum(isinstance(b.ffn, moe.MoE) for b in m.transformer.blocks)
+        assert rel_err(got, want) < 1e-5, memory
+        assert calls and all(calls) and len(calls) >= n_moe, (memory, len(calls), n_moe)
+
+
 def test_gpt_oss_inspect_shows_its_hyperparameters():
     tiny = zoo().get("gptoss")
     with strata.gguf.open_model(tiny.gguf(None)) as mf:

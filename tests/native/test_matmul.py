@@ -477,3 +477,174 @@ def test_moe_reduce_c_checks():
     assert lib.strata_moe_reduce(*args, 0, 3, 5, 2, 8, f(out), out.nbytes) != 0   # rows shorter than 5 x 8
     assert lib.strata_moe_reduce(*args, 0, 3, 4, 2, 8, f(out), out.nbytes - 4) != 0
     assert lib.strata_moe_reduce(ffi.NULL, 0, ffi.NULL, ffi.NULL, 0, 0, 4, 2, 8, ffi.NULL, 0) == 0  # nothing to add
+
+
+# ---- the fused MoE layer with gpt-oss's clamped SwiGLU (strata_moe_glu) ----
+
+ALPHA, LIMIT = 1.702, 7.0
+
+
+def oai_mul(g, u, alpha=ALPHA, limit=LIMIT):
+    alpha = float(np.float32(alpha))  # the call holds alpha as a float32, widened for the sigmoid
+    g64 = np.minimum(g, np.float32(limit)).astype(np.float64)
+    u = np.clip(u, np.float32(-limit), np.float32(limit))
+    with np.errstate(over="ignore"):
+        return (g64 / (1.0 + np.exp(-alpha * g64))).astype(np.float32) * (u + np.float32(1))
+
+
+def moe_act(parts, n_ids=N_HELD + 3, seed=0, scale=1.0, none=()):
+    """A MoeAct with random biases (`none`: the tables left out, by index 0 gate, 1 up, 2 down)."""
+    rng = np.random.default_rng(seed)
+    tables = [None if i in none else (scale * rng.standard_normal((n_ids, n))).astype(np.float32)
+              for i, n in enumerate((parts.n_ff, parts.n_ff, parts.n_embd))]
+    return native.MoeAct(*tables, ALPHA, LIMIT)
+
+
+def moe_act_from_matmul(parts, act, ids, x, out, expert_index, offsets, token_ids, weights_, impl="auto"):
+    """The clamped call's arithmetic with matmul_into per expert: biases after the products,
+    down's bias before the weighting."""
+    out = out.copy()
+    bg, bu, bd = act.tables
+    a0 = offsets[0]
+    down = np.zeros((offsets[-1] - a0, parts.n_embd), np.float32)
+    for j, e in enumerate(expert_index):
+        lo, hi = offsets[j], offsets[j + 1]
+        if lo == hi:
+            continue
+        xe = np.ascontiguousarray(x[token_ids[lo:hi]])
+        g = matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, xe, impl)
+        u = matmul(None, parts.up.type, parts.up.matrix(e), parts.n_ff, xe, impl)
+        if bg is not None:
+            g = g + bg[ids[j]]
+        if bu is not None:
+            u = u + bu[ids[j]]
+        y = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd, oai_mul(g, u), impl)
+        down[lo - a0:hi - a0] = y if bd is None else y + bd[ids[j]]
+    for a in range(a0, offsets[-1]):
+        out[token_ids[a]] += weights_[a] * down[a - a0]
+    return out
+
+
+def act_ids(expert_index, shift=2):
+    """Bias rows of a call's experts: not their slots (a slot pool holds any expert anywhere)."""
+    return ((expert_index + shift) % (N_HELD + 3)).astype(np.int32)
+
+
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: "-".join(t.name for t in s[:3]))
+def test_moe_clamped_swiglu_equals_matmul_per_expert(pools, shape):
+    parts = moe_parts(*shape, seed=2)
+    act = moe_act(parts, scale=2.0)  # large biases: both clamps bite
+    for n_tokens, top_k in [(1, 4), (2, 8), (7, 3), (64, 2)]:
+        route = routing(n_tokens, top_k, seed=n_tokens + 40 * top_k)
+        ids = act_ids(route[0])
+        x = activations(n_tokens, parts.n_embd, seed=top_k) * 40   # large products too
+        out0 = activations(n_tokens, parts.n_embd, seed=5)
+        want = moe_act_from_matmul(parts, act, ids, x, out0, *route)
+        scratch = np.empty(native.moe_scratch_bytes(parts, n_tokens, len(route[2])), np.uint8)
+        for n in (None, 1, 2, 3):
+            got = native.moe_swiglu(pools[n], x, out0.copy(), parts, *route, scratch, act=act, ids=ids)
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_tokens, top_k, n)
+        g = np.concatenate([matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, x) for e in route[0]])
+        assert (g + act.tables[0][ids].repeat(n_tokens, 0) > LIMIT).any() or n_tokens == 1
+
+
+def test_moe_clamped_swiglu_close_to_float64(pools):
+    parts = moe_parts(*MOE_SHAPES[1], seed=3)
+    act = moe_act(parts, seed=4)
+    route = routing(7, 4, seed=6)
+    ids = act_ids(route[0])
+    x = activations(7, parts.n_embd, seed=8) * 0.03  # gate products of a few units: the clamps' range
+    scratch = np.empty(native.moe_scratch_bytes(parts, 7, len(route[2])), np.uint8)
+    got = native.moe_swiglu(pools[2], x, np.zeros_like(x), parts, *route, scratch, act=act, ids=ids)
+    want = np.zeros(x.shape, np.float64)
+    bg, bu, bd = (t.astype(np.float64) for t in act.tables)
+    expert_index, offsets, token_ids, weights_ = route
+    clamped = [0, 0]
+    for j, e in enumerate(expert_index):
+        deq = [native.dequantize(p.type, p.matrix(e), (p.n_rows, p.row_len)).astype(np.float64) for p in parts]
+        for a in range(offsets[j], offsets[j + 1]):
+            xt = x[token_ids[a]].astype(np.float64)
+            g, u = deq[0] @ xt + bg[ids[j]], deq[1] @ xt + bu[ids[j]]
+            clamped[0] += int(np.sum(g > LIMIT))
+            clamped[1] += int(np.sum(np.abs(u) > LIMIT))
+            g, u = np.minimum(g, LIMIT), np.clip(u, -LIMIT, LIMIT)
+            want[token_ids[a]] += weights_[a] * (deq[2] @ ((u + 1) * g / (1 + np.exp(-ALPHA * g))) + bd[ids[j]])
+    assert np.max(np.abs(got - want)) <= 0.03 * np.max(np.abs(want))
+    assert min(clamped) > 0  # both clamps were exercised
+
+
+def test_moe_clamped_swiglu_rows_reduce_and_missing_tables(pools):
+    """The two-call form (rows of the experts in memory, then the rest, then the sum) gives the
+    bytes of one call through MoeCall; tables left out add nothing."""
+    parts = moe_parts(*MOE_SHAPES[0], seed=5)
+    expert_index, offsets, token_ids, weights_ = routing(7, 3, seed=9)
+    ids = act_ids(expert_index, shift=5)
+    x = activations(7, parts.n_embd, seed=10)
+    scratch = torch.empty(native.moe_scratch_bytes(parts, 7, len(token_ids)), dtype=torch.uint8)
+    for none in ((), (0,), (1, 2), (0, 1, 2)):
+        act = moe_act(parts, seed=6, none=none)
+        want = moe_act_from_matmul(parts, act, ids, x, np.zeros_like(x), expert_index, offsets, token_ids, weights_)
+        out = np.zeros_like(x)
+        call = native.MoeCall(x, out, offsets, token_ids, weights_, len(expert_index), act=act, ids=ids)
+        call(pools[2], parts, expert_index.tolist(), 0, 7, scratch)
+        assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), none
+        out[:] = 0
+        index = expert_index.tolist()
+        call.rows(pools[2], parts, [e if j % 2 else -1 for j, e in enumerate(index)], 0, 7, scratch)
+        call.rows(pools[2], parts, [-1 if j % 2 else e for j, e in enumerate(index)], 0, 7, scratch)
+        call.reduce(0, len(index), 7)
+        assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), none
+    if len(index) > 2:  # a call over later experts reads their ids from the same offset
+        out[:] = 0
+        call(pools[2], parts, index[:2], 0, 7, scratch)
+        call(pools[2], parts, index[2:], 2, 7, scratch)
+        assert out.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
+def test_moe_clamped_swiglu_refusals(pools):
+    parts = moe_parts(*MOE_SHAPES[0])
+    expert_index, offsets, token_ids, weights_ = routing(3, 2, seed=2)
+    x = activations(3, parts.n_embd)
+    out = np.ones_like(x)
+    scratch = np.empty(native.moe_scratch_bytes(parts, 3, len(token_ids)), np.uint8)
+    act = moe_act(parts, n_ids=N_HELD)
+    for bad in (N_HELD, -1):
+        ids = act_ids(expert_index)
+        ids[-1] = bad
+        with pytest.raises(NativeError):
+            native.moe_swiglu(pools[2], x, out, parts, expert_index, offsets, token_ids, weights_, scratch,
+                              act=act, ids=ids)
+    with pytest.raises(ValueError, match="ids"):
+        native.moe_swiglu(pools[2], x, out, parts, expert_index, offsets, token_ids, weights_, scratch,
+                          act=act, ids=act_ids(expert_index)[:-1])
+    with pytest.raises(ValueError, match="widths"):
+        native.moe_swiglu(pools[2], x, out, parts, expert_index, offsets, token_ids, weights_, scratch,
+                          act=native.MoeAct(np.zeros((4, parts.n_ff + 1), np.float32), None, None, ALPHA, LIMIT),
+                          ids=act_ids(expert_index))
+    with pytest.raises(ValueError, match="limit"):
+        native.MoeAct(None, None, None, ALPHA, 0.0)
+    with pytest.raises(ValueError, match="bias tables"):
+        native.MoeAct(np.zeros((4, 8), np.float32), np.zeros((5, 8), np.float32), None, ALPHA, LIMIT)
+    assert np.all(out == 1)
+    # Below the wrapper: exactly one of out and rows; a NaN limit; no ids.
+    f = lambda a: ffi.cast("float *", ffi.from_buffer(a))             # noqa: E731
+    c = ffi.new("strata_moe_act *", act.c[0])
+    c.expert_ids = ffi.cast("int32_t *", ffi.from_buffer(act_ids(expert_index)))
+    head = [ffi.NULL, f(x), x.nbytes, 3, parts.n_embd, parts.n_ff, parts.gate.c, parts.up.c, parts.down.c,
+            len(expert_index), ffi.cast("int32_t *", ffi.from_buffer(expert_index)),
+            ffi.cast("int64_t *", ffi.from_buffer(offsets)), ffi.cast("int32_t *", ffi.from_buffer(token_ids)),
+            f(weights_), len(token_ids)]
+    tail = [ffi.from_buffer(scratch), scratch.nbytes, 0]
+    rows = np.zeros((len(token_ids), parts.n_embd), np.float32)
+    assert lib.strata_moe_glu(*head, c, f(out), out.nbytes, ffi.NULL, 0, *tail) == lib.STRATA_OK
+    assert lib.strata_moe_glu(*head, c, ffi.NULL, 0, f(rows), rows.nbytes, *tail) == lib.STRATA_OK
+    assert lib.strata_moe_glu(*head, c, f(out), out.nbytes, f(rows), rows.nbytes, *tail) != lib.STRATA_OK
+    assert lib.strata_moe_glu(*head, c, ffi.NULL, 0, ffi.NULL, 0, *tail) != lib.STRATA_OK
+    c.limit = float("nan")
+    assert lib.strata_moe_glu(*head, c, f(out), out.nbytes, ffi.NULL, 0, *tail) != lib.STRATA_OK
+    c.limit, c.expert_ids = LIMIT, ffi.NULL
+    assert lib.strata_moe_glu(*head, c, f(out), out.nbytes, ffi.NULL, 0, *tail) != lib.STRATA_OK
+    plain = np.zeros_like(x)
+    assert lib.strata_moe_glu(*head, ffi.NULL, f(plain), plain.nbytes, ffi.NULL, 0, *tail) == lib.STRATA_OK
+    assert plain.tobytes() == run_moe(None, parts, x, np.zeros_like(x), (expert_index, offsets, token_ids,
+                                                                          weights_)).tobytes()
