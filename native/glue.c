@@ -157,7 +157,22 @@ typedef struct {
     float *out;              /* [hd] */
     int64_t n_ctx, hd, block, block_elems;
     float scale;
+    int64_t start;           /* first position attended (a sliding window's start; else 0) */
+    const float *sink;       /* this head's sink logit (one more softmax column, no value), or NULL */
 } attn_head;
+
+/* Fold the sink logit into a head's running softmax (max m, sum l, unnormalised out). */
+static inline void fold_sink(const attn_head *a, float *m, float *l, float *out) {
+    if (!a->sink) return;
+    const float sk = *a->sink;
+    if (sk > *m) {
+        const float f = expf(*m - sk);
+        *l *= f;
+        for (int64_t i = 0; i < a->hd; i++) out[i] *= f;
+        *m = sk;
+    }
+    *l += expf(sk - *m);
+}
 
 /* Rows j..j+n-1 of a head lie in one block when they do not cross a multiple of `block`. */
 static inline int64_t run_len(const attn_head *a, int64_t j, int64_t end) {
@@ -193,7 +208,7 @@ static void attn_head_ref(const attn_head *a) {
     float s[GLUE_ATTN_CHUNK];
     float m = -INFINITY, l = 0.0f;
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t j0 = 0; j0 < n_ctx; j0 += GLUE_ATTN_CHUNK) {
+    for (int64_t j0 = a->start; j0 < n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = n_ctx - j0 < GLUE_ATTN_CHUNK ? n_ctx - j0 : GLUE_ATTN_CHUNK;
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) {
@@ -216,6 +231,7 @@ static void attn_head_ref(const attn_head *a) {
             for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
         }
     }
+    fold_sink(a, &m, &l, out);
     const float inv = 1.0f / l;
     for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
@@ -332,7 +348,7 @@ static void attn_head_avx2(const attn_head *a) {
     float s[GLUE_ATTN_CHUNK];
     float m = -INFINITY, l = 0.0f;
     memset(a->out, 0, (size_t)a->hd * sizeof(float));
-    for (int64_t j0 = 0; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
+    for (int64_t j0 = a->start; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
         /* Runs of rows inside one block; with blocks of a multiple of 4 positions that divide the
          * chunk, the runs group rows four by four as one contiguous region would. */
@@ -367,6 +383,7 @@ static void attn_head_avx2(const attn_head *a) {
             weighted_sum_avx2(s + (j - j0), a->v + row_at(a, j), n, a->hd, a->out);
         }
     }
+    fold_sink(a, &m, &l, a->out);
     scale_avx2(a->out, 1.0f / l, a->hd);
 }
 
@@ -377,11 +394,22 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
                             int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_blocks,
                             int64_t block_size, const int64_t *block_table, int64_t table_stride,
                             const int64_t *n_ctx, float scale, float *out, int64_t out_stride, int impl) {
+    return strata_glue_attn_decode_sinks(q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache, v_cache, n_blocks,
+                                         block_size, block_table, table_stride, n_ctx, scale, NULL, 0, out, out_stride,
+                                         impl);
+}
+
+int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, const float *k_cache, const float *v_cache,
+                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                                  int64_t window, float *out, int64_t out_stride, int impl) {
     int64_t block_elems, cache_elems, width, last, max_ctx;
     int st = cache_shape(n_blocks, n_head_kv, block_size, head_dim, &block_elems, &cache_elems);
     if (st) return st;
     block_elems *= n_head_kv;  /* cache_shape gave one head's P * hd */
-    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale)) return STRATA_E_ARG;
+    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale) || window < 0)
+        return STRATA_E_ARG;
     if ((st = strata_resolve_impl(impl, &impl))) return st;
     if (n_seq == 0) return STRATA_OK;
     if (!q || !k_cache || !v_cache || !block_table || !n_ctx || !out) return STRATA_E_ARG;
@@ -405,7 +433,8 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
             const int64_t at = (h / group) * block_size * head_dim;  /* the kv head's rows in a block */
             const attn_head a = {q + b * q_stride + h * head_dim, k_cache + at, v_cache + at,
                                  block_table + b * table_stride, out + b * out_stride + h * head_dim, n_ctx[b],
-                                 head_dim, block_size, block_elems, scale};
+                                 head_dim, block_size, block_elems, scale,
+                                 window && n_ctx[b] > window ? n_ctx[b] - window : 0, sinks ? sinks + h : NULL};
             head_fn(&a);
         }
     return STRATA_OK;

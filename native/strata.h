@@ -384,6 +384,16 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
                             int64_t block_size, const int64_t *block_table, int64_t table_stride,
                             const int64_t *n_ctx, float scale, float *out, int64_t out_stride, int impl);
 
+/* strata_glue_attn_decode with gpt-oss's two additions: `window` > 0 attends only the last
+ * `window` positions (j >= n_ctx[b] - window; 0: all), and `sinks` [n_head] (or NULL) joins each
+ * head's softmax with one more logit, sinks[h], whose value row is zero. The blocks checked are
+ * those of every position below n_ctx[b], read or not. */
+int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, const float *k_cache, const float *v_cache,
+                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                                  int64_t window, float *out, int64_t out_stride, int impl);
+
 /* y[t, r] = x[t] . w[r] for x [T, n] (token t at x + t * x_stride), w [n_rows, n] and y
  * [T, n_rows] contiguous: float32 products for small matrices kept in F32, the router's logits.
  * Sums in a different order from torch's F.linear: equal within float rounding, not bit for bit.

@@ -48,6 +48,7 @@ class Attention(nn.Module):
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.window = window  # > 0: a query at position i sees keys at positions > i - window only
         self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
+        self._sinks_f32: torch.Tensor | None = None  # the sinks as the native call reads them (made at first use)
 
     @property
     def fusable(self) -> bool:
@@ -57,7 +58,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if self.native and self.fusable:
+        if self.native:
             return self.forward_native(x, batch, cos_sin, kv)
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
@@ -74,7 +75,8 @@ class Attention(nn.Module):
     def forward_native(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                        kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The same maths in native glue calls (float32 on the CPU; packed compute): rope in place,
-        cache writes and decode attention each one call; prefill attends through torch."""
+        cache writes and decode attention each one call (sinks and a window too); prefill attends
+        through torch."""
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]: views of one product
         cos, sin = cos_sin
         native.rope(q, cos, sin, self.rope.rope_dim, self.rope.neox)
@@ -83,10 +85,20 @@ class Attention(nn.Module):
         native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
         if batch.is_decode:
             out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
-            native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out)
-        else:
+            native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out,
+                               sinks=self._sinks, window=self.window)
+        elif self.fusable:
             out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
-        return linear(out, self.w.wo)  # [T, D]
+        else:
+            out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
+        return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+    @property
+    def _sinks(self) -> torch.Tensor | None:
+        """The sink logits as the native call reads them (float32, contiguous), or None."""
+        if self.w.sinks is not None and self._sinks_f32 is None:
+            self._sinks_f32 = self.w.sinks.detach().float().contiguous()
+        return self._sinks_f32
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]

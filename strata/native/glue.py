@@ -115,13 +115,15 @@ def kv_write(k: Any, v: Any, k_cache: Any, v_cache: Any, slots: Any, positions: 
 
 
 def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any, scale: float, out: Any,
-                impl: str = "auto") -> Any:
+                impl: str = "auto", sinks: Any = None, window: int = 0) -> Any:
     """Decode attention over a paged cache: out[b] [H*hd] = softmax(scale q[b] K^T) V over positions
     0..n_ctx[b]-1 of sequence b, position j in block block_table[b, j // P] at offset j % P, head h
     reading kv head h // (H / Hkv). q [B, H, hd] (token stride free), caches [N, Hkv, P, hd],
     block_table int64 [B, M] (contiguous), n_ctx int64 [B], out float32 [B, H*hd] (token stride
     free). A contiguous cache [S, Hkv, C, hd] is P = C with block_table = slots[:, None].
-    `impl`: 'auto', 'scalar', 'avx2' or 'avx512'. Returns out."""
+    gpt-oss: `window` > 0 attends only the last `window` positions; `sinks` float32 [H] adds one
+    logit per head to its softmax (a column with no value). `impl`: 'auto', 'scalar', 'avx2' or
+    'avx512'. Returns out."""
     if _F32 is None:
         _init()
     kcp = _flat(k_cache, "attn_decode k_cache", _F32, "float *")
@@ -136,13 +138,16 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
                          f"and {tuple(v_cache.shape)}")
     N, Hkv, P, _ = cshape
     M = block_table.shape[1]
-    status = lib.strata_glue_attn_decode(qp, qs, B, H, Hkv, hd, kcp, vcp, N, P,
-                                         _flat(block_table, "attn_decode block_table", _I64, "int64_t *"), M,
-                                         _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, op, os_,
-                                         IMPLS[impl] if impl in IMPLS else impl_code(impl))
+    if sinks is not None and tuple(sinks.shape) != (H,):
+        raise ValueError(f"attn_decode: sinks {tuple(sinks.shape)} must hold one logit per head ({H})")
+    sp = ffi.NULL if sinks is None else _flat(sinks, "attn_decode sinks", _F32, "float *")
+    status = lib.strata_glue_attn_decode_sinks(qp, qs, B, H, Hkv, hd, kcp, vcp, N, P,
+                                               _flat(block_table, "attn_decode block_table", _I64, "int64_t *"), M,
+                                               _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, sp,
+                                               int(window), op, os_, IMPLS[impl] if impl in IMPLS else impl_code(impl))
     if status:
         check(status, f"decode attention of q {tuple(q.shape)} over caches {tuple(cshape)} "
-                      f"(H must be a multiple of Hkv; n_ctx in [1, {M * P}]; blocks in [0, {N}))")
+                      f"(H must be a multiple of Hkv; n_ctx in [1, {M * P}]; blocks in [0, {N}); window {window} >= 0)")
     return out
 
 

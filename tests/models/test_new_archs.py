@@ -260,6 +260,46 @@ def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
         assert calls and all(calls) and len(calls) >= n_moe, (memory, len(calls), n_moe)
 
 
+def test_gpt_oss_packed_decode_steps_equal_the_float_path(monkeypatch):
+    """Packed compute decodes gpt-oss with the native decode attention (sinks, the window of 8 on
+    alternate layers) and the fused expert call: on the f32 file every decode step's logits equal
+    the float path's (torch attention, per-expert function) within float rounding, well past the
+    window."""
+    from strata.gguf import open_model
+    from strata.models import attention
+    torch_attention = attention.attend_sinks
+    packed_decode = []
+
+    def watched(q, batch, *a, **k):
+        packed_decode.append(batch.is_decode and compute == "packed")
+        return torch_attention(q, batch, *a, **k)
+
+    monkeypatch.setattr(attention, "attend_sinks", watched)
+    from strata.memory import DirectExpertMemory
+    from strata.models import load_model
+    tiny = zoo().get("gptoss")
+    path = tiny.gguf("f32")
+    steps = []
+    for compute in ("float", "packed"):
+        bare = Bare(path)
+        if compute == "packed":
+            bare.mf = open_model(path)
+            bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
+            assert all(b.attention.native and b.attention.w.sinks is not None for b in bare.model.blocks)
+            assert {b.attention.window for b in bare.model.blocks} == {0, 8}
+        prompt = tiny.prompt_ids(12)
+        logits = [bare.forward(prompt, 0, all_logits=False)[0]]
+        ids = list(prompt)
+        for _ in range(24):
+            ids.append(int(logits[-1].argmax()) if compute == "float" else steps[0][1][len(ids)])
+            logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
+        steps.append((logits, ids))
+    assert packed_decode and not any(packed_decode)  # packed decode steps never took the torch path
+    (want, ids), (got, _) = steps
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert rel_err(b, a) < 1e-5, (i, rel_err(b, a))
+
+
 def test_gpt_oss_inspect_shows_its_hyperparameters():
     tiny = zoo().get("gptoss")
     with strata.gguf.open_model(tiny.gguf(None)) as mf:

@@ -199,6 +199,32 @@ def test_attn_decode_long_context_and_scale(impl):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("window", [0, 1, 5, 16, 128, 300])
+def test_attn_decode_sinks_and_window_match_the_torch_path(impl, window):
+    """gpt-oss's decode attention: a sliding window and a sink logit per head, through shuffled
+    block tables, against the torch path the float compute uses (`attend_sinks`); sinks above
+    every score, below every score and in between; contexts past one 256-position pass."""
+    from strata.models.attention import attend_sinks
+    H, Hkv, hd, starts = 8, 2, 32, (0, 4, 40, 299, 511)
+    B = len(starts)
+    k_cache, v_cache = _cache(S=B, Hkv=Hkv, hd=hd, seed=window + 1)
+    (k_pool, tables), (v_pool, _) = _paged(k_cache, starts, seed=hd), _paged(v_cache, starts, seed=hd)
+    batch = Batch.make(tables, starts, [1] * B, 16)
+    q = torch.randn(B, H, hd, generator=_gen(window + 2)) * 2
+    scale = 1 / math.sqrt(hd)
+    for sinks in (None, torch.tensor([-30.0, -3.0, 0.0, 0.5, 2.0, 5.0, 12.0, 40.0])):
+        want = attend_sinks(q, batch, k_pool, v_pool, sinks, window, scale)  # [B, H*hd]
+        out = torch.full((B, H * hd), float("nan"))
+        native.attn_decode(q, k_pool, v_pool, batch.block_table, batch.positions + 1, scale, out, impl=impl,
+                           sinks=sinks, window=window)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    with pytest.raises(ValueError, match="one logit per head"):
+        native.attn_decode(q, k_pool, v_pool, batch.block_table, batch.positions + 1, scale, out, sinks=torch.zeros(3))
+    with pytest.raises(NativeError, match="window"):
+        native.attn_decode(q, k_pool, v_pool, batch.block_table, batch.positions + 1, scale, out, window=-1)
+
+
 def test_attn_decode_refuses_bad_context_and_blocks():
     k_cache, v_cache = _cache(S=2)  # 2 blocks of 512 positions
     q, out = torch.randn(1, 16, 64), torch.empty(1, 16 * 64)
