@@ -474,7 +474,8 @@ int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64
 int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
                       float scale, int64_t *expert_ids, float *weights) {
     if (n_tokens < 0 || n_experts < 1 || n_experts > GLUE_MAX_EXPERTS || k < 1 || k > n_experts ||
-        (gating != STRATA_GATING_SOFTMAX && gating != STRATA_GATING_SIGMOID) || (norm != 0 && norm != 1) ||
+        (gating != STRATA_GATING_SOFTMAX && gating != STRATA_GATING_SIGMOID &&
+         gating != STRATA_GATING_SOFTMAX_WEIGHT) || (norm != 0 && norm != 1) ||
         !isfinite(scale))
         return STRATA_E_ARG;
     if (n_tokens == 0) return STRATA_OK;
@@ -491,13 +492,17 @@ int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, 
             for (int64_t e = 0; e < n_experts; e++) sum += (p[e] = expf(lg[e] - mx));
             const float inv = (float)(1.0 / sum);
             for (int64_t e = 0; e < n_experts; e++) p[e] *= inv;
-        } else {
+        } else if (gating == STRATA_GATING_SIGMOID) {
             for (int64_t e = 0; e < n_experts; e++) p[e] = 1.0f / (1.0f + expf(-lg[e]));
+        } else {
+            for (int64_t e = 0; e < n_experts; e++) p[e] = lg[e];
         }
         /* Insertion into a descending list of k: a later expert enters only when strictly
          * larger, so equal probabilities keep the lower expert id first. NaN never enters;
-         * the list starts at -1 (below every probability) and any slot left over gets id -1. */
-        for (int64_t i = 0; i < k; i++) { w[i] = -1.0f; ids[i] = -1; }
+         * the list starts below every probability (logits: -inf, which never enters either) and
+         * any slot left over gets id -1. */
+        const float floor = gating == STRATA_GATING_SOFTMAX_WEIGHT ? -INFINITY : -1.0f;
+        for (int64_t i = 0; i < k; i++) { w[i] = floor; ids[i] = -1; }
         for (int64_t e = 0; e < n_experts; e++) {
             if (!(p[e] > w[k - 1])) continue;
             int64_t i = k - 1;
@@ -506,6 +511,12 @@ int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, 
             ids[i] = e;
         }
         if (ids[k - 1] < 0) return STRATA_E_ARG;  /* NaN logits: fewer than k finite choices */
+        if (gating == STRATA_GATING_SOFTMAX_WEIGHT) {  /* softmax over the k chosen (w[0] is their max) */
+            const float mx = w[0];
+            float sum = 0.0f;
+            for (int64_t i = 0; i < k; i++) sum += (w[i] = expf(w[i] - mx));
+            for (int64_t i = 0; i < k; i++) w[i] = w[i] / sum;
+        }
         if (norm) {
             float sum = 0.0f;
             for (int64_t i = 0; i < k; i++) sum += w[i];

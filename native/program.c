@@ -1,6 +1,7 @@
 /*
  * A whole decode step through every layer in one call: for each layer, the attention half and
- * router (strata_decode_attn), the routed experts (strata_moe_swiglu), the shared expert if the
+ * router (strata_decode_attn), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
+ * function), the shared expert if the
  * layer has one (a one-expert strata_moe_swiglu call, every token, weighted by
  * strata_shared_weights) and the residual add, the
  * same calls in the same order as strata/models/step.py makes them from Python, so the results
@@ -118,9 +119,15 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
         }
         if (st != STRATA_OK) return st;
         memset(routed, 0, (size_t)xy_bytes);
-        st = strata_moe_swiglu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
-                               expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
-                               n_seq * L->attn->n_used, routed, xy_bytes, scratch, scratch_bytes, impl);
+        strata_moe_act act;
+        if (L->act) {  /* the layer's expert function, with the ids of the experts the grouping used */
+            act = *L->act;
+            act.expert_ids = groups->used;
+        }
+        st = strata_moe_glu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
+                            expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
+                            n_seq * L->attn->n_used, L->act ? &act : NULL, routed, xy_bytes, NULL, 0, scratch,
+                            scratch_bytes, impl);
         if (st == STRATA_OK && L->s_ff > 0)
             st = add_shared(pool, L, xn, xy_bytes, n_seq, D, routed, s_tokens, s_weights, scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;

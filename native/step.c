@@ -9,10 +9,11 @@
  *   q, k = q_norm(q), k_norm(k)              per head or full width, when the model has them
  *   q, k = rope(q), rope(k)
  *   k_cache, v_cache <- k, v                 at each sequence's position, through its block table
- *   o = attention(q, caches) @ Wo^T          paged decode attention over positions 0..position
+ *   o = attention(q, caches) @ Wo^T (+ bias) paged decode attention over positions 0..position
+ *                                            (a sliding window, sink logits: gpt-oss)
  *   x += o                                   the residual, in place
  *   xn = ffn_norm(x)
- *   expert ids, weights = route(xn @ router^T); grouped by expert   (MoE layers)
+ *   expert ids, weights = route(xn @ router^T (+ bias)); grouped by expert   (MoE layers)
  *
  * Each step is the same native function the per-call path uses (glue.c, matmul.c), so both give
  * the same bytes. Every dimension is checked here once against the buffers the layer describes;
@@ -59,7 +60,8 @@ static int layer_ok(const strata_attn_layer *L) {
     if (!L || L->n_embd < 1 || L->n_head < 1 || L->n_head_kv < 1 || L->head_dim < 1 || L->n_head % L->n_head_kv ||
         !mul_ok(L->n_head, L->head_dim, &hq) || !mul_ok(L->n_head_kv, L->head_dim, &hkv) ||
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
-        !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
+        !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 ||
+        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
         return STRATA_E_ARG;
     return STRATA_OK;
 }
@@ -136,18 +138,25 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     st = strata_glue_kv_write(k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
                               blk, off);
     if (st == STRATA_OK)
-        st = strata_glue_attn_decode(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
-                                     block_table, table_stride, n_ctx, L->attn_scale, att, hq, impl);
+        st = strata_glue_attn_decode_sinks(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+                                           L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
+                                           L->window, att, hq, impl);
     if (st == STRATA_OK)
         st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, hq, att, n_seq * hq * 4, n_seq, o, n_seq * D * 4,
                            act, act_bytes, impl);
     if (st != STRATA_OK) return st;
+    if (L->bo)
+        for (int64_t b = 0; b < n_seq; b++)
+            for (int64_t i = 0; i < D; i++) o[b * D + i] += L->bo[i];
     for (int64_t i = 0; i < n_seq * D; i++) x[i] += o[i];
 
     /* The FFN's input and, for an MoE layer, its routing. */
     st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->ffn_norm, L->norm_eps, xn, D);
     if (st != STRATA_OK || !L->router) return st;
     st = strata_glue_matvec(xn, D, n_seq, D, L->router, L->n_experts, logits, impl);
+    if (st == STRATA_OK && L->router_bias)
+        for (int64_t b = 0; b < n_seq; b++)
+            for (int64_t e = 0; e < L->n_experts; e++) logits[b * L->n_experts + e] += L->router_bias[e];
     if (st == STRATA_OK)
         st = strata_glue_route(logits, n_seq, L->n_experts, L->n_used, L->gating, L->norm_weights != 0,
                                L->weights_scale, expert_ids, weights);

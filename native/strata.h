@@ -403,13 +403,16 @@ int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64
 
 enum strata_gating {
     STRATA_GATING_SOFTMAX = 0,
-    STRATA_GATING_SIGMOID = 1
+    STRATA_GATING_SIGMOID = 1,
+    STRATA_GATING_SOFTMAX_WEIGHT = 2  /* the k largest logits, then a softmax over those k (gpt-oss) */
 };
 
 /* Router on logits [T, E] (contiguous, E <= 4096): probabilities (softmax over E, or sigmoid), the
  * k largest per token in descending order (equal probabilities: lower expert id first) into
  * expert_ids [T, k], their probabilities into weights [T, k], divided by their sum when norm,
- * times scale when scale != 1. STRATA_E_ARG when NaN logits leave fewer than k candidates. */
+ * times scale when scale != 1. STRATA_GATING_SOFTMAX_WEIGHT ranks the logits themselves and
+ * weighs the k chosen by a softmax over their logits. STRATA_E_ARG when NaN logits leave fewer
+ * than k candidates. */
 int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
                       float scale, int64_t *expert_ids, float *weights);
 
@@ -444,6 +447,12 @@ typedef struct {
     int64_t n_experts, n_used;
     int32_t gating, norm_weights;
     float weights_scale;
+    /* gpt-oss (NULL / 0 when absent): sink logits [n_head] and a sliding window (decode attention
+     * as strata_glue_attn_decode_sinks), the output projection's bias [D], the router's bias
+     * [n_experts] added to its logits. */
+    const float *sinks;
+    int64_t window;
+    const float *bo, *router_bias;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):
@@ -486,6 +495,9 @@ typedef struct {
     strata_moe_part s_gate, s_up, s_down;
     int64_t s_ff;
     const float *s_gate_inp;
+    /* NULL: plain SwiGLU experts; else their function (strata_moe_glu), expert_ids ignored: the
+     * layer's grouping gives each expert's id. */
+    const strata_moe_act *act;
 } strata_decode_layer;
 
 /* The shared expert's weight per token: w[t] = sigmoid(x[t] . gate_inp) (x [n_tok, D] contiguous;

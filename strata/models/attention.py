@@ -50,11 +50,14 @@ class Attention(nn.Module):
         self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
         self._sinks_f32: torch.Tensor | None = None  # the sinks as the native call reads them (made at first use)
 
+    #: The fused decode step (strata.models.step) computes this attention, sinks and windows included.
+    fusable = True
+
     @property
-    def fusable(self) -> bool:
-        """Plain causal attention without sinks or an output bias: what the native glue and the
-        fused decode step (strata.models.step) compute."""
-        return self.window == 0 and self.w.sinks is None and self.w.bo is None
+    def plain(self) -> bool:
+        """Causal attention over every position without sinks: torch's scaled_dot_product_attention
+        (else `attend_sinks`)."""
+        return self.window == 0 and self.w.sinks is None
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -65,7 +68,7 @@ class Attention(nn.Module):
         k_cache, v_cache = kv  # [N, Hkv, P, hd]: blocks of P positions
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        if not self.fusable:
+        if not self.plain:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         else:
             attend = self.attend_decode if batch.is_decode else self.attend_each
@@ -87,7 +90,7 @@ class Attention(nn.Module):
             out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
             native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out,
                                sinks=self._sinks, window=self.window)
-        elif self.fusable:
+        elif self.plain:
             out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
         else:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)

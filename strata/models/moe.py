@@ -54,13 +54,15 @@ class Router(nn.Module):
 
     @property
     def plain(self) -> bool:
-        """Whether the native routing call computes this router (softmax or sigmoid, no biases, no groups)."""
-        return self.gating != "softmax_weight" and self.bias is None and self.selection_bias is None \
-            and not self.n_groups
+        """Whether the native routing call computes this router: softmax, sigmoid or a softmax over
+        the top k logits, a bias on the logits (gpt-oss), no selection bias and no groups (DeepSeek-V3)."""
+        return self.selection_bias is None and not self.n_groups
 
     def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, E = x.shape[0], self.weight.shape[0]
         logits = native.matvec(x, self.weight, torch.empty((T, E), dtype=torch.float32))  # [T, E]
+        if self.bias is not None:
+            logits += self.bias  # float32, as the fused decode step adds it
         weights = torch.empty((T, self.k), dtype=torch.float32)  # [T, K]
         expert_ids = torch.empty((T, self.k), dtype=torch.int64)  # [T, K]
         native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights)
@@ -119,6 +121,11 @@ class RoutedExperts(nn.Module):
         return self.expert_fn is None
 
     @property
+    def native_act(self) -> native.MoeAct | None:
+        """The expert function as the fused MoE call computes it (None: plain SwiGLU)."""
+        return None if self.expert_fn is None else self.expert_fn.native()
+
+    @property
     def seconds(self) -> float:
         return self._seconds[0]
 
@@ -170,8 +177,7 @@ class RoutedExperts(nn.Module):
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
-        act = None if self.expert_fn is None else self.expert_fn.native()
-        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E, act=act, ids=used), n_used, used, T)
+        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
 
     def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,
                   n_tokens: int) -> None:
@@ -186,6 +192,9 @@ class RoutedExperts(nn.Module):
     def _held_experts(self, call: native.MoeCall, n_used: int, used: torch.Tensor, n_tokens: int) -> None:
         """Run `call` over the used experts in chunks of at most `memory.max_acquire`, each chunk
         acquired packed and released after."""
+        act = self.native_act
+        if call.act is not act:  # a call shared by layers computes each layer's own expert function
+            call.bind_act(act, used)
         used_ids = used[:n_used].tolist()
         n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
         start = getattr(self.memory, "start_packed", None)
@@ -249,9 +258,9 @@ class MoE(nn.Module):
 
     @property
     def fusable(self) -> bool:
-        """Whether the fused decode step's routing and expert calls compute this layer (plain SwiGLU
-        experts behind a plain router)."""
-        return self.router.plain and self.experts.plain
+        """Whether the fused decode step's routing and expert calls compute this layer (a router
+        the native routing computes; experts plain SwiGLU or gpt-oss's, both in the fused call)."""
+        return self.router.plain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]

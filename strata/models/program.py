@@ -63,8 +63,9 @@ class DecodeProgram:
         self.expert_ids = torch.empty((len(self.layers), capacity, max(first.n_used, 1)), dtype=torch.int64)
         for layer in self.layers:
             self.compute.reserve(layer.scratch_bytes(capacity))
-        self.native = native.DecodeLayers([(layer, parts, slot_of, self._shared(block)) for layer, block, (parts, slot_of)
-                                           in zip(self.layers, self.blocks, self.fixed)], out)
+        self.native = native.DecodeLayers([(layer, parts, slot_of, self._shared(block), block.ffn.experts.native_act)
+                                           for layer, block, (parts, slot_of) in zip(self.layers, self.blocks, self.fixed)],
+                                          out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
 

@@ -22,6 +22,10 @@ from .moe import MoE
 from .packed import PackedCompute, PackedMatrix
 
 
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().float().contiguous()
+
+
 class FusedDecode:
     """One block's decode step. Buffers are sized for `capacity` sequences and grow (once, at
     warm-up) when a larger batch arrives."""
@@ -44,7 +48,8 @@ class FusedDecode:
             q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
             qk_norm_per_head=w.qk_norm_per_head, router=None if router is None else router.weight,
             n_used=0 if router is None else router.k, gating="softmax" if router is None else router.gating,
-            norm_weights=router is not None and router.norm, weights_scale=1.0 if router is None else router.scale)
+            norm_weights=router is not None and router.norm, weights_scale=1.0 if router is None else router.scale,
+            sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo), router_bias=None if router is None else _f32(router.bias))
         if w.q_norm is not None and w.q_norm.eps != block.attention_norm.eps:
             raise ValueError("the fused decode step needs one norm epsilon for the layer")
         self._grow(capacity)
@@ -55,7 +60,7 @@ class FusedDecode:
         into one matrix and a packed output projection; an MoE's router in float32 and its experts
         computed from packed memory (not the hybrid CPU/GPU split)."""
         if not getattr(block.attention, "fusable", True) or (isinstance(block.ffn, MoE) and not block.ffn.fusable):
-            return False  # latent attention, sinks, windows, biased routers or experts: the per-call path
+            return False  # latent attention, selection-biased or grouped routers: the per-call path
         w = block.attention.w
         if compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix):
             return False

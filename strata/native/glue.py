@@ -171,19 +171,21 @@ def matvec(x: Any, w: Any, out: Any, impl: str = "auto") -> Any:
     return out
 
 
-_GATING = {"softmax": lib.STRATA_GATING_SOFTMAX, "sigmoid": lib.STRATA_GATING_SIGMOID}
+_GATING = {"softmax": lib.STRATA_GATING_SOFTMAX, "sigmoid": lib.STRATA_GATING_SIGMOID,
+           "softmax_weight": lib.STRATA_GATING_SOFTMAX_WEIGHT}
 
 
 def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids: Any, weights: Any) -> None:
     """Router on logits [T, E] float32: probabilities (softmax, or sigmoid), the k largest per
     token descending (equal values: lower expert id first; torch.topk leaves their order
     unspecified) into expert_ids int64 [T, k] and weights float32 [T, k], renormalised to sum 1
-    when norm, times scale: Router.forward after its logits."""
+    when norm, times scale: Router.forward after its logits. "softmax_weight" ranks the logits
+    and weighs the k chosen by a softmax over theirs (gpt-oss)."""
     if _F32 is None:
         _init()
     g = _GATING.get(gating)
     if g is None:
-        raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+        raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
     lp = _flat(logits, "route logits", _F32, "float *")
     T, E = logits.shape
     if expert_ids.shape != (T, k) or weights.shape != (T, k):

@@ -250,7 +250,7 @@ class MoeCall:
 
     def __init__(self, x: Any, out: Any, offsets: Any, token_ids: Any, weights: Any, max_experts: int,
                  act: MoeAct | None = None, ids: Any = None):
-        self._keep = (x, out, offsets, token_ids, weights, act, ids)
+        self._keep = (x, out, offsets, token_ids, weights)
         self._x, self._x_bytes, x_shape = typed_view(x, "float *", "MoE x")
         self._out, self._out_bytes, o_shape = typed_view(out, "float *", "MoE output", writable=True)
         if len(x_shape) != 2 or o_shape != x_shape:
@@ -265,12 +265,21 @@ class MoeCall:
         self.max_experts = min(max_experts, off_bytes // 8 - 1)
         self._index = ffi.new("int32_t[]", max(self.max_experts, 1))
         self._rows: np.ndarray | None = None  # [A, D] float32, for `rows` (made at its first use)
+        self.act: MoeAct | None = None
         self._act = None  # with `act`: its descriptor, whose expert ids point into `ids` at each call
-        if act is not None:
-            self._ids, ids_bytes, _ = typed_view(ids, "int32_t *", "expert ids")
-            if ids_bytes // 4 < self.max_experts:
-                raise ValueError(f"MoE: {self.max_experts} experts need as many ids, found {ids_bytes // 4}")
-            self._act, self._act_src = ffi.new("strata_moe_act *", act.c[0]), act
+        self.bind_act(act, ids)
+
+    def bind_act(self, act: MoeAct | None, ids: Any = None) -> None:
+        """Compute `act` from now on (None: plain SwiGLU), expert first + j of a call having id
+        ids[first + j] (int32, at least max_experts; the grouping's `used`), read at each call."""
+        if act is None:
+            self.act = self._act = None
+            return
+        ptr, ids_bytes, _ = typed_view(ids, "int32_t *", "expert ids")
+        if ids_bytes // 4 < self.max_experts:
+            raise ValueError(f"MoE: {self.max_experts} experts need as many ids, found {ids_bytes // 4}")
+        self._ids, self._ids_keep = ptr, ids
+        self.act, self._act = act, ffi.new("strata_moe_act *", act.c[0])
 
     def __call__(self, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int, n_tokens: int,
                  scratch: Any, impl: str = "auto") -> None:
@@ -315,7 +324,7 @@ class MoeCall:
         if self._act is None:
             status = (lib.strata_moe_swiglu_rows if rows else lib.strata_moe_swiglu)(*head, out, out_bytes, *tail)
         else:
-            self._act_src.check(parts)
+            self.act.check(parts)
             self._act.expert_ids = self._ids + first
             status = lib.strata_moe_glu(*head, self._act, *((ffi.NULL, 0, out, out_bytes) if rows else
                                                            (out, out_bytes, ffi.NULL, 0)), *tail)

@@ -5,8 +5,9 @@
 
 Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts`, its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
-is seen, one that changes during a call must not happen) and optionally its shared expert
-(`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight). The outputs of `StepOutputs` serve as
+is seen, one that changes during a call must not happen), optionally its shared expert
+(`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight;
+or None) and its experts' function (a `MoeAct`, gpt-oss; None: SwiGLU). The outputs of `StepOutputs` serve as
 the working buffers of every layer. Holds no policy about when the program may run: the models
 decide (every expert in place and staying there).
 """
@@ -29,8 +30,7 @@ class DecodeLayers:
     """The MoE layers of a model as one decode program; `out` (a StepOutputs of any of the layers,
     which must agree in width, experts and experts per token) holds the working buffers."""
 
-    def __init__(self, layers: list[tuple[DecodeAttn, MoeParts, Any] | tuple[DecodeAttn, MoeParts, Any, Any]],
-                 out: StepOutputs):
+    def __init__(self, layers: list[tuple], out: StepOutputs):
         if not layers:
             raise ValueError("decode program: no layers")
         first = layers[0][0]
@@ -51,6 +51,13 @@ class DecodeLayers:
             self.c[i].slot_of = ffi.cast("const int32_t *", slot_of.data_ptr())
             self.c[i].n_ff = parts.n_ff
             shared = rest[0] if rest else None  # (MoeParts of the shared expert, gate_inp [D] or None)
+            act = rest[1] if len(rest) > 1 else None  # the experts' function (MoeAct) or None: SwiGLU
+            if act is not None:
+                act.check(parts)
+                if act.n_ids < self.n_experts:
+                    raise ValueError(f"decode program: layer {i}'s expert biases cover {act.n_ids} of "
+                                     f"{self.n_experts} experts")
+                self.c[i].act = act.c
             if shared is not None:
                 s_parts, gate_inp = shared
                 s_parts.check()

@@ -20,7 +20,7 @@ from strata.quant import ggml_type
 
 from ._lib import check, ffi, impl_code, lib
 
-_GATING = {"softmax": 0, "sigmoid": 1}
+_GATING = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
 
 
 def _f32(t: Any, what: str, n: int | None = None) -> Any:
@@ -38,18 +38,22 @@ class DecodeAttn:
 
     Matrices are (ggml type, packed bytes as a uint8 tensor): qkv stacks q, k, v by rows
     [(H + 2 Hkv) hd, D]; o is [D, H hd]. Norm weights, biases and the router [E, D] are float32
-    tensors. The tensors are kept alive by this object."""
+    tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E].
+    The tensors are kept alive by this object."""
 
     def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
                  o: tuple[Any, Any], bqkv: Any = None, q_norm: Any = None, k_norm: Any = None,
                  qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
-                 norm_weights: bool = False, weights_scale: float = 1.0):
+                 norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
+                 bo: Any = None, router_bias: Any = None):
         if gating not in _GATING:
-            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax or sigmoid)")
+            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         n_experts = 0 if router is None else int(router.shape[0])
-        self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router)
+        self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias)
+        if window < 0:
+            raise ValueError(f"decode step: window must be >= 0, found {window}")
         qn = None if q_norm is None else (head_dim if qk_norm_per_head else hq)
         kn = None if k_norm is None else (head_dim if qk_norm_per_head else hkv)
         self.c = ffi.new("strata_attn_layer *", {
@@ -63,7 +67,9 @@ class DecodeAttn:
             "k_norm": _f32(k_norm, "k_norm", kn), "router": _f32(router, "router", None if router is None
                                                                 else n_experts * D),
             "n_experts": n_experts, "n_used": n_used, "gating": _GATING[gating],
-            "norm_weights": 1 if norm_weights else 0, "weights_scale": weights_scale})
+            "norm_weights": 1 if norm_weights else 0, "weights_scale": weights_scale,
+            "sinks": _f32(sinks, "sinks", n_head), "window": int(window), "bo": _f32(bo, "output bias", D),
+            "router_bias": _f32(router_bias, "router bias", n_experts)})
         self.n_embd, self.n_experts, self.n_used = D, n_experts, n_used
         self._cache: tuple[int, int] | None = None
 

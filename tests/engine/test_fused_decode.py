@@ -241,3 +241,27 @@ def test_shared_expert_weights():
     assert torch.equal(native.shared_weights(x, None, torch.empty(5)), torch.ones(5))
     with pytest.raises(ValueError, match="shared expert gate"):
         native.shared_weights(x, torch.randn(3), torch.empty(5))
+
+
+# -- gpt-oss: sinks, sliding windows, biased router and experts in the fused step and program ----
+
+@pytest.fixture(scope="module")
+def gptoss():
+    from tests.fixtures.tiny import zoo
+    return zoo().get("gptoss")
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_gpt_oss_fused_decode_and_program_equal_the_per_call_path(gptoss, outtype):
+    """Prompts and decode steps past the window of 8: the program, the per-block fused steps and
+    the per-call path (native attention and routing, the fused MoE call) give the same bytes."""
+    test_fused_decode_equals_the_per_call_path(gptoss, outtype)
+
+
+def test_gpt_oss_program_hands_layers_to_the_memory(gptoss):
+    """Hand-backs bind the layer's own expert function to the program's shared MoE call."""
+    test_program_hands_layers_with_missing_experts_to_the_memory(gptoss)
+
+
+def test_gpt_oss_program_under_evicting_tiered_memory(gptoss):
+    test_program_under_evicting_tiered_memory_equals_the_per_block_path(gptoss)

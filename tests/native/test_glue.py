@@ -241,7 +241,8 @@ def test_attn_decode_refuses_bad_context_and_blocks():
 # ---- router ----
 
 @pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 1.0), ("softmax", False, 1.0),
-                                               ("sigmoid", True, 2.5), ("sigmoid", False, 1.0)])
+                                               ("sigmoid", True, 2.5), ("sigmoid", False, 1.0),
+                                               ("softmax_weight", False, 1.0), ("softmax_weight", True, 0.5)])
 @pytest.mark.parametrize("T,E,K", [(1, 64, 8), (7, 128, 8), (3, 8, 2)])
 def test_route_matches_router(gating, norm, scale, T, E, K):
     logits = torch.randn(T, E, generator=_gen(T * E + K)) * 2
@@ -259,6 +260,29 @@ def test_route_ties_go_to_the_lower_expert():
     native.route(logits, 4, "softmax", False, 1.0, ids, w)
     assert ids.tolist() == [[1, 2, 4, 3]]
     assert w[0, 0] == w[0, 1] == w[0, 2] and w[0, 3] < w[0, 2]
+
+
+def test_route_softmax_weight_with_a_biased_router():
+    """gpt-oss's router: logits plus a bias, the top k of them, a softmax over those k; the
+    native path (Router.forward_native: native logits, the bias added, native.route) picks the
+    torch path's experts with its weights; logits of -inf are never chosen."""
+    T, E, K, D = 9, 32, 4, 48
+    weight, bias = torch.randn(E, D, generator=_gen(5)), torch.randn(E, generator=_gen(6)) * 3
+    x = torch.randn(T, D, generator=_gen(7))
+    r = Router(weight, K, "softmax_weight", False, 1.0, bias=bias)
+    assert r.plain
+    want_w, want_ids = r(x)
+    r.native = True
+    got_w, got_ids = r(x)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(got_w.sum(-1), torch.ones(T))
+    logits = torch.tensor([[float("-inf"), 0.0, float("-inf"), -50.0]])
+    ids, w = torch.empty(1, 2, dtype=torch.int64), torch.empty(1, 2)
+    native.route(logits, 2, "softmax_weight", False, 1.0, ids, w)
+    assert ids.tolist() == [[1, 3]] and w[0, 0] > 0.99
+    with pytest.raises(NativeError, match="route"):  # two -inf logits leave one candidate for k = 3
+        native.route(logits, 3, "softmax_weight", False, 1.0, torch.empty(1, 3, dtype=torch.int64), torch.empty(1, 3))
 
 
 def test_route_refuses_bad_arguments():
