@@ -63,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.synthetic_moe import SHAPES, write, write_gpt_oss  # noqa: E402
+from benchmarks.synthetic_moe import SHAPES, write, write_converted  # noqa: E402
 
 DECODE_PROMPT = 8  # tokens before a decode run
 CHILD_TIMEOUT = 1200.0
@@ -80,7 +80,7 @@ def model_file(workdir: Path, shape: str) -> Path:
         workdir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")
         t0 = time.perf_counter()
-        (write_gpt_oss if spec["arch"] == "gpt-oss" else write)(tmp, **spec)
+        (write_converted if "fixture" in spec else write)(tmp, **spec)
         tmp.rename(path)
         print(f"wrote {path} ({_size(path.stat().st_size)}) in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)

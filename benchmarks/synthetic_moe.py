@@ -45,10 +45,19 @@ SHAPES: dict[str, dict] = {
     "large": dict(arch="qwen3moe", n_layers=48, n_experts=128, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),
     "large-routed": dict(arch="qwen3moe", n_layers=48, n_experts=128, top_k=8, hidden=1024, ff=512,
                          expert_type="Q4_0", weight_scale=0.3, skew=ROUTER_SKEW),
-    # gpt-oss-shaped (sinks, sliding windows of 128 on alternate layers, biases, clamped experts,
-    # MXFP4 experts): built with transformers' GptOss classes and converted (write_gpt_oss), 0.7 GB
-    "gpt-oss": dict(arch="gpt-oss", n_layers=12, n_experts=32, top_k=4, hidden=1024, ff=1024, n_head=16,
-                    n_head_kv=4, expert_type="MXFP4", window=128),
+    # Converted from transformers' own classes (write_converted; `hf` overrides the test fixture's
+    # config): gpt-oss (sinks, sliding windows of 128 on alternate layers, biases, clamped experts;
+    # MXFP4 experts, 0.7 GB) and DeepSeek-V3 (latent attention with a query LoRA, a dense first
+    # layer, sigmoid routing over 4 groups with a selection bias, a shared expert; Q4_K experts).
+    "gpt-oss": dict(arch="gpt-oss", fixture="gptoss", expert_type="MXFP4",
+                    hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                            head_dim=64, intermediate_size=1024, num_local_experts=32, num_experts_per_tok=4,
+                            sliding_window=128)),
+    "deepseek": dict(arch="deepseek2", fixture="deepseek3", expert_type="Q4_K",
+                     hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
+                             intermediate_size=2048, moe_intermediate_size=512, n_routed_experts=32,
+                             num_experts_per_tok=4, n_group=4, topk_group=2, q_lora_rank=384, kv_lora_rank=256,
+                             qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)),
     "mixtral": dict(arch="llama", n_layers=24, n_experts=8, top_k=2, hidden=1024, ff=3584, expert_type="Q4_K",
                     n_head=8, n_head_kv=2),
     "small": dict(arch="qwen3moe", n_layers=4, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),
@@ -75,31 +84,28 @@ def write(path: Path, target_bytes: int = 0, *, hidden: int = 1024, ff: int = 51
     return write_shape(path, replace(shape, n_layers=n_layers))
 
 
-def write_gpt_oss(path: Path, *, n_layers: int, n_experts: int, top_k: int, hidden: int, ff: int, n_head: int,
-                  n_head_kv: int, window: int, expert_type: str = "MXFP4", arch: str = "gpt-oss",
-                  seed: int = 0) -> Path:
-    """A random gpt-oss model from transformers' own classes (the test fixtures' recipe: real
-    sinks and biases, bfloat16 weights, a byte-level BPE tokenizer trained on the spot), saved and
-    converted by strata.convert with `expert_type` experts. Needs torch and transformers (the test
-    extras). Peak memory: the float32 model, about 4 bytes per parameter."""
+def write_converted(path: Path, *, fixture: str, hf: dict, expert_type: str, arch: str = "", seed: int = 0) -> Path:
+    """A random model from transformers' own classes with the test fixture `fixture`'s recipe
+    (tests/convert/fixtures.py: real sinks, biases and selection biases, weights rounded to the
+    checkpoint dtype, a byte-level BPE tokenizer trained on the spot) and its config overridden by
+    `hf`, saved and converted by strata.convert with `expert_type` experts. Needs torch and
+    transformers (the test extras). Peak memory: the float32 model, 4 bytes per parameter."""
     import shutil
     import tempfile
 
     from converters import TypePolicy, convert
     from tests.convert.fixtures import MORE_SPECS, build_model, save_checkpoint, train_byte_bpe
 
-    base = MORE_SPECS["gptoss"]
-    config = dict(base.config, hidden_size=hidden, num_hidden_layers=n_layers, num_attention_heads=n_head,
-                  num_key_value_heads=n_head_kv, head_dim=64, intermediate_size=ff, num_local_experts=n_experts,
-                  num_experts_per_tok=top_k, sliding_window=window)
-    spec = replace(base, config=config)
+    base = MORE_SPECS[fixture]
+    spec = replace(base, config=dict(base.config, **hf))
     tok = train_byte_bpe(spec.tokenizer)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         model = build_model(spec, tok, seed=seed)
-        hf = save_checkpoint(model, spec, tok, Path(tmp) / "hf", fused=False, max_shard_size="1GB")
+        folder = save_checkpoint(model, spec, tok, Path(tmp) / "hf", fused=False, max_shard_size="1GB")
         del model
-        convert(hf, path, TypePolicy.from_args(experts=expert_type.lower()), name="synthetic-gpt-oss", n_threads=2)
-        shutil.rmtree(hf)
+        convert(folder, path, TypePolicy.from_args(experts=expert_type.lower()), name=f"synthetic-{fixture}",
+                n_threads=2)
+        shutil.rmtree(folder)
     return path
 
 
@@ -120,8 +126,8 @@ def main() -> int:
     p.add_argument("--heads-kv", type=int, default=1)
     p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="a named shape; overrides the above")
     a = p.parse_args()
-    if a.shape and SHAPES[a.shape]["arch"] == "gpt-oss":
-        write_gpt_oss(a.out, **SHAPES[a.shape])
+    if a.shape and "fixture" in SHAPES[a.shape]:
+        write_converted(a.out, **SHAPES[a.shape])
     elif a.shape:
         write(a.out, weight_scale=a.weight_scale, vocab=a.vocab, **SHAPES[a.shape])
     else:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import native
+
 from .batch import Batch
 from .layers import RMSNorm, Weight, linear
 from .rope import Rope
@@ -61,7 +63,7 @@ class MLAttention(nn.Module):
         self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
         self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
         self.kv_lora = w.k_b.shape[1]
-        self.native = False  # no native glue for this form: torch on every device
+        self.native = False  # float32 on the CPU (packed compute): decode attention in one native call
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -74,10 +76,17 @@ class MLAttention(nn.Module):
         k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
         cache = kv[0]  # [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
-        q_lat = torch.einsum("thn,hln->thl", q_nope, w.k_b)  # [T, H, L]
+        q_lat = torch.bmm(w.k_b, q_nope.permute(1, 2, 0)).permute(2, 0, 1)  # [H, L, T] -> [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
-        o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
-        out = torch.einsum("thl,hvl->thv", o_lat, w.v_b)  # [T, H, V]
+        if self.native and batch.is_decode:
+            # Latent rows [c | k_rope] serve as keys and values (one kv head of L+R features): the
+            # weighted sum over whole rows carries c's in its first L features, the rest is dropped.
+            full = torch.empty((T, H * (L + self.rope_dim)), dtype=torch.float32)
+            native.attn_decode(query.float(), cache, cache, batch.block_table, batch.positions + 1, self.scale, full)
+            o_lat = full.view(T, H, L + self.rope_dim)[..., :L]  # [T, H, L]
+        else:
+            o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
+        out = torch.bmm(w.v_b, o_lat.permute(1, 2, 0)).permute(2, 0, 1)  # [H, V, T] -> [T, H, V]
         return linear(out.flatten(1), w.wo)  # [T, D]
 
 

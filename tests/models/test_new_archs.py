@@ -261,41 +261,39 @@ def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
         assert calls and all(calls) and len(calls) >= n_moe, (memory, len(calls), n_moe)
 
 
-def test_gpt_oss_packed_decode_steps_equal_the_float_path(monkeypatch):
-    """Packed compute decodes gpt-oss with the native decode attention (sinks, the window of 8 on
-    alternate layers) and the fused expert call: on the f32 file every decode step's logits equal
-    the float path's (torch attention, per-expert function) within float rounding, well past the
-    window."""
+def test_packed_decode_steps_equal_the_float_path(new, monkeypatch):
+    """Packed compute decodes with native decode attention (gpt-oss: sinks and the window of 8 on
+    alternate layers, in the fused step; DeepSeek: the latent rows as one kv head) and the fused
+    expert call: on the f32 file every decode step's logits equal the float path's (torch
+    attention) within float rounding, well past the window. The torch attention runs for the
+    prompts only."""
     from strata.gguf import open_model
-    from strata.models import attention
-    torch_attention = attention.attend_sinks
-    packed_decode = []
-
-    def watched(q, batch, *a, **k):
-        packed_decode.append(batch.is_decode and compute == "packed")
-        return torch_attention(q, batch, *a, **k)
-
-    monkeypatch.setattr(attention, "attend_sinks", watched)
     from strata.memory import DirectExpertMemory
-    from strata.models import load_model
-    tiny = zoo().get("gptoss")
-    path = tiny.gguf("f32")
+    from strata.models import attention, load_model, mla
+    compute, torch_decode = "float", []
+    for module, name in ((attention, "attend_sinks"), (mla, "latent_attend")):
+        def watched(q, batch, *a, _real=getattr(module, name), **k):
+            torch_decode.append((compute, batch.is_decode))
+            return _real(q, batch, *a, **k)
+        monkeypatch.setattr(module, name, watched)
+    path = new.gguf("f32")
     steps = []
     for compute in ("float", "packed"):
         bare = Bare(path)
         if compute == "packed":
             bare.mf = open_model(path)
             bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
-            assert all(b.attention.native and b.attention.w.sinks is not None for b in bare.model.blocks)
-            assert {b.attention.window for b in bare.model.blocks} == {0, 8}
-        prompt = tiny.prompt_ids(12)
+            assert all(b.attention.native for b in bare.model.blocks)
+            if new.key == "gptoss":
+                assert {b.attention.window for b in bare.model.blocks} == {0, 8}
+        prompt = new.prompt_ids(12)
         logits = [bare.forward(prompt, 0, all_logits=False)[0]]
         ids = list(prompt)
         for _ in range(24):
             ids.append(int(logits[-1].argmax()) if compute == "float" else steps[0][1][len(ids)])
             logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
         steps.append((logits, ids))
-    assert packed_decode and not any(packed_decode)  # packed decode steps never took the torch path
+    assert ("float", True) in torch_decode and ("packed", True) not in torch_decode
     (want, ids), (got, _) = steps
     for i, (a, b) in enumerate(zip(want, got)):
         assert rel_err(b, a) < 1e-5, (i, rel_err(b, a))
