@@ -473,14 +473,25 @@ int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64
 
 int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
                       float scale, int64_t *expert_ids, float *weights) {
+    return strata_glue_route_groups(logits, n_tokens, n_experts, k, gating, norm, scale, NULL, 0, 0, 0, expert_ids,
+                                    weights);
+}
+
+int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating,
+                             int norm, float scale, const float *selection_bias, int64_t n_groups,
+                             int64_t n_groups_used, int group_top, int64_t *expert_ids, float *weights) {
     if (n_tokens < 0 || n_experts < 1 || n_experts > GLUE_MAX_EXPERTS || k < 1 || k > n_experts ||
         (gating != STRATA_GATING_SOFTMAX && gating != STRATA_GATING_SIGMOID &&
-         gating != STRATA_GATING_SOFTMAX_WEIGHT) || (norm != 0 && norm != 1) ||
-        !isfinite(scale))
+         gating != STRATA_GATING_SOFTMAX_WEIGHT) || (norm != 0 && norm != 1) || !isfinite(scale))
+        return STRATA_E_ARG;
+    const int grouped = n_groups > 1;
+    if (grouped && (n_experts % n_groups || n_groups_used < 1 || n_groups_used >= n_groups || group_top < 1 ||
+                    group_top > n_experts / n_groups || gating == STRATA_GATING_SOFTMAX_WEIGHT))
         return STRATA_E_ARG;
     if (n_tokens == 0) return STRATA_OK;
     if (!logits || !expert_ids || !weights) return STRATA_E_ARG;
-    float p[GLUE_MAX_EXPERTS];
+    const int64_t per_group = grouped ? n_experts / n_groups : n_experts;
+    float p[GLUE_MAX_EXPERTS], r[GLUE_MAX_EXPERTS], score[GLUE_MAX_EXPERTS];
     for (int64_t t = 0; t < n_tokens; t++) {
         const float *lg = logits + t * n_experts;
         int64_t *ids = expert_ids + t * k;
@@ -497,20 +508,48 @@ int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, 
         } else {
             for (int64_t e = 0; e < n_experts; e++) p[e] = lg[e];
         }
+        /* What the experts are ranked by: the probabilities, plus the selection bias (DeepSeek-V3). */
+        for (int64_t e = 0; e < n_experts; e++) r[e] = selection_bias ? p[e] + selection_bias[e] : p[e];
+        if (grouped) {  /* keep the n_groups_used groups of the best scores (sum of their group_top best) */
+            for (int64_t g = 0; g < n_groups; g++) {
+                float best[GLUE_MAX_EXPERTS];  /* the group's group_top largest, descending */
+                int64_t nb = 0;
+                for (int64_t e = g * per_group; e < (g + 1) * per_group; e++) {
+                    int64_t i;
+                    if (r[e] != r[e]) continue;  /* NaN */
+                    if (nb < group_top) i = nb++;
+                    else if (r[e] > best[group_top - 1]) i = group_top - 1;
+                    else continue;
+                    for (; i > 0 && r[e] > best[i - 1]; i--) best[i] = best[i - 1];
+                    best[i] = r[e];
+                }
+                float sc = 0.0f;
+                for (int64_t i = 0; i < nb; i++) sc += best[i];
+                score[g] = nb == group_top ? sc : NAN;
+            }
+            for (int64_t g = 0; g < n_groups; g++) {  /* groups ranked ahead: larger score, or equal and lower index */
+                int64_t ahead = 0;
+                for (int64_t h = 0; h < n_groups; h++)
+                    ahead += score[h] > score[g] || (score[h] == score[g] && h < g) ||
+                             (score[g] != score[g] && score[h] == score[h]);
+                if (ahead >= n_groups_used)
+                    for (int64_t e = g * per_group; e < (g + 1) * per_group; e++) r[e] = -INFINITY;
+            }
+        }
         /* Insertion into a descending list of k: a later expert enters only when strictly
-         * larger, so equal probabilities keep the lower expert id first. NaN never enters;
-         * the list starts below every probability (logits: -inf, which never enters either) and
-         * any slot left over gets id -1. */
-        const float floor = gating == STRATA_GATING_SOFTMAX_WEIGHT ? -INFINITY : -1.0f;
-        for (int64_t i = 0; i < k; i++) { w[i] = floor; ids[i] = -1; }
+         * larger, so equal values keep the lower expert id first. NaN and -inf (a dropped group)
+         * never enter; any slot left over gets id -1. */
+        float top[GLUE_MAX_EXPERTS];
+        for (int64_t i = 0; i < k; i++) { top[i] = -INFINITY; ids[i] = -1; }
         for (int64_t e = 0; e < n_experts; e++) {
-            if (!(p[e] > w[k - 1])) continue;
+            if (!(r[e] > top[k - 1])) continue;
             int64_t i = k - 1;
-            for (; i > 0 && p[e] > w[i - 1]; i--) { w[i] = w[i - 1]; ids[i] = ids[i - 1]; }
-            w[i] = p[e];
+            for (; i > 0 && r[e] > top[i - 1]; i--) { top[i] = top[i - 1]; ids[i] = ids[i - 1]; }
+            top[i] = r[e];
             ids[i] = e;
         }
         if (ids[k - 1] < 0) return STRATA_E_ARG;  /* NaN logits: fewer than k finite choices */
+        for (int64_t i = 0; i < k; i++) w[i] = p[ids[i]];  /* weighed by probability, not rank */
         if (gating == STRATA_GATING_SOFTMAX_WEIGHT) {  /* softmax over the k chosen (w[0] is their max) */
             const float mx = w[0];
             float sum = 0.0f;

@@ -416,6 +416,14 @@ enum strata_gating {
 int strata_glue_route(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating, int norm,
                       float scale, int64_t *expert_ids, float *weights);
 
+/* strata_glue_route with DeepSeek's additions: experts ranked by probability + selection_bias[e]
+ * (NULL: none; the weights stay the probabilities), and with n_groups > 1 only the experts of the
+ * n_groups_used groups (of n_experts / n_groups consecutive experts) with the best scores compete,
+ * a group's score the sum of its group_top best ranks (equal scores: lower group first). */
+int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_experts, int64_t k, int gating,
+                             int norm, float scale, const float *selection_bias, int64_t n_groups,
+                             int64_t n_groups_used, int group_top, int64_t *expert_ids, float *weights);
+
 /* The T*k assignments (expert_ids, weights [T, k]) sorted by expert, stably (tokens ascending
  * within an expert): used[0..n) the experts that own any (ascending), offsets[0..n] where used[j]
  * owns sorted entries offsets[j]..offsets[j+1]-1, token_ids and weights_sorted [T*k] the token

@@ -50,13 +50,20 @@ class Router(nn.Module):
         if group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {group_score!r} is not supported (expected top2 or max)")
         self.group_score = group_score
+        self._selection_bias = None if selection_bias is None else selection_bias.detach().float().contiguous()
         self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
+
+    @property
+    def group_top(self) -> int:
+        """The ranks a group's score sums (no more than a group holds); 0 without groups."""
+        return min(2 if self.group_score == "top2" else 1, self.weight.shape[0] // self.n_groups) if self.n_groups else 0
 
     @property
     def plain(self) -> bool:
         """Whether the native routing call computes this router: softmax, sigmoid or a softmax over
-        the top k logits, a bias on the logits (gpt-oss), no selection bias and no groups (DeepSeek-V3)."""
-        return self.selection_bias is None and not self.n_groups
+        the top k logits, a bias on the logits (gpt-oss), a selection bias and expert groups
+        (DeepSeek); groups beside softmax_weight are torch's only."""
+        return not (self.n_groups and self.gating == "softmax_weight")
 
     def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T, E = x.shape[0], self.weight.shape[0]
@@ -65,7 +72,8 @@ class Router(nn.Module):
             logits += self.bias  # float32, as the fused decode step adds it
         weights = torch.empty((T, self.k), dtype=torch.float32)  # [T, K]
         expert_ids = torch.empty((T, self.k), dtype=torch.int64)  # [T, K]
-        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights)
+        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights, self._selection_bias,
+                     self.n_groups, self.n_groups_used, self.group_top)
         return weights, expert_ids
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -175,12 +175,15 @@ _GATING = {"softmax": lib.STRATA_GATING_SOFTMAX, "sigmoid": lib.STRATA_GATING_SI
            "softmax_weight": lib.STRATA_GATING_SOFTMAX_WEIGHT}
 
 
-def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids: Any, weights: Any) -> None:
+def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids: Any, weights: Any,
+          selection_bias: Any = None, n_groups: int = 0, n_groups_used: int = 0, group_top: int = 0) -> None:
     """Router on logits [T, E] float32: probabilities (softmax, or sigmoid), the k largest per
     token descending (equal values: lower expert id first; torch.topk leaves their order
     unspecified) into expert_ids int64 [T, k] and weights float32 [T, k], renormalised to sum 1
     when norm, times scale: Router.forward after its logits. "softmax_weight" ranks the logits
-    and weighs the k chosen by a softmax over theirs (gpt-oss)."""
+    and weighs the k chosen by a softmax over theirs (gpt-oss). DeepSeek: experts ranked by
+    probability + selection_bias float32 [E], and with n_groups > 1 only those of the
+    n_groups_used best groups (a group's score: the sum of its group_top best ranks) compete."""
     if _F32 is None:
         _init()
     g = _GATING.get(gating)
@@ -191,11 +194,15 @@ def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids
     if expert_ids.shape != (T, k) or weights.shape != (T, k):
         raise ValueError(f"route: expert_ids {tuple(expert_ids.shape)} and weights {tuple(weights.shape)} "
                          f"must be [{T}, {k}]")
-    status = lib.strata_glue_route(lp, T, E, k, g, 1 if norm else 0, scale,
-                                   _flat(expert_ids, "route expert_ids", _I64, "int64_t *"),
-                                   _flat(weights, "route weights", _F32, "float *"))
+    if selection_bias is not None and tuple(selection_bias.shape) != (E,):
+        raise ValueError(f"route: selection bias {tuple(selection_bias.shape)} for {E} experts")
+    bp = ffi.NULL if selection_bias is None else _flat(selection_bias, "route selection bias", _F32, "float *")
+    status = lib.strata_glue_route_groups(lp, T, E, k, g, 1 if norm else 0, scale, bp, n_groups, n_groups_used,
+                                          group_top, _flat(expert_ids, "route expert_ids", _I64, "int64_t *"),
+                                          _flat(weights, "route weights", _F32, "float *"))
     if status:
-        check(status, f"route of logits {tuple(logits.shape)}, top-{k} (k <= E <= 4096, finite logits)")
+        check(status, f"route of logits {tuple(logits.shape)}, top-{k} (k <= E <= 4096, finite logits"
+                      f"{f'; {n_groups} groups of which {n_groups_used} kept' if n_groups > 1 else ''})")
 
 
 def group_assignments(expert_ids: Any, weights: Any, n_experts: int, used: Any, offsets: Any, token_ids: Any,

@@ -285,6 +285,42 @@ def test_route_softmax_weight_with_a_biased_router():
         native.route(logits, 3, "softmax_weight", False, 1.0, torch.empty(1, 3, dtype=torch.int64), torch.empty(1, 3))
 
 
+@pytest.mark.parametrize("gating,groups,used,score,bias", [
+    ("sigmoid", 8, 4, "top2", True),     # DeepSeek-V3: sigmoid, selection bias, 4 of 8 groups by their top 2
+    ("sigmoid", 4, 1, "top2", True),
+    ("softmax", 4, 1, "max", False),     # DeepSeek-V2: softmax, the best group by its best expert
+    ("softmax", 0, 0, "max", True),      # a selection bias without groups
+    ("sigmoid", 64, 8, "top2", False),   # groups of one expert: a score of its one rank
+])
+@pytest.mark.parametrize("norm,scale", [(True, 2.5), (False, 1.0)])
+def test_route_groups_and_selection_bias_match_the_router(gating, groups, used, score, bias, norm, scale):
+    """DeepSeek's routers: the native path (Router.forward_native) chooses the torch path's experts
+    with its weights, token by token."""
+    T, E, K, D = 33, 64, 6, 40
+    weight = torch.randn(E, D, generator=_gen(11)) * 0.5
+    sel = torch.randn(E, generator=_gen(12)) * 0.3 if bias else None
+    r = Router(weight, K, gating, norm, scale, selection_bias=sel, n_groups=groups, n_groups_used=used,
+               group_score=score)
+    assert r.plain
+    x = torch.randn(T, D, generator=_gen(13))
+    want_w, want_ids = r(x)
+    r.native = True
+    got_w, got_ids = r(x)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
+    if groups > 1:  # the chosen experts lie in at most `used` groups
+        assert all(len(set((row // (E // groups)).tolist())) <= used for row in got_ids)
+
+
+def test_route_groups_refuse_bad_arguments():
+    logits, ids, w = torch.randn(2, 16), torch.empty(2, 2, dtype=torch.int64), torch.empty(2, 2)
+    for groups, used, top in ((3, 1, 1), (4, 0, 1), (4, 4, 1), (4, 2, 5)):  # 16 % 3; none kept; all kept; top > 4
+        with pytest.raises(NativeError, match="groups"):
+            native.route(logits, 2, "sigmoid", False, 1.0, ids, w, None, groups, used, top)
+    with pytest.raises(ValueError, match="selection bias"):
+        native.route(logits, 2, "sigmoid", False, 1.0, ids, w, torch.zeros(15))
+
+
 def test_route_refuses_bad_arguments():
     ids, w = torch.empty(1, 2, dtype=torch.int64), torch.empty(1, 2)
     with pytest.raises(ValueError, match="gating"):
