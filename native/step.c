@@ -1,16 +1,23 @@
 /*
  * The attention half of a decoder layer for a decode step, in one call: what
- * strata/models/attention.py (forward_native) and the router in moe.py do one native call at a
- * time, composed here so a decode step crosses from Python into C twice per layer (this call and
- * the fused MoE call) instead of a dozen times.
+ * strata/models/attention.py (forward_native), mla.py (forward_native) and the router in moe.py
+ * do one native call at a time, composed here so a decode step crosses from Python into C twice
+ * per layer (this call and the fused MoE call) instead of a dozen times.
  *
  *   xa = attn_norm(x)                        RMSNorm
- *   q|k|v = xa @ Wqkv^T (+ bias)             one packed product (strata_matmul)
- *   q, k = q_norm(q), k_norm(k)              per head or full width, when the model has them
- *   q, k = rope(q), rope(k)
- *   k_cache, v_cache <- k, v                 at each sequence's position, through its block table
- *   o = attention(q, caches) @ Wo^T (+ bias) paged decode attention over positions 0..position
+ *   grouped-query attention:
+ *     q|k|v = xa @ Wqkv^T (+ bias)           one packed product (strata_matmul)
+ *     q, k = q_norm(q), k_norm(k)            per head or full width, when the model has them
+ *     q, k = rope(q), rope(k)
+ *     k_cache, v_cache <- k, v               at each sequence's position, through its block table
+ *     a = attention(q, caches)               paged decode attention over positions 0..position
  *                                            (a sliding window, sink logits: gpt-oss)
+ *   latent attention (DeepSeek):
+ *     q = xa @ Wq^T, or q_a_norm(xa @ Wq_a^T) @ Wq_b^T; q_rope = rope(q_rope)
+ *     c|k_rope = xa @ Wkv_a^T; c = kv_a_norm(c); k_rope = rope(k_rope); cache <- c|k_rope
+ *     query[h] = (k_b[h] @ q_nope[h]) | q_rope[h]       (strata_glue_mla_query)
+ *     a[h] = v_b[h] @ attention(query, latent rows)[h][:kv_lora]   (strata_glue_mla_out)
+ *   o = a @ Wo^T (+ bias)
  *   x += o                                   the residual, in place
  *   xn = ffn_norm(x)
  *   expert ids, weights = route(xn @ router^T (+ bias)); grouped by expert   (MoE layers)
@@ -26,28 +33,58 @@
 #include <string.h>
 
 #define STEP_ALIGN 64
+#define N_BUF 13
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
-typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, act, total; } step_layout;
+typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, tmp, act, total; } step_layout;
+
+static int latent(const strata_attn_layer *L) { return L->kv_lora > 0; }
+
+/* Per-sequence widths (floats) of the q|k|v product, the attention output before Wo and the
+ * output projection's input row length. */
+static void widths(const strata_attn_layer *L, int64_t *n_qkv, int64_t *n_att, int64_t *o_in) {
+    const int64_t H = L->n_head, hd = L->head_dim;
+    if (latent(L)) {
+        *n_qkv = H * hd;                         /* q: nope + rope per head */
+        *n_att = H * (L->kv_lora + L->rope_dim); /* the query in the latent space, then its attention */
+        *o_in = H * L->v_dim;
+    } else {
+        *n_qkv = (H + 2 * L->n_head_kv) * hd;
+        *n_att = H * hd;
+        *o_in = H * hd;
+    }
+}
 
 static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) {
-    const int64_t D = L->n_embd, hq = L->n_head * L->head_dim, hkv = L->n_head_kv * L->head_dim;
-    int64_t act_qkv, act_o;
-    int st = strata_matmul_scratch_bytes(L->qkv_type, n_seq, D, &act_qkv);
-    if (st == STRATA_OK) st = strata_matmul_scratch_bytes(L->o_type, n_seq, hq, &act_o);
-    if (st != STRATA_OK) return st;
-    /* Per sequence: xa, qkv, att, o, n_ctx, the new token's block and offset, logits (bytes); then
-     * the activation rows of the products. */
-    const int64_t per_seq[8] = {D * 4, (hq + 2 * hkv) * 4, hq * 4, D * 4, 8, 8, 8, (L->router ? L->n_experts : 0) * 4};
-    int64_t *offs[9] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->act};
+    const int64_t D = L->n_embd;
+    int64_t n_qkv, n_att, o_in, act = 0, a;
+    widths(L, &n_qkv, &n_att, &o_in);
+    /* The products' activation rows: q|k|v (or q, q_b), o, and for latent attention q_a and kv_a. */
+    const int32_t types[4] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type};
+    const int64_t lens[4] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D};
+    for (int i = 0; i < (latent(L) ? 4 : 2); i++) {
+        if (i == 2 && !L->q_lora) continue;
+        int st = strata_matmul_scratch_bytes(types[i], n_seq, lens[i], &a);
+        if (st != STRATA_OK) return st;
+        act = a > act ? a : act;
+    }
+    const int64_t lat = latent(L) ? L->kv_lora + L->rope_dim : 0;
+    const int64_t tmp = latent(L) ? (L->kv_lora > L->v_dim ? L->kv_lora : L->v_dim) : 0;
+    /* Per sequence, bytes: xa, qkv, att, o, n_ctx, the new token's block and offset, logits, q_a,
+     * kv_a, the latent query, a per-head row; then the activation rows of the products. */
+    const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
+                                        (L->router ? L->n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
+                                        lat * 4, (latent(L) ? n_att : 0) * 4, tmp * 4};
+    int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
+                            &S->ckv, &S->query, &S->tmp, &S->act};
     int64_t at = 0;
-    for (int i = 0; i < 9; i++) {
-        int64_t n = act_qkv > act_o ? act_qkv : act_o;
-        if (i < 8 && !mul_ok(per_seq[i], n_seq, &n)) return STRATA_E_SIZE;
+    for (int i = 0; i < N_BUF; i++) {
+        int64_t n = act;
+        if (i < N_BUF - 1 && !mul_ok(per_seq[i], n_seq, &n)) return STRATA_E_SIZE;
         *offs[i] = at;
         if (n > INT64_MAX / 4 || !add_ok(at, align_up(n), &at)) return STRATA_E_SIZE;
     }
@@ -60,9 +97,17 @@ static int layer_ok(const strata_attn_layer *L) {
     if (!L || L->n_embd < 1 || L->n_head < 1 || L->n_head_kv < 1 || L->head_dim < 1 || L->n_head % L->n_head_kv ||
         !mul_ok(L->n_head, L->head_dim, &hq) || !mul_ok(L->n_head_kv, L->head_dim, &hkv) ||
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
-        !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 ||
+        !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
         return STRATA_E_ARG;
+    if (latent(L)) {
+        int64_t n;
+        if (L->n_head_kv != 1 || L->q_lora < 0 || L->v_dim < 1 || L->nope != L->head_dim - L->rope_dim ||
+            L->nope < 1 || !L->wkv_a || !L->kv_a_norm || !L->k_b || !L->v_b || (L->q_lora && (!L->wq_a || !L->q_a_norm)) ||
+            L->bqkv || L->q_norm || L->k_norm || L->sinks || L->window || !mul_ok(L->n_head, L->kv_lora + L->rope_dim, &n) ||
+            !mul_ok(n, L->nope > L->v_dim ? L->nope : L->v_dim, &n))
+            return STRATA_E_ARG;
+    }
     return STRATA_OK;
 }
 
@@ -76,45 +121,14 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
     return st;
 }
 
-int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
-                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
-                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
-                       int64_t scratch_bytes, int impl) {
-    int st = layer_ok(L);
-    if (st != STRATA_OK) return st;
-    if (!L->k_cache || !L->v_cache || L->n_blocks < 1 || L->block_size < 1) return STRATA_E_ARG;
-    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t)))
-        return STRATA_E_ARG;
-    if (L->router && (!expert_ids || !weights)) return STRATA_E_ARG;
-    step_layout S;
-    st = step_plan(L, n_seq, &S);
-    if (st != STRATA_OK) return st;
-    if (!scratch || scratch_bytes < S.total) return !scratch ? STRATA_E_ARG : STRATA_E_SIZE;
-    uint8_t *s = (uint8_t *)(((uintptr_t)scratch + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN);
-
+/* Grouped-query attention of the new tokens into att [n_seq, H hd]. */
+static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
+                    int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *qkv,
+                    float *att, const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act,
+                    int64_t act_bytes, int impl) {
     const int64_t D = L->n_embd, H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
     const int64_t hq = H * hd, hkv = Hkv * hd, n_qkv = hq + 2 * hkv;
-    float *xa = (float *)(s + S.xa), *qkv = (float *)(s + S.qkv), *att = (float *)(s + S.att);
-    float *o = (float *)(s + S.o), *logits = (float *)(s + S.logits);
-    int64_t *n_ctx = (int64_t *)(s + S.n_ctx), *blk = (int64_t *)(s + S.blk), *off = (int64_t *)(s + S.off);
-    void *act = s + S.act;
-    const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
-    int64_t max_ctx, last;
-    if (!mul_ok(table_stride, L->block_size, &max_ctx) || !mul_ok(n_seq, table_stride, &last)) return STRATA_E_SIZE;
-    for (int64_t b = 0; b < n_seq; b++) {  /* every block the step reads or writes, before the first write */
-        if (positions[b] < 0 || positions[b] >= max_ctx) return STRATA_E_SIZE;
-        const int64_t *table = block_table + b * table_stride;
-        for (int64_t i = 0; i <= positions[b] / L->block_size; i++)
-            if (table[i] < 0 || table[i] >= L->n_blocks) return STRATA_E_SIZE;
-        n_ctx[b] = positions[b] + 1;
-        blk[b] = table[positions[b] / L->block_size];
-        off[b] = positions[b] % L->block_size;
-    }
-
-    /* Attention. */
-    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->attn_norm, L->norm_eps, xa, D);
-    if (st == STRATA_OK)
-        st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
+    int st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
                            n_seq * n_qkv * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bqkv)
@@ -137,18 +151,110 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     /* A block is a "slot" of block_size positions to kv_write. */
     st = strata_glue_kv_write(k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
                               blk, off);
+    if (st != STRATA_OK) return st;
+    return strata_glue_attn_decode_sinks(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+                                         L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
+                                         L->window, att, hq, impl);
+}
+
+/* Latent attention of the new tokens into att [n_seq, H v_dim]. */
+static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
+                    int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *q,
+                    float *qa, float *ckv, float *query, float *lat_att, float *tmp, float *att,
+                    const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act, int64_t act_bytes,
+                    int impl) {
+    const int64_t D = L->n_embd, H = L->n_head, hd = L->head_dim, R = L->rope_dim, Lk = L->kv_lora;
+    const int64_t n_q = H * hd, n_lat = Lk + R, Q = L->q_lora;
+    int st;
+    if (Q) {
+        st = strata_matmul(pool, L->wq_a_type, L->wq_a, L->wq_a_bytes, Q, D, xa, n_seq * D * 4, n_seq, qa,
+                           n_seq * Q * 4, act, act_bytes, impl);
+        if (st == STRATA_OK) st = strata_glue_rmsnorm(qa, Q, n_seq, 1, Q, L->q_a_norm, L->norm_eps, qa, Q);
+        if (st == STRATA_OK)
+            st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_q, Q, qa, n_seq * Q * 4, n_seq, q,
+                               n_seq * n_q * 4, act, act_bytes, impl);
+    } else {
+        st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_q, D, xa, n_seq * D * 4, n_seq, q,
+                           n_seq * n_q * 4, act, act_bytes, impl);
+    }
     if (st == STRATA_OK)
-        st = strata_glue_attn_decode_sinks(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
-                                           L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
-                                           L->window, att, hq, impl);
+        st = strata_matmul(pool, L->wkv_a_type, L->wkv_a, L->wkv_a_bytes, n_lat, D, xa, n_seq * D * 4, n_seq, ckv,
+                           n_seq * n_lat * 4, act, act_bytes, impl);
+    if (st == STRATA_OK) st = strata_glue_rmsnorm(ckv, n_lat, n_seq, 1, Lk, L->kv_a_norm, L->norm_eps, ckv, n_lat);
+    if (st == STRATA_OK && R) {  /* the rope features: the last R of each query head, of the latent row */
+        st = strata_glue_rope(q + L->nope, n_q, n_seq, H, hd, cos_t, sin_t, R, L->neox);
+        if (st == STRATA_OK) st = strata_glue_rope(ckv + Lk, n_lat, n_seq, 1, R, cos_t, sin_t, R, L->neox);
+    }
+    if (st == STRATA_OK)  /* the latent row [c | k_rope] is the position's one cache row */
+        st = strata_glue_kv_write(ckv, n_lat, ckv, n_lat, n_seq, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
+                                  L->block_size, blk, off);
     if (st == STRATA_OK)
-        st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, hq, att, n_seq * hq * 4, n_seq, o, n_seq * D * 4,
-                           act, act_bytes, impl);
+        st = strata_glue_mla_query(q, n_seq, H, L->nope, R, Lk, L->k_b, query, tmp, impl);
+    if (st == STRATA_OK)
+        st = strata_glue_attn_decode(query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
+                                     L->block_size, block_table, table_stride, n_ctx, L->attn_scale, lat_att,
+                                     H * n_lat, impl);
+    if (st == STRATA_OK) st = strata_glue_mla_out(lat_att, n_seq, H, Lk, R, L->v_dim, L->v_b, att, tmp, impl);
+    return st;
+}
+
+int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
+                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
+                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
+                       int64_t scratch_bytes, int impl) {
+    int st = layer_ok(L);
+    if (st != STRATA_OK) return st;
+    if (!L->k_cache || (!latent(L) && !L->v_cache) || L->n_blocks < 1 || L->block_size < 1) return STRATA_E_ARG;
+    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t)))
+        return STRATA_E_ARG;
+    if (L->router && (!expert_ids || !weights)) return STRATA_E_ARG;
+    step_layout S;
+    st = step_plan(L, n_seq, &S);
+    if (st != STRATA_OK) return st;
+    if (!scratch || scratch_bytes < S.total) return !scratch ? STRATA_E_ARG : STRATA_E_SIZE;
+    uint8_t *s = (uint8_t *)(((uintptr_t)scratch + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN);
+
+    const int64_t D = L->n_embd;
+    int64_t n_qkv, n_att, o_in;
+    widths(L, &n_qkv, &n_att, &o_in);
+    float *xa = (float *)(s + S.xa), *qkv = (float *)(s + S.qkv), *att = (float *)(s + S.att);
+    float *o = (float *)(s + S.o), *logits = (float *)(s + S.logits);
+    int64_t *n_ctx = (int64_t *)(s + S.n_ctx), *blk = (int64_t *)(s + S.blk), *off = (int64_t *)(s + S.off);
+    void *act = s + S.act;
+    const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
+    int64_t max_ctx, last;
+    if (!mul_ok(table_stride, L->block_size, &max_ctx) || !mul_ok(n_seq, table_stride, &last)) return STRATA_E_SIZE;
+    for (int64_t b = 0; b < n_seq; b++) {  /* every block the step reads or writes, before the first write */
+        if (positions[b] < 0 || positions[b] >= max_ctx) return STRATA_E_SIZE;
+        const int64_t *table = block_table + b * table_stride;
+        for (int64_t i = 0; i <= positions[b] / L->block_size; i++)
+            if (table[i] < 0 || table[i] >= L->n_blocks) return STRATA_E_SIZE;
+        n_ctx[b] = positions[b] + 1;
+        blk[b] = table[positions[b] / L->block_size];
+        off[b] = positions[b] % L->block_size;
+    }
+
+    /* Attention. */
+    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->attn_norm, L->norm_eps, xa, D);
+    if (st != STRATA_OK) return st;
+    /* The output projection reads a_out and writes proj; for latent attention xa, spent by then,
+     * takes the product (o holds max(D, H v_dim) floats per sequence). */
+    float *a_out = latent(L) ? o : att, *proj = latent(L) ? xa : o;
+    if (latent(L))
+        st = mla_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, (float *)(s + S.qa),
+                      (float *)(s + S.ckv), (float *)(s + S.query), att, (float *)(s + S.tmp), a_out, n_ctx, blk,
+                      off, act, act_bytes, impl);
+    else
+        st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, n_ctx, blk, off, act,
+                      act_bytes, impl);
+    if (st == STRATA_OK)
+        st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, o_in, a_out, n_seq * o_in * 4, n_seq, proj,
+                           n_seq * D * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bo)
         for (int64_t b = 0; b < n_seq; b++)
-            for (int64_t i = 0; i < D; i++) o[b * D + i] += L->bo[i];
-    for (int64_t i = 0; i < n_seq * D; i++) x[i] += o[i];
+            for (int64_t i = 0; i < D; i++) proj[b * D + i] += L->bo[i];
+    for (int64_t i = 0; i < n_seq * D; i++) x[i] += proj[i];
 
     /* The FFN's input and, for an MoE layer, its routing. */
     st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->ffn_norm, L->norm_eps, xn, D);
@@ -158,8 +264,9 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
         for (int64_t b = 0; b < n_seq; b++)
             for (int64_t e = 0; e < L->n_experts; e++) logits[b * L->n_experts + e] += L->router_bias[e];
     if (st == STRATA_OK)
-        st = strata_glue_route(logits, n_seq, L->n_experts, L->n_used, L->gating, L->norm_weights != 0,
-                               L->weights_scale, expert_ids, weights);
+        st = strata_glue_route_groups(logits, n_seq, L->n_experts, L->n_used, L->gating, L->norm_weights != 0,
+                                      L->weights_scale, L->selection_bias, L->n_groups, L->n_groups_used,
+                                      L->group_top, expert_ids, weights);
     if (st != STRATA_OK || !groups) return st;
     return strata_glue_group(expert_ids, weights, n_seq, L->n_used, L->n_experts, groups->used, groups->offsets,
                              groups->token_ids, groups->weights_sorted, &groups->n_used);

@@ -56,7 +56,7 @@ def mla_scale(key_dim: int, hp) -> float:
 
 
 class MLAttention(nn.Module):
-    fusable = False  # the fused decode step (strata.models.step) knows grouped-query attention only
+    fusable = True  # the fused decode step (strata.models.step) computes it (native/step.c, latent attention)
 
     def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int):
         super().__init__()

@@ -18,6 +18,7 @@ from strata import native
 
 from .batch import Batch
 from .layers import FeedForward
+from .mla import MLAttention
 from .moe import MoE
 from .packed import PackedCompute, PackedMatrix
 
@@ -34,35 +35,57 @@ class FusedDecode:
         att, w = block.attention, block.attention.w
         moe = block.ffn if isinstance(block.ffn, MoE) else None
         router = moe.router if moe is not None else None
-        bias = None
-        if w.bq is not None or w.bk is not None or w.bv is not None:
-            hq, hkv = att.n_head * att.head_dim, att.n_head_kv * att.head_dim
-            bias = torch.cat([b if b is not None else torch.zeros(n) for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hkv))])
-            bias = bias.float().contiguous()
         self.block, self.compute, self.moe = block, compute, moe
-        self.layer = native.DecodeAttn(
-            n_embd=w.wo.shape[0], n_head=att.n_head, n_head_kv=att.n_head_kv, head_dim=att.head_dim,
-            rope_dim=att.rope.rope_dim, neox=att.rope.neox, norm_eps=block.attention_norm.eps,
-            attn_scale=att.head_dim ** -0.5, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
-            qkv=(w.wqkv.type, w.wqkv._data_t), o=(w.wo.type, w.wo._data_t), bqkv=bias,
-            q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
-            qk_norm_per_head=w.qk_norm_per_head, router=None if router is None else router.weight,
+        common = dict(
+            n_embd=w.wo.shape[0], n_head=att.n_head, rope_dim=att.rope.rope_dim, neox=att.rope.neox,
+            norm_eps=block.attention_norm.eps, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
+            o=(w.wo.type, w.wo._data_t), router=None if router is None else router.weight,
             n_used=0 if router is None else router.k, gating="softmax" if router is None else router.gating,
             norm_weights=router is not None and router.norm, weights_scale=1.0 if router is None else router.scale,
-            sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo), router_bias=None if router is None else _f32(router.bias))
-        if w.q_norm is not None and w.q_norm.eps != block.attention_norm.eps:
-            raise ValueError("the fused decode step needs one norm epsilon for the layer")
+            router_bias=None if router is None else _f32(router.bias),
+            selection_bias=None if router is None else _f32(router.selection_bias),
+            n_groups=0 if router is None else router.n_groups, n_groups_used=0 if router is None else router.n_groups_used,
+            group_top=0 if router is None else router.group_top)
+        if isinstance(att, MLAttention):
+            wq = w.wq if w.wq is not None else w.wq_b
+            self.layer = native.DecodeAttn(
+                **common, n_head_kv=1, head_dim=att.nope + att.rope_dim, attn_scale=att.scale,
+                qkv=(wq.type, wq._data_t), mla=dict(
+                    kv_lora=att.kv_lora, q_lora=0 if w.wq_a is None else w.wq_a.shape[0], nope=att.nope,
+                    v_dim=w.v_b.shape[1], wkv_a=(w.wkv_a.type, w.wkv_a._data_t),
+                    wq_a=None if w.wq_a is None else (w.wq_a.type, w.wq_a._data_t),
+                    q_a_norm=None if w.q_a_norm is None else _f32(w.q_a_norm.weight), kv_a_norm=_f32(w.kv_a_norm.weight),
+                    k_b=_f32(w.k_b), v_b=_f32(w.v_b)))
+        else:
+            bias = None
+            if w.bq is not None or w.bk is not None or w.bv is not None:
+                hq, hkv = att.n_head * att.head_dim, att.n_head_kv * att.head_dim
+                bias = torch.cat([b if b is not None else torch.zeros(n)
+                                  for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hkv))]).float().contiguous()
+            self.layer = native.DecodeAttn(
+                **common, n_head_kv=att.n_head_kv, head_dim=att.head_dim, attn_scale=att.head_dim ** -0.5,
+                qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias,
+                q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
+                qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo))
         self._grow(capacity)
 
     @staticmethod
     def eligible(block, compute: PackedCompute | None) -> bool:
         """Whether packed compute can run this block's decode step fused: packed q/k/v stacked
-        into one matrix and a packed output projection; an MoE's router in float32 and its experts
-        computed from packed memory (not the hybrid CPU/GPU split)."""
+        into one matrix (latent attention: every matrix packed) and a packed output projection, one
+        norm epsilon for the layer; an MoE's router in float32 and its experts computed from
+        packed memory (not the hybrid CPU/GPU split)."""
         if not getattr(block.attention, "fusable", True) or (isinstance(block.ffn, MoE) and not block.ffn.fusable):
-            return False  # latent attention, selection-biased or grouped routers: the per-call path
+            return False
         w = block.attention.w
-        if compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix):
+        eps = block.attention_norm.eps
+        if isinstance(block.attention, MLAttention):  # every matrix packed, one norm epsilon for the layer
+            mats = [w.wq, w.wq_a, w.wq_b, w.wkv_a, w.wo]
+            if compute is None or not all(m is None or isinstance(m, PackedMatrix) for m in mats) or \
+                    (w.wq is None) == (w.wq_b is None) or any(n is not None and n.eps != eps for n in (w.q_a_norm, w.kv_a_norm)):
+                return False
+        elif compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix) or \
+                (w.q_norm is not None and w.q_norm.eps != eps):
             return False
         if isinstance(block.ffn, MoE):
             e, r = block.ffn.experts, block.ffn.router

@@ -38,20 +38,25 @@ class DecodeAttn:
 
     Matrices are (ggml type, packed bytes as a uint8 tensor): qkv stacks q, k, v by rows
     [(H + 2 Hkv) hd, D]; o is [D, H hd]. Norm weights, biases and the router [E, D] are float32
-    tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E].
-    The tensors are kept alive by this object."""
+    tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E];
+    DeepSeek a selection bias [E] and expert groups, and `mla` for latent attention: a dict of
+    kv_lora, q_lora, nope, v_dim, wkv_a and wq_a (type, bytes), q_a_norm, kv_a_norm, k_b, v_b
+    (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). The tensors are kept alive by
+    this object."""
 
     def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
                  o: tuple[Any, Any], bqkv: Any = None, q_norm: Any = None, k_norm: Any = None,
                  qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
-                 bo: Any = None, router_bias: Any = None):
+                 bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
+                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None):
         if gating not in _GATING:
             raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         n_experts = 0 if router is None else int(router.shape[0])
-        self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias)
+        self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
+                      selection_bias, mla)
         if window < 0:
             raise ValueError(f"decode step: window must be >= 0, found {window}")
         qn = None if q_norm is None else (head_dim if qk_norm_per_head else hq)
@@ -69,7 +74,21 @@ class DecodeAttn:
             "n_experts": n_experts, "n_used": n_used, "gating": _GATING[gating],
             "norm_weights": 1 if norm_weights else 0, "weights_scale": weights_scale,
             "sinks": _f32(sinks, "sinks", n_head), "window": int(window), "bo": _f32(bo, "output bias", D),
-            "router_bias": _f32(router_bias, "router bias", n_experts)})
+            "router_bias": _f32(router_bias, "router bias", n_experts),
+            "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
+            "n_groups_used": n_groups_used, "group_top": group_top})
+        if mla is not None:  # latent attention: see strata.h strata_attn_layer
+            c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
+            c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]
+            c.wkv_a_type, c.wkv_a = int(ggml_type(mla["wkv_a"][0])), ffi.cast("void *", mla["wkv_a"][1].data_ptr())
+            c.wkv_a_bytes = mla["wkv_a"][1].numel()
+            if Q:
+                c.wq_a_type, c.wq_a = int(ggml_type(mla["wq_a"][0])), ffi.cast("void *", mla["wq_a"][1].data_ptr())
+                c.wq_a_bytes = mla["wq_a"][1].numel()
+                c.q_a_norm = _f32(mla["q_a_norm"], "q_a_norm", Q)
+            c.kv_a_norm = _f32(mla["kv_a_norm"], "kv_a_norm", L)
+            c.k_b = _f32(mla["k_b"], "k_b", n_head * L * mla["nope"])
+            c.v_b = _f32(mla["v_b"], "v_b", n_head * mla["v_dim"] * L)
         self.n_embd, self.n_experts, self.n_used = D, n_experts, n_used
         self._cache: tuple[int, int] | None = None
 
@@ -80,11 +99,12 @@ class DecodeAttn:
         if key == self._cache:
             return
         c = self.c
-        shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], c.head_dim)
-        if tuple(k_cache.shape) != shape or tuple(v_cache.shape) != shape:
+        shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], c.kv_lora + c.rope_dim if c.kv_lora else c.head_dim)
+        if tuple(k_cache.shape) != shape or (not c.kv_lora and tuple(v_cache.shape) != shape):
             raise ValueError(f"decode step: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} must be "
-                             f"[N, {c.n_head_kv}, P, {c.head_dim}]")
-        c.k_cache, c.v_cache = _f32(k_cache, "k_cache"), _f32(v_cache, "v_cache")
+                             f"[N, {c.n_head_kv}, P, {shape[3]}]")
+        c.k_cache = _f32(k_cache, "k_cache")
+        c.v_cache = c.k_cache if c.kv_lora else _f32(v_cache, "v_cache")  # latent: one cache of rows
         c.n_blocks, c.block_size = shape[0], shape[2]
         self._keep_cache, self._cache = (k_cache, v_cache), key
 
