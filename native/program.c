@@ -1,6 +1,6 @@
 /*
  * A whole decode step through every layer in one call: for each layer, the attention half and
- * router (strata_decode_attn), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
+ * router (strata_decode_attn; a dense layer's FFN runs as its "shared expert", weight 1), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
  * function), the shared expert if the
  * layer has one (a one-expert strata_moe_swiglu call, every token, weighted by
  * strata_shared_weights) and the residual add, the
@@ -40,8 +40,12 @@ static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_
         const strata_decode_layer *L = &layers[l];
         const strata_attn_layer *A = L->attn;
         int64_t n_assign;
-        if (!A || !A->router || !L->slot_of || L->n_ff < 1 || L->s_ff < 0 || A->n_embd != first->n_embd)
-            return STRATA_E_ARG;
+        if (!A || L->s_ff < 0 || A->n_embd != first->n_embd) return STRATA_E_ARG;
+        if (!A->router) {  /* a dense layer: its FFN is the "shared expert", every token, weight 1 */
+            if (L->s_ff < 1 || L->s_gate_inp) return STRATA_E_ARG;
+            continue;
+        }
+        if (!L->slot_of || L->n_ff < 1) return STRATA_E_ARG;
         if (A->n_experts > index_len || !mul_ok(n_seq, A->n_used, &n_assign) || n_assign > ids_stride)
             return STRATA_E_SIZE;
     }
@@ -110,6 +114,19 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
                                 scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;
+        if (!L->attn->router) {  /* a dense layer */
+            layer_used[l] = 0;
+            memset(routed, 0, (size_t)xy_bytes);
+            st = add_shared(pool, L, xn, xy_bytes, n_seq, D, routed, s_tokens, s_weights, scratch, scratch_bytes, impl);
+            if (st != STRATA_OK) return st;
+            for (int64_t i = 0; i < n_seq * D; i++) x[i] += routed[i];
+            if (layer_ns) {
+                const int64_t t2 = strata_now_ns();
+                layer_ns[2 * l] += t1 - t0;
+                layer_ns[2 * l + 1] += t2 - t1;
+            }
+            continue;
+        }
         layer_used[l] = groups->n_used;
         st = map_experts(L, groups, expert_index);
         if (st == NOT_IN_PLACE) {  /* the caller brings the experts in and computes this layer's */

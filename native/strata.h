@@ -517,9 +517,10 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_
 
 /* ==== Decode program (program.c): a decode step through every layer in one call ==== */
 
-/* One MoE layer of the program: its attention half (strata_decode_attn's layer, caches bound),
- * its expert parts (gate and up [n_ff, D], down [D, n_ff]) and its page table row: expert e is the
- * matrix at position slot_of[e] of the parts (-1: not in place, an error). */
+/* One layer of the program: its attention half (strata_decode_attn's layer, caches bound), for an
+ * MoE layer its expert parts (gate and up [n_ff, D], down [D, n_ff]) and its page table row: expert
+ * e is the matrix at position slot_of[e] of the parts (-1: not in place). A dense layer (attn
+ * without a router) has its FFN as the shared expert (s_ff > 0, no gate) and no expert parts. */
 typedef struct {
     const strata_attn_layer *attn;
     strata_moe_part gate, up, down;

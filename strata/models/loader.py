@@ -191,6 +191,9 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory:
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
     ffn = _moe(w, arch, hp, i, memory) if has_experts else _dense(w, hp, i)
+    if not has_experts and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
+        dense = SharedExpert(ffn, None)
+        ffn = dense if dense.set_packed(w.compute) else ffn
     ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
     return Block(RMSNorm(w.get(MT.ATTN_NORM, i, (D,)), hp.norm_eps), _attention(w, arch, hp, i, rope),
                  RMSNorm(w.get(ffn_norm, i, (D,)), hp.norm_eps), ffn)

@@ -18,6 +18,7 @@ from strata import native
 from strata.memory import ExpertMemory
 
 from .batch import Batch, KVStore
+from .layers import SharedExpert
 from .moe import MoE
 from .packed import PackedCompute
 from .step import add_moe
@@ -31,7 +32,9 @@ class DecodeProgram:
                  fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1):
         self.blocks, self.memory, self.compute, self.fixed = blocks, memory, compute, fixed
         self.layers = [b.fused.layer for b in blocks]
-        self.model_layers = [b.ffn.experts.layer for b in blocks]
+        self.moe = [i for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]  # the others: dense layers
+        self._all_moe = len(self.moe) == len(blocks)
+        self.model_layers = [b.ffn.experts.layer if isinstance(b.ffn, MoE) else -1 for b in blocks]
         self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
         self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
         self._grow(capacity)
@@ -39,33 +42,38 @@ class DecodeProgram:
     @staticmethod
     def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
         """The program of `model` when packed compute can run all its decode steps so: every block
-        fused with routed experts (and a shared expert, if any, in packed form), no look-ahead
-        announcements (they are Python between layers), and a memory whose experts stay in place
-        (`fixed_packed`)."""
+        fused, with routed experts (and a shared expert, if any, in packed form) or a dense FFN in
+        packed form (a SharedExpert without gate: DeepSeek's first layers), at least one MoE
+        block, no look-ahead announcements (they are Python between layers), and a memory whose
+        experts stay in place (`fixed_packed`)."""
         compute = getattr(model, "compute", None)
         if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
             return None
         blocks = list(model.blocks)
         for b in blocks:
-            if (b.fused is None or b.fused.moe is None or not isinstance(b.ffn, MoE)
-                    or (b.ffn.shared is not None and b.ffn.shared.packed is None)
-                    or b.lookahead is not None or b.ffn.experts.hybrid is not None):
+            if b.fused is None or b.lookahead is not None:
                 return None
-        fixed = [memory.fixed_packed(b.ffn.experts.layer) for b in blocks]
-        if any(f is None for f in fixed):
+            if isinstance(b.ffn, SharedExpert):  # a dense layer
+                if b.ffn.packed is None or b.ffn.gate_inp is not None:
+                    return None
+            elif (b.fused.moe is None or not isinstance(b.ffn, MoE)
+                    or (b.ffn.shared is not None and b.ffn.shared.packed is None) or b.ffn.experts.hybrid is not None):
+                return None
+        fixed = [memory.fixed_packed(b.ffn.experts.layer) if isinstance(b.ffn, MoE) else (None, None) for b in blocks]
+        if not any(isinstance(b.ffn, MoE) for b in blocks) or any(f is None for f in fixed):
             return None
         return DecodeProgram(blocks, memory, compute, fixed)
 
     def _grow(self, capacity: int) -> None:
-        first = self.layers[0]
+        first = self.layers[self.moe[0]]
         out = self.out = native.StepOutputs(first, capacity)
         self.routed = torch.empty((capacity, first.n_embd), dtype=torch.float32)
         self.expert_ids = torch.empty((len(self.layers), capacity, max(first.n_used, 1)), dtype=torch.int64)
         for layer in self.layers:
             self.compute.reserve(layer.scratch_bytes(capacity))
-        self.native = native.DecodeLayers([(layer, parts, slot_of, self._shared(block), block.ffn.experts.native_act)
-                                           for layer, block, (parts, slot_of) in zip(self.layers, self.blocks, self.fixed)],
-                                          out)
+        self.native = native.DecodeLayers([
+            (layer, parts, slot_of, self._shared(block), block.ffn.experts.native_act if isinstance(block.ffn, MoE) else None)
+            for layer, block, (parts, slot_of) in zip(self.layers, self.blocks, self.fixed)], out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
 
@@ -78,8 +86,9 @@ class DecodeProgram:
 
     @staticmethod
     def _shared(block) -> tuple | None:
-        """The block's shared expert as the native program takes it: (parts, gate [D] or None)."""
-        shared = block.ffn.shared
+        """The block's shared expert as the native program takes it: (parts, gate [D] or None);
+        a dense layer's FFN is one, without gate."""
+        shared = block.ffn if isinstance(block.ffn, SharedExpert) else block.ffn.shared
         return None if shared is None else (shared.packed[0], shared.packed[2])
 
     def seconds(self) -> tuple[float, float]:
@@ -107,8 +116,14 @@ class DecodeProgram:
             stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
                                    self.layer_used, c.scratch, first, self.layer_ns)
             if self._reports() and stop > first:
-                self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],
-                                                self.layer_used[first:stop].tolist())
+                if self._all_moe:
+                    self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],
+                                                    self.layer_used[first:stop].tolist())
+                else:
+                    ran = [i for i in self.moe if first <= i < stop]
+                    if ran:
+                        self.memory.served_fixed_layers([self.model_layers[i] for i in ran], self.expert_ids[ran, :B],
+                                                        self.layer_used[ran].tolist())
             if stop == n:
                 return x
             # layer `stop` routed to an expert not in place: its experts through the memory

@@ -17,7 +17,7 @@ import torch
 from strata import native
 
 from .batch import Batch
-from .layers import FeedForward
+from .layers import FeedForward, SharedExpert
 from .mla import MLAttention
 from .moe import MoE
 from .packed import PackedCompute, PackedMatrix
@@ -91,7 +91,7 @@ class FusedDecode:
             e, r = block.ffn.experts, block.ffn.router
             return e.compute is not None and e.hybrid is None and r.weight.dtype == torch.float32 \
                 and r.weight.is_contiguous() and r.weight.device.type == "cpu"
-        return isinstance(block.ffn, FeedForward)
+        return isinstance(block.ffn, (FeedForward, SharedExpert))  # a dense FFN (packed: as a SharedExpert)
 
     def _grow(self, capacity: int) -> None:
         out = self.out = native.StepOutputs(self.layer, capacity)

@@ -27,32 +27,43 @@ def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
 
 
 class DecodeLayers:
-    """The MoE layers of a model as one decode program; `out` (a StepOutputs of any of the layers,
-    which must agree in width, experts and experts per token) holds the working buffers."""
+    """The layers of a model as one decode program (dense layers too: their FFN as a shared expert
+    without gate, no router); `out` (a StepOutputs of any MoE layer: they must agree in width,
+    experts and experts per token) holds the working buffers."""
 
     def __init__(self, layers: list[tuple], out: StepOutputs):
         if not layers:
             raise ValueError("decode program: no layers")
-        first = layers[0][0]
+        moe = [entry[0] for entry in layers if entry[0].n_experts]  # dense layers have no router
+        if not moe:
+            raise ValueError("decode program: no MoE layer")
+        first = moe[0]
         self.n_layers, self.n_embd, self.n_experts, self.n_used = len(layers), first.n_embd, first.n_experts, first.n_used
         self.c = ffi.new("strata_decode_layer[]", len(layers))
         shared_any = False
         for i, (attn, parts, slot_of, *rest) in enumerate(layers):
-            if (attn.n_embd, attn.n_experts, attn.n_used) != (self.n_embd, self.n_experts, self.n_used) or not self.n_experts:
+            dense = not attn.n_experts
+            if attn.n_embd != self.n_embd or (not dense and (attn.n_experts, attn.n_used) != (self.n_experts, self.n_used)):
                 raise ValueError(f"decode program: layer {i} has width {attn.n_embd}, {attn.n_experts} experts, "
-                                 f"{attn.n_used} per token; layer 0 {self.n_embd}, {self.n_experts}, {self.n_used}")
-            parts.check()
-            if parts.n_embd != self.n_embd:
-                raise ValueError(f"decode program: layer {i}'s experts are {parts.n_embd} wide, the layer {self.n_embd}")
-            _tensor(slot_of, "int32", (self.n_experts,), f"layer {i}'s page table row")
-            g, u, d = parts
+                                 f"{attn.n_used} per token; the first MoE layer {self.n_embd}, {self.n_experts}, "
+                                 f"{self.n_used}")
             self.c[i].attn = attn.c
-            self.c[i].gate, self.c[i].up, self.c[i].down = g.c[0], u.c[0], d.c[0]
-            self.c[i].slot_of = ffi.cast("const int32_t *", slot_of.data_ptr())
-            self.c[i].n_ff = parts.n_ff
             shared = rest[0] if rest else None  # (MoeParts of the shared expert, gate_inp [D] or None)
+            if dense:  # its FFN is the shared expert: every token, weight 1
+                if shared is None or shared[1] is not None:
+                    raise ValueError(f"decode program: dense layer {i} needs its FFN as a shared expert without gate")
+            else:
+                parts.check()
+                if parts.n_embd != self.n_embd:
+                    raise ValueError(f"decode program: layer {i}'s experts are {parts.n_embd} wide, the layer "
+                                     f"{self.n_embd}")
+                _tensor(slot_of, "int32", (self.n_experts,), f"layer {i}'s page table row")
+                g, u, d = parts
+                self.c[i].gate, self.c[i].up, self.c[i].down = g.c[0], u.c[0], d.c[0]
+                self.c[i].slot_of = ffi.cast("const int32_t *", slot_of.data_ptr())
+                self.c[i].n_ff = parts.n_ff
             act = rest[1] if len(rest) > 1 else None  # the experts' function (MoeAct) or None: SwiGLU
-            if act is not None:
+            if act is not None and not dense:
                 act.check(parts)
                 if act.n_ids < self.n_experts:
                     raise ValueError(f"decode program: layer {i}'s expert biases cover {act.n_ids} of "

@@ -275,22 +275,44 @@ def deepseek(request):
     return zoo().get(request.param)
 
 
-def test_deepseek_fused_decode_agrees_with_the_per_call_path(deepseek):
+def test_deepseek_program_and_fused_decode_agree_with_the_per_call_path(deepseek):
     """The fused step computes latent attention in C (the per-call path in torch, with the native
     decode attention): on the f32 file, one sequence and a batch of three at different positions,
-    every step's logits agree within float rounding; on the default file the tokens are the same."""
+    every step's logits agree within float rounding; on the default file the tokens are the same.
+    The decode program (the dense first layer as a one-expert fused call) gives the fused steps'
+    bytes."""
     from tests.models.helpers import rel_err
     for outtype, bound in (("f32", 1e-5), (None, None)):
         with strata.load(deepseek.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                          memory="direct") as m:
             assert all(b.fused is not None for b in m.transformer.blocks)
-            assert m.transformer.program is None  # the dense first layer
+            assert type(m.transformer.blocks[0].ffn).__name__ == "SharedExpert"  # the dense first layer
+            _has_program(deepseek, m)
             for prompts in ([deepseek.prompt_ids(7, seed=1)],
                             [deepseek.prompt_ids(5, seed=2), deepseek.prompt_ids(19, seed=3),
                              deepseek.prompt_ids(11, seed=4)]):
                 per_call = _decode_logits(m, prompts, "per_call")
                 fused = _decode_logits(m, prompts, "fused")
-                for a, b in zip(fused, per_call):
+                for a, b, c in zip(fused, per_call, _decode_logits(m, prompts, "program")):
+                    assert torch.equal(c, a)
                     if bound is not None:
                         assert rel_err(a, b) < bound
                     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_deepseek_program_under_evicting_memory_equals_direct(deepseek):
+    """Fewer slots than experts: the program runs the dense first layer itself, hands layers with
+    missing experts to the memory and reports the routing of the MoE layers it ran; the logits
+    are direct memory's fused ones, byte for byte, and the memory saw every request."""
+    path = deepseek.gguf(None)
+    dev, host = _evicting_budgets(path, 128, 2)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    prompts = [deepseek.prompt_ids(9, seed=11), deepseek.prompt_ids(5, seed=12)]
+    with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
+            strata.load(path, **kw) as prog:
+        _has_program(deepseek, prog)
+        for a, b in zip(_decode_logits(prog, prompts), _decode_logits(direct, prompts, "fused")):
+            assert torch.equal(a, b)
+        t = prog.memory_stats().totals()
+        assert t["evictions"] > 0 and t["device_hits"] > 0
+        assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"]
