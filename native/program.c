@@ -114,37 +114,29 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
                                 scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;
-        if (!L->attn->router) {  /* a dense layer */
-            layer_used[l] = 0;
-            memset(routed, 0, (size_t)xy_bytes);
-            st = add_shared(pool, L, xn, xy_bytes, n_seq, D, routed, s_tokens, s_weights, scratch, scratch_bytes, impl);
-            if (st != STRATA_OK) return st;
-            for (int64_t i = 0; i < n_seq * D; i++) x[i] += routed[i];
-            if (layer_ns) {
-                const int64_t t2 = strata_now_ns();
-                layer_ns[2 * l] += t1 - t0;
-                layer_ns[2 * l + 1] += t2 - t1;
+        const int moe = L->attn->router != NULL;  /* else a dense layer: its FFN is the shared expert */
+        layer_used[l] = moe ? groups->n_used : 0;
+        if (moe) {
+            st = map_experts(L, groups, expert_index);
+            if (st == NOT_IN_PLACE) {  /* the caller brings the experts in and computes this layer's */
+                if (layer_ns) layer_ns[2 * l] += t1 - t0;
+                *stopped_at = l;
+                return STRATA_OK;
             }
-            continue;
+            if (st != STRATA_OK) return st;
         }
-        layer_used[l] = groups->n_used;
-        st = map_experts(L, groups, expert_index);
-        if (st == NOT_IN_PLACE) {  /* the caller brings the experts in and computes this layer's */
-            if (layer_ns) layer_ns[2 * l] += t1 - t0;
-            *stopped_at = l;
-            return STRATA_OK;
-        }
-        if (st != STRATA_OK) return st;
         memset(routed, 0, (size_t)xy_bytes);
-        strata_moe_act act;
-        if (L->act) {  /* the layer's expert function, with the ids of the experts the grouping used */
-            act = *L->act;
-            act.expert_ids = groups->used;
+        if (moe) {
+            strata_moe_act act;
+            if (L->act) {  /* the layer's expert function, with the ids of the experts the grouping used */
+                act = *L->act;
+                act.expert_ids = groups->used;
+            }
+            st = strata_moe_glu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
+                                expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
+                                n_seq * L->attn->n_used, L->act ? &act : NULL, routed, xy_bytes, NULL, 0, scratch,
+                                scratch_bytes, impl);
         }
-        st = strata_moe_glu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
-                            expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
-                            n_seq * L->attn->n_used, L->act ? &act : NULL, routed, xy_bytes, NULL, 0, scratch,
-                            scratch_bytes, impl);
         if (st == STRATA_OK && L->s_ff > 0)
             st = add_shared(pool, L, xn, xy_bytes, n_seq, D, routed, s_tokens, s_weights, scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;

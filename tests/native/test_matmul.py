@@ -261,9 +261,12 @@ def silu_mul(g, u):
         return (g64 / (1.0 + np.exp(-g64))).astype(np.float32) * u
 
 
-def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, impl="auto"):
-    """The fused call's arithmetic spelled out with matmul_into per expert (pool None)."""
+def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, impl="auto", act=None, ids=None):
+    """The fused call's arithmetic spelled out with matmul_into per expert (pool None). With `act`
+    (a MoeAct; expert j's biases from row ids[j]), the clamped SwiGLU: biases after the products,
+    down's bias before the weighting."""
     out = out.copy()
+    bg, bu, bd = act.tables if act is not None else (None, None, None)
     a0 = offsets[0]
     down = np.zeros((offsets[-1] - a0, parts.n_embd), np.float32)
     for j, e in enumerate(expert_index):
@@ -273,8 +276,13 @@ def moe_from_matmul(parts, x, out, expert_index, offsets, token_ids, weights_, i
         xe = np.ascontiguousarray(x[token_ids[lo:hi]])
         g = matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, xe, impl)
         u = matmul(None, parts.up.type, parts.up.matrix(e), parts.n_ff, xe, impl)
-        down[lo - a0:hi - a0] = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd,
-                                       silu_mul(g, u), impl)
+        if bg is not None:
+            g = g + bg[ids[j]]
+        if bu is not None:
+            u = u + bu[ids[j]]
+        y = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd,
+                   silu_mul(g, u) if act is None else oai_mul(g, u), impl)
+        down[lo - a0:hi - a0] = y if bd is None else y + bd[ids[j]]
     for a in range(a0, offsets[-1]):             # ascending assignment order, one term at a time
         out[token_ids[a]] += weights_[a] * down[a - a0]
     return out
@@ -500,31 +508,6 @@ def moe_act(parts, n_ids=N_HELD + 3, seed=0, scale=1.0, none=()):
     return native.MoeAct(*tables, ALPHA, LIMIT)
 
 
-def moe_act_from_matmul(parts, act, ids, x, out, expert_index, offsets, token_ids, weights_, impl="auto"):
-    """The clamped call's arithmetic with matmul_into per expert: biases after the products,
-    down's bias before the weighting."""
-    out = out.copy()
-    bg, bu, bd = act.tables
-    a0 = offsets[0]
-    down = np.zeros((offsets[-1] - a0, parts.n_embd), np.float32)
-    for j, e in enumerate(expert_index):
-        lo, hi = offsets[j], offsets[j + 1]
-        if lo == hi:
-            continue
-        xe = np.ascontiguousarray(x[token_ids[lo:hi]])
-        g = matmul(None, parts.gate.type, parts.gate.matrix(e), parts.n_ff, xe, impl)
-        u = matmul(None, parts.up.type, parts.up.matrix(e), parts.n_ff, xe, impl)
-        if bg is not None:
-            g = g + bg[ids[j]]
-        if bu is not None:
-            u = u + bu[ids[j]]
-        y = matmul(None, parts.down.type, parts.down.matrix(e), parts.n_embd, oai_mul(g, u), impl)
-        down[lo - a0:hi - a0] = y if bd is None else y + bd[ids[j]]
-    for a in range(a0, offsets[-1]):
-        out[token_ids[a]] += weights_[a] * down[a - a0]
-    return out
-
-
 def act_ids(expert_index, shift=2):
     """Bias rows of a call's experts: not their slots (a slot pool holds any expert anywhere)."""
     return ((expert_index + shift) % (N_HELD + 3)).astype(np.int32)
@@ -539,7 +522,7 @@ def test_moe_clamped_swiglu_equals_matmul_per_expert(pools, shape):
         ids = act_ids(route[0])
         x = activations(n_tokens, parts.n_embd, seed=top_k) * 40   # large products too
         out0 = activations(n_tokens, parts.n_embd, seed=5)
-        want = moe_act_from_matmul(parts, act, ids, x, out0, *route)
+        want = moe_from_matmul(parts, x, out0, *route, act=act, ids=ids)
         scratch = np.empty(native.moe_scratch_bytes(parts, n_tokens, len(route[2])), np.uint8)
         for n in (None, 1, 2, 3):
             got = native.moe_swiglu(pools[n], x, out0.copy(), parts, *route, scratch, act=act, ids=ids)
@@ -583,7 +566,7 @@ def test_moe_clamped_swiglu_rows_reduce_and_missing_tables(pools):
     scratch = torch.empty(native.moe_scratch_bytes(parts, 7, len(token_ids)), dtype=torch.uint8)
     for none in ((), (0,), (1, 2), (0, 1, 2)):
         act = moe_act(parts, seed=6, none=none)
-        want = moe_act_from_matmul(parts, act, ids, x, np.zeros_like(x), expert_index, offsets, token_ids, weights_)
+        want = moe_from_matmul(parts, x, np.zeros_like(x), expert_index, offsets, token_ids, weights_, act=act, ids=ids)
         out = np.zeros_like(x)
         call = native.MoeCall(x, out, offsets, token_ids, weights_, len(expert_index), act=act, ids=ids)
         call(pools[2], parts, expert_index.tolist(), 0, 7, scratch)
