@@ -568,51 +568,6 @@ int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_ex
 }
 
 /* ======================================================================================
- * Latent attention's products with the per-head matrices k_b and v_b
- * ====================================================================================== */
-
-int strata_glue_mla_query(const float *q, int64_t n_tokens, int64_t n_head, int64_t nope, int64_t rope_dim,
-                          int64_t kv_lora, const float *k_b, float *query, float *tmp, int impl) {
-    int64_t qw, lw, last;
-    if (n_tokens < 0 || n_head < 1 || nope < 1 || rope_dim < 0 || kv_lora < 1 ||
-        !mul_ok(n_head, nope + rope_dim, &qw) || !mul_ok(n_head, kv_lora + rope_dim, &lw) ||
-        !mul_ok(n_tokens, qw > lw ? qw : lw, &last) || !mul_ok(n_head * kv_lora, nope, &last))
-        return STRATA_E_ARG;
-    if (n_tokens == 0) return STRATA_OK;
-    if (!q || !k_b || !query || !tmp) return STRATA_E_ARG;
-    for (int64_t h = 0; h < n_head; h++) {
-        const float *qh = q + h * (nope + rope_dim);
-        int st = strata_glue_matvec(qh, qw, n_tokens, nope, k_b + h * kv_lora * nope, kv_lora, tmp, impl);
-        if (st) return st;
-        for (int64_t t = 0; t < n_tokens; t++) {
-            float *row = query + t * lw + h * (kv_lora + rope_dim);
-            memcpy(row, tmp + t * kv_lora, (size_t)kv_lora * sizeof(float));
-            memcpy(row + kv_lora, qh + t * qw + nope, (size_t)rope_dim * sizeof(float));
-        }
-    }
-    return STRATA_OK;
-}
-
-int strata_glue_mla_out(const float *att, int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t rope_dim,
-                        int64_t v_dim, const float *v_b, float *out, float *tmp, int impl) {
-    int64_t lw, ow, last;
-    if (n_tokens < 0 || n_head < 1 || kv_lora < 1 || rope_dim < 0 || v_dim < 1 ||
-        !mul_ok(n_head, kv_lora + rope_dim, &lw) || !mul_ok(n_head, v_dim, &ow) ||
-        !mul_ok(n_tokens, lw > ow ? lw : ow, &last) || !mul_ok(n_head * v_dim, kv_lora, &last))
-        return STRATA_E_ARG;
-    if (n_tokens == 0) return STRATA_OK;
-    if (!att || !v_b || !out || !tmp) return STRATA_E_ARG;
-    for (int64_t h = 0; h < n_head; h++) {
-        int st = strata_glue_matvec(att + h * (kv_lora + rope_dim), lw, n_tokens, kv_lora, v_b + h * v_dim * kv_lora,
-                                    v_dim, tmp, impl);
-        if (st) return st;
-        for (int64_t t = 0; t < n_tokens; t++)
-            memcpy(out + t * ow + h * v_dim, tmp + t * v_dim, (size_t)v_dim * sizeof(float));
-    }
-    return STRATA_OK;
-}
-
-/* ======================================================================================
  * Grouping of (token, expert) assignments by expert
  * ====================================================================================== */
 

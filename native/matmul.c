@@ -225,6 +225,98 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
 }
 
 /* ======================================================================================
+ * strata_matmul_heads: one product per head, every head in one pool job
+ * ====================================================================================== */
+
+typedef struct {
+    const strata_qdot_kernels *k;
+    const uint8_t *w;
+    int64_t w_row_bytes, n_rows, row_len, n_heads, n_tokens, a_row_bytes, n_blocks;
+    const float *x;
+    int64_t x_tok, x_head, y_tok, y_head;
+    uint8_t *act;
+    float *y;
+    atomic_llong next_act, done_act, next_item;
+} heads_job;
+
+/* Every thread: round each (head, token) row into its head's activation rows, then the items
+ * (head, row block) -- a head's blocks in a row, so a thread streams through one matrix. */
+static void heads_run(void *ctx, int64_t first, int64_t count) {
+    heads_job *j = ctx;
+    (void)first, (void)count;
+    const int64_t n_rows_act = j->n_heads * j->n_tokens;
+    for (int64_t i; (i = claim(&j->next_act)) < n_rows_act; finish(&j->done_act)) {
+        const int64_t h = i / j->n_tokens, t = i % j->n_tokens;
+        act_row(j->k, j->x + t * j->x_tok + h * j->x_head, j->act + i * j->a_row_bytes, j->row_len);
+    }
+    wait_done(&j->done_act, n_rows_act);
+    for (int64_t i; (i = claim(&j->next_item)) < j->n_heads * j->n_blocks;) {
+        const int64_t h = i / j->n_blocks, r0 = (i % j->n_blocks) * MM_ROW_BLOCK;
+        const int64_t r1 = r0 + MM_ROW_BLOCK < j->n_rows ? r0 + MM_ROW_BLOCK : j->n_rows;
+        tile_rows(j->k, j->row_len, j->w + h * j->n_rows * j->w_row_bytes, j->w_row_bytes, r0, r1, r1,
+                  j->act + h * j->n_tokens * j->a_row_bytes, j->a_row_bytes, j->n_tokens, j->y + h * j->y_head + r0,
+                  j->y_tok);
+    }
+}
+
+int strata_matmul_heads_scratch_bytes(int ggml_type, int64_t n_heads, int64_t n_tokens, int64_t row_len,
+                                      int64_t *bytes) {
+    if (!bytes || n_heads < 0 || n_tokens < 0) return STRATA_E_ARG;
+    *bytes = 0;
+    strata_qdot_kernels k;
+    const strata_format_info *f;
+    int st = find_kernels(ggml_type, STRATA_IMPL_SCALAR, row_len, &k, &f);
+    if (st != STRATA_OK) return st;
+    const int64_t rb = act_row_bytes(&k, row_len);
+    int64_t n;
+    if (rb < 0 || !mul_ok(n_heads, n_tokens, &n) || !mul_ok(rb, n, bytes)) return STRATA_E_SIZE;
+    return STRATA_OK;
+}
+
+/* The last float index + 1 that rows (t, h) of `width` floats at base + t * tok + h * head reach. */
+static int strided_end(int64_t n_tokens, int64_t tok, int64_t n_heads, int64_t head, int64_t width, int64_t *end) {
+    int64_t a, b;
+    if (tok < 0 || head < 0 || !mul_ok(n_tokens - 1, tok, &a) || !mul_ok(n_heads - 1, head, &b) ||
+        !add_ok(a, b, end) || !add_ok(*end, width, end) || !mul_ok(*end, 4, end))
+        return STRATA_E_SIZE;
+    return STRATA_OK;
+}
+
+int strata_matmul_heads(strata_pool *pool, int ggml_type, const void *w, int64_t w_bytes, int64_t n_heads,
+                        int64_t n_rows, int64_t row_len, const float *x, int64_t x_bytes, int64_t x_tok,
+                        int64_t x_head, int64_t n_tokens, float *y, int64_t y_bytes, int64_t y_tok, int64_t y_head,
+                        void *scratch, int64_t scratch_bytes, int impl) {
+    if (n_heads < 0 || n_rows < 0 || row_len < 1 || n_tokens < 0 || w_bytes < 0 || x_bytes < 0 || y_bytes < 0 ||
+        scratch_bytes < 0)
+        return STRATA_E_ARG;
+    strata_qdot_kernels k;
+    const strata_format_info *f;
+    int st = find_kernels(ggml_type, impl, row_len, &k, &f);
+    if (st != STRATA_OK) return st;
+    if (n_heads == 0 || n_rows == 0 || n_tokens == 0) return STRATA_OK;
+    int64_t w_need, x_end, y_end, s_need;
+    const int64_t w_row_bytes = packed_row_bytes(f, row_len), a_row_bytes = act_row_bytes(&k, row_len);
+    if (w_row_bytes < 0 || a_row_bytes < 0 || !mul_ok(w_row_bytes, n_rows, &w_need) ||
+        !mul_ok(w_need, n_heads, &w_need) || !mul_ok(a_row_bytes, n_heads, &s_need) ||
+        !mul_ok(s_need, n_tokens, &s_need) ||
+        strided_end(n_tokens, x_tok, n_heads, x_head, row_len, &x_end) ||
+        strided_end(n_tokens, y_tok, n_heads, y_head, n_rows, &y_end))
+        return STRATA_E_SIZE;
+    if (!w || !x || !y || !scratch || ((uintptr_t)x | (uintptr_t)y | (uintptr_t)scratch) % 4) return STRATA_E_ARG;
+    if (w_bytes < w_need || x_bytes < x_end || y_bytes < y_end || scratch_bytes < s_need) return STRATA_E_SIZE;
+    heads_job job = {.k = &k, .w = w, .w_row_bytes = w_row_bytes, .n_rows = n_rows, .row_len = row_len,
+                     .n_heads = n_heads, .n_tokens = n_tokens, .a_row_bytes = a_row_bytes,
+                     .n_blocks = (n_rows + MM_ROW_BLOCK - 1) / MM_ROW_BLOCK, .x = x, .x_tok = x_tok, .x_head = x_head,
+                     .y_tok = y_tok, .y_head = y_head, .act = scratch, .y = y};
+    atomic_init(&job.next_act, 0);
+    atomic_init(&job.done_act, 0);
+    atomic_init(&job.next_item, 0);
+    const int64_t n_part = participants(pool, mul_sat(w_need, n_tokens));
+    strata_pool_run(n_part > 1 ? pool : NULL, n_part, 1, heads_run, &job);
+    return STRATA_OK;
+}
+
+/* ======================================================================================
  * strata_moe_swiglu
  *
  * Assignments in use are u = a - a_first for a in [assign_offsets[0], assign_offsets[n_experts]).

@@ -15,8 +15,8 @@
  *   latent attention (DeepSeek):
  *     q = xa @ Wq^T, or q_a_norm(xa @ Wq_a^T) @ Wq_b^T; q_rope = rope(q_rope)
  *     c|k_rope = xa @ Wkv_a^T; c = kv_a_norm(c); k_rope = rope(k_rope); cache <- c|k_rope
- *     query[h] = (k_b[h] @ q_nope[h]) | q_rope[h]       (strata_glue_mla_query)
- *     a[h] = v_b[h] @ attention(query, latent rows)[h][:kv_lora]   (strata_glue_mla_out)
+ *     query[h] = (k_b[h] @ q_nope[h]) | q_rope[h]       (strata_matmul_heads)
+ *     a[h] = v_b[h] @ attention(query, latent rows)[h][:kv_lora]
  *   o = a @ Wo^T (+ bias)
  *   x += o                                   the residual, in place
  *   xn = ffn_norm(x)
@@ -33,14 +33,14 @@
 #include <string.h>
 
 #define STEP_ALIGN 64
-#define N_BUF 13
+#define N_BUF 12
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
-typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, tmp, act, total; } step_layout;
+typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, act, total; } step_layout;
 
 static int latent(const strata_attn_layer *L) { return L->kv_lora > 0; }
 
@@ -72,15 +72,22 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
         if (st != STRATA_OK) return st;
         act = a > act ? a : act;
     }
+    if (latent(L)) {  /* the per-head products with k_b (rows of nope) and v_b (rows of kv_lora) */
+        int st = strata_matmul_heads_scratch_bytes(L->k_b_type, L->n_head, n_seq, L->nope, &a);
+        if (st != STRATA_OK) return st;
+        act = a > act ? a : act;
+        st = strata_matmul_heads_scratch_bytes(L->v_b_type, L->n_head, n_seq, L->kv_lora, &a);
+        if (st != STRATA_OK) return st;
+        act = a > act ? a : act;
+    }
     const int64_t lat = latent(L) ? L->kv_lora + L->rope_dim : 0;
-    const int64_t tmp = latent(L) ? (L->kv_lora > L->v_dim ? L->kv_lora : L->v_dim) : 0;
     /* Per sequence, bytes: xa, qkv, att, o, n_ctx, the new token's block and offset, logits, q_a,
-     * kv_a, the latent query, a per-head row; then the activation rows of the products. */
+     * kv_a, the latent query; then the activation rows of the products. */
     const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
                                         (L->router ? L->n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
-                                        lat * 4, (latent(L) ? n_att : 0) * 4, tmp * 4};
+                                        lat * 4, (latent(L) ? n_att : 0) * 4};
     int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
-                            &S->ckv, &S->query, &S->tmp, &S->act};
+                            &S->ckv, &S->query, &S->act};
     int64_t at = 0;
     for (int i = 0; i < N_BUF; i++) {
         int64_t n = act;
@@ -103,7 +110,8 @@ static int layer_ok(const strata_attn_layer *L) {
     if (latent(L)) {
         int64_t n;
         if (L->n_head_kv != 1 || L->q_lora < 0 || L->v_dim < 1 || L->nope != L->head_dim - L->rope_dim ||
-            L->nope < 1 || !L->wkv_a || !L->kv_a_norm || !L->k_b || !L->v_b || (L->q_lora && (!L->wq_a || !L->q_a_norm)) ||
+            L->nope < 1 || !L->wkv_a || !L->kv_a_norm || !L->k_b || !L->v_b || L->k_b_bytes < 0 || L->v_b_bytes < 0 ||
+            (L->q_lora && (!L->wq_a || !L->q_a_norm)) ||
             L->bqkv || L->q_norm || L->k_norm || L->sinks || L->window || !mul_ok(L->n_head, L->kv_lora + L->rope_dim, &n) ||
             !mul_ok(n, L->nope > L->v_dim ? L->nope : L->v_dim, &n))
             return STRATA_E_ARG;
@@ -160,7 +168,7 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
 /* Latent attention of the new tokens into att [n_seq, H v_dim]. */
 static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *q,
-                    float *qa, float *ckv, float *query, float *lat_att, float *tmp, float *att,
+                    float *qa, float *ckv, float *query, float *lat_att, float *att,
                     const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act, int64_t act_bytes,
                     int impl) {
     const int64_t D = L->n_embd, H = L->n_head, hd = L->head_dim, R = L->rope_dim, Lk = L->kv_lora;
@@ -188,13 +196,21 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     if (st == STRATA_OK)  /* the latent row [c | k_rope] is the position's one cache row */
         st = strata_glue_kv_write(ckv, n_lat, ckv, n_lat, n_seq, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
                                   L->block_size, blk, off);
-    if (st == STRATA_OK)
-        st = strata_glue_mla_query(q, n_seq, H, L->nope, R, Lk, L->k_b, query, tmp, impl);
-    if (st == STRATA_OK)
-        st = strata_glue_attn_decode(query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
-                                     L->block_size, block_table, table_stride, n_ctx, L->attn_scale, lat_att,
-                                     H * n_lat, impl);
-    if (st == STRATA_OK) st = strata_glue_mla_out(lat_att, n_seq, H, Lk, R, L->v_dim, L->v_b, att, tmp, impl);
+    const int64_t fb = n_seq * 4;  /* bytes of one float per sequence */
+    if (st == STRATA_OK)  /* query[t, h, :Lk] = k_b[h] @ q_nope[t, h]; then the rope features */
+        st = strata_matmul_heads(pool, L->k_b_type, L->k_b, L->k_b_bytes, H, Lk, L->nope, q, fb * n_q, n_q, hd, n_seq,
+                                 query, fb * H * n_lat, H * n_lat, n_lat, act, act_bytes, impl);
+    if (st != STRATA_OK) return st;
+    for (int64_t t = 0; t < n_seq; t++)
+        for (int64_t h = 0; h < H; h++)
+            memcpy(query + (t * H + h) * n_lat + Lk, q + t * n_q + h * hd + L->nope, (size_t)R * sizeof(float));
+    st = strata_glue_attn_decode(query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
+                                 L->block_size, block_table, table_stride, n_ctx, L->attn_scale, lat_att, H * n_lat,
+                                 impl);
+    if (st == STRATA_OK)  /* att[t, h] = v_b[h] @ the latent part of the attention's output */
+        st = strata_matmul_heads(pool, L->v_b_type, L->v_b, L->v_b_bytes, H, L->v_dim, Lk, lat_att, fb * H * n_lat,
+                                 H * n_lat, n_lat, n_seq, att, fb * H * L->v_dim, H * L->v_dim, L->v_dim, act,
+                                 act_bytes, impl);
     return st;
 }
 
@@ -242,7 +258,7 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     float *a_out = latent(L) ? o : att, *proj = latent(L) ? xa : o;
     if (latent(L))
         st = mla_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, (float *)(s + S.qa),
-                      (float *)(s + S.ckv), (float *)(s + S.query), att, (float *)(s + S.tmp), a_out, n_ctx, blk,
+                      (float *)(s + S.ckv), (float *)(s + S.query), att, a_out, n_ctx, blk,
                       off, act, act_bytes, impl);
     else
         st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, n_ctx, blk, off, act,

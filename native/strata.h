@@ -261,6 +261,20 @@ int strata_matmul(strata_pool *pool, int ggml_type, const void *w, int64_t w_byt
                   int64_t row_len, const float *x, int64_t x_bytes, int64_t n_tokens, float *y,
                   int64_t y_bytes, void *scratch, int64_t scratch_bytes, int impl);
 
+/*
+ * One product per head: for h < n_heads and t < n_tokens, the n_rows floats at
+ * y + t * y_tok + h * y_head = W_h @ (the row_len floats at x + t * x_tok + h * x_head), where W_h is
+ * rows [h n_rows, (h + 1) n_rows) of w (packed in `ggml_type`). Every head in one pool job; each
+ * head's products are strata_matmul's on its rows, bit for bit. x_bytes and y_bytes bound the
+ * strided rows; scratch: strata_matmul_heads_scratch_bytes (the rounded rows of every head).
+ */
+int strata_matmul_heads(strata_pool *pool, int ggml_type, const void *w, int64_t w_bytes, int64_t n_heads,
+                        int64_t n_rows, int64_t row_len, const float *x, int64_t x_bytes, int64_t x_tok,
+                        int64_t x_head, int64_t n_tokens, float *y, int64_t y_bytes, int64_t y_tok, int64_t y_head,
+                        void *scratch, int64_t scratch_bytes, int impl);
+int strata_matmul_heads_scratch_bytes(int ggml_type, int64_t n_heads, int64_t n_tokens, int64_t row_len,
+                                      int64_t *bytes);
+
 /* One expert matrix family: expert e's matrix starts at base + e * stride and must end inside
  * [base, base + bytes). Serves a packed slot pool (stride = slot bytes) and a 3-D expert tensor of
  * a mapped file (stride = one expert's slab bytes). `type` is its ggml type. */
@@ -424,17 +438,6 @@ int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_ex
                              int norm, float scale, const float *selection_bias, int64_t n_groups,
                              int64_t n_groups_used, int group_top, int64_t *expert_ids, float *weights);
 
-/* Latent attention (DeepSeek): query [T, H, kv_lora + rope] row (t, h) = (k_b[h] @ q[t, h, :nope]) |
- * q[t, h, nope:] for q [T, H, nope + rope] and k_b [H, kv_lora, nope]; tmp holds T * kv_lora
- * floats. Products as strata_glue_matvec's. */
-int strata_glue_mla_query(const float *q, int64_t n_tokens, int64_t n_head, int64_t nope, int64_t rope_dim,
-                          int64_t kv_lora, const float *k_b, float *query, float *tmp, int impl);
-
-/* out [T, H v_dim] head h = v_b[h] @ att[t, h, :kv_lora] for att [T, H, kv_lora + rope] (the
- * attention over latent rows) and v_b [H, v_dim, kv_lora]; tmp holds T * v_dim floats. */
-int strata_glue_mla_out(const float *att, int64_t n_tokens, int64_t n_head, int64_t kv_lora, int64_t rope_dim,
-                        int64_t v_dim, const float *v_b, float *out, float *tmp, int impl);
-
 /* The T*k assignments (expert_ids, weights [T, k]) sorted by expert, stably (tokens ascending
  * within an expert): used[0..n) the experts that own any (ascending), offsets[0..n] where used[j]
  * owns sorted entries offsets[j]..offsets[j+1]-1, token_ids and weights_sorted [T*k] the token
@@ -480,14 +483,15 @@ typedef struct {
      * cache one kv head of kv_lora + rope_dim per position (n_head_kv 1). The query comes from
      * wqkv = wq [H (nope + rope), D] or, with q_lora > 0, from wq_a [q_lora, D], q_a_norm [q_lora]
      * and wqkv = wq_b [H (nope + rope), q_lora]; wkv_a [kv_lora + rope, D] gives the latent (then
-     * kv_a_norm [kv_lora]) and the rope key; k_b [H, kv_lora, nope] and v_b [H, v_dim, kv_lora]
-     * (float32) take queries into and values out of the latent space; o is [D, H v_dim]. bqkv,
-     * q_norm, k_norm, sinks and window do not apply. */
+     * kv_a_norm [kv_lora]) and the rope key; k_b [H kv_lora, nope] and v_b [H v_dim, kv_lora]
+     * (packed, a head's rows after another's; strata_matmul_heads) take queries into and values
+     * out of the latent space; o is [D, H v_dim]. bqkv, q_norm, k_norm, sinks and window do not
+     * apply. */
     int64_t kv_lora, q_lora, nope, v_dim;
-    int32_t wq_a_type, wkv_a_type;
-    const void *wq_a, *wkv_a;
-    int64_t wq_a_bytes, wkv_a_bytes;
-    const float *q_a_norm, *kv_a_norm, *k_b, *v_b;
+    int32_t wq_a_type, wkv_a_type, k_b_type, v_b_type;
+    const void *wq_a, *wkv_a, *k_b, *v_b;
+    int64_t wq_a_bytes, wkv_a_bytes, k_b_bytes, v_b_bytes;
+    const float *q_a_norm, *kv_a_norm;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):

@@ -66,6 +66,22 @@ class WeightReader:
         except ValueError as e:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r} ({info.ggml_type.name}): {e}") from e
 
+    def heads_matrix(self, kind: MT, layer: int | None, shape: tuple[int, int, int]) -> Weight:
+        """A per-head matrix [H, N, K]: under packed compute the heads' rows one after another,
+        packed [H*N, K] in the file type (native.matmul_heads multiplies each head's rows with
+        that head's activations), else as `get`."""
+        H, N, K = shape
+        name = weight_name(kind, layer)
+        info = self.mf.resident.get(name)
+        if self.compute is None or info is None or info.shape != tuple(shape):
+            return self.get(kind, layer, shape)  # the same error `get` gives
+        try:
+            m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (H * N, K), self.compute)
+        except ValueError as e:
+            raise StrataFormatError(f"{self.mf.path}: tensor {name!r} ({info.ggml_type.name}): {e}") from e
+        self.compute.reserve(native.matmul_heads_scratch_bytes(m.type, H, self.compute.max_tokens, K))
+        return m
+
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
         return weight_name(kind, layer, suffix) in self.mf.resident
 
@@ -114,7 +130,7 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
         wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
         k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
     if w.has(MT.ATTN_K_B, i) or not w.has(MT.ATTN_KV_B, i):
-        weights.k_b, weights.v_b = w.get(MT.ATTN_K_B, i, (H, L, N)), w.get(MT.ATTN_V_B, i, (H, V, L))
+        weights.k_b, weights.v_b = w.heads_matrix(MT.ATTN_K_B, i, (H, L, N)), w.heads_matrix(MT.ATTN_V_B, i, (H, V, L))
     else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()

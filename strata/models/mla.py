@@ -29,6 +29,7 @@ from strata import native
 
 from .batch import Batch
 from .layers import RMSNorm, Weight, linear
+from .packed import PackedMatrix
 from .rope import Rope
 
 
@@ -40,8 +41,8 @@ class MLAWeights:
     wq_b: Weight | None  # [H*(N+R), Q]
     wkv_a: Weight  # [L+R, D]
     kv_a_norm: RMSNorm  # over L
-    k_b: torch.Tensor | None  # [H, L, N]
-    v_b: torch.Tensor | None  # [H, V, L]
+    k_b: Weight | None  # [H, L, N]; packed compute: PackedMatrix [H*L, N], a head's rows after another's
+    v_b: Weight | None  # [H, V, L]; packed compute: PackedMatrix [H*V, L]
     wo: Weight  # [D, H*V]
 
 
@@ -62,7 +63,8 @@ class MLAttention(nn.Module):
         super().__init__()
         self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
         self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
-        self.kv_lora = w.k_b.shape[1]
+        self.kv_lora = w.kv_a_norm.weight.shape[0]
+        self.v_dim = w.v_b.shape[0] // n_head if isinstance(w.v_b, PackedMatrix) else w.v_b.shape[1]
         self.native = False  # float32 on the CPU (packed compute): decode attention in one native call
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
@@ -76,7 +78,7 @@ class MLAttention(nn.Module):
         k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
         cache = kv[0]  # [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
-        q_lat = torch.bmm(w.k_b, q_nope.permute(1, 2, 0)).permute(2, 0, 1)  # [H, L, T] -> [T, H, L]
+        q_lat = _heads(w.k_b, q_nope, L)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
         if self.native and batch.is_decode:
             # Latent rows [c | k_rope] serve as keys and values (one kv head of L+R features): the
@@ -86,8 +88,23 @@ class MLAttention(nn.Module):
             o_lat = full.view(T, H, L + self.rope_dim)[..., :L]  # [T, H, L]
         else:
             o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
-        out = torch.bmm(w.v_b, o_lat.permute(1, 2, 0)).permute(2, 0, 1)  # [H, V, T] -> [T, H, V]
+        out = _heads(w.v_b, o_lat, self.v_dim)  # [T, H, V]
         return linear(out.flatten(1), w.wo)  # [T, D]
+
+
+def _heads(m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """[T, H, n_rows]: head h's matrix times x[:, h] [T, H, K] for every head (m [H, n_rows, K],
+    or packed [H*n_rows, K]: one native call, chunks of the compute's token budget)."""
+    if not isinstance(m, PackedMatrix):
+        return torch.bmm(m, x.permute(1, 2, 0)).permute(2, 0, 1)  # [H, n_rows, T] -> [T, H, n_rows]
+    T, H, K = x.shape
+    x = x if x.dtype == torch.float32 and x.stride(2) == 1 else x.float().contiguous()
+    y = torch.empty((T, H, n_rows), dtype=torch.float32)
+    c = m.compute
+    for t0 in range(0, T, c.max_tokens):
+        t1 = t0 + c.max_tokens
+        native.matmul_heads(c.pool, m.type, m._data_t, H, n_rows, K, x[t0:t1], y[t0:t1], c.scratch)
+    return y
 
 
 def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:

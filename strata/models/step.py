@@ -52,10 +52,10 @@ class FusedDecode:
                 **common, n_head_kv=1, head_dim=att.nope + att.rope_dim, attn_scale=att.scale,
                 qkv=(wq.type, wq._data_t), mla=dict(
                     kv_lora=att.kv_lora, q_lora=0 if w.wq_a is None else w.wq_a.shape[0], nope=att.nope,
-                    v_dim=w.v_b.shape[1], wkv_a=(w.wkv_a.type, w.wkv_a._data_t),
+                    v_dim=att.v_dim, wkv_a=(w.wkv_a.type, w.wkv_a._data_t),
                     wq_a=None if w.wq_a is None else (w.wq_a.type, w.wq_a._data_t),
                     q_a_norm=None if w.q_a_norm is None else _f32(w.q_a_norm.weight), kv_a_norm=_f32(w.kv_a_norm.weight),
-                    k_b=_f32(w.k_b), v_b=_f32(w.v_b)))
+                    k_b=(w.k_b.type, w.k_b._data_t), v_b=(w.v_b.type, w.v_b._data_t)))
         else:
             bias = None
             if w.bq is not None or w.bk is not None or w.bv is not None:
@@ -80,7 +80,7 @@ class FusedDecode:
         w = block.attention.w
         eps = block.attention_norm.eps
         if isinstance(block.attention, MLAttention):  # every matrix packed, one norm epsilon for the layer
-            mats = [w.wq, w.wq_a, w.wq_b, w.wkv_a, w.wo]
+            mats = [w.wq, w.wq_a, w.wq_b, w.wkv_a, w.wo, w.k_b, w.v_b]
             if compute is None or not all(m is None or isinstance(m, PackedMatrix) for m in mats) or \
                     (w.wq is None) == (w.wq_b is None) or any(n is not None and n.eps != eps for n in (w.q_a_norm, w.kv_a_norm)):
                 return False

@@ -96,6 +96,47 @@ def matmul_into(pool: ComputePool | None, t: Any, w: Any, n_rows: int, row_len: 
     return out
 
 
+def matmul_heads_scratch_bytes(t: Any, n_heads: int, n_tokens: int, row_len: int) -> int:
+    """Scratch bytes `matmul_heads` needs for n_heads x n_tokens rows of row_len values."""
+    out = ffi.new("int64_t *")
+    check(lib.strata_matmul_heads_scratch_bytes(int(ggml_type(t)), n_heads, n_tokens, row_len, out),
+          f"per-head product scratch for {n_heads} heads, {n_tokens} tokens")
+    return int(out[0])
+
+
+def _strided(a: Any, what: str, writable: bool = False) -> tuple[Any, int, int, int]:
+    """(pointer, bytes to the end of its storage, token stride, head stride) of a float32 CPU torch
+    tensor [T, H, n] whose last dimension is contiguous."""
+    if str(a.dtype) != "torch.float32" or a.device.type != "cpu" or a.dim() != 3 or a.stride(2) != 1:
+        raise ValueError(f"{what} must be a float32 CPU tensor [T, H, n] with contiguous rows, found {a.dtype} "
+                         f"{tuple(a.shape)} strides {a.stride()} on {a.device}")
+    storage = a.untyped_storage()
+    end = storage.data_ptr() + storage.nbytes() - a.data_ptr()
+    return ffi.cast("float *", a.data_ptr()), end, a.stride(0), a.stride(1)
+
+
+def matmul_heads(pool: ComputePool | None, t: Any, w: Any, n_heads: int, n_rows: int, row_len: int, x: Any, y: Any,
+                 scratch: Any, impl: str = "auto") -> Any:
+    """y[t, h, :n_rows] = W_h @ x[t, h, :row_len] for every head h, where W_h is rows
+    [h n_rows, (h + 1) n_rows) of the packed matrix `w` (ggml type `t`): the per-head products of
+    latent attention in one pool job. x and y: float32 CPU tensors [T, H, >= row_len / n_rows]
+    with contiguous rows (token and head strides free). Returns y."""
+    w_ptr, w_bytes = src_view(w)
+    xp, x_bytes, x_tok, x_head = _strided(x, "per-head product x")
+    yp, y_bytes, y_tok, y_head = _strided(y, "per-head product y", writable=True)
+    if x.shape[:2] != y.shape[:2] or x.shape[1] != n_heads or x.shape[2] < row_len or y.shape[2] < n_rows:
+        raise ValueError(f"per-head product: x {tuple(x.shape)} and y {tuple(y.shape)} for {n_heads} heads of "
+                         f"{n_rows} x {row_len}")
+    s_ptr, s_bytes = dst_view(scratch, "per-head product scratch")
+    status = lib.strata_matmul_heads(_pool_ptr(pool), int(ggml_type(t)), ffi.cast("const void *", w_ptr), w_bytes,
+                                     n_heads, n_rows, row_len, xp, x_bytes, x_tok, x_head, x.shape[0], yp, y_bytes,
+                                     y_tok, y_head, s_ptr, s_bytes, impl_code(impl))
+    if status:
+        check(status, f"per-head product of {n_heads} heads of {n_rows} x {row_len} {ggml_type(t).name}, "
+                      f"{x.shape[0]} tokens (weights {w_bytes} B, scratch {s_bytes} B)")
+    return y
+
+
 class MoePart:
     """One family of expert matrices (all gate, all up or all down) of `n_rows` x `row_len` in ggml
     type `t`: expert e's matrix starts at byte e * stride of `base` (a slot pool, or the 3-D expert
@@ -333,5 +374,6 @@ class MoeCall:
                           f"experts held: {g.n_experts}/{u.n_experts}/{d.n_experts}; scratch {scratch.numel()} B)")
 
 
-__all__ = ["ComputePool", "MoeAct", "MoeCall", "MoePart", "MoeParts", "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
+__all__ = ["ComputePool", "MoeAct", "MoeCall", "MoePart", "MoeParts", "matmul_heads", "matmul_heads_scratch_bytes",
+           "matmul_into", "matmul_scratch_bytes", "moe_scratch_bytes",
            "moe_swiglu"]

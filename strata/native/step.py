@@ -40,7 +40,7 @@ class DecodeAttn:
     [(H + 2 Hkv) hd, D]; o is [D, H hd]. Norm weights, biases and the router [E, D] are float32
     tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E];
     DeepSeek a selection bias [E] and expert groups, and `mla` for latent attention: a dict of
-    kv_lora, q_lora, nope, v_dim, wkv_a and wq_a (type, bytes), q_a_norm, kv_a_norm, k_b, v_b
+    kv_lora, q_lora, nope, v_dim, wkv_a, wq_a, k_b and v_b (type, bytes), q_a_norm, kv_a_norm
     (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). The tensors are kept alive by
     this object."""
 
@@ -87,8 +87,11 @@ class DecodeAttn:
                 c.wq_a_bytes = mla["wq_a"][1].numel()
                 c.q_a_norm = _f32(mla["q_a_norm"], "q_a_norm", Q)
             c.kv_a_norm = _f32(mla["kv_a_norm"], "kv_a_norm", L)
-            c.k_b = _f32(mla["k_b"], "k_b", n_head * L * mla["nope"])
-            c.v_b = _f32(mla["v_b"], "v_b", n_head * mla["v_dim"] * L)
+            for name in ("k_b", "v_b"):  # packed [H kv_lora, nope] and [H v_dim, kv_lora]
+                t, data = mla[name]
+                setattr(c, f"{name}_type", int(ggml_type(t)))
+                setattr(c, name, ffi.cast("void *", data.data_ptr()))
+                setattr(c, f"{name}_bytes", data.numel())
         self.n_embd, self.n_experts, self.n_used = D, n_experts, n_used
         self._cache: tuple[int, int] | None = None
 

@@ -631,3 +631,51 @@ def test_moe_clamped_swiglu_refusals(pools):
     assert lib.strata_moe_glu(*head, ffi.NULL, f(plain), plain.nbytes, ffi.NULL, 0, *tail) == lib.STRATA_OK
     assert plain.tobytes() == run_moe(None, parts, x, np.zeros_like(x), (expert_index, offsets, token_ids,
                                                                           weights_)).tobytes()
+
+
+# ---- per-head products (latent attention's k_b and v_b) ----
+
+@pytest.mark.parametrize("t,n_rows,row_len", [(T.Q8_0, 48, 64), (T.Q4_K, 20, 256), (T.F16, 33, 40), (T.F32, 16, 8)])
+@pytest.mark.parametrize("n_tokens", [1, 3, 17])
+def test_matmul_heads_equals_matmul_per_head(pools, t, n_rows, row_len, n_tokens):
+    """Each head's rows times that head's activations, x and y strided views inside wider rows (as
+    the latent query's nope part and the attention's latent part are): strata_matmul's bytes per
+    head, whatever the thread count."""
+    H = 5
+    w = weights(t, H * n_rows, row_len, seed=n_rows)
+    per_head = w.size // H
+    wide = torch.from_numpy(activations(n_tokens, H * (row_len + 7), seed=n_tokens)).view(n_tokens, H, row_len + 7)
+    x = wide[:, :, 3:3 + row_len]                                      # [T, H, K] inside wider rows
+    want = np.stack([matmul(None, t, w[h * per_head:(h + 1) * per_head], n_rows, np.ascontiguousarray(x[:, h].numpy()))
+                     for h in range(H)], axis=1)                       # [T, H, n_rows]
+    scratch = torch.empty(native.matmul_heads_scratch_bytes(t, H, n_tokens, row_len), dtype=torch.uint8)
+    for n in (None, 1, 2, 3):
+        out = torch.full((n_tokens, H, n_rows + 2), float("nan"))
+        native.matmul_heads(pools[n], t, w, H, n_rows, row_len, x, out[:, :, 1:1 + n_rows], scratch)
+        assert out[:, :, 1:1 + n_rows].numpy().tobytes() == want.tobytes(), n
+        assert torch.isnan(out[:, :, 0]).all() and torch.isnan(out[:, :, -1]).all()  # nothing outside y written
+
+
+def test_matmul_heads_refuses_what_does_not_fit(pools):
+    H, n_rows, row_len, n_tokens = 3, 16, 64, 2
+    w = weights(T.Q8_0, H * n_rows, row_len)
+    x, y = torch.randn(n_tokens, H, row_len), torch.empty(n_tokens, H, n_rows)
+    scratch = torch.empty(native.matmul_heads_scratch_bytes(T.Q8_0, H, n_tokens, row_len), dtype=torch.uint8)
+    native.matmul_heads(pools[2], T.Q8_0, w, H, n_rows, row_len, x, y, scratch)
+    with pytest.raises(NativeError, match="per-head product"):  # weights for 2 heads, 3 asked
+        native.matmul_heads(pools[2], T.Q8_0, w[:w.size * 2 // 3], H, n_rows, row_len, x, y, scratch)
+    with pytest.raises(NativeError, match="per-head product"):  # scratch one byte short
+        native.matmul_heads(pools[2], T.Q8_0, w, H, n_rows, row_len, x, y, scratch[:-1])
+    f = lambda a: ffi.cast("float *", a.data_ptr())                   # noqa: E731
+    args = [ffi.NULL, int(T.Q8_0), ffi.from_buffer(w), w.nbytes, H, n_rows, row_len, f(x), x.numel() * 4, H * row_len,
+            row_len, n_tokens, f(y), y.numel() * 4, H * n_rows, n_rows, ffi.cast("void *", scratch.data_ptr()),
+            scratch.numel(), 0]
+    assert lib.strata_matmul_heads(*args) == lib.STRATA_OK
+    for i, bad in [(8, x.numel() * 4 - 4), (13, y.numel() * 4 - 4), (9, -1), (15, -2), (6, 0), (7, ffi.NULL)]:
+        a = list(args)                                                  # x or y past its bytes, bad strides ...
+        a[i] = bad
+        assert lib.strata_matmul_heads(*a) != lib.STRATA_OK, i
+    with pytest.raises(ValueError, match="contiguous rows"):
+        native.matmul_heads(pools[2], T.Q8_0, w, H, n_rows, row_len, x.transpose(1, 2), y, scratch)
+    with pytest.raises(ValueError, match="heads"):
+        native.matmul_heads(pools[2], T.Q8_0, w, H - 1, n_rows, row_len, x, y, scratch)
