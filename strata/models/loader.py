@@ -70,10 +70,12 @@ class WeightReader:
         """A per-head matrix [H, N, K]: under packed compute the heads' rows one after another,
         packed [H*N, K] in the file type (native.matmul_heads multiplies each head's rows with
         that head's activations), else as `get`."""
+        if self.compute is None:
+            return self.get(kind, layer, shape)
         H, N, K = shape
         name = weight_name(kind, layer)
         info = self.mf.resident.get(name)
-        if self.compute is None or info is None or info.shape != tuple(shape):
+        if info is None or info.shape != tuple(shape):
             return self.get(kind, layer, shape)  # the same error `get` gives
         try:
             m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (H * N, K), self.compute)
