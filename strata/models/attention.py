@@ -48,7 +48,6 @@ class Attention(nn.Module):
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.window = window  # > 0: a query at position i sees keys at positions > i - window only
         self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
-        self._sinks_f32: torch.Tensor | None = None  # the sinks as the native call reads them (made at first use)
 
     #: The fused decode step (strata.models.step) computes this attention, sinks and windows included.
     fusable = True
@@ -89,19 +88,12 @@ class Attention(nn.Module):
         if batch.is_decode:
             out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
             native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out,
-                               sinks=self._sinks, window=self.window)
+                               sinks=self.w.sinks, window=self.window)
         elif self.plain:
             out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
         else:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         return linear(out, self.w.wo, self.w.bo)  # [T, D]
-
-    @property
-    def _sinks(self) -> torch.Tensor | None:
-        """The sink logits as the native call reads them (float32, contiguous), or None."""
-        if self.w.sinks is not None and self._sinks_f32 is None:
-            self._sinks_f32 = self.w.sinks.detach().float().contiguous()
-        return self._sinks_f32
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]

@@ -53,35 +53,23 @@ class WeightReader:
                  compute: PackedCompute | None = None):
         self.mf, self.device, self.dtype, self.n_threads, self.compute = mf, device, dtype, n_threads, compute
 
-    def matrix(self, kind: MT, layer: int | None, shape: tuple[int, int]) -> Weight:
-        """A weight matrix [N, K]: packed in its file type under packed compute, else as `get`."""
+    def matrix(self, kind: MT, layer: int | None, shape: tuple[int, ...]) -> Weight:
+        """A weight matrix [N, K]: packed in its file type under packed compute, else as `get`.
+        A per-head matrix [H, N, K] packs as [H*N, K], the heads' rows one after another
+        (native.matmul_heads multiplies each head's rows with that head's activations)."""
         if self.compute is None:
             return self.get(kind, layer, shape)
         name = weight_name(kind, layer)
         info = self.mf.resident.get(name)
         if info is None or info.shape != tuple(shape):
             return self.get(kind, layer, shape)  # the same error `get` gives
+        rows = int(np.prod(shape[:-1]))
         try:
-            return PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, shape, self.compute)
+            m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (rows, shape[-1]), self.compute)
         except ValueError as e:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r} ({info.ggml_type.name}): {e}") from e
-
-    def heads_matrix(self, kind: MT, layer: int | None, shape: tuple[int, int, int]) -> Weight:
-        """A per-head matrix [H, N, K]: under packed compute the heads' rows one after another,
-        packed [H*N, K] in the file type (native.matmul_heads multiplies each head's rows with
-        that head's activations), else as `get`."""
-        if self.compute is None:
-            return self.get(kind, layer, shape)
-        H, N, K = shape
-        name = weight_name(kind, layer)
-        info = self.mf.resident.get(name)
-        if info is None or info.shape != tuple(shape):
-            return self.get(kind, layer, shape)  # the same error `get` gives
-        try:
-            m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (H * N, K), self.compute)
-        except ValueError as e:
-            raise StrataFormatError(f"{self.mf.path}: tensor {name!r} ({info.ggml_type.name}): {e}") from e
-        self.compute.reserve(native.matmul_heads_scratch_bytes(m.type, H, self.compute.max_tokens, K))
+        if len(shape) == 3:  # the per-head product's rounded activations, every head at once
+            self.compute.reserve(native.matmul_heads_scratch_bytes(m.type, shape[0], self.compute.max_tokens, shape[-1]))
         return m
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
@@ -132,7 +120,7 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
         wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
         k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
     if w.has(MT.ATTN_K_B, i) or not w.has(MT.ATTN_KV_B, i):
-        weights.k_b, weights.v_b = w.heads_matrix(MT.ATTN_K_B, i, (H, L, N)), w.heads_matrix(MT.ATTN_V_B, i, (H, V, L))
+        weights.k_b, weights.v_b = w.matrix(MT.ATTN_K_B, i, (H, L, N)), w.matrix(MT.ATTN_V_B, i, (H, V, L))
     else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()

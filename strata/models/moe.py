@@ -50,7 +50,6 @@ class Router(nn.Module):
         if group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {group_score!r} is not supported (expected top2 or max)")
         self.group_score = group_score
-        self._selection_bias = None if selection_bias is None else selection_bias.detach().float().contiguous()
         self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
 
     @property
@@ -72,7 +71,7 @@ class Router(nn.Module):
             logits += self.bias  # float32, as the fused decode step adds it
         weights = torch.empty((T, self.k), dtype=torch.float32)  # [T, K]
         expert_ids = torch.empty((T, self.k), dtype=torch.int64)  # [T, K]
-        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights, self._selection_bias,
+        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights, self.selection_bias,
                      self.n_groups, self.n_groups_used, self.group_top)
         return weights, expert_ids
 

@@ -104,7 +104,7 @@ def matmul_heads_scratch_bytes(t: Any, n_heads: int, n_tokens: int, row_len: int
     return int(out[0])
 
 
-def _strided(a: Any, what: str, writable: bool = False) -> tuple[Any, int, int, int]:
+def _strided(a: Any, what: str) -> tuple[Any, int, int, int]:
     """(pointer, bytes to the end of its storage, token stride, head stride) of a float32 CPU torch
     tensor [T, H, n] whose last dimension is contiguous."""
     if str(a.dtype) != "torch.float32" or a.device.type != "cpu" or a.dim() != 3 or a.stride(2) != 1:
@@ -123,7 +123,7 @@ def matmul_heads(pool: ComputePool | None, t: Any, w: Any, n_heads: int, n_rows:
     with contiguous rows (token and head strides free). Returns y."""
     w_ptr, w_bytes = src_view(w)
     xp, x_bytes, x_tok, x_head = _strided(x, "per-head product x")
-    yp, y_bytes, y_tok, y_head = _strided(y, "per-head product y", writable=True)
+    yp, y_bytes, y_tok, y_head = _strided(y, "per-head product y")
     if x.shape[:2] != y.shape[:2] or x.shape[1] != n_heads or x.shape[2] < row_len or y.shape[2] < n_rows:
         raise ValueError(f"per-head product: x {tuple(x.shape)} and y {tuple(y.shape)} for {n_heads} heads of "
                          f"{n_rows} x {row_len}")

@@ -19,8 +19,8 @@ from typing import Any
 from strata.quant import ggml_type
 
 from ._lib import check, ffi, impl_code, lib
+from .glue import _GATING
 
-_GATING = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
 
 
 def _f32(t: Any, what: str, n: int | None = None) -> Any:
