@@ -45,11 +45,26 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _start(ckpt: Path, out: Path, stall: bool = True, **popen) -> subprocess.Popen:
+def _default_sigint() -> None:
+    """Give the converter SIGINT's default action, as a terminal would.
+
+    A runner that starts the tests in the background of a non-interactive shell (as CI's may) hands
+    its children SIGINT ignored, and Python then never raises KeyboardInterrupt: the stalled
+    converter would wait for a signal that never comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(ckpt: Path, out: Path, stall: bool = True, preexec_fn=None, **popen) -> subprocess.Popen:
+    def preexec():
+        _default_sigint()
+        if preexec_fn is not None:
+            preexec_fn()
+
     env = dict(os.environ, PYTHONPATH=str(REPO))
     entry = ["-c", STALLED_CONVERT] if stall else ["-m", "strata.convert"]
     return subprocess.Popen([sys.executable, *entry, str(ckpt), "-o", str(out), "--threads", "1",
-                             "--no-progress"], env=env, stderr=subprocess.PIPE, text=True, **popen)
+                             "--no-progress"], env=env, stderr=subprocess.PIPE, text=True, preexec_fn=preexec,
+                            **popen)
 
 
 def _wait_for_data(proc: subprocess.Popen, out: Path, min_bytes: int = 1 << 20, timeout: float = 60) -> Path:
