@@ -98,6 +98,15 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
         print(f"  layer {x['layer']}: device {x['device']}, host {x['host']}, the rest on the disk", file=out)
 
 
+def run_verdict(args: argparse.Namespace, model) -> dict[str, Any]:
+    """Whether the file runs with the compute path `strata generate` would take (or --compute)."""
+    from strata.engine.api import resolve_compute, resolve_device
+    from strata.engine.verdict import verdict
+
+    compute = resolve_compute(getattr(args, "compute", None), resolve_device(getattr(args, "device", "cpu")), None)
+    return verdict(model, compute).to_dict()
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from strata.gguf import open_model
 
@@ -110,12 +119,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
                 raise StrataError(f"{args.model}: --placement: the model has no routed experts")
             summary["placement"] = placement(args, model)
+        summary["verdict"] = run_verdict(args, model)
     if args.json:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)
     else:
-        shown = {k: v for k, v in summary.items() if k != "placement"}
+        shown = {k: v for k, v in summary.items() if k not in ("placement", "verdict")}
         render_text(shown, args.model, out)
         if "placement" in summary:
             render_placement(summary["placement"], out)
+        print(f"verdict: {summary['verdict']['sentence']}", file=out)
     return 0

@@ -36,6 +36,7 @@ from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingParams, check_int
 from .sequence import Sequence, StopConditions
 from .stream import Chunk, Completion, Outboxes, Stream
+from .verdict import check_runs
 
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -425,6 +426,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     mem = transformer = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
+        check_runs(mf, mode)  # then a tensor type the compute path has no kernel for (inspect's verdict)
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
