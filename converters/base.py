@@ -26,6 +26,7 @@ import numpy as np
 from gguf import MODEL_TENSOR as MT
 from gguf.constants import Keys
 
+from converters.rope_scaling import rope_factor_tensors, write_rope_scaling
 from converters.experts import ExpertSource, FusedSource, PerExpertSource, match_fused, match_per_expert
 from converters.source import Checkpoint, ConversionError, SourceTensor
 from converters.types import TypePolicy
@@ -101,17 +102,16 @@ class Converter:
 
     #: Rows per piece when a large resident tensor (embeddings, output head) is streamed.
     chunk_rows = 8192
-    #: The converter writes `{arch}.expert_weights_norm` from norm_topk_prob (no default to warn about).
-    writes_weights_norm = False
-
+    #: llama.cpp's graph reads `{arch}.expert_weights_norm` (no fixed value to warn about).
+    llama_cpp_reads_weights_norm = False
     def __init__(self, ckpt: Checkpoint, arch: Arch):
         self.ckpt, self.cfg, self.arch = ckpt, ckpt.config, arch
         self.hp = self.read_hparams()
         norm = self.cfg.get("norm_topk_prob")
-        if norm is not None and bool(norm) != arch.expert_weights_norm and not self.writes_weights_norm:
-            log.warning("config.json: norm_topk_prob=%s, but llama.cpp's %s graph %s the top-k routing weights; "
-                        "llama.cpp's outputs will differ from transformers'", norm, arch.name,
-                        "renormalises" if arch.expert_weights_norm else "does not renormalise")
+        if norm is not None and bool(norm) != arch.expert_weights_norm and not self.llama_cpp_reads_weights_norm:
+            log.warning("config.json: norm_topk_prob=%s, written as expert_weights_norm (Strata honours it), but "
+                        "llama.cpp's %s graph %s the top-k routing weights; llama.cpp's outputs will differ from "
+                        "transformers'", norm, arch.name, "renormalises" if arch.expert_weights_norm else "does not renormalise")
         self.name_map = gguf.get_tensor_name_map(arch.tensors, self.hp.n_layers)
 
     # ---- config ----
@@ -130,9 +130,14 @@ class Converter:
     def config_path(self) -> Path:
         return self.ckpt.folder / "config.json"
 
-    def rope_parameters(self) -> dict[str, Any]:
+    def all_rope_parameters(self) -> dict[str, Any]:
         rp = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling") or {}
         return rp if isinstance(rp, dict) else {}
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """The (full-attention layers') rope parameters: rope_theta, rope_type and its fields."""
+        rp = self.all_rope_parameters()
+        return rp.get("full_attention", rp) if isinstance(rp.get("full_attention"), dict) else rp
 
     def read_hparams(self) -> HParams:
         n_embd, n_heads = int(self.get("hidden_size")), int(self.get("num_attention_heads"))
@@ -186,6 +191,7 @@ class Converter:
             w.add_key_length(hp.head_dim)
             w.add_value_length(hp.head_dim)
         self.write_rope_scaling(w)
+        self.write_moe_norm(w)
         extra = {Keys.LLM.VOCAB_SIZE: hp.n_vocab, Keys.Rope.DIMENSION_COUNT: hp.head_dim,
                  Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hp.n_ff_exp,
                  Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: hp.n_ff_shexp}
@@ -195,20 +201,26 @@ class Converter:
             w.add_uint32(key.format(arch=self.arch.name), extra[key])
 
     def write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
-        rp = self.rope_parameters()
-        kind, factor = rp.get("rope_type", rp.get("type")), rp.get("factor")
-        if kind in (None, "default") or factor is None:
-            return
-        if kind == "linear":
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(float(factor))
-        elif kind == "yarn":
-            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            w.add_rope_scaling_factor(float(factor))
-            w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
-        else:
-            raise ConversionError(f"{self.config_path}: rope scaling type {kind!r} is not supported "
-                                  "(supported: linear, yarn)")
+        """rope.scaling.* from rope_parameters (converters.rope_scaling), and the sliding-window
+        layers' own base where the config gives one."""
+        write_rope_scaling(w, self.rope_parameters(), self.cfg, self.arch.name, str(self.config_path))
+        swa = self.all_rope_parameters().get("sliding_attention") or {}
+        if self.arch.swa and swa.get("rope_theta") is not None:
+            w.add_rope_freq_base_swa(float(swa["rope_theta"]))
+
+    def write_moe_norm(self, w: gguf.GGUFWriter) -> None:
+        """`expert_weights_norm` from norm_topk_prob where the config has it (llama.cpp reads it
+        for deepseek2 only and fixes it per architecture otherwise; Strata honours it)."""
+        norm = self.cfg.get("norm_topk_prob")
+        if norm is not None:
+            w.add_expert_weights_norm(bool(norm))
+
+    def extra_tensors(self) -> list[PlannedTensor]:
+        """Tensors computed from the config rather than read: RoPE factors (longrope, llama3)."""
+        hp = self.hp  # llama only (write_rope_scaling refuses the others): rotary over the whole head
+        factors = rope_factor_tensors(self.rope_parameters(), self.cfg, hp.head_dim, hp.rope_theta, str(self.config_path))
+        return [PlannedTensor(weight_name(kind), kind, None, values.shape, gguf.GGMLQuantizationType.F32,
+                              [lambda v=values: v.reshape(1, -1)], values.nbytes, ()) for kind, values in factors.items()]
 
     # ---- tensors ----
 
@@ -253,7 +265,7 @@ class Converter:
         """Every GGUF tensor of the output, checked against the config, in file order."""
         resident, experts = self._split_sources()
         planned = [p for name, (kind, bid, src) in resident.items()
-                   for p in self.plan_resident(kind, name, bid, src, policy)]
+                   for p in self.plan_resident(kind, name, bid, src, policy)] + self.extra_tensors()
         for bid in self.expert_layers():
             planned += self._plan_experts(bid, experts.get(bid), policy)
         self._check_complete({p.name for p in planned})

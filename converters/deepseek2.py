@@ -19,6 +19,7 @@ Must not: write files (the pipeline does) or quantize (types).
 from __future__ import annotations
 
 import logging
+import math
 
 import gguf
 import numpy as np
@@ -26,6 +27,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf.constants import ExpertGatingFuncType
 
 from converters.base import Converter, HParams, PlannedTensor
+from converters.rope_scaling import rope_kind
 from converters.source import ConversionError, SourceTensor
 from converters.types import TypePolicy
 from strata.arch import weight_name
@@ -39,7 +41,7 @@ _MLA_KV = (MT.ATTN_KV_A_MQA, MT.ATTN_KV_A_NORM, MT.ATTN_K_B, MT.ATTN_V_B, MT.ATT
 
 
 class DeepSeek2Converter(Converter):
-    writes_weights_norm = True
+    llama_cpp_reads_weights_norm = True
 
     def read_hparams(self) -> HParams:
         c = self.cfg
@@ -104,8 +106,24 @@ class DeepSeek2Converter(Converter):
         sigmoid = c.get("scoring_func", "sigmoid" if self.v3 else "softmax") == "sigmoid"
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if sigmoid else ExpertGatingFuncType.SOFTMAX)
         self.write_rope_scaling(w)
-        if (mscale_all := self.rope_parameters().get("mscale_all_dim")):
-            w.add_rope_scaling_yarn_log_mul(0.1 * float(mscale_all))  # llama.cpp's deepseek2 convention
+        self.write_yarn_mscale(w)
+
+    def write_yarn_mscale(self, w: gguf.GGUFWriter) -> None:
+        """DeepSeek's YaRN magnitudes: mscale_all_dim as yarn_log_multiplier (x 0.1, llama.cpp's
+        deepseek2 convention; the attention scale's mscale^2), and transformers' cos/sin factor
+        get_mscale(mscale) / get_mscale(mscale_all_dim) (get_mscale(1) without mscale) as
+        yarn_attn_factor where it is not 1 (llama.cpp assumes mscale == mscale_all_dim: 1)."""
+        rp = self.rope_parameters()
+        if rope_kind(rp) != "yarn" or not rp.get("mscale_all_dim") or rp.get("factor") is None:
+            return
+        mscale_all, mscale, factor = float(rp["mscale_all_dim"]), float(rp.get("mscale") or 0.0), float(rp["factor"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
+
+        def get_mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+        cos_sin = get_mscale(mscale) / get_mscale(mscale_all) if mscale else get_mscale(1.0)
+        if rp.get("attention_factor") is None and abs(cos_sin - 1.0) > 1e-7:
+            w.add_rope_scaling_yarn_attn_factor(cos_sin)
 
     @property
     def grouped(self) -> bool:

@@ -7,10 +7,11 @@ What differs from the generic converter (`converters.base`):
     `ffn_{gate,up,down}_exps.bias` [E, I] / [E, D];
   * attention sinks (`self_attn.sinks` [H] -> `attn_sinks.weight`), biases on q, k, v and the
     output projection, the FFN's pre-norm stored as `post_attention_norm`;
-  * `attention.sliding_window` (llama.cpp uses it on every other layer, from layer 0) and the
-    expert FFN length;
+  * `attention.sliding_window` (llama.cpp uses it on every other layer, from layer 0, unless
+    `attention.sliding_window_pattern` lists the layers: written when `layer_types` differ) and
+    the expert FFN length;
   * the clamped SwiGLU's alpha and limit have no GGUF key: llama.cpp fixes them at 1.702 and 7.0,
-    so other values are refused; `layer_types` must alternate as llama.cpp assumes.
+    so other values are refused.
 Sources are bf16/f16/f32 (`--experts` chooses the experts' type as for any architecture), or the
 released MXFP4 form (`quantization_config.quant_method` "mxfp4"): experts as `*_blocks` [E, rows,
 cols/32, 16] uint8 (two e2m1 codes a byte, value 2j in the low nibble) and `*_scales` [E, rows,
@@ -106,10 +107,12 @@ class GptOssConverter(Converter):
                                   f"{c.get('swiglu_limit')}: GGUF gpt-oss fixes them at 1.702 and 7.0")
         n = int(self.get("num_hidden_layers"))
         types = c.get("layer_types")
-        want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-        if types is not None and list(types) != want:
-            raise ConversionError(f"{self.config_path}: layer_types {types} do not alternate sliding/full from "
-                                  "layer 0 as GGUF gpt-oss assumes")
+        if types is not None and (len(types) != n or set(types) - {"sliding_attention", "full_attention"}):
+            raise ConversionError(f"{self.config_path}: layer_types {types}: expected {n} of sliding_attention / "
+                                  "full_attention")
+        self.swa_pattern = None if types is None else [t == "sliding_attention" for t in types]
+        if self.swa_pattern == [i % 2 == 0 for i in range(n)]:
+            self.swa_pattern = None  # llama.cpp's default for gpt-oss: sliding on even layers
         if self.rope_parameters().get("truncate") is False:
             log.warning("%s: YaRN with truncate=false: GGUF has no key for it and llama.cpp (and Strata) round "
                         "the correction dimensions; logits will differ slightly from transformers'", self.config_path)
@@ -120,6 +123,8 @@ class GptOssConverter(Converter):
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
         super().write_metadata(w)
         w.add_sliding_window(int(self.get("sliding_window")))
+        if self.swa_pattern is not None:  # per layer, as llama.cpp's load_swa_pattern reads it
+            w.add_sliding_window_pattern(self.swa_pattern)
         w.add_uint32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=self.arch.name), self.hp.n_ff_exp)
 
     def expected_shape(self, kind: MT) -> tuple[int, ...] | None:

@@ -35,7 +35,7 @@ class Arch:
     dense_lead: bool = False  # `{arch}.leading_dense_block_count` is required (leading dense FFN layers)
     mla: bool = False  # multi-head latent attention: attention.kv_lora_rank is required
     swa: bool = False  # sliding-window attention: attention.sliding_window is required
-    swa_period: int = 0  # layers i with i % swa_period < swa_period - 1 use the window (llama.cpp's swa pattern)
+    swa_period: int = 0  # without attention.sliding_window_pattern: layers i with i % swa_period < swa_period - 1 slide
 
     qk_norm: str | None = None  # one of QK_NORMS
     attn_bias: bool = False  # q, k and v projections have biases

@@ -24,8 +24,11 @@ from .experts import ff_length_from_shape, match_expert_tensor
 from .header import format_error
 
 
-#: `{arch}.expert_gating_func` values (llama_expert_gating_func_type) by id.
-GATING_FUNCS: dict[int, str] = {t.value: t.name.lower() for t in ExpertGatingFuncType}
+#: `{arch}.expert_gating_func` values (llama.cpp's llama_expert_gating_func_type) by id; 0 ("none")
+#: means the architecture's default, as llama.cpp's deepseek2 loader reads it. gguf-py's
+#: ExpertGatingFuncType lacks SOFTMAX_WEIGHT (3), so the table is llama.cpp's, checked against it.
+GATING_FUNCS: dict[int, str] = {0: "none", 1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrtsoftplus"}
+SUPPORTED_GATING = ("softmax", "sigmoid", "softmax_weight")  # what strata.models.moe.Router computes
 DEFAULT_ROPE_FREQ_BASE = 10000.0  # llama.cpp's default when rope.freq_base is absent
 
 
@@ -82,6 +85,14 @@ class HParams:
     head_dim_mla: int = 0  # attention.key_length_mla (deepseek2, newer converters)
     head_dim_v_mla: int = 0  # attention.value_length_mla
     sliding_window: int = 0  # attention.sliding_window (req for gpt-oss)
+    swa_layers: tuple[bool, ...] = ()  # attention.sliding_window_pattern: per layer, or a period (the arch's)
+    rope_freq_base_swa: float = 0.0  # rope.freq_base_swa: sliding-window layers' base (rope.freq_base)
+    attn_temperature_scale: float = 0.0  # attention.temperature_scale (deepseek2; 0: none)
+    attn_temperature_length: int = 0  # attention.temperature_length (req with a temperature scale)
+
+    def is_swa(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window (llama.cpp's hparams.is_swa)."""
+        return bool(self.sliding_window) and layer < len(self.swa_layers) and self.swa_layers[layer]
 
 
 _REQUIRED = object()
@@ -128,9 +139,13 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
     context_length = m.get(L.CONTEXT_LENGTH, int)
     n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
+    n_layers = m.get(L.BLOCK_COUNT, int)
+    rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
+    # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
+    temp_scale = m.get(A.TEMPERATURE_SCALE, float, 0.0) if spec.mla else 0.0
     hp = HParams(
         arch=arch,
-        n_layers=m.get(L.BLOCK_COUNT, int),
+        n_layers=n_layers,
         context_length=context_length,
         vocab_size=_vocab_size(path, m, shapes),
         n_embd=n_embd,
@@ -145,7 +160,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head),
         head_dim=head_dim,
         head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
-        rope_freq_base=m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE),
+        rope_freq_base=rope_freq_base,
         rope_type=spec.rope_type,
         rope_dim=m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim),
         rope_scaling=_rope_scaling(m, context_length),
@@ -159,7 +174,11 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         kv_lora_rank=m.get(A.KV_LORA_RANK, int, _REQUIRED if spec.mla else 0),
         head_dim_mla=m.get(A.KEY_LENGTH_MLA, int, 0),
         head_dim_v_mla=m.get(A.VALUE_LENGTH_MLA, int, 0),
-        sliding_window=m.get(A.SLIDING_WINDOW, int, _REQUIRED if spec.swa else 0),
+        sliding_window=m.get(A.SLIDING_WINDOW, int) if spec.swa else 0,
+        swa_layers=_swa_layers(m, spec, n_layers) if spec.swa else (),
+        rope_freq_base_swa=m.get(Keys.Rope.FREQ_BASE_SWA, float, rope_freq_base) if spec.swa else rope_freq_base,
+        attn_temperature_scale=temp_scale,
+        attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
     )
     _check_counts(path, hp, spec)
     _check_values(path, hp)
@@ -222,13 +241,31 @@ def _rope_scaling(m: _Metadata, context_length: int) -> RopeScaling:
 
 
 def _gating_func(m: _Metadata, spec: Arch) -> str:
-    raw = m.get(Keys.LLM.EXPERT_GATING_FUNC, int, None)
-    if raw is None:
-        return spec.expert_gating_func
-    if raw not in GATING_FUNCS:
-        raise format_error(m.path, f"metadata key {Keys.LLM.EXPERT_GATING_FUNC.format(arch=m.arch)!r}",
-                           f"one of {GATING_FUNCS}", str(raw))
-    return GATING_FUNCS[raw]
+    key = Keys.LLM.EXPERT_GATING_FUNC.format(arch=m.arch)
+    raw = m.get(Keys.LLM.EXPERT_GATING_FUNC, int, 0)
+    name = GATING_FUNCS.get(raw)
+    if name is None or name not in SUPPORTED_GATING + ("none",):
+        want = ", ".join(f"{i} ({n})" for i, n in GATING_FUNCS.items() if n in SUPPORTED_GATING + ("none",))
+        found = f"{raw} ({name}, not supported)" if name else str(raw)
+        raise format_error(m.path, f"metadata key {key!r}", f"one of {want}", found)
+    return spec.expert_gating_func if name == "none" else name
+
+
+def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window: `attention.sliding_window_pattern` as one bool per
+    layer, or as a period n (layer i slides when i % n < n - 1; 0: every layer), else the
+    architecture's period, as llama.cpp's load_swa_pattern reads it."""
+    key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=m.arch)
+    raw = m.metadata.get(key, spec.swa_period)
+    if isinstance(raw, list):
+        if len(raw) != n_layers or not all(isinstance(v, bool) for v in raw):
+            raise format_error(m.path, f"metadata key {key!r}", f"{n_layers} bools (one per layer) or a period",
+                               f"{raw!r:.80}")
+        return tuple(raw)
+    n = _coerce(m.path, key, raw, int)
+    if n < 0:
+        raise format_error(m.path, f"metadata key {key!r}", "a period >= 0", str(n))
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
 
 
 def _check_counts(path: Path, hp: HParams, spec: Arch) -> None:
@@ -241,7 +278,20 @@ def _check_counts(path: Path, hp: HParams, spec: Arch) -> None:
     if not 0 <= hp.n_dense_lead <= hp.n_layers:
         raise format_error(path, f"metadata key {Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=hp.arch)!r}",
                            f"between 0 and block_count={hp.n_layers}", str(hp.n_dense_lead))
+    _check_groups(path, hp)
 
+
+def _check_groups(path: Path, hp: HParams) -> None:
+    """Expert groups as llama.cpp's loader asserts them: fewer groups than experts; with more
+    than one group, the experts split evenly and 0 < groups used < groups."""
+    G, Gu, key = hp.n_expert_groups, hp.n_expert_groups_used, Keys.LLM.EXPERT_GROUP_COUNT.format(arch=hp.arch)
+    if G and not (G < hp.n_experts or G == hp.n_experts == 1):
+        raise format_error(path, f"metadata key {key!r}", f"fewer than expert_count={hp.n_experts}", str(G))
+    if G > 1 and hp.n_experts % G:
+        raise format_error(path, f"metadata key {key!r}", f"a divisor of expert_count={hp.n_experts}", str(G))
+    if G > 1 and not 0 < Gu < G:
+        raise format_error(path, f"metadata key {Keys.LLM.EXPERT_GROUP_USED_COUNT.format(arch=hp.arch)!r}",
+                           f"between 1 and expert_group_count-1={G - 1}", str(Gu))
 
 
 def _check_values(path: Path, hp: HParams) -> None:
@@ -255,8 +305,14 @@ def _check_values(path: Path, hp: HParams) -> None:
                 (L.EMBEDDING_LENGTH, hp.n_embd), (A.HEAD_COUNT_KV, hp.n_head_kv), (A.KEY_LENGTH, hp.head_dim),
                 (A.VALUE_LENGTH, hp.head_dim_v)]
     r = hp.rope_scaling
-    finite = [(R.SCALING_ATTN_FACTOR, r.attn_factor), (R.SCALING_YARN_EXT_FACTOR, r.yarn_ext_factor),
-              (R.SCALING_YARN_ATTN_FACTOR, r.yarn_attn_factor), (R.SCALING_YARN_BETA_FAST, r.yarn_beta_fast),
+    positive += [(key, v) for key, v in ((R.SCALING_ATTN_FACTOR, r.attn_factor), (R.SCALING_YARN_ATTN_FACTOR,
+                 r.yarn_attn_factor), (R.FREQ_BASE_SWA, hp.rope_freq_base_swa)) if v is not None]
+    if hp.sliding_window or any(hp.swa_layers):
+        positive.append((A.SLIDING_WINDOW, hp.sliding_window))
+    if hp.attn_temperature_scale:
+        positive.append((A.TEMPERATURE_LENGTH, hp.attn_temperature_length))
+    finite = [(A.TEMPERATURE_SCALE, hp.attn_temperature_scale), (R.SCALING_YARN_EXT_FACTOR, r.yarn_ext_factor),
+              (R.SCALING_YARN_BETA_FAST, r.yarn_beta_fast),
               (R.SCALING_YARN_BETA_SLOW, r.yarn_beta_slow), (R.SCALING_YARN_LOG_MUL, r.yarn_log_multiplier)]
     for key, value in positive:
         if not (math.isfinite(value) and value > 0):

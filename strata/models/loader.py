@@ -124,7 +124,8 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
     else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
-    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i)
+    temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
+    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i, temp)
 
 
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
@@ -149,9 +150,7 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
-    period = arch.swa_period
-    window = hp.sliding_window if period and i % period < period - 1 else 0
-    return Attention(weights, H, Hkv, hd, rope, i, window)
+    return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0)
 
 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
@@ -189,6 +188,29 @@ def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
     D, I = hp.n_embd, hp.n_ff
     return FeedForward(w.matrix(MT.FFN_GATE, i, (I, D)), w.matrix(MT.FFN_UP, i, (I, D)),
                        w.matrix(MT.FFN_DOWN, i, (D, I)))
+
+
+def rope_factors(w: WeightReader, hp: HParams) -> torch.Tensor | None:
+    """The frequency factors [rope_dim/2] the file's RoPE divides by, as llama.cpp's
+    get_rope_factors picks them: `rope_freqs` (Llama 3's), else under longrope the long set when
+    the model's context exceeds the original one, else the short set; None without."""
+    shape, s = (hp.rope_dim // 2,), hp.rope_scaling
+    w = WeightReader(w.mf, torch.device("cpu"), torch.float32, w.n_threads)  # float32, whatever the compute
+    if w.has(MT.ROPE_FREQS):
+        return w.get(MT.ROPE_FREQS, None, shape)
+    if s.type != "longrope":
+        return None
+    kind = MT.ROPE_FACTORS_LONG if hp.context_length > s.original_context_length else MT.ROPE_FACTORS_SHORT
+    return w.get(kind, None, shape)  # longrope without its factors: the missing tensor named
+
+
+def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope]:
+    """Each layer's RoPE: one shared table, and a second for sliding-window layers when the file
+    gives them their own base (`rope.freq_base_swa`, llama.cpp's get_rope_freq_base)."""
+    factors = rope_factors(w, hp)
+    full = Rope(hp, device, factors)
+    swa = full if hp.rope_freq_base_swa == hp.rope_freq_base else Rope(hp, device, factors, hp.rope_freq_base_swa)
+    return [swa if hp.is_swa(i) else full for i in range(hp.n_layers)]
 
 
 def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
@@ -259,12 +281,12 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
            n_threads: int, packed: PackedCompute | None) -> Transformer:
     hp = mf.hparams
     w = WeightReader(mf, device, dtype, n_threads, packed)
-    rope = Rope(hp, device)
+    ropes = layer_ropes(w, hp, device)
     V, D = hp.vocab_size, hp.n_embd
     embedding = w.matrix(MT.TOKEN_EMBD, None, (V, D))
     output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
-    blocks = [_block(w, arch, hp, i, rope, memory) for i in range(hp.n_layers)]
-    model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, rope)
+    blocks = [_block(w, arch, hp, i, ropes[i], memory) for i in range(hp.n_layers)]
+    model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, ropes[0])
     model.compute = packed  # the pool and scratch of packed compute (None: float)
     model.hybrid = None  # the CPU side of hybrid compute (closed with the model)
     if packed is not None:
@@ -283,4 +305,4 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     return model
 
 
-__all__ = ["WeightReader", "architecture", "cache_dims", "load_model"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "layer_ropes", "load_model", "rope_factors"]

@@ -47,21 +47,35 @@ class MLAWeights:
 
 
 def mla_scale(key_dim: int, hp) -> float:
-    """The attention scale of llama.cpp's deepseek2 graph: 1/sqrt(N+R), times mscale^2 with YaRN."""
+    """The attention scale of llama.cpp's deepseek2 graph: 1/sqrt(N+R), times mscale^2 with YaRN and
+    DeepSeek's mscale_all_dim (yarn_log_multiplier = 0.1 * it): mscale = attn_factor *
+    (1 + yarn_log_multiplier * ln factor), transformers' yarn_get_mscale(factor, mscale_all_dim)."""
     scale = key_dim ** -0.5
     s = hp.rope_scaling
     if s.type == "yarn" and s.factor > 1.0 and s.yarn_log_multiplier:
-        mscale = 1.0 + s.yarn_log_multiplier * math.log(s.factor)
+        attn_factor = s.attn_factor if s.attn_factor is not None else 1.0
+        mscale = attn_factor * (1.0 + s.yarn_log_multiplier * math.log(s.factor))
         scale *= mscale * mscale
     return scale
+
+
+def temperature(scale: float, length: int, positions: torch.Tensor) -> torch.Tensor:
+    """Per-token query temperature [T] of deepseek2 files that declare one (Mistral-Large-3; llama.cpp's
+    attention.temperature_scale / _length): 1 + scale * ln(floor(pos / length) + 1)."""
+    steps = torch.floor(positions.double() / length) + 1.0
+    return (torch.log(steps) * scale + 1.0).float()
 
 
 class MLAttention(nn.Module):
     fusable = True  # the fused decode step (strata.models.step) computes it (native/step.c, latent attention)
 
-    def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int):
+    def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int,
+                 temperature: tuple[float, int] | None = None):
         super().__init__()
         self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
+        self.temperature = temperature  # (scale, length) of a per-position query temperature, or None
+        if temperature is not None:
+            self.fusable = False  # the fused step has no temperature: decode runs per call
         self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
         self.kv_lora = w.kv_a_norm.weight.shape[0]
         self.v_dim = w.v_b.shape[0] // n_head if isinstance(w.v_b, PackedMatrix) else w.v_b.shape[1]
@@ -80,6 +94,8 @@ class MLAttention(nn.Module):
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
         q_lat = _heads(w.k_b, q_nope, L)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
+        if self.temperature is not None:
+            query = query * temperature(*self.temperature, batch.positions).to(query)[:, None, None]
         if self.native and batch.is_decode:
             # Latent rows [c | k_rope] serve as keys and values (one kv head of L+R features): the
             # weighted sum over whole rows carries c's in its first L features, the rest is dropped.
@@ -121,4 +137,4 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
-__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale"]
+__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale", "temperature"]

@@ -43,13 +43,16 @@ class DecodeProgram:
     def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
         """The program of `model` when packed compute can run all its decode steps so: every block
         fused, with routed experts (and a shared expert, if any, in packed form) or a dense FFN in
-        packed form (a SharedExpert without gate: DeepSeek's first layers), at least one MoE
-        block, no look-ahead announcements (they are Python between layers), and a memory whose
-        experts stay in place (`fixed_packed`)."""
+        packed form (a SharedExpert without gate: DeepSeek's first layers), one RoPE table for
+        every layer (not sliding-window layers with their own base), at least one MoE block, no
+        look-ahead announcements (they are Python between layers), and a memory whose experts
+        stay in place (`fixed_packed`)."""
         compute = getattr(model, "compute", None)
         if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
             return None
         blocks = list(model.blocks)
+        if any(b.attention.rope is not model.rope for b in blocks):  # the native program takes one rope table
+            return None
         for b in blocks:
             if b.fused is None or b.lookahead is not None:
                 return None

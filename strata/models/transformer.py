@@ -84,10 +84,14 @@ class Transformer(nn.Module):
             self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
         if self.program is not None and batch.is_decode:
-            x = self.program(x, batch, cos_sin, cache)  # the blocks' maths, all in one native call
+            x = self.program(x, batch, cos_sin, cache)  # the blocks' maths, all in one native call (one table)
         else:
+            tables = {id(self.rope): cos_sin}  # sliding-window layers may have their own base
             for i, block in enumerate(self.blocks):
-                x = block(x, batch, cos_sin, cache.layer(i))  # [T, D]
+                rope = block.attention.rope
+                if id(rope) not in tables:
+                    tables[id(rope)] = rope.cos_sin(batch.positions, x.dtype)
+                x = block(x, batch, tables[id(rope)], cache.layer(i))  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
         logits = linear(self.norm(x), self.output).float()  # [T or B, V]

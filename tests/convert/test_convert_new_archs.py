@@ -81,7 +81,8 @@ def test_gpt_oss_tensors_and_values():
     ("deepseek3", {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}, "static"),
     ("gptoss", {"quantization_config": {"quant_method": "awq"}}, "'awq'"),
     ("gptoss", {"swiglu_limit": 10.0}, "swiglu_limit=10.0"),
-    ("gptoss", {"layer_types": ["full_attention"] * 4}, "layer_types"),
+    ("gptoss", {"layer_types": ["full_attention"] * 3}, "layer_types"),  # one per layer (any pattern: written)
+    ("gptoss", {"layer_types": ["chunked_attention"] * 4}, "layer_types"),
 ])
 def test_unsupported_configs_are_refused(tmp_path, key, change, words):
     tiny = zoo().get(key)

@@ -51,6 +51,13 @@ def hparam_changes() -> list[tuple[str, dict]]:
             ("freq_base string", {_k("rope.freq_base"): ("1e4", V.STRING)}),
             ("block_count float", {_k("block_count"): (2.0, f)}),
             ("expert_count array", {_k("expert_count"): ([4, 4], V.ARRAY, u)})]
+    # the scaling and routing keys real files carry (tests/gguf/test_hparams_metadata_keys.py)
+    out += [(f"rope type {v}", {_k("rope.scaling.type"): (v, V.STRING)}) for v in ("ntk", "", "YARN")]
+    out += [(f"rope attn_factor={v}", {_k("rope.scaling.attn_factor"): (v, f)}) for v in (0.0, -1.0, math.nan)]
+    out += [(f"yarn attn_factor={v}", {**yarn, _k("rope.scaling.yarn_attn_factor"): (v, f)}) for v in (0.0, math.inf)]
+    out += [(f"gating func={v}", {_k("expert_gating_func"): (v, u)}) for v in (4, 7, 2**31)]
+    out += [(f"expert groups={g}/{gu}", {_k("expert_group_count"): (g, u), _k("expert_group_used_count"): (gu, u)})
+            for g, gu in ((3, 1), (4, 1), (2, 2), (2, 0))]
     return out
 
 

@@ -42,8 +42,8 @@ def test_scaled_frequencies_match_transformers(hparams, kind, params):
 
 
 def test_unsupported_scaling_is_a_format_error(hparams):
-    hp = dataclasses.replace(hparams, rope_scaling=RopeScaling(type="longrope", factor=2.0))
-    with pytest.raises(StrataFormatError, match="longrope"):
+    hp = dataclasses.replace(hparams, rope_scaling=RopeScaling(type="ntk", factor=2.0))
+    with pytest.raises(StrataFormatError, match="ntk"):
         rope_frequencies(hp)
 
 
@@ -73,3 +73,31 @@ def test_partial_rotary_passes_the_rest_through(hparams):
     out = rope.apply(x, *rope.cos_sin(torch.arange(1, 5), torch.float32))
     assert torch.equal(out[..., 32:], x[..., 32:])
     assert not torch.allclose(out[..., :32], x[..., :32])
+
+
+@pytest.mark.parametrize("kind, params", [
+    ("yarn", dict(factor=4.0, original_max_position_embeddings=512, attention_factor=1.5)),
+    ("longrope", dict(original_max_position_embeddings=512, attention_factor=1.2,
+                      short_factor=[1.0 + 0.1 * i for i in range(32)], long_factor=[2.0 + i for i in range(32)])),
+])
+def test_attention_factors_and_longrope_match_transformers(hparams, kind, params):
+    """yarn_attn_factor replaces YaRN's 1 + 0.1 ln factor (transformers' attention_factor); longrope
+    divides by the long factors (the context exceeds the original) and scales cos/sin by attn_factor."""
+    long = torch.tensor(params.get("long_factor", [1.0] * 32))
+    scaling = RopeScaling(type=kind, factor=params.get("factor", 1.0), original_context_length=512,
+                          yarn_attn_factor=params["attention_factor"] if kind == "yarn" else None,
+                          attn_factor=params["attention_factor"] if kind == "longrope" else None)
+    hp = dataclasses.replace(hparams, rope_freq_base=10000.0, rope_scaling=scaling)
+    inv_freq, scale = rope_frequencies(hp, long if kind == "longrope" else None)
+    cfg = _hf_config(dict(rope_type=kind, rope_theta=10000.0, **params))
+    ref_inv, ref_scale = ROPE_INIT_FUNCTIONS[kind](cfg, seq_len=4096) if kind == "longrope" else \
+        ROPE_INIT_FUNCTIONS[kind](cfg)
+    torch.testing.assert_close(inv_freq, ref_inv, rtol=1e-6, atol=0)
+    assert scale == pytest.approx(ref_scale, rel=1e-7)
+
+
+def test_rope_attn_factor_scales_every_type(hparams):
+    """llama.cpp multiplies cos/sin by rope.scaling.attn_factor whatever the scaling type."""
+    for kind in ("none", "linear"):
+        hp = dataclasses.replace(hparams, rope_scaling=RopeScaling(type=kind, factor=2.0, attn_factor=0.75))
+        assert rope_frequencies(hp)[1] == 0.75
