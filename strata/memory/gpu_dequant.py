@@ -95,6 +95,59 @@ def _bits(qh: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return (qh.unsqueeze(1 if shape[1] == 8 else 2) >> shifts) & 1
 
 
+# --- gguf-py's tables (format data) as float32 tensors made once per device; i-quant fields ---
+
+def _grid(fmt: str, device: torch.device) -> torch.Tensor:
+    """Lattice points of i-quant `fmt` (gguf.quants class name): float32 [G, 8] or [G, 4]."""
+    def make() -> torch.Tensor:
+        cls = getattr(gguf_quants, fmt)
+        cls.init_grid()
+        return torch.from_numpy(np.array(cls.grid, dtype=np.float32).reshape(cls.grid_shape))
+    return _cached(f"grid_{fmt}", device, make)
+
+
+def _sign_table(device: torch.device) -> torch.Tensor:
+    """The 128 even-parity sign patterns (ksigns) as +-1.0 float32 [128, 8]: bit j set is -1."""
+    def make() -> torch.Tensor:
+        k = torch.from_numpy(np.frombuffer(gguf_quants.IQ2_XXS.ksigns, dtype=np.uint8).copy())
+        return 1.0 - 2.0 * ((k.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).float()
+    return _cached("ksigns", device, make)
+
+
+def _float_table(name: str, device: torch.device, values) -> torch.Tensor:
+    return _cached(name, device, lambda: torch.from_numpy(np.asarray(values, dtype=np.float32).copy()))
+
+
+def _lookup(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows of `table` [G, ...] at integer `idx` [...] -> [..., ...]."""
+    return table.index_select(0, idx.reshape(-1).long()).reshape(*idx.shape, *table.shape[1:])
+
+
+def _le(by: torch.Tensor) -> torch.Tensor:
+    """Little-endian unsigned words from their bytes [..., size] -> int64 [...]."""
+    size = by.shape[-1]
+    shifts = _const(f"le{size}", by.device, [8 * i for i in range(size)], (size,), torch.long)
+    return (by.long() << shifts).sum(-1)
+
+
+def _pair_nibbles(s: torch.Tensor) -> torch.Tensor:
+    """i-quant 4-bit scales [N, n] bytes -> [N, 2n]: low then high nibble of each byte."""
+    shifts = _const("nibble_pair", s.device, [0, 4], (1, 1, 2))
+    return ((s.unsqueeze(-1) >> shifts) & 15).reshape(s.shape[0], -1)
+
+
+def _sign_bits(s: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Explicit sign bytes [N, n] -> +-1.0 [N, 8n] in `shape` (bit j of byte k is element 8k + j)."""
+    return (1.0 - 2.0 * _bits(s, "bits_byte_major", (1, 1, 8)).float()).reshape(shape)
+
+
+def _ksigns(idx: torch.Tensor) -> torch.Tensor:
+    """7-bit indices into the even-parity sign table [...] -> +-1.0 [..., 8]."""
+    return _lookup(_sign_table(idx.device), idx)
+
+
+# --- Legacy and K-quants, MXFP4 ---
+
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
     d = _half(b, 0)  # [N, 1]
     q = _nibbles(b[:, 2:18], 16)  # [N, 32]
@@ -222,59 +275,8 @@ def _mxfp4(b: torch.Tensor) -> torch.Tensor:
     bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e), (e - 1) << 23)
     d = bits.view(torch.float32)
     lut = _float_table("e2m1x2", b.device, gguf_quants.MXFP4.kvalues)
-    q = _nibbles(b[:, 1:17], 16).long()
-    return d * lut[q]
-
-
-# --- Tables from gguf-py (format data), as float32 tensors made once per device ---
-
-def _grid(fmt: str, device: torch.device) -> torch.Tensor:
-    """Lattice points of i-quant `fmt` (gguf.quants class name): float32 [G, 8] or [G, 4]."""
-    def make() -> torch.Tensor:
-        cls = getattr(gguf_quants, fmt)
-        cls.init_grid()
-        return torch.from_numpy(np.array(cls.grid, dtype=np.float32).reshape(cls.grid_shape))
-    return _cached(f"grid_{fmt}", device, make)
-
-
-def _sign_table(device: torch.device) -> torch.Tensor:
-    """The 128 even-parity sign patterns (ksigns) as +-1.0 float32 [128, 8]: bit j set is -1."""
-    def make() -> torch.Tensor:
-        k = torch.from_numpy(np.frombuffer(gguf_quants.IQ2_XXS.ksigns, dtype=np.uint8).copy())
-        return 1.0 - 2.0 * ((k.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8)) & 1).float()
-    return _cached("ksigns", device, make)
-
-
-def _float_table(name: str, device: torch.device, values) -> torch.Tensor:
-    return _cached(name, device, lambda: torch.from_numpy(np.asarray(values, dtype=np.float32).copy()))
-
-
-def _lookup(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Rows of `table` [G, ...] at integer `idx` [...] -> [..., ...]."""
-    return table.index_select(0, idx.reshape(-1).long()).reshape(*idx.shape, *table.shape[1:])
-
-
-def _le(by: torch.Tensor) -> torch.Tensor:
-    """Little-endian unsigned words from their bytes [..., size] -> int64 [...]."""
-    size = by.shape[-1]
-    shifts = _const(f"le{size}", by.device, [8 * i for i in range(size)], (size,), torch.long)
-    return (by.long() << shifts).sum(-1)
-
-
-def _pair_nibbles(s: torch.Tensor) -> torch.Tensor:
-    """i-quant 4-bit scales [N, n] bytes -> [N, 2n]: low then high nibble of each byte."""
-    shifts = _const("nibble_pair", s.device, [0, 4], (1, 1, 2))
-    return ((s.unsqueeze(-1) >> shifts) & 15).reshape(s.shape[0], -1)
-
-
-def _sign_bits(s: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Explicit sign bytes [N, n] -> +-1.0 [N, 8n] in `shape` (bit j of byte k is element 8k + j)."""
-    return (1.0 - 2.0 * _bits(s, "bits_byte_major", (1, 1, 8)).float()).reshape(shape)
-
-
-def _ksigns(idx: torch.Tensor) -> torch.Tensor:
-    """7-bit indices into the even-parity sign table [...] -> +-1.0 [..., 8]."""
-    return _lookup(_sign_table(idx.device), idx)
+    q = _nibbles(b[:, 1:17], 16)
+    return d * _lookup(lut, q)
 
 
 # --- Non-linear 4-bit, FP4 and ternary formats ---
@@ -282,7 +284,7 @@ def _ksigns(idx: torch.Tensor) -> torch.Tensor:
 def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
     d = _half(b, 0)
     kv = _float_table("iq4_kvalues", b.device, gguf_quants.IQ4_NL.kvalues)
-    return d * kv[_nibbles(b[:, 2:18], 16).long()]
+    return d * _lookup(kv, _nibbles(b[:, 2:18], 16))
 
 
 def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
@@ -294,7 +296,7 @@ def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
     sc = (_pair_nibbles(b[:, 4:8]).long() | (hi << 4)) - 32
     dl = d * sc.float()  # [N, 8]
     kv = _float_table("iq4_kvalues", b.device, gguf_quants.IQ4_NL.kvalues)
-    q = kv[_nibbles(b[:, 8:136], 16).long()]  # [N, 256]
+    q = _lookup(kv, _nibbles(b[:, 8:136], 16))  # [N, 256]
     return dl.unsqueeze(-1) * q.reshape(n_blocks, 8, 32)
 
 
@@ -302,9 +304,9 @@ def _nvfp4(b: torch.Tensor) -> torch.Tensor:
     n_blocks = b.shape[0]
     ue4m3 = _cached("ue4m3", b.device, lambda: torch.from_numpy(
         gguf_quants.NVFP4.ue4m3_to_fp32(np.arange(256, dtype=np.uint8)).astype(np.float32)))
-    d = ue4m3[b[:, 0:4].long()].unsqueeze(-1)  # [N, 4, 1], halved scale per 16 elements
+    d = _lookup(ue4m3, b[:, 0:4]).unsqueeze(-1)  # [N, 4, 1], halved scale per 16 elements
     lut = _float_table("e2m1x2", b.device, gguf_quants.NVFP4.kvalues)
-    q = lut[_nibbles(b[:, 4:36], 8).long()]  # [N, 64]
+    q = _lookup(lut, _nibbles(b[:, 4:36], 8))  # [N, 64]
     return d * q.reshape(n_blocks, 4, 16)
 
 
