@@ -32,7 +32,7 @@ def _check(t: T, dtype: torch.dtype, device: str, random_bytes: bool) -> None:
     with np.errstate(all="ignore"):
         ref = torch.from_numpy(gguf_quants.dequantize(src, t).reshape(rows, cols)).to(dtype)
     if not random_bytes:
-        assert torch.isfinite(ref).all() and (ref != 0).any(), f"{t.name}: fixture blocks decode to non-finite or zero values"
+        assert torch.isfinite(ref).all() and (ref != 0).any(), f"{t.name}: fixture decodes to inf/NaN or zeros"
     out = torch.empty(rows, cols, dtype=dtype, device=device)
     dequantize_into(t, torch.from_numpy(src).to(device), out)
     out = out.cpu()
