@@ -60,6 +60,9 @@ HALF_SCALE_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
     GGMLType.Q8_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2),
     GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+    GGMLType.IQ2_XXS: (0,), GGMLType.IQ2_XS: (0,), GGMLType.IQ2_S: (0,), GGMLType.IQ3_XXS: (0,),
+    GGMLType.IQ3_S: (0,), GGMLType.IQ1_S: (0,), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+    GGMLType.TQ1_0: (52,), GGMLType.TQ2_0: (64,),
 }
 
 
