@@ -46,6 +46,26 @@ def architecture(mf: ModelFile) -> Arch:
     return arch
 
 
+def _supported(packed: bool) -> str:
+    kind = "packed compute" if packed else "dequantization"
+    return f"supported for {kind}: {', '.join(t.name for t in native.supported_types(packed))}"
+
+
+def check_types(mf: ModelFile, packed: bool) -> None:
+    """Refuse, before anything is read, a tensor whose ggml type the native runtime cannot
+    dequantize, or (packed compute) a routed-expert tensor it cannot multiply from its packed
+    blocks: one line naming the file, the tensor, its type and the supported types. Resident
+    matrices are checked as they are packed (`WeightReader.matrix`)."""
+    for name, info in mf.tensors.items():
+        support = native.type_support(info.ggml_type)
+        if not support.dequant:
+            raise StrataFormatError(f"{mf.path}: tensor {name!r} is {info.ggml_type.name}, a ggml type Strata cannot "
+                                    f"read ({_supported(False)})")
+        if packed and name not in mf.resident and not support.packed:
+            raise StrataFormatError(f"{mf.path}: expert tensor {name!r} is {info.ggml_type.name}, which has no packed "
+                                    f"kernels ({_supported(True)}); load with compute='float'")
+
+
 class WeightReader:
     """Resident tensors of one file, dequantized into `dtype` on `device`, shapes checked."""
 
@@ -64,6 +84,9 @@ class WeightReader:
         if info is None or info.shape != tuple(shape):
             return self.get(kind, layer, shape)  # the same error `get` gives
         rows = int(np.prod(shape[:-1]))
+        if not native.type_support(info.ggml_type).packed:
+            raise StrataFormatError(f"{self.mf.path}: tensor {name!r} is {info.ggml_type.name}, which has no packed "
+                                    f"kernels ({_supported(True)}); load with compute='float'")
         try:
             m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (rows, shape[-1]), self.compute)
         except ValueError as e:
@@ -246,6 +269,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
         raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
     if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
         raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
+    check_types(mf, compute == "packed" and getattr(memory, "packed", False))
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:
         return _build(mf, memory, arch, device, dtype, n_threads, packed)
@@ -283,4 +307,4 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     return model
 
 
-__all__ = ["WeightReader", "architecture", "cache_dims", "load_model"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "check_types", "load_model"]
