@@ -233,3 +233,52 @@ def test_a_type_without_packed_kernels_fails_at_load_under_packed_compute(mixed,
                               f"(supported for packed compute: F32, "), msg
         listed = msg.split("packed compute: ")[1].split(")")[0].split(", ")
         assert msg.endswith("; load with compute='float'") and t.name not in listed and "Q4_K" in listed
+
+
+# ---- Files llama.cpp's own quantizer writes (llama_model_quantize, no imatrix needed) ----
+
+# ftype -> the i-quant or ternary type it gives most weights (llama.cpp mixes in Q4_K/Q6_K/F32).
+LLAMA_FTYPES = {25: T.IQ4_NL, 26: T.IQ3_S, 27: T.IQ3_S, 30: T.IQ4_XS, 36: T.TQ1_0, 37: T.TQ2_0}
+
+
+def _llama_quantized(tiny, ftype: int) -> Path:
+    import ctypes
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out = tiny.root / f"{tiny.key}-llama-ftype{ftype}.gguf"
+    if not out.exists():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = ftype, 2
+        rc = llama_cpp.llama_model_quantize(str(tiny.gguf("f32")).encode(), str(out).encode(), ctypes.byref(params))
+        assert rc == 0, f"llama_model_quantize ftype {ftype}: {rc}"
+    return out
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("ftype", list(LLAMA_FTYPES), ids=lambda f: f"ftype{f}-{LLAMA_FTYPES[f].name}")
+def test_llama_cpp_quantized_files_run_packed_and_agree_with_llama_cpp(ftype):
+    """IQ3_M (27) mixes IQ3_S with Q4_K per tensor, as llama.cpp's recipes do."""
+    import strata
+    from tests.fixtures.tiny import zoo
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tiny = zoo().get("qwen3moe")
+    path = _llama_quantized(tiny, ftype)
+    with open_model(path) as mf:
+        assert LLAMA_FTYPES[ftype] in {info.ggml_type for info in mf.tensors.values()}
+    prompts = [tiny.prompt_ids(64, seed=s) for s in (1, 2)]
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=2, verbose=False)
+    try:
+        with strata.load(path, threads=2, n_ctx=128, max_batch=1, compute="packed", memory="direct") as ours:
+            hits = total = 0
+            for ids in prompts:
+                llm.reset()
+                llm.eval(ids)
+                theirs = torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+                mine = ours.logits(ids)
+                # llama.cpp rounds activations as we do: measured 0.3-1.4% of the logit range
+                assert float((mine - theirs).abs().max() / theirs.abs().max()) < 0.03
+                hits, total = hits + int((mine.argmax(-1) == theirs.argmax(-1)).sum()), total + len(ids)
+            assert hits / total >= 0.95, (hits, total)
+    finally:
+        llm.close()
