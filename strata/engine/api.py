@@ -425,7 +425,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     mem = transformer = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
-        check_types(mf, mode == "packed")  # then a tensor type it cannot read or multiply
+        # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the GPU
+        check_types(mf, mode == "packed", cuda=dev.type == "cuda" and memory in (None, "tiered"))
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)

@@ -282,3 +282,18 @@ def test_llama_cpp_quantized_files_run_packed_and_agree_with_llama_cpp(ftype):
             assert hits / total >= 0.95, (hits, total)
     finally:
         llm.close()
+
+
+def test_gpu_expert_memory_refuses_types_it_cannot_dequantize(mixed):
+    """The tiered memory on CUDA dequantizes experts with torch (strata.memory.gpu_dequant), which
+    has no i-quant kernels yet: said at load, naming the tensor, instead of at the first fill."""
+    from strata.models import check_types
+
+    with open_model(mixed) as mf:
+        check_types(mf, packed=True)  # the CPU reads every tensor
+        with pytest.raises(StrataError) as err:
+            check_types(mf, packed=False, cuda=True)
+    msg = str(err.value)
+    assert msg.startswith(f"{mixed}: expert tensor 'blk.0.ffn_gate_exps.weight' is IQ2_XXS, which the GPU expert "
+                          "memory cannot dequantize yet (on CUDA: F32, F16, BF16, Q4_0") and "\n" not in msg
+    assert msg.endswith("run it on the CPU (device='cpu')")
