@@ -103,8 +103,9 @@ def run_verdict(args: argparse.Namespace, model) -> dict[str, Any]:
     from strata.engine.api import resolve_compute, resolve_device
     from strata.engine.verdict import verdict
 
-    compute = resolve_compute(getattr(args, "compute", None), resolve_device(getattr(args, "device", "cpu")), None)
-    return verdict(model, compute).to_dict()
+    device = resolve_device(getattr(args, "device", "cpu"))
+    compute = resolve_compute(getattr(args, "compute", None), device, None)
+    return verdict(model, compute, cuda=device.type == "cuda").to_dict()
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

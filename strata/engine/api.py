@@ -426,7 +426,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     mem = transformer = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
-        check_runs(mf, mode)  # then a tensor type the compute path has no kernel for (inspect's verdict)
+        # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the
+        # GPU: the sentence of inspect's verdict
+        check_runs(mf, mode, cuda=dev.type == "cuda" and memory in (None, "tiered"))
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from strata import arch as archs
 from strata import native
-from strata.errors import StrataError
+from strata.errors import StrataError, StrataFormatError
 from strata.gguf import ModelFile
-from strata.quant import DEQUANT_TYPES, GGMLType
+from strata.models.loader import check_types
+from strata.quant import GGMLType
 from strata.tokenizer import Tokenizer
 
 #: Kernel families from widest to narrowest, as `native.default_impl` names them.
@@ -37,60 +38,35 @@ class Verdict:
         return {"runs": self.runs, "sentence": self.sentence, "compute": self.compute, "kernels": self.kernels}
 
 
-def packed_types() -> list[GGMLType]:
-    """The ggml types the native quantized kernels multiply straight from their blocks."""
-    return [t for t in GGMLType if _has_packed(t)]
-
-
-def _has_packed(t: GGMLType) -> bool:
-    try:
-        return native.has_qdot_kernel(t, "scalar")  # every kernel family falls back to the scalar tile
-    except ValueError:
-        return False
-
-
 def _family(t: GGMLType, compute: str) -> str:
-    """The widest kernel family this CPU runs for `t` (the dequantization kernels on the float path)."""
-    has = native.has_qdot_kernel if compute == "packed" else native.has_kernel
+    """The kernel family that runs `t` here: its packed kernel's, or on the float path the widest
+    dequantization kernel this CPU runs."""
+    if compute == "packed":
+        return native.type_support(t).runs or "scalar"
     widest = native.default_impl()
-    for impl in _FAMILIES[_FAMILIES.index(widest):]:
-        if has(t, impl):
-            return impl
-    return "scalar"
+    return next((f for f in ("avx512", "avx2") if _FAMILIES.index(f) >= _FAMILIES.index(widest)
+                 and native.has_kernel(t, f)), "scalar")
 
 
-def _needs_packed(mf: ModelFile, name: str, shape: tuple[int, ...]) -> bool:
-    """Matrices are multiplied from their blocks under packed compute; vectors (norms, biases),
-    routers and the embedding table (rows looked up, unless it doubles as the output head) are
-    read as float32."""
-    if len(shape) < 2 or "ffn_gate_inp" in name:
-        return False
-    return not name.startswith("token_embd") or "output.weight" not in mf.tensors
-
-
-def _type_problem(mf: ModelFile, compute: str) -> str | None:
-    """The first tensor whose type the compute path cannot use, as the middle of a sentence."""
-    dequant = set(DEQUANT_TYPES)
-    packed = set(packed_types()) if compute == "packed" else set()
-    for name, t in mf.tensors.items():
-        if t.ggml_type not in dequant:
-            return (f"tensor {name!r} is {t.ggml_type.name}, which Strata cannot read "
-                    f"(types it reads: {', '.join(x.name for x in DEQUANT_TYPES)})")
-        if compute == "packed" and _needs_packed(mf, name, t.shape) and t.ggml_type not in packed:
-            return (f"tensor {name!r} is {t.ggml_type.name}, which has no packed kernel "
-                    f"(packed types: {', '.join(x.name for x in sorted(packed))}); use --compute float")
+def _type_problem(mf: ModelFile, compute: str, cuda: bool) -> str | None:
+    """The loader's type check (`check_types`) as the middle of a sentence, or None."""
+    try:
+        check_types(mf, compute == "packed", cuda=cuda)
+    except StrataFormatError as e:
+        return str(e).removeprefix(f"{mf.path}: ")
     return None
 
 
-def verdict(mf: ModelFile, compute: str, *, tokenizer: bool = True) -> Verdict:
+def verdict(mf: ModelFile, compute: str, *, cuda: bool = False, tokenizer: bool = True) -> Verdict:
     """Whether `mf` runs with `compute` ('packed' or 'float') on this machine, and how.
 
-    `tokenizer=False` skips building the tokenizer (a caller that builds it next says its error)."""
+    cuda: the experts are dequantized on a GPU (the tiered memory on CUDA). `tokenizer=False`
+    skips building the tokenizer (a caller that builds it next says its error)."""
     arch = archs.get(mf.arch)
     if arch is None or not arch.runs:
         return Verdict(False, f"does not run: architecture {mf.arch!r} is not supported for inference "
                               f"(supported: {', '.join(archs.names(runs=True))})", compute)
-    problem = _type_problem(mf, compute)
+    problem = _type_problem(mf, compute, cuda)
     if problem is not None:
         return Verdict(False, f"does not run: {problem}", compute)
     if tokenizer:
@@ -110,11 +86,11 @@ def verdict(mf: ModelFile, compute: str, *, tokenizer: bool = True) -> Verdict:
     return Verdict(True, f"runs: {mf.arch}, {path}; kernels {how}", compute, kernels)
 
 
-def check_runs(mf: ModelFile, compute: str) -> None:
-    """Raise StrataError with the verdict's sentence, naming the file, when `mf` does not run."""
-    v = verdict(mf, compute, tokenizer=False)
+def check_runs(mf: ModelFile, compute: str, *, cuda: bool = False) -> None:
+    """Raise StrataFormatError with the verdict's sentence, naming the file, when `mf` does not run."""
+    v = verdict(mf, compute, cuda=cuda, tokenizer=False)
     if not v.runs:
-        raise StrataError(f"{mf.path}: {v.sentence}")
+        raise StrataFormatError(f"{mf.path}: {v.sentence}")
 
 
-__all__ = ["Verdict", "check_runs", "packed_types", "verdict"]
+__all__ = ["Verdict", "check_runs", "verdict"]

@@ -2,11 +2,14 @@
 not run (the tensor and type, the architecture or the tokenizer), and how a file that runs does."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import strata
 from strata.cli import main
-from strata.engine.verdict import packed_types, verdict
+from strata import native
+from strata.engine.verdict import verdict
 from strata.errors import StrataError
 from strata.gguf import open_model
 from tests.gguf.fixtures import Dims, ModelWriter, Q, _attention, _common_keys, _embeddings
@@ -61,7 +64,8 @@ def test_unreadable_type_names_tensor_and_type_in_inspect_and_load(tmp_path, cap
     with open_model(path) as mf:
         v = verdict(mf, "packed")
     assert not v.runs
-    assert v.sentence.startswith("does not run: tensor 'blk.0.ffn_down_exps.weight' is Q8_1, which Strata cannot read")
+    assert v.sentence.startswith("does not run: tensor 'blk.0.ffn_down_exps.weight' is Q8_1, a ggml type Strata "
+                                 "cannot read")
     assert "Q4_K" in v.sentence  # the list of what it reads
     code, out = _inspect(capsys, path)
     assert code == 0 and out.splitlines()[-1] == f"verdict: {v.sentence}"
@@ -73,16 +77,17 @@ def test_unreadable_type_names_tensor_and_type_in_inspect_and_load(tmp_path, cap
 
 
 def test_type_without_packed_kernel_says_use_float(tmp_path, monkeypatch):
+    """As a type with dequantization but no packed kernel would be (every type has both today)."""
     path = _write(tmp_path / "ok.gguf")
-    import strata.engine.verdict as mod
-
-    monkeypatch.setattr(mod, "packed_types", lambda: [t for t in packed_types() if t != Q.Q4_K])
+    real = native.type_support
+    monkeypatch.setattr(native, "type_support", lambda t: replace(real(t), packed=False) if t == Q.Q4_K else real(t))
     with open_model(path) as mf:
-        v = mod.verdict(mf, "packed")
-        assert mod.verdict(mf, "float").runs
+        v = verdict(mf, "packed")
+        assert verdict(mf, "float").runs
     assert not v.runs
-    assert v.sentence.startswith("does not run: tensor 'blk.0.ffn_gate_exps.weight' is Q4_K, which has no packed kernel")
-    assert v.sentence.endswith("use --compute float")
+    assert v.sentence.startswith("does not run: expert tensor 'blk.0.ffn_gate_exps.weight' is Q4_K, which has no "
+                                 "packed kernels")
+    assert "compute='float'" in v.sentence
 
 
 def test_unknown_architecture(tmp_path, capsys):
