@@ -65,12 +65,14 @@ def rewrite_part(path: Path, set: dict[str, tuple] | None = None, drop_last: boo
     """Rewrite part `path` in place with metadata `set` ({key: (value, GGUFValueType)}) and, with
     `drop_last`, without its last tensor; every other key and tensor as it was."""
     reader = GGUFReader(path)
-    arch = reader.fields.get("general.architecture")
+    changes = dict(set or {})
+    field = reader.fields.get("general.architecture")
+    arch = changes.pop("general.architecture")[0] if "general.architecture" in changes else \
+        field.contents() if field else None
     tmp = path.with_name(path.name + ".rewrite")
-    w = GGUFWriter(str(tmp), arch.contents() if arch else "none")
+    w = GGUFWriter(str(tmp), arch or "none")
     if arch is None:
         del w.kv_data[0]["general.architecture"]
-    changes = dict(set or {})
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
             continue
