@@ -71,9 +71,11 @@ def render_parts(parts: list[dict[str, Any]], out: TextIO) -> None:
         return
     print(f"  parts: {len(parts)} files (llama.cpp's split layout; metadata in part 1)", file=out)
     for p in parts:
+        layers = f"layer{'s' if len(p['expert_layers']) > 1 else ''} {_layer_ranges(p['expert_layers'])}"
+        experts = (f"{p['expert_tensors']} expert tensor{'s' if p['expert_tensors'] > 1 else ''} ({layers})"
+                   if p["expert_tensors"] else "no expert tensors")
         print(f"    {p['part']}: {p['path']}: {format_bytes(p['file_bytes'])}, {p['n_tensors']} tensors "
-              f"({format_bytes(p['tensor_bytes'])}), {p['expert_tensors']} of them expert tensors of layers "
-              f"{_layer_ranges(p['expert_layers'])}", file=out)
+              f"({format_bytes(p['tensor_bytes'])}), {experts}", file=out)
 
 
 def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -> None:

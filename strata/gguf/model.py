@@ -247,7 +247,7 @@ class ModelFile:
             "arch": self.arch,
             "gguf_version": self.version,
             "alignment": self.alignment,
-            "file_bytes": self.file_size,
+            "file_bytes": sum(part.size for part in self.parts),
             "hparams": asdict(self.hparams),
             "n_metadata_keys": len(self.metadata),
             "n_tensors": len(self.tensors),

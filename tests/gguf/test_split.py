@@ -101,6 +101,7 @@ def test_summary_lists_the_parts_and_where_each_layer_lies(model_files, tmp_path
         s = json.loads(json.dumps(mf.summary()))
         assert [p["path"] for p in s["parts"]] == [str(p) for p in parts]
         assert [p["file_bytes"] for p in s["parts"]] == [os.path.getsize(p) for p in parts]
+        assert s["file_bytes"] == sum(os.path.getsize(p) for p in parts) < mf.file_size  # bytes, not the offsets' end
         assert sum(p["n_tensors"] for p in s["parts"]) == s["n_tensors"]
         assert sum(p["tensor_bytes"] for p in s["parts"]) == s["tensor_bytes"]
         for layer, info in s["expert_layers"].items():

@@ -116,3 +116,20 @@ def test_placement_is_the_unsplit_file_s(files, kind):
     assert got["placement"] == want["placement"]
     assert got["placement"]["estimate_from"] == want["placement"]["estimate_from"] == "routing statistics"
     assert len(got["parts"]) >= 3 and len(want["parts"]) == 1
+
+
+def test_the_slow_path_warning_probes_the_largest_part(files, monkeypatch):
+    import strata.memory.placement as placement
+
+    probed = []
+
+    def probe(path, limit=None, **kw):
+        probed.append(path)
+        return 1e9, 1 << 20
+
+    monkeypatch.setattr(placement, "sequential_direct_rate", probe)
+    with open_model(files["gguf-split"]) as mf, pytest.warns(Warning, match="from the disk"):
+        slow = placement.estimate(mf, 0, 1)
+        assert slow.disk_share > placement.SLOW_PATH_SHARE
+        assert "1.00 GB/s" in placement.warn_if_slow(mf, slow)
+        assert probed == [max(mf.parts, key=lambda p: p.size).path] and probed[0] != mf.path
