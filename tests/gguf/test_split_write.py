@@ -156,7 +156,7 @@ def test_inspect_shows_the_parts(checkpoint, tmp_path):
 
 
 @pytest.mark.interop
-def test_llama_cpp_runs_strata_s_parts_as_the_unsplit_file(checkpoint, tmp_path):
+def test_llama_cpp_runs_split_parts_as_the_unsplit_file(checkpoint, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     hf, whole = checkpoint
     convert(hf, tmp_path / "m.gguf", TypePolicy(), name="split-write", n_threads=2,
@@ -174,6 +174,7 @@ def test_llama_cpp_runs_strata_s_parts_as_the_unsplit_file(checkpoint, tmp_path)
         finally:
             llm.close()
 
-    for first, ref in ((sorted(tmp_path.glob("m-*.gguf"))[0], whole), (synth_first, synth_whole)):
+    theirs = split_gguf(whole, tmp_path / "g", tensor_cuts(whole, 3))  # the fixture's layout is llama.cpp's too
+    for first, ref in ((sorted(tmp_path.glob("m-*.gguf"))[0], whole), (synth_first, synth_whole), (theirs[0], whole)):
         want, got = logits(ref), logits(first)
         assert np.isfinite(want).all() and np.array_equal(got, want), float(np.abs(got - want).max())
