@@ -26,12 +26,13 @@ from converters.calib import CalibOptions, apply_imatrix, check_calib_args, read
 from converters.source import Checkpoint, ConversionError
 from converters.tokenizer import write_tokenizer
 from converters.types import TypePolicy
-from converters.writer import atomic_output, write_data
+from converters.writer import atomic_outputs, write_data
 from strata import arch as archs
 from strata import native
 from strata.errors import StrataFormatError
 from strata.gguf import match_expert_tensor
 from strata.gguf.routing import add_routing_counts, load_routing_npz
+from strata.gguf.split import open_part_files, part_paths
 
 log = logging.getLogger("strata.convert")
 
@@ -76,8 +77,13 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
             progress: Callable[[int], Any] | None = None,
             routing_stats: str | os.PathLike[str] | None = None,
             calib: CalibOptions | None = None,
-            imatrix: str | os.PathLike[str] | None = None) -> list[PlannedTensor]:
+            imatrix: str | os.PathLike[str] | None = None,
+            split_max_size: int = 0) -> list[PlannedTensor]:
     """Convert checkpoint folder `hf_dir` into GGUF file `out`; returns the tensors written.
+
+    `split_max_size` > 0: write parts of at most that many tensor bytes each (a larger tensor gets
+    a part of its own) in llama.cpp's gguf-split layout, OUT-00001-of-0000N.gguf and so on, the
+    metadata in the first (as llama.cpp's converter does; one part is written as `out` itself).
 
     `routing_stats`: an .npz file saved by `--save-routing` (counts [L, E] over the expert layers,
     tokens), embedded as `strata.routing.*` metadata for the tiered memory's initial placement.
@@ -93,12 +99,14 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
     target = Path(out)
     if not target.parent.is_dir():
         raise ConversionError(f"{target}: output directory {target.parent} does not exist")
+    if split_max_size < 0:
+        raise ConversionError(f"{target}: split_max_size must be >= 0 bytes (0: one file), found {split_max_size}")
     n_threads = n_threads or native.default_threads()
     check_calib_args(calib, imatrix, routing_stats)
     with Checkpoint(hf_dir) as ckpt, contextlib.ExitStack() as cleanup:
         conv = converter_for(ckpt)
         planned = conv.plan(policy)
-        w = gguf.GGUFWriter(None, conv.arch.name)
+        w = gguf.GGUFWriter(None, conv.arch.name, split_max_size=split_max_size)
         _write_metadata(w, conv, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
         if routing_stats is not None:
             _write_routing(w, routing_stats, planned, conv.hp.n_experts)
@@ -111,9 +119,11 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
             w.add_tensor_info(p.name, p.shape, gguf.np.dtype(gguf.np.float32), p.nbytes, raw_dtype=p.ggml_type)
         total = sum(p.src_bytes for p in planned)
         bar = progress(total) if progress else None
-        with atomic_output(target) as tmp:
+        targets = part_paths(target, len(w.tensors))
+        with atomic_outputs(targets) as tmps:
             try:
-                w.write_header_to_file(path=tmp)
+                open_part_files(w, tmps)
+                w.write_header_to_file()
                 w.write_kv_data_to_file()
                 w.write_ti_data_to_file()
                 write_data(w, planned, n_threads, bar.update if bar else lambda n: None)
@@ -123,5 +133,5 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
                 w.close()
                 if bar:
                     bar.close()
-    log.info("wrote %s: %d tensors", target, len(planned))
+    log.info("wrote %s: %d tensors%s", targets[0], len(planned), f" in {len(targets)} parts" if len(targets) > 1 else "")
     return planned

@@ -1,8 +1,10 @@
 """Streaming GGUF output: header, metadata and tensor table first, then tensor data piece by piece.
 
-The file is written as `.NAME.PID.tmp` beside the target and renamed over it only once every byte
-is written and flushed, so an interrupted, crashed or out-of-space conversion never leaves a
-`.gguf` behind (and a later run removes the temporary files of dead runs).
+Each file is written as `.NAME.PID.tmp` beside its target and renamed over it only once every byte
+of every file is written and flushed, so an interrupted, crashed or out-of-space conversion never
+leaves a `.gguf` behind (and a later run removes the temporary files of dead runs). A split output
+(`--split-max-size`) is several such files in llama.cpp's gguf-split layout, renamed together at
+the end.
 
 Must not choose names, types or shapes: the planned tensors arrive complete.
 """
@@ -44,11 +46,12 @@ def remove_stale_temps(target: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(target: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `target`; rename it to `target` if the block succeeds, delete
-    it otherwise (exceptions, Ctrl-C, SIGTERM)."""
-    remove_stale_temps(target)
-    tmp = temp_path(target)
+def atomic_outputs(targets: list[Path]) -> Iterator[list[Path]]:
+    """Yield a temporary path beside each target; rename them all to their targets if the block
+    succeeds, delete them otherwise (exceptions, Ctrl-C, SIGTERM)."""
+    for target in targets:
+        remove_stale_temps(target)
+    tmps = [temp_path(target) for target in targets]
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum, frame):  # turn SIGTERM into an exception so the cleanup below runs
@@ -58,14 +61,23 @@ def atomic_output(target: Path) -> Iterator[Path]:
     if in_main:
         signal.signal(signal.SIGTERM, on_term)
     try:
-        yield tmp
-        os.replace(tmp, target)
+        yield tmps
+        for tmp, target in zip(tmps, targets):
+            os.replace(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def atomic_output(target: Path) -> Iterator[Path]:
+    """atomic_outputs for one file."""
+    with atomic_outputs([target]) as tmps:
+        yield tmps[0]
 
 
 def _prefetched(pieces: list[Callable[[], np.ndarray]], pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
@@ -79,25 +91,33 @@ def _prefetched(pieces: list[Callable[[], np.ndarray]], pool: ThreadPoolExecutor
 
 def write_data(w: gguf.GGUFWriter, planned: list[PlannedTensor], n_threads: int,
                on_progress: Callable[[int], None]) -> None:
-    """Write every planned tensor's bytes in table order, each padded to the file's alignment.
+    """Write every planned tensor's bytes in table order, each padded to the file's alignment, into
+    the part of the output that holds it (`w.tensors`: one dict of names per part).
 
-    Call after write_ti_data_to_file: the data section starts at the next aligned offset."""
-    fout = w.fout[0]
+    Call after write_ti_data_to_file: each data section starts at the next aligned offset."""
+    by_name = {p.name: p for p in planned}
+    with ThreadPoolExecutor(1, thread_name_prefix="strata-read") as pool:
+        for fout, names in zip(w.fout, w.tensors):
+            _write_part(w, fout, [by_name[name] for name in names], pool, n_threads, on_progress)
+    for fout in w.fout:
+        fout.flush()
+        os.fsync(fout.fileno())
+
+
+def _write_part(w: gguf.GGUFWriter, fout, planned: list[PlannedTensor], pool: ThreadPoolExecutor, n_threads: int,
+                on_progress: Callable[[int], None]) -> None:
     w.write_padding(fout, fout.tell())
     data_start, offset = fout.tell(), 0
-    with ThreadPoolExecutor(1, thread_name_prefix="strata-read") as pool:
-        for p in planned:
-            assert fout.tell() == data_start + offset, f"{p.name}: data would land at the wrong offset"
-            written, per_piece = 0, p.src_bytes / max(1, len(p.pieces))
-            for values in _prefetched(p.pieces, pool):
-                # uint8 pieces are already blocks of p.ggml_type (MXFP4 sources kept as they are)
-                data = values if values.dtype == np.uint8 else encode(values, p.ggml_type, n_threads)
-                fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
-                written += data.nbytes
-                on_progress(int(per_piece))
-            if written != p.nbytes:
-                raise ConversionError(f"internal: {p.name} produced {written} bytes, its table entry says {p.nbytes}")
-            w.write_padding(fout, written)
-            offset += round_up(written, w.data_alignment)
-    fout.flush()
-    os.fsync(fout.fileno())
+    for p in planned:
+        assert fout.tell() == data_start + offset, f"{p.name}: data would land at the wrong offset"
+        written, per_piece = 0, p.src_bytes / max(1, len(p.pieces))
+        for values in _prefetched(p.pieces, pool):
+            # uint8 pieces are already blocks of p.ggml_type (MXFP4 sources kept as they are)
+            data = values if values.dtype == np.uint8 else encode(values, p.ggml_type, n_threads)
+            fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+            written += data.nbytes
+            on_progress(int(per_piece))
+        if written != p.nbytes:
+            raise ConversionError(f"internal: {p.name} produced {written} bytes, its table entry says {p.nbytes}")
+        w.write_padding(fout, written)
+        offset += round_up(written, w.data_alignment)

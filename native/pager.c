@@ -18,7 +18,13 @@
  * request is read buffered. The last aligned block may pass the end of the file: the read there
  * comes back short, which is fine as long as it covers the requested bytes.
  *
- * Nothing is allocated after open: the request table, the queue and the workers are fixed.
+ * Parts: a model split in several files (llama.cpp's gguf-split) is one address space. Part i's
+ * byte 0 lies at offset base[i] of it (bases ascending, no part overlapping the next); a request
+ * lies inside one part and is read from that part's descriptors at offset - base. Bases that are
+ * multiples of the O_DIRECT alignment keep aligned ranges aligned in every file; a part whose base
+ * is not, or whose file system refuses O_DIRECT, is read buffered.
+ *
+ * Nothing is allocated after open: the parts, the request table, the queue and the workers are fixed.
  */
 #include "strata.h"
 #include "common.h"
@@ -42,6 +48,7 @@
 #define MAX_THREADS 256
 #define DEFAULT_CHUNK (1 << 20)
 #define FALLBACK_ALIGN 4096       /* when statx cannot say: a page covers every block size in use */
+#define MAX_PARTS 65535           /* split.count is a u16 */
 
 _Static_assert((1 << TICKET_BITS) == MAX_REQUESTS, "ticket index bits");
 
@@ -53,6 +60,7 @@ typedef struct {
     int status;
     int direct;
     int os_errno;
+    int32_t part;         /* index of the part the request lies in */
     uint8_t *dst;
     int64_t read_start;   /* file offset of dst[0] */
     int64_t read_end;     /* end of the range read (aligned for direct; may pass EOF) */
@@ -61,10 +69,17 @@ typedef struct {
     int64_t n_chunks, next_chunk, chunks_left;
 } request;
 
-struct strata_pager {
-    int fd_buffered, fd_direct;   /* fd_direct is -1 when O_DIRECT is not used */
+typedef struct {
+    int fd_buffered, fd_direct;   /* fd_direct is -1 when O_DIRECT is not used for this part */
     const uint8_t *map;           /* read-only mapping for FALLBACK_MMAP, else NULL */
-    int64_t file_size, align, chunk_bytes;
+    int64_t base, size;           /* where its byte 0 lies in the pager's offsets; its file size */
+} part_file;
+
+struct strata_pager {
+    part_file *parts;
+    int32_t n_parts;
+    int64_t file_size;            /* the last part's end: every offset is below it */
+    int64_t align, chunk_bytes;   /* align: a multiple of every direct part's alignment; 0 when none */
     int n_threads, started, closed;
 
     pthread_mutex_t mu;
@@ -90,12 +105,12 @@ static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 /* Read file bytes [start, end) into dst, stopping early only at end of file once `need` bytes
  * (counted from start) have arrived. A direct read that comes back short of an aligned length
  * (an interrupted transfer) continues buffered: the next offset is no longer aligned. */
-static int read_range(const strata_pager *p, int direct, uint8_t *dst, int64_t start, int64_t end,
-                      int64_t need, int *os_errno, int64_t *error_offset, int64_t *got_out) {
+static int read_range(const strata_pager *p, const part_file *f, int direct, uint8_t *dst, int64_t start,
+                      int64_t end, int64_t need, int *os_errno, int64_t *error_offset, int64_t *got_out) {
     int64_t got = 0;
     while (got < end - start) {
-        int fd = direct && got % p->align == 0 ? p->fd_direct : p->fd_buffered;
-        ssize_t r = pread(fd, dst + got, (size_t)(end - start - got), (off_t)(start + got));
+        int fd = direct && got % p->align == 0 ? f->fd_direct : f->fd_buffered;
+        ssize_t r = pread(fd, dst + got, (size_t)(end - start - got), (off_t)(start + got - f->base));
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             *os_errno = errno;
@@ -121,12 +136,13 @@ static int read_chunk(const strata_pager *p, const request *r, int64_t chunk,
     if (end > r->read_end) end = r->read_end;
     int64_t need = (r->need_end < end ? r->need_end : end) - start;
     uint8_t *dst = r->dst + (start - r->read_start);
-    if (!r->direct && p->map) {
-        memcpy(dst, p->map + start, (size_t)(end - start));  /* in range: checked at submit */
+    const part_file *f = &p->parts[r->part];
+    if (!r->direct && f->map) {
+        memcpy(dst, f->map + (start - f->base), (size_t)(end - start));  /* in range: checked at submit */
         *bytes_read = end - start;
         return STRATA_OK;
     }
-    return read_range(p, r->direct, dst, start, end, need, os_errno, error_offset, bytes_read);
+    return read_range(p, f, r->direct, dst, start, end, need, os_errno, error_offset, bytes_read);
 }
 
 /* ---- Request bookkeeping (mutex held) ---- */
@@ -226,14 +242,16 @@ static int open_direct(const char *path, int64_t align) {
     return fd;
 }
 
-static int open_files(strata_pager *p, const char *path, int flags, int *os_errno) {
-    p->fd_buffered = open(path, O_RDONLY | O_CLOEXEC);
-    if (p->fd_buffered < 0) {
+/* Open one part: its buffered descriptor, size, O_DIRECT descriptor and mapping as `flags` ask.
+ * *align is the part's direct alignment (0 when it is read buffered). */
+static int open_part(part_file *f, const char *path, int flags, int64_t *align, int *os_errno) {
+    f->fd_buffered = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd_buffered < 0) {
         *os_errno = errno;
         return STRATA_E_OPEN;
     }
     struct stat st;
-    if (fstat(p->fd_buffered, &st) != 0) {
+    if (fstat(f->fd_buffered, &st) != 0) {
         *os_errno = errno;
         return STRATA_E_OPEN;
     }
@@ -241,21 +259,45 @@ static int open_files(strata_pager *p, const char *path, int flags, int *os_errn
         *os_errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
         return STRATA_E_OPEN;
     }
-    p->file_size = st.st_size;
+    f->size = st.st_size;
+    *align = 0;
     if (!(flags & STRATA_PAGER_DIRECT_OFF)) {
-        int64_t align = direct_alignment(path);
-        p->fd_direct = open_direct(path, align);
-        p->align = p->fd_direct >= 0 ? align : 0;
+        int64_t a = direct_alignment(path);
+        f->fd_direct = open_direct(path, a);
+        *align = f->fd_direct >= 0 ? a : 0;
     }
-    if ((flags & STRATA_PAGER_DIRECT_REQUIRED) && p->fd_direct < 0) return STRATA_E_DIRECT;
-    if ((flags & STRATA_PAGER_FALLBACK_MMAP) && p->file_size > 0) {
-        void *m = mmap(NULL, (size_t)p->file_size, PROT_READ, MAP_SHARED, p->fd_buffered, 0);
+    if ((flags & STRATA_PAGER_DIRECT_REQUIRED) && f->fd_direct < 0) return STRATA_E_DIRECT;
+    if ((flags & STRATA_PAGER_FALLBACK_MMAP) && f->size > 0) {
+        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd_buffered, 0);
         if (m == MAP_FAILED) {
             *os_errno = errno;
             return STRATA_E_OPEN;
         }
-        p->map = m;
+        f->map = m;
     }
+    return STRATA_OK;
+}
+
+/* Open every part; a part that overlaps the next one's base is STRATA_E_ARG. *bad_part names the
+ * part that failed. The common alignment is the largest part's (alignments are powers of two). */
+static int open_files(strata_pager *p, const char *const *paths, const int64_t *bases, int flags,
+                      int *os_errno, int32_t *bad_part) {
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        part_file *f = &p->parts[i];
+        int64_t align;
+        *bad_part = i;
+        f->base = bases[i];
+        int st = open_part(f, paths[i], flags, &align, os_errno);
+        if (st != STRATA_OK) return st;
+        if (align > p->align) p->align = align;
+        if (i > 0 && p->parts[i - 1].size > f->base - p->parts[i - 1].base) {
+            *bad_part = i - 1;
+            return STRATA_E_ARG;
+        }
+    }
+    *bad_part = -1;
+    const part_file *last = &p->parts[p->n_parts - 1];
+    p->file_size = last->base + last->size;
     return STRATA_OK;
 }
 
@@ -270,29 +312,68 @@ static int init_sync(strata_pager *p) {
 }
 
 static void release_files(strata_pager *p) {
-    if (p->map) munmap((void *)p->map, (size_t)p->file_size);
-    if (p->fd_direct >= 0) close(p->fd_direct);
-    if (p->fd_buffered >= 0) close(p->fd_buffered);
-    p->map = NULL;
-    p->fd_direct = p->fd_buffered = -1;
+    for (int32_t i = 0; p->parts && i < p->n_parts; i++) {
+        part_file *f = &p->parts[i];
+        if (f->map) munmap((void *)f->map, (size_t)f->size);
+        if (f->fd_direct >= 0) close(f->fd_direct);
+        if (f->fd_buffered >= 0) close(f->fd_buffered);
+        f->map = NULL;
+        f->fd_direct = f->fd_buffered = -1;
+    }
+}
+
+static int check_open_args(const char *const *paths, const int64_t *bases, int32_t n_parts, int n_threads,
+                           int64_t chunk_bytes, int flags) {
+    if (!paths || !bases || n_parts < 1 || n_parts > MAX_PARTS || n_threads < 1 || n_threads > MAX_THREADS
+        || chunk_bytes < 0
+        || (flags & ~(STRATA_PAGER_DIRECT_OFF | STRATA_PAGER_DIRECT_REQUIRED | STRATA_PAGER_FALLBACK_MMAP))
+        || ((flags & STRATA_PAGER_DIRECT_OFF) && (flags & STRATA_PAGER_DIRECT_REQUIRED)))
+        return STRATA_E_ARG;
+    for (int32_t i = 0; i < n_parts; i++)
+        if (!paths[i] || bases[i] < 0 || (i > 0 && bases[i] <= bases[i - 1])) return STRATA_E_ARG;
+    return STRATA_OK;
+}
+
+static strata_pager *new_pager(int32_t n_parts) {
+    strata_pager *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->parts = calloc((size_t)n_parts, sizeof *p->parts);
+    if (!p->parts) {
+        free(p);
+        return NULL;
+    }
+    p->n_parts = n_parts;
+    for (int32_t i = 0; i < n_parts; i++) p->parts[i].fd_buffered = p->parts[i].fd_direct = -1;
+    return p;
+}
+
+static void drop_pager(strata_pager *p) {
+    release_files(p);
+    free(p->parts);
+    free(p);
 }
 
 int strata_pager_open(const char *path, int n_threads, int64_t chunk_bytes, int flags,
                       strata_pager **pager, int *os_errno) {
-    if (!path || !pager || !os_errno || n_threads < 1 || n_threads > MAX_THREADS || chunk_bytes < 0
-        || (flags & ~(STRATA_PAGER_DIRECT_OFF | STRATA_PAGER_DIRECT_REQUIRED | STRATA_PAGER_FALLBACK_MMAP))
-        || ((flags & STRATA_PAGER_DIRECT_OFF) && (flags & STRATA_PAGER_DIRECT_REQUIRED)))
-        return STRATA_E_ARG;
+    const int64_t base = 0;
+    int32_t bad_part;
+    return strata_pager_open_parts(&path, &base, 1, n_threads, chunk_bytes, flags, pager, os_errno, &bad_part);
+}
+
+int strata_pager_open_parts(const char *const *paths, const int64_t *bases, int32_t n_parts, int n_threads,
+                            int64_t chunk_bytes, int flags, strata_pager **pager, int *os_errno, int32_t *bad_part) {
+    if (!pager || !os_errno || !bad_part) return STRATA_E_ARG;
+    *bad_part = -1;
+    int st = check_open_args(paths, bases, n_parts, n_threads, chunk_bytes, flags);
+    if (st != STRATA_OK) return st;
     *pager = NULL;
     *os_errno = 0;
-    strata_pager *p = calloc(1, sizeof *p);
+    strata_pager *p = new_pager(n_parts);
     if (!p) return STRATA_E_NOMEM;
-    p->fd_buffered = p->fd_direct = -1;
-    int st = open_files(p, path, flags, os_errno);
+    st = open_files(p, paths, bases, flags, os_errno, bad_part);
     if (st == STRATA_OK) st = init_sync(p);
     if (st != STRATA_OK) {
-        release_files(p);
-        free(p);
+        drop_pager(p);
         return st;
     }
     p->chunk_bytes = chunk_bytes ? chunk_bytes : DEFAULT_CHUNK;
@@ -312,20 +393,44 @@ int strata_pager_open(const char *path, int n_threads, int64_t chunk_bytes, int 
 
 int strata_pager_get_info(strata_pager *p, strata_pager_info *info) {
     if (!p || !info) return STRATA_E_ARG;
+    int direct = p->align > 0, mapped = 0;  /* direct: every part is read with O_DIRECT */
+    for (int32_t i = 0; i < p->n_parts; i++) {
+        direct &= p->parts[i].fd_direct >= 0 && (!p->align || p->parts[i].base % p->align == 0);
+        mapped |= p->parts[i].map != NULL;
+    }
     *info = (strata_pager_info){
         .file_size = p->file_size, .align = p->align, .chunk_bytes = p->chunk_bytes,
-        .n_threads = p->started, .direct = p->fd_direct >= 0, .mmap = p->map != NULL,
-        .max_requests = MAX_REQUESTS,
+        .n_threads = p->started, .direct = direct, .mmap = mapped,
+        .max_requests = MAX_REQUESTS, .n_parts = p->n_parts,
     };
+    return STRATA_OK;
+}
+
+int strata_pager_get_part(strata_pager *p, int32_t index, strata_pager_part *part) {
+    if (!p || !part || index < 0 || index >= p->n_parts) return STRATA_E_ARG;
+    const part_file *f = &p->parts[index];
+    *part = (strata_pager_part){.base = f->base, .size = f->size,
+                                .direct = f->fd_direct >= 0 && p->align > 0 && f->base % p->align == 0};
     return STRATA_OK;
 }
 
 /* ---- Submit, poll, wait ---- */
 
+/* The part holding offset: the last one whose base is at or below it (bases ascend). */
+static int32_t find_part(const strata_pager *p, int64_t offset) {
+    int32_t lo = 0, hi = p->n_parts - 1;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (p->parts[mid].base <= offset) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Whether a request can be read with O_DIRECT into dst, and the range it then reads. */
-static int plan_direct(const strata_pager *p, int64_t offset, int64_t nbytes, const void *dst,
+static int plan_direct(const strata_pager *p, const part_file *f, int64_t offset, int64_t nbytes, const void *dst,
                        int64_t dst_bytes, int64_t *start, int64_t *end) {
-    if (p->fd_direct < 0 || (uintptr_t)dst % (uintptr_t)p->align) return 0;
+    if (f->fd_direct < 0 || !p->align || f->base % p->align || (uintptr_t)dst % (uintptr_t)p->align) return 0;
     *start = round_down(offset, p->align);
     *end = round_up(offset + nbytes, p->align);
     return *end - *start <= dst_bytes;
@@ -334,8 +439,11 @@ static int plan_direct(const strata_pager *p, int64_t offset, int64_t nbytes, co
 int strata_pager_submit(strata_pager *p, int64_t offset, int64_t nbytes, void *dst, int64_t dst_bytes,
                         int64_t *ticket) {
     if (!p || !ticket || offset < 0 || nbytes < 0 || dst_bytes < 0 || (nbytes > 0 && !dst)) return STRATA_E_ARG;
-    /* Overflow-safe: offset <= file_size, so file_size - offset cannot wrap. */
-    if (offset > p->file_size || nbytes > p->file_size - offset || nbytes > dst_bytes) return STRATA_E_SIZE;
+    int32_t part = find_part(p, offset);
+    const part_file *f = &p->parts[part];
+    /* Overflow-safe: base <= offset <= base + size, so the subtraction cannot wrap. */
+    if (offset < f->base || offset - f->base > f->size || nbytes > f->size - (offset - f->base) || nbytes > dst_bytes)
+        return STRATA_E_SIZE;
     pthread_mutex_lock(&p->mu);
     int st = p->closed ? STRATA_E_CLOSED : p->n_free == 0 ? STRATA_E_BUSY : STRATA_OK;
     if (st != STRATA_OK) {
@@ -345,9 +453,9 @@ int strata_pager_submit(strata_pager *p, int64_t offset, int64_t nbytes, void *d
     int idx = p->free_list[--p->n_free];
     request *r = &p->reqs[idx];
     int64_t generation = r->generation + 1;
-    *r = (request){.generation = generation, .state = REQ_QUEUED, .status = STRATA_OK,
+    *r = (request){.generation = generation, .state = REQ_QUEUED, .status = STRATA_OK, .part = part,
                    .dst = dst, .nbytes = nbytes, .need_end = offset + nbytes};
-    r->direct = nbytes > 0 && plan_direct(p, offset, nbytes, dst, dst_bytes, &r->read_start, &r->read_end);
+    r->direct = nbytes > 0 && plan_direct(p, f, offset, nbytes, dst, dst_bytes, &r->read_start, &r->read_end);
     if (!r->direct) {
         r->read_start = offset;
         r->read_end = offset + nbytes;
@@ -470,6 +578,7 @@ void strata_pager_free(strata_pager *p) {
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->done);
     pthread_mutex_destroy(&p->mu);
+    free(p->parts);
     free(p);
 }
 
@@ -482,7 +591,7 @@ const char *strata_pager_status_string(int status) {
     case STRATA_E_BUSY: return "too many uncollected requests";
     case STRATA_E_OPEN: return "cannot open the file";
     case STRATA_E_DIRECT: return "O_DIRECT is not supported for this file";
-    case STRATA_E_SIZE: return "range outside the file or destination too small";
+    case STRATA_E_SIZE: return "range outside the file (or across two of its parts) or destination too small";
     default: return strata_status_string(status);
     }
 }

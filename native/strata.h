@@ -129,14 +129,16 @@ int strata_qdot_quantize_act(int ggml_type, const float *x, int64_t x_bytes, int
 
 /* ---- Pager (pager.c): asynchronous reads of file ranges into caller buffers ----
  *
- * A pager opens one file read-only and runs a pool of worker threads that serve read requests:
+ * A pager opens one file (or the parts of a split model, as one address space: part i's byte 0 at
+ * offset bases[i]) read-only and runs a pool of worker threads that serve read requests:
  * submit returns a ticket at once, wait (or poll) collects it. A request is split into chunks of
  * `chunk_bytes`, claimed by the workers in turn, so one large slab keeps several reads in flight.
  * Reads use pread on an O_DIRECT descriptor when the file system allows it (probed at open) and
  * the destination is aligned: the enclosing aligned range is read into dst and the result's
  * `data_offset` says where the first requested byte landed. Other reads use buffered pread, or a
  * copy from a read-only mapping (STRATA_PAGER_FALLBACK_MMAP). Every range is checked against the
- * file size and the destination size at submit.
+ * part it lies in (a range crossing into the gap after a part or into another part is refused)
+ * and the destination size at submit.
  *
  * Lifetime: the caller keeps dst alive until the request is collected or the pager is closed.
  * strata_pager_close cancels queued chunks, finishes those being read and joins the workers;
@@ -164,14 +166,21 @@ enum strata_pager_flags {
 typedef struct strata_pager strata_pager;
 
 typedef struct {
-    int64_t file_size;
+    int64_t file_size;      /* one file: its size; parts: the last part's base + size */
     int64_t align;          /* O_DIRECT alignment of offsets, lengths and buffers; 0 when not direct */
     int64_t chunk_bytes;    /* largest single read (a multiple of align when direct) */
     int32_t n_threads;
     int32_t direct;         /* 1 when aligned requests are read with O_DIRECT */
     int32_t mmap;           /* 1 when non-direct reads copy from a mapping */
     int32_t max_requests;   /* uncollected requests the pager holds at most */
+    int32_t n_parts;        /* files opened: 1, or the parts of a split model */
 } strata_pager_info;
+
+typedef struct {
+    int64_t base;           /* offset of the part's byte 0 */
+    int64_t size;           /* its file size at open */
+    int32_t direct;         /* 1 when its aligned requests are read with O_DIRECT */
+} strata_pager_part;
 
 typedef struct {
     int64_t data_offset;    /* byte of dst where the first requested byte landed */
@@ -199,11 +208,21 @@ typedef struct {
 int strata_pager_open(const char *path, int n_threads, int64_t chunk_bytes, int flags,
                       strata_pager **pager, int *os_errno);
 
+/* Open `n_parts` files (1..65535) as one address space: paths[i] at offset bases[i], bases
+ * ascending, each part ending at or before the next one's base (else STRATA_E_ARG). Bases that are
+ * multiples of 1 MiB keep O_DIRECT usable in every part. On failure *bad_part names the part
+ * (-1: none in particular); on STRATA_E_OPEN *os_errno says why. */
+int strata_pager_open_parts(const char *const *paths, const int64_t *bases, int32_t n_parts, int n_threads,
+                            int64_t chunk_bytes, int flags, strata_pager **pager, int *os_errno, int32_t *bad_part);
+
 int strata_pager_get_info(strata_pager *pager, strata_pager_info *info);
 
+/* Base, size and read mode of part `index` (0..n_parts-1). */
+int strata_pager_get_part(strata_pager *pager, int32_t index, strata_pager_part *part);
+
 /* Queue a read of file bytes [file_offset, file_offset + nbytes) into `dst` (dst_bytes long);
- * returns at once with *ticket (> 0). STRATA_E_SIZE when the range passes the end of the file
- * or dst cannot hold nbytes; STRATA_E_BUSY when max_requests are uncollected. */
+ * returns at once with *ticket (> 0). STRATA_E_SIZE when the range passes the end of the part it
+ * starts in (or lies in no part) or dst cannot hold nbytes; STRATA_E_BUSY when max_requests are uncollected. */
 int strata_pager_submit(strata_pager *pager, int64_t file_offset, int64_t nbytes,
                         void *dst, int64_t dst_bytes, int64_t *ticket);
 

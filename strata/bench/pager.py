@@ -69,7 +69,7 @@ def random_slab_rate(path: str | os.PathLike, limit: int, *, depth: int = 16, se
             break
         order.append(slabs[i])
         total += slabs[i].nbytes
-    with Pager(path, DEFAULT_PAGER_THREADS, direct=True) as pager:
+    with Pager(model, DEFAULT_PAGER_THREADS, direct=True) as pager:  # every part of a split model
         return pager_slab_rate(pager, order, depth)
 
 
@@ -118,7 +118,7 @@ def bench_pager(path: str | os.PathLike, *, n_threads: int = DEFAULT_PAGER_THREA
         experts = [(layer, e) for layer in model.expert_layers for e in range(model.hparams.n_experts)]
         expert_order = [experts[i] for i in rng.permutation(len(experts))]
         seq, slab_runs, host_runs = [], [], []
-        with Pager(path, n_threads, chunk_bytes=chunk_bytes, direct=True) as pager:
+        with Pager(model, n_threads, chunk_bytes=chunk_bytes, direct=True) as pager:
             pager_slab_rate(pager, order, depth)  # warm-up: threads, buffers, the disk's burst credit
             for _ in range(repeat):
                 seq.append(sequential_direct_rate(path)[0] / 1e9)
@@ -127,7 +127,7 @@ def bench_pager(path: str | os.PathLike, *, n_threads: int = DEFAULT_PAGER_THREA
         if host:
             host_budget = host_budget or _quarter_budget(model, info.align)
             host_runs.append(host_tier_rate(model, expert_order, depth, n_threads, chunk_bytes, host_budget))
-        file_bytes = model.file_size
+        file_bytes = sum(part.size for part in model.parts)
         slab_bytes = sum(s.nbytes for s in slabs)
     result = {
         "file": os.fspath(path), "file_bytes": file_bytes, "n_slabs": len(slabs),

@@ -37,6 +37,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--calib-ctx", type=int, default=None, metavar="N", help="calibration sequence length (default 512)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
                    help="importance matrix (llama.cpp's GGUF or legacy format) for importance-weighted rounding")
+    p.add_argument("--split-max-size", metavar="SIZE", default=None,
+                   help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; K/M/G are 10^3/10^6/10^9 as in "
+                        "llama.cpp) named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -68,6 +71,19 @@ def _calib_options(args: argparse.Namespace):
     return CalibOptions(args.calib, n, ctx, progress=not args.no_progress)
 
 
+def split_size(text: str | None) -> int:
+    """--split-max-size in bytes (0 when not given), or StrataError saying what is wrong."""
+    from strata.errors import StrataError
+    from strata.gguf.split import parse_split_size
+
+    if text is None:
+        return 0
+    try:
+        return parse_split_size(text)
+    except ValueError as exc:
+        raise StrataError(str(exc)) from None
+
+
 def convert(args: argparse.Namespace) -> int:
     """Convert as the parsed arguments say; errors propagate to `run`."""
     from converters import TypePolicy, convert as convert_checkpoint
@@ -76,7 +92,8 @@ def convert(args: argparse.Namespace) -> int:
     policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
     convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
                        tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
-                       routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix)
+                       routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix,
+                       split_max_size=split_size(getattr(args, "split_max_size", None)))
     return 0
 
 

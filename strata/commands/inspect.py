@@ -54,12 +54,39 @@ def _render(value: Any, key: str, indent: int, out: TextIO, in_bytes: bool = Fal
         print(f"{pad}{key}: {shown}", file=out)
 
 
+def _layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"
+
+
+def render_parts(parts: list[dict[str, Any]], out: TextIO) -> None:
+    """The files of a split model (llama.cpp's gguf-split): one line each; nothing for one file."""
+    if len(parts) <= 1:
+        return
+    print(f"  parts: {len(parts)} files (llama.cpp's split layout; metadata in part 1)", file=out)
+    for p in parts:
+        layers = f"layer{'s' if len(p['expert_layers']) > 1 else ''} {_layer_ranges(p['expert_layers'])}"
+        experts = (f"{p['expert_tensors']} expert tensor{'s' if p['expert_tensors'] > 1 else ''} ({layers})"
+                   if p["expert_tensors"] else "no expert tensors")
+        print(f"    {p['part']}: {p['path']}: {format_bytes(p['file_bytes'])}, {p['n_tensors']} tensors "
+              f"({format_bytes(p['tensor_bytes'])}), {experts}", file=out)
+
+
 def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -> None:
     """Human-readable rendering of ModelFile.summary()."""
     out = out or sys.stdout
     print(f"{path}", file=out)
     for key, value in summary.items():
-        _render(value, key, 1, out)
+        if key == "parts":
+            render_parts(value, out)
+        else:
+            _render(value, key, 1, out)
 
 
 def placement(args: argparse.Namespace, model) -> dict[str, Any]:

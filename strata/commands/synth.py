@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.synth.gguf_file import file_bytes, write
 
+    from strata.commands.convert import split_size
+
     shape, note = _shape(args)
+    split = split_size(args.split_max_size)
     if args.skew is not None and args.preset:
         shape = replace(shape, skew=args.skew)
     try:
@@ -62,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
             last[0] = done
 
         try:
-            write(args.out, shape, progress=progress)
+            first = write(args.out, shape, progress=progress, split_max_size=split)
         except OSError as exc:
             raise StrataError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
+    if str(first) != str(args.out):
+        print(f"{args.out}: written in llama.cpp's split layout; open the model with its first part, {first}")
     return 0
 
 
@@ -93,6 +98,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--skew", type=float, default=None,
                    help="router popularity exponent of the routing recipe (README; default 0.1; 0: Gaussian "
                         "routers, near-uniform routing with no layer-to-layer locality)")
+    p.add_argument("--split-max-size", metavar="SIZE", default=None,
+                   help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; decimal K/M/G as llama.cpp) "
+                        "named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
     p.add_argument("--dry-run", action="store_true", help="print the shape and size, write nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -3,6 +3,7 @@ Must not: import torch or interpret tensor values (it hands out bytes and shapes
 """
 from __future__ import annotations
 
+import bisect
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -17,8 +18,9 @@ from strata.quant import ggml_type
 from .experts import PARTS, ExpertLayer, build_layout, match_expert_tensor
 from .header import HeaderScan, RawTensor, check_tensor_ranges, format_error, scan_header
 from .hparams import HParams, read_hparams
-from .records import ExpertSlab, TensorInfo
+from .records import ExpertSlab, FilePart, TensorInfo
 from .routing import check_routing_types, read_routing_counts
+from .split import part_bases, scan_parts
 
 _PART_INDEX = {part: i for i, part in enumerate(PARTS)}
 
@@ -27,27 +29,39 @@ _READER_PSEUDO_FIELDS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv
 
 
 def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
-    """Open and validate the GGUF model file at `path`; reads the header only, never tensor data.
+    """Open and validate the GGUF model at `path`; reads the headers only, never tensor data.
 
-    Raises StrataFormatError naming the file and the offending key or tensor when the file is
-    malformed, truncated, of an unsupported version or architecture, or contradicts itself.
-    `cross_check=True` also parses the file with gguf-py's GGUFReader and requires it to agree
+    `path` may be any part of a model split by llama.cpp's gguf-split (NAME-00002-of-00005.gguf):
+    every part opens, and offsets are in the parts' common space (`strata.gguf.split`).
+    Raises StrataFormatError naming the file and the offending key or tensor when a file is
+    malformed, truncated, of an unsupported version or architecture, or contradicts itself, and
+    naming the part when a split model's parts do not make one model.
+    `cross_check=True` also parses every file with gguf-py's GGUFReader and requires it to agree
     on every metadata value and tensor record (seconds for a real tokenizer, so off by default).
     """
     path = Path(path)
-    scan = scan_header(path)
-    tensors = _tensor_infos(scan, check_tensor_ranges(path, scan))
-    if cross_check:
-        _check_gguf_py_agrees(path, scan.metadata, tensors)
-    hparams = read_hparams(path, scan.metadata, {name: t.shape for name, t in tensors.items()})
-    check_routing_types(path, scan.value_types)
-    layout = build_layout(path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
-    return ModelFile(path, _map(path), scan, hparams, tensors, layout)
+    scans = scan_parts(path, scan_header(path))
+    first_path, first = scans[0]
+    bases = part_bases([scan.file_size for _, scan in scans])
+    tensors: dict[str, TensorInfo] = {}
+    parts = []
+    for i, ((p, scan), base) in enumerate(zip(scans, bases)):
+        infos = _tensor_infos(scan, check_tensor_ranges(p, scan), base)
+        if cross_check:
+            _check_gguf_py_agrees(p, scan.metadata, infos, base)
+        tensors.update(infos)
+        parts.append(FilePart(i, p, base, scan.file_size, tuple(infos)))
+    hparams = read_hparams(first_path, first.metadata, {name: t.shape for name, t in tensors.items()})
+    check_routing_types(first_path, first.value_types)
+    layout = build_layout(first_path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
+    maps = [_map(part.path) for part in parts]
+    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout)
 
 
-def _tensor_infos(scan: HeaderScan, sizes: list[int]) -> dict[str, TensorInfo]:
+def _tensor_infos(scan: HeaderScan, sizes: list[int], base: int = 0) -> dict[str, TensorInfo]:
     def info(t: RawTensor, nbytes: int) -> TensorInfo:
-        return TensorInfo(t.name, ggml_type(t.type_id), tuple(reversed(t.ne)), scan.data_offset + t.rel_offset, nbytes)
+        offset = base + scan.data_offset + t.rel_offset
+        return TensorInfo(t.name, ggml_type(t.type_id), tuple(reversed(t.ne)), offset, nbytes)
 
     return {t.name: info(t, n) for t, n in zip(scan.tensors, sizes)}
 
@@ -59,13 +73,13 @@ def _map(path: Path) -> np.memmap:
         raise StrataFormatError(f"{path}: cannot memory-map the file: {e}") from e
 
 
-def _check_gguf_py_agrees(path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]) -> None:
+def _check_gguf_py_agrees(path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo], base: int) -> None:
     try:
         reader = GGUFReader(path, "r")
         theirs_md = {k: f.contents() for k, f in reader.fields.items() if k not in _READER_PSEUDO_FIELDS}
     except Exception as e:  # the header walk passed, so anything here is a file gguf-py refuses
         raise StrataFormatError(f"{path}: gguf-py's reader refused the file: {type(e).__name__}: {e}") from e
-    ours = [(t.name, t.offset, t.nbytes, t.ggml_type) for t in tensors.values()]
+    ours = [(t.name, t.offset - base, t.nbytes, t.ggml_type) for t in tensors.values()]
     theirs = [(t.name, int(t.data_offset), int(t.n_bytes), t.tensor_type) for t in reader.tensors]
     if ours != theirs:
         diff = next((a, b) for a, b in zip(ours + [None], theirs + [None]) if a != b)
@@ -81,19 +95,22 @@ def _differs(a: Any, b: Any) -> bool:
 
 
 class ModelFile:
-    """A GGUF model file: metadata, hyperparameters, tensors, and a slab for every expert.
+    """A GGUF model: metadata, hyperparameters, tensors, and a slab for every expert.
 
-    Byte views returned by `tensor_data` / `expert_data` are numpy uint8 arrays over one
-    read-only memory map of the file: no copy, no read until touched. Use as a context manager
-    or call `close()`.
+    Byte views returned by `tensor_data` / `expert_data` are numpy uint8 arrays over read-only
+    memory maps of the file (one per part of a split model): no copy, no read until touched.
+    `parts` lists the files; offsets are in their common space (`strata.gguf.split`), so a model
+    in one file has one part at base 0 and offsets are file offsets. Use as a context manager or
+    call `close()`.
     """
 
-    def __init__(self, path: Path, data: np.memmap, scan: HeaderScan, hparams: HParams,
+    def __init__(self, parts: tuple[FilePart, ...], maps: list[np.memmap], scan: HeaderScan, hparams: HParams,
                  tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer]):
-        self.path = path
+        self.parts = parts
+        self.path = parts[0].path  # the file holding the metadata (the first part)
         self.version = scan.version
         self.alignment = scan.alignment
-        self.file_size = scan.file_size
+        self.file_size = parts[-1].base + parts[-1].size  # the end of the offsets
         self.metadata = scan.metadata
         self.hparams = hparams
         self.tensors = tensors
@@ -101,7 +118,8 @@ class ModelFile:
         self.expert_layers = sorted(layout)
         self._layout = layout
         self._slabs: dict[tuple[int, int], tuple[ExpertSlab, ...]] = {}  # (layer, expert) -> its PARTS' slabs
-        self._data: np.memmap | None = data
+        self._maps: list[np.memmap] | None = maps
+        self._bases = [part.base for part in parts]
 
     @property
     def arch(self) -> str:
@@ -113,25 +131,34 @@ class ModelFile:
 
     # -- bytes ---------------------------------------------------------------------------------
 
+    def part_of(self, offset: int) -> FilePart:
+        """The file holding the model's byte `offset` (for a split model, the part whose range starts
+        at or below it)."""
+        return self.parts[max(0, bisect.bisect_right(self._bases, offset) - 1)]
+
     def _bytes(self, offset: int, nbytes: int) -> np.ndarray:
-        if self._data is None:
+        if self._maps is None:
             raise StrataError(f"{self.path}: the model file is closed")
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.file_size:
-            raise ValueError(f"{self.path}: bytes [{offset}, {offset + nbytes}) are outside the file "
-                             f"({self.file_size} bytes)")
-        return self._data[offset:offset + nbytes]
+        part = self.part_of(offset)
+        start = offset - part.base
+        if start < 0 or nbytes < 0 or start + nbytes > part.size:
+            where = (f"the file ({part.size} bytes)" if len(self.parts) == 1 else
+                     f"one part ({part.path.name} holds [{part.base}, {part.base + part.size}))")
+            raise ValueError(f"{part.path}: bytes [{offset}, {offset + nbytes}) are outside {where}")
+        return self._maps[part.index][start:start + nbytes]
 
     def check_intact(self) -> None:
-        """Raise StrataError naming the file when it is shorter now than when it was opened.
+        """Raise StrataError naming the file when it (or a part) is shorter now than when opened.
 
         Touching a mapped page past the end of a truncated file kills the process (SIGBUS), so
-        code that reads through the map in the decode loop calls this first (one fstat)."""
-        if self._data is None:
+        code that reads through the map in the decode loop calls this first (one fstat per file)."""
+        if self._maps is None:
             raise StrataError(f"{self.path}: the model file is closed")
-        size = self._data._mmap.size()  # fstat of the mapped file itself, even if the path was replaced
-        if size < self.file_size:
-            raise StrataError(f"{self.path}: the file is now {size} bytes, it had {self.file_size} when opened "
-                              "(truncated while in use?)")
+        for part, data in zip(self.parts, self._maps):
+            size = data._mmap.size()  # fstat of the mapped file itself, even if the path was replaced
+            if size < part.size:
+                raise StrataError(f"{part.path}: the file is now {size} bytes, it had {part.size} when opened "
+                                  "(truncated while in use?)")
 
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of tensor `name` as a uint8 view of the memory map."""
@@ -188,14 +215,15 @@ class ModelFile:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Drop this object's hold on the file; unmap it (closing its descriptor) when no view
-        handed out still uses the mapping, else those views keep it alive until they are freed."""
-        mm = getattr(self._data, "_mmap", None)
-        self._data = None
-        # numpy holds no buffer export on the mapping, so closing it under a live view would leave
-        # that view dangling: every view derives from a memmap holding `_mmap`, so count references.
-        if mm is not None and sys.getrefcount(mm) == 2:  # `mm` here and getrefcount's argument
-            mm.close()
+        """Drop this object's hold on the files; unmap each (closing its descriptor) when no view
+        handed out still uses its mapping, else those views keep it alive until they are freed."""
+        maps, self._maps = self._maps or [], None
+        while maps:
+            # numpy holds no buffer export on the mapping, so closing it under a live view would leave
+            # that view dangling: every view derives from a memmap holding `_mmap`, so count references.
+            mm = getattr(maps.pop(), "_mmap", None)
+            if mm is not None and sys.getrefcount(mm) == 2:  # `mm` here and getrefcount's argument
+                mm.close()
 
     def __enter__(self) -> ModelFile:
         return self
@@ -219,7 +247,7 @@ class ModelFile:
             "arch": self.arch,
             "gguf_version": self.version,
             "alignment": self.alignment,
-            "file_bytes": self.file_size,
+            "file_bytes": sum(part.size for part in self.parts),
             "hparams": asdict(self.hparams),
             "n_metadata_keys": len(self.metadata),
             "n_tensors": len(self.tensors),
@@ -227,14 +255,28 @@ class ModelFile:
             "types": dict(sorted(by_type.items())),
             "resident_bytes": resident,
             "expert_bytes": total - resident,
+            "parts": [self._part_summary(part) for part in self.parts],
             "expert_layers": {str(layer): self._layer_summary(layer) for layer in self.expert_layers},
         }
+
+    def _part_summary(self, part: FilePart) -> dict[str, Any]:
+        """One file: its number (1-based, as in its name), path, size and what it holds."""
+        names = part.tensors
+        layers = sorted({self._layer_of(name) for name in names} - {None})
+        return {"part": part.index + 1, "path": str(part.path), "file_bytes": part.size, "n_tensors": len(names),
+                "tensor_bytes": sum(self.tensors[name].nbytes for name in names),
+                "expert_tensors": sum(self._layer_of(name) is not None for name in names), "expert_layers": layers}
+
+    @staticmethod
+    def _layer_of(name: str) -> int | None:
+        hit = match_expert_tensor(name)
+        return None if hit is None else hit[1]
 
     def _layer_summary(self, layer: int) -> dict[str, Any]:
         experts = self._layout[layer]
         slab_bytes = {part: g.nbytes for part, g in experts.parts.items()}
         per_expert = sum(slab_bytes.values())
-        return {
+        out = {
             "n_experts": experts.n_experts,
             "fused_gate_up": experts.fused,
             "ggml_types": {part: g.ggml_type.name for part, g in experts.parts.items()},
@@ -242,3 +284,6 @@ class ModelFile:
             "expert_bytes": per_expert,
             "layer_bytes": per_expert * experts.n_experts,
         }
+        if len(self.parts) > 1:  # the file part (1-based, as in its name) holding each of gate, up, down
+            out["in_part"] = {part: self.part_of(g.base).index + 1 for part, g in experts.parts.items()}
+        return out

@@ -394,7 +394,7 @@ def paged_budget(model: ModelFile, reserved: int = 0) -> int:
     CPU tiers would take together (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION of available
     memory) less `reserved` (resident weights and KV cache), at least top-k slots per layer, no
     more than a slot for every expert."""
-    with native.Pager(model.path, 1) as pager:
+    with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
     n_layers, hp = len(model.expert_layers), model.hparams
     minimum = n_layers * hp.n_experts_used * layout.slot_bytes
@@ -453,7 +453,7 @@ def device_budget_for_slots(geometry: ExpertGeometry, form: str, dtype: torch.dt
 
 def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool | None = None) -> int:
     """The host budget that gives exactly `slots_per_layer` host slots (tests, benchmarks)."""
-    with native.Pager(model.path, 1, direct=direct) as pager:
+    with native.Pager(model, 1, direct=direct) as pager:
         align = pager.info.align
     return len(model.expert_layers) * slots_per_layer * slot_layout(model, align).slot_bytes
 

@@ -144,7 +144,7 @@ class HostTier:
         if not len(self.layers):
             raise ValueError(f"{model.path}: the model has no routed experts: nothing for a host tier to hold")
         self.top_k = top_k or model.hparams.n_experts_used
-        self.pager = native.Pager(model.path, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
+        self.pager = native.Pager(model, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
         try:
             self.layout = slot_layout(model, self.pager.info.align)
             budget = default_host_budget(model, self.layout) if budget is None else budget

@@ -88,7 +88,7 @@ def plan_placement(model: ModelFile, device, dtype, compute: str, *, device_mem=
     device = torch.device(device)
     plan = make_plan(model, expert_geometry(model), device, dtype, device_mem=device_mem, host_mem=host_mem,
                      reserved=resident_bytes(model, dtype, compute) + kv_bytes, compute=compute)
-    with native.Pager(model.path, 1) as pager:
+    with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
     budget = default_host_budget(model, layout) if host_mem is None else plan.host_budget
     budget = check_host_budget(budget, model, layout, model.hparams.n_experts_used)
@@ -124,7 +124,8 @@ def warn_if_slow(model: ModelFile, placement: Placement, one_tier: bool = False)
         return None
     per_token = placement.disk_bytes_per_token
     try:
-        rate, _ = sequential_direct_rate(model.path, limit=DISK_PROBE_BYTES)
+        biggest = max(model.parts, key=lambda part: part.size)  # a split model's parts share a disk, mostly
+        rate, _ = sequential_direct_rate(biggest.path, limit=DISK_PROBE_BYTES)
         bound = f"at this disk's {rate / 1e9:.2f} GB/s that allows at most {rate / per_token:.2f} tokens/s"
     except OSError:
         bound = "the disk's rate bounds decoding"

@@ -6,11 +6,12 @@ read or where it goes (that is `strata.memory`'s job).
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from strata.errors import NativeError
 from strata.units import round_up
@@ -40,6 +41,17 @@ class PagerInfo:
     direct: bool
     mmap: bool
     max_requests: int
+    parts: tuple[PagerPart, ...]  # one for a single file
+
+
+@dataclass(frozen=True)
+class PagerPart:
+    """One file of the pager: its path, where its byte 0 lies in the offsets, its size at open."""
+
+    path: str
+    base: int
+    size: int
+    direct: bool
 
 
 def _pager_flags(direct: bool | None, fallback: str) -> int:
@@ -53,12 +65,30 @@ def _pager_flags(direct: bool | None, fallback: str) -> int:
     return flags
 
 
-class Pager:
-    """Reads byte ranges of one file into caller buffers on `n_threads` native worker threads.
+def _sources(source: Any) -> list[tuple[str, int]]:
+    """(path, base) of every file: one path at base 0, or a model's `parts` (records with `path`
+    and `base`, as `strata.gguf.ModelFile.parts`: a split model is one address space)."""
+    if isinstance(source, (str, bytes, os.PathLike)):  # a path (pathlib's has `parts` of its own)
+        return [(os.fsdecode(source), 0)]
+    parts: Iterable[Any] | None = getattr(source, "parts", None)
+    if parts is None:
+        raise TypeError(f"pager: expected a path or a model with parts, found {type(source).__name__}")
+    out = [(os.fsdecode(part.path), operator.index(part.base)) for part in parts]
+    if not out:
+        raise ValueError(f"pager: {source!r} has no parts")
+    return out
 
-        with Pager("model.gguf", n_threads=4) as pager:
+
+class Pager:
+    """Reads byte ranges of one file, or of a split model's parts, into caller buffers on
+    `n_threads` native worker threads.
+
+        with Pager("model.gguf", n_threads=4) as pager:          # or Pager(model_file): every part
             ticket = pager.submit(slab.offset, slab.nbytes, buf)   # returns at once
             start = pager.wait(ticket)                             # buf[start:start + nbytes]
+
+    `source`: a path, or an object with `parts` ((path, base) records: `ModelFile`); offsets are
+    then the model's (part i's byte 0 at its base) and a range must lie inside one part.
 
     `direct`: None reads with O_DIRECT when the file system allows it and the destination is
     aligned to `info.align` with room for the enclosing aligned range (see `span`), else
@@ -67,35 +97,59 @@ class Pager:
     Destinations are kept alive by the pager until their request is collected or it is closed.
     """
 
-    def __init__(self, path: str | os.PathLike, n_threads: int = DEFAULT_PAGER_THREADS, *, chunk_bytes: int = 0,
+    def __init__(self, source: Any, n_threads: int = DEFAULT_PAGER_THREADS, *, chunk_bytes: int = 0,
                  direct: bool | None = None, fallback: str = "pread") -> None:
-        self.path = os.fspath(path)
+        sources = _sources(source)
+        self.path = sources[0][0]  # the file (the first part) that names the pager in messages
         if not isinstance(n_threads, int) or not 1 <= n_threads <= 256:
             raise ValueError(f"pager threads must be an integer in 1..256, found {n_threads!r}")
         if not isinstance(chunk_bytes, int) or chunk_bytes < 0:
             raise ValueError(f"pager chunk_bytes must be a non-negative integer (0: default), found {chunk_bytes!r}")
-        out, err = ffi.new("strata_pager **"), ffi.new("int *")
-        status = lib.strata_pager_open(os.fsencode(self.path), n_threads, chunk_bytes,
-                                       _pager_flags(direct, fallback), out, err)
-        if status == lib.STRATA_E_OPEN:
-            raise NativeError(f"{self.path}: cannot open for reading: {os.strerror(err[0])} (errno {err[0]})")
-        if status == lib.STRATA_E_DIRECT:
-            raise NativeError(f"{self.path}: O_DIRECT was required but the file system refuses it "
-                              f"(open with direct=None to fall back to buffered reads)")
-        check(status, f"{self.path}: cannot start a pager")
-        self._handle = ffi.gc(out[0], lib.strata_pager_free)
+        self._handle = self._open(sources, n_threads, chunk_bytes, _pager_flags(direct, fallback))
         self._close_native = lib.strata_pager_close  # held: module globals may be gone at exit
         self._closed = False
         self._pending: dict[int, tuple[Any, int, int]] = {}  # ticket -> (dst keep-alive, offset, nbytes)
-        info = ffi.new("strata_pager_info *")
+        self.info = self._read_info(sources)
+        self._bases = [part.base for part in self.info.parts]
+
+    @staticmethod
+    def _open(sources: list[tuple[str, int]], n_threads: int, chunk_bytes: int, flags: int) -> Any:
+        paths = [ffi.new("char[]", os.fsencode(path)) for path, _ in sources]
+        out, err, bad = ffi.new("strata_pager **"), ffi.new("int *"), ffi.new("int32_t *")
+        status = lib.strata_pager_open_parts(ffi.new("char *[]", paths), ffi.new("int64_t[]", [b for _, b in sources]),
+                                             len(sources), n_threads, chunk_bytes, flags, out, err, bad)
+        name = sources[bad[0]][0] if 0 <= bad[0] < len(sources) else sources[0][0]
+        if status == lib.STRATA_E_OPEN:
+            raise NativeError(f"{name}: cannot open for reading: {os.strerror(err[0])} (errno {err[0]})")
+        if status == lib.STRATA_E_DIRECT:
+            raise NativeError(f"{name}: O_DIRECT was required but the file system refuses it "
+                              f"(open with direct=None to fall back to buffered reads)")
+        if status == lib.STRATA_E_ARG and bad[0] >= 0:
+            raise NativeError(f"{name}: part {bad[0] + 1} of {len(sources)} is larger than the room its base leaves "
+                              f"before the next part ({sources[bad[0] + 1][1] - sources[bad[0]][1]} bytes); "
+                              "did the file grow since the model was opened?")
+        check(status, f"{name}: cannot start a pager")
+        return ffi.gc(out[0], lib.strata_pager_free)
+
+    def _read_info(self, sources: list[tuple[str, int]]) -> PagerInfo:
+        info, part = ffi.new("strata_pager_info *"), ffi.new("strata_pager_part *")
         lib.strata_pager_get_info(self._handle, info)
-        self.info = PagerInfo(info.file_size, info.align, info.chunk_bytes, info.n_threads,
-                              bool(info.direct), bool(info.mmap), info.max_requests)
+        parts = []
+        for i, (path, _) in enumerate(sources):
+            check(lib.strata_pager_get_part(self._handle, i, part), f"{path}: pager part {i}")
+            parts.append(PagerPart(path, int(part.base), int(part.size), bool(part.direct)))
+        return PagerInfo(info.file_size, info.align, info.chunk_bytes, info.n_threads, bool(info.direct),
+                         bool(info.mmap), info.max_requests, tuple(parts))
 
     def __repr__(self) -> str:
         i = self.info
         mode = f"O_DIRECT align {i.align}" if i.direct else "mmap" if i.mmap else "buffered"
-        return f"Pager({self.path!r}, {i.n_threads} threads, {mode}{', closed' if self._closed else ''})"
+        parts = f", {len(i.parts)} parts" if len(i.parts) > 1 else ""
+        return f"Pager({self.path!r}{parts}, {i.n_threads} threads, {mode}{', closed' if self._closed else ''})"
+
+    def part_of(self, offset: int) -> PagerPart:
+        """The part whose range starts at or below `offset` (the one a read from there lies in)."""
+        return self.info.parts[max(0, bisect.bisect_right(self._bases, offset) - 1)]
 
     def span(self, offset: int, nbytes: int) -> tuple[int, int]:
         """The file range [start, end) a direct read of [offset, offset + nbytes) reads: the
@@ -116,6 +170,10 @@ class Pager:
         ptr, dst_bytes = dst_view(dst)
         if offset < 0 or nbytes < 0 or offset + nbytes > self.info.file_size:
             raise NativeError(f"{what}: outside the file (0..{self.info.file_size} bytes)")
+        part = self.part_of(offset)
+        if offset + nbytes > part.base + part.size:
+            raise NativeError(f"{what}: not inside one part: {part.path} holds bytes [{part.base}, "
+                              f"{part.base + part.size})")
         if nbytes > dst_bytes:
             raise NativeError(f"{what}: destination holds {dst_bytes} bytes, the read needs {nbytes}")
         ticket = ffi.new("int64_t *")
@@ -205,17 +263,19 @@ class Pager:
 
     def _io_message(self, ticket: int, result: Any) -> str:
         request = self._pending.get(ticket)
-        what = (f"{self.path}: read of bytes [{request[1]}, {request[1] + request[2]})" if request
-                else f"{self.path}: read")
+        part = self.part_of(request[1] if request else result.error_offset)
+        what = (f"{part.path}: read of bytes [{request[1]}, {request[1] + request[2]})" if request
+                else f"{part.path}: read")
         if result.os_errno == 0:
             try:
-                now = f"is now {os.stat(self.path).st_size} bytes"
+                now = f"is now {os.stat(part.path).st_size} bytes"
             except OSError as e:
                 now = f"cannot be examined ({e.strerror})"
-            return (f"{what}: the file ended early: it {now}, it had {self.info.file_size} bytes at open "
+            return (f"{what}: the file ended early: it {now}, it had {part.size} bytes at open "
                     f"(truncated since?)")
         err = result.os_errno
-        return (f"{what} failed at byte {result.error_offset}: {os.strerror(err)} "
+        at = result.error_offset - part.base
+        return (f"{what} failed at byte {at} of the file: {os.strerror(err)} "
                 f"(errno {err}, {errno.errorcode.get(err, '?')})")
 
 
@@ -236,4 +296,4 @@ def numa_node_of(buffer: Any) -> int:
     return int(node[0])
 
 
-__all__ = ["Pager", "PagerInfo", "PagerTimeoutError", "numa_node_count", "numa_node_of"]
+__all__ = ["Pager", "PagerInfo", "PagerPart", "PagerTimeoutError", "numa_node_count", "numa_node_of"]

@@ -249,16 +249,7 @@ def check_shape(s: Shape) -> None:
                          f"for {s.expert_type} experts")
 
 
-def write(path: str | os.PathLike, s: Shape, *, progress=None, drop_cache: bool = True) -> Path:
-    """Write the model to `path` (through a temporary name: a failed write leaves no file).
-    `progress(bytes_written, total)` is called after each tensor. With `drop_cache` the file's
-    pages are dropped from the page cache, so its first reader goes to the disk."""
-    import gguf
-
-    check_shape(s)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    w = gguf.GGUFWriter(None, s.arch)
+def _metadata(w, s: Shape) -> None:
     head = [(w.add_context_length, 4096), (w.add_embedding_length, s.hidden), (w.add_block_count, s.n_layers)]
     tail = [(w.add_layer_norm_rms_eps, 1e-6), (w.add_rope_freq_base, 1e6), (w.add_expert_count, s.n_experts),
             (w.add_expert_used_count, s.top_k), (w.add_vocab_size, s.vocab)]
@@ -273,35 +264,62 @@ def write(path: str | os.PathLike, s: Shape, *, progress=None, drop_cache: bool 
     for add, value in keys:
         add(value)
     _tokenizer(w, s.vocab)
+
+
+def write(path: str | os.PathLike, s: Shape, *, progress=None, drop_cache: bool = True,
+          split_max_size: int = 0) -> Path:
+    """Write the model to `path` (through temporary names: a failed write leaves no file); returns
+    the file that opens it (`path`, or its first part). `split_max_size` > 0: parts of at most that many tensor bytes each, in
+    llama.cpp's gguf-split layout and names (PATH-00001-of-0000N.gguf; one part is `path` itself).
+    `progress(bytes_written, total)` is called after each tensor. With `drop_cache` the files' pages
+    are dropped from the page cache, so their first reader goes to the disk."""
+    import gguf
+
+    from strata.gguf.split import open_part_files, part_paths
+
+    check_shape(s)
+    w = gguf.GGUFWriter(None, s.arch, split_max_size=split_max_size)
+    _metadata(w, s)
     tensors = plan(s)
     for name, shape, t in tensors:
         w.add_tensor_info(name, shape, np.dtype(np.float32), _bytes(t, shape), raw_dtype=t)
-    total, done = sum(_bytes(t, shape) for _, shape, t in tensors), 0
+    targets = part_paths(Path(path), len(w.tensors))
+    tmps = [target.with_name(target.name + ".partial") for target in targets]
     try:
-        w.write_header_to_file(path=tmp)
+        open_part_files(w, tmps)
+        w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        fout = w.fout[0]
+        _write_data(w, _Weights(s), tensors, progress, drop_cache)
+        w.close()
+        for tmp, target in zip(tmps, targets):
+            os.replace(tmp, target)
+    except BaseException:
+        w.close()
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise
+    return targets[0]
+
+
+def _write_data(w, weights: _Weights, tensors: list[tuple[str, tuple[int, ...], GGMLType]], progress,
+                drop_cache: bool) -> None:
+    """Every tensor's bytes into the part holding it (`w.tensors`: names per part), in file order."""
+    total, done, i = sum(_bytes(t, shape) for _, shape, t in tensors), 0, 0
+    for fout, names in zip(w.fout, w.tensors):
         w.write_padding(fout, fout.tell())
-        weights = _Weights(s)
-        for name, shape, t in tensors:
-            data = weights.values(name, shape, t)
+        for name in names:
+            assert name == tensors[i][0], f"{name}: tensors out of order"
+            data = weights.values(*tensors[i])
             fout.write(data.tobytes())
             w.write_padding(fout, data.nbytes)
-            done += data.nbytes
+            done, i = done + data.nbytes, i + 1
             if progress is not None:
                 progress(done, total)
         fout.flush()
         os.fsync(fout.fileno())
         if drop_cache:
             os.posix_fadvise(fout.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 __all__ = ["HEAD_DIM", "PRESETS", "Preset", "Shape", "file_bytes", "plan", "preset_shape", "write"]

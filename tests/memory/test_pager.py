@@ -400,3 +400,92 @@ def test_random_slab_rate_reads_slabs_up_to_the_limit(models, monkeypatch):
     assert sum(s.nbytes for s in got[:-1]) < limit <= sum(s.nbytes for s in got)
     assert bp.random_slab_rate(models["qwen3moe"], 1 << 40, seed=3) > 0
     assert sorted(s.offset for s in read[-1]) == sorted(s.offset for s in every)
+
+
+# ---- split models (llama.cpp's gguf-split parts): one space of offsets over every part ------
+
+@pytest.fixture(scope="module")
+def split_model(models, tmp_path_factory):
+    """(path of part 2 of 4, the unsplit file) of the qwen3moe fixture, split as gguf-split would."""
+    from tests.gguf.split_fixture import split_gguf, tensor_cuts
+
+    src = models["qwen3moe"]
+    parts = split_gguf(src, tmp_path_factory.mktemp("pager-split") / "m", tensor_cuts(src, 4))
+    return parts[1], src
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_slab_of_a_split_model_equals_its_mapped_bytes(split_model, mode):
+    path, src = split_model
+    with open_model(path) as mf, open_model(src) as whole, Pager(mf, n_threads=3, **MODES[mode]) as pager:
+        assert [(p.path, p.base, p.size) for p in pager.info.parts] == [(str(p.path), p.base, p.size) for p in mf.parts]
+        assert pager.info.file_size == mf.file_size and "4 parts" in repr(pager)
+        slabs = [mf.expert(layer, e, part) for layer in mf.expert_layers
+                 for e in range(mf.hparams.n_experts) for part in PARTS]
+        assert len({mf.part_of(s.offset).index for s in slabs}) >= 3  # slabs in parts 2..4 at least
+        bufs = [slot_for(pager, s.nbytes) for s in slabs]
+        tickets = [pager.submit(s.offset, s.nbytes, b) for s, b in zip(slabs, bufs)]
+        for slab, buf, ticket in zip(slabs, bufs, tickets):
+            start = pager.wait(ticket)
+            got = buf[start:start + slab.nbytes]
+            assert np.array_equal(got, mf.expert_data(slab)), slab
+            theirs = whole.expert(slab.layer, slab.expert, slab.part)
+            assert np.array_equal(got, whole.expert_data(theirs)), slab
+        stats = pager.stats()
+    assert stats["completed"] == len(slabs) and stats["failed"] == 0
+    assert stats["direct"] == (len(slabs) if mode == "direct" else 0)
+
+
+def test_split_pager_refuses_ranges_outside_one_part(split_model):
+    from strata.native._lib import ffi, lib
+
+    path, _ = split_model
+    buf = aligned(1 << 20)
+    with open_model(path) as mf, Pager(mf) as pager:
+        first, second = mf.parts[0], mf.parts[1]
+        end = first.base + first.size
+        assert second.base > end  # the gap keeps bases aligned
+        with pytest.raises(NativeError, match=rf"bytes \[{end - 8}, {end + 8}\): not inside one part: .*00001-of-00004"):
+            pager.submit(end - 8, 16, buf)
+        with pytest.raises(NativeError, match="not inside one part"):
+            pager.submit(end + 1, 4, buf)  # in the gap
+        with pytest.raises(NativeError, match="not inside one part"):
+            pager.submit(second.base - 4, 8, buf)
+        ticket = ffi.new("int64_t *")  # the native check, behind the Python one
+        dst = ffi.from_buffer(buf)
+        for offset, nbytes in ((end - 8, 16), (end + 1, 4), (second.base - 4, 8), (mf.file_size, 1)):
+            assert lib.strata_pager_submit(pager._handle, offset, nbytes, dst, buf.size, ticket) == lib.STRATA_E_SIZE
+        start = pager.read(second.base, 64, buf)  # the first bytes of part 2 are its magic
+        assert bytes(buf[start:start + 4]) == b"GGUF"
+
+
+def test_split_pager_open_errors_name_the_part(split_model, tmp_path):
+    import types
+
+    path, _ = split_model
+    with open_model(path) as mf:
+        parts = list(mf.parts)
+    missing = types.SimpleNamespace(parts=[parts[0], types.SimpleNamespace(path=tmp_path / "gone.gguf", base=parts[1].base)])
+    with pytest.raises(NativeError, match=r"gone.gguf: cannot open for reading: No such file"):
+        Pager(missing)
+    crowded = types.SimpleNamespace(parts=[parts[0], types.SimpleNamespace(path=parts[1].path, base=parts[0].size - 1)])
+    with pytest.raises(NativeError, match=r"00001-of-00004.gguf: part 1 of 2 is larger than the room"):
+        Pager(crowded)
+
+
+def test_split_part_truncated_after_open_names_that_part(split_model, tmp_path):
+    import shutil
+
+    path, _ = split_model
+    copies = tmp_path / "copy"
+    copies.mkdir()
+    for p in path.parent.glob("m-0000*-of-00004.gguf"):
+        shutil.copyfile(p, copies / p.name)
+    with open_model(copies / path.name) as mf, Pager(mf, direct=False) as pager:
+        last = mf.parts[-1]
+        slab = next(mf.expert(layer, e, part) for layer in reversed(mf.expert_layers)
+                    for e in range(mf.hparams.n_experts) for part in PARTS if mf.part_of(mf.expert(layer, e, part).offset) == last)
+        os.truncate(last.path, slab.offset - last.base)
+        with pytest.raises(NativeError, match=rf"00004-of-00004.gguf: read of bytes .*the file ended early: it is now "
+                                              rf"{slab.offset - last.base} bytes, it had {last.size} bytes at open"):
+            pager.read(slab.offset, slab.nbytes, aligned(slab.nbytes))
