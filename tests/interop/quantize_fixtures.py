@@ -1,0 +1,197 @@
+"""GGUF files quantized by llama.cpp's own quantizer, in the types published MoE quants use.
+
+The quantizer is `llama_model_quantize` in the libllama that llama-cpp-python ships (bound by
+`llama_cpp.llama_model_quantize`): the code `llama-quantize` runs, with its per-tensor type mixing
+(attention, output, embeddings and some expert tensors get other types than the file type), its
+`--imatrix` (an array of (tensor name, importances) entries, `llama_model_imatrix_data`) and its
+`--tensor-type PATTERN=TYPE` overrides (`llama_model_tensor_override`), which is how "dynamic"
+quants give each tensor its own type. Nothing has to be built: CI has it once llama-cpp-python is
+installed.
+
+The source file is the qwen3moe fixture of `tests.fixtures.tiny` (2 layers, 4 experts, hidden and
+expert widths 256, so every matrix row is whole 256-value blocks and llama.cpp never falls back
+to another type; output head x8 so top-1 margins mean something) converted to f32 by Strata.
+
+Importance matrix: llama.cpp refuses IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and (in this version)
+IQ3_XXS tensors without one. It is `strata imatrix`'s (`collect_imatrix`: the mean squared
+activations entering each matrix, per expert, over corpus text) on the f32 file, handed over as
+`llama-quantize --imatrix` hands its file over (per-expert sums / counts, experts never routed to
+get 1s) with the same `quantize.imatrix.*` metadata. It is given for the types that demand it and
+for the mixed file (published i-quants are made with one); the others are quantized without.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
+
+from converters.calib.collect import collect_imatrix
+from converters.calib.imatrix import read_imatrix
+from strata.synth.tokenizer import corpus
+from tests.fixtures.tiny import Tiny, zoo
+
+ARCH = "qwen3moe"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One quantized file: llama.cpp's file type, the type its routed experts' gate/up matrices
+    must hold (the file type's own; llama.cpp moves ffn_down, attention and output elsewhere),
+    and `--tensor-type` overrides (first match wins) with the exact type each must give."""
+    ftype: str
+    experts: T
+    overrides: tuple[tuple[str, T], ...] = ()
+
+
+#: Every type published MoE quants use, each through the llama.cpp file type that makes it.
+CASES: dict[str, Case] = {
+    "IQ1_S": Case("IQ1_S", T.IQ1_S),
+    "IQ1_M": Case("IQ1_M", T.IQ1_M),
+    "IQ2_XXS": Case("IQ2_XXS", T.IQ2_XXS),
+    "IQ2_XS": Case("IQ2_XS", T.IQ2_XS),
+    "IQ2_S": Case("IQ2_M", T.IQ2_S),
+    "IQ3_XXS": Case("IQ3_XXS", T.IQ3_XXS),
+    "IQ3_S": Case("IQ3_M", T.IQ3_S),
+    "IQ4_NL": Case("IQ4_NL", T.IQ4_NL),
+    "IQ4_XS": Case("IQ4_XS", T.IQ4_XS),
+    "TQ1_0": Case("TQ1_0", T.TQ1_0),
+    "TQ2_0": Case("TQ2_0", T.TQ2_0),
+    "Q2_K": Case("Q2_K", T.Q2_K),
+    "Q3_K": Case("Q3_K_M", T.Q3_K),
+    "Q4_K": Case("Q4_K_M", T.Q4_K),
+    "Q5_K": Case("Q5_K_M", T.Q5_K),
+    "Q6_K": Case("Q6_K", T.Q6_K),
+    "Q4_0": Case("Q4_0", T.Q4_0),
+    # As Unsloth's dynamic quants: each expert matrix, layer and attention in its own type.
+    "mixed": Case("IQ1_M", T.IQ1_M, (
+        (r"blk\.0\.ffn_gate_exps", T.IQ2_XXS), (r"blk\.0\.ffn_up_exps", T.IQ1_S),
+        (r"blk\.0\.ffn_down_exps", T.IQ3_S), (r"blk\.1\.ffn_gate_exps", T.IQ2_XS),
+        (r"blk\.1\.ffn_up_exps", T.IQ3_XXS), (r"blk\.1\.ffn_down_exps", T.IQ4_XS),
+        (r"blk\.0\.attn_q", T.IQ4_NL), (r"blk\.0\.attn_k", T.Q4_K), (r"blk\.0\.attn_v", T.Q6_K),
+        (r"blk\.0\.attn_output", T.IQ2_S), (r"blk\.1\.attn_(q|k|v)\.", T.Q5_K), (r"blk\.1\.attn_output", T.TQ2_0),
+        (r"token_embd", T.Q4_K), (r"output\.", T.Q6_K),
+    )),
+}
+
+#: Tensor types llama.cpp's quantizer refuses to make without an importance matrix
+#: (tensor_requires_imatrix in src/llama-quant.cpp, besides Q2_K in a Q2_K_S file).
+NEEDS_IMATRIX = frozenset({T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS})
+
+
+def _llama_cpp():
+    import llama_cpp
+    return llama_cpp
+
+
+def imatrix_entries(path: Path) -> dict[str, np.ndarray]:
+    """An imatrix file as `llama-quantize` hands it to the quantizer: per tensor name, float32
+    [nmat * K] of per-expert sums / counts (1 for an expert no token reached)."""
+    im, out = read_imatrix(path), {}
+    for name, sums in im.sums.items():
+        counts = im.counts[name].astype(np.float64).reshape(-1)
+        sums = sums.astype(np.float64).reshape(counts.size, -1)
+        seen = counts > 0
+        mean = np.where(seen[:, None], sums / np.where(seen, counts, 1)[:, None], 1.0)
+        out[name] = np.ascontiguousarray(mean, dtype=np.float32).reshape(-1)
+    return out
+
+
+def _kv_overrides(ll, imatrix: Path, n_entries: int, n_chunks: int):
+    """The `quantize.imatrix.*` keys `llama-quantize --imatrix` writes, as kv overrides."""
+    kvs = (ll.llama_model_kv_override * 4)()
+    for kv, (key, tag, value) in zip(kvs, [("quantize.imatrix.file", ll.LLAMA_KV_OVERRIDE_TYPE_STR, str(imatrix)),
+                                           ("quantize.imatrix.entries_count", ll.LLAMA_KV_OVERRIDE_TYPE_INT, n_entries),
+                                           ("quantize.imatrix.chunks_count", ll.LLAMA_KV_OVERRIDE_TYPE_INT, n_chunks)]):
+        kv.key, kv.tag = key.encode(), tag
+        if tag == ll.LLAMA_KV_OVERRIDE_TYPE_STR:
+            kv.value.val_str = value.encode()[:127]
+        else:
+            kv.value.val_i64 = value
+    return kvs  # the zeroed last entry (empty key) ends the array
+
+
+def llama_quantize(src: Path, out: Path, ftype: str, *, imatrix: Path | None = None,
+                   overrides: tuple[tuple[str, T], ...] = (), n_threads: int = 2) -> Path:
+    """`llama-quantize [--imatrix IMATRIX] [--tensor-type P=T ...] SRC OUT FTYPE`, in process."""
+    ll = _llama_cpp()
+    params = ll.llama_model_quantize_default_params()
+    params.nthread, params.ftype = n_threads, getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    keep = []  # ctypes buffers the params point into, alive until the call returns
+    if imatrix is not None:
+        entries = imatrix_entries(imatrix)
+        arr = (ll.llama_model_imatrix_data * (len(entries) + 1))()  # zeroed last entry: the terminator
+        for slot, (name, data) in zip(arr, entries.items()):
+            slot.name, slot.data, slot.size = name.encode(), data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), data.size
+        keep += [entries, arr]
+        params.imatrix = arr
+        params.kv_overrides = _kv_overrides(ll, imatrix, len(entries), read_imatrix(imatrix).chunk_count)
+        keep.append(params.kv_overrides)
+    if overrides:
+        tt = (ll.llama_model_tensor_override * (len(overrides) + 1))()  # zeroed last entry: the terminator
+        for slot, (pattern, qtype) in zip(tt, overrides):
+            slot.pattern, slot.type = pattern.encode(), int(qtype)
+        params.tt_overrides = tt
+        keep.append(tt)
+    status = ll.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize {src} -> {out} ({ftype}) failed with status {status} "
+                           "(llama.cpp's log, on stderr, says why)")
+    return out
+
+
+def tensor_types(path: Path) -> dict[str, T]:
+    """Every tensor's type in the file, as gguf-py reads it."""
+    return {t.name: T(int(t.tensor_type)) for t in GGUFReader(path).tensors}
+
+
+def expected_types(case: Case, types: dict[str, T]) -> dict[str, T]:
+    """The types `case` must have given: the routed experts' gate/up its file type (unless an
+    override names them), each overridden tensor its override's type."""
+    want = {n: case.experts for n in types if re.search(r"ffn_(gate|up)_exps", n)}
+    for name in types:
+        for pattern, qtype in case.overrides:
+            if re.search(pattern, name):
+                want[name] = qtype
+                break
+    return want
+
+
+class LlamaQuantized:
+    """The fixture model and its files quantized by llama.cpp, each made once (a session's)."""
+
+    def __init__(self, root: Path):
+        self.root, self._files = root, {}
+        self.tiny: Tiny = zoo().get(ARCH)
+        self._imatrix: Path | None = None
+
+    @property
+    def source(self) -> Path:
+        return self.tiny.gguf("f32")
+
+    def imatrix(self) -> Path:
+        """Strata's importance matrix of the f32 file over 1024 tokens of corpus text, once."""
+        if self._imatrix is None:
+            path = self.root / f"{ARCH}.imatrix"
+            collect_imatrix(self.source, " ".join(corpus(400, seed=5)), path, n_tokens=1024, n_ctx=128,
+                            dataset="strata-corpus", n_threads=2, progress=False)
+            self._imatrix = path
+        return self._imatrix
+
+    def file(self, key: str) -> Path:
+        """The f32 file quantized by llama.cpp as CASES[key] says."""
+        if key not in self._files:
+            case = CASES[key]
+            needs = case.experts in NEEDS_IMATRIX or any(t in NEEDS_IMATRIX for _, t in case.overrides)
+            imatrix = self.imatrix() if needs or case.overrides else None
+            out = self.root / f"{ARCH}-{key}.gguf"
+            self._files[key] = llama_quantize(self.source, out, case.ftype, imatrix=imatrix, overrides=case.overrides)
+        return self._files[key]
+
+
+__all__ = ["ARCH", "CASES", "Case", "LlamaQuantized", "NEEDS_IMATRIX", "expected_types", "imatrix_entries",
+           "llama_quantize", "tensor_types"]
