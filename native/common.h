@@ -15,6 +15,32 @@
  *   Q5_K 256 elems,176 B: half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
  *   Q6_K 256 elems,210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; half d
  *   MXFP4 32 elems, 17 B: u8 e (E8M0 shared exponent); u8 qs[16] (E2M1 codes, low nibbles first)
+ *
+ * i-quants, ternary and NVFP4 (grids and code books: iq_tables.h; "db" is the scale of a sub-block,
+ * "grid" an entry of the format's lattice, "s" a sign of +-1):
+ *   IQ2_XXS 256, 66 B: half d; u8 qs[64] = 8 x (u32 grid bytes, u32 aux)     32 per aux:
+ *                     aux bits 0-27: four 7-bit ksigns indices, bits 28-31 ls; db = d * (0.5 + ls) / 4
+ *   IQ2_XS  256, 74 B: half d; u16 qs[32] (9-bit grid index | 7-bit ksigns index); u8 scales[8]
+ *                     (a 4-bit ls per 16 values, low nibble first); db = d * (0.5 + ls) / 4
+ *   IQ2_S   256, 82 B: half d; u8 qs[32] (grid index low 8 bits); u8 signs[32] (a bit per value);
+ *                     u8 qh[8] (2 high index bits per qs); u8 scales[8] (as IQ2_XS)
+ *   IQ3_XXS 256, 98 B: half d; u8 qs[64] (grid index per 4 values); u32 aux[8] as IQ2_XXS;
+ *                     db = d * (0.5 + ls) / 2
+ *   IQ3_S   256,110 B: half d; u8 qs[64]; u8 qh[8] (9th index bit per qs); u8 signs[32]; u8 scales[4]
+ *                     (a 4-bit ls per 32 values); db = d * (1 + 2 * ls)
+ *   IQ1_S   256, 50 B: half d; u8 qs[32]; u16 qh[8]: per 32 values bits 0-11 the 3 high index bits
+ *                     of 4 qs, bits 12-14 ls, bit 15 the delta's sign; x = d * (2 ls + 1) * (grid +- 1/8)
+ *   IQ1_M   256, 56 B: u8 qs[32]; u8 qh[16] (per nibble: 3 high index bits, delta sign); u16 sc[4]:
+ *                     3-bit ls per 16 values in bits 0-11, the half d in their top nibbles (sc[0] lowest)
+ *   IQ4_NL   32, 18 B: half d; u8 qs[16]                x = d * kvalues_iq4nl[q], low nibbles first
+ *   IQ4_XS  256,136 B: half d; u16 scales_h; u8 scales_l[4]; u8 qs[128]: 6-bit ls per 32 values
+ *                     (low 4 bits in scales_l nibbles, high 2 in scales_h); x = d * (ls - 32) * kvalues
+ *   TQ1_0   256, 54 B: u8 qs[48]; u8 qh[4]; half d: base-3 digits, q = digit - 1; digit p of byte b is
+ *                     ((b * 3^p mod 256) * 3) >> 8; element 32p + j <- qs[j] (j < 32, p < 5),
+ *                     160 + 16p + j <- qs[32 + j] (j < 16), 240 + 4p + j <- qh[j] (p < 4); x = d * q
+ *   TQ2_0   256, 66 B: u8 qs[64]; half d: element 128c + 32p + l = ((qs[32c + l] >> 2p) & 3) - 1; x = d * q
+ *   NVFP4    64, 36 B: u8 d[4] (UE4M3 scale per 16 values); u8 qs[32] (E2M1 codes, per 16 values
+ *                     8 bytes: low nibbles then high ones); x = ue4m3(d) / 2 * 2 * e2m1(q)
  */
 #ifndef STRATA_COMMON_H
 #define STRATA_COMMON_H
@@ -40,6 +66,18 @@ typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[
 typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } strata_block_q5_k;
 typedef struct STRATA_PACKED { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } strata_block_q6_k;
 typedef struct STRATA_PACKED { uint8_t e; uint8_t qs[16]; } strata_block_mxfp4;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; } strata_block_iq2_xxs;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t scales[8]; } strata_block_iq2_xs;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[32]; uint8_t signs[32]; uint8_t qh[8]; uint8_t scales[8]; } strata_block_iq2_s;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t aux[32]; } strata_block_iq3_xxs;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; } strata_block_iq3_s;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[32]; uint8_t qh[16]; } strata_block_iq1_s;
+typedef struct STRATA_PACKED { uint8_t qs[32]; uint8_t qh[16]; uint8_t scales[8]; } strata_block_iq1_m;
+typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[16]; } strata_block_iq4_nl;
+typedef struct STRATA_PACKED { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } strata_block_iq4_xs;
+typedef struct STRATA_PACKED { uint8_t qs[48]; uint8_t qh[4]; uint16_t d; } strata_block_tq1_0;
+typedef struct STRATA_PACKED { uint8_t qs[64]; uint16_t d; } strata_block_tq2_0;
+typedef struct STRATA_PACKED { uint8_t d[4]; uint8_t qs[32]; } strata_block_nvfp4;
 
 _Static_assert(sizeof(strata_block_q4_0) == 18, "Q4_0 block size");
 _Static_assert(sizeof(strata_block_q4_1) == 20, "Q4_1 block size");
@@ -52,14 +90,31 @@ _Static_assert(sizeof(strata_block_q4_k) == 144, "Q4_K block size");
 _Static_assert(sizeof(strata_block_q5_k) == 176, "Q5_K block size");
 _Static_assert(sizeof(strata_block_q6_k) == 210, "Q6_K block size");
 _Static_assert(sizeof(strata_block_mxfp4) == 17, "MXFP4 block size");
+_Static_assert(sizeof(strata_block_iq2_xxs) == 66, "IQ2_XXS block size");
+_Static_assert(sizeof(strata_block_iq2_xs) == 74, "IQ2_XS block size");
+_Static_assert(sizeof(strata_block_iq2_s) == 82, "IQ2_S block size");
+_Static_assert(sizeof(strata_block_iq3_xxs) == 98, "IQ3_XXS block size");
+_Static_assert(sizeof(strata_block_iq3_s) == 110, "IQ3_S block size");
+_Static_assert(sizeof(strata_block_iq1_s) == 50, "IQ1_S block size");
+_Static_assert(sizeof(strata_block_iq1_m) == 56, "IQ1_M block size");
+_Static_assert(sizeof(strata_block_iq4_nl) == 18, "IQ4_NL block size");
+_Static_assert(sizeof(strata_block_iq4_xs) == 136, "IQ4_XS block size");
+_Static_assert(sizeof(strata_block_tq1_0) == 54, "TQ1_0 block size");
+_Static_assert(sizeof(strata_block_tq2_0) == 66, "TQ2_0 block size");
+_Static_assert(sizeof(strata_block_nvfp4) == 36, "NVFP4 block size");
 
 /* ggml type ids (gguf.GGMLQuantizationType). */
 enum {
     STRATA_T_F32 = 0, STRATA_T_F16 = 1, STRATA_T_Q4_0 = 2, STRATA_T_Q4_1 = 3,
     STRATA_T_Q5_0 = 6, STRATA_T_Q5_1 = 7, STRATA_T_Q8_0 = 8,
     STRATA_T_Q2_K = 10, STRATA_T_Q3_K = 11, STRATA_T_Q4_K = 12, STRATA_T_Q5_K = 13,
-    STRATA_T_Q6_K = 14, STRATA_T_BF16 = 30, STRATA_T_MXFP4 = 39
+    STRATA_T_Q6_K = 14, STRATA_T_IQ2_XXS = 16, STRATA_T_IQ2_XS = 17, STRATA_T_IQ3_XXS = 18,
+    STRATA_T_IQ1_S = 19, STRATA_T_IQ4_NL = 20, STRATA_T_IQ3_S = 21, STRATA_T_IQ2_S = 22, STRATA_T_IQ4_XS = 23,
+    STRATA_T_IQ1_M = 29, STRATA_T_BF16 = 30, STRATA_T_TQ1_0 = 34, STRATA_T_TQ2_0 = 35, STRATA_T_MXFP4 = 39,
+    STRATA_T_NVFP4 = 40
 };
+
+#define STRATA_QK_NVFP4 64
 
 /* ---- Format table (format.c): one row per GGML type the runtime knows ---- */
 
@@ -109,6 +164,16 @@ static inline uint16_t strata_f32_to_half(float f) {
     const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
     const uint32_t s = 126u - e, q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
     return sign | (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
+}
+
+/* NVFP4's UE4M3 scale halved (the E2M1 values are stored doubled), as gguf-py's ue4m3_to_fp32:
+ * bit 7 is ignored, 0 and 0x7f give 0. Exact in float32. */
+static inline float strata_ue4m3_half(uint8_t x) {
+    if (x == 0 || x == 0x7f) return 0.0f;
+    const int e = (x >> 3) & 15, m = x & 7;
+    const float raw = e == 0 ? (float)m * 0x1p-9f
+                             : (1.0f + (float)m / 8.0f) * strata_bits_to_f32((uint32_t)(e - 7 + 127) << 23);
+    return raw * 0.5f;
 }
 
 /*

@@ -30,6 +30,18 @@ static const strata_dequant_kernels KERNELS[] = {
     {STRATA_T_Q5_K, strata_dequant_q5_k_ref, strata_dequant_q5_k_avx2},
     {STRATA_T_Q6_K, strata_dequant_q6_k_ref, strata_dequant_q6_k_avx2},
     {STRATA_T_MXFP4, strata_dequant_mxfp4_ref, strata_dequant_mxfp4_avx2},
+    {STRATA_T_IQ2_XXS, strata_dequant_iq2_xxs_ref, NULL},
+    {STRATA_T_IQ2_XS, strata_dequant_iq2_xs_ref, NULL},
+    {STRATA_T_IQ2_S, strata_dequant_iq2_s_ref, NULL},
+    {STRATA_T_IQ3_XXS, strata_dequant_iq3_xxs_ref, NULL},
+    {STRATA_T_IQ3_S, strata_dequant_iq3_s_ref, NULL},
+    {STRATA_T_IQ1_S, strata_dequant_iq1_s_ref, NULL},
+    {STRATA_T_IQ1_M, strata_dequant_iq1_m_ref, NULL},
+    {STRATA_T_IQ4_NL, strata_dequant_iq4_nl_ref, NULL},
+    {STRATA_T_IQ4_XS, strata_dequant_iq4_xs_ref, NULL},
+    {STRATA_T_TQ1_0, strata_dequant_tq1_0_ref, NULL},
+    {STRATA_T_TQ2_0, strata_dequant_tq2_0_ref, NULL},
+    {STRATA_T_NVFP4, strata_dequant_nvfp4_ref, NULL},
 };
 
 static const strata_dequant_kernels *find_kernels(int type) {

@@ -22,6 +22,18 @@ static const strata_format_info FORMATS[] = {
     {STRATA_T_Q5_K, STRATA_QK_K, sizeof(strata_block_q5_k)},
     {STRATA_T_Q6_K, STRATA_QK_K, sizeof(strata_block_q6_k)},
     {STRATA_T_MXFP4, STRATA_QK, sizeof(strata_block_mxfp4)},
+    {STRATA_T_IQ2_XXS, STRATA_QK_K, sizeof(strata_block_iq2_xxs)},
+    {STRATA_T_IQ2_XS, STRATA_QK_K, sizeof(strata_block_iq2_xs)},
+    {STRATA_T_IQ2_S, STRATA_QK_K, sizeof(strata_block_iq2_s)},
+    {STRATA_T_IQ3_XXS, STRATA_QK_K, sizeof(strata_block_iq3_xxs)},
+    {STRATA_T_IQ3_S, STRATA_QK_K, sizeof(strata_block_iq3_s)},
+    {STRATA_T_IQ1_S, STRATA_QK_K, sizeof(strata_block_iq1_s)},
+    {STRATA_T_IQ1_M, STRATA_QK_K, sizeof(strata_block_iq1_m)},
+    {STRATA_T_IQ4_NL, STRATA_QK, sizeof(strata_block_iq4_nl)},
+    {STRATA_T_IQ4_XS, STRATA_QK_K, sizeof(strata_block_iq4_xs)},
+    {STRATA_T_TQ1_0, STRATA_QK_K, sizeof(strata_block_tq1_0)},
+    {STRATA_T_TQ2_0, STRATA_QK_K, sizeof(strata_block_tq2_0)},
+    {STRATA_T_NVFP4, STRATA_QK_NVFP4, sizeof(strata_block_nvfp4)},
 };
 
 const strata_format_info *strata_format_find(int type) {

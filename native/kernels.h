@@ -1,6 +1,6 @@
 /*
  * Internal interface between the dispatcher (dequant.c) and the kernels
- * (dequant_ref.c: portable scalar reference of every format; dequant_avx2.c: AVX2 twins).
+ * (dequant_ref.c, dequant_iq.c: portable scalar reference of every format; dequant_avx2.c: AVX2 twins).
  *
  * Every block kernel has the same signature: it reads `n_blocks` consecutive packed blocks from
  * `src` and writes n_blocks * block_elems float32 values to `dst`. A `_avx2` kernel must give
@@ -44,6 +44,19 @@ STRATA_DECLARE_REF(q4_k)
 STRATA_DECLARE_REF(q5_k)
 STRATA_DECLARE_REF(q6_k)
 STRATA_DECLARE_REF(mxfp4)
+/* dequant_iq.c: i-quants, ternary formats, NVFP4 (scalar only for now) */
+STRATA_DECLARE_REF(iq2_xxs)
+STRATA_DECLARE_REF(iq2_xs)
+STRATA_DECLARE_REF(iq2_s)
+STRATA_DECLARE_REF(iq3_xxs)
+STRATA_DECLARE_REF(iq3_s)
+STRATA_DECLARE_REF(iq1_s)
+STRATA_DECLARE_REF(iq1_m)
+STRATA_DECLARE_REF(iq4_nl)
+STRATA_DECLARE_REF(iq4_xs)
+STRATA_DECLARE_REF(tq1_0)
+STRATA_DECLARE_REF(tq2_0)
+STRATA_DECLARE_REF(nvfp4)
 
 STRATA_DECLARE_AVX2(f16)
 STRATA_DECLARE_AVX2(bf16)

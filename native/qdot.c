@@ -36,6 +36,19 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}},
     {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}},
     {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}},
+    /* Scalar only (qdot_iq.c): every family runs these. */
+    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, NULL, NULL}},
+    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, NULL, NULL}},
+    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, NULL, NULL}},
+    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {strata_qdot_iq3_xxs_ref, NULL, NULL}},
+    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, NULL, NULL}},
+    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, NULL, NULL}},
+    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, NULL, NULL}},
+    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, NULL, NULL}},
+    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, NULL, NULL}},
+    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, NULL, NULL}},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, NULL, NULL}},
+    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, NULL, NULL}},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

@@ -7,9 +7,11 @@
  * arithmetic and scaled once per block:
  *
  *   STRATA_ACT_Q8    32 values, 40 B: float d; float s; i8 q[32]      x ~ d * q, s = d * sum(q)
- *                    for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 (s serves the formats with a min)
+ *                    for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL (s serves the formats with a
+ *                    min), NVFP4 (two activation blocks per 64-value weight block)
  *   STRATA_ACT_Q8K  256 values, 292 B: float d; i8 q[256]; i16 bsums[16] (sum of each 16 q)
- *                    for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (bsums serve the mins and Q6_K's -32)
+ *                    for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (bsums serve the mins and Q6_K's -32) and the
+ *                    256-value i-quants and ternary formats
  *   STRATA_ACT_F32    the float32 row itself (4 B per value), for F32, F16, BF16 weights
  *
  * d = max|x| / 127 and q = round-to-nearest-even(x / d) (q = 0 for an all-zero block), computed as
@@ -101,6 +103,19 @@ STRATA_DECLARE_QTILE(q3_k, ref)
 STRATA_DECLARE_QTILE(q4_k, ref)
 STRATA_DECLARE_QTILE(q5_k, ref)
 STRATA_DECLARE_QTILE(q6_k, ref)
+/* qdot_iq.c: i-quants, ternary formats and NVFP4 (scalar only for now) */
+STRATA_DECLARE_QTILE(iq2_xxs, ref)
+STRATA_DECLARE_QTILE(iq2_xs, ref)
+STRATA_DECLARE_QTILE(iq2_s, ref)
+STRATA_DECLARE_QTILE(iq3_xxs, ref)
+STRATA_DECLARE_QTILE(iq3_s, ref)
+STRATA_DECLARE_QTILE(iq1_s, ref)
+STRATA_DECLARE_QTILE(iq1_m, ref)
+STRATA_DECLARE_QTILE(iq4_nl, ref)
+STRATA_DECLARE_QTILE(iq4_xs, ref)
+STRATA_DECLARE_QTILE(tq1_0, ref)
+STRATA_DECLARE_QTILE(tq2_0, ref)
+STRATA_DECLARE_QTILE(nvfp4, ref)
 
 STRATA_DECLARE_QTILE(f32, avx2)
 STRATA_DECLARE_QTILE(f16, avx2)

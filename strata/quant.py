@@ -9,12 +9,20 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGMLType = GGMLQuantizationType
 
-#: Formats the native runtime dequantizes (scalar kernels for all, AVX2 for some).
+#: i-quants, ternary formats and NVFP4: scalar kernels only (dequantization and packed products).
+IQ_TYPES: tuple[GGMLType, ...] = (
+    GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
+    GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+    GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.NVFP4,
+)
+
+#: Formats the native runtime dequantizes (scalar kernels for all, AVX2 for some). The native
+#: runtime's own tables are the truth (`strata.native.type_support`); tests hold this to them.
 DEQUANT_TYPES: tuple[GGMLType, ...] = (
     GGMLType.F32, GGMLType.F16, GGMLType.BF16,
     GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
     GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-    GGMLType.MXFP4,
+    GGMLType.MXFP4, *IQ_TYPES,
 )
 
 
@@ -60,7 +68,26 @@ HALF_SCALE_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
     GGMLType.Q8_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2),
     GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+    GGMLType.IQ2_XXS: (0,), GGMLType.IQ2_XS: (0,), GGMLType.IQ2_S: (0,), GGMLType.IQ3_XXS: (0,),
+    GGMLType.IQ3_S: (0,), GGMLType.IQ1_S: (0,), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+    GGMLType.TQ1_0: (52,), GGMLType.TQ2_0: (64,),
 }
+#: IQ1_M keeps its float16 d in the top nibbles of the four little-endian u16 words at these bytes.
+IQ1_M_SCALE_WORDS = 48
+#: NVFP4's four UE4M3 sub-block scales (bytes 0-3).
+NVFP4_SCALE_BYTES = 4
+
+
+def set_iq1_m_half(blocks, halves) -> None:
+    """Write float16 `halves` [N] (as uint16) into IQ1_M blocks [N, 56] in place: nibble m of the half
+    goes to the top nibble of scale word m; the 3-bit scales below stay as they are."""
+    import numpy as np
+
+    h = np.asarray(halves).view(np.uint16).astype(np.uint16)
+    words = np.ascontiguousarray(blocks[:, IQ1_M_SCALE_WORDS:IQ1_M_SCALE_WORDS + 8]).view("<u2")  # [N, 4]
+    for m in range(4):
+        words[:, m] = (words[:, m] & 0x0FFF) | (((h >> (4 * m)) & 0xF) << 12)
+    blocks[:, IQ1_M_SCALE_WORDS:IQ1_M_SCALE_WORDS + 8] = words.view(np.uint8)
 
 
 def random_blocks(t: int | str | GGMLType, n_blocks: int, rng, scale: float = 0.01):
@@ -83,7 +110,14 @@ def random_blocks(t: int | str | GGMLType, n_blocks: int, rng, scale: float = 0.
     blocks = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
     if t == GGMLType.MXFP4:
         blocks[:, 0] = rng.integers(120, 128, size=n_blocks, dtype=np.uint8)  # 2**-7 .. 2**0 (E8M0)
+    if t == GGMLType.NVFP4:  # UE4M3 scales near `scale` (their value is halved: exponent of 2 * scale)
+        e = np.clip(round(np.log2(2 * scale)) + 7 + rng.integers(-1, 2, size=(n_blocks, 4)), 1, 14)
+        blocks[:, :NVFP4_SCALE_BYTES] = (e << 3 | rng.integers(0, 8, size=(n_blocks, 4))).astype(np.uint8)
+    def halves():
+        return (rng.random(n_blocks, dtype=np.float32) * scale + scale / 16).astype(np.float16)
+
+    if t == GGMLType.IQ1_M:
+        set_iq1_m_half(blocks, halves())
     for off in HALF_SCALE_OFFSETS.get(t, ()):
-        halves = (rng.random(n_blocks, dtype=np.float32) * scale + scale / 16).astype(np.float16)
-        blocks[:, off:off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+        blocks[:, off:off + 2] = halves().view(np.uint8).reshape(n_blocks, 2)
     return blocks.reshape(-1)

@@ -58,6 +58,18 @@ SCALE_FIELDS: dict[GGMLType, list[tuple[tuple[int, ...], np.ndarray, float]]] = 
     T.Q6_K: [((208,), SPECIAL_F16, 0.5),                        # d
              (tuple(range(192, 208)), INT8_EXTREMES, 0.25)],    # int8 sub-block scales
     T.MXFP4: [((0,), E8M0_ALL, 1.0)],                           # e: every exponent, cycled
+    T.IQ2_XXS: [((0,), SPECIAL_F16, 0.5)],                      # d (i-quants: one half d each)
+    T.IQ2_XS: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ2_S: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ3_XXS: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ3_S: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ1_S: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ1_M: [],                                                # d split over nibbles: test_dequant_iquants.py
+    T.IQ4_NL: [((0,), SPECIAL_F16, 0.5)],
+    T.IQ4_XS: [((0,), SPECIAL_F16, 0.5)],
+    T.TQ1_0: [((52,), SPECIAL_F16, 0.5)],
+    T.TQ2_0: [((64,), SPECIAL_F16, 0.5)],
+    T.NVFP4: [((0, 1, 2, 3), E8M0_ALL, 1.0)],                   # UE4M3 scales: every byte, cycled
 }
 
 # (rows, row length, threads): one row, many rows, rows that do not split evenly among threads.
@@ -107,7 +119,7 @@ def test_dequant_types_cover_gguf_formats():
     assert set(DEQUANT_TYPES) == set(SCALE_FIELDS)
 
 
-@pytest.mark.parametrize("t", [t for t in DEQUANT_TYPES if t not in (T.F32, T.F16, T.BF16, T.MXFP4)],
+@pytest.mark.parametrize("t", [t for t in DEQUANT_TYPES if t not in (T.F32, T.F16, T.BF16, T.MXFP4, T.NVFP4, T.IQ1_M)],
                          ids=lambda t: t.name)
 def test_scale_offsets_are_the_scale_fields(t):
     """Zeroing the float16 fields SCALE_FIELDS lists zeroes the block in gguf-py: the offset table
@@ -274,7 +286,7 @@ def test_rejects_bad_thread_count(n_threads):
 @pytest.mark.parametrize("t, message", [
     ("q9_9", "unknown ggml type name 'q9_9'"),
     (1234, "unknown ggml type id 1234"),
-    (T.IQ2_XXS, "dequantization of IQ2_XXS is not supported"),
+    (T.Q8_1, "dequantization of Q8_1 is not supported"),
 ])
 def test_rejects_unknown_type(t, message):
     with pytest.raises(ValueError, match=message):

@@ -137,7 +137,7 @@ def test_matmul_refuses_bad_arguments(pools):
     with pytest.raises(NativeError, match="multiple"):
         call(None, t, w, 9, 56, np.zeros((2, 56), np.float32), np.zeros((2, 9), np.float32), s)
     with pytest.raises(NativeError, match="unsupported"):
-        call(None, T.IQ2_XXS, w, 1, 256, np.zeros((1, 256), np.float32), np.zeros((1, 1), np.float32), s)
+        call(None, T.Q8_1, w, 1, 256, np.zeros((1, 256), np.float32), np.zeros((1, 1), np.float32), s)
     with pytest.raises(ValueError):
         call(None, 12345, w, n_rows, row_len, x, y, s)                       # unknown type id
     with pytest.raises(ValueError):

@@ -26,7 +26,7 @@ import torch
 from strata import native
 from strata.errors import NativeError
 from strata.native._lib import ffi, lib
-from strata.quant import DEQUANT_TYPES, GGMLType, block_size
+from strata.quant import DEQUANT_TYPES, IQ_TYPES, GGMLType, block_size
 
 T = GGMLType
 U = 2.0 ** -24
@@ -121,7 +121,7 @@ ACT_Q8K = np.dtype([("d", "<f4"), ("q", "i1", 256), ("bsums", "<i2", 16)])
 
 
 def act_block(t: GGMLType) -> int:
-    return 1 if t in FLOAT_TYPES else 32 if t in Q8_TYPES else 256
+    return 1 if t in FLOAT_TYPES else 32 if t in Q8_TYPES or t in (T.IQ4_NL, T.NVFP4) else 256
 
 
 def numpy_qact(t: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,8 +148,9 @@ def numpy_qact(t: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 # ---- tests ----
 
 def test_every_dequantized_format_has_a_kernel():
-    assert set(ALL_TYPES) == set(DEQUANT_TYPES)
-    for t in ALL_TYPES:
+    """Here ALL_TYPES; the i-quants, ternary formats and NVFP4 (scalar kernels only): test_qdot_iquants.py."""
+    assert set(ALL_TYPES) | set(IQ_TYPES) == set(DEQUANT_TYPES)
+    for t in DEQUANT_TYPES:
         assert native.has_qdot_kernel(t, "scalar")
     assert all(native.has_qdot_kernel(t, "avx2") for t in ALL_TYPES)
 
@@ -251,7 +252,7 @@ def test_every_buffer_size_is_checked():
     assert _raw_call(impl=99) == lib.STRATA_E_ARG
     assert _raw_call(t=T.Q4_K, row_len=256) == lib.STRATA_OK
     assert _raw_call(t=T.Q4_K, row_len=128) == lib.STRATA_E_BLOCK
-    assert lib.strata_qdot_rows(20, ffi.NULL, 0, 0, 32, ffi.NULL, 0, 0, ffi.NULL, 0, ffi.NULL, 0, 1) == lib.STRATA_E_TYPE
+    assert lib.strata_qdot_rows(int(T.Q8_1), ffi.NULL, 0, 0, 32, ffi.NULL, 0, 0, ffi.NULL, 0, ffi.NULL, 0, 1) == lib.STRATA_E_TYPE
     out = ffi.new("int64_t *")
     assert lib.strata_qdot_scratch_bytes(int(T.Q6_K), 3, 512, out) == lib.STRATA_OK and out[0] == 3 * 2 * 292
     assert lib.strata_qdot_scratch_bytes(int(T.F16), 3, 512, out) == lib.STRATA_OK and out[0] == 0
