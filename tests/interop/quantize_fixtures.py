@@ -8,9 +8,10 @@ The quantizer is `llama_model_quantize` in the libllama that llama-cpp-python sh
 quants give each tensor its own type. Nothing has to be built: CI has it once llama-cpp-python is
 installed.
 
-The source file is the qwen3moe fixture of `tests.fixtures.tiny` (2 layers, 4 experts, hidden and
-expert widths 256, so every matrix row is whole 256-value blocks and llama.cpp never falls back
-to another type; output head x8 so top-1 margins mean something) converted to f32 by Strata.
+The source file is the qwen3moe fixture of tests/convert/fixtures.py (transformers' class, 2
+layers, 4 experts, hidden and expert widths 256, so every matrix row is whole 256-value blocks and
+llama.cpp never falls back to another type; output head x8 so top-1 margins mean something) with
+its expert and attention weights scaled up (see SCALES), converted to f32 by Strata.
 
 Importance matrix: llama.cpp refuses IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S and (in this version)
 IQ3_XXS tensors without one. It is `strata imatrix`'s (`collect_imatrix`: the mean squared
@@ -22,21 +23,30 @@ for the mixed file (published i-quants are made with one); the others are quanti
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 
 from converters.calib.collect import collect_imatrix
 from converters.calib.imatrix import read_imatrix
 from strata.synth.tokenizer import corpus
-from tests.fixtures.tiny import Tiny, zoo
+from tests.convert.fixtures import SPECS, build_model, save_checkpoint, train_byte_bpe
+from tests.fixtures.tiny import Tiny
 
 ARCH = "qwen3moe"
+#: Factors on transformers' initial weights (std 0.02) by parameter name. Unscaled, the residual
+#: stream (unit-scale embeddings) drowns experts and attention: with every expert zeroed the model
+#: still agreed on 96% of top-1s, so a test of expert kernels would pass with none. Scaled, zeroing
+#: the experts leaves ~1% and scaling one expert's ffn_down by 1.1 moves logits by 2% of their range.
+SCALES = {"experts.gate_up_proj": 4.0, "experts.down_proj": 8.0, "self_attn.q_proj": 3.0, "self_attn.k_proj": 3.0,
+          "self_attn.v_proj": 3.0, "self_attn.o_proj": 3.0}
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,7 @@ CASES: dict[str, Case] = {
         (r"blk\.0\.ffn_gate_exps", T.IQ2_XXS), (r"blk\.0\.ffn_up_exps", T.IQ1_S),
         (r"blk\.0\.ffn_down_exps", T.IQ3_S), (r"blk\.1\.ffn_gate_exps", T.IQ2_XS),
         (r"blk\.1\.ffn_up_exps", T.IQ3_XXS), (r"blk\.1\.ffn_down_exps", T.IQ4_XS),
-        (r"blk\.0\.attn_q", T.IQ4_NL), (r"blk\.0\.attn_k", T.Q4_K), (r"blk\.0\.attn_v", T.Q6_K),
+        (r"blk\.0\.attn_q\.", T.IQ4_NL), (r"blk\.0\.attn_k\.", T.Q4_K), (r"blk\.0\.attn_v\.", T.Q6_K),
         (r"blk\.0\.attn_output", T.IQ2_S), (r"blk\.1\.attn_(q|k|v)\.", T.Q5_K), (r"blk\.1\.attn_output", T.TQ2_0),
         (r"token_embd", T.Q4_K), (r"output\.", T.Q6_K),
     )),
@@ -184,12 +194,26 @@ def expected_types(case: Case, types: dict[str, T]) -> dict[str, T]:
     return want
 
 
+@torch.no_grad()
+def build_tiny(root: Path) -> Tiny:
+    """The fixture model (SCALES applied, weights rounded to the checkpoint's dtype) and its checkpoint."""
+    spec = SPECS[ARCH]
+    tok = train_byte_bpe(spec.tokenizer)
+    model = build_model(spec, tok)
+    for name, p in model.named_parameters():
+        scale = next((f for key, f in SCALES.items() if key in name), None)
+        if scale is not None:
+            p.copy_((p * scale).to(spec.dtype).to(torch.float32))
+    hf_dir = save_checkpoint(copy.deepcopy(model), spec, tok, root / "hf", fused=False)
+    return Tiny(ARCH, spec, tok, model, hf_dir, root)
+
+
 class LlamaQuantized:
     """The fixture model and its files quantized by llama.cpp, each made once (a session's)."""
 
     def __init__(self, root: Path):
         self.root, self._files = root, {}
-        self.tiny: Tiny = zoo().get(ARCH)
+        self.tiny = build_tiny(root)
         self._imatrix: Path | None = None
 
     @property
@@ -216,5 +240,5 @@ class LlamaQuantized:
         return self._files[key]
 
 
-__all__ = ["ARCH", "CASES", "Case", "LlamaQuantized", "NEEDS_IMATRIX", "expected_types", "imatrix_entries",
-           "llama_quantize", "tensor_types"]
+__all__ = ["ARCH", "CASES", "Case", "LlamaQuantized", "NEEDS_IMATRIX", "SCALES", "build_tiny", "expected_types",
+           "imatrix_entries", "llama_quantize", "tensor_types"]
