@@ -1,6 +1,7 @@
 /*
  * Facts every part of the native runtime shares: GGML block layouts and type ids, the format table
- * (block sizes), exact binary16 conversions and the K-quant 6-bit scale unpacking. Internal: not
+ * (block sizes), exact binary16 conversions, the K-quant 6-bit scale unpacking and the few scale and
+ * code decoders the i-quant, ternary and NVFP4 kernels share (dequant_iq.c, qdot_iq.c). Internal: not
  * part of the cdef (strata.h is). Kernels include this instead of defining their own copies.
  *
  * Block layouts (ggml's; little-endian; `half` is IEEE binary16 stored as uint16_t):
@@ -174,6 +175,19 @@ static inline float strata_ue4m3_half(uint8_t x) {
     const float raw = e == 0 ? (float)m * 0x1p-9f
                              : (1.0f + (float)m / 8.0f) * strata_bits_to_f32((uint32_t)(e - 7 + 127) << 23);
     return raw * 0.5f;
+}
+
+/* IQ1_M's half d, spread over the top nibbles of its four little-endian u16 scale words. */
+static inline uint16_t strata_iq1_m_half(const uint8_t scales[8]) {
+    uint16_t sc[4];
+    for (int m = 0; m < 4; m++) sc[m] = (uint16_t)(scales[2 * m] | scales[2 * m + 1] << 8);
+    return (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+}
+
+/* Base-3 digit p (< 5) of a TQ1_0 byte, minus 1: ((byte * 3^p mod 256) * 3) >> 8, as ggml. */
+static inline int strata_tq1_digit(uint8_t byte, int p) {
+    static const uint8_t POW3[5] = {1, 3, 9, 27, 81};
+    return (((uint8_t)(byte * POW3[p]) * 3) >> 8) - 1;
 }
 
 /*

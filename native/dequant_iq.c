@@ -112,13 +112,7 @@ static void block_iq1_s(const strata_block_iq1_s *b, float *y) {
     }
 }
 
-/* ---- IQ1_M: the half d spread over the top nibbles of the four u16 scale words ---- */
-
-static inline uint16_t iq1_m_half(const uint8_t scales[8]) {
-    uint16_t sc[4];
-    for (int m = 0; m < 4; m++) sc[m] = load_u16le(scales + 2 * m);
-    return (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-}
+/* ---- IQ1_M: 3-bit scales per 16 values, the half d in the scale words' top nibbles ---- */
 
 /* 3-bit scale k (16 values each) of IQ1_M. */
 static inline int iq1_m_scale(const uint8_t scales[8], int k) {
@@ -126,7 +120,7 @@ static inline int iq1_m_scale(const uint8_t scales[8], int k) {
 }
 
 static void block_iq1_m(const strata_block_iq1_m *b, float *y) {
-    const float d = strata_half_to_f32(iq1_m_half(b->scales));
+    const float d = strata_half_to_f32(strata_iq1_m_half(b->scales));
     for (int g = 0; g < 32; g++) {  /* groups of 8 values */
         const float dl = d * (float)(2 * iq1_m_scale(b->scales, g / 2) + 1);
         const int h = (b->qh[g / 2] >> (4 * (g % 2))) & 15;
@@ -159,20 +153,14 @@ static void block_iq4_xs(const strata_block_iq4_xs *b, float *y) {
 
 /* ---- TQ1_0 / TQ2_0: ternary values {-1, 0, 1} ---- */
 
-/* Base-3 digit p of a TQ1_0 byte, minus 1. */
-static inline int tq1_digit(uint8_t byte, int p) {
-    static const uint8_t POW3[5] = {1, 3, 9, 27, 81};
-    return (((uint8_t)(byte * POW3[p]) * 3) >> 8) - 1;
-}
-
 static void block_tq1_0(const strata_block_tq1_0 *b, float *y) {
     const float d = strata_half_to_f32(b->d);
     for (int p = 0; p < 5; p++) {
-        for (int j = 0; j < 32; j++) y[32 * p + j] = d * (float)tq1_digit(b->qs[j], p);
-        for (int j = 0; j < 16; j++) y[160 + 16 * p + j] = d * (float)tq1_digit(b->qs[32 + j], p);
+        for (int j = 0; j < 32; j++) y[32 * p + j] = d * (float)strata_tq1_digit(b->qs[j], p);
+        for (int j = 0; j < 16; j++) y[160 + 16 * p + j] = d * (float)strata_tq1_digit(b->qs[32 + j], p);
     }
     for (int p = 0; p < 4; p++)
-        for (int j = 0; j < 4; j++) y[240 + 4 * p + j] = d * (float)tq1_digit(b->qh[j], p);
+        for (int j = 0; j < 4; j++) y[240 + 4 * p + j] = d * (float)strata_tq1_digit(b->qh[j], p);
 }
 
 static void block_tq2_0(const strata_block_tq2_0 *b, float *y) {

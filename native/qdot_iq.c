@@ -142,7 +142,7 @@ static float block_iq1_m(const uint8_t *wb, const strata_block_act_q8k *a) {
     const strata_block_iq1_m *b = (const strata_block_iq1_m *)wb;
     uint16_t sc[4];
     for (int m = 0; m < 4; m++) sc[m] = load_u16le(b->scales + 2 * m);
-    const uint16_t hd = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    const uint16_t hd = strata_iq1_m_half(b->scales);
     int32_t isum = 0;
     for (int k = 0; k < 16; k++) {  /* 16 values: groups 2k, 2k + 1 */
         int32_t s = 0;
@@ -173,21 +173,15 @@ static float block_iq4_xs(const uint8_t *wb, const strata_block_act_q8k *a) {
     return (strata_half_to_f32(b->d) * a->d) * (float)isum;
 }
 
-/* Base-3 digit p of a TQ1_0 byte, minus 1 (common.h). */
-static inline int8_t tq1_digit(uint8_t byte, int p) {
-    static const uint8_t POW3[5] = {1, 3, 9, 27, 81};
-    return (int8_t)((((uint8_t)(byte * POW3[p]) * 3) >> 8) - 1);
-}
-
 static float block_tq1_0(const uint8_t *wb, const strata_block_act_q8k *a) {
     const strata_block_tq1_0 *b = (const strata_block_tq1_0 *)wb;
     int8_t q[256];
     for (int p = 0; p < 5; p++) {
-        for (int j = 0; j < 32; j++) q[32 * p + j] = tq1_digit(b->qs[j], p);
-        for (int j = 0; j < 16; j++) q[160 + 16 * p + j] = tq1_digit(b->qs[32 + j], p);
+        for (int j = 0; j < 32; j++) q[32 * p + j] = (int8_t)strata_tq1_digit(b->qs[j], p);
+        for (int j = 0; j < 16; j++) q[160 + 16 * p + j] = (int8_t)strata_tq1_digit(b->qs[32 + j], p);
     }
     for (int p = 0; p < 4; p++)
-        for (int j = 0; j < 4; j++) q[240 + 4 * p + j] = tq1_digit(b->qh[j], p);
+        for (int j = 0; j < 4; j++) q[240 + 4 * p + j] = (int8_t)strata_tq1_digit(b->qh[j], p);
     return (strata_half_to_f32(b->d) * a->d) * (float)codes_dot(q, a->q, 256);
 }
 

@@ -26,7 +26,7 @@ from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, paged_budget, resident_bytes
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
-from strata.models import Transformer, architecture, cache_dims, load_model
+from strata.models import Transformer, architecture, cache_dims, check_types, load_model
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
@@ -425,6 +425,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     mem = transformer = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
+        # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the GPU
+        check_types(mf, mode == "packed", cuda=dev.type == "cuda" and memory in (None, "tiered"))
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)

@@ -23,6 +23,7 @@ from strata.errors import StrataError, StrataFormatError
 from strata.gguf import HParams, ModelFile
 from strata.memory import ExpertMemory
 from strata.memory.direct import file_parts
+from strata.memory.gpu_dequant import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
 from .hybrid import HybridCompute
@@ -46,6 +47,32 @@ def architecture(mf: ModelFile) -> Arch:
     return arch
 
 
+def _supported(packed: bool) -> str:
+    kind = "packed compute" if packed else "dequantization"
+    return f"supported for {kind}: {', '.join(t.name for t in native.supported_types(packed))}"
+
+
+def check_types(mf: ModelFile, packed: bool, cuda: bool = False) -> None:
+    """Refuse, before anything is read, a tensor whose ggml type the native runtime cannot
+    dequantize, or (packed compute) a routed-expert tensor it cannot multiply from its packed
+    blocks, or (cuda: experts dequantized on the GPU) one the GPU dequantizer lacks: one line
+    naming the file, the tensor, its type and the supported types. Resident matrices are checked
+    as they are packed (`WeightReader.matrix`)."""
+    for name, info in mf.tensors.items():
+        t, expert = info.ggml_type, name not in mf.resident
+        support = native.type_support(t)
+        if not support.dequant:
+            raise StrataFormatError(f"{mf.path}: tensor {name!r} is {t.name}, a ggml type Strata cannot "
+                                    f"read ({_supported(False)})")
+        if packed and expert and not support.packed:
+            raise StrataFormatError(f"{mf.path}: expert tensor {name!r} is {t.name}, which has no packed "
+                                    f"kernels ({_supported(True)}); load with compute='float'")
+        if cuda and expert and t not in TORCH_DEQUANT_TYPES:
+            raise StrataFormatError(f"{mf.path}: expert tensor {name!r} is {t.name}, which the GPU expert memory "
+                                    f"cannot dequantize yet (on CUDA: {', '.join(x.name for x in TORCH_DEQUANT_TYPES)});"
+                                    f" run it on the CPU (device='cpu')")
+
+
 class WeightReader:
     """Resident tensors of one file, dequantized into `dtype` on `device`, shapes checked."""
 
@@ -64,6 +91,9 @@ class WeightReader:
         if info is None or info.shape != tuple(shape):
             return self.get(kind, layer, shape)  # the same error `get` gives
         rows = int(np.prod(shape[:-1]))
+        if not native.type_support(info.ggml_type).packed:
+            raise StrataFormatError(f"{self.mf.path}: tensor {name!r} is {info.ggml_type.name}, which has no packed "
+                                    f"kernels ({_supported(True)}); load with compute='float'")
         try:
             m = PackedMatrix(np.array(self.mf.tensor_data(name)), info.ggml_type, (rows, shape[-1]), self.compute)
         except ValueError as e:
@@ -246,6 +276,8 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
         raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
     if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
         raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
+    cuda_slots = getattr(getattr(memory, "slots", None), "cuda", False)  # experts dequantized on the GPU
+    check_types(mf, compute == "packed" and getattr(memory, "packed", False), cuda=cuda_slots)
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:
         return _build(mf, memory, arch, device, dtype, n_threads, packed)
@@ -283,4 +315,4 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     return model
 
 
-__all__ = ["WeightReader", "architecture", "cache_dims", "load_model"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "check_types", "load_model"]

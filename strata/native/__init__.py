@@ -7,6 +7,7 @@
     with native.ComputePool(2) as pool:                  # matmul.py: products from packed weights
         native.matmul_into(pool, t, w, n_rows, row_len, x, y, scratch)
     native.qdot_rows(t, w, n_rows, row_len, x)           # qdot.py (quantized matrix kernels, tests)
+    native.type_support("IQ2_XXS").verdict()             # support.py: what the runtime does with a type
     native.rmsnorm(x, weight, eps, out); native.rope(q, cos, sin, rope_dim, neox)   # glue.py: decode glue
     native.DecodeAttn(...).run(pool, slots, positions, cos, sin, x, outputs, scratch)  # step.py: fused
     native.DecodeLayers(layers, outputs).run(pool, slots, positions, cos, sin, x, ...)  # program.py: all layers
@@ -24,10 +25,11 @@ from .step import DecodeAttn, StepOutputs
 from .program import DecodeLayers, shared_weights
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
+from .support import TypeSupport, supported_types, type_support
 
 __all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeLayers", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo",
            "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",
            "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into",
-           "rmsnorm", "rope", "route", "shared_weights"]
+           "rmsnorm", "rope", "route", "shared_weights", "supported_types", "type_support", "TypeSupport"]

@@ -88,3 +88,18 @@ def test_bad_lengths_are_refused(t):
         native.dequantize(t, src, (1, elems + 16))
     with pytest.raises(ValueError, match=f"{t.name}: output .* needs {4 * nbytes} packed bytes, source holds {4 * nbytes - 1}"):
         native.dequantize(t, src[:-1], (2, 2 * elems))
+def test_type_support_reports_the_native_tables():
+    for t in DEQUANT_TYPES:
+        s = native.type_support(t)
+        assert s.dequant and s.packed and s.families[0] == "scalar" and s.runs is not None, s
+    for t in IQ_TYPES:
+        s = native.type_support(t.name.lower())
+        assert s.families == ("scalar",) and s.runs == "scalar", s
+        assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar kernels)"
+    q4k = native.type_support(T.Q4_K)
+    assert "avx2" in q4k.families and q4k.runs == native.default_impl()
+    for t in (T.Q8_1, T.Q8_K, T.I8, T.F64):
+        s = native.type_support(int(t))
+        assert not s.dequant and not s.packed and s.runs is None
+        assert s.verdict() == f"{t.name}: not supported (no dequantization, no packed kernels)"
+    assert set(native.supported_types()) == set(DEQUANT_TYPES) == set(native.supported_types(packed=True))
