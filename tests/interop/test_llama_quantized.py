@@ -12,8 +12,11 @@ every type; the few positions beyond (1-6 of 288) are near-tied routers picking 
 one engine, up to ~50% of the range, so the largest difference bounds nothing and is reported only.
 A wrong expert, block or type moves every position that uses it, i.e. most of them: the fixture's
 experts and attention are scaled so that they decide the logits (test_the_fixture_depends_...).
+Measured power: Strata on the Q5_K file against llama.cpp on the Q6_K file (weights ~1% apart)
+fails both bars (top-1 0.76, 90th percentile 6%), IQ4_NL against IQ4_XS too (0.76, 5%).
 The file's tensor types are read back first, so a quantizer that quietly fell back to another type
-fails rather than testing that type.
+fails rather than testing that type. Strata's float path is also held to transformers on the
+file's weights as gguf.quants dequantizes them (measured: identical, to the bit).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 
 import strata
 from tests.convert.readback import model_from_gguf
-from tests.interop.quantize_fixtures import CASES, LlamaQuantized, expected_types, tensor_types
+from tests.interop.quantize_fixtures import CASES, expected_types, tensor_types
 
 pytestmark = pytest.mark.interop
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -36,11 +39,6 @@ N_TOKENS = 96
 MIN_TOP1 = 0.9
 #: Bound on the 90th percentile over positions of max |dlogit| / range of llama.cpp's logits.
 MAX_REL_Q90 = 0.03
-
-
-@pytest.fixture(scope="module")
-def quantized(tmp_path_factory) -> LlamaQuantized:
-    return LlamaQuantized(tmp_path_factory.mktemp("llama-quantized"))
 
 
 @pytest.fixture(scope="module")
