@@ -45,7 +45,7 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_BYTE_DECODER = {c: b for b, c in bytes_to_unicode().items()}
+_BYTE_DECODER = {ord(c): b for b, c in bytes_to_unicode().items()}  # str.translate table: chars -> latin-1
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Tokenizer:
         self.byte_level = kind == "gpt2" if byte_level is None else byte_level
         #: Ids that end generation (EOS, EOT, EOM and the tokens llama.cpp reads as such by their text).
         self.eog_ids = eog_ids or frozenset(i for i in (special.eos, special.eot, special.eom) if i is not None)
-        self.token_bytes = [self._piece_bytes(i) for i in range(len(tokens))]
+        self.token_bytes = token_bytes(tokens, types, self.byte_level)
 
     # -- construction --------------------------------------------------------------------------
 
@@ -87,10 +87,10 @@ class Tokenizer:
         if kind not in KINDS:
             raise StrataFormatError(f"{path}: metadata key {T.MODEL!r}: expected one of the tokenizer kinds Strata "
                                     f"reads ({', '.join(KINDS)}), found {kind!r}")
-        check_metadata(metadata, path, vocab_size)
+        merges = check_metadata(metadata, path, vocab_size)
         types, eog = attributes(metadata, tokens, metadata.get(T.TOKEN_TYPE) or [TokenType.NORMAL] * len(tokens),
                                 KINDS[kind])
-        hf, add_bos, byte_level, extra = cls._pipeline(metadata, kind, tokens, types, path)
+        hf, add_bos, byte_level, extra = cls._pipeline(metadata, kind, tokens, types, merges, path)
         add_special_tokens(hf, tokens, types, extra)
         special = SpecialTokens(
             bos=metadata.get(T.BOS_ID), eos=metadata.get(T.EOS_ID), eot=metadata.get(T.EOT_ID),
@@ -101,7 +101,7 @@ class Tokenizer:
 
     @staticmethod
     def _pipeline(metadata: Mapping[str, Any], kind: str, tokens: list[str], types: list[int],
-                  path: str) -> tuple[HFTokenizer, bool, bool, list[str]]:
+                  merges: list[tuple[str, ...]] | None, path: str) -> tuple[HFTokenizer, bool, bool, list[str]]:
         """(the `tokenizers` pipeline, whether BOS is added, whether tokens are byte-level, texts
         matched whole before splitting)."""
         file_bos = metadata.get(Keys.Tokenizer.ADD_BOS)
@@ -113,7 +113,7 @@ class Tokenizer:
             return wordpiece(metadata, tokens, unk, path), bool(file_bos), False, []
         pre = pre_tokenizer(metadata, path)
         add_bos = pre.always_bos or bool(file_bos if file_bos is not None else pre.add_bos)
-        return bpe(metadata, tokens, pre, path), add_bos, pre.byte_level, newline_runs(tokens) if pre.escape_spaces \
+        return bpe(metadata, tokens, merges, pre, path), add_bos, pre.byte_level, newline_runs(tokens) if pre.escape_spaces \
             else []
 
     # -- text -> ids ---------------------------------------------------------------------------
@@ -135,19 +135,6 @@ class Tokenizer:
 
     # -- ids -> text ---------------------------------------------------------------------------
 
-    def _piece_bytes(self, i: int) -> bytes:
-        text, kind = self.tokens[i], self.types[i]
-        if kind in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN):
-            return text.encode("utf-8")
-        if kind == TokenType.UNUSED:
-            return b""
-        if self.byte_level:
-            return bytes(_BYTE_DECODER.get(c, 0) for c in text) if all(c in _BYTE_DECODER for c in text) \
-                else text.encode("utf-8")
-        if kind == TokenType.BYTE:
-            return bytes([int(text[3:-1], 16)])
-        return text.replace(SPM_SPACE, " ").encode("utf-8")
-
     def is_special(self, token_id: int) -> bool:
         return self.types[token_id] == TokenType.CONTROL
 
@@ -162,6 +149,29 @@ class Tokenizer:
     def stream(self, skip_special: bool = False) -> StreamDecoder:
         """An incremental decoder for tokens that continue a text (no prefix-space removal)."""
         return StreamDecoder(self, skip_special)
+
+
+def token_bytes(tokens: list[str], types: list[int], byte_level: bool) -> list[bytes]:
+    """The bytes each token stands for: added tokens (CONTROL, USER_DEFINED, UNKNOWN) as written,
+    byte-level text through GPT-2's table, <0xXX> as its byte, U+2581 as a space. One loop
+    without calls per token: it runs over the whole vocabulary at every load."""
+    literal = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
+    out: list[bytes] = []
+    for text, kind in zip(tokens, types):
+        if kind in literal:
+            out.append(text.encode("utf-8"))
+        elif kind == TokenType.UNUSED:
+            out.append(b"")
+        elif byte_level:
+            try:
+                out.append(text.translate(_BYTE_DECODER).encode("latin-1"))
+            except UnicodeEncodeError:  # not byte-level text: taken as it is
+                out.append(text.encode("utf-8"))
+        elif kind == TokenType.BYTE:
+            out.append(bytes([int(text[3:-1], 16)]))
+        else:
+            out.append(text.replace(SPM_SPACE, " ").encode("utf-8"))
+    return out
 
 
 class StreamDecoder:
@@ -182,4 +192,5 @@ class StreamDecoder:
 
 
 __all__ = ["EOG_TEXTS", "GPT2_REGEX", "KINDS", "LLAMA3_REGEX", "PRE_TOKENIZERS", "PRE_TOKENIZER_REGEXES", "QWEN2_REGEX",
-           "SpecialTokens", "StreamDecoder", "Tokenizer", "bytes_to_unicode", "check_metadata"]
+           "SpecialTokens", "StreamDecoder", "Tokenizer", "bytes_to_unicode", "check_metadata",
+           "token_bytes"]

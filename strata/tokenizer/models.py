@@ -22,7 +22,6 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from strata.errors import StrataFormatError
 
-from .metadata import split_merge
 from .pretokenizers import PRE_TOKENIZERS, PreTokenizer, hf_pre_tokenizer
 
 T = Keys.Tokenizer
@@ -48,12 +47,13 @@ def pre_tokenizer(metadata: Mapping[str, Any], path: str) -> PreTokenizer:
     return PRE_TOKENIZERS[name]
 
 
-def bpe(metadata: Mapping[str, Any], tokens: Sequence[str], pre: PreTokenizer, path: str) -> HFTokenizer:
-    merges = metadata.get(T.MERGES)
+def bpe(metadata: Mapping[str, Any], tokens: Sequence[str], merges: list[tuple[str, ...]] | None, pre: PreTokenizer,
+        path: str) -> HFTokenizer:
+    """`merges`: the file's merges as checked token pairs."""
     if merges is None:
         raise StrataFormatError(f"{path}: metadata key {T.MERGES!r}: expected the BPE merges of a "
                                 f"{metadata.get(T.MODEL)!r} tokenizer, found no such key")
-    hf = HFTokenizer(models.BPE(vocab_ids(tokens), [split_merge(m) for m in merges], ignore_merges=pre.ignore_merges,
+    hf = HFTokenizer(models.BPE(vocab_ids(tokens), merges, ignore_merges=pre.ignore_merges,
                                 byte_fallback=not pre.byte_level))
     if pre.escape_spaces:
         hf.normalizer = normalizers.Replace(" ", SPM_SPACE)
