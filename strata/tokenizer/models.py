@@ -8,7 +8,7 @@
   `add_space_prefix`, after special tokens too), pieces merge highest score first, which is BPE
   with merges ranked by the score of the merged piece; unknown bytes fall back to <0xXX> tokens.
 * `bert`: WordPiece. Lower-cased, accents stripped, split at spaces, punctuation and CJK ideographs;
-  each word matched greedily, longest piece first; a word that cannot be matched is [UNK]. The file
+  each word matched greedily, longest piece first (llama.cpp's `bert` kind); a word that cannot be matched is [UNK]. The file
   spells word-initial pieces with a U+2581 prefix and continuations bare; `tokenizers` wants
   word-initial bare and continuations prefixed with `##`.
 """
@@ -108,8 +108,11 @@ def wordpiece(metadata: Mapping[str, Any], tokens: Sequence[str], unk: int | Non
     strip = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lower))
     hf = HFTokenizer(models.WordPiece(vocab, unk_token=tokens[unk], continuing_subword_prefix="##",
                                       max_input_chars_per_word=1 << 30))
-    hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip,
-                                               lowercase=lower)
+    bert = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=lower)
+    # llama.cpp keeps only the first code point of a decomposed character: every mark goes (not only
+    # Mn), and so do a Hangul syllable's vowel and final consonant.
+    hf.normalizer = normalizers.Sequence([bert, normalizers.Replace(Regex(r"[\p{M}\u1160-\u11ff]"), "")]) if strip \
+        else bert
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
     return hf

@@ -8,6 +8,8 @@ adjusted where its engine and Oniguruma (the one `tokenizers` uses) read the sam
 * llama.cpp maps every \\p{..} class to its own letter/number/punctuation/mark/symbol table, so
   \\p{Lu} means any letter there; its patterns already spell case with `[^a-z]`/`[^A-Z]`
   lookaheads, and contractions as `'[sS]` (Oniguruma's `(?i:'s)` would also take `'ſ`).
+* llama.cpp's regexes see every non-ASCII space as U+000B, so a class naming U+3000 or a range
+  over U+2000 never matches those spaces: such classes are intersected with \\S here.
 * ECMAScript's `$` is the end of the piece (Oniguruma's is any line end: `\\z` here) and its `\\d`
   is ASCII (Oniguruma's is any digit: `[0-9]` here).
 * The patterns llama.cpp runs by hand-written code rather than a regex engine get a regex that
@@ -58,7 +60,7 @@ _DEEPSEEK_LETTERS = (  # the letters of several alphabets (Latin, Greek, Cyrilli
     "\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
     "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
     "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]")
-_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff&&\\S]+"
 # llama.cpp's Han ranges (unicode_cpt_is_han): CJK unified ideographs and extensions A-F, the
 # compatibility ideographs; narrower than \p{Han}, which also holds radicals and 〆〇.
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ebef\U0002f800-\U0002fa1f"
@@ -76,7 +78,7 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "jais2": (_CONTRACTION + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
               + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}",),
-    "deepseek-llm": (r"[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", r"\s+\z",
+    "deepseek-llm": (r"[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002&&\\S]+", r"\s+\z",
                      _DEEPSEEK_CJK, r"\p{N}+"),
     "deepseek3": (r"\p{N}{1,3}", _CJK_KANA, _PUNCT_WORD + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL),
     "spark2_5": (r"\p{N}{1,3}", _CJK_KANA, _PUNCT_WORD + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+", r"\p{N}"),

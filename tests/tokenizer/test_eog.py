@@ -1,14 +1,17 @@
 """End of generation as llama.cpp's vocabulary loader decides it: the file's EOS/EOT/EOM ids, the
 tokens it reads as such by their text, its FIM tokens, and its two exceptions (harmony's <|end|>,
 Gemma 4's </s>). Small byte-level vocabularies built here; llama.cpp's own answer on its test
-vocabularies when llama-cpp-python is installed."""
+vocabularies when llama-cpp-python is installed (with random texts through both tokenizers)."""
 from __future__ import annotations
+
+import random
 
 import pytest
 from gguf.constants import TokenType
 
 from strata.gguf.header import scan_header
 from strata.tokenizer import KINDS, Tokenizer, bytes_to_unicode
+from tests.tokenizer import llama_cpp_ref
 from tests.tokenizer.vocab_vectors import vocab_dir
 
 T = "tokenizer.ggml."
@@ -87,27 +90,31 @@ def test_sentencepiece_eos_defaults_to_2():
 
 # -- llama.cpp's own answer ----------------------------------------------------------------------
 
-def llama_cpp_eog(path) -> set[int]:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    assert model, f"llama.cpp could not load {path}"
-    try:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        return {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
-    finally:
-        llama_cpp.llama_model_free(model)
-
-
 MODELS = vocab_dir()
 ALL_VOCABS = sorted(MODELS.glob("ggml-vocab-*.gguf")) if MODELS is not None else []
+#: Pieces of text that stress the split rules: scripts, digits of several kinds, spaces that are
+#: not ' ', contractions, emoji with joiners, combining marks, special-token texts.
+PIECES = [*"aAbBzZ éÉßſKΩ日本語中文한국어ひらカタ 0123456789١٢٣²½ \n\n\r\t  \u00a0\u3000\u2003.,;:!?'\"-_/\\()[]{}<>|~`@#$%^&*+=…。，、",
+          "'s", "'LL", "don't", "🦙", "😶\u200d🌫️", "\u0301", "e\u0301", "Привет", "Ελληνικά", "<|endoftext|>", "<s>", "</s>",
+          "IMGIMGABZ", "    ", "\t\t", "1234567"]
+
+
+def random_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 25))) for _ in range(n)]
 
 
 @pytest.mark.skipif(MODELS is None, reason="llama.cpp's source tree: set STRATA_LLAMA_CPP_SRC")
 @pytest.mark.parametrize("vocab", ALL_VOCABS, ids=lambda p: p.name[len("ggml-vocab-"):-len(".gguf")])
-def test_eog_ids_equal_llama_cpp(vocab):
+def test_eog_ids_and_random_text_equal_llama_cpp(vocab):
+    """Every vocabulary llama.cpp ships (with vectors or not): the end-of-generation set, and the ids
+    of 200 random texts, against llama.cpp itself."""
     meta = scan_header(vocab).metadata
     if meta["tokenizer.ggml.model"] not in KINDS:
         pytest.skip(f"{vocab.name}: tokenizer kind {meta['tokenizer.ggml.model']!r} is refused by Strata")
-    assert Tokenizer.from_metadata(meta, str(vocab)).eog_ids == llama_cpp_eog(vocab)
+    tok = Tokenizer.from_metadata(meta, str(vocab))
+    assert tok.eog_ids == llama_cpp_ref.eog_ids(vocab)
+    texts = random_texts(200)
+    wrong = [f"{t!r:.60}: expected {e[:16]}, got {g[:16]}" for t, e in zip(texts, llama_cpp_ref.tokenize(vocab, texts))
+             if (g := tok.encode(t, add_special=False, parse_special=False)) != e]
+    assert not wrong, f"{vocab.name}: {len(wrong)} of {len(texts)} texts differ:\n" + "\n".join(wrong[:10])
