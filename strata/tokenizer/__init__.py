@@ -15,7 +15,10 @@ Must not read files or download anything: it is rebuilt from the GGUF metadata h
 from __future__ import annotations
 
 import codecs
+import re
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Iterable, Mapping
 
 from gguf.constants import Keys, TokenType
@@ -46,6 +49,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {ord(c): b for b, c in bytes_to_unicode().items()}  # str.translate table: chars -> latin-1
+_NOT_A_BYTE = re.compile("[^\x00-\xff]")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class Tokenizer:
     # -- construction --------------------------------------------------------------------------
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any], path: str = "model", vocab_size: int | None = None) -> Tokenizer:
+    def from_metadata(cls, metadata: Mapping[str, Any], path: str = "model",
+                      vocab_size: int | None = None) -> Tokenizer:
         """The tokenizer of a file's metadata, every value checked first (`check_metadata`);
         `vocab_size`: rows of the model's output head, which the token list must match."""
         T = Keys.Tokenizer
@@ -107,14 +112,14 @@ class Tokenizer:
         file_bos = metadata.get(Keys.Tokenizer.ADD_BOS)
         unk = metadata.get(Keys.Tokenizer.UNK_ID)
         if kind == "llama":
-            return sentencepiece(metadata, tokens, types, unk, path), bool(file_bos if file_bos is not None
-                                                                               else True), False, []
+            add_bos = True if file_bos is None else bool(file_bos)
+            return sentencepiece(metadata, tokens, types, unk, path), add_bos, False, []
         if kind == "bert":
             return wordpiece(metadata, tokens, unk, path), bool(file_bos), False, []
         pre = pre_tokenizer(metadata, path)
-        add_bos = pre.always_bos or bool(file_bos if file_bos is not None else pre.add_bos)
-        return bpe(metadata, tokens, merges, pre, path), add_bos, pre.byte_level, newline_runs(tokens) if pre.escape_spaces \
-            else []
+        add_bos = pre.always_bos or bool(pre.add_bos if file_bos is None else file_bos)
+        whole = newline_runs(tokens) if pre.whole_newlines else []
+        return bpe(metadata, tokens, merges, pre, path), add_bos, pre.byte_level, whole
 
     # -- text -> ids ---------------------------------------------------------------------------
 
@@ -153,24 +158,34 @@ class Tokenizer:
 
 def token_bytes(tokens: list[str], types: list[int], byte_level: bool) -> list[bytes]:
     """The bytes each token stands for: added tokens (CONTROL, USER_DEFINED, UNKNOWN) as written,
-    byte-level text through GPT-2's table, <0xXX> as its byte, U+2581 as a space. One loop
-    without calls per token: it runs over the whole vocabulary at every load."""
+    byte-level text through GPT-2's table, <0xXX> as its byte, U+2581 as a space. It runs over the
+    whole vocabulary at every load: byte-level text is translated in one piece."""
+    out = _byte_level_bytes(tokens) if byte_level else [b""] * len(tokens)
     literal = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
-    out: list[bytes] = []
-    for text, kind in zip(tokens, types):
+    for i, (text, kind) in enumerate(zip(tokens, types)):
         if kind in literal:
-            out.append(text.encode("utf-8"))
+            out[i] = text.encode("utf-8")
         elif kind == TokenType.UNUSED:
-            out.append(b"")
+            out[i] = b""
         elif byte_level:
-            try:
-                out.append(text.translate(_BYTE_DECODER).encode("latin-1"))
-            except UnicodeEncodeError:  # not byte-level text: taken as it is
-                out.append(text.encode("utf-8"))
+            continue
         elif kind == TokenType.BYTE:
-            out.append(bytes([int(text[3:-1], 16)]))
+            out[i] = bytes([int(text[3:-1], 16)])
         else:
-            out.append(text.replace(SPM_SPACE, " ").encode("utf-8"))
+            out[i] = text.replace(SPM_SPACE, " ").encode("utf-8")
+    return out
+
+
+def _byte_level_bytes(tokens: list[str]) -> list[bytes]:
+    """Every token through GPT-2's table (one byte per character); a token holding a character
+    outside the table is not byte-level text and stands for its UTF-8."""
+    translated = "".join(tokens).translate(_BYTE_DECODER)
+    data = translated.encode("latin-1", errors="replace")  # one byte per character either way
+    ends = list(accumulate(map(len, tokens)))
+    out = [data[a:b] for a, b in zip([0, *ends], ends)]
+    for m in _NOT_A_BYTE.finditer(translated):
+        i = bisect_right(ends, m.start())
+        out[i] = tokens[i].encode("utf-8")
     return out
 
 

@@ -54,7 +54,7 @@ def attributes(metadata: Mapping[str, Any], tokens: Sequence[str], types: Sequen
                default_eos: int | None) -> tuple[list[int], frozenset[int]]:
     """(token types as llama.cpp uses them, the end-of-generation ids). `default_eos`: llama.cpp's
     EOS for the vocabulary kind when the file has none."""
-    ids = {t: i for i, t in enumerate(tokens)}
+    ids = dict(zip(tokens, range(len(tokens))))  # a repeated text: its last id, as llama.cpp's map
     types = list(types)
     found = {suffix: _special_id(metadata, suffix, ids) for suffix in _BY_TEXT}
     named = {ids[t] for t in EOG_TEXTS if t in ids}

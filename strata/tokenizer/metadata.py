@@ -43,9 +43,9 @@ def _strings(path: str, key: str, values: Any) -> list[str]:
     bytes arrive as surrogates)."""
     if not isinstance(values, (list, tuple)):
         raise bad(path, key, "an array of strings", type(values).__name__)
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise bad(path, key, "an array of strings", f"{type(v).__name__} at index {i}")
+    if not set(map(type, values)) <= {str}:
+        i, v = next((i, v) for i, v in enumerate(values) if type(v) is not str)
+        raise bad(path, key, "an array of strings", f"{type(v).__name__} at index {i}")
     try:
         "".join(values).encode("utf-8")
     except UnicodeEncodeError:

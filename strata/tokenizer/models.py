@@ -8,7 +8,7 @@
   `add_space_prefix`, after special tokens too), pieces merge highest score first, which is BPE
   with merges ranked by the score of the merged piece; unknown bytes fall back to <0xXX> tokens.
 * `bert`: WordPiece. Lower-cased, accents stripped, split at spaces, punctuation and CJK ideographs;
-  each word matched greedily, longest piece first (llama.cpp's `bert` kind); a word that cannot be matched is [UNK]. The file
+  each word matched greedily, longest piece first; a word that cannot be matched is [UNK]. The file
   spells word-initial pieces with a U+2581 prefix and continuations bare; `tokenizers` wants
   word-initial bare and continuations prefixed with `##`.
 """
@@ -29,10 +29,9 @@ SPM_SPACE = "\u2581"
 
 
 def vocab_ids(tokens: Sequence[str]) -> dict[str, int]:
-    vocab: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        vocab.setdefault(t, i)  # a repeated (padding) text keeps its first id
-    return vocab
+    """Text -> id; a repeated (padding) text keeps its first id (built backwards: the first write wins
+    by coming last)."""
+    return dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1)))
 
 
 def pre_tokenizer(metadata: Mapping[str, Any], path: str) -> PreTokenizer:
@@ -64,7 +63,9 @@ def bpe(metadata: Mapping[str, Any], tokens: Sequence[str], merges: list[tuple[s
 
 
 def newline_runs(tokens: Sequence[str]) -> list[str]:
-    """Tokens made of newlines only: llama.cpp takes such a pre-token whole when it is one (Gemma 4)."""
+    """Tokens made of newlines only. llama.cpp takes a run of newlines whole when it is a token
+    (Gemma 4); matched as added tokens, a run longer than the longest such token is cut at it
+    (llama.cpp would merge it by the merges: no vocabulary here has one that long)."""
     return [t for t in tokens if t and not t.strip("\n")]
 
 

@@ -77,8 +77,10 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "llama3": (_LLAMA3,),
     "jais2": (_CONTRACTION + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-              + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}",),
-    "deepseek-llm": (r"[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+", "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002&&\\S]+", r"\s+\z",
+              + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4))
+              + r"|\s{1,2}(?!\S)|\s{1}",),
+    "deepseek-llm": (r"[\r\n]", r"\s?" + _DEEPSEEK_LETTERS + "+",
+                     "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002&&\\S]+", r"\s+\z",
                      _DEEPSEEK_CJK, r"\p{N}+"),
     "deepseek3": (r"\p{N}{1,3}", _CJK_KANA, _PUNCT_WORD + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL),
     "spark2_5": (r"\p{N}{1,3}", _CJK_KANA, _PUNCT_WORD + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+", r"\p{N}"),
@@ -114,13 +116,15 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "seed-coder": (_CONTRACTION + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+" + _WS_TAIL,),
     "ufakzeka": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL,),
     "afmoe": (_DIGITS_FROM_RIGHT, "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f"
-              "\u2f00-\u2fdf\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",
+              "\u2f00-\u2fdf\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff"
+              "\uac00-\ud7af\u1100-\u11ff]+",
               _PUNCT_WORD + r"| ?[\p{P}\p{S}]+[\r\n]*" + _WS_TAIL),
     "laguna": (_LINES, _QWEN2),
     "exaone-moe": (_CONTRACTION + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
                    r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",),
     "gemma4": (_LINES,),
-    "minicpm5": (r"\p{N}{1,3}", _CONTRACTION + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL),
+    "minicpm5": (r"\p{N}{1,3}",
+                 _CONTRACTION + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*" + _WS_TAIL),
     "whitespace": (r"\S+",),
 }
 
@@ -135,6 +139,7 @@ class PreTokenizer:
     escape_spaces: bool = False  # ' ' -> U+2581 before splitting (SentencePiece-style BPE)
     add_bos: bool = False  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
     always_bos: bool = False  # BOS whatever the file says (llama.cpp's override for Gemma 4)
+    whole_newlines: bool = False  # a run of newlines that is a token is that token (Gemma 4)
 
 
 def _pre(kind: str, **flags) -> PreTokenizer:
@@ -142,7 +147,8 @@ def _pre(kind: str, **flags) -> PreTokenizer:
     return PreTokenizer(SPLITS[kind], byte_level=not raw, escape_spaces=kind == "gemma4", **flags)
 
 
-_LLAMA3_NAMES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")
+_LLAMA3_NAMES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                 "jina-v5-nano")
 _BY_KIND: dict[str, tuple[str, ...]] = {
     "default": ("default",), "deepseek-llm": ("deepseek-llm",), "deepseek-coder": ("deepseek-coder",),
     "deepseek3": ("deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"), "spark2_5": ("spark2_5",),
@@ -171,7 +177,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "youtu": _pre("youtu", ignore_merges=True),
     "minicpm5": _pre("minicpm5", ignore_merges=True),
     "granite-embed-multi-97m": _pre("granite-emb-multi", ignore_merges=True),
-    **{name: _pre("gemma4", add_bos=True, always_bos=True) for name in ("gemma4", "granite-embed-multi-311m")},
+    **{name: _pre("gemma4", add_bos=True, always_bos=True, whole_newlines=True)
+       for name in ("gemma4", "granite-embed-multi-311m")},
 }
 #: name -> split regexes (the shape older callers know).
 PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {name: pre.splits for name, pre in PRE_TOKENIZERS.items()}
