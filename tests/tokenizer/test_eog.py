@@ -10,20 +10,12 @@ import pytest
 from gguf.constants import TokenType
 
 from strata.gguf.header import scan_header
-from strata.tokenizer import KINDS, Tokenizer, bytes_to_unicode
+from strata.tokenizer import KINDS, Tokenizer
 from tests.tokenizer import llama_cpp_ref
+from tests.tokenizer.fixtures import T, byte_level_metadata
 from tests.tokenizer.vocab_vectors import vocab_dir
 
-T = "tokenizer.ggml."
-BYTES = list(bytes_to_unicode().values())
-
-
-def metadata(extra_tokens: list[str], **keys) -> dict:
-    """A byte-level BPE vocabulary: the 256 byte characters, 'ab', then `extra_tokens` (CONTROL)."""
-    tokens = [*BYTES, "ab", *extra_tokens]
-    types = [TokenType.NORMAL] * 257 + [TokenType.CONTROL] * len(extra_tokens)
-    return {T + "model": "gpt2", T + "pre": "qwen2", T + "tokens": tokens, T + "token_type": types,
-            T + "merges": ["a b"], **{T + k: v for k, v in keys.items()}}
+metadata = byte_level_metadata
 
 
 def ids(tok: Tokenizer, *texts: str) -> set[int]:
