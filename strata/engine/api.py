@@ -113,9 +113,9 @@ class Model:
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
-        """End-of-generation tokens: the file's EOS and EOT."""
-        s = self.tokenizer.special
-        return frozenset(i for i in (s.eos, s.eot) if i is not None)
+        """End-of-generation tokens, as llama.cpp decides them: EOS, EOT, EOM and the tokens it
+        reads as such by their text (`Tokenizer.eog_ids`)."""
+        return self.tokenizer.eog_ids
 
     # -- text ----------------------------------------------------------------------------------
 
