@@ -1195,6 +1195,42 @@ static const uint8_t strata_ksigns_iq2xs[128] = {
     240, 113, 114, 243, 116, 245, 246, 119, 120, 249, 250, 123, 252, 125, 126, 255,
 };
 
+/* strata_ksigns_iq2xs as sign bytes: byte j 0xFF (-1) where value j is negative, else 0x01 */
+static const uint64_t strata_ksigns_iq2xs_bytes[128] = {
+    0x0101010101010101ull, 0xff010101010101ffull, 0xff0101010101ff01ull, 0x010101010101ffffull,
+    0xff01010101ff0101ull, 0x0101010101ff01ffull, 0x0101010101ffff01ull, 0xff01010101ffffffull,
+    0xff010101ff010101ull, 0x01010101ff0101ffull, 0x01010101ff01ff01ull, 0xff010101ff01ffffull,
+    0x01010101ffff0101ull, 0xff010101ffff01ffull, 0xff010101ffffff01ull, 0x01010101ffffffffull,
+    0xff0101ff01010101ull, 0x010101ff010101ffull, 0x010101ff0101ff01ull, 0xff0101ff0101ffffull,
+    0x010101ff01ff0101ull, 0xff0101ff01ff01ffull, 0xff0101ff01ffff01ull, 0x010101ff01ffffffull,
+    0x010101ffff010101ull, 0xff0101ffff0101ffull, 0xff0101ffff01ff01ull, 0x010101ffff01ffffull,
+    0xff0101ffffff0101ull, 0x010101ffffff01ffull, 0x010101ffffffff01ull, 0xff0101ffffffffffull,
+    0xff01ff0101010101ull, 0x0101ff01010101ffull, 0x0101ff010101ff01ull, 0xff01ff010101ffffull,
+    0x0101ff0101ff0101ull, 0xff01ff0101ff01ffull, 0xff01ff0101ffff01ull, 0x0101ff0101ffffffull,
+    0x0101ff01ff010101ull, 0xff01ff01ff0101ffull, 0xff01ff01ff01ff01ull, 0x0101ff01ff01ffffull,
+    0xff01ff01ffff0101ull, 0x0101ff01ffff01ffull, 0x0101ff01ffffff01ull, 0xff01ff01ffffffffull,
+    0x0101ffff01010101ull, 0xff01ffff010101ffull, 0xff01ffff0101ff01ull, 0x0101ffff0101ffffull,
+    0xff01ffff01ff0101ull, 0x0101ffff01ff01ffull, 0x0101ffff01ffff01ull, 0xff01ffff01ffffffull,
+    0xff01ffffff010101ull, 0x0101ffffff0101ffull, 0x0101ffffff01ff01ull, 0xff01ffffff01ffffull,
+    0x0101ffffffff0101ull, 0xff01ffffffff01ffull, 0xff01ffffffffff01ull, 0x0101ffffffffffffull,
+    0xffff010101010101ull, 0x01ff0101010101ffull, 0x01ff01010101ff01ull, 0xffff01010101ffffull,
+    0x01ff010101ff0101ull, 0xffff010101ff01ffull, 0xffff010101ffff01ull, 0x01ff010101ffffffull,
+    0x01ff0101ff010101ull, 0xffff0101ff0101ffull, 0xffff0101ff01ff01ull, 0x01ff0101ff01ffffull,
+    0xffff0101ffff0101ull, 0x01ff0101ffff01ffull, 0x01ff0101ffffff01ull, 0xffff0101ffffffffull,
+    0x01ff01ff01010101ull, 0xffff01ff010101ffull, 0xffff01ff0101ff01ull, 0x01ff01ff0101ffffull,
+    0xffff01ff01ff0101ull, 0x01ff01ff01ff01ffull, 0x01ff01ff01ffff01ull, 0xffff01ff01ffffffull,
+    0xffff01ffff010101ull, 0x01ff01ffff0101ffull, 0x01ff01ffff01ff01ull, 0xffff01ffff01ffffull,
+    0x01ff01ffffff0101ull, 0xffff01ffffff01ffull, 0xffff01ffffffff01ull, 0x01ff01ffffffffffull,
+    0x01ffff0101010101ull, 0xffffff01010101ffull, 0xffffff010101ff01ull, 0x01ffff010101ffffull,
+    0xffffff0101ff0101ull, 0x01ffff0101ff01ffull, 0x01ffff0101ffff01ull, 0xffffff0101ffffffull,
+    0xffffff01ff010101ull, 0x01ffff01ff0101ffull, 0x01ffff01ff01ff01ull, 0xffffff01ff01ffffull,
+    0x01ffff01ffff0101ull, 0xffffff01ffff01ffull, 0xffffff01ffffff01ull, 0x01ffff01ffffffffull,
+    0xffffffff01010101ull, 0x01ffffff010101ffull, 0x01ffffff0101ff01ull, 0xffffffff0101ffffull,
+    0x01ffffff01ff0101ull, 0xffffffff01ff01ffull, 0xffffffff01ffff01ull, 0x01ffffff01ffffffull,
+    0x01ffffffff010101ull, 0xffffffffff0101ffull, 0xffffffffff01ff01ull, 0x01ffffffff01ffffull,
+    0xffffffffffff0101ull, 0x01ffffffffff01ffull, 0x01ffffffffffff01ull, 0xffffffffffffffffull,
+};
+
 /* IQ4_NL / IQ4_XS: 4-bit code -> value */
 static const int8_t strata_kvalues_iq4nl[16] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
