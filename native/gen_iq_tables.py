@@ -49,16 +49,16 @@ def _vector(name: str, values, ctype: str, what: str) -> list[str]:
     return [f"/* {what} */", f"static const {ctype} {name}[{len(v)}] = {{"] + lines + ["};", ""]
 
 
-def _sign_bytes() -> list[str]:
-    """strata_ksigns_iq2xs widened to 8 sign bytes per entry (little-endian u64): 0xFF (-1) where
-    bit j is set, else 0x01 (+1), the second operand of _mm256_sign_epi8 (qdot_iq_avx2.c)."""
+def _sign_masks() -> list[str]:
+    """strata_ksigns_iq2xs widened to 8 mask bytes per entry (little-endian u64): 0xFF where bit j
+    is set (value j negative), else 0x00; qdot_iq_avx2.c negates grid bytes with them."""
     words = []
     for s in np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8):
-        b = bytes(0xFF if (int(s) >> j) & 1 else 0x01 for j in range(8))
+        b = bytes(0xFF if (int(s) >> j) & 1 else 0x00 for j in range(8))
         words.append(f"0x{int.from_bytes(b, 'little'):016x}ull")
     lines = ["    " + ", ".join(words[i:i + 4]) + "," for i in range(0, len(words), 4)]
-    return (["/* strata_ksigns_iq2xs as sign bytes: byte j 0xFF (-1) where value j is negative, else 0x01 */",
-             f"static const uint64_t strata_ksigns_iq2xs_bytes[{len(words)}] = {{"] + lines + ["};", ""])
+    return (["/* strata_ksigns_iq2xs as byte masks: byte j 0xFF where value j is negative, else 0x00 */",
+             f"static const uint64_t strata_ksigns_iq2xs_mask[{len(words)}] = {{"] + lines + ["};", ""])
 
 
 def render() -> str:
@@ -75,7 +75,7 @@ def render() -> str:
         out += _grid(name, cls, ctype)
     out += _vector("strata_ksigns_iq2xs", np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8), "uint8_t",
                    "7 sign bits -> 8 sign bits with even parity (bit j set: value j is negative)")
-    out += _sign_bytes()
+    out += _sign_masks()
     out += _vector("strata_kvalues_iq4nl", quants.IQ4_NL.kvalues, "int8_t", "IQ4_NL / IQ4_XS: 4-bit code -> value")
     out += ["#endif", ""]
     return "\n".join(out)

@@ -70,18 +70,21 @@ INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void 
     return _mm256_set_epi64x((long long)u64(r3), (long long)u64(r2), (long long)u64(r1), (long long)u64(r0));
 }
 
-/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. */
+/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Rows
+ * are paired into 64-bit words first: 4 inserts instead of 8. */
 INLINE __m256i rows4(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
-    uint32_t g[8];
-    for (int l = 0; l < 8; l++) g[l] = u32(grid[idx[l] | ((hi >> l) & 1) << 8]);
-    return _mm256_setr_epi32((int)g[0], (int)g[1], (int)g[2], (int)g[3], (int)g[4], (int)g[5], (int)g[6], (int)g[7]);
+    uint64_t r[4];
+    for (int l = 0; l < 4; l++)
+        r[l] = u32(grid[idx[2 * l] | ((hi >> (2 * l)) & 1) << 8]) |
+               (uint64_t)u32(grid[idx[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8]) << 32;
+    return _mm256_set_epi64x((long long)r[3], (long long)r[2], (long long)r[1], (long long)r[0]);
 }
 
-/* Sign bytes of 4 groups of 8 from the four 7-bit ksigns indices in bits 0-27 of aux. */
-INLINE __m256i ksigns4(uint32_t aux) {
-    const uint64_t *t = strata_ksigns_iq2xs_bytes;
-    return _mm256_set_epi64x((long long)t[(aux >> 21) & 127], (long long)t[(aux >> 14) & 127],
-                             (long long)t[(aux >> 7) & 127], (long long)t[aux & 127]);
+/* Sign bytes (+1, -1) of 4 groups of 8 from the four 7-bit ksigns indices in bits 0-27 of aux. */
+INLINE __m256i ksigns4(unsigned s0, unsigned s1, unsigned s2, unsigned s3) {
+    const uint64_t *m = strata_ksigns_iq2xs_mask;
+    const __m256i neg = _mm256_set_epi64x((long long)m[s3], (long long)m[s2], (long long)m[s1], (long long)m[s0]);
+    return _mm256_or_si256(neg, _mm256_set1_epi8(1));
 }
 
 /* Sign bytes from 32 sign bits (bit j set: value j negative). */
@@ -114,7 +117,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const uint32_t aux = u32(idx + 4);
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = ksigns4(aux);
+        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
         ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
         return;
     }
@@ -123,9 +126,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        const uint64_t *t = strata_ksigns_iq2xs_bytes;
-        ch->s = _mm256_set_epi64x((long long)t[q >> 57], (long long)t[(q >> 41) & 127], (long long)t[(q >> 25) & 127],
-                                  (long long)t[(q >> 9) & 127]);
+        ch->s = ksigns4((q >> 9) & 127, (q >> 25) & 127, (q >> 41) & 127, q >> 57);
         ch->sc = weights2(b->scales[c] & 15, b->scales[c] >> 4);
         return;
     }
@@ -143,7 +144,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
         const uint32_t aux = u32(b->aux + 4 * c);
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = ksigns4(aux);
+        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
         ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
         return;
     }
@@ -170,9 +171,11 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const unsigned h = u16(b->qh + 2 * c);  /* nibble l: group 4 c + l */
         const __m256i g = rows8(strata_iq1s_grid[qs[0] | (h & 7) << 8], strata_iq1s_grid[qs[1] | (h & 0x70) << 4],
                                 strata_iq1s_grid[qs[2] | (h & 0x700)], strata_iq1s_grid[qs[3] | (h & 0x7000) >> 4]);
-        const long long plus = 0x0101010101010101ll;
-        const __m256i delta = _mm256_set_epi64x(h & 0x8000 ? -1 : plus, h & 0x800 ? -1 : plus,
-                                                h & 0x80 ? -1 : plus, h & 0x8 ? -1 : plus);
+        /* group l's delta sign is bit 4 l + 3 of h: tested in the 16-bit lanes of its 8 bytes */
+        const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
+                                              (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);
+        const __m256i neg = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)h), bit), bit);
+        const __m256i delta = _mm256_or_si256(neg, _mm256_set1_epi8(1));
         iq1_values(g, delta, ch);
         const unsigned sc = u16(b->scales + 2 * (c / 2)) >> (6 * (c % 2));  /* sub-blocks 2 c, 2 c + 1 */
         ch->sc = weights2(sc & 7, (sc >> 3) & 7);
@@ -206,6 +209,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         if (nt < 4) fetch_ahead(p, bs, ahead_end);
         __m256i isum[8];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
             iq_chunk(fmt, p, c, &ch);
