@@ -5,10 +5,10 @@
  *
  * A weight block is worked through in 8 chunks of 32 values. Each chunk becomes three vectors,
  * made once and used for every token of the tile:
- *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3)
- *       grid rows gathered by scalar loads;
- *   s   the 32 signs as bytes (+1 or -1): from the ksigns index through strata_ksigns_iq2xs_bytes
- *       (IQ2_XXS, IQ2_XS, IQ3_XXS) or spread from the block's sign bits (IQ2_S, IQ3_S);
+ *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3,
+ *       paired into 8 bytes first) grid rows gathered by scalar loads and 64-bit inserts;
+ *   s   the 32 signs as bytes (+1 or -1): the ksigns indices' byte masks (strata_ksigns_iq2xs_mask)
+ *       or-ed with 1 (IQ2_XXS, IQ2_XS, IQ3_XXS), or spread from the block's sign bits (IQ2_S, IQ3_S);
  *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31).
  * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 (never 0) are
  * made signed first, w = 8 g + delta, and go in as q = |w|, s = w. maddubs' int16 pair sums stay
@@ -20,6 +20,8 @@
  * Tiles: one weight row at a time (the gathers are the cost, and rows share nothing); decode (1-3
  * tokens) fetches ahead into the rows to come, never past strata_qdot_ahead_end; prefill takes
  * tokens 8 at a time (then 4, then the last 1-3), so a chunk is gathered once per 8 tokens.
+ * Decode is bound by the ~35 instructions that build a chunk, not by memory: measured here (Zen 3,
+ * one thread, in cache) 27-41 ns per 256-value block, against Q4_K's 14 ns.
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
