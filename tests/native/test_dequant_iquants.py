@@ -94,6 +94,10 @@ def test_type_support_reports_the_native_tables():
         assert s.dequant and s.packed and s.families[0] == "scalar" and s.runs is not None, s
     for t in IQ_TYPES:
         s = native.type_support(t.name.lower())
+        if "avx2" in s.families:  # the grid i-quants' AVX2 kernels (test_qdot_iq_grid_avx2.py)
+            assert s.families == ("scalar", "avx2") and s.runs == ("scalar" if native.default_impl() == "scalar" else "avx2"), s
+            assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2 kernels)"
+            continue
         assert s.families == ("scalar",) and s.runs == "scalar", s
         assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar kernels)"
     q4k = native.type_support(T.Q4_K)
