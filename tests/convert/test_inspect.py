@@ -16,6 +16,8 @@ def test_json_output_is_the_summary(tiny_models):
     out = io.StringIO()
     assert inspect_cmd.run(types.SimpleNamespace(model=str(path), json=True), out) == 0
     summary = json.loads(out.getvalue())
+    verdict = summary.pop("verdict")  # what inspect adds to the file's own summary
+    assert verdict["runs"] and verdict["compute"] == "packed" and verdict["sentence"].startswith("runs: qwen2moe")
     with open_model(path) as mf:
         assert summary == json.loads(json.dumps(mf.summary(), default=str))
         assert summary["arch"] == "qwen2moe"
@@ -28,6 +30,7 @@ def test_text_output_through_the_cli(tiny_models):
     assert res.returncode == 0, res.stderr
     assert "arch: qwen3moe" in res.stdout
     assert "Q4_K:" in res.stdout and "expert" in res.stdout
+    assert res.stdout.splitlines()[-1].startswith("verdict: runs: qwen3moe, packed compute")
 
 
 def test_missing_file_is_one_clear_line(tmp_path):
