@@ -44,11 +44,11 @@ static const qdot_row TILES[] = {
     {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, NULL, NULL}},
     {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, NULL, NULL}},
     {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, NULL, NULL}},
-    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, NULL, NULL}},
-    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, NULL, NULL}},
-    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, NULL, NULL}},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, NULL, NULL}},
-    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, NULL, NULL}},
+    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}},
+    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}},
+    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, NULL}},
+    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

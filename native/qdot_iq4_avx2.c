@@ -1,0 +1,374 @@
+/*
+ * AVX2 twins of the scalar tile kernels of IQ4_NL, IQ4_XS, TQ2_0, TQ1_0 and NVFP4 (qdot_iq.c;
+ * interface: qdot.h; block layouts: common.h). As in qdot_avx2.c, the integer dot product of a
+ * weight (sub-)block with the activation block is exact, kept in 8 int32 lanes that are converted
+ * to float and added (fused multiply-add) into 8 float lanes, reduced once per output: the result
+ * equals the scalar one up to the rounding of a differently ordered float sum.
+ *   IQ4_NL, IQ4_XS  code book values (signed, in [-127, 113]) by a byte shuffle of the nibbles,
+ *                   then maddubs(|w|, sign(a, w)): |pair sums| <= 2 * 127 * 127 < 2^15; IQ4_XS's
+ *                   sub-block scales ls - 32 come in through madd (|lane| <= 2^21)
+ *   TQ2_0, TQ1_0    digits q + 1 in {0, 1, 2}: maddubs(digit, a) added in int16 over the whole block
+ *                   (|lane| <= 8 * 2 * 2 * 127), minus the activation's bsums (sum a: the + 1), then
+ *                   madd(., 1)
+ *   NVFP4           doubled E2M1 values plus 12 (in [0, 24]) by a byte shuffle: maddubs(code, a) less
+ *                   maddubs(12, a), in int16 per 16-value sub-block (|lane| <= 4 * 12 * 127), then a
+ *                   float scale per sub-block (the UE4M3 scale read as a binary16, see nvfp4_scales)
+ *
+ * Tiles and driver as in qdot_avx2.c (the small shared pieces are repeated here): decode (fewer than
+ * 4 tokens) runs 4 rows x 1 token for the 32- and 64-value formats, fetching the next tile ahead,
+ * and 1 row x all tokens for the 256-value ones, fetching PF_AHEAD bytes ahead in the row; prefill
+ * runs 1 row x 8 tokens, so a block is unpacked once for 8 tokens.
+ *
+ * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
+ * CPU was seen to have AVX2, FMA and F16C.
+ */
+#include "iq_tables.h"
+#include "qdot.h"
+
+#include <stddef.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The binary16 scale stored at p. */
+INLINE float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (values 0-15 of a 32-value run). */
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
+}
+
+/* A 16-entry signed byte table in both 128-bit halves (for _mm256_shuffle_epi8). */
+INLINE __m256i table16(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
+
+/* ---- Tile driver (as qdot_avx2.c's DEFINE_DRIVER) ----
+ *
+ * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
+ * or more: GR rows x GT tokens at a time; with fewer (decode) DR rows one token at a time, or, for
+ * DR = 1, one row with all its tokens. Every output gets the same sequence of float additions
+ * whatever the tile it falls in, so results do not depend on how the rows are split. */
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,             \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                         \
+                                   float *restrict y, int64_t ys) {                                               \
+        int64_t r = 0;                                                                                            \
+        if (n_tok < 4 && DR > 1) {                                                                                \
+            for (; r + DR <= n_rows; r += DR)                                                                     \
+                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        } else if (n_tok < 4) {                                                                                   \
+            for (; r < n_rows; r++) {                                                                             \
+                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                               \
+                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
+                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (; r + GR <= n_rows; r += GR) {                                                                       \
+            int64_t t = 0;                                                                                        \
+            for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; GT > 4 && t + 4 <= n_tok; t += 4) TILE(GR, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                         \
+        for (; r < n_rows; r++) {                                                                                 \
+            int64_t t = 0;                                                                                        \
+            for (; t + GT <= n_tok; t += GT) TILE(1, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                         \
+    }
+
+#define ZERO_ACC(acc) \
+    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
+
+INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
+}
+
+/* Decode fetch distance within a row (256-value formats), as qdot_avx2.c. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+
+/* Decode tiles of nr rows read their rows block by block, all rows in step: each step fetches the
+ * matching `step` bytes of the next tile (`tile` bytes on), never past ahead_end (qdot.h). */
+INLINE void fetch_next_tile(const uint8_t *w, int64_t tile, int64_t at, int64_t step, const uint8_t *ahead_end) {
+    const uint8_t *pf = w + tile + at;
+    if (pf >= ahead_end) return;
+    for (int64_t o = 0; o < step; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
+}
+
+/* The cache lines of the block of `bs` bytes PF_AHEAD bytes past p. */
+INLINE void fetch_ahead(const uint8_t *p, int64_t bs) {
+    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)(p + PF_AHEAD + o), _MM_HINT_T0);
+}
+
+/* ---- IQ4_NL against STRATA_ACT_Q8 ---- */
+
+INLINE void iq4_nl_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                        float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_iq4_nl);
+    const __m256i table = table16(strata_kvalues_iq4nl), ones = _mm256_set1_epi16(1);
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        if (nt < 4) fetch_next_tile(w, nr * wrb, b * nr * bs, nr * bs, ahead_end);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * wrb + b * bs;
+            const __m256i q = _mm256_shuffle_epi8(table, nibbles32(p + 2));
+            const __m256i qa = _mm256_sign_epi8(q, q);
+            const float wd = half_at(p);
+            for (int t = 0; t < nt; t++) {
+                const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+                const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
+                const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+            }
+        }
+    }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_IQ4_NL(nr, nt, ...) iq4_nl_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(iq4_nl, TILE_IQ4_NL, 1, 8, 4)
+
+/* ---- NVFP4 against STRATA_ACT_Q8 (two activation blocks per 64-value weight block) ----
+ *
+ * The 32 code bytes hold sub-block s (16 values) in bytes 8s..8s+7, low nibbles values 0-7, high
+ * nibbles 8-15. The bytes' low nibbles (one AND) line up with lo = [a0 0-7, a0 16-23 | a1 0-7,
+ * a1 16-23] and their high nibbles with hi = [a0 8-15, a0 24-31 | a1 8-15, a1 24-31] (a0, a1: the two
+ * activation blocks), so the activations are rearranged once per block and token instead of the
+ * codes once per row; madd then leaves sub-block s's sum in int32 lanes 2s and 2s + 1. */
+
+typedef struct {
+    __m256i lo, hi, bias;   /* rearranged activation codes; maddubs(12, lo) + maddubs(12, hi) */
+    __m256 d;               /* [d0 x 4, d1 x 4] */
+} nvfp4_act;
+
+INLINE void nvfp4_act_load(const strata_block_act_q8 *ab, nvfp4_act *x) {
+    const __m256i p = _mm256_loadu2_m128i((const __m128i *)ab[1].q, (const __m128i *)ab[0].q);
+    const __m256i q = _mm256_loadu2_m128i((const __m128i *)(ab[1].q + 16), (const __m128i *)(ab[0].q + 16));
+    const __m256i twelve = _mm256_set1_epi8(12);
+    x->lo = _mm256_unpacklo_epi64(p, q);
+    x->hi = _mm256_unpackhi_epi64(p, q);
+    x->bias = _mm256_add_epi16(_mm256_maddubs_epi16(twelve, x->lo), _mm256_maddubs_epi16(twelve, x->hi));
+    x->d = _mm256_set_m128(_mm_set1_ps(ab[1].d), _mm_set1_ps(ab[0].d));
+}
+
+/* The four sub-block scales of a block, each twice: [s0, s0, s1, s1, s2, s2, s3, s3]. A UE4M3 byte
+ * x (bit 7 ignored) shifted left by 7 is the binary16 number of the same exponent field and leading
+ * mantissa bits with the exponent bias 15 instead of 7, subnormals included, so its value times
+ * 2^8 / 2 (the stored E2M1 codes are doubled) is strata_ue4m3_half(x) exactly; the byte 0x7f (and
+ * only it: 0xff is 240, as in gguf-py) reads as 0. */
+INLINE __m256 nvfp4_scales(const uint8_t *d) {
+    const __m128i dup = _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1);
+    const __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)load_u32(d)), dup);
+    const __m128i nan = _mm_cmpeq_epi16(x, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_slli_epi16(_mm_andnot_si128(nan, _mm_and_si128(x, _mm_set1_epi16(0x7f))), 7);
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(128.0f));
+}
+
+INLINE void nvfp4_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                       float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_nvfp4);
+    /* 2 * E2M1 + 12: the table of qdot.h's strata_e2m1_doubled, biased to be unsigned */
+    const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                           12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_NVFP4; b++) {
+        if (nt < 4) fetch_next_tile(w, nr * wrb, b * nr * bs, nr * bs, ahead_end);
+        nvfp4_act x[8];
+        for (int t = 0; t < nt; t++) nvfp4_act_load((const strata_block_act_q8 *)(a + t * arb) + 2 * b, &x[t]);
+        for (int r = 0; r < nr; r++) {
+            const strata_block_nvfp4 *wb = (const strata_block_nvfp4 *)(w + r * wrb + b * bs);
+            const __m256i c = _mm256_loadu_si256((const __m256i *)wb->qs);
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(c, low4));
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
+            const __m256 sc = nvfp4_scales(wb->d);
+            for (int t = 0; t < nt; t++) {
+                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x[t].lo), _mm256_maddubs_epi16(hi, x[t].hi));
+                const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(p16, x[t].bias), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, x[t].d), acc[r][t]);
+            }
+        }
+    }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_NVFP4(nr, nt, ...) nvfp4_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(nvfp4, TILE_NVFP4, 1, 8, 4)
+
+/* ---- IQ4_XS against STRATA_ACT_Q8K ---- */
+
+/* The 8 sub-block scales ls - 32 as int16, in both 128-bit halves: ls_j is nibble j of the 32-bit
+ * scales_l with bits 2j, 2j + 1 of scales_h above it. */
+INLINE __m256i iq4_xs_scales(const strata_block_iq4_xs *b) {
+    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32((int)load_u32(b->scales_l)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i ls = _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(15)),
+                                       _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4));
+    const __m256i m = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+    return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1)));
+}
+
+INLINE void iq4_xs_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                        float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_iq4_xs);
+    const __m256i table = table16(strata_kvalues_iq4nl);
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++)
+        for (int r = 0; r < nr; r++) {
+            const strata_block_iq4_xs *wb = (const strata_block_iq4_xs *)(w + r * wrb + b * bs);
+            if (nt < 4) fetch_ahead((const uint8_t *)wb, bs);
+            const __m256i scales = iq4_xs_scales(wb);
+            __m256i isum[8];
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {  /* sub-block j: values 32j..32j+31 */
+                const __m256i q = _mm256_shuffle_epi8(table, nibbles32(wb->qs + 16 * j));
+                const __m256i qa = _mm256_sign_epi8(q, q);
+                const __m256i sc = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
+                for (int t = 0; t < nt; t++) {
+                    const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * j));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), sc));
+                }
+            }
+            const float wd = half_at((const uint8_t *)wb + offsetof(strata_block_iq4_xs, d));
+            for (int t = 0; t < nt; t++) {
+                const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+            }
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_IQ4_XS(nr, nt, ...) iq4_xs_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(iq4_xs, TILE_IQ4_XS, 1, 8, 1)
+
+/* ---- TQ2_0, TQ1_0 against STRATA_ACT_Q8K ---- */
+
+/* s16[t] += maddubs(digits, a_t[off .. off + 31]) for the tile's tokens (block b). */
+INLINE void tq_add(__m256i digits, int nt, const uint8_t *a, int64_t arb, int64_t b, int off, __m256i *s16) {
+    for (int t = 0; t < nt; t++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+        s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(digits, _mm256_loadu_si256((const __m256i *)(ab->q + off))));
+    }
+}
+
+/* acc[t] += d * a.d * (sum digit * a - sum a): the bsums take off the digits' + 1. */
+INLINE void tq_finish(int nt, const uint8_t *a, int64_t arb, int64_t b, float wd, const __m256i *s16, __m256 *acc) {
+    for (int t = 0; t < nt; t++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+        const __m256i d16 = _mm256_sub_epi16(s16[t], _mm256_loadu_si256((const __m256i *)ab->bsums));
+        const __m256i s = _mm256_madd_epi16(d16, _mm256_set1_epi16(1));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd * ab->d), acc[t]);
+    }
+}
+
+INLINE void tq2_0_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                       float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_tq2_0);
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++)
+        for (int r = 0; r < nr; r++) {
+            const strata_block_tq2_0 *wb = (const strata_block_tq2_0 *)(w + r * wrb + b * bs);
+            if (nt < 4) fetch_ahead((const uint8_t *)wb, bs);
+            __m256i s16[8];
+            for (int t = 0; t < nt; t++) s16[t] = _mm256_setzero_si256();
+            for (int c = 0; c < 2; c++) {  /* values 128c + 32p + l: bits 2p, 2p + 1 of qs[32c + l] */
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
+                for (int p = 0; p < 4; p++)
+                    tq_add(_mm256_and_si256(_mm256_srli_epi16(x, 2 * p), three), nt, a, arb, b, 128 * c + 32 * p, s16);
+            }
+            tq_finish(nt, a, arb, b, half_at((const uint8_t *)wb + offsetof(strata_block_tq2_0, d)), s16, acc[r]);
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_TQ2_0(nr, nt, ...) tq2_0_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(tq2_0, TILE_TQ2_0, 1, 8, 1)
+
+/* TQ1_0's base-3 digit p of byte v is (3 m) >> 8 with m = v * 3^p mod 256, i.e. (m >= 86) + (m >= 171).
+ * The kernel carries m ^ 0x80 (= m - 128 as a signed byte) from power to power: multiplying it by 3
+ * mod 256 keeps the offset (3 * -128 = -128 mod 256), and the two thresholds become signed compares. */
+INLINE __m256i times3(__m256i v) { return _mm256_add_epi8(_mm256_add_epi8(v, v), v); }
+INLINE __m128i times3_128(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
+
+INLINE __m256i tq1_digits(__m256i m) {
+    const __m256i c = _mm256_add_epi8(_mm256_cmpgt_epi8(m, _mm256_set1_epi8(-43)), _mm256_cmpgt_epi8(m, _mm256_set1_epi8(42)));
+    return _mm256_sub_epi8(_mm256_setzero_si256(), c);
+}
+
+INLINE void tq1_0_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                       float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_tq1_0);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++)
+        for (int r = 0; r < nr; r++) {
+            const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb + b * bs);
+            if (nt < 4) fetch_ahead((const uint8_t *)wb, bs);
+            __m256i s16[8];
+            for (int t = 0; t < nt; t++) s16[t] = _mm256_setzero_si256();
+            /* values 32p + j: digit p of qs[j] */
+            __m256i m = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), flip);
+            for (int p = 0; p < 5; p++, m = times3(m)) tq_add(tq1_digits(m), nt, a, arb, b, 32 * p, s16);
+            /* values 160 + 16p + j: digit p of qs[32 + j], two powers per vector */
+            const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(wb->qs + 32)), _mm256_castsi256_si128(flip));
+            __m256i m2 = _mm256_set_m128i(times3_128(v), v);
+            tq_add(tq1_digits(m2), nt, a, arb, b, 160, s16);
+            m2 = times3(times3(m2));
+            tq_add(tq1_digits(m2), nt, a, arb, b, 192, s16);
+            const __m128i v81 = times3_128(times3_128(_mm256_castsi256_si128(m2)));
+            /* values 240 + 4p + j: digit p of qh[j], one power per 32-bit lane */
+            const __m128i h = _mm_xor_si128(_mm_set1_epi32((int)load_u32(wb->qh)), _mm256_castsi256_si128(flip));
+            const __m128i h3 = times3_128(h), h9 = times3_128(h3), h27 = times3_128(h9);
+            const __m128i hv = _mm_blend_epi32(_mm_blend_epi32(h, h3, 0x2), _mm_blend_epi32(h9, h27, 0x8), 0xc);
+            tq_add(tq1_digits(_mm256_set_m128i(hv, v81)), nt, a, arb, b, 224, s16);
+            tq_finish(nt, a, arb, b, half_at((const uint8_t *)wb + offsetof(strata_block_tq1_0, d)), s16, acc[r]);
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_TQ1_0(nr, nt, ...) tq1_0_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
+
+#else /* not x86: the names exist so the library links; qdot.c never hands them out */
+
+#define FALLBACK(name)                                                                                     \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
+                                   float *restrict y, int64_t ys) {                                        \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+FALLBACK(iq4_nl) FALLBACK(nvfp4) FALLBACK(iq4_xs) FALLBACK(tq2_0) FALLBACK(tq1_0)
+#endif
