@@ -78,6 +78,8 @@ INLINE __m256i table16(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm
         if (n_tok < 4 && DR > 1) {                                                                                \
             for (; r + DR <= n_rows; r += DR)                                                                     \
                 for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; DR > 4 && r + 4 <= n_rows; r += 4)                                                             \
+                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
         } else if (n_tok < 4) {                                                                                   \
             for (; r < n_rows; r++) {                                                                             \
                 if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                               \
@@ -126,8 +128,58 @@ INLINE void fetch_ahead(const uint8_t *p, int64_t bs) {
 
 /* ---- IQ4_NL against STRATA_ACT_Q8 ---- */
 
+/* The 8 binary16 scales at p, p + stride, ..., p + 7 stride as floats (row order). */
+INLINE __m256 halves8(const uint8_t *p, int64_t stride) {
+    uint64_t lo = 0, hi = 0;
+    for (int r = 0; r < 4; r++) {
+        uint16_t a, b;
+        memcpy(&a, p + r * stride, 2);
+        memcpy(&b, p + (r + 4) * stride, 2);
+        lo |= (uint64_t)a << 16 * r;
+        hi |= (uint64_t)b << 16 * r;
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Decode (one token) over 8 rows, two rows per vector as qdot_avx2.c's q4_0_rows8: row r's 16 code
+ * bytes in the low half, row r + 4's in the high half, so one AND and one shift-and-AND give both
+ * rows' low- and high-nibble codes, against the activation's first and last 16 values broadcast to
+ * both halves (the code book shuffle works per half). The signed products need int32 pair sums
+ * (madd); three horizontal adds fold them into one block sum per row, in row order, and the 8 rows'
+ * scales convert in one instruction: one conversion, multiply and add per block for 8 rows. */
+INLINE void iq4_nl_rows8(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y) {
+    const int64_t bs = sizeof(strata_block_iq4_nl), w4 = 4 * wrb;
+    const __m256i table = table16(strata_kvalues_iq4nl), ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+    const strata_block_act_q8 *ab = (const strata_block_act_q8 *)a;
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * bs;
+        fetch_next_tile(w, 8 * wrb, b * 8 * bs, 8 * bs, ahead_end);
+        const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ab[b].q));
+        const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ab[b].q + 16)));
+        __m256i s[4];
+        for (int r = 0; r < 4; r++) {
+            const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + r * wrb + w4 + 2), (const __m128i *)(p + r * wrb + 2));
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+            const __m256i plo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(alo, lo));
+            const __m256i phi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ahi, hi));
+            s[r] = _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones));
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        const __m256 d8 = _mm256_mul_ps(halves8(p, wrb), _mm256_set1_ps(ab[b].d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), d8, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
 INLINE void iq4_nl_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
                         float *y, int64_t ys) {
+    if (nr == 8 && nt == 1) {
+        iq4_nl_rows8(k, w, wrb, a, y);  /* y: 8 consecutive rows of one token */
+        return;
+    }
     const int64_t bs = sizeof(strata_block_iq4_nl);
     const __m256i table = table16(strata_kvalues_iq4nl), ones = _mm256_set1_epi16(1);
     const uint8_t *ahead_end = strata_qdot_ahead_end;
@@ -152,7 +204,7 @@ INLINE void iq4_nl_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb
 }
 
 #define TILE_IQ4_NL(nr, nt, ...) iq4_nl_tile(nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(iq4_nl, TILE_IQ4_NL, 1, 8, 4)
+DEFINE_DRIVER(iq4_nl, TILE_IQ4_NL, 1, 8, 8)
 
 /* ---- NVFP4 against STRATA_ACT_Q8 (two activation blocks per 64-value weight block) ----
  *

@@ -103,12 +103,12 @@ def test_avx2_matches_scalar_for_1_to_33_tokens(t):
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_every_row_and_token_count_of_a_tile(t):
-    """Each output of every tile shape (4-row and 1-row decode, 8- and 4-token prefill, leftovers)
-    against the scalar kernel on the same weights: rows 1..9 by tokens 1..11."""
+    """Each output of every tile shape (8-, 4- and 1-row decode, 8- and 4-token prefill, leftovers)
+    against the scalar kernel on the same weights: rows 1..13 by tokens 1..11."""
     rng = np.random.default_rng(200 + int(t))
     row_len = row_len_of(t, 2)
-    w, x = make_weights(t, 9, row_len, rng), make_tokens(11, row_len, rng)
-    for n_rows in range(1, 10):
+    w, x = make_weights(t, 13, row_len, rng), make_tokens(11, row_len, rng)
+    for n_rows in range(1, 14):
         for n_tok in range(1, 12):
             wr, xr = w[:n_rows], x[:n_tok]
             ys = native.qdot_rows(t, wr, n_rows, row_len, xr, impl="scalar")
