@@ -358,8 +358,18 @@ INLINE __m256i times9(__m256i v) {  /* 8v + v; the mask drops the bits the 16-bi
     return _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(v, 3), _mm256_set1_epi8((char)0xf8)), v);
 }
 
-INLINE __m256i tq1_digits(__m256i m) {
-    const __m256i c = _mm256_add_epi8(_mm256_cmpgt_epi8(m, _mm256_set1_epi8(-43)), _mm256_cmpgt_epi8(m, _mm256_set1_epi8(42)));
+/* The thresholds sit in registers the compiler cannot see into: seen as constants, GCC turns
+ * 0 - (m > -43) into m >= -42, which AVX2 does in two instructions (min, equal). */
+typedef struct { __m256i lo, hi; } tq1_limits;
+
+INLINE tq1_limits tq1_limits_make(void) {
+    tq1_limits k = {_mm256_set1_epi8(-43), _mm256_set1_epi8(42)};
+    __asm__("" : "+x"(k.lo), "+x"(k.hi));
+    return k;
+}
+
+INLINE __m256i tq1_digits(__m256i m, tq1_limits k) {
+    const __m256i c = _mm256_add_epi8(_mm256_cmpgt_epi8(m, k.lo), _mm256_cmpgt_epi8(m, k.hi));
     return _mm256_sub_epi8(_mm256_setzero_si256(), c);
 }
 
@@ -374,16 +384,17 @@ INLINE __m128i tq1_qh_powers(const uint8_t *qh) {
 
 INLINE void tq1_0_digits(const strata_block_tq1_0 *wb, __m256i dig[8]) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const tq1_limits k = tq1_limits_make();
     /* values 32p + j: digit p of qs[j] */
     __m256i m = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), flip);
-    for (int p = 0; p < 5; p++, m = times3(m)) dig[p] = tq1_digits(m);
+    for (int p = 0; p < 5; p++, m = times3(m)) dig[p] = tq1_digits(m, k);
     /* values 160 + 16p + j: digit p of qs[32 + j], two powers per vector */
     const __m256i v = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb->qs + 32))), flip);
     const __m256i m01 = _mm256_blend_epi32(v, times3(v), 0xf0), m23 = times9(m01);
-    dig[5] = tq1_digits(m01);
-    dig[6] = tq1_digits(m23);
+    dig[5] = tq1_digits(m01, k);
+    dig[6] = tq1_digits(m23, k);
     /* values 224 + j: digit 4 of qs[32 + j]; values 240 + 4p + j: digit p of qh[j] */
-    dig[7] = tq1_digits(_mm256_inserti128_si256(times9(m23), tq1_qh_powers(wb->qh), 1));
+    dig[7] = tq1_digits(_mm256_inserti128_si256(times9(m23), tq1_qh_powers(wb->qh), 1), k);
 }
 
 /* One tile of a TQ format: DIGITS(block, dig) makes the digit vectors. */
