@@ -15,10 +15,12 @@
  *                   float scale per sub-block (the UE4M3 scale read as a binary16, see nvfp4_scales)
  *
  * Tiles and driver as in qdot_avx2.c (the small shared pieces are repeated here): decode (fewer than
- * 4 tokens) runs 4 rows x 1 token for the 32- and 64-value formats, fetching the next tile ahead,
- * and 1 row x all tokens for the 256-value ones, fetching PF_AHEAD bytes ahead in the row; prefill
- * runs 1 row x 8 tokens, so a block is unpacked once for 8 tokens (NVFP4: 4 rows x 4 tokens, which
- * also shares its rearranged activations between 4 rows: ~1.6x the rate of 1 x 8).
+ * 4 tokens) runs 8 rows x 1 token for IQ4_NL (iq4_nl_rows8; 4 rows for what is left) and 4 rows x 1
+ * token for NVFP4, fetching the next tile ahead, and 1 row x all tokens for the 256-value formats,
+ * fetching PF_AHEAD bytes ahead in the row; prefill runs 1 row x 8 tokens, so a block is unpacked
+ * once for 8 tokens (NVFP4: 4 rows x 4 tokens, which also shares its rearranged activations between
+ * 4 rows: ~1.6x the rate of 1 x 8). TQ1_0 decode is bound by its digit arithmetic (~100
+ * instructions per 54-byte block), not by memory.
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
