@@ -168,7 +168,7 @@ static inline uint16_t strata_f32_to_half(float f) {
 }
 
 /* NVFP4's UE4M3 scale halved (the E2M1 values are stored doubled), as gguf-py's ue4m3_to_fp32:
- * bit 7 is ignored, 0 and 0x7f give 0. Exact in float32. */
+ * 0x00 and 0x7f give 0, otherwise bit 7 is ignored (0xff reads as 240, as in gguf-py). Exact in float32. */
 static inline float strata_ue4m3_half(uint8_t x) {
     if (x == 0 || x == 0x7f) return 0.0f;
     const int e = (x >> 3) & 15, m = x & 7;

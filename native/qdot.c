@@ -36,7 +36,8 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}},
     {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}},
     {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}},
-    /* qdot_iq.c (scalar); the grid i-quants have AVX2 kernels in qdot_iq_avx2.c. */
+    /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
+     * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2 ones. */
     {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}},
     {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, strata_qdot_iq2_xs_avx2, NULL}},
     {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, strata_qdot_iq2_s_avx2, NULL}},
@@ -44,11 +45,11 @@ static const qdot_row TILES[] = {
     {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, strata_qdot_iq3_s_avx2, NULL}},
     {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, strata_qdot_iq1_s_avx2, NULL}},
     {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, strata_qdot_iq1_m_avx2, NULL}},
-    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, NULL, NULL}},
-    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, NULL, NULL}},
-    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, NULL, NULL}},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, NULL, NULL}},
-    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, NULL, NULL}},
+    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}},
+    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}},
+    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, NULL}},
+    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

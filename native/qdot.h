@@ -103,7 +103,7 @@ STRATA_DECLARE_QTILE(q3_k, ref)
 STRATA_DECLARE_QTILE(q4_k, ref)
 STRATA_DECLARE_QTILE(q5_k, ref)
 STRATA_DECLARE_QTILE(q6_k, ref)
-/* qdot_iq.c: i-quants, ternary formats and NVFP4 (scalar only for now) */
+/* qdot_iq.c: i-quants, ternary formats and NVFP4, the scalar tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, ref)
 STRATA_DECLARE_QTILE(iq2_xs, ref)
 STRATA_DECLARE_QTILE(iq2_s, ref)
@@ -139,6 +139,12 @@ STRATA_DECLARE_QTILE(iq3_xxs, avx2)
 STRATA_DECLARE_QTILE(iq3_s, avx2)
 STRATA_DECLARE_QTILE(iq1_s, avx2)
 STRATA_DECLARE_QTILE(iq1_m, avx2)
+/* qdot_iq4_avx2.c */
+STRATA_DECLARE_QTILE(iq4_nl, avx2)
+STRATA_DECLARE_QTILE(iq4_xs, avx2)
+STRATA_DECLARE_QTILE(tq1_0, avx2)
+STRATA_DECLARE_QTILE(tq2_0, avx2)
+STRATA_DECLARE_QTILE(nvfp4, avx2)
 
 STRATA_DECLARE_QTILE(f16, avx512)
 STRATA_DECLARE_QTILE(bf16, avx512)

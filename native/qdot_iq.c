@@ -13,8 +13,8 @@
  *   TQ1_0, TQ2_0            (wd * ad) * isum, q in {-1, 0, 1}
  *   NVFP4                   sum_s (ue4m3_half(d_s) * ad_{s/2}) * isum_s over its four 16-value
  *                           sub-blocks (two 32-value activation blocks per 64-value weight block)
- * The integer sums stay far inside int32 (at most 256 * 127 * 62 * 31 for IQ3_XXS). The AVX2 and
- * AVX-512 families have no kernels of their own for these formats yet: qdot.c hands these out.
+ * The integer sums stay far inside int32 (at most 256 * 127 * 62 * 31 for IQ3_XXS). The AVX2 twins
+ * are in qdot_iq_avx2.c and qdot_iq4_avx2.c; AVX-512 has none of its own yet (qdot.c's table).
  * Block layouts: common.h; grids: iq_tables.h.
  */
 #include "iq_tables.h"

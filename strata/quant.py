@@ -9,7 +9,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGMLType = GGMLQuantizationType
 
-#: i-quants, ternary formats and NVFP4: scalar kernels only (dequantization and packed products).
+#: i-quants, ternary formats and NVFP4 (scalar dequantization; scalar and AVX2 packed products).
 IQ_TYPES: tuple[GGMLType, ...] = (
     GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
     GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS,

@@ -79,12 +79,16 @@ def test_qdot_within_bounds_of_float64(t, case, impl):
     assert (err <= act_tol + round_tol).all(), f"{t.name} {impl}: |y - W@x| {err.max()} over the bound"
 
 
+# Types with AVX2 kernels of their own (native/qdot_iq4_avx2.c; tested in test_qdot_iq4_avx2.py).
+IQ4_AVX2_TYPES = (T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.NVFP4)
+
+
 def test_every_family_runs_the_scalar_kernel():
     rng = np.random.default_rng(5)
     for t in IQ_TYPES:
         assert native.has_qdot_kernel(t, "scalar") and not native.has_qdot_kernel(t, "avx512")
         if native.has_qdot_kernel(t, "avx2"):
-            continue  # its own AVX2 kernel: test_qdot_iq_grid_avx2.py (grid i-quants)
+            continue  # its own AVX2 kernel: test_qdot_iq_grid_avx2.py, test_qdot_iq4_avx2.py
         row_len = 2 * 256
         w, x = make_weights(t, 6, row_len, rng), make_tokens(3, row_len, rng)
         ys = native.qdot_rows(t, w, 6, row_len, x, impl="scalar")

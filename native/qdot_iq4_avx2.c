@@ -1,0 +1,438 @@
+/*
+ * AVX2 twins of the scalar tile kernels of IQ4_NL, IQ4_XS, TQ2_0, TQ1_0 and NVFP4 (qdot_iq.c;
+ * interface: qdot.h; block layouts: common.h). As in qdot_avx2.c, the integer dot product of a
+ * weight (sub-)block with the activation block is exact, kept in 8 int32 lanes that are converted
+ * to float and added (fused multiply-add) into 8 float lanes, reduced once per output: the result
+ * equals the scalar one up to the rounding of a differently ordered float sum.
+ *   IQ4_NL, IQ4_XS  code book values (signed, in [-127, 113]) by a byte shuffle of the nibbles,
+ *                   then maddubs(|w|, sign(a, w)): |pair sums| <= 2 * 127 * 127 < 2^15; IQ4_XS's
+ *                   sub-block scales ls - 32 come in through madd (|lane| <= 2^21)
+ *   TQ2_0, TQ1_0    digits q + 1 in {0, 1, 2}: maddubs(digit, a) added in int16 over the whole block
+ *                   (|lane| <= 8 * 2 * 2 * 127), minus the activation's bsums (sum a: the + 1), then
+ *                   madd(., 1)
+ *   NVFP4           doubled E2M1 values plus 12 (in [0, 24]) by a byte shuffle: maddubs(code, a) less
+ *                   maddubs(12, a), in int16 per 16-value sub-block (|lane| <= 4 * 12 * 127), then a
+ *                   float scale per sub-block (the UE4M3 scale read as a binary16, see nvfp4_scales)
+ *
+ * Tiles and driver as in qdot_avx2.c (the small shared pieces are repeated here): decode (fewer than
+ * 4 tokens) runs 8 rows x 1 token for IQ4_NL (iq4_nl_rows8; 4 rows for what is left) and 4 rows x 1
+ * token for NVFP4, fetching the next tile ahead, and 1 row x all tokens for the 256-value formats,
+ * fetching PF_AHEAD bytes ahead in the row; prefill runs 1 row x 8 tokens, so a block is unpacked
+ * once for 8 tokens (NVFP4: 4 rows x 4 tokens, which also shares its rearranged activations between
+ * 4 rows: ~1.6x the rate of 1 x 8). TQ1_0 decode is bound by its digit arithmetic (~100
+ * instructions per 54-byte block), not by memory.
+ *
+ * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
+ * CPU was seen to have AVX2, FMA and F16C.
+ */
+#include "iq_tables.h"
+#include "qdot.h"
+
+#include <stddef.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The binary16 scale stored at p. */
+INLINE float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (values 0-15 of a 32-value run). */
+INLINE __m256i nibbles32(const uint8_t *qs) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
+}
+
+/* A 16-entry signed byte table in both 128-bit halves (for _mm256_shuffle_epi8). */
+INLINE __m256i table16(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
+
+/* ---- Tile driver (as qdot_avx2.c's DEFINE_DRIVER) ----
+ *
+ * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
+ * or more: GR rows x GT tokens at a time; with fewer (decode) DR rows one token at a time, or, for
+ * DR = 1, one row with all its tokens. Every output gets the same sequence of float additions
+ * whatever the tile it falls in, so results do not depend on how the rows are split. */
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,             \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                         \
+                                   float *restrict y, int64_t ys) {                                               \
+        int64_t r = 0;                                                                                            \
+        if (n_tok < 4 && DR > 1) {                                                                                \
+            for (; r + DR <= n_rows; r += DR)                                                                     \
+                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; DR > 4 && r + 4 <= n_rows; r += 4)                                                             \
+                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+        } else if (n_tok < 4) {                                                                                   \
+            for (; r < n_rows; r++) {                                                                             \
+                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                               \
+                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
+                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (; r + GR <= n_rows; r += GR) {                                                                       \
+            int64_t t = 0;                                                                                        \
+            for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; GT > 4 && t + 4 <= n_tok; t += 4) TILE(GR, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                         \
+        for (; r < n_rows; r++) {                                                                                 \
+            int64_t t = 0;                                                                                        \
+            for (; t + GT <= n_tok; t += GT) TILE(1, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+            for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
+        }                                                                                                         \
+    }
+
+#define ZERO_ACC(acc) \
+    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
+
+INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
+}
+
+/* Decode fetch distance within a row (256-value formats), as qdot_avx2.c. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+
+/* Decode tiles of nr rows read their rows block by block, all rows in step: each step fetches the
+ * matching `step` bytes of the next tile (`tile` bytes on), never past ahead_end (qdot.h). */
+INLINE void fetch_next_tile(const uint8_t *w, int64_t tile, int64_t at, int64_t step, const uint8_t *ahead_end) {
+    const uint8_t *pf = w + tile + at;
+    if (pf >= ahead_end) return;
+    for (int64_t o = 0; o < step; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
+}
+
+/* The cache lines of the block of `bs` bytes PF_AHEAD bytes past p. */
+INLINE void fetch_ahead(const uint8_t *p, int64_t bs) {
+    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)(p + PF_AHEAD + o), _MM_HINT_T0);
+}
+
+/* ---- IQ4_NL against STRATA_ACT_Q8 ---- */
+
+/* The 8 binary16 scales at p, p + stride, ..., p + 7 stride as floats (row order). */
+INLINE __m256 halves8(const uint8_t *p, int64_t stride) {
+    uint64_t lo = 0, hi = 0;
+    for (int r = 0; r < 4; r++) {
+        uint16_t a, b;
+        memcpy(&a, p + r * stride, 2);
+        memcpy(&b, p + (r + 4) * stride, 2);
+        lo |= (uint64_t)a << 16 * r;
+        hi |= (uint64_t)b << 16 * r;
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+}
+
+/* Decode (one token) over 8 rows, two rows per vector as qdot_avx2.c's q4_0_rows8: row r's 16 code
+ * bytes in the low half, row r + 4's in the high half, so one AND and one shift-and-AND give both
+ * rows' low- and high-nibble codes, against the activation's first and last 16 values broadcast to
+ * both halves (the code book shuffle works per half). The signed products need int32 pair sums
+ * (madd); three horizontal adds fold them into one block sum per row, in row order, and the 8 rows'
+ * scales convert in one instruction: one conversion, multiply and add per block for 8 rows. */
+INLINE void iq4_nl_rows8(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y) {
+    const int64_t bs = sizeof(strata_block_iq4_nl), w4 = 4 * wrb;
+    const __m256i table = table16(strata_kvalues_iq4nl), ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+    const strata_block_act_q8 *ab = (const strata_block_act_q8 *)a;
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * bs;
+        fetch_next_tile(w, 8 * wrb, b * 8 * bs, 8 * bs, ahead_end);
+        const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ab[b].q));
+        const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ab[b].q + 16)));
+        __m256i s[4];
+        for (int r = 0; r < 4; r++) {
+            const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + r * wrb + w4 + 2), (const __m128i *)(p + r * wrb + 2));
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+            const __m256i plo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(alo, lo));
+            const __m256i phi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ahi, hi));
+            s[r] = _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones));
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        const __m256 d8 = _mm256_mul_ps(halves8(p, wrb), _mm256_set1_ps(ab[b].d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), d8, acc);
+    }
+    _mm256_storeu_ps(y, acc);
+}
+
+INLINE void iq4_nl_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                        float *y, int64_t ys) {
+    if (nr == 8 && nt == 1) {
+        iq4_nl_rows8(k, w, wrb, a, y);  /* y: 8 consecutive rows of one token */
+        return;
+    }
+    const int64_t bs = sizeof(strata_block_iq4_nl);
+    const __m256i table = table16(strata_kvalues_iq4nl), ones = _mm256_set1_epi16(1);
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        if (nt < 4) fetch_next_tile(w, nr * wrb, b * nr * bs, nr * bs, ahead_end);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * wrb + b * bs;
+            const __m256i q = _mm256_shuffle_epi8(table, nibbles32(p + 2));
+            const __m256i qa = _mm256_sign_epi8(q, q);
+            const float wd = half_at(p);
+            for (int t = 0; t < nt; t++) {
+                const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+                const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
+                const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+            }
+        }
+    }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_IQ4_NL(nr, nt, ...) iq4_nl_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(iq4_nl, TILE_IQ4_NL, 1, 8, 8)
+
+/* ---- NVFP4 against STRATA_ACT_Q8 (two activation blocks per 64-value weight block) ----
+ *
+ * The 32 code bytes hold sub-block s (16 values) in bytes 8s..8s+7, low nibbles values 0-7, high
+ * nibbles 8-15. The bytes' low nibbles (one AND) line up with lo = [a0 0-7, a0 16-23 | a1 0-7,
+ * a1 16-23] and their high nibbles with hi = [a0 8-15, a0 24-31 | a1 8-15, a1 24-31] (a0, a1: the two
+ * activation blocks), so the activations are rearranged once per block and token instead of the
+ * codes once per row; madd then leaves sub-block s's sum in int32 lanes 2s and 2s + 1. */
+
+typedef struct {
+    __m256i lo, hi, bias;   /* rearranged activation codes; maddubs(12, lo) + maddubs(12, hi) */
+    __m256 d;               /* [d0 x 4, d1 x 4] */
+} nvfp4_act;
+
+INLINE void nvfp4_act_load(const strata_block_act_q8 *ab, nvfp4_act *x) {
+    const __m256i p = _mm256_loadu2_m128i((const __m128i *)ab[1].q, (const __m128i *)ab[0].q);
+    const __m256i q = _mm256_loadu2_m128i((const __m128i *)(ab[1].q + 16), (const __m128i *)(ab[0].q + 16));
+    const __m256i twelve = _mm256_set1_epi8(12);
+    x->lo = _mm256_unpacklo_epi64(p, q);
+    x->hi = _mm256_unpackhi_epi64(p, q);
+    x->bias = _mm256_add_epi16(_mm256_maddubs_epi16(twelve, x->lo), _mm256_maddubs_epi16(twelve, x->hi));
+    x->d = _mm256_set_m128(_mm_set1_ps(ab[1].d), _mm_set1_ps(ab[0].d));
+}
+
+/* The four sub-block scales of a block, each twice: [s0, s0, s1, s1, s2, s2, s3, s3]. A UE4M3 byte
+ * x (bit 7 ignored) shifted left by 7 is the binary16 number of the same exponent field and leading
+ * mantissa bits with the exponent bias 15 instead of 7, subnormals included, so its value times
+ * 2^8 / 2 (the stored E2M1 codes are doubled) is strata_ue4m3_half(x) exactly; the byte 0x7f (and
+ * only it: 0xff is 240, as in gguf-py) reads as 0. */
+INLINE __m256 nvfp4_scales(const uint8_t *d) {
+    const __m128i dup = _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1);
+    const __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)load_u32(d)), dup);
+    const __m128i nan = _mm_cmpeq_epi16(x, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_slli_epi16(_mm_andnot_si128(nan, _mm_and_si128(x, _mm_set1_epi16(0x7f))), 7);
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(128.0f));
+}
+
+INLINE void nvfp4_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                       float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_nvfp4);
+    /* 2 * E2M1 + 12: the table of qdot.h's strata_e2m1_doubled, biased to be unsigned */
+    const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                           12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_NVFP4; b++) {
+        if (nt < 4) fetch_next_tile(w, nr * wrb, b * nr * bs, nr * bs, ahead_end);
+        nvfp4_act x[8];
+        for (int t = 0; t < nt; t++) nvfp4_act_load((const strata_block_act_q8 *)(a + t * arb) + 2 * b, &x[t]);
+        for (int r = 0; r < nr; r++) {
+            const strata_block_nvfp4 *wb = (const strata_block_nvfp4 *)(w + r * wrb + b * bs);
+            const __m256i c = _mm256_loadu_si256((const __m256i *)wb->qs);
+            const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(c, low4));
+            const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
+            const __m256 sc = nvfp4_scales(wb->d);
+            for (int t = 0; t < nt; t++) {
+                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x[t].lo), _mm256_maddubs_epi16(hi, x[t].hi));
+                const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(p16, x[t].bias), ones);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, x[t].d), acc[r][t]);
+            }
+        }
+    }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_NVFP4(nr, nt, ...) nvfp4_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(nvfp4, TILE_NVFP4, 4, 4, 4)
+
+/* ---- IQ4_XS against STRATA_ACT_Q8K ---- */
+
+/* The 8 sub-block scales ls - 32 as int16, in both 128-bit halves: ls_j is nibble j of the 32-bit
+ * scales_l with bits 2j, 2j + 1 of scales_h above it. */
+INLINE __m256i iq4_xs_scales(const strata_block_iq4_xs *b) {
+    const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32((int)load_u32(b->scales_l)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32((int)b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i ls = _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(15)),
+                                       _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4));
+    const __m256i m = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+    return _mm256_broadcastsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1)));
+}
+
+INLINE void iq4_xs_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                        float *y, int64_t ys) {
+    const int64_t bs = sizeof(strata_block_iq4_xs);
+    const __m256i table = table16(strata_kvalues_iq4nl);
+    __m256 acc[4][8];
+    ZERO_ACC(acc)
+    for (int64_t b = 0; b < k / STRATA_QK_K; b++)
+        for (int r = 0; r < nr; r++) {
+            const strata_block_iq4_xs *wb = (const strata_block_iq4_xs *)(w + r * wrb + b * bs);
+            if (nt < 4) fetch_ahead((const uint8_t *)wb, bs);
+            const __m256i scales = iq4_xs_scales(wb);
+            __m256i isum[8];
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {  /* sub-block j: values 32j..32j+31 */
+                const __m256i q = _mm256_shuffle_epi8(table, nibbles32(wb->qs + 16 * j));
+                const __m256i qa = _mm256_sign_epi8(q, q);
+                const __m256i sc = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8)));
+                for (int t = 0; t < nt; t++) {
+                    const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * j));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), sc));
+                }
+            }
+            const float wd = half_at((const uint8_t *)wb + offsetof(strata_block_iq4_xs, d));
+            for (int t = 0; t < nt; t++) {
+                const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(wd * ab->d), acc[r][t]);
+            }
+        }
+    store_tile(nr, nt, acc, y, ys);
+}
+
+#define TILE_IQ4_XS(nr, nt, ...) iq4_xs_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(iq4_xs, TILE_IQ4_XS, 1, 8, 1)
+
+/* ---- TQ2_0, TQ1_0 against STRATA_ACT_Q8K ----
+ *
+ * A block's 256 digits (q + 1) are made once into 8 vectors (values 32g..32g+31 in vector g), then
+ * each token of the tile runs through them: 8 maddubs added in int16, the bsums taken off (the + 1),
+ * one madd. The digit vectors and one token's sum stay in registers. */
+
+/* acc += d * a.d * (sum digit * a - sum a) for one token's activation block. */
+INLINE __m256 tq_token(const __m256i dig[8], const strata_block_act_q8k *ab, float wd, __m256 acc) {
+    __m256i s16 = _mm256_sub_epi16(_mm256_maddubs_epi16(dig[0], _mm256_loadu_si256((const __m256i *)ab->q)),
+                                   _mm256_loadu_si256((const __m256i *)ab->bsums));
+    for (int g = 1; g < 8; g++)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(dig[g], _mm256_loadu_si256((const __m256i *)(ab->q + 32 * g))));
+    const __m256i s = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd * ab->d), acc);
+}
+
+/* TQ2_0: values 128c + 32p + l are bits 2p, 2p + 1 of qs[32c + l]. */
+INLINE void tq2_0_digits(const strata_block_tq2_0 *wb, __m256i dig[8]) {
+    const __m256i three = _mm256_set1_epi8(3);
+    for (int c = 0; c < 2; c++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
+        for (int p = 0; p < 4; p++) dig[4 * c + p] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * p), three);
+    }
+}
+
+/* TQ1_0's base-3 digit p of byte v is (3 m) >> 8 with m = v * 3^p mod 256, i.e. (m >= 86) + (m >= 171).
+ * The kernel carries m ^ 0x80 (= m - 128 as a signed byte) from power to power: multiplying it by 3
+ * or 9 mod 256 keeps the offset (3 * -128 = 9 * -128 = -128 mod 256), and the two thresholds become
+ * signed compares. */
+INLINE __m256i times3(__m256i v) { return _mm256_add_epi8(_mm256_add_epi8(v, v), v); }
+INLINE __m256i times9(__m256i v) {  /* 8v + v; the mask drops the bits the 16-bit shift carries over */
+    return _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(v, 3), _mm256_set1_epi8((char)0xf8)), v);
+}
+
+/* The thresholds sit in registers the compiler cannot see into: seen as constants, GCC turns
+ * 0 - (m > -43) into m >= -42, which AVX2 does in two instructions (min, equal). */
+typedef struct { __m256i lo, hi; } tq1_limits;
+
+INLINE tq1_limits tq1_limits_make(void) {
+    tq1_limits k = {_mm256_set1_epi8(-43), _mm256_set1_epi8(42)};
+    __asm__("" : "+x"(k.lo), "+x"(k.hi));
+    return k;
+}
+
+INLINE __m256i tq1_digits(__m256i m, tq1_limits k) {
+    const __m256i c = _mm256_add_epi8(_mm256_cmpgt_epi8(m, k.lo), _mm256_cmpgt_epi8(m, k.hi));
+    return _mm256_sub_epi8(_mm256_setzero_si256(), c);
+}
+
+/* m ^ 0x80 of the 16 bytes [qh * 1, qh * 3, qh * 9, qh * 27] (4 bytes each): 16-bit products, low bytes. */
+INLINE __m128i tq1_qh_powers(const uint8_t *qh) {
+    const __m256i q16 = _mm256_cvtepu8_epi16(_mm_set1_epi32((int)load_u32(qh)));
+    const __m256i p = _mm256_and_si256(_mm256_mullo_epi16(q16, _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27)),
+                                       _mm256_set1_epi16(0xff));
+    const __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    return _mm_xor_si128(b, _mm_set1_epi8((char)0x80));
+}
+
+INLINE void tq1_0_digits(const strata_block_tq1_0 *wb, __m256i dig[8]) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const tq1_limits k = tq1_limits_make();
+    /* values 32p + j: digit p of qs[j] */
+    __m256i m = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), flip);
+    for (int p = 0; p < 5; p++, m = times3(m)) dig[p] = tq1_digits(m, k);
+    /* values 160 + 16p + j: digit p of qs[32 + j], two powers per vector */
+    const __m256i v = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb->qs + 32))), flip);
+    const __m256i m01 = _mm256_blend_epi32(v, times3(v), 0xf0), m23 = times9(m01);
+    dig[5] = tq1_digits(m01, k);
+    dig[6] = tq1_digits(m23, k);
+    /* values 224 + j: digit 4 of qs[32 + j]; values 240 + 4p + j: digit p of qh[j] */
+    dig[7] = tq1_digits(_mm256_inserti128_si256(times9(m23), tq1_qh_powers(wb->qh), 1), k);
+}
+
+/* One tile of a TQ format: DIGITS(block, dig) makes the digit vectors. */
+#define TQ_TILE(name, block_t, DIGITS)                                                                         \
+    INLINE void name##_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a,        \
+                            int64_t arb, float *y, int64_t ys) {                                               \
+        __m256 acc[4][8];                                                                                      \
+        ZERO_ACC(acc)                                                                                          \
+        for (int64_t b = 0; b < k / STRATA_QK_K; b++)                                                          \
+            for (int r = 0; r < nr; r++) {                                                                     \
+                const block_t *wb = (const block_t *)(w + r * wrb) + b;                                        \
+                if (nt < 4) fetch_ahead((const uint8_t *)wb, sizeof(block_t));                                 \
+                __m256i dig[8];                                                                                \
+                DIGITS(wb, dig);                                                                               \
+                const float wd = half_at((const uint8_t *)wb + offsetof(block_t, d));                          \
+                for (int t = 0; t < nt; t++)                                                                   \
+                    acc[r][t] = tq_token(dig, (const strata_block_act_q8k *)(a + t * arb) + b, wd, acc[r][t]); \
+            }                                                                                                  \
+        store_tile(nr, nt, acc, y, ys);                                                                        \
+    }
+
+TQ_TILE(tq2_0, strata_block_tq2_0, tq2_0_digits)
+TQ_TILE(tq1_0, strata_block_tq1_0, tq1_0_digits)
+
+#define TILE_TQ2_0(nr, nt, ...) tq2_0_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(tq2_0, TILE_TQ2_0, 1, 8, 1)
+#define TILE_TQ1_0(nr, nt, ...) tq1_0_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
+
+#else /* not x86: the names exist so the library links; qdot.c never hands them out */
+
+#define FALLBACK(name)                                                                                     \
+    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
+                                   float *restrict y, int64_t ys) {                                        \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+FALLBACK(iq4_nl) FALLBACK(nvfp4) FALLBACK(iq4_xs) FALLBACK(tq2_0) FALLBACK(tq1_0)
+#endif
