@@ -172,6 +172,9 @@ def build_structured(base: Path, workdir: Path) -> list[dict]:
             add(f"{name} ne0 {v}", patch(new(""), at["ne0"], "Q", v))
         for v in (99, 0, 8, 12):
             add(f"{name} type {v}", patch(new(""), at["type"], "I", v))
+        if name == "blk.0.ffn_gate_exps.weight":  # the types of downloaded files, and ones Strata cannot read
+            for v in (9, 15, 16, 17, 18, 19, 20, 21, 22, 23, 28, 29, 34, 35, 39, 40):
+                add(f"{name} type {v}", patch(new(""), at["type"], "I", v))
         for v in (1, 2**50, 0):
             add(f"{name} offset {v}", patch(new(""), at["offset"], "Q", v))
         for v in (0, 5, 255):
