@@ -25,18 +25,11 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "qdot_avx2_common.h"
 
-#define INLINE static inline __attribute__((always_inline))
 
 INLINE float half_scale(uint16_t h) { return _cvtsh_ss(h); }
 
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 INLINE int32_t hsum8_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -106,81 +99,11 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
     }
 }
 
-/* ---- Tile driver shared by every format ----
- *
- * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
- * or more the driver walks GR rows x GT tokens at a time (1 x 8 for quantized weights: their
- * activation rows are small and the unpacking is shared by 8 tokens; 4 x 2 for float weights,
- * whose float32 activation rows would not stay in L1 for 8 tokens); with fewer (decode) DR rows one token at
- * a time (DR = 4: independent accumulators for the short Q8 blocks), or, for DR = 1, one row with
- * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
-#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
-                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
-                                   float *restrict y, int64_t ys) {                                      \
-        int64_t r = 0;                                                                                   \
-        if (n_tok < 4 && DR > 1) {                                                                       \
-            for (; r + DR <= n_rows; r += DR)                                                            \
-                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; DR > 4 && r + 4 <= n_rows; r += 4)                                                    \
-                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-        } else if (n_tok < 4) {                                                                          \
-            for (; r < n_rows; r++) {                                                                    \
-                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                      \
-                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
-                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
-            }                                                                                            \
-        }                                                                                                \
-        for (; r + GR <= n_rows; r += GR) {                                                                \
-            int64_t t = 0;                                                                               \
-            for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; GT > 4 && t + 4 <= n_tok; t += 4) TILE(GR, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
-        }                                                                                                \
-        for (; r < n_rows; r++) {                                                                        \
-            int64_t t = 0;                                                                               \
-            for (; t + GT <= n_tok; t += GT) TILE(1, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
-        }                                                                                                \
-    }
-
-INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
-}
-
-/* Decode (fewer than 4 tokens) is bound by reading the weights: fetch this far ahead of each row's
- * current block (into the next rows' bytes near a row's end), past where the hardware prefetcher
- * has ramped up on a new stream. */
-#ifndef PF_AHEAD
-#define PF_AHEAD 2048
-#endif
-
-
-/* Decode tiles read their rows block by block, all rows in step, so a tile of nr rows streams
- * through nr * row bytes at once. Each step fetches the matching `step` bytes of the next tile
- * (`tile` bytes on, the tile's footprint): a lookahead of one tile, long enough to hide DRAM latency
- * and short enough not to run far past the rows this thread works on (ahead_end). */
-INLINE void fetch_next_tile(const uint8_t *w, int64_t tile, int64_t at, int64_t step, const uint8_t *ahead_end) {
-    const uint8_t *pf = w + tile + at;
-    if (pf >= ahead_end) return;
-    for (int64_t o = 0; o < step; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
-}
-
-#define ZERO_ACC(acc) \
-    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
 
 /* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
 
 enum { FMT_Q8_0, FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_MXFP4 };
 
-/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (ggml's order). The broadcast load
- * and the per-half variable shift keep this off the shuffle port. */
-INLINE __m256i nibbles32(const uint8_t *qs) {
-    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
-}
 
 /* Q5_0/Q5_1: bit j of the little-endian 32-bit qh as bit 4 of byte j. */
 INLINE __m256i fifth_bits(const uint8_t *qh) {
@@ -365,11 +288,6 @@ typedef struct {
     float d, dmin;
 } khead;
 
-INLINE uint32_t load_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* Q4_K/Q5_K scales and mins (layout: common.h): sc_a = the 8 int16 scales in both halves, bs_w =
  * the mins, each repeated for its two bsums. */
@@ -585,12 +503,6 @@ DEFINE_DRIVER(bf16, TILE_BF16, 4, 2, 4)
 
 void strata_qact_q8_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8_ref(x, a, k); }
 void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8k_ref(x, a, k); }
-#define FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
-                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
-                                   float *restrict y, int64_t ys) {                                        \
-        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
-    }
-FALLBACK(f32) FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q4_1) FALLBACK(q5_0) FALLBACK(q5_1) FALLBACK(q8_0) FALLBACK(mxfp4)
-FALLBACK(q2_k) FALLBACK(q3_k) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
+STRATA_AVX2_FALLBACK(f32) STRATA_AVX2_FALLBACK(f16) STRATA_AVX2_FALLBACK(bf16) STRATA_AVX2_FALLBACK(q4_0) STRATA_AVX2_FALLBACK(q4_1) STRATA_AVX2_FALLBACK(q5_0) STRATA_AVX2_FALLBACK(q5_1) STRATA_AVX2_FALLBACK(q8_0) STRATA_AVX2_FALLBACK(mxfp4)
+STRATA_AVX2_FALLBACK(q2_k) STRATA_AVX2_FALLBACK(q3_k) STRATA_AVX2_FALLBACK(q4_k) STRATA_AVX2_FALLBACK(q5_k) STRATA_AVX2_FALLBACK(q6_k)
 #endif

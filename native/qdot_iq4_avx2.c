@@ -14,7 +14,7 @@
  *                   maddubs(12, a), in int16 per 16-value sub-block (|lane| <= 4 * 12 * 127), then a
  *                   float scale per sub-block (the UE4M3 scale read as a binary16, see nvfp4_scales)
  *
- * Tiles and driver as in qdot_avx2.c (the small shared pieces are repeated here): decode (fewer than
+ * Tiles and driver as in qdot_avx2.c (shared pieces: qdot_avx2_common.h): decode (fewer than
  * 4 tokens) runs 8 rows x 1 token for IQ4_NL (iq4_nl_rows8; 4 rows for what is left) and 4 rows x 1
  * token for NVFP4, fetching the next tile ahead, and 1 row x all tokens for the 256-value formats,
  * fetching PF_AHEAD bytes ahead in the row; prefill runs 1 row x 8 tokens, so a block is unpacked
@@ -32,22 +32,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "qdot_avx2_common.h"
 
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INLINE uint32_t load_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* The binary16 scale stored at p. */
 INLINE float half_at(const uint8_t *p) {
@@ -56,72 +42,10 @@ INLINE float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* 16 bytes of nibbles -> 32 bytes of codes, low nibbles first (values 0-15 of a 32-value run). */
-INLINE __m256i nibbles32(const uint8_t *qs) {
-    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_and_si256(shifted, _mm256_set1_epi8(15));
-}
 
 /* A 16-entry signed byte table in both 128-bit halves (for _mm256_shuffle_epi8). */
 INLINE __m256i table16(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
 
-/* ---- Tile driver (as qdot_avx2.c's DEFINE_DRIVER) ----
- *
- * TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. With 4 tokens
- * or more: GR rows x GT tokens at a time; with fewer (decode) DR rows one token at a time, or, for
- * DR = 1, one row with all its tokens. Every output gets the same sequence of float additions
- * whatever the tile it falls in, so results do not depend on how the rows are split. */
-#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,             \
-                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                         \
-                                   float *restrict y, int64_t ys) {                                               \
-        int64_t r = 0;                                                                                            \
-        if (n_tok < 4 && DR > 1) {                                                                                \
-            for (; r + DR <= n_rows; r += DR)                                                                     \
-                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; DR > 4 && r + 4 <= n_rows; r += 4)                                                             \
-                for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-        } else if (n_tok < 4) {                                                                                   \
-            for (; r < n_rows; r++) {                                                                             \
-                if (n_tok == 1) TILE(1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                               \
-                else if (n_tok == 2) TILE(1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
-                else if (n_tok == 3) TILE(1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);                          \
-            }                                                                                                     \
-        }                                                                                                         \
-        for (; r + GR <= n_rows; r += GR) {                                                                       \
-            int64_t t = 0;                                                                                        \
-            for (; t + GT <= n_tok; t += GT) TILE(GR, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; GT > 4 && t + 4 <= n_tok; t += 4) TILE(GR, 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; t < n_tok; t++) TILE(GR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
-        }                                                                                                         \
-        for (; r < n_rows; r++) {                                                                                 \
-            int64_t t = 0;                                                                                        \
-            for (; t + GT <= n_tok; t += GT) TILE(1, GT, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
-            for (; t < n_tok; t++) TILE(1, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);       \
-        }                                                                                                         \
-    }
-
-#define ZERO_ACC(acc) \
-    for (int r_ = 0; r_ < 4; r_++) for (int t_ = 0; t_ < 8; t_++) acc[r_][t_] = _mm256_setzero_ps();
-
-INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
-}
-
-/* Decode fetch distance within a row (256-value formats), as qdot_avx2.c. */
-#ifndef PF_AHEAD
-#define PF_AHEAD 2048
-#endif
-
-/* Decode tiles of nr rows read their rows block by block, all rows in step: each step fetches the
- * matching `step` bytes of the next tile (`tile` bytes on), never past ahead_end (qdot.h). */
-INLINE void fetch_next_tile(const uint8_t *w, int64_t tile, int64_t at, int64_t step, const uint8_t *ahead_end) {
-    const uint8_t *pf = w + tile + at;
-    if (pf >= ahead_end) return;
-    for (int64_t o = 0; o < step; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
-}
 
 /* The cache lines of the block of `bs` bytes PF_AHEAD bytes past p. */
 INLINE void fetch_ahead(const uint8_t *p, int64_t bs) {
@@ -428,11 +352,5 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
-#define FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
-                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
-                                   float *restrict y, int64_t ys) {                                        \
-        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
-    }
-FALLBACK(iq4_nl) FALLBACK(nvfp4) FALLBACK(iq4_xs) FALLBACK(tq2_0) FALLBACK(tq1_0)
+STRATA_AVX2_FALLBACK(iq4_nl) STRATA_AVX2_FALLBACK(nvfp4) STRATA_AVX2_FALLBACK(iq4_xs) STRATA_AVX2_FALLBACK(tq2_0) STRATA_AVX2_FALLBACK(tq1_0)
 #endif

@@ -31,18 +31,13 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "qdot_avx2_common.h"
 
-#define INLINE static inline __attribute__((always_inline))
 
 enum { FMT_IQ2_XXS, FMT_IQ2_XS, FMT_IQ2_S, FMT_IQ3_XXS, FMT_IQ3_S, FMT_IQ1_S, FMT_IQ1_M };
 
 /* One chunk of 32 values: magnitudes, sign bytes, int16 sub-block weights (see above). */
 typedef struct { __m256i q, s, sc; } chunk;
-
-#ifndef PF_AHEAD
-#define PF_AHEAD 2048
-#endif
 
 INLINE uint64_t u64(const void *p) {
     uint64_t v;
@@ -60,12 +55,6 @@ INLINE uint16_t u16(const void *p) {
     return v;
 }
 
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Four 8-byte grid rows, r0 in the lowest bytes. */
 INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void *r3) {
@@ -266,11 +255,5 @@ DEFINE_IQ_DRIVER(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
-#define FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
-                                   const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
-                                   float *restrict y, int64_t ys) {                                        \
-        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
-    }
-FALLBACK(iq2_xxs) FALLBACK(iq2_xs) FALLBACK(iq2_s) FALLBACK(iq3_xxs) FALLBACK(iq3_s) FALLBACK(iq1_s) FALLBACK(iq1_m)
+STRATA_AVX2_FALLBACK(iq2_xxs) STRATA_AVX2_FALLBACK(iq2_xs) STRATA_AVX2_FALLBACK(iq2_s) STRATA_AVX2_FALLBACK(iq3_xxs) STRATA_AVX2_FALLBACK(iq3_s) STRATA_AVX2_FALLBACK(iq1_s) STRATA_AVX2_FALLBACK(iq1_m)
 #endif
