@@ -22,7 +22,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REAL = ROOT.parent / "shared" / "traces" / "flame_moe_290m_layers2-9_2048tok.npz"
+from strata.bench.traces import find_trace  # noqa: E402
+
+TRACE_NAME = "flame_moe_290m_layers2-9_2048tok.npz"
+REAL = find_trace(TRACE_NAME) or ROOT.parent / "shared" / "traces" / TRACE_NAME
 
 
 def capture(path: Path, tokens: int, seed: int) -> np.ndarray:

@@ -1,7 +1,6 @@
 """Expert placement policy, co-occurrence predictor and trace replay: unit tests on small pools,
 and the acceptance figures on the real FLAME-MoE routing trace (skipped where it is absent)."""
 import json
-import os
 import tracemalloc
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from strata.errors import StrataError, StrataFormatError
 from strata.memory.policy import FREE, LOADING, READY, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from strata.bench.cache import replay_belady, replay_fixed, replay_lru
+from strata.bench.traces import find_trace
 from strata.memory.predict import CooccurrencePredictor
 from strata.memory.trace import ReplayConfig, load_trace, predictor_recall, replay_policy
 
@@ -22,16 +22,14 @@ README_TABLE = {8: (0.136, 0.251, 0.167), 16: (0.261, 0.521, 0.314), 32: (0.526,
 
 
 def _trace_path() -> Path | None:
-    # The project's shared folder sits beside the checkout (../shared), or beside one of its parents.
-    candidates = [os.environ.get("STRATA_TRACE")] + [p / "shared" / "traces" / TRACE_NAME for p in ROOT.parents]
-    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+    return find_trace(TRACE_NAME)
 
 
 @pytest.fixture(scope="module")
 def trace() -> np.ndarray:  # [L, T, K]
     path = _trace_path()
     if path is None:
-        pytest.skip(f"routing trace {TRACE_NAME} not found: set STRATA_TRACE or place it in "
+        pytest.skip(f"routing trace {TRACE_NAME} not found: set STRATA_TRACE (its file or folder) or place it in "
                     f"{ROOT.parent / 'shared' / 'traces'}")
     return load_trace(path)
 
@@ -444,3 +442,23 @@ def test_bench_cache_refuses_bad_input(tmp_path, capsys):
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     assert main(["bench", "cache", "--trace", str(tmp_path / "junk.npz")]) == 1
     assert "not a readable .npz routing trace" in capsys.readouterr().err
+
+
+def test_find_trace_takes_strata_trace_then_shared_beside_the_checkout(tmp_path, monkeypatch):
+    """STRATA_TRACE names the file or its folder (CI exports ../shared/traces); without it the
+    shared folder beside the checkout or beside one of its parents."""
+    checkout = tmp_path / "ci" / "work" / "strata"
+    checkout.mkdir(parents=True)
+    beside = tmp_path / "ci" / "shared" / "traces"
+    beside.mkdir(parents=True)
+    (beside / TRACE_NAME).write_bytes(b"x")
+    monkeypatch.delenv("STRATA_TRACE", raising=False)
+    assert find_trace(TRACE_NAME, checkout) == beside / TRACE_NAME
+    assert find_trace("other.npz", checkout) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / TRACE_NAME).write_bytes(b"y")
+    monkeypatch.setenv("STRATA_TRACE", str(elsewhere))
+    assert find_trace(TRACE_NAME, checkout) == elsewhere / TRACE_NAME
+    monkeypatch.setenv("STRATA_TRACE", str(elsewhere / TRACE_NAME))
+    assert find_trace(TRACE_NAME, checkout) == elsewhere / TRACE_NAME
