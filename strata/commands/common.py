@@ -168,8 +168,9 @@ def load_kwargs(args: argparse.Namespace) -> dict:
 
 
 def print_stats(args: argparse.Namespace, model) -> None:
-    """With --stats, the expert memory's counters on stderr."""
+    """With --stats, the runtime plan and the expert memory's counters on stderr."""
     if getattr(args, "stats", False):
+        print(f"runtime: {model.plan.describe()}", file=sys.stderr)
         stats = model.memory_stats()
         print(stats.format() if stats is not None else "expert memory: no statistics (--memory direct)",
               file=sys.stderr)

@@ -22,8 +22,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     g = p.add_argument_group("--placement: where experts would start, for these budgets")
     g.add_argument("--placement", action="store_true",
-                   help="print which experts would start on the device, in host RAM and on the disk, and the "
-                        "expected share of expert reads per tier (nothing is loaded)")
+                   help="print which experts would start on the device, in host RAM and on the disk, the "
+                        "expected share of expert reads per tier, and what runs each step (the runtime plan: "
+                        "the model is loaded for it, with these budgets)")
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 20G")
     g.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 64G")
@@ -111,6 +112,21 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
             "disk_bytes_per_token": est.disk_bytes_per_token, "layers": est.layers}
 
 
+def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """What runs each kind of step with these budgets, and why (strata.runtime.plan): the
+    model is loaded, as `strata generate` would load it, to decide."""
+    import strata
+    from strata.errors import StrataError
+
+    try:
+        with strata.load(args.model, device=args.device, compute=args.compute, device_mem=args.device_mem,
+                         host_mem=args.host_mem, n_ctx=args.ctx, max_batch=1) as m:
+            plan = m.plan
+    except (StrataError, MemoryError) as e:
+        return {"error": str(e)}
+    return {step: {"runner": runner, "why": why} for step, runner, why in plan.rows()} | {"line": plan.describe()}
+
+
 def render_placement(p: dict[str, Any], out: TextIO) -> None:
     share = p["expected_share"]
     print(f"placement on {p['device']} ({p['compute']} compute, {p['slot_form']} slots): per layer "
@@ -123,6 +139,8 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
               file=out)
     for x in p["layers"]:
         print(f"  layer {x['layer']}: device {x['device']}, host {x['host']}, the rest on the disk", file=out)
+    r = p.get("runtime", {})
+    print(f"runtime: {r['line']}" if "line" in r else f"runtime: not decided ({r.get('error')})", file=out)
 
 
 def run_verdict(args: argparse.Namespace, model) -> dict[str, Any]:
@@ -148,6 +166,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 raise StrataError(f"{args.model}: --placement: the model has no routed experts")
             summary["placement"] = placement(args, model)
         summary["verdict"] = run_verdict(args, model)
+    if "placement" in summary:  # after the file is closed: the load opens it again
+        summary["placement"]["runtime"] = runtime_plan(args)
     if args.json:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)

@@ -26,7 +26,9 @@ from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, paged_budget, resident_bytes
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
-from strata.models import Transformer, architecture, cache_dims, load_model
+from strata.models import architecture, cache_dims
+from strata.runtime import Runner, RuntimePlan
+from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
 
 from .engine import Engine
@@ -80,12 +82,13 @@ class Model:
     Build with `strata.load`. Not thread-safe: one call at a time.
     """
 
-    def __init__(self, model_file: ModelFile, transformer: Transformer, memory: ExpertMemory, cache: KVCache,
+    def __init__(self, model_file: ModelFile, runner: Runner, memory: ExpertMemory, cache: KVCache,
                  tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
-        self.model_file, self.transformer, self.memory, self.cache = model_file, transformer, memory, cache
+        self.model_file, self.runner, self.memory, self.cache = model_file, runner, memory, cache
+        self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
-        self.engine = Engine(transformer, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting)
+        self.engine = Engine(runner, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting)
         self._ids = itertools.count()
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
@@ -97,6 +100,11 @@ class Model:
     @property
     def path(self) -> Path:
         return self.model_file.path
+
+    @property
+    def plan(self) -> RuntimePlan:
+        """What runs each kind of step and why (`strata.runtime.plan`), decided at load."""
+        return self.runner.plan
 
     @property
     def hparams(self) -> HParams:
@@ -156,7 +164,7 @@ class Model:
         try:
             batch = self.cache.batch([slot], [0], [len(ids)], self.device)
             tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-            return self.transformer(tokens, batch, self.cache, all_logits=True).cpu()
+            return self.runner(tokens, batch, self.cache, all_logits=True).cpu()
         finally:
             self.cache.free(slot)
 
@@ -281,7 +289,7 @@ class Model:
         """Seconds per processed token since load (or `reset_time_split`): attention, expert
         compute, waiting for experts, dequantization and the rest, plus `tokens` and `total_s`.
         Expert compute is the routed experts' time less the memory's waits and dequantization."""
-        t = self.transformer.times()
+        t = self.runner.times()
         wait, dequant = (a - b for a, b in zip(self._memory_seconds(), self._split_base))
         n = max(t.tokens, 1)
         return {"tokens": t.tokens, "total_s": t.total_s, "attention": t.attention_s / n,
@@ -294,11 +302,11 @@ class Model:
         return (0.0, 0.0) if stats is None else (float(stats.total("wait_s")), float(stats.total("dequant_s")))
 
     def reset_time_split(self) -> None:
-        self.transformer.reset_times()
+        self.runner.reset_times()
         self._split_base = self._memory_seconds()
 
     def close(self) -> None:
-        _close_all(self.transformer, self.memory, self.model_file)
+        _close_all(self.runner, self.memory, self.model_file)
 
     def __enter__(self) -> Model:
         return self
@@ -423,7 +431,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     # beside the pool decode 2.5x slower on 2 cores).
     torch.set_num_threads(1 if mode == "packed" else n_threads)
     mf = open_model(path)
-    mem = transformer = None
+    mem = runner = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
         # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the
@@ -441,16 +449,16 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
                       hybrid=hybrid)
         factory = _memory_factory(memory, mf, compute, kv_bytes, tiered, mode)
         mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
-        transformer = load_model(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
+        runner = build_runner(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
         try:
             cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev, n_blocks=kv_blocks)
         except (RuntimeError, MemoryError) as e:
             raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                               f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
                               ) from None
-        return Model(mf, transformer, mem, cache, tokenizer, dev, compute, n_threads, max_step_tokens, max_waiting)
+        return Model(mf, runner, mem, cache, tokenizer, dev, compute, n_threads, max_step_tokens, max_waiting)
     except BaseException:
-        _close_all(transformer, mem, mf)
+        _close_all(runner, mem, mf)
         raise
 
 
@@ -465,9 +473,9 @@ def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, k
                           f"use a smaller context, batch or --kv-blocks")
 
 
-def _close_all(transformer: Transformer | None, mem: ExpertMemory | None, mf: ModelFile) -> None:
+def _close_all(runner: Runner | None, mem: ExpertMemory | None, mf: ModelFile) -> None:
     """Close a half-built model's parts (errors while closing would hide the first one)."""
-    for part in (getattr(transformer, "hybrid", None), getattr(transformer, "compute", None), mem, mf):
+    for part in (runner, mem, mf):
         try:
             if part is not None:
                 part.close()

@@ -16,7 +16,8 @@ from typing import Iterator
 import torch
 
 from strata.errors import StrataError
-from strata.models import Batch, Transformer
+from strata.models import Batch
+from strata.runtime import Runner
 
 from .kv_cache import KVCache
 from .scheduler import MAX_STEP_TOKENS, EngineFull, Scheduler
@@ -30,7 +31,7 @@ class Engine:
     step processes at most (decodes plus prompt chunks); max_waiting: sequences that may wait
     (None: unbounded; past it `add` raises EngineFull)."""
 
-    def __init__(self, model: Transformer, cache: KVCache, device: torch.device, max_batch: int | None = None,
+    def __init__(self, model: Runner, cache: KVCache, device: torch.device, max_batch: int | None = None,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
         self.model, self.cache, self.device = model, cache, device
         self.scheduler = Scheduler(cache, max_batch, max_step_tokens, max_waiting)

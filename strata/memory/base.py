@@ -53,7 +53,8 @@ class ExpertMemory(ABC):
     """Where model code gets routed experts' weights from.
 
     Protocol, per layer: `observe(layer, expert_ids)` reports the routing of the step, then
-    `acquire(layer, expert_ids)` returns one `ExpertWeights` per id, valid
+    `acquire(layer, expert_ids)` returns one `ExpertWeights` per id (packed compute:
+    `start_packed`, compute what is in place, `finish_packed` for the rest), valid
     until `release(layer, expert_ids)`; at most `max_acquire` experts are held at once, so the
     caller acquires in chunks of that size. `prefetch(layer, expert_ids)` is a hint that those
     experts will be acquired soon: it never changes results and may be ignored.
@@ -66,6 +67,12 @@ class ExpertMemory(ABC):
     prefetch_depth: int = 0
     #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).
     packed: bool = False
+    #: Hybrid compute (CUDA): None, or the memory's CPU side of missed experts; where set, routed
+    #: experts go through `hybrid_split` / `hybrid_release` / `hybrid_observe`.
+    hybrid: Any = None
+    #: Whether `observe` / `served_fixed` count anything: a step computed from `fixed_packed`
+    #: experts skips reporting its routing to a memory that says False.
+    counts_routing: bool = True
 
     @abstractmethod
     def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
@@ -74,6 +81,19 @@ class ExpertMemory(ABC):
     def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """Like `acquire`, but the experts stay in their file format (only where `packed`)."""
         raise NotImplementedError(f"{type(self).__name__} hands out float weights only")
+
+    def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The first half of an asynchronous `acquire_packed`: the experts already in place (index
+        -1 for those still being read, which the caller may compute without meanwhile), held until
+        `release`; `finish_packed` waits for the rest. The default acquires them all at once, so
+        nothing is ever pending."""
+        return self.acquire_packed(layer, expert_ids)
+
+    def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The second half: every expert `start_packed` left pending (-1), now in place. Called only
+        when `start_packed` left one; the default starts none."""
+        raise RuntimeError(f"finish_packed(layer={layer}, {list(expert_ids)}): {type(self).__name__}.start_packed "
+                           "leaves nothing pending")
 
     @abstractmethod
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
@@ -110,6 +130,20 @@ class ExpertMemory(ABC):
         them in one go (the decode program reports every layer of a token this way)."""
         for i, layer in enumerate(layers):
             self.served_fixed(layer, expert_ids[i], int(n_used[i]))
+
+    def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> Any:
+        """Hybrid compute only (`hybrid` set): which of a chunk's experts (n_tokens assignments
+        each) the device computes and which the CPU computes from their host slots, the latter
+        pinned until `hybrid_release` (a `strata.memory.hybrid_exec.HybridSplit`)."""
+        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
+
+    def hybrid_release(self, layer: int, split: Any) -> None:
+        """Unpin the CPU experts of `split` (hybrid compute only)."""
+        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
+
+    def hybrid_observe(self, layer: int, split: Any, seconds: float) -> None:
+        """The CPU share of `split` took `seconds`: what the next splits weigh (hybrid compute only)."""
+        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
 
     def memory_stats(self):
         """Counters of hits, misses, bytes and waits (`strata.memory.stats.MemoryStats`), or None."""

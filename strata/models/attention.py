@@ -42,14 +42,14 @@ class AttentionWeights:
 
 class Attention(nn.Module):
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
-                 window: int = 0):
+                 window: int = 0, native: bool = False):
         super().__init__()
         self.w, self.rope, self.layer = w, rope, layer
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.window = window  # > 0: a query at position i sees keys at positions > i - window only
-        self.native = False  # float32 on the CPU: rope, cache writes and decode attention native
+        self.native = native  # float32 on the CPU (packed compute): rope, cache writes and decode attention native
 
-    #: The fused decode step (strata.models.step) computes this attention, sinks and windows included.
+    #: The fused decode step (strata.runtime.step) computes this attention, sinks and windows included.
     fusable = True
 
     @property

@@ -19,10 +19,10 @@ from .packed import PackedMatrix
 class RMSNorm(nn.Module):
     """x / rms(x) * weight over the last dimension, the mean of squares taken in float32."""
 
-    def __init__(self, weight: torch.Tensor, eps: float):
+    def __init__(self, weight: torch.Tensor, eps: float, native: bool = False):
         super().__init__()
         self.weight, self.eps = weight, eps  # [N]
-        self.native = False  # float32 on the CPU: one native call (packed compute sets it)
+        self.native = native  # float32 on the CPU (packed compute): one native call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:

@@ -26,13 +26,10 @@ from strata.memory.direct import file_parts
 from strata.memory.gpu_dequant import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
-from .hybrid import HybridCompute
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
-from .program import DecodeProgram
-from .step import FusedDecode
 from .moe import Lookahead, MoE, RoutedExperts, Router
 from .rope import Rope
 from .transformer import Block, Transformer
@@ -79,6 +76,12 @@ class WeightReader:
     def __init__(self, mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int,
                  compute: PackedCompute | None = None):
         self.mf, self.device, self.dtype, self.n_threads, self.compute = mf, device, dtype, n_threads, compute
+        # packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
+        # run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)
+        self.native = compute is not None
+
+    def norm(self, kind: MT, layer: int | None, shape: tuple[int, ...]) -> RMSNorm:
+        return RMSNorm(self.get(kind, layer, shape), self.mf.hparams.norm_eps, native=self.native)
 
     def matrix(self, kind: MT, layer: int | None, shape: tuple[int, ...]) -> Weight:
         """A weight matrix [N, K]: packed in its file type under packed compute, else as `get`.
@@ -155,7 +158,7 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
     temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
-    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i, temp)
+    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i, temp, native=w.native)
 
 
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
@@ -170,8 +173,8 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
     if arch.qk_norm:
         per_head = arch.qk_norm == "head"
-        weights.q_norm = RMSNorm(w.get(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,)), hp.norm_eps)
-        weights.k_norm = RMSNorm(w.get(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,)), hp.norm_eps)
+        weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
+        weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))
         weights.qk_norm_per_head = per_head
     qkv = [weights.wq, weights.wk, weights.wv]
     if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
@@ -180,10 +183,10 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
-    return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0)
+    return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0, native=w.native)
 
 
-def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory) -> MoE:
+def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory, hybrid) -> MoE:
     D = hp.n_embd
     E = hp.n_experts
     selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
@@ -193,7 +196,7 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     router = Router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
                     hp.expert_weights_norm, hp.expert_weights_scale, bias=w.opt(MT.FFN_GATE_INP, i, (E,), "bias"),
                     selection_bias=selection_bias, n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used,
-                    group_score="top2" if selection_bias is not None else "max")
+                    group_score="top2" if selection_bias is not None else "max", native=w.native)
     shared = None
     if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
         Is = hp.n_ff_shexp
@@ -206,12 +209,12 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
-    experts = RoutedExperts(memory, i, w.compute, hp.n_experts)
+    expert_fn = None
     if arch.expert_bias or arch.swiglu_clamp:
         I, (alpha, limit) = hp.n_ff_exp, arch.swiglu_clamp or (1.0, float("inf"))
-        experts.expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
-                                          w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
-    return MoE(router, experts, shared)
+        expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
+                                  w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
+    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -243,31 +246,18 @@ def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope
     return [swa if hp.is_swa(i) else full for i in range(hp.n_layers)]
 
 
-def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
+def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None,
+           hybrid) -> Block:
     D = hp.n_embd
     has_experts = i in w.mf.expert_layers
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
-    ffn = _moe(w, arch, hp, i, memory) if has_experts else _dense(w, hp, i)
+    ffn = _moe(w, arch, hp, i, memory, hybrid) if has_experts else _dense(w, hp, i)
     if not has_experts and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
         dense = SharedExpert(ffn, None)
         ffn = dense if dense.set_packed(w.compute) else ffn
     ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
-    return Block(RMSNorm(w.get(MT.ATTN_NORM, i, (D,)), hp.norm_eps), _attention(w, arch, hp, i, rope),
-                 RMSNorm(w.get(ffn_norm, i, (D,)), hp.norm_eps), ffn)
-
-
-def _use_native_glue(model: Transformer) -> None:
-    """Packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
-    run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)."""
-    for b in model.blocks:
-        w = b.attention.w
-        parts = [b.attention, b.attention_norm, b.ffn_norm, getattr(w, "q_norm", None), getattr(w, "k_norm", None)]
-        parts += [b.ffn.router] if isinstance(b.ffn, MoE) else []
-        for module in parts:
-            if module is not None:
-                module.native = True
-    model.norm.native = True
+    return Block(w.norm(MT.ATTN_NORM, i, (D,)), _attention(w, arch, hp, i, rope), w.norm(ffn_norm, i, (D,)), ffn)
 
 
 def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None:
@@ -286,12 +276,15 @@ def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None
 
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, n_threads: int | None = None,
-               compute: str = "float") -> Transformer:
+               compute: str = "float", hybrid=None) -> Transformer:
     """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`.
 
     compute: "float" (weights dequantized into `dtype`) or "packed" (the CPU only, float32
     activations: weight matrices stay in their file type, the native kernels multiply; routed
-    experts too when `memory.packed`)."""
+    experts too when `memory.packed`). hybrid: the CPU side of hybrid compute
+    (`strata.runtime.hybrid.HybridCompute`, built by the runtime when its plan says so) that plain
+    routed experts hand their chunks to, or None. The fast decode paths are the runtime's
+    (`strata.runtime`): this builds the maths only."""
     arch, device = architecture(mf), torch.device(device)
     n_threads = n_threads or native.default_threads()
     if compute not in ("float", "packed"):
@@ -302,7 +295,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     check_types(mf, compute == "packed" and getattr(memory, "packed", False), cuda=cuda_slots)
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:
-        return _build(mf, memory, arch, device, dtype, n_threads, packed)
+        return _build(mf, memory, arch, device, dtype, n_threads, packed, hybrid)
     except BaseException:
         if packed is not None:  # its pool's threads would outlive the failed load
             packed.close()
@@ -310,30 +303,17 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
 
 
 def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch.device, dtype: torch.dtype,
-           n_threads: int, packed: PackedCompute | None) -> Transformer:
+           n_threads: int, packed: PackedCompute | None, hybrid) -> Transformer:
     hp = mf.hparams
     w = WeightReader(mf, device, dtype, n_threads, packed)
     ropes = layer_ropes(w, hp, device)
     V, D = hp.vocab_size, hp.n_embd
     embedding = w.matrix(MT.TOKEN_EMBD, None, (V, D))
     output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
-    blocks = [_block(w, arch, hp, i, ropes[i], memory) for i in range(hp.n_layers)]
-    model = Transformer(embedding, blocks, RMSNorm(w.get(MT.OUTPUT_NORM, None, (D,)), hp.norm_eps), output, ropes[0])
-    model.compute = packed  # the pool and scratch of packed compute (None: float)
-    model.hybrid = None  # the CPU side of hybrid compute (closed with the model)
-    if packed is not None:
-        _use_native_glue(model)
-    if getattr(memory, "hybrid", None) is not None:  # misses computed on the CPU: one shared CPU side
-        model.hybrid = hybrid = HybridCompute(memory, mf, n_threads)
-        for block in model.blocks:
-            if isinstance(block.ffn, MoE) and block.ffn.experts.plain:  # others: through the memory
-                block.ffn.experts.hybrid = hybrid
+    blocks = [_block(w, arch, hp, i, ropes[i], memory, hybrid) for i in range(hp.n_layers)]
+    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], compute=packed)
     if memory is not None and memory.prefetch_depth > 0:
         _add_lookahead(model, memory, memory.prefetch_depth)
-    for block in model.blocks:  # decode steps in two native calls per layer where the block allows
-        if FusedDecode.eligible(block, packed):
-            block.fused = FusedDecode(block, packed)
-    model.program = DecodeProgram.build(model, memory)  # and all of them in one call where experts stay put
     return model
 
 

@@ -67,10 +67,10 @@ def temperature(scale: float, length: int, positions: torch.Tensor) -> torch.Ten
 
 
 class MLAttention(nn.Module):
-    fusable = True  # the fused decode step (strata.models.step) computes it (native/step.c, latent attention)
+    fusable = True  # the fused decode step (strata.runtime.step) computes it (native/step.c, latent attention)
 
     def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int,
-                 temperature: tuple[float, int] | None = None):
+                 temperature: tuple[float, int] | None = None, native: bool = False):
         super().__init__()
         self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
         self.temperature = temperature  # (scale, length) of a per-position query temperature, or None
@@ -79,7 +79,7 @@ class MLAttention(nn.Module):
         self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
         self.kv_lora = w.kv_a_norm.weight.shape[0]
         self.v_dim = w.v_b.shape[0] // n_head if isinstance(w.v_b, PackedMatrix) else w.v_b.shape[1]
-        self.native = False  # float32 on the CPU (packed compute): decode attention in one native call
+        self.native = native  # float32 on the CPU (packed compute): decode attention in one native call
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

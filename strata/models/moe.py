@@ -38,7 +38,7 @@ class Router(nn.Module):
 
     def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float,
                  bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
-                 n_groups: int = 0, n_groups_used: int = 0, group_score: str = "top2"):
+                 n_groups: int = 0, n_groups_used: int = 0, group_score: str = "top2", native: bool = False):
         super().__init__()
         if gating not in ("softmax", "sigmoid", "softmax_weight"):
             raise ValueError(f"expert gating function {gating!r} is not supported "
@@ -50,7 +50,7 @@ class Router(nn.Module):
         if group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {group_score!r} is not supported (expected top2 or max)")
         self.group_score = group_score
-        self.native = False  # float32 on the CPU: logits, top-k and weights in two native calls
+        self.native = native  # float32 on the CPU (packed compute): logits, top-k and weights in two native calls
 
     @property
     def group_top(self) -> int:
@@ -110,16 +110,18 @@ class Router(nn.Module):
 class RoutedExperts(nn.Module):
     """The chosen experts of one layer, weighted and summed. With `compute` (the CPU's packed
     path) and a memory that hands out packed experts, one native call per chunk of held experts
-    runs gate, up, SiLU, down and the weighted sum from the file's blocks; otherwise each expert
-    runs as a float GEMM over its tokens."""
+    runs gate, up, SiLU, down and the weighted sum from the file's blocks; with `hybrid` (the
+    runtime's CPU side of hybrid compute, plain SwiGLU experts only) the memory splits each chunk
+    between the device and the CPU; otherwise each expert runs as a float GEMM over its tokens."""
 
-    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None, n_experts: int = 0):
+    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None, n_experts: int = 0,
+                 expert_fn=None, hybrid=None):
         super().__init__()
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
-        self.hybrid = None  # HybridCompute when the memory computes misses on the CPU (set by the loader)
-        self.expert_fn = None  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU
+        self.expert_fn = expert_fn  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU
+        self.hybrid = hybrid if expert_fn is None else None  # others go through the memory alone
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
 
@@ -204,10 +206,9 @@ class RoutedExperts(nn.Module):
             call.bind_act(act, used)
         used_ids = used[:n_used].tolist()
         n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
-        start = getattr(self.memory, "start_packed", None)
         for i in range(0, n_used, n):
             chunk = used_ids[i:i + n]
-            held = (start or self.memory.acquire_packed)(self.layer, chunk)
+            held = self.memory.start_packed(self.layer, chunk)
             try:
                 if min(held.index) >= 0:
                     call(pool, held.parts, held.index, i, n_tokens, scratch)

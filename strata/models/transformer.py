@@ -42,12 +42,9 @@ class Block(nn.Module):
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
         self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
         self.clock = [0.0]  # time in attention since the last reset (a list: see RoutedExperts._seconds)
-        self.fused = None  # packed compute: the decode step in two native calls (strata.models.step)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if self.fused is not None and batch.is_decode:
-            return self.fused(x, batch, cos_sin, kv)  # the same maths; x updated in place
         t0 = time.perf_counter()
         h = x + self.attention(self.attention_norm(x), batch, cos_sin, kv)  # [T, D]
         self.clock[0] += time.perf_counter() - t0
@@ -57,14 +54,15 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """A decoder-only MoE transformer built by `strata.models.load_model`."""
+    """A decoder-only MoE transformer built by `strata.models.load_model`: the maths of every step.
+    A runner (`strata.runtime`) may pass `layers`, a faster form of the blocks' loop, to `forward`."""
 
-    def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope):
+    def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope,
+                 compute=None):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
-        self.compute = None  # PackedCompute of packed compute (its pool and scratch), set by the loader
-        self.program = None  # packed compute: decode steps through every block in one call (DecodeProgram)
+        self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
         self._total_s, self._tokens = 0.0, 0
 
     @property
@@ -72,10 +70,13 @@ class Transformer(nn.Module):
         return self.output.shape[0]
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, batch: Batch, cache: KVStore, all_logits: bool = False) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, batch: Batch, cache: KVStore, all_logits: bool = False,
+                layers=None) -> torch.Tensor:
         """Logits [T, V] of every new token (`all_logits`), else [B, V] of each sequence's last one.
 
         Writes the new tokens' keys and values into `cache`'s blocks as `batch`'s block tables say.
+        layers: None (the blocks one by one, `run_blocks`) or a callable of the same signature that
+        computes the same maths (a runner's fused decode step or decode program).
         """
         t0 = time.perf_counter()
         x = (F.embedding(tokens, self.embedding) if isinstance(self.embedding, torch.Tensor)
@@ -83,15 +84,7 @@ class Transformer(nn.Module):
         if self.lookahead is not None:
             self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
-        if self.program is not None and batch.is_decode:
-            x = self.program(x, batch, cos_sin, cache)  # the blocks' maths, all in one native call (one table)
-        else:
-            tables = {id(self.rope): cos_sin}  # sliding-window layers may have their own base
-            for i, block in enumerate(self.blocks):
-                rope = block.attention.rope
-                if id(rope) not in tables:
-                    tables[id(rope)] = rope.cos_sin(batch.positions, x.dtype)
-                x = block(x, batch, tables[id(rope)], cache.layer(i))  # [T, D]
+        x = (layers or self.run_blocks)(x, batch, cos_sin, cache)  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
         logits = linear(self.norm(x), self.output).float()  # [T or B, V]
@@ -99,19 +92,28 @@ class Transformer(nn.Module):
         self._tokens += int(tokens.numel())
         return logits
 
+    def run_blocks(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor], cache: KVStore,
+                   steps: list | None = None) -> torch.Tensor:
+        """x [T, D] through every block; steps[i], where given and not None, computes block i's
+        maths in its place (a fused decode step)."""
+        tables = {id(self.rope): cos_sin}  # sliding-window layers may have their own base
+        for i, block in enumerate(self.blocks):
+            rope = block.attention.rope
+            if id(rope) not in tables:
+                tables[id(rope)] = rope.cos_sin(batch.positions, x.dtype)
+            step = block if steps is None or steps[i] is None else steps[i]
+            x = step(x, batch, tables[id(rope)], cache.layer(i))  # [T, D]
+        return x
+
     def times(self) -> StepTimes:
-        """The time split of the passes since the last `reset_times`."""
+        """The time split of the passes since the last `reset_times` (a runner adds what its
+        decode program measured)."""
         experts = sum(b.ffn.experts.seconds for b in self.blocks if hasattr(b.ffn, "experts"))
         attention = sum(b.clock[0] for b in self.blocks)
-        if self.program is not None:
-            a, e = self.program.seconds()
-            attention, experts = attention + a, experts + e
         return StepTimes(self._total_s, attention, experts, self._tokens)
 
     def reset_times(self) -> None:
         self._total_s, self._tokens = 0.0, 0
-        if self.program is not None:
-            self.program.reset()
         for b in self.blocks:
             b.clock[0] = 0.0
             if hasattr(b.ffn, "experts"):

@@ -33,15 +33,11 @@ def _load(path, llama_cpp_rule: bool = False):
     routers = [b.ffn.router for b in engine.transformer.blocks if hasattr(b.ffn, "router")]
     assert routers and all(r.group_score == "max" and r.selection_bias is None for r in routers)
     if llama_cpp_rule:
-        from strata.models.program import DecodeProgram
-        from strata.models.step import FusedDecode
+        from strata.runtime import Runner
         for r in routers:
             r.group_score = "top2"
-        t = engine.transformer  # the fused steps and the program took the rule at load: build them again
-        for b in t.blocks:
-            if b.fused is not None:
-                b.fused = FusedDecode(b, b.fused.compute)
-        t.program = DecodeProgram.build(t, engine.memory)
+        # the fused steps and the program took the rule at load: build them again
+        engine.runner = engine.engine.model = Runner.of(engine.transformer, engine.plan, engine.memory)
     return engine
 
 

@@ -1,6 +1,6 @@
-"""The fused decode step of packed compute (strata.models.step: a layer's attention half and
+"""The fused decode step of packed compute (strata.runtime.step: a layer's attention half and
 router in one native call, its routed experts in the fused MoE call) and the decode program
-(strata.models.program: every layer in one call) give exactly the bytes of the per-call path they
+(strata.runtime.program: every layer in one call) give exactly the bytes of the per-call path they
 replace, on every architecture's fixture, for one sequence and for a batch of sequences at
 different positions, also when the program hands a layer back to the expert memory; and their
 native entry points refuse bad arguments.
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import strata
-from strata import native
+from strata import native, runtime
 from strata.errors import NativeError
 
 STEPS = 12
@@ -21,37 +21,29 @@ def _decode_logits(model, prompts: list[list[int]], mode: str = "program") -> li
     """Prefill each prompt in its own slot, then STEPS batched greedy decode steps: the logits
     [B, V] of every step. mode: "program" (as loaded), "fused" (per-block fused steps, no
     program) or "per_call"."""
-    t = model.transformer
-    saved, program = [b.fused for b in t.blocks], t.program
-    if mode != "program":
-        t.program = None
-    if mode == "per_call":
-        for b in t.blocks:
-            b.fused = None
+    run = model.runner if mode == "program" else model.runner.with_decode(
+        {"fused": runtime.FUSED, "per_call": runtime.PACKED}[mode])
     slots = [model.cache.allocate() for _ in prompts]
     try:
         last = []
         for slot, ids in zip(slots, prompts):
             batch = model.cache.batch([slot], [0], [len(ids)])
-            last.append(int(t(torch.tensor(ids), batch, model.cache)[0].argmax()))
+            last.append(int(run(torch.tensor(ids), batch, model.cache)[0].argmax()))
         starts, out = [len(p) for p in prompts], []
         for _ in range(STEPS):
             batch = model.cache.batch(slots, starts, [1] * len(slots))
-            logits = t(torch.tensor(last), batch, model.cache)  # [B, V]
+            logits = run(torch.tensor(last), batch, model.cache)  # [B, V]
             out.append(logits.clone())
             last, starts = logits.argmax(-1).tolist(), [s + 1 for s in starts]
         return out
     finally:
         for s in slots:
             model.cache.free(s)
-        for b, f in zip(t.blocks, saved):
-            b.fused = f
-        t.program = program
 
 
 def _has_program(tiny, model) -> bool:
     """The program takes every fixture whose blocks are fused (shared experts included)."""
-    assert model.transformer.program is not None, tiny
+    assert model.plan.decode == runtime.PROGRAM and model.runner.program is not None, (tiny, model.plan)
     return True
 
 
@@ -59,7 +51,7 @@ def _has_program(tiny, model) -> bool:
 def test_fused_decode_equals_the_per_call_path(tiny, outtype):
     with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                      memory="direct") as m:
-        assert all(b.fused is not None for b in m.transformer.blocks)
+        assert all(s is not None for s in m.runner.steps)
         _has_program(tiny, m)
         for prompts in ([tiny.prompt_ids(7, seed=1)],
                         [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
@@ -75,7 +67,7 @@ def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
     bytes, and the layers the program ran report their routing to the memory."""
     with strata.load(tiny.gguf(None), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
         _has_program(tiny, m)
-        prog = m.transformer.program
+        prog = m.runner.program
         first, last = prog.model_layers[0], prog.model_layers[-1]
         prog.fixed[0][1][::2] = -1  # half the first layer's experts "not in place"
         acquired, served = [], []
@@ -95,7 +87,7 @@ def test_fused_decode_under_tiered_memory_equals_direct(tiny):
     prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="tiered") as tiered:
-        assert all(b.fused is not None for b in tiered.transformer.blocks)
+        assert all(s is not None for s in tiered.runner.steps)
         for a, b in zip(_decode_logits(direct, prompts, "fused"), _decode_logits(tiered, prompts, "fused")):
             assert torch.equal(a, b)
 
@@ -113,7 +105,7 @@ def test_program_under_settled_tiered_memory_equals_direct(tiny):
             assert torch.equal(a, b)
         t = settled.memory_stats().totals()
         assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"] > 0
-        times = settled.transformer.times()
+        times = settled.runner.times()
         assert times.attention_s > 0 and times.experts_s > 0
 
 
@@ -168,13 +160,13 @@ def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
 
 def test_float_compute_has_no_fused_step(tiny):
     with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, compute="float") as m:
-        assert all(b.fused is None for b in m.transformer.blocks)
+        assert m.runner.steps is None and m.plan.decode == runtime.FLOAT
 
 
 def test_native_step_refuses_bad_arguments(tiny):
     with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
                      memory="direct") as m:
-        step = m.transformer.blocks[0].fused
+        step = m.runner.steps[0]
         layer, c = step.layer, m.transformer.compute
         x = torch.zeros((1, layer.n_embd))
         cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
@@ -207,7 +199,7 @@ def test_native_step_refuses_bad_arguments(tiny):
 def test_native_program_refuses_bad_arguments(tiny):
     with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
                      memory="direct") as m:
-        prog = m.transformer.program
+        prog = m.runner.program
         c, x = m.transformer.compute, torch.zeros((1, prog.layers[0].n_embd))
         cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
         args = (c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin)
@@ -285,7 +277,7 @@ def test_deepseek_program_and_fused_decode_agree_with_the_per_call_path(deepseek
     for outtype, bound in (("f32", 1e-5), (None, None)):
         with strata.load(deepseek.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                          memory="direct") as m:
-            assert all(b.fused is not None for b in m.transformer.blocks)
+            assert all(s is not None for s in m.runner.steps)
             assert type(m.transformer.blocks[0].ffn).__name__ == "SharedExpert"  # the dense first layer
             _has_program(deepseek, m)
             for prompts in ([deepseek.prompt_ids(7, seed=1)],

@@ -14,6 +14,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
+from strata import runtime
 from strata.engine.kv_cache import KVCache
 from strata.errors import StrataError
 from strata.gguf import open_model
@@ -96,14 +97,13 @@ def test_fixture_holds_every_new_type(mixed):
 
 def _load(path: Path, compute: str):
     mf = open_model(path)
-    model = load_model(mf, DirectExpertMemory(mf, packed=compute == "packed"), compute=compute, n_threads=2)
+    model = runtime.build(mf, DirectExpertMemory(mf, packed=compute == "packed"), compute=compute, n_threads=2)
     cache = KVCache(mf.hparams.n_layers, 3, 64, *cache_dims(mf.hparams))
     return mf, model, cache
 
 
 def _close(model, mf) -> None:
-    if model.compute is not None:  # the packed compute pool's threads
-        model.compute.close()
+    model.close()  # the packed compute pool's threads
     mf.close()
 
 
@@ -118,12 +118,7 @@ def _prefill_logits(model, cache, ids: list[int]) -> torch.Tensor:
 def _decode(model, cache, prompts: list[list[int]], mode: str, steps: int = 6) -> list[torch.Tensor]:
     """Prefill each prompt, then `steps` batched greedy decode steps: their logits [B, V].
     mode: "program", "fused" (no program) or "per_call" (neither)."""
-    saved, program = [b.fused for b in model.blocks], model.program
-    if mode != "program":
-        model.program = None
-    if mode == "per_call":
-        for b in model.blocks:
-            b.fused = None
+    model = model.with_decode({"program": runtime.PROGRAM, "fused": runtime.FUSED, "per_call": runtime.PACKED}[mode])
     slots = [cache.allocate() for _ in prompts]
     try:
         last = [int(model(torch.tensor(p), cache.batch([s], [0], [len(p)]), cache)[0].argmax())
@@ -137,9 +132,6 @@ def _decode(model, cache, prompts: list[list[int]], mode: str, steps: int = 6) -
     finally:
         for s in slots:
             cache.free(s)
-        for b, f in zip(model.blocks, saved):
-            b.fused = f
-        model.program = program
 
 
 def test_packed_paths_agree_with_the_float_path(mixed):
@@ -165,7 +157,7 @@ def test_packed_paths_agree_with_the_float_path(mixed):
 def test_fused_step_and_program_give_the_per_call_bytes(mixed):
     mf, model, cache = _load(mixed, "packed")
     try:
-        assert all(b.fused is not None for b in model.blocks) and model.program is not None
+        assert model.plan.decode == runtime.PROGRAM and all(s is not None for s in model.steps)
         rng = np.random.default_rng(4)
         prompts = [rng.integers(0, D.vocab, n).tolist() for n in (5, 11, 3)]
         per_call = _decode(model, cache, prompts, "per_call")

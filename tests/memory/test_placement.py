@@ -73,6 +73,9 @@ def test_inspect_placement_text_and_json(seeded, capsys):
     text = capsys.readouterr().out
     assert "placement on cpu" in text and "expected share of expert reads (routing statistics)" in text
     assert "layer 0: device [0, 1, 2" in text
+    # what runs each step as `strata generate` loads it (the CPU's default memory keeps experts in place)
+    assert got["runtime"]["decode"]["runner"] == "program" and got["runtime"]["prefill"]["runner"] == "packed per-call"
+    assert "runtime: decode: program; prefill: packed per-call; hybrid: off — why: decode: every block fused" in text
 
 
 def _tight(path, n_ctx: int) -> tuple[int, int]:

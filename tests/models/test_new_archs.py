@@ -74,8 +74,8 @@ def test_expert_memory_and_packed_compute(new):
         assert rel_err(b, a) < 1e-5
         # every block decodes fused, and all of them in the decode program (DeepSeek's dense first
         # layer as a one-expert fused call)
-        assert all(block.fused is not None for block in packed.transformer.blocks)
-        assert packed.transformer.program is not None
+        assert all(step is not None for step in packed.runner.steps)
+        assert packed.plan.decode == "program" and packed.runner.program is not None
     path = new.gguf(None)
     with load(path, "float") as ref, load(path, "packed") as direct, load(path, "packed", "tiered") as tiered:
         assert tiered.memory.packed

@@ -43,12 +43,12 @@ def _float_errors(case: Scaled, ids: list[int], ref: torch.Tensor) -> list[float
 def _packed_errors(case: Scaled, ids: list[int], ref: torch.Tensor) -> tuple[list[float], object]:
     """Packed compute: prefill, then teacher-forced decode steps (fused step / decode program)."""
     with strata.load(case.path, threads=1, n_ctx=64, max_batch=1, compute="packed", memory="direct") as m:
-        t, slot = m.transformer, m.cache.allocate()
+        t, slot = m.runner, m.cache.allocate()
         first = t(torch.tensor(ids[:N_PREFILL]), m.cache.batch([slot], [0], [N_PREFILL]), m.cache, True)
         errs = [rel_err(first, ref[:N_PREFILL])]
         for p in range(N_PREFILL, len(ids)):
             errs.append(rel_err(t(torch.tensor([ids[p]]), m.cache.batch([slot], [p], [1]), m.cache)[0], ref[p]))
-        paths = (t.program is not None, all(b.fused is not None for b in t.blocks))
+        paths = (t.program is not None, t.steps is not None and all(s is not None for s in t.steps))
     return errs, paths
 
 

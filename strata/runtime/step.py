@@ -2,10 +2,11 @@
 call (`native.DecodeAttn`), its routed experts in the fused MoE call, so a decode step crosses
 into C about twice per layer instead of a dozen times.
 
-The maths is the block's own, step for step (attention.py forward_native, moe.py Router and
-RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
+The maths is the block's own, step for step (strata.models: attention.py forward_native, moe.py
+Router and RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
 for prefill (several tokens per sequence) and as the reference the tests compare with.
-Must not: choose when to run (the loader attaches it; Block uses it for decode batches only) or
+Must not: choose when to run (the plan does: strata.runtime.plan; the runner uses it for decode
+batches only) or
 reach expert bytes other than through the block's RoutedExperts.
 """
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 
 from strata import native
 
-from .batch import Batch
-from .layers import FeedForward, SharedExpert
-from .mla import MLAttention
-from .moe import MoE
-from .packed import PackedCompute, PackedMatrix
+from strata.models.batch import Batch
+from strata.models.layers import FeedForward, SharedExpert
+from strata.models.mla import MLAttention
+from strata.models.moe import MoE
+from strata.models.packed import PackedCompute, PackedMatrix
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -27,8 +27,8 @@ from strata.gguf import ModelFile
 from strata.memory import alloc
 from strata.memory.direct import file_parts
 
-from .moe import float_experts
-from .packed import DEFAULT_MAX_TOKENS  # tokens one window holds: host buffers and scratch are sized for it
+from strata.models.moe import float_experts
+from strata.models.packed import DEFAULT_MAX_TOKENS  # tokens one window holds: host buffers and scratch are sized for it
 
 
 class HybridCompute:

@@ -2,7 +2,7 @@
 (`native.DecodeLayers`), so that once every expert stays where it is (experts read in place from
 the file, or a settled slot pool) the interpreter runs once per token, not twice per layer.
 
-Each layer is its block's fused decode step (strata.models.step) composed in C: the same native
+Each layer is its block's fused decode step (strata.runtime.step) composed in C: the same native
 functions in the same order, so the logits are the same bytes. A layer whose routing needs an
 expert that is not in place yet (a settled pool still filling) hands back to Python after its
 attention half: that layer's experts go through the expert memory as in the fused step (which
@@ -17,21 +17,22 @@ import torch
 from strata import native
 from strata.memory import ExpertMemory
 
-from .batch import Batch, KVStore
-from .layers import SharedExpert
-from .moe import MoE
-from .packed import PackedCompute
-from .step import add_moe
+from strata.models.batch import Batch, KVStore
+from strata.models.layers import SharedExpert
+from strata.models.moe import MoE
+from strata.models.packed import PackedCompute
+
+from .step import FusedDecode, add_moe
 
 
 class DecodeProgram:
     """Every block of a model as one decode program. Buffers are sized for `capacity` sequences
     and grow (once, at warm-up) when a larger batch arrives."""
 
-    def __init__(self, blocks: list, memory: ExpertMemory, compute: PackedCompute,
+    def __init__(self, blocks: list, steps: list[FusedDecode], memory: ExpertMemory, compute: PackedCompute,
                  fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1):
         self.blocks, self.memory, self.compute, self.fixed = blocks, memory, compute, fixed
-        self.layers = [b.fused.layer for b in blocks]
+        self.layers = [s.layer for s in steps]
         self.moe = [i for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]  # the others: dense layers
         self._all_moe = len(self.moe) == len(blocks)
         self.model_layers = [b.ffn.experts.layer if isinstance(b.ffn, MoE) else -1 for b in blocks]
@@ -40,32 +41,37 @@ class DecodeProgram:
         self._grow(capacity)
 
     @staticmethod
-    def build(model, memory: ExpertMemory | None) -> DecodeProgram | None:
-        """The program of `model` when packed compute can run all its decode steps so: every block
-        fused, with routed experts (and a shared expert, if any, in packed form) or a dense FFN in
-        packed form (a SharedExpert without gate: DeepSeek's first layers), one RoPE table for
-        every layer (not sliding-window layers with their own base), at least one MoE block, no
-        look-ahead announcements (they are Python between layers), and a memory whose experts
-        stay in place (`fixed_packed`)."""
-        compute = getattr(model, "compute", None)
-        if compute is None or memory is None or memory.prefetch_depth > 0 or model.lookahead is not None:
-            return None
+    def takes(model, fused: list[bool]) -> str | None:
+        """Why the program cannot run `model`'s decode steps (None: it can): it needs every block
+        fused (`fused[i]`: block i has a fused decode step), with routed experts (and a shared expert, if any, in packed form) or a
+        dense FFN in packed form (a SharedExpert without gate: DeepSeek's first layers), one RoPE
+        table for every layer (not sliding-window layers with their own base), at least one MoE
+        block and no look-ahead announcements (they are Python between layers)."""
         blocks = list(model.blocks)
-        if any(b.attention.rope is not model.rope for b in blocks):  # the native program takes one rope table
-            return None
-        for b in blocks:
-            if b.fused is None or b.lookahead is not None:
-                return None
+        if model.lookahead is not None or any(b.lookahead is not None for b in blocks):
+            return "the memory takes look-ahead announcements between layers"
+        if any(b.attention.rope is not model.rope for b in blocks):
+            return "sliding-window layers have their own RoPE base (the program takes one table)"
+        if not any(isinstance(b.ffn, MoE) for b in blocks):
+            return "no block has routed experts"
+        for i, (b, ok) in enumerate(zip(blocks, fused)):
+            if not ok:
+                return f"block {i} has no fused decode step"
             if isinstance(b.ffn, SharedExpert):  # a dense layer
                 if b.ffn.packed is None or b.ffn.gate_inp is not None:
-                    return None
-            elif (b.fused.moe is None or not isinstance(b.ffn, MoE)
+                    return f"block {i}'s dense FFN is not one packed expert"
+            elif (not isinstance(b.ffn, MoE)
                     or (b.ffn.shared is not None and b.ffn.shared.packed is None) or b.ffn.experts.hybrid is not None):
-                return None
+                return f"block {i}'s FFN is not routed experts from packed memory with a packed shared expert"
+        return None
+
+    @staticmethod
+    def build(model, steps: list[FusedDecode], memory: ExpertMemory) -> DecodeProgram:
+        """The program of `model` (`takes` said yes) over a memory whose experts stay in place
+        (`fixed_packed` of every MoE layer)."""
+        blocks = list(model.blocks)
         fixed = [memory.fixed_packed(b.ffn.experts.layer) if isinstance(b.ffn, MoE) else (None, None) for b in blocks]
-        if not any(isinstance(b.ffn, MoE) for b in blocks) or any(f is None for f in fixed):
-            return None
-        return DecodeProgram(blocks, memory, compute, fixed)
+        return DecodeProgram(blocks, steps, memory, model.compute, fixed)
 
     def _grow(self, capacity: int) -> None:
         first = self.layers[self.moe[0]]
@@ -79,13 +85,6 @@ class DecodeProgram:
             for layer, block, (parts, slot_of) in zip(self.layers, self.blocks, self.fixed)], out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
-
-    def _reports(self) -> bool:
-        """Whether the memory does anything with reported routing (the base protocol's no-ops
-        are skipped, loop and all)."""
-        m = self.memory
-        return (getattr(m.served_fixed, "__func__", None) is not ExpertMemory.served_fixed
-                or getattr(m.observe, "__func__", None) is not ExpertMemory.observe)
 
     @staticmethod
     def _shared(block) -> tuple | None:
@@ -118,7 +117,7 @@ class DecodeProgram:
         while True:
             stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
                                    self.layer_used, c.scratch, first, self.layer_ns)
-            if self._reports() and stop > first:
+            if self.memory.counts_routing and stop > first:
                 if self._all_moe:
                     self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],
                                                     self.layer_used[first:stop].tolist())

@@ -1,0 +1,128 @@
+"""What runs each kind of step, and why: the one place that decides, once, at load.
+
+    plan = decide(Target("cpu", "packed"), MemoryCaps.of(memory, layers), arch_caps(model))  # runner.py
+    plan.describe()  # "decode: program; prefill: packed per-call; hybrid: off — why: ..."
+
+Runners, fastest first (each computes the same maths as the float reference, strata.models):
+- decode "program": every layer of a decode step in one native call (strata.runtime.program);
+- decode "fused step": a block's attention half and router in one native call, its experts in
+  the fused MoE call, blocks one by one (strata.runtime.step); blocks without a fused form run
+  per call;
+- "packed per-call": the model's own forward with packed weights and native glue;
+- "float": the model's own forward in torch on dequantized weights (the reference; CUDA's).
+Hybrid: plain routed experts split each chunk between the device and the CPU
+(strata.runtime.hybrid), where the tiered memory measures it to pay.
+Must not: build anything (strata.runtime.runner does, from the plan).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+PROGRAM, FUSED, PACKED, FLOAT = "program", "fused step", "packed per-call", "float"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how the model computes: device type ("cpu", "cuda") and compute ("packed", "float")."""
+
+    device: str
+    compute: str
+
+
+@dataclass(frozen=True)
+class MemoryCaps:
+    """What the expert memory offers the runners. kind: "direct", "paged", "tiered" ("none": a
+    model without routed experts); packed: it hands out experts in their file format; prefetch_depth:
+    layers of look-ahead it takes (announced between layers, in Python); fixed: every layer's
+    packed experts stay where they are (`fixed_packed`), so a native program may read them; hybrid:
+    it splits missed experts between the device and the CPU."""
+
+    kind: str
+    packed: bool = False
+    prefetch_depth: int = 0
+    fixed: bool = False
+    hybrid: bool = False
+
+    @staticmethod
+    def of(memory, layers: Sequence[int]) -> MemoryCaps:
+        if memory is None:
+            return MemoryCaps("none")
+        kind = type(memory).__name__.removesuffix("ExpertMemory").lower() or "custom"
+        fixed = memory.packed and all(memory.fixed_packed(layer) is not None for layer in layers)
+        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, memory.hybrid is not None)
+
+
+@dataclass(frozen=True)
+class ArchCaps:
+    """What the built model's blocks allow: how many of n_blocks the fused decode step computes
+    (`unfused`: why the others not), and why the decode program cannot take the model (None: it
+    can; strata.runtime.program.DecodeProgram.takes)."""
+
+    n_blocks: int
+    fused_blocks: int
+    unfused: str | None = None
+    program: str | None = None
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The runner of each kind of step, and one short reason each."""
+
+    decode: str
+    prefill: str
+    hybrid: bool
+    decode_why: str
+    prefill_why: str
+    hybrid_why: str
+
+    def describe(self) -> str:
+        return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}"
+                f" — why: decode: {self.decode_why}; prefill: {self.prefill_why}; hybrid: {self.hybrid_why}")
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(step, runner, why) of each kind of step."""
+        return [("decode", self.decode, self.decode_why), ("prefill", self.prefill, self.prefill_why),
+                ("hybrid", "on" if self.hybrid else "off", self.hybrid_why)]
+
+
+def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
+    """The plan of a model: the first row that matches decides each kind of step."""
+    prefill, prefill_why = ((PACKED, "packed compute: the native kernels multiply the file's blocks")
+                            if target.compute == "packed" else (FLOAT, f"float compute on {target.device}"))
+    hybrid, hybrid_why = hybrid_row(target, memory)
+    decode, decode_why = _decode_row(target, memory, arch)
+    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why)
+
+
+def hybrid_row(target: Target, memory: MemoryCaps) -> tuple[bool, str]:
+    """The hybrid row of the table (the runtime reads it before building the model, whose
+    experts are given the CPU side at construction)."""
+    if memory.hybrid:
+        return True, f"the {memory.kind} memory computes missed experts on the CPU where that beats copying"
+    if target.compute == "packed":
+        return False, "packed compute runs every expert on the CPU already"
+    return False, f"the {memory.kind} memory computes no experts on the CPU (TieredConfig.hybrid)"
+
+
+def _decode_row(target: Target, memory: MemoryCaps, arch: ArchCaps) -> tuple[str, str]:
+    if target.compute != "packed":
+        return FLOAT, f"float compute on {target.device}: dequantized weights, torch multiplies"
+    if memory.kind != "none" and not memory.packed:
+        return PACKED, f"the {memory.kind} memory hands out float experts"
+    if arch.fused_blocks == 0:
+        return PACKED, arch.unfused or "no block has a fused decode step"
+    partial = "" if arch.fused_blocks == arch.n_blocks else \
+        f" ({arch.fused_blocks} of {arch.n_blocks} blocks: {arch.unfused})"
+    if memory.prefetch_depth > 0:
+        return FUSED, f"the {memory.kind} memory takes look-ahead announcements between layers " \
+                      f"(prefetch depth {memory.prefetch_depth}){partial}"
+    if arch.program is not None:
+        return FUSED, arch.program + partial
+    if not memory.fixed:
+        return FUSED, f"the {memory.kind} memory moves experts between steps (no fixed_packed)"
+    return PROGRAM, f"every block fused and the {memory.kind} memory's experts stay in place"
+
+
+__all__ = ["ArchCaps", "FLOAT", "FUSED", "MemoryCaps", "PACKED", "PROGRAM", "RuntimePlan", "Target", "decide",
+           "hybrid_row"]

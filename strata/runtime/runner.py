@@ -1,0 +1,118 @@
+"""Build a model and the runners its plan names, and run its steps with them.
+
+    runner = build(model_file, memory, device=, dtype=, n_threads=, compute=)
+    logits = runner(tokens, batch, cache)   # as Transformer.forward, through the plan's runner
+    runner.plan.describe()
+
+The model (strata.models) holds the maths and runs prefill itself; for decode batches the runner
+passes it the plan's fast form of the blocks' loop (a decode program, or fused steps block by
+block). The fast paths are built here, from the plan, and kept here.
+Must not: decide (strata.runtime.plan does) or do maths of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from strata import native
+from strata.gguf import ModelFile
+from strata.memory import ExpertMemory
+from strata.models import Transformer, load_model
+from strata.models.transformer import StepTimes
+
+from .hybrid import HybridCompute
+from .plan import FUSED, PROGRAM, ArchCaps, MemoryCaps, RuntimePlan, Target, decide, hybrid_row
+from .program import DecodeProgram
+from .step import FusedDecode
+
+
+def arch_caps(model: Transformer) -> ArchCaps:
+    """What `model`'s blocks allow the fused step and the decode program."""
+    eligible = [FusedDecode.eligible(b, model.compute) for b in model.blocks]
+    n, k = len(eligible), sum(eligible)
+    unfused = None if k == n else (f"block {eligible.index(False)} has no fused form (a matrix not packed, "
+                                   "attention or routing the fused step lacks, or float experts)")
+    return ArchCaps(n, k, unfused, DecodeProgram.takes(model, eligible))
+
+
+class Runner:
+    """A model and the runners of its plan: call it as the model (`Transformer.forward`)."""
+
+    def __init__(self, model: Transformer, plan: RuntimePlan, memory: ExpertMemory | None,
+                 hybrid: HybridCompute | None = None, steps: list[FusedDecode | None] | None = None,
+                 program: DecodeProgram | None = None):
+        self.model, self.plan, self.memory, self.hybrid = model, plan, memory, hybrid
+        self.steps, self.program = steps, program
+        if plan.decode == PROGRAM:
+            self._decode = program
+        elif plan.decode == FUSED:
+            self._decode = partial(model.run_blocks, steps=steps)
+        else:
+            self._decode = None  # the model's own blocks
+
+    @staticmethod
+    def of(model: Transformer, plan: RuntimePlan, memory: ExpertMemory | None,
+           hybrid: HybridCompute | None = None) -> Runner:
+        """The runner of `plan` over a built model: its fused steps and program made here."""
+        steps = program = None
+        if plan.decode in (FUSED, PROGRAM):
+            steps = [FusedDecode(b, model.compute) if FusedDecode.eligible(b, model.compute) else None
+                     for b in model.blocks]
+        if plan.decode == PROGRAM:
+            program = DecodeProgram.build(model, steps, memory)
+        return Runner(model, plan, memory, hybrid, steps, program)
+
+    def with_decode(self, decode: str) -> Runner:
+        """A runner over the same model and fast paths that decodes with `decode` (one this plan
+        built or a slower one): how tests compare the runners' bytes."""
+        plan = replace(self.plan, decode=decode, decode_why="chosen by the caller")
+        return Runner(self.model, plan, self.memory, self.hybrid, self.steps, self.program)
+
+    def __call__(self, tokens: torch.Tensor, batch, cache, all_logits: bool = False) -> torch.Tensor:
+        layers = self._decode if batch.is_decode else None
+        return self.model(tokens, batch, cache, all_logits, layers=layers)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def times(self) -> StepTimes:
+        """The model's time split, with what the decode program measured inside its native call."""
+        t = self.model.times()
+        if self.program is not None:
+            a, e = self.program.seconds()
+            t.attention_s, t.experts_s = t.attention_s + a, t.experts_s + e
+        return t
+
+    def reset_times(self) -> None:
+        self.model.reset_times()
+        if self.program is not None:
+            self.program.reset()
+
+    def close(self) -> None:
+        """Stop the hybrid CPU side's worker and the packed compute's pool (not the memory's)."""
+        for part in (self.hybrid, self.model.compute):
+            if part is not None:
+                part.close()
+
+
+def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
+          dtype: torch.dtype = torch.float32, n_threads: int | None = None, compute: str = "float") -> Runner:
+    """The model in `mf` (`strata.models.load_model`) and the runners its plan names."""
+    device, n_threads = torch.device(device), n_threads or native.default_threads()
+    target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers)
+    hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem)[0] else None
+    model = None
+    try:
+        model = load_model(mf, memory, device=device, dtype=dtype, n_threads=n_threads, compute=compute, hybrid=hybrid)
+        return Runner.of(model, decide(target, mem, arch_caps(model)), memory, hybrid)
+    except BaseException:
+        for part in (hybrid, getattr(model, "compute", None)):
+            if part is not None:
+                part.close()
+        raise
+
+
+__all__ = ["Runner", "arch_caps", "build"]

@@ -1,0 +1,92 @@
+"""The runtime plan (strata.runtime.plan): the decision table row by row, the plan each memory and
+compute mode loads with, and that decoding under each plan gives the per-call path's bytes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from strata import runtime
+from strata.runtime import FLOAT, FUSED, PACKED, PROGRAM, ArchCaps, MemoryCaps, Target, decide
+
+CPU_PACKED, CPU_FLOAT = Target("cpu", "packed"), Target("cpu", "float")
+ALL_FUSED = ArchCaps(4, 4)
+
+
+@pytest.mark.parametrize("target,memory,arch,decode,prefill,hybrid", [
+    (CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True), ALL_FUSED, PROGRAM, PACKED, False),
+    (CPU_PACKED, MemoryCaps("paged", packed=True, fixed=True), ALL_FUSED, PROGRAM, PACKED, False),
+    (CPU_PACKED, MemoryCaps("tiered", packed=True, fixed=True), ALL_FUSED, PROGRAM, PACKED, False),
+    (CPU_PACKED, MemoryCaps("tiered", packed=True, prefetch_depth=2), ALL_FUSED, FUSED, PACKED, False),
+    (CPU_PACKED, MemoryCaps("tiered", packed=True), ALL_FUSED, FUSED, PACKED, False),  # a loader thread moves them
+    (CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True), ArchCaps(4, 4, program="sliding-window rope"),
+     FUSED, PACKED, False),
+    (CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True), ArchCaps(4, 1, "block 1 ...", "block 1 ..."),
+     FUSED, PACKED, False),
+    (CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True), ArchCaps(4, 0, "latent attention with temperature"),
+     PACKED, PACKED, False),
+    (CPU_PACKED, MemoryCaps("direct"), ALL_FUSED, PACKED, PACKED, False),  # float experts beside packed matrices
+    (CPU_FLOAT, MemoryCaps("direct", fixed=True), ALL_FUSED, FLOAT, FLOAT, False),
+    (Target("cuda", "float"), MemoryCaps("tiered", prefetch_depth=2, hybrid=True), ArchCaps(4, 0), FLOAT, FLOAT, True),
+    (CPU_PACKED, MemoryCaps("none"), ArchCaps(2, 2, program="no block has routed experts"), FUSED, PACKED, False),
+])
+def test_decision_table(target, memory, arch, decode, prefill, hybrid):
+    plan = decide(target, memory, arch)
+    assert (plan.decode, plan.prefill, plan.hybrid) == (decode, prefill, hybrid)
+    assert all(why and "\n" not in why for why in (plan.decode_why, plan.prefill_why, plan.hybrid_why))
+    assert plan.describe().startswith(f"decode: {decode}; prefill: {prefill}; hybrid: {'on' if hybrid else 'off'} — why")
+
+
+def test_the_plan_says_why_the_program_cannot_take_an_architecture():
+    plan = decide(CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True),
+                  ArchCaps(3, 3, program="sliding-window layers have their own RoPE base (the program takes one table)"))
+    assert plan.decode == FUSED and "own RoPE base" in plan.decode_why
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    from tests.fixtures.tiny import zoo
+    return zoo().get("qwen3moe")
+
+
+@pytest.mark.parametrize("compute,kw,decode", [
+    ("packed", dict(memory="direct"), PROGRAM),
+    ("packed", dict(memory="paged"), PROGRAM),
+    ("packed", dict(memory="tiered", prefetch_depth=0), PROGRAM),  # a settled pool: experts stay put
+    ("packed", dict(memory="tiered", prefetch_depth=1), FUSED),    # announcements between layers
+    ("float", dict(memory="direct"), FLOAT),
+], ids=["direct", "paged", "tiered-settled", "tiered-prefetch", "float"])
+def test_loaded_plans_and_their_bytes(qwen3, compute, kw, decode):
+    """Each memory loads with the plan the table gives, the runner built for it holds exactly the
+    fast paths it names, and its decode steps give the bytes of the model's own per-call path."""
+    with strata.load(qwen3.gguf(None), threads=1, n_ctx=64, max_batch=2, compute=compute, **kw) as m:
+        r = m.runner
+        assert m.plan.decode == decode and m.plan.prefill == (PACKED if compute == "packed" else FLOAT)
+        assert not m.plan.hybrid and (r.program is not None) == (decode == PROGRAM)
+        assert (r.steps is not None) == (decode in (PROGRAM, FUSED))
+        if compute == "packed":
+            assert "packed" in m.plan.prefill_why
+        per_call = r.with_decode(PACKED if compute == "packed" else FLOAT)
+        slots, prompts = [m.cache.allocate() for _ in range(2)], [qwen3.prompt_ids(6, seed=1), qwen3.prompt_ids(9, seed=2)]
+        out = {}
+        try:
+            for run in (r, per_call):
+                last = [int(run(torch.tensor(p), m.cache.batch([s], [0], [len(p)]), m.cache)[0].argmax())
+                        for s, p in zip(slots, prompts)]
+                batch = m.cache.batch(slots, [len(p) for p in prompts], [1, 1])
+                out[run is r] = run(torch.tensor(last), batch, m.cache)
+            assert torch.equal(out[True], out[False])
+        finally:
+            for s in slots:
+                m.cache.free(s)
+
+
+def test_nothing_selects_a_path_by_attributes_on_a_built_model():
+    """The models package builds maths only: no fused step, program or hybrid side is attached."""
+    import inspect
+
+    from strata.models import loader, transformer
+    src = inspect.getsource(loader) + inspect.getsource(transformer)
+    for attr in (".fused =", ".program =", ".hybrid =", ".native = True", "__func__"):
+        assert attr not in src, attr
+    assert runtime.Runner.with_decode  # tests compare runners through the runtime's own seam
