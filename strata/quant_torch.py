@@ -1,4 +1,4 @@
-"""Dequantization of GGML blocks with torch operations, on any device (the device tier's packed
+"""Dequantization of GGML blocks with torch operations, on any device (the tiered memory's packed
 slots on CUDA, where the native kernels cannot run).
 
 Each format follows gguf-py's numpy arithmetic (`gguf.quants`, which the native scalar
