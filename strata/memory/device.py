@@ -13,11 +13,11 @@ Slot forms (S slots, I = n_ff_exp, D = n_embd, A = scratch experts):
     dequantized  gate [S, I, D], up [S, I, D], down [S, D, I] in the compute dtype: a hit is a
                  pure GEMM. Filled on the CPU by the native kernels from the host slot; on CUDA
                  the packed bytes cross PCIe (3.5-7x fewer than the values) into one of two
-                 staging buffers and are dequantized on the device (`gpu_dequant`) into the slot.
+                 staging buffers and are dequantized on the device (`strata.quant_torch`) into the slot.
     packed       uint8 [S, slot_bytes]: the GGUF bytes of gate | up | down, each region
                  PACKED_ALIGN-aligned. 3.5-7x more experts per byte of budget; each use
                  dequantizes into scratch gate/up [A, I, D], down [A, D, I] (native kernels on
-                 the CPU, `gpu_dequant` on CUDA).
+                 the CPU, `strata.quant_torch` on CUDA).
 
 CUDA ordering. All fills run on one load stream. Each slot has two events: `ready` (recorded
 after its fill; the compute stream waits on it before reading the slot) and `free` (recorded on
@@ -37,11 +37,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from strata import native
+from strata import native, quant_torch
 from strata.gguf import PARTS, ExpertSlab, ModelFile
 from strata.units import itemsize, round_up
 
-from . import alloc, gpu_dequant
+from . import alloc
 from .base import ExpertWeights
 from .direct import MIN_ELEMS_PER_THREAD
 
@@ -181,7 +181,7 @@ class DeviceSlots:
                     self._next_staging ^= 1  # alternate: one stages while the other is read
                     stage.copy_(host, non_blocking=True)
                     out = self.parts[p][slot]
-                    gpu_dequant.dequantize_into(slab.ggml_type, stage, out)
+                    quant_torch.dequantize_into(slab.ggml_type, stage, out)
                     written += out.numel() * out.element_size()
             self.ready[slot].record(self.load_stream)
         seconds = time.perf_counter() - t0
@@ -213,7 +213,7 @@ class DeviceSlots:
             start = self.geometry.packed_offsets[p]
             src, out = self.packed[slot, start:start + slab.nbytes], self.scratch[p][index]
             if self.cuda:
-                gpu_dequant.dequantize_into(slab.ggml_type, src, out)
+                quant_torch.dequantize_into(slab.ggml_type, src, out)
             else:
                 native.dequantize_into(slab.ggml_type, src, out, n_threads=self._threads(out.numel()))
         return ExpertWeights(*(s[index] for s in self.scratch)), time.perf_counter() - t0

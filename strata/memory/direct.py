@@ -12,6 +12,7 @@ Must not: cache, place or prefetch (that is the tiered memory's job).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -21,6 +22,7 @@ from strata.gguf import PARTS, ModelFile
 from strata.units import itemsize
 
 from .base import ExpertMemory, ExpertWeights, PackedExperts
+from .parts import LayerParts, file_parts
 
 #: Default bytes of expert buffers (per copy: host, and device when not CPU); sets `max_acquire`.
 DEFAULT_BUFFER_BYTES = 256 << 20
@@ -46,7 +48,7 @@ class DirectExpertMemory(ExpertMemory):
             if self.device.type != "cpu":
                 raise ValueError(f"packed experts are computed on the CPU, not on {self.device}")
             self.max_acquire, self._held = hp.n_experts, None
-            self._parts: dict[int, native.MoeParts] = {}
+            self._parts = LayerParts(partial(file_parts, model_file))
             return
         per_expert = sum(r * c for r, c in self.shapes.values()) * itemsize(dtype)
         default = min(hp.n_experts, max(hp.n_experts_used, DEFAULT_BUFFER_BYTES // per_expert))
@@ -83,20 +85,15 @@ class DirectExpertMemory(ExpertMemory):
             raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
                                "are still held: release them first")
         self.model_file.check_intact()  # the kernels read these experts in place from the map
-        parts = self._parts.get(layer)
-        if parts is None:
-            parts = self._parts[layer] = file_parts(self.model_file, layer)
         self._held = (layer, ids)
-        return PackedExperts(parts, list(ids))
+        return PackedExperts(self._parts(layer), list(ids))
 
     def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
         """Packed: the file's expert tensors, expert e at position e (the map never moves)."""
         if not self.packed:
             return None
         self.model_file.check_intact()
-        parts = self._parts.get(layer)
-        if parts is None:
-            parts = self._parts[layer] = file_parts(self.model_file, layer)
+        parts = self._parts(layer)
         return parts, torch.arange(parts.gate.n_experts, dtype=torch.int32)
 
     def check_fixed(self) -> None:
@@ -123,16 +120,6 @@ class DirectExpertMemory(ExpertMemory):
 
     def close(self) -> None:
         self._host, self._device, self._held = [], [], None
-
-
-def file_parts(model_file: ModelFile, layer: int) -> native.MoeParts:
-    """The gate, up and down expert tensors of `layer` as the native MoE kernels' regions."""
-    parts = []
-    for part in PARTS:
-        slab = model_file.expert(layer, 0, part)
-        data, stride = model_file.expert_region(layer, part)
-        parts.append(native.MoePart(data, slab.ggml_type, *slab.shape, stride=stride))
-    return native.MoeParts(*parts)
 
 
 __all__ = ["DEFAULT_BUFFER_BYTES", "MIN_ELEMS_PER_THREAD", "DirectExpertMemory", "file_parts"]

@@ -20,7 +20,7 @@ than round_up(nbytes, A) + A; the slab then starts `data_offset` bytes into its 
 `compact=True` each finished read is moved to the start of its region (one memmove of the slab,
 before the slot turns READY), so every part p of every slot starts at s * slot_bytes +
 part_offset[p]: the pool is then one strided region per part that the native MoE kernels read in
-place (the hybrid CPU compute of `hybrid_exec.py`).
+place (the hybrid CPU compute of `hybrid/split.py`).
 
 Placement. Which expert occupies which slot is ExpertPolicy's decision (strata.memory.policy):
 per-layer slot budgets, decayed use counts and hints; a LOADING or pinned slot is never a victim.
@@ -49,6 +49,7 @@ from strata.units import format_bytes
 
 from . import alloc
 from .base import ExpertLayers
+from .parts import LayerParts
 from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget,
                      machine_memory, slot_layout)
 from .policy import READY, ExpertPolicy, PolicyConfig
@@ -162,6 +163,7 @@ class HostTier:
         self._data_offset = np.zeros((self.policy.n_slots, len(PARTS)), dtype=np.int64)  # [S, 3]
         self._loading: dict[int, HostLoad] = {}  # slot -> load in flight
         self._lock = threading.Lock()
+        self._parts = LayerParts(self._pool_parts)
         self.counters = {"hits": 0, "misses": 0, "prefetches": 0, "refused_prefetches": 0,
                          "evictions": 0, "failed_loads": 0, "bytes_loaded": 0}
 
@@ -290,6 +292,9 @@ class HostTier:
     def layer_parts(self, layer: int) -> native.MoeParts:
         """The pool as the native MoE kernels' regions for `layer` (compact mode only): slot s's
         part p starts at byte s * slot_bytes + part_offset[p], so `index` is the host slot."""
+        return self._parts(layer)
+
+    def _pool_parts(self, layer: int) -> native.MoeParts:
         if not self.compact:
             raise StrataError("host tier: slabs sit at their read offsets; only a compact tier (compact=True) "
                               "is read in place as strided regions")

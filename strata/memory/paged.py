@@ -37,6 +37,7 @@ from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, chec
 from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .placement import estimate, warn_if_slow
+from .startup import place_initial
 from .stats import MemoryStats
 
 
@@ -72,11 +73,10 @@ class PagedExpertMemory(ExpertMemory):
         self.placement = estimate(model_file, self.host.slots_per_layer, 0)
         warn_if_slow(model_file, self.placement, one_tier=True)  # once, at start: most experts would come from disk
         self.stats = MemoryStats(list(self.layers), self.n_experts)
-        self._parts: list[native.MoeParts | None] = [None] * len(self.layers)
         self._held: tuple[int, tuple[int, ...]] | None = None
         self._pending: _Pending | None = None
         try:
-            self._place_initial()
+            place_initial(model_file, self.host, self.layers, self.stats)
         except BaseException:
             self.host.close()
             raise
@@ -133,7 +133,7 @@ class PagedExpertMemory(ExpertMemory):
         self.stats.disk_reads[li] += n_miss
         self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in loads for s in self.model_file.expert_slabs(layer, e))
         self.stats.wait_s[li] += time.perf_counter() - t0
-        return PackedExperts(self._layer_parts(layer, li), list(slots))
+        return PackedExperts(self.host.layer_parts(layer), list(slots))
 
     def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """The second half of `acquire_packed`: waits for the reads `start_packed` queued and pins
@@ -152,7 +152,7 @@ class PagedExpertMemory(ExpertMemory):
                 p.slots[i] = load.slot
         finally:
             self.stats.wait_s[li] += time.perf_counter() - t0
-        return PackedExperts(self._layer_parts(layer, li), list(p.slots))
+        return PackedExperts(self.host.layer_parts(layer), list(p.slots))
 
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
         ids = tuple(int(e) for e in expert_ids)
@@ -182,7 +182,7 @@ class PagedExpertMemory(ExpertMemory):
         """The slot pool and the layer's page table row (a live view): between steps every slot
         in it holds its expert, ready (loads finish inside `acquire_packed`)."""
         li = self.layers.index(layer)
-        return self._layer_parts(layer, li), torch.from_numpy(self.host.policy.page_table[li])
+        return self.host.layer_parts(layer), torch.from_numpy(self.host.policy.page_table[li])
 
     def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
         self.observe(layer, expert_ids)
@@ -207,22 +207,6 @@ class PagedExpertMemory(ExpertMemory):
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _layer_parts(self, layer: int, li: int) -> native.MoeParts:
-        parts = self._parts[li]
-        if parts is None:
-            parts = self._parts[li] = self.host.layer_parts(layer)
-        return parts
-
-    def _place_initial(self) -> None:
-        """Seed the policy from the file's routing statistics and read each layer's hottest
-        experts (a no-op for a file without them)."""
-        routing = self.model_file.routing_counts()  # ([L, E], n_tokens) or None
-        if routing is None:
-            return
-        self.host.seed_counts(*routing)
-        for li, e in self.host.policy.initial_placement():
-            self.host.wait(self.host.load(self.layers.layer(li), e))
-            self.stats.startup_loads[li] += 1
 
 
 __all__ = ["PagedExpertMemory"]

@@ -278,7 +278,7 @@ def test_llama_cpp_quantized_files_run_packed_and_agree_with_llama_cpp(ftype):
 
 
 def test_gpu_expert_memory_reads_every_type_and_refuses_one_it_cannot(mixed, monkeypatch):
-    """The tiered memory on CUDA dequantizes experts with torch (strata.memory.gpu_dequant): it reads
+    """The tiered memory on CUDA dequantizes experts with torch (strata.quant_torch): it reads
     every type of the mixed file; a type it lacked would be said at load, naming the tensor, instead
     of at the first fill."""
     import strata.models.loader as loader

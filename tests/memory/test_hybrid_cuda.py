@@ -15,7 +15,7 @@ from .tiered_fixture import moe_file, prompt, tiered
 
 import strata
 from strata.memory.hybrid import HybridRates
-from strata.memory.hybrid_exec import layer_format
+from strata.memory.hybrid import layer_format
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -20,7 +20,7 @@ from strata.memory.budget import host_budget_for_slots
 from strata.memory.direct import file_parts
 from strata.memory.host import HostTier
 from strata.memory.hybrid import HybridRates
-from strata.memory.hybrid_exec import HybridExec, layer_format, split_chunk
+from strata.memory.hybrid import HybridExec, layer_format, split_chunk
 from strata.memory.stats import MemoryStats
 from strata.memory.tiered import TieredConfig
 

@@ -66,7 +66,7 @@ def _decode(path, routing: np.ndarray, lookahead: bool, margin: float) -> tuple[
                     mem.acquire(layer, ids)
                     mem.release(layer, ids)
                     hits[li, t] = stats.device_hits[li] + stats.device_late[li] - before
-                    for ready in mem._ready:  # every queued prefetch done: placement no longer timing-dependent
+                    for ready in mem.loads.ready:  # every queued prefetch done: placement no longer timing-dependent
                         ready.wait()
                     tables.append(mem.policy.page_table.copy())
             totals = {"misses": stats.total("device_misses"), "prefetches": stats.total("prefetch_issued"),

@@ -288,7 +288,7 @@ def test_an_unclosed_memory_is_collected_and_its_loader_stops(path):
 
     m = load(path, "packed", depth=1)
     m.generate(prompt(6), max_tokens=4, stop_token_ids=())
-    ref, thread = weakref.ref(m.memory), m.memory._loader
+    ref, thread = weakref.ref(m.memory), m.memory.loads.thread
     assert thread.is_alive()
     del m
     gc.collect()

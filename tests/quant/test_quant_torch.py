@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from strata import native
-from strata.memory.gpu_dequant import TORCH_DEQUANT_TYPES, dequantize_into
+from strata.quant_torch import TORCH_DEQUANT_TYPES, dequantize_into
 from strata.quant import DEQUANT_TYPES, GGMLType, block_size, random_blocks
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: Formats both dequantizers read (tests/memory/test_gpu_dequant_iquants.py holds the others to gguf.quants).
+#: Formats both dequantizers read (tests/quant/test_quant_torch_iquants.py holds the others to gguf.quants).
 NATIVE_TYPES = tuple(t for t in TORCH_DEQUANT_TYPES if t in DEQUANT_TYPES)
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 

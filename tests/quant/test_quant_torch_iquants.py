@@ -5,7 +5,7 @@ import pytest
 import torch
 from gguf import quants as gguf_quants
 
-from strata.memory.gpu_dequant import TORCH_DEQUANT_TYPES, dequantize_into
+from strata.quant_torch import TORCH_DEQUANT_TYPES, dequantize_into
 from strata.quant import GGMLType as T
 from strata.quant import block_size, random_blocks
 

@@ -7,7 +7,7 @@
 
 An expert of the chunk that is not in (or loading into) a device slot but is loaded in the host
 tier may be computed on the CPU with the native kernels instead of being copied: `split_chunk`
-asks `plan_misses` (hybrid.py) with the measured `HybridRates`. Rates are measured online: every
+asks `plan_misses` (plan.py) with the measured `HybridRates`. Rates are measured online: every
 CPU call (its tokens x packed bytes and seconds, reported by the model) and every demand copy
 whose experts were all host hits (packed bytes and seconds from queueing the copies to their
 completion, reported by the tiered memory). Until the CPU rate of a layer's format is known, one
@@ -29,10 +29,10 @@ import numpy as np
 from strata import native
 from strata.gguf import ModelFile
 
-from .base import ExpertLayers, PackedExperts
-from .host import HostTier
-from .hybrid import ExpertMiss, HybridRates, plan_misses
-from .stats import MemoryStats
+from ..base import ExpertLayers, PackedExperts
+from ..host import HostTier
+from ..stats import MemoryStats
+from .plan import ExpertMiss, HybridRates, plan_misses
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ class HybridExec:
         self.rates, self.overlap = rates or HybridRates(), overlap
         self.learn = True  # fold measurements into `rates` (tests freeze chosen rates by clearing it)
         L = len(layers)
-        self._parts: list[native.MoeParts | None] = [None] * L
         self._format: list[tuple[str, int]] = [layer_format(model_file, layer) for layer in layers]
         self._held: tuple[int, list[int]] | None = None
 
@@ -107,9 +106,7 @@ class HybridExec:
             device_ids = [int(e) for e in expert_ids if int(e) not in set(pinned)]
         if not pinned:
             return HybridSplit(device_ids, [], None, 0, fmt)
-        parts = self._parts[li]
-        if parts is None:
-            parts = self._parts[li] = self.host.layer_parts(layer)
+        parts = self.host.layer_parts(layer)
         tokens = dict(zip((int(e) for e in expert_ids), (int(t) for t in n_tokens)))
         self._held = (layer, pinned)
         return HybridSplit(device_ids, pinned, PackedExperts(parts, slots),

@@ -1,9 +1,10 @@
-"""Loads into device slots for `TieredExpertMemory`, and the prefetch loader that runs them ahead.
+"""Loads into the tiered memory's device slots, and the prefetch loader thread that runs them ahead.
 
 A device slot is loaded by whoever reaches it first: the compute thread (a miss, or a queued
 prefetch it takes over) or the loader thread (an admitted prediction). `SlotLoads` holds the
-per-slot job state both share and the steps of one load: start (the policy admitted the slot),
-read through the host tier, fill the slot (copy or dequantize), complete or cancel.
+per-slot job state both share, the lock the memory's acquire path takes too, and the steps of
+one load: start (the policy admitted the slot), read through the host tier, fill the slot (copy
+or dequantize), complete or cancel.
 
 Prefetch. Predictions come from the model's router look-ahead (`prefetch`, turned into a
 `Prediction` by `predict.lookahead.announcement`) and from the memory's own predictors (fed by
@@ -29,10 +30,14 @@ import numpy as np
 import torch
 
 from strata.errors import StrataError
+from strata.gguf import ModelFile
 
-from .host import HostLoad
-from .policy import PoolExhaustedError
-from .predict import Prediction
+from ..base import ExpertLayers
+from ..device import DeviceSlots
+from ..host import HostLoad, HostTier
+from ..policy import ExpertPolicy, PoolExhaustedError
+from ..predict import Prediction, Predictor
+from ..stats import MemoryStats
 
 # Who is loading a LOADING slot (job state per slot).
 NONE, QUEUED, LOADER, COMPUTE = 0, 1, 2, 3
@@ -40,56 +45,65 @@ RETRY_S = 2e-4  # pause before retrying when every host slot of a layer is pinne
 
 
 class SlotLoads:
-    """Mixin of `TieredExpertMemory`: the state of loads into device slots and the prefetch loader.
-    Expects `policy`, `host`, `slots`, `stats`, `layers` (`ExpertLayers`), `model_file`,
-    `prefetch_depth` and `predictors` on the instance."""
+    """The loads into one tiered memory's device slots and its prefetch loader thread. It owns
+    the lock that guards the device policy, the statistics and the per-slot job state below;
+    the memory's acquire path takes the same `lock`.
 
-    def _init_loads(self, n_slots: int, n_layers: int, n_experts: int) -> None:
-        S = n_slots
-        self._lock = threading.Lock()
-        self._ready = [threading.Event() for _ in range(S)]  # set when the slot's load is over
-        for event in self._ready:
+    Per slot [S]: `ready` (an event, set when no load is in flight), `job` (who loads a LOADING
+    slot), `generation` (admissions so far: stale queue entries), `prefetched` (filled by a
+    prefetch not yet used), `error` (a failed load's exception, for whoever waits); per (expert
+    layer, expert) [L, E]: `predicted` (announced for the next step)."""
+
+    def __init__(self, policy: ExpertPolicy, host: HostTier, slots: DeviceSlots, stats: MemoryStats,
+                 layers: ExpertLayers, model_file: ModelFile, predictors: list[Predictor]):
+        self.policy, self.host, self.slots, self.stats = policy, host, slots, stats
+        self.layers, self.model_file, self.predictors = layers, model_file, predictors
+        S, L, E = policy.n_slots, len(layers), policy.page_table.shape[1]
+        self.lock = threading.Lock()
+        self.ready = [threading.Event() for _ in range(S)]
+        for event in self.ready:
             event.set()
-        self._job = np.zeros(S, dtype=np.int8)  # [S] who loads a LOADING slot
-        self._generation = np.zeros(S, dtype=np.int64)  # [S] admissions so far: stale queue entries
-        self._prefetched = np.zeros(S, dtype=bool)  # [S] filled by a prefetch not yet used
-        self._error: list[BaseException | None] = [None] * S
-        self._predicted = np.zeros((n_layers, n_experts), dtype=bool)  # [L, E] announced for the next step
+        self.job = np.zeros(S, dtype=np.int8)
+        self.generation = np.zeros(S, dtype=np.int64)
+        self.prefetched = np.zeros(S, dtype=bool)
+        self.error: list[BaseException | None] = [None] * S
+        self.predicted = np.zeros((L, E), dtype=bool)
         self._unpins: deque[tuple[int, int, int]] = deque()  # (slot, layer, expert): CUDA host pins to drop
         self._unpin_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._loader: threading.Thread | None = None
+        self.thread: threading.Thread | None = None
 
-    def _start_loader(self) -> None:
-        """The loader thread; it holds the memory weakly, so dropping the memory stops it."""
-        self._loader = threading.Thread(target=_loader_main, args=(weakref.ref(self), self._queue),
-                                        name="strata-expert-loader", daemon=True)
-        self._loader.start()
+    def start_thread(self) -> None:
+        """The loader thread; it holds the loads weakly, so dropping the memory (their only owner)
+        stops it."""
+        self.thread = threading.Thread(target=_loader_main, args=(weakref.ref(self), self._queue),
+                                       name="strata-expert-loader", daemon=True)
+        self.thread.start()
         weakref.finalize(self, self._queue.put, None)
 
-    def _stop_loader(self) -> None:
-        if self._loader is not None:
+    def stop_thread(self) -> None:
+        if self.thread is not None:
             self._queue.put(None)
-            self._loader.join()
-            self._loader = None
+            self.thread.join()
+            self.thread = None
 
     # ---- one load ------------------------------------------------------------------------------
 
-    def _start_load(self, slot: int, who: int) -> None:
+    def start(self, slot: int, who: int) -> None:
         """A slot was just admitted (lock held): it is loading, by `who`."""
-        self._generation[slot] += 1
-        self._job[slot] = who
-        self._prefetched[slot] = False
-        self._error[slot] = None
-        self._ready[slot].clear()
+        self.generation[slot] += 1
+        self.job[slot] = who
+        self.prefetched[slot] = False
+        self.error[slot] = None
+        self.ready[slot].clear()
 
-    def _cancel(self, li: int, slot: int) -> None:
+    def cancel(self, li: int, slot: int) -> None:
         """Give a LOADING slot back to the policy (lock held)."""
         self.policy.cancel(li, int(self.policy.slot_expert[slot]))
-        self._job[slot] = NONE
-        self._ready[slot].set()
+        self.job[slot] = NONE
+        self.ready[slot].set()
 
-    def _host_wait(self, layer: int, e: int, load: HostLoad):
+    def host_wait(self, layer: int, e: int, load: HostLoad):
         """The expert's bytes in a pinned host slot, once `load` is done. A slot evicted between
         its load and this pin (by another thread's load) is loaded again."""
         while True:
@@ -103,16 +117,16 @@ class SlotLoads:
                     load = self.host.load(layer, e)
                     break
                 except PoolExhaustedError:  # every host slot of the layer loading or pinned
-                    self._make_host_room(layer)
+                    self.make_host_room(layer)
 
-    def _make_host_room(self, layer: int) -> None:
+    def make_host_room(self, layer: int) -> None:
         """Every host slot of `layer` is loading or pinned: complete the loads in flight (some may
         have nobody waiting for them), else let pins go (CUDA copies) and pause."""
         if not self.host.reap(layer):
-            self._drain_unpins()
+            self.drain_unpins()
             time.sleep(RETRY_S)
 
-    def _fill(self, layer: int, li: int, e: int, slot: int, expert, prefetched: bool = False) -> None:
+    def fill(self, layer: int, li: int, e: int, slot: int, expert, prefetched: bool = False) -> None:
         """Host slot -> device slot, then READY; the host slot is unpinned once the copy is done."""
         try:
             seconds, written = self.slots.fill(slot, expert.slabs, expert.parts)
@@ -124,26 +138,26 @@ class SlotLoads:
                 self._unpins.append((slot, layer, e))
         else:
             self.host.unpin(layer, e)
-        with self._lock:
+        with self.lock:
             self.stats.dequant_s[li] += seconds
             self.stats.bytes_to_device[li] += written
             self.policy.complete(li, e)
-            self._job[slot] = NONE
-            self._prefetched[slot] = prefetched
-            self._ready[slot].set()
+            self.job[slot] = NONE
+            self.prefetched[slot] = prefetched
+            self.ready[slot].set()
 
-    def _count_host(self, li: int, layer: int, e: int, load: HostLoad, prefetch: bool) -> None:
+    def count_host(self, li: int, layer: int, e: int, load: HostLoad, prefetch: bool) -> None:
         hits, reads = ((self.stats.prefetch_host_hits, self.stats.prefetch_disk_reads) if prefetch
                        else (self.stats.host_hits, self.stats.disk_reads))
         nbytes = 0 if load.hit else sum(s.nbytes for s in self.model_file.expert_slabs(layer, e))
-        with self._lock:
+        with self.lock:
             if load.hit:
                 hits[li] += 1
             else:
                 reads[li] += 1
                 self.stats.bytes_disk[li] += nbytes
 
-    def _drain_unpins(self, block: bool = False) -> None:
+    def drain_unpins(self, block: bool = False) -> None:
         """Unpin host slots whose copies to the device have finished (CUDA)."""
         while True:
             with self._unpin_lock:
@@ -158,34 +172,34 @@ class SlotLoads:
 
     # ---- predictions ---------------------------------------------------------------------------
 
-    def _predict(self, li: int, ids: np.ndarray) -> None:
+    def predict(self, li: int, ids: np.ndarray) -> None:
         """Feed this layer's routing [T, K] to the predictors and prefetch what they predict."""
         for predictor in self.predictors:
             predictor.observe(li, ids)
         for predictor in self.predictors:
             for prediction in predictor.predict(li, ids):
-                self._announce(prediction)
+                self.announce(prediction)
 
-    def _announce(self, prediction: Prediction) -> None:
+    def announce(self, prediction: Prediction) -> None:
         """Hint a prediction to both tiers and queue the loads the device policy admits."""
         li, ids, probs = prediction.layer, prediction.expert_ids, prediction.probs
         layer = self.layers.layer(li)
         self.host.hint(layer, ids, probs)
-        with self._lock:
-            self._predicted[li, ids] = True
+        with self.lock:
+            self.predicted[li, ids] = True
             for e, prob, admitted in self.policy.announce(li, ids, probs):
                 if admitted is None:
                     self.stats.prefetch_refused[li] += 1
                     continue
                 slot, evicted = admitted
-                self._start_load(slot, QUEUED)
+                self.start(slot, QUEUED)
                 self.stats.prefetch_issued[li] += 1
                 self.stats.evictions[li] += evicted is not None
-                self._queue.put((layer, li, e, slot, int(self._generation[slot]), prob))
+                self._queue.put((layer, li, e, slot, int(self.generation[slot]), prob))
 
-    def _score_predictions(self, li: int, ids: np.ndarray) -> None:
+    def score_predictions(self, li: int, ids: np.ndarray) -> None:
         """Lock held: compare the experts announced for this step with those routed."""
-        predicted = self._predicted[li]
+        predicted = self.predicted[li]
         if not predicted.any():
             return
         actual = np.unique(ids)
@@ -197,20 +211,20 @@ class SlotLoads:
     # ---- the loader thread's work --------------------------------------------------------------
 
     def _run_prefetch(self, layer: int, li: int, e: int, slot: int, generation: int, prob: float) -> None:
-        with self._lock:
-            if self._generation[slot] != generation or self._job[slot] != QUEUED:
+        with self.lock:
+            if self.generation[slot] != generation or self.job[slot] != QUEUED:
                 return  # cancelled, or taken over by compute
-            self._job[slot] = LOADER
+            self.job[slot] = LOADER
         try:
             expert = self._prefetch_host(layer, li, e, slot, prob)
             if expert is not None:
-                self._fill(layer, li, e, slot, expert, prefetched=True)
+                self.fill(layer, li, e, slot, expert, prefetched=True)
         except BaseException as exc:  # compute may be waiting for this slot: hand it the error
-            with self._lock:
-                self._error[slot] = exc
+            with self.lock:
+                self.error[slot] = exc
                 if self.policy.slot_pins[slot] == 0:
-                    self._cancel(li, slot)
-                self._ready[slot].set()
+                    self.cancel(li, slot)
+                self.ready[slot].set()
 
     def _prefetch_host(self, layer: int, li: int, e: int, slot: int, prob: float):
         """The predicted expert in a pinned host slot, or None when the host tier refuses it and
@@ -221,41 +235,41 @@ class SlotLoads:
             except PoolExhaustedError:
                 load = None
             if load is None:
-                with self._lock:
+                with self.lock:
                     if self.policy.slot_pins[slot] == 0:
-                        self._cancel(li, slot)
+                        self.cancel(li, slot)
                         self.stats.prefetch_cancelled[li] += 1
                         return None
                 try:  # compute is waiting for it: load it as a demand load would
                     load = self.host.load(layer, e)
                 except PoolExhaustedError:
-                    self._make_host_room(layer)
+                    self.make_host_room(layer)
                     continue
-            self._count_host(li, layer, e, load, prefetch=True)
-            return self._host_wait(layer, e, load)
+            self.count_host(li, layer, e, load, prefetch=True)
+            return self.host_wait(layer, e, load)
 
 
-def _loader_main(memory_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
-    """The loader thread: runs queued prefetches until None arrives or the memory is gone. It
-    holds the memory only while it works, so an unclosed memory can still be collected."""
-    memory = memory_ref()
-    if memory is None:
+def _loader_main(loads_ref: weakref.ref, jobs: queue.SimpleQueue) -> None:
+    """The loader thread: runs queued prefetches until None arrives or the loads are gone. It
+    holds them only while it works, so an unclosed memory can still be collected."""
+    loads = loads_ref()
+    if loads is None:
         return
-    if memory.slots.cuda:
-        torch.cuda.set_device(memory.device.index)
+    if loads.slots.cuda:
+        torch.cuda.set_device(loads.slots.device.index)
     while True:
-        timeout = 0.01 if memory._unpins else None  # host pins wait for copies to finish (CUDA)
-        del memory
+        timeout = 0.01 if loads._unpins else None  # host pins wait for copies to finish (CUDA)
+        del loads
         try:
             job = jobs.get(timeout=timeout)
         except queue.Empty:
             job = ()
-        memory = memory_ref()
-        if job is None or memory is None:
+        loads = loads_ref()
+        if job is None or loads is None:
             return
-        memory._drain_unpins()
+        loads.drain_unpins()
         if job:
-            memory._run_prefetch(*job)
+            loads._run_prefetch(*job)
 
 
 __all__ = ["COMPUTE", "LOADER", "NONE", "QUEUED", "RETRY_S", "SlotLoads"]

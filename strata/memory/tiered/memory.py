@@ -17,9 +17,10 @@ the device slots and scratch (`device.py`), the host pool (`host.py`); decoding 
 which expert each slot holds (`alloc.ALLOCATIONS` counts every buffer, for the tests).
 
 Hybrid (`TieredConfig.hybrid`): `hybrid_split` hands a chunk's missed experts that the host
-tier holds to the CPU where the measured costs say so (`hybrid_exec.py`); the rest are acquired
-as above. This file is the acquire path. Loads and the prefetch loader are `loader.py`'s, start-up
-placement `startup.py`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
+tier holds to the CPU where the measured costs say so (`strata.memory.hybrid`); the rest are
+acquired as above. This file is the acquire path. Loads, their lock and the prefetch loader are
+`loads.py`'s (`SlotLoads`, which the memory owns as `loads`), start-up placement
+`strata.memory.startup`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
 here are model layer numbers; the policies, predictors and statistics index expert layers
 0..L-1 (`ExpertLayers` maps them). Must not: decide placement (the policies do).
 """
@@ -35,20 +36,21 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
-from .budget import Plan, TieredConfig, make_plan
-from .device import DeviceSlots, expert_geometry
-from .host import HostLoad, HostTier
-from .hybrid_exec import HybridExec, HybridSplit
-from .loader import COMPUTE, QUEUED, SlotLoads
-from .placement import estimate, warn_if_slow
-from .policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
-from .predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
-from .startup import place_initial
-from .stats import MemoryStats
+from ..base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
+from ..budget import Plan, TieredConfig, make_plan
+from ..device import DeviceSlots, expert_geometry
+from ..host import HostLoad, HostTier
+from ..hybrid import HybridExec, HybridSplit
+from .loads import COMPUTE, QUEUED, SlotLoads
+from ..parts import LayerParts
+from ..placement import estimate, warn_if_slow
+from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
+from ..predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
+from ..startup import place_initial
+from ..stats import MemoryStats
 
 
-class TieredExpertMemory(SlotLoads, ExpertMemory):
+class TieredExpertMemory(ExpertMemory):
     """Experts in device slots, host slots and the file; see the module docstring.
 
     reserved_bytes: device memory the rest of the model takes (resident weights, KV cache),
@@ -96,21 +98,23 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             self.predictors.append(Cooccurrence(CooccurrencePredictor(L, E, self.top_k, max_batch=64),
                                                 self.prefetch_depth, min_prob=self.config.cooccurrence_min_prob,
                                                 min_tokens=self.config.cooccurrence_min_tokens))
-        self._init_loads(self.policy.n_slots, L, E)
+        self.loads = SlotLoads(self.policy, self.host, self.slots, self.stats, self.layers, model_file, self.predictors)
         self._held: tuple[int, tuple[int, ...], list[int], bool] | None = None  # layer, experts, slots, pinned
         # Settled: the device has a slot for every expert and no loader thread or hybrid split moves
         # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
         # policy's use counts are never read (the common in-RAM case on the CPU).
         self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.config.hybrid)
         self.packed = self.config.compute == "packed"
-        self._parts: list[native.MoeParts | None] = [None] * L  # packed slot regions per expert layer
+        self._parts = LayerParts(lambda layer: self.slots.layer_parts(model_file.expert_slabs(layer, 0)))
         try:
-            place_initial(self)  # before the loader thread starts: nothing else moves slots
+            # before the loader thread starts: nothing else moves slots
+            place_initial(model_file, self.host, self.layers, self.stats, device=self.policy,
+                          fill=self._place_on_device, host_load=self._startup_host_load)
         except BaseException:
             self.host.close()
             raise
         if self.prefetch_depth > 0:
-            self._start_loader()
+            self.loads.start_thread()
 
     def __repr__(self) -> str:
         p = self.plan
@@ -141,10 +145,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             raise NotImplementedError(f"{self!r} hands out float weights (packed compute needs packed slots "
                                       "on the CPU)")
         li, _, slots = self._acquire_slots(layer, expert_ids)
-        parts = self._parts[li]
-        if parts is None:
-            parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
-        return PackedExperts(parts, slots)
+        return PackedExperts(self._parts(layer), slots)
 
     def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
         """Packed memory without a loader thread or hybrid split (prefetch depth 0): the slot pool
@@ -154,18 +155,15 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         step that needs it acquires it (which may evict another). A step that finds all of a layer's
         experts in the row reports them with `served_fixed`, which counts them as `acquire`'s hits
         would (the eviction policy's use counts included): evictions stay exactly those of acquire."""
-        if not (self.packed and self.prefetch_depth == 0 and self._loader is None and self.hybrid is None):
+        if not (self.packed and self.prefetch_depth == 0 and self.loads.thread is None and self.hybrid is None):
             return None
         li = self._layer(layer)
-        parts = self._parts[li]
-        if parts is None:
-            parts = self._parts[li] = self.slots.layer_parts(self.model_file.expert_slabs(layer, 0))
-        return parts, torch.from_numpy(self.policy.page_table[li])
+        return self._parts(layer), torch.from_numpy(self.policy.page_table[li])
 
     def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
         self.observe(layer, expert_ids)
         li = self._layer(layer)
-        with self._lock:
+        with self.loads.lock:
             self.stats.device_hits[li] += n_used
             self.stats.requests[li] += n_used
 
@@ -177,14 +175,14 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         li = self._layer(layer)
 
         def on_device(e: int) -> bool:
-            with self._lock:
+            with self.loads.lock:
                 return self.policy.lookup(li, e) is not None
 
         return self.hybrid.split(layer, expert_ids, n_tokens, on_device)
 
     def hybrid_observe(self, layer: int, split: HybridSplit, seconds: float) -> None:
         """The model computed the split's CPU experts in `seconds` (statistics and rates)."""
-        with self._lock:
+        with self.loads.lock:
             self.hybrid.observe_cpu(layer, split, seconds)
 
     def hybrid_release(self, layer: int, split: HybridSplit) -> None:
@@ -197,15 +195,15 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         li = self._layer(layer)
         check_acquire(self._held, layer, ids, self.max_acquire)
         t0 = time.perf_counter()
-        self._drain_unpins()
-        with self._lock:  # the common step once the working set is resident: every expert ready
+        self.loads.drain_unpins()
+        with self.loads.lock:  # the common step once the working set is resident: every expert ready
             # settled (every expert has its own slot and nothing moves them): hits need no pins
             pinned = not self._settled
             ready = self.policy.pin_ready(li, ids) if pinned else self.policy.ready_slots(li, ids)
             if ready is not None:
-                if pinned and self._prefetched[ready].any():
-                    self.stats.prefetch_used[li] += int(self._prefetched[ready].sum())
-                    self._prefetched[ready] = False
+                if pinned and self.loads.prefetched[ready].any():
+                    self.stats.prefetch_used[li] += int(self.loads.prefetched[ready].sum())
+                    self.loads.prefetched[ready] = False
                 self.stats.device_hits[li] += len(ids)
                 self.stats.requests[li] += len(ids)
         if ready is not None:
@@ -237,7 +235,7 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
             held = None if self._held is None else self._held[:2]
             raise RuntimeError(f"release(layer={layer}, {list(ids)}) does not match what is held: {held}")
         li, slots, pinned = self._layer(layer), self._held[2], self._held[3]
-        with self._lock:
+        with self.loads.lock:
             for slot in slots:
                 self.slots.release(slot)
             if pinned:
@@ -249,25 +247,25 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         scores, and the predictors' evidence (and their predictions, prefetched)."""
         li = self._layer(layer)
         ids = expert_ids.detach().to("cpu", torch.int64).numpy()  # [T, K]
-        with self._lock:
+        with self.loads.lock:
             if not self._settled:  # use counts choose victims; settled, nothing is ever evicted
                 self.policy.record(li, ids)
             self.stats.record_routing(li, ids)
-            self._score_predictions(li, ids)
+            self.loads.score_predictions(li, ids)
         if not self._settled:
             self.host.record(layer, ids)
-        self._predict(li, ids)
+        self.loads.predict(li, ids)
 
     def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None) -> None:
         """Start loading `expert_ids` of `layer` (needed with probability `probs`, default 1)
         where the policy finds room; returns at once. Ignored when prefetch is off."""
         if self.prefetch_depth == 0:
             return
-        self._announce(announcement(self._layer(layer), expert_ids, probs))
+        self.loads.announce(announcement(self._layer(layer), expert_ids, probs))
 
     def close(self) -> None:
-        self._stop_loader()
-        self._drain_unpins(block=True)
+        self.loads.stop_thread()
+        self.loads.drain_unpins(block=True)
         self.host.close()
 
     def memory_stats(self) -> MemoryStats:
@@ -281,12 +279,12 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         (expert, slot)), others admitted for a demand load or taken over from the loader's queue
         (`demand`: (expert, slot, taken over))."""
         demand, late = [], []
-        with self._lock:
+        with self.loads.lock:
             order = self.policy.hits_first(li, ids)
         for i in order:
             e = ids[i]
             while True:
-                with self._lock:
+                with self.loads.lock:
                     slot = self.policy.lookup(li, e)
                     if slot is not None:
                         self._pin_resident(li, e, slot, demand, late)
@@ -296,29 +294,29 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                     except PoolExhaustedError:
                         busy = self._free_a_slot(li)  # every unpinned slot is loading a prefetch
                     else:
-                        self._start_load(slot, COMPUTE)
+                        self.loads.start(slot, COMPUTE)
                         self.policy.pin(li, e)
                         self.stats.device_misses[li] += 1
                         self.stats.evictions[li] += evicted is not None
                         demand.append((e, slot, False))
                         break
                 if busy is not None:
-                    self._ready[busy].wait()
+                    self.loads.ready[busy].wait()
             slots[i] = slot
         self.stats.requests[li] += len(ids)
         return demand, late
 
     def _pin_resident(self, li: int, e: int, slot: int, demand: list, late: list) -> None:
         self.policy.pin(li, e)
-        if self._prefetched[slot]:
+        if self.loads.prefetched[slot]:
             self.stats.prefetch_used[li] += 1
-            self._prefetched[slot] = False
+            self.loads.prefetched[slot] = False
         if self.policy.is_ready(slot):
             self.stats.device_hits[li] += 1
             return
         self.stats.device_late[li] += 1
-        if self._job[slot] == QUEUED:  # the loader has not started it: load it here, now
-            self._job[slot] = COMPUTE
+        if self.loads.job[slot] == QUEUED:  # the loader has not started it: load it here, now
+            self.loads.job[slot] = COMPUTE
             self.stats.prefetch_used[li] += 1
             demand.append((e, slot, True))
         else:
@@ -331,8 +329,8 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         busy = None
         for slot in range(lo, hi):
             if self.policy.slot_state[slot] == LOADING and self.policy.slot_pins[slot] == 0:
-                if self._job[slot] == QUEUED:
-                    self._cancel(li, slot)
+                if self.loads.job[slot] == QUEUED:
+                    self.loads.cancel(li, slot)
                     self.stats.prefetch_cancelled[li] += 1
                     return None
                 busy = slot
@@ -355,21 +353,21 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
                     if pending:
                         self._fill_demand(layer, li, *pending.popleft())
                     else:
-                        self._make_host_room(layer)
-            self._count_host(li, layer, e, load, prefetch=taken_over)
+                        self.loads.make_host_room(layer)
+            self.loads.count_host(li, layer, e, load, prefetch=taken_over)
             pending.append((e, slot, load))
         while pending:
             self._fill_demand(layer, li, *pending.popleft())
 
     def _fill_demand(self, layer: int, li: int, e: int, slot: int, load: HostLoad) -> None:
-        expert = self._host_wait(layer, e, load)
-        self._fill(layer, li, e, slot, expert)
+        expert = self.loads.host_wait(layer, e, load)
+        self.loads.fill(layer, li, e, slot, expert)
 
     def _wait(self, li: int, late: list[tuple[int, int]]) -> None:
         """Wait for the loader to finish the prefetches compute needs."""
         for e, slot in late:
-            self._ready[slot].wait()
-            error = self._error[slot]
+            self.loads.ready[slot].wait()
+            error = self.loads.error[slot]
             if error is not None:
                 raise StrataError(f"loading expert {e} of layer {self.layers.layer(li)} failed: {error}") from error
 
@@ -385,19 +383,35 @@ class TieredExpertMemory(SlotLoads, ExpertMemory):
         self.slots.wait_ready(slot)
         weights, seconds = self.slots.weights(slot, self.model_file.expert_slabs(layer, e), index)
         if seconds:
-            with self._lock:
+            with self.loads.lock:
                 self.stats.dequant_s[li] += seconds
         return weights
 
     def _abort(self, li: int, reserved: Sequence[tuple[int, int]]) -> None:
         """Undo a failed acquire: unpin the (expert, slot) pairs it reserved; cancel the loads it
         owned or that failed."""
-        with self._lock:
+        with self.loads.lock:
             for e, slot in reserved:
                 self.policy.unpin(li, e)
-                owned = self._job[slot] == COMPUTE or self._error[slot] is not None
+                owned = self.loads.job[slot] == COMPUTE or self.loads.error[slot] is not None
                 if self.policy.slot_state[slot] == LOADING and owned and self.policy.slot_pins[slot] == 0:
-                    self._cancel(li, slot)
+                    self.loads.cancel(li, slot)
+
+    def _place_on_device(self, layer: int, li: int, e: int) -> None:
+        """Start-up: load expert `e` into a device slot the policy admits (nothing else runs)."""
+        with self.loads.lock:
+            slot, _ = self.policy.admit(li, e)
+            self.loads.start(slot, COMPUTE)
+        self.loads.fill(layer, li, e, slot, self.loads.host_wait(layer, e, self._startup_host_load(layer, e)))
+
+    def _startup_host_load(self, layer: int, e: int) -> HostLoad:
+        """A host load at start-up; host slots still pinned by device copies (CUDA) are let go when
+        the layer's pool is full."""
+        try:
+            return self.host.load(layer, e)
+        except PoolExhaustedError:
+            self.loads.drain_unpins(block=True)
+            return self.host.load(layer, e)
 
     def _disk_reads(self, li: int) -> int:
         return int(self.stats.disk_reads[li] + self.stats.prefetch_disk_reads[li])
