@@ -134,7 +134,7 @@ class ExpertMemory(ABC):
     def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> Any:
         """Hybrid compute only (`hybrid` set): which of a chunk's experts (n_tokens assignments
         each) the device computes and which the CPU computes from their host slots, the latter
-        pinned until `hybrid_release` (a `strata.memory.hybrid_exec.HybridSplit`)."""
+        pinned until `hybrid_release` (a `strata.memory.hybrid.HybridSplit`)."""
         raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
 
     def hybrid_release(self, layer: int, split: Any) -> None:

@@ -23,7 +23,7 @@ from strata.errors import StrataError, StrataFormatError
 from strata.gguf import HParams, ModelFile
 from strata.memory import ExpertMemory
 from strata.memory.direct import file_parts
-from strata.memory.gpu_dequant import TORCH_DEQUANT_TYPES
+from strata.quant_torch import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
