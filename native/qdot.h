@@ -84,6 +84,23 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k);
 void strata_qact_q8_avx512(const float *restrict x, void *restrict a, int64_t k);
 void strata_qact_q8k_avx512(const float *restrict x, void *restrict a, int64_t k);
 
+/* The scalar tile loop: y[t, r] = sum over the row's weight blocks of block_<name>(weight block,
+ * its `per` activation blocks), a file-local function of each scalar kernel file. */
+#define STRATA_DEFINE_QTILE_PER(name, wtype, act_t, elems, per)                                              \
+    void strata_qdot_##name##_ref(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes, int64_t n_rows, \
+                                  const uint8_t *restrict a, int64_t a_row_bytes, int64_t n_tok,            \
+                                  float *restrict y, int64_t y_stride) {                                    \
+        const int64_t nb = k / (elems);                                                                     \
+        for (int64_t r = 0; r < n_rows; r++)                                                                \
+            for (int64_t t = 0; t < n_tok; t++) {                                                           \
+                const uint8_t *wr = w + r * w_row_bytes;                                                    \
+                const act_t *ar = (const act_t *)(a + t * a_row_bytes);                                     \
+                float sum = 0.0f;                                                                           \
+                for (int64_t b = 0; b < nb; b++) sum += block_##name(wr + b * (int64_t)sizeof(wtype), ar + (per) * b); \
+                y[t * y_stride + r] = sum;                                                                  \
+            }                                                                                               \
+    }
+
 #define STRATA_DECLARE_QTILE(name, family)                                                                 \
     void strata_qdot_##name##_##family(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes,            \
                                        int64_t n_rows, const uint8_t *restrict a, int64_t a_row_bytes,       \

@@ -216,32 +216,17 @@ static float block_nvfp4(const uint8_t *wb, const strata_block_act_q8 *a) {
     return sum;
 }
 
-/* ---- Tile loops: `per` activation blocks per weight block ---- */
+/* ---- Tile loops (STRATA_DEFINE_QTILE_PER, qdot.h): `per` activation blocks per weight block ---- */
 
-#define STRATA_DEFINE_IQ_TILE(name, wtype, act_t, elems, per)                                              \
-    void strata_qdot_##name##_ref(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes, int64_t n_rows, \
-                                  const uint8_t *restrict a, int64_t a_row_bytes, int64_t n_tok,            \
-                                  float *restrict y, int64_t y_stride) {                                    \
-        const int64_t nb = k / (elems);                                                                     \
-        for (int64_t r = 0; r < n_rows; r++)                                                                \
-            for (int64_t t = 0; t < n_tok; t++) {                                                           \
-                const uint8_t *wr = w + r * w_row_bytes;                                                    \
-                const act_t *ar = (const act_t *)(a + t * a_row_bytes);                                     \
-                float sum = 0.0f;                                                                           \
-                for (int64_t b = 0; b < nb; b++) sum += block_##name(wr + b * (int64_t)sizeof(wtype), ar + (per) * b); \
-                y[t * y_stride + r] = sum;                                                                  \
-            }                                                                                               \
-    }
-
-STRATA_DEFINE_IQ_TILE(iq2_xxs, strata_block_iq2_xxs, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq2_xs, strata_block_iq2_xs, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq2_s, strata_block_iq2_s, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq3_xxs, strata_block_iq3_xxs, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq3_s, strata_block_iq3_s, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq1_s, strata_block_iq1_s, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq1_m, strata_block_iq1_m, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq4_xs, strata_block_iq4_xs, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(tq1_0, strata_block_tq1_0, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(tq2_0, strata_block_tq2_0, strata_block_act_q8k, STRATA_QK_K, 1)
-STRATA_DEFINE_IQ_TILE(iq4_nl, strata_block_iq4_nl, strata_block_act_q8, STRATA_QK, 1)
-STRATA_DEFINE_IQ_TILE(nvfp4, strata_block_nvfp4, strata_block_act_q8, STRATA_QK_NVFP4, 2)
+STRATA_DEFINE_QTILE_PER(iq2_xxs, strata_block_iq2_xxs, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq2_xs, strata_block_iq2_xs, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq2_s, strata_block_iq2_s, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq3_xxs, strata_block_iq3_xxs, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq3_s, strata_block_iq3_s, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq1_s, strata_block_iq1_s, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq1_m, strata_block_iq1_m, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq4_xs, strata_block_iq4_xs, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(tq1_0, strata_block_tq1_0, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(tq2_0, strata_block_tq2_0, strata_block_act_q8k, STRATA_QK_K, 1)
+STRATA_DEFINE_QTILE_PER(iq4_nl, strata_block_iq4_nl, strata_block_act_q8, STRATA_QK, 1)
+STRATA_DEFINE_QTILE_PER(nvfp4, strata_block_nvfp4, strata_block_act_q8, STRATA_QK_NVFP4, 2)

@@ -224,20 +224,7 @@ static float block_q6_k(const uint8_t *wb, const strata_block_act_q8k *a) {
 
 /* ---- Tile loops ---- */
 
-#define STRATA_DEFINE_QTILE(name, wtype, act_t, elems)                                                     \
-    void strata_qdot_##name##_ref(int64_t k, const uint8_t *restrict w, int64_t w_row_bytes, int64_t n_rows, \
-                                  const uint8_t *restrict a, int64_t a_row_bytes, int64_t n_tok,            \
-                                  float *restrict y, int64_t y_stride) {                                    \
-        const int64_t nb = k / (elems);                                                                     \
-        for (int64_t r = 0; r < n_rows; r++)                                                                \
-            for (int64_t t = 0; t < n_tok; t++) {                                                           \
-                const uint8_t *wr = w + r * w_row_bytes;                                                    \
-                const act_t *ar = (const act_t *)(a + t * a_row_bytes);                                     \
-                float sum = 0.0f;                                                                           \
-                for (int64_t b = 0; b < nb; b++) sum += block_##name(wr + b * (int64_t)sizeof(wtype), ar + b); \
-                y[t * y_stride + r] = sum;                                                                  \
-            }                                                                                               \
-    }
+#define STRATA_DEFINE_QTILE(name, wtype, act_t, elems) STRATA_DEFINE_QTILE_PER(name, wtype, act_t, elems, 1)
 
 STRATA_DEFINE_QTILE(q4_0, strata_block_q4_0, strata_block_act_q8, STRATA_QK)
 STRATA_DEFINE_QTILE(q4_1, strata_block_q4_1, strata_block_act_q8, STRATA_QK)
