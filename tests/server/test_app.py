@@ -9,7 +9,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from strata.engine import SamplingParams
-
 from strata.server import APIError, ServerConfig, create_app
 from strata.server.protocol import parse_chat, parse_completion
 
