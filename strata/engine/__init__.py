@@ -11,5 +11,5 @@ from .scheduler import MAX_STEP_TOKENS, EngineFull, Scheduler
 from .sequence import Sequence, StopConditions
 
 __all__ = ["BLOCK_SIZE", "BlockTables", "Chunk", "Completion", "EngineFull", "KVCache", "LogitsComparison",
-           "MAX_STEP_TOKENS", "MemoryConfig", "Model", "PerplexityResult", "SamplingParams", "Scheduler", "Sequence", "StopConditions",
-           "Stream", "compare_logits", "load"]
+           "MAX_STEP_TOKENS", "MemoryConfig", "Model", "PerplexityResult", "SamplingParams", "Scheduler", "Sequence",
+           "StopConditions", "Stream", "compare_logits", "load"]

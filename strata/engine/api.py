@@ -182,8 +182,8 @@ class Model:
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} (sampling options: {', '.join(FIELDS)})")
         if sampling is not None and options:
-            raise StrataArgumentError(f"{', '.join(options)}: give the sampling options in sampling=SamplingParams(...) "
-                                      f"or as keywords, not both")
+            raise StrataArgumentError(f"{', '.join(options)}: give the sampling options in "
+                                      f"sampling=SamplingParams(...) or as keywords, not both")
         return sampling or (replace(self.sampling, **options) if options else self.sampling)
 
     def _sequence(self, prompt: str | Seq[int], params: SamplingParams, add_special: bool = True) -> Sequence:

@@ -218,5 +218,6 @@ def memory_config(memory: MemoryConfig | str | None, options: Mapping[str, Any],
     return MemoryConfig.build(memory, names, **given)
 
 
-__all__ = ["ENGINE_RANGES", "MEMORY_KINDS", "MEMORY_OPTIONS", "MemoryConfig", "OptionError", "check_bytes", "check_choice",
-           "check_engine", "check_int", "check_memory", "check_memory_compute", "check_number", "memory_config", "spell"]
+__all__ = ["ENGINE_RANGES", "MEMORY_KINDS", "MEMORY_OPTIONS", "MemoryConfig", "OptionError", "check_bytes",
+           "check_choice", "check_engine", "check_int", "check_memory", "check_memory_compute", "check_number",
+           "memory_config", "spell"]

@@ -157,5 +157,5 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-__all__ = ["FIELDS", "MAX_SEED", "SAMPLING_RANGES", "Sampler", "SamplingParams", "apply_repetition_penalty", "check_int",
-           "check_number", "check_sampling", "filter_logits"]
+__all__ = ["DEFAULTS", "FIELDS", "MAX_SEED", "SAMPLING_RANGES", "Sampler", "SamplingParams", "apply_repetition_penalty",
+           "check_int", "check_number", "check_sampling", "filter_logits"]
