@@ -12,14 +12,14 @@ from typing import Callable
 
 from strata.errors import StrataArgumentError, StrataError
 
-from .common import add_model_args, add_sampling_args, check_sampling_args, load_model, print_stats, sampling_kwargs
+from .common import add_model_args, add_sampling_args, check_sampling_args, load_model, print_stats
 
 HELP = "commands: /reset clears the conversation, /exit quits"
 
 
-def _reply(model, messages: list[dict], args: argparse.Namespace) -> str | None:
+def _reply(model, messages: list[dict]) -> str | None:
     """Stream the assistant's reply to stdout; its text, or None when it was interrupted."""
-    stream = model.chat(messages, stream=True, **sampling_kwargs(args))
+    stream = model.chat(messages, stream=True)  # the flags' SamplingParams: the model's default (load_model)
     try:
         for chunk in stream:
             sys.stdout.write(chunk.text)
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     with load_model(args) as model:
         model.chat_template  # a template that cannot compile ends the command before the first turn
         try:
-            return _loop(lambda history: _reply(model, history, args), args,
+            return _loop(lambda history: _reply(model, history), args,
                          f"{model.path.name} ({model.hparams.arch}, {model.device})")
         finally:
             print_stats(args, model)

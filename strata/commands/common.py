@@ -100,71 +100,64 @@ def add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
 
 
-def sampling_kwargs(args: argparse.Namespace) -> dict:
-    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                min_p=args.min_p, repetition_penalty=args.repeat_penalty, seed=args.seed, stop=args.stop or None)
+#: The flags of the options `strata.load` and SamplingParams take, by field name: errors name the flag.
+FLAGS = {"n_ctx": "--ctx", "threads": "--threads", "max_step_tokens": "--max-step-tokens", "kv_blocks": "--kv-blocks",
+         "memory": "--memory", "device_mem": "--device-mem", "host_mem": "--host-mem",
+         "prefetch_depth": "--prefetch-depth", "slot_form": "--slot-form", "hybrid": "--hybrid",
+         "max_tokens": "-n/--max-tokens", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+         "min_p": "--min-p", "repetition_penalty": "--repeat-penalty", "seed": "--seed", "stop": "--stop"}
+
+
+def sampling_params(args: argparse.Namespace):
+    """The SamplingParams of the sampling flags (checked as the API checks them, errors naming the flag)."""
+    from strata.engine.sampling import SamplingParams
+
+    extra = {"stop_token_ids": ()} if getattr(args, "ignore_eos", False) else {}  # fixed-length runs (benchmarks)
+    return SamplingParams.build(FLAGS, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repeat_penalty,
+                                seed=args.seed, stop=args.stop, **extra)
+
+
+def memory_config(args: argparse.Namespace):
+    """The MemoryConfig of the memory flags (checked as the API checks them, errors naming the flag)."""
+    from strata.engine.config import memory_config as build
+
+    options = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
+                   slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None))
+    return build(args.memory, options, FLAGS)
 
 
 def check_model_args(args: argparse.Namespace) -> None:
-    """Refuse out-of-range model options by flag name before anything loads."""
-    from strata.engine.sampling import check_int
+    """Refuse out-of-range model and memory options by flag name before anything loads."""
+    from strata.engine.config import check_engine
 
-    if args.ctx is not None:
-        check_int("--ctx", args.ctx, 2, None)
-    if args.threads is not None:
-        check_int("--threads", args.threads, 1, 4096)
-    if getattr(args, "prefetch_depth", None) is not None:
-        check_int("--prefetch-depth", args.prefetch_depth, 0, None)
-    if getattr(args, "max_step_tokens", None) is not None:
-        check_int("--max-step-tokens", args.max_step_tokens, 1, None)
-    if getattr(args, "kv_blocks", None) is not None:
-        check_int("--kv-blocks", args.kv_blocks, 1, None)
+    check_engine({"n_ctx": args.ctx, "threads": args.threads, "max_step_tokens": getattr(args, "max_step_tokens", None),
+                  "kv_blocks": getattr(args, "kv_blocks", None)}, FLAGS)
+    memory_config(args)
 
 
-def check_sampling_args(args: argparse.Namespace) -> None:
-    """Refuse out-of-range sampling options (and an empty prompt) by flag name."""
-    from strata.engine.sampling import check_int, check_sampling
-
-    check_int("-n/--max-tokens", args.max_tokens, 1, None)
-    check_sampling({"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-                    "repetition_penalty": args.repeat_penalty, "seed": args.seed},
-                   {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                    "repetition_penalty": "--repeat-penalty", "seed": "--seed"})
-    for stop in args.stop:
-        if not stop:
-            raise StrataArgumentError("--stop: expected a non-empty string, found ''")
+def check_sampling_args(args: argparse.Namespace):
+    """The flags' SamplingParams; out-of-range sampling options (and an empty prompt) refused by flag name."""
+    params = sampling_params(args)
     if getattr(args, "prompt", None) is not None and not args.prompt:
         raise StrataArgumentError("-p/--prompt: expected non-empty text, found ''")
+    return params
 
 
 def load_model(args: argparse.Namespace, max_batch: int = 1):
     import strata
 
     check_model_args(args)
-    if hasattr(args, "max_tokens"):
-        check_sampling_args(args)
+    sampling = check_sampling_args(args) if hasattr(args, "max_tokens") else None
     check_save_routing(args)
-    return strata.load(args.model, max_batch=max_batch, **load_kwargs(args))
+    return strata.load(args.model, max_batch=max_batch, sampling=sampling, **load_kwargs(args))
 
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     """`strata.load`'s keyword arguments from the shared model and memory options."""
-    tiered = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
-                  slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None))
-    if args.memory == "direct":
-        given = [f"--{k.replace('_', '-')}" for k, v in tiered.items() if v is not None]
-        if given:
-            raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory direct")
-        tiered = {}
-    if args.memory == "paged":
-        given = [f"--{k.replace('_', '-')}" for k, v in tiered.items() if v is not None and k != "host_mem"]
-        if given:
-            raise StrataError(f"{', '.join(given)}: options of --memory tiered, not of --memory paged (one RAM "
-                              f"tier: its budget is --host-mem)")
-        tiered = {"host_mem": args.host_mem}
     engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks") if getattr(args, k, None) is not None}
-    return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx, memory=args.memory,
-                compute=getattr(args, "compute", None), **tiered, **engine)
+    return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
+                memory=memory_config(args), compute=getattr(args, "compute", None), **engine)
 
 
 def print_stats(args: argparse.Namespace, model) -> None:

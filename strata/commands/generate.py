@@ -7,28 +7,22 @@ import argparse
 import json
 import sys
 
-from .common import (add_model_args, add_sampling_args, add_save_routing_arg, load_model, print_stats,
-                     sampling_kwargs, save_routing)
-
-
-def _kwargs(args: argparse.Namespace) -> dict:
-    extra = {"stop_token_ids": ()} if args.ignore_eos else {}  # fixed-length runs (benchmarks)
-    return {**sampling_kwargs(args), **extra}
+from .common import add_model_args, add_sampling_args, add_save_routing_arg, load_model, print_stats, save_routing
 
 
 def run(args: argparse.Namespace) -> int:
-    with load_model(args) as model:  # closed on every path: the pager's and pools' threads end
+    with load_model(args) as model:  # its default SamplingParams are the flags'; closed on every path
         return _run(args, model)
 
 
 def _run(args: argparse.Namespace, model) -> int:
     if args.json:
-        done = model.generate(args.prompt, **_kwargs(args))
+        done = model.generate(args.prompt)
         print(json.dumps({**done.to_dict(), "prompt_tokens": done.prompt_tokens}, ensure_ascii=False))
         print_stats(args, model)
         save_routing(args, model)
         return 0
-    stream = model.generate(args.prompt, stream=True, **_kwargs(args))
+    stream = model.generate(args.prompt, stream=True)
     sys.stdout.write(args.prompt)
     for chunk in stream:
         sys.stdout.write(chunk.text)

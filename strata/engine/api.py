@@ -2,7 +2,9 @@
 
     import strata
     m = strata.load("model.gguf", device="cpu", dtype="float32", threads=4)
-    m.generate("Once upon a time", max_tokens=32).text
+    m.generate("Once upon a time", max_tokens=32).text  # keyword sugar for:
+    m.generate("Once upon a time", sampling=SamplingParams(max_tokens=32)).text
+    m = strata.load("model.gguf", memory=MemoryConfig("tiered", device_mem="2G", prefetch_depth=1))
     for chunk in m.chat([{"role": "user", "content": "Hi"}], stream=True):
         print(chunk.text, end="")
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
 
@@ -25,18 +28,19 @@ from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, paged_budget, resident_bytes
 from strata.memory.paged import PagedExpertMemory
-from strata.memory.tiered import TieredConfig, TieredExpertMemory
+from strata.memory.tiered import TieredExpertMemory
 from strata.models import architecture, cache_dims
 from strata.runtime import Runner, RuntimePlan
 from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
 
+from .config import MEMORY_OPTIONS, MemoryConfig, check_engine, check_memory_compute, memory_config
 from .engine import Engine
 from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import PerplexityResult, perplexity
-from .sampling import SamplingParams, check_int
-from .sequence import Sequence, StopConditions
+from .sampling import FIELDS, SamplingParams
+from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
 from .verdict import check_runs
 
@@ -84,7 +88,9 @@ class Model:
 
     def __init__(self, model_file: ModelFile, runner: Runner, memory: ExpertMemory, cache: KVCache,
                  tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
-                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
+                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None,
+                 sampling: SamplingParams | None = None):
+        self.sampling = sampling or SamplingParams()  # generate's default
         self.model_file, self.runner, self.memory, self.cache = model_file, runner, memory, cache
         self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
@@ -175,8 +181,20 @@ class Model:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def _sequence(self, prompt: str | Seq[int], max_tokens: int, stop: Seq[str] | str | None,
-                  stop_token_ids: Iterable[int] | None, sampling: dict[str, Any], add_special: bool = True) -> Sequence:
+    def sampling_params(self, sampling: SamplingParams | None = None, **options: Any) -> SamplingParams:
+        """The SamplingParams of a call: `sampling`, or the model's default (load's `sampling=`)
+        with the keyword options given (SamplingParams' fields: sugar for one), not both."""
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise StrataArgumentError(f"sampling: expected a SamplingParams, found {sampling!r:.80}")
+        unknown = sorted(set(options) - set(FIELDS))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r} (sampling options: {', '.join(FIELDS)})")
+        if sampling is not None and options:
+            raise StrataArgumentError(f"{', '.join(options)}: give the sampling options in "
+                                      f"sampling=SamplingParams(...) or as keywords, not both")
+        return sampling or (replace(self.sampling, **options) if options else self.sampling)
+
+    def _sequence(self, prompt: str | Seq[int], params: SamplingParams, add_special: bool = True) -> Sequence:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special)
         else:
@@ -188,38 +206,31 @@ class Model:
         for t in ids:
             if not 0 <= t < self.tokenizer.vocab_size:
                 raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
-        stop_ids = self.stop_token_ids if stop_token_ids is None else frozenset(stop_token_ids)
-        stops = StopConditions(max_tokens=max_tokens, stop_token_ids=stop_ids,
-                               stop_strings=(stop,) if isinstance(stop, str) else tuple(stop or ()))
-        return Sequence(next(self._ids), ids, SamplingParams(**sampling), stops, self.tokenizer.stream())
+        stops = stop_conditions(params, self.stop_token_ids, self.n_ctx - len(ids))
+        return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream())
 
-    def generate(self, prompt: str | Seq[int], *, max_tokens: int = 128, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                 seed: int | None = None, stop: Seq[str] | str | None = None,
-                 stop_token_ids: Iterable[int] | None = None, stream: bool = False,
-                 add_special: bool = True) -> Completion | Stream:
+    def generate(self, prompt: str | Seq[int], *, sampling: SamplingParams | None = None, stream: bool = False,
+                 add_special: bool = True, **options: Any) -> Completion | Stream:
         """Continue `prompt` (text, tokenized with BOS as the file asks, or token ids).
 
-        Greedy when temperature is 0. Generation ends at a stop token (default: the file's EOS
-        and EOT), at a stop string, after `max_tokens`, or when the context is full. Returns a
-        `Completion`, or with `stream=True` a `Stream` of `Chunk`s.
+        sampling: a `SamplingParams` (temperature, top_k, top_p, min_p, repetition_penalty, seed,
+        max_tokens, stop, stop_token_ids); or those options as keywords, over the model's default
+        (`load(sampling=...)`; greedy, 128 tokens). Greedy when temperature is 0. Generation ends
+        at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,
+        or when the context is full. Returns a `Completion`, or with `stream=True` a `Stream` of
+        `Chunk`s.
         """
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repetition_penalty=repetition_penalty, seed=seed)
-        seq = self._sequence(prompt, max_tokens, stop, stop_token_ids, sampling, add_special)
+        seq = self._sequence(prompt, self.sampling_params(sampling, **options), add_special)
         if stream:
             return Stream(self._run_stream(seq))
         return self._run([seq])[0]
 
-    def generate_batch(self, prompts: Seq[str | Seq[int]], *, max_tokens: int = 128, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                       seed: int | None = None, stop: Seq[str] | str | None = None,
-                       stop_token_ids: Iterable[int] | None = None, add_special: bool = True) -> list[Completion]:
+    def generate_batch(self, prompts: Seq[str | Seq[int]], *, sampling: SamplingParams | None = None,
+                       add_special: bool = True, **options: Any) -> list[Completion]:
         """`generate` for several prompts decoded together (up to `max_batch` at a time, the rest
         queued); the options apply to each. Greedy results equal those of each prompt alone."""
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repetition_penalty=repetition_penalty, seed=seed)
-        return self._run([self._sequence(p, max_tokens, stop, stop_token_ids, sampling, add_special) for p in prompts])
+        params = self.sampling_params(sampling, **options)
+        return self._run([self._sequence(p, params, add_special) for p in prompts])
 
     def chat(self, messages: Seq[dict[str, Any]], **kwargs: Any) -> Completion | Stream:
         """Generate the assistant's reply to `messages` (rendered with the chat template)."""
@@ -315,55 +326,6 @@ class Model:
         self.close()
 
 
-def _direct_memory(packed: bool) -> MemoryFactory:
-    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
-        return DirectExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, packed=packed)
-    return build
-
-
-def _tiered_memory(config: TieredConfig, reserved: int) -> MemoryFactory:
-    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
-        return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config,
-                                  reserved_bytes=reserved)
-    return build
-
-
-def _paged_memory(host_mem: int | str | None, reserved: int) -> MemoryFactory:
-    def build(mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int) -> ExpertMemory:
-        if device.type != "cpu":
-            raise StrataError(f"memory='paged' computes experts on the CPU; on {device} use the tiered memory")
-        return PagedExpertMemory(mf, host_mem=host_mem if host_mem is not None else paged_budget(mf, reserved))
-    return build
-
-
-def _memory_factory(memory: MemoryFactory | str | None, mf: ModelFile, dtype: torch.dtype, kv_bytes: int,
-                    tiered: dict[str, Any], compute: str) -> MemoryFactory:
-    """The factory `memory` names: "tiered", "paged", "direct", or a callable. None: "paged" for
-    packed compute on the CPU unless an option only the tiered memory has is given (device_mem,
-    prefetch_depth, slot_form, hybrid), else "tiered"."""
-    given = {k: v for k, v in tiered.items() if v is not None}
-    if callable(memory):
-        return memory
-    if memory is None:
-        memory = "paged" if compute == "packed" and not set(given) - {"host_mem"} else "tiered"
-    if memory == "direct":
-        if given:
-            raise StrataError(f"{', '.join(sorted(given))}: options of the tiered expert memory, not of "
-                              f"memory='direct'")
-        return _direct_memory(compute == "packed")
-    if memory == "paged":
-        extra = sorted(set(given) - {"host_mem"})
-        if extra:
-            raise StrataError(f"{', '.join(extra)}: options of the tiered expert memory, not of memory='paged' "
-                              f"(one RAM tier: its budget is host_mem)")
-        if compute != "packed":
-            raise StrataError("memory='paged' serves packed compute on the CPU (compute='packed')")
-        return _paged_memory(given.get("host_mem"), resident_bytes(mf, dtype, compute) + kv_bytes)
-    if memory not in (None, "tiered"):
-        raise StrataError(f"unknown expert memory {memory!r}: expected 'tiered', 'paged', 'direct' or a factory")
-    return _tiered_memory(TieredConfig(**given, compute=compute), resident_bytes(mf, dtype, compute) + kv_bytes)
-
-
 def resolve_compute(compute: str | None, device: torch.device, dtype: str | torch.dtype | None) -> str:
     """'packed' or 'float'. Default: packed on the CPU (the native kernels compute from the file's
     blocks) unless a dtype other than float32 is asked for; float on CUDA."""
@@ -382,10 +344,9 @@ def resolve_compute(compute: str | None, device: torch.device, dtype: str | torc
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
-         memory: MemoryFactory | str | None = None, device_mem: int | str | None = None,
-         host_mem: int | str | None = None, prefetch_depth: int | None = None,
-         slot_form: str | None = None, compute: str | None = None, hybrid: bool | None = None,
-         max_step_tokens: int = MAX_STEP_TOKENS, kv_blocks: int | None = None, max_waiting: int | None = None) -> Model:
+         memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
+         sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
+         kv_blocks: int | None = None, max_waiting: int | None = None, **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
@@ -397,34 +358,25 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
     chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
     batch (None: unbounded; past it `Engine.add` raises EngineFull).
-    memory: the expert memory: "tiered" (`TieredExpertMemory`: device slots, host tier, pager
-    and prefetch; the default on CUDA, and wherever device_mem, prefetch_depth, slot_form or hybrid
-    is given), "paged" (`PagedExpertMemory`, the default for packed compute on the CPU: one pool of
-    RAM slots the pager reads misses into and the kernels compute from, its budget host_mem),
-    "direct" (`DirectExpertMemory`, experts read from the mapped file on every use), or a factory
-    (model_file, device, dtype, n_threads) -> ExpertMemory.
-    device_mem, host_mem: budgets of the tiered memory in bytes or as '512M', '8G' (device_mem
-    covers resident weights and KV cache too); prefetch_depth: layers ahead to prefetch (0: off);
-    slot_form: 'dequantized' or 'packed'. Defaults come from the machine (strata.memory.budget).
-    hybrid: on CUDA, compute missed experts that the host tier holds on the CPU when measured costs
-    say it beats copying them (`TieredConfig.hybrid`).
+    memory: the expert memory: a `MemoryConfig` (its docstring lists each kind and its options),
+    a kind's name ("tiered", "paged", "direct"), None (paged for packed compute on the CPU, tiered
+    otherwise or when an option only the tiered memory has is given), or a factory
+    (model_file, device, dtype, n_threads) -> ExpertMemory. The memory's options may also be given
+    as keywords (device_mem=..., host_mem=..., prefetch_depth=..., slot_form=..., hybrid=...):
+    sugar for the same MemoryConfig.
     compute: "packed" (the CPU default: weights stay in their GGUF blocks and the native quantized
     kernels multiply, activations rounded to 8-bit blocks as llama.cpp does), "float" (weights
     dequantized into `dtype`, torch multiplies: the reference path, and CUDA's), or "auto".
+    sampling: the default `SamplingParams` of `generate` (default: greedy, 128 tokens).
     """
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
-    compute = resolve_dtype(dtype, dev)
-    if threads is not None:
-        check_int("threads", threads, 1, 4096)
-    if n_ctx is not None:
-        check_int("n_ctx", n_ctx, 2, None)
-    check_int("max_batch", max_batch, 1, 4096)
-    check_int("max_step_tokens", max_step_tokens, max_batch, None)
-    if kv_blocks is not None:
-        check_int("kv_blocks", kv_blocks, 1, None)
-    if max_waiting is not None:
-        check_int("max_waiting", max_waiting, 0, None)
+    dt = resolve_dtype(dtype, dev)
+    mem_config = _memory_config(memory, memory_options, mode)
+    check_engine(dict(threads=threads, n_ctx=n_ctx, max_batch=max_batch, max_step_tokens=max_step_tokens,
+                      kv_blocks=kv_blocks, max_waiting=max_waiting))
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise StrataArgumentError(f"sampling: expected a SamplingParams, found {sampling!r:.80}")
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
@@ -436,30 +388,74 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
         # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the
         # GPU: the sentence of inspect's verdict
-        check_runs(mf, mode, cuda=dev.type == "cuda" and memory in (None, "tiered"))
+        check_runs(mf, mode, cuda=dev.type == "cuda" and getattr(mem_config, "kind", None) == "tiered")
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        if kv_blocks is not None and kv_blocks < blocks_for(ctx):
-            raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
-                              f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
-        kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), compute, n_blocks=kv_blocks)
-        _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
-        tiered = dict(device_mem=device_mem, host_mem=host_mem, prefetch_depth=prefetch_depth, slot_form=slot_form,
-                      hybrid=hybrid)
-        factory = _memory_factory(memory, mf, compute, kv_bytes, tiered, mode)
-        mem = factory(mf, dev, compute, n_threads) if mf.expert_layers else None
-        runner = build_runner(mf, mem, device=dev, dtype=compute, n_threads=n_threads, compute=mode)
-        try:
-            cache = KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=compute, device=dev, n_blocks=kv_blocks)
-        except (RuntimeError, MemoryError) as e:
-            raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
-                              f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
-                              ) from None
-        return Model(mf, runner, mem, cache, tokenizer, dev, compute, n_threads, max_step_tokens, max_waiting)
+        kv_bytes = _kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks)
+        mem = _expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv_bytes) if mf.expert_layers else None
+        runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode)
+        cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes)
+        return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
+                     sampling=sampling)
     except BaseException:
         _close_all(runner, mem, mf)
         raise
+
+
+def _memory_config(memory: MemoryConfig | MemoryFactory | str | None, options: dict[str, Any],
+                   mode: str) -> MemoryConfig | MemoryFactory:
+    """The MemoryConfig of load()'s `memory` and keyword options, its kind chosen for the compute
+    mode `mode` and checked against it; a factory as given."""
+    unknown = sorted(set(options) - set(MEMORY_OPTIONS["tiered"]))
+    if unknown:
+        raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}")
+    if callable(memory):
+        if any(v is not None for v in options.values()):
+            raise StrataArgumentError(f"{', '.join(options)}: options of a MemoryConfig, not of a memory factory")
+        return memory
+    config = memory_config(memory, options).resolved(mode)
+    check_memory_compute(config, mode)
+    return config
+
+
+def _expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: torch.device, dt: torch.dtype,
+                   n_threads: int, mode: str, kv_bytes: int) -> ExpertMemory:
+    """The expert memory `config` describes (the tiered and paged budgets leave room for the
+    resident weights and the KV cache)."""
+    if callable(config):
+        return config(mf, dev, dt, n_threads)
+    if config.kind == "direct":
+        return DirectExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, packed=mode == "packed")
+    reserved = resident_bytes(mf, dt, mode) + kv_bytes
+    if config.kind == "paged":
+        return PagedExpertMemory(mf, host_mem=config.host_mem or paged_budget(mf, reserved))
+    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(mode),
+                              reserved_bytes=reserved)
+
+
+def _kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int,
+              kv_blocks: int | None) -> int:
+    """Bytes of the KV cache, refused before anything is allocated when it cannot hold one
+    sequence or does not fit the device."""
+    hp = mf.hparams
+    if kv_blocks is not None and kv_blocks < blocks_for(ctx):
+        raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
+                          f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
+    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks)
+    _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
+    return kv_bytes
+
+
+def _kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int, kv_blocks: int | None,
+              kv_bytes: int) -> KVCache:
+    hp = mf.hparams
+    try:
+        return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks)
+    except (RuntimeError, MemoryError) as e:
+        raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
+                          f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+                          ) from None
 
 
 def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, kv_blocks: int | None,

@@ -11,80 +11,101 @@ Must not touch the model or the KV cache: logits and a token history in, one tok
 """
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from strata.errors import StrataArgumentError, StrataError
+from strata.errors import StrataError
+
+from .config import Names, OptionError, check_int, check_number, spell
 
 #: Largest seed a torch generator takes (seeds are unsigned 64-bit).
 MAX_SEED = 2**64 - 1
 
-
-def _range(low: float | None, high: float | None, low_open: bool) -> str:
-    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
-    hi = "" if high is None else f"<= {high:g}"
-    return " and ".join(x for x in (lo, hi) if x)
-
-
-def check_number(name: str, value, low: float | None, high: float | None, low_open: bool = False) -> float:
-    """`value` as a float when it is a finite number in the range; else StrataArgumentError naming `name`."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        raise StrataArgumentError(f"{name}: expected a finite number {_range(low, high, low_open)}, found {value!r}")
-    return float(value)
-
-
-def check_int(name: str, value, low: int | None, high: int | None) -> int:
-    """`value` when it is an integer in [low, high]; else StrataArgumentError naming `name`."""
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not (ok and (low is None or value >= low) and (high is None or value <= high)):
-        raise StrataArgumentError(f"{name}: expected an integer {_range(low, high, False)}, found {value!r}")
-    return value
-
-
-#: The sampling options' ranges: (kind, low, high, low excluded), by SamplingParams field name.
+#: The sampler's options' ranges: (kind, low, high, low excluded), by SamplingParams field name.
 SAMPLING_RANGES = {"temperature": ("number", 0.0, None, False), "top_k": ("int", 0, None, False),
                    "top_p": ("number", 0.0, 1.0, True), "min_p": ("number", 0.0, 1.0, False),
                    "repetition_penalty": ("number", 0.0, None, True), "seed": ("int", 0, MAX_SEED, False)}
 
 
-def check_sampling(values: dict, names: dict[str, str] | None = None) -> None:
-    """Check each sampling option of `values` (SamplingParams field name -> value; a seed of None
-    is a fresh one) against SAMPLING_RANGES; errors name the option as `names` spells it (a
-    command-line flag), else by its field name."""
-    for field, (kind, low, high, low_open) in SAMPLING_RANGES.items():
-        value, name = values[field], (names or {}).get(field, field)
-        if field == "seed" and value is None:
+def check_sampling(values: Mapping[str, Any], names: Names | None = None) -> dict[str, Any]:
+    """SamplingParams' fields checked and normalised (stop as a tuple, stop_token_ids as a
+    frozenset); errors name each option as `names` spells it (a command-line flag), else by its
+    field name. A seed of None is a fresh one; max_tokens None runs until the context is full;
+    stop_token_ids None means the model's end-of-generation tokens."""
+    out = dict(values)
+    for f, (kind, low, high, low_open) in SAMPLING_RANGES.items():
+        value = out.get(f)
+        if f == "seed" and value is None:
             continue
         if kind == "int":
-            check_int(name, value, low, high)
+            check_int(spell(f, names), value, low, high, f)
         else:
-            check_number(name, value, low, high, low_open=low_open)
+            check_number(spell(f, names), value, low, high, low_open=low_open, field=f)
+    if out.get("max_tokens") is not None:
+        check_int(spell("max_tokens", names), out["max_tokens"], 1, None, "max_tokens")
+    out["stop"] = _stop_strings(out.get("stop"), spell("stop", names))
+    ids = out.get("stop_token_ids")
+    if ids is not None:
+        out["stop_token_ids"] = _token_ids(ids, spell("stop_token_ids", names))
+    return out
+
+
+def _stop_strings(stop: str | Iterable[str] | None, name: str) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
+    if stops is None:
+        return ()
+    if not isinstance(stops, tuple) or not all(isinstance(s, str) and s for s in stops):
+        raise OptionError("stop", f"{name}: expected a non-empty string or a list of them, found {stop!r:.80}")
+    return stops
+
+
+def _token_ids(ids: Iterable[int], name: str) -> frozenset[int]:
+    try:
+        out = frozenset(ids)
+    except TypeError:
+        out = None
+    if out is None or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in out):
+        raise OptionError("stop_token_ids", f"{name}: expected token ids (integers >= 0), found {ids!r:.80}")
+    return out
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How one sequence picks its tokens and when it stops (vLLM's name and fields)."""
+
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
     min_p: float = 0.0  # 0: off
     repetition_penalty: float = 1.0  # 1: off
     seed: int | None = None  # None: a fresh random seed per sequence
+    max_tokens: int | None = 128  # tokens generated at most; None: until the context is full
+    stop: tuple[str, ...] = ()  # stop strings (a single string is one): end the text, not part of it
+    stop_token_ids: frozenset[int] | None = None  # None: the model's end-of-generation tokens
 
     def __post_init__(self):
-        check_sampling(self.__dict__)
+        for f, v in check_sampling(self.__dict__).items():
+            object.__setattr__(self, f, v)
+
+    @classmethod
+    def build(cls, names: Names | None = None, **options: Any) -> SamplingParams:
+        """The params of these options, errors naming them as `names` spells them (CLI flags)."""
+        unknown = sorted(set(options) - set(FIELDS))
+        if unknown:
+            raise OptionError(unknown[0], f"{unknown[0]}: not a sampling option (expected one of {', '.join(FIELDS)})")
+        return cls(**check_sampling({**DEFAULTS, **options}, names))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+#: SamplingParams' field names: the keyword options `generate` takes as sugar for one.
+FIELDS = tuple(f.name for f in fields(SamplingParams))
+DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
@@ -136,4 +157,5 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-__all__ = ["MAX_SEED", "SAMPLING_RANGES", "Sampler", "SamplingParams", "check_int", "check_number", "check_sampling", "apply_repetition_penalty", "filter_logits"]
+__all__ = ["DEFAULTS", "FIELDS", "MAX_SEED", "SAMPLING_RANGES", "Sampler", "SamplingParams", "apply_repetition_penalty",
+           "check_int", "check_number", "check_sampling", "filter_logits"]

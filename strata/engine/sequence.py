@@ -33,6 +33,14 @@ class StopConditions:
                 raise StrataArgumentError(f"stop: expected non-empty strings, found {s!r}")
 
 
+def stop_conditions(params: SamplingParams, eog_ids: frozenset[int], room: int) -> StopConditions:
+    """The stop rules of `params` for one prompt: its stop tokens, else the model's end-of-generation
+    ones (`eog_ids`); its max_tokens, else the `room` left in the context."""
+    stop_ids = eog_ids if params.stop_token_ids is None else params.stop_token_ids
+    max_tokens = params.max_tokens if params.max_tokens is not None else max(room, 1)
+    return StopConditions(max_tokens=max_tokens, stop_token_ids=stop_ids, stop_strings=params.stop)
+
+
 class Sequence:
     def __init__(self, seq_id: int, prompt_ids: list[int], sampling: SamplingParams, stop: StopConditions,
                  decoder: TokenDecoder | None = None):

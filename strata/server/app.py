@@ -30,7 +30,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from strata.engine import SamplingParams, Sequence, StopConditions
+from strata.engine import Sequence
+from strata.engine.sequence import stop_conditions
 
 from .errors import APIError, bad_request
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -220,10 +221,8 @@ async def _json_body(request: Request) -> Any:
 
 
 def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any) -> Sequence:
-    stops = StopConditions(max_tokens=req.max_tokens or model.n_ctx - len(ids),
-                           stop_token_ids=frozenset() if req.ignore_eos else model.stop_token_ids,
-                           stop_strings=req.stop)
-    return Sequence(next(state.ids), ids, SamplingParams(**req.sampling), stops, model.tokenizer.stream())
+    stops = stop_conditions(req.sampling, model.stop_token_ids, model.n_ctx - len(ids))
+    return Sequence(next(state.ids), ids, req.sampling, stops, model.tokenizer.stream())
 
 
 async def _watch_disconnect(request: Request, worker: EngineWorker, ticket: Ticket) -> None:

@@ -13,12 +13,12 @@ checks them against the context. Must not: touch the engine, sample, or format r
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.chat_template import ChatTemplateError
-from strata.engine.sampling import SAMPLING_RANGES
+from strata.engine.config import OptionError, spell
+from strata.engine.sampling import SAMPLING_RANGES, SamplingParams
 from strata.errors import StrataError
 
 from .errors import bad_request
@@ -33,12 +33,17 @@ class GenerationRequest:
     model: str | None
     messages: list[dict[str, Any]] | None = None  # chat
     prompt: str | list[int] | None = None  # completion: text, or token ids
-    max_tokens: int | None = None  # None: until the context is full
-    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields
-    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # max_tokens None: until the context is full
     stream: bool = False
     include_usage: bool = False
-    ignore_eos: bool = False
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.sampling.max_tokens
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return self.sampling.stop
 
 
 def _typed(body: dict, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -66,44 +71,33 @@ def _int(body: dict, name: str, low: int | None, high: int | None = None) -> int
     return value
 
 
-def _sampling(body: dict) -> dict[str, Any]:
-    """The SamplingParams fields, each checked against the sampler's own ranges."""
-    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": None}
-    out = {}
-    for name, (kind, low, high, low_open) in SAMPLING_RANGES.items():
-        value = body.get(name)
-        if name == "top_k" and value == -1:  # vLLM's spelling of "off"
-            value = 0
-        if value is None:
-            out[name] = defaults[name]
-            continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = number and (isinstance(value, int) if kind == "int" else math.isfinite(value))
-        ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
-        if not ok:
-            lo = f"{'>' if low_open else '>='} {low:g}"
-            hi = "" if high is None else " and < 2**64" if name == "seed" else f" and <= {high:g}"
-            raise bad_request(f"{name}: expected {'an integer' if kind == 'int' else 'a finite number'} {lo}{hi}, "
-                              f"found {_show(value)}", param=name)
-        out[name] = value
+#: OpenAI's defaults where they differ from SamplingParams'.
+SERVER_DEFAULTS = {"temperature": 1.0, "max_tokens": None}
+
+
+def _sampling(body: dict, kind: str) -> SamplingParams:
+    """The request's SamplingParams, checked by SamplingParams itself: an error is a 400 naming the field."""
     for name in ("frequency_penalty", "presence_penalty"):
         value = _typed(body, name, (int, float), "a number", 0)
         if value != 0:
             raise bad_request(f"{name}: not supported (only 0); the sampler applies repetition_penalty "
                               f"(multiplicative, 1 = off) instead", param=name)
-    return out
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    value = body.get("stop")
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad_request(f"stop: expected a non-empty string or a list of them, found {_show(value)}", param="stop")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise bad_request(f"stop: expected at most {MAX_STOP_STRINGS} strings, found {len(stops)}", param="stop")
-    return tuple(stops)
+    names = {}
+    if kind == "chat" and body.get("max_completion_tokens") is not None:  # the newer name wins
+        names["max_tokens"] = "max_completion_tokens"
+    values = {f: body.get(spell(f, names)) for f in (*SAMPLING_RANGES, "max_tokens", "stop")}
+    if values["top_k"] == -1:  # vLLM's spelling of "off"
+        values["top_k"] = 0
+    values = {f: SERVER_DEFAULTS[f] if v is None and f in SERVER_DEFAULTS else v for f, v in values.items()}
+    if _typed(body, "ignore_eos", (bool,), "true or false", False):  # vLLM's extension: run to max_tokens
+        values["stop_token_ids"] = ()
+    if isinstance(values["stop"], list) and len(values["stop"]) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop: expected at most {MAX_STOP_STRINGS} strings, found {len(values['stop'])}",
+                          param="stop")
+    try:
+        return SamplingParams.build(names, **{f: v for f, v in values.items() if v is not None or f == "max_tokens"})
+    except OptionError as e:
+        raise bad_request(str(e), param=spell(e.option, names)) from None
 
 
 def _refuse_unsupported(body: dict, kind: str) -> None:
@@ -138,10 +132,6 @@ def _common(body: Any, kind: str) -> GenerationRequest:
         raise bad_request(f"the request body must be a JSON object, found {type(body).__name__}")
     model = _typed(body, "model", (str,), "a string")
     _refuse_unsupported(body, kind)
-    max_tokens = _int(body, "max_tokens", 1)
-    if kind == "chat":
-        newer = _int(body, "max_completion_tokens", 1)
-        max_tokens = newer if newer is not None else max_tokens
     stream = _typed(body, "stream", (bool,), "true or false", False)
     options = _typed(body, "stream_options", (dict,), "an object")
     include_usage = False
@@ -149,9 +139,7 @@ def _common(body: Any, kind: str) -> GenerationRequest:
         if not stream:
             raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
         include_usage = _typed(options, "include_usage", (bool,), "true or false", False)
-    return GenerationRequest(kind, model, max_tokens=max_tokens, sampling=_sampling(body), stop=_stop(body),
-                             stream=stream, include_usage=include_usage,
-                             ignore_eos=_typed(body, "ignore_eos", (bool,), "true or false", False))
+    return GenerationRequest(kind, model, sampling=_sampling(body, kind), stream=stream, include_usage=include_usage)
 
 
 def _message(m: Any, i: int) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def test_huge_context_with_direct_memory_is_refused_before_allocating(cli, qwen3
 @pytest.mark.parametrize("args, names", [
     (["--memory", "paged", "--device-mem", "64M"], ("--device-mem", "--memory paged", "--host-mem")),
     (["--memory", "paged", "--prefetch-depth", "1"], ("--prefetch-depth", "--memory paged")),
-    (["--memory", "paged", "--host-mem", "0"], ("host memory budget (--host-mem)", "positive")),
+    (["--memory", "paged", "--host-mem", "0"], ("--host-mem: expected a positive number of bytes", "found '0'")),
 ])
 def test_paged_memory_refuses_what_is_not_its_own(cli, qwen3, args, names):
     _one_error(*cli("generate", qwen3.gguf(None), "-p", "Hello", *args)[::2], *names)
