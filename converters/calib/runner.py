@@ -109,9 +109,10 @@ class LayerExperts(ExpertMemory):
 class _DictWeights(WeightReader):
     """`WeightReader` over float32 arrays by GGUF name (no file): what the loader builds layers from."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], expert_layers: list[int]):
+    def __init__(self, tensors: dict[str, np.ndarray], expert_layers: list[int], hp: HParams):
         self.tensors, self.compute, self.device, self.dtype = tensors, None, torch.device("cpu"), torch.float32
-        self.mf = SimpleNamespace(expert_layers=expert_layers, path="(calibration)")
+        self.native = False  # float torch layers: calibration records their inputs
+        self.mf = SimpleNamespace(expert_layers=expert_layers, path="(calibration)", hparams=hp)
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
         return weight_name(kind, layer, suffix) in self.tensors
@@ -140,7 +141,7 @@ class LayerRunner:
         memory = None
         if layer in self.expert_layers:
             memory = LayerExperts(layer, self._experts(layer, tensors, stats))
-        block = _block(_DictWeights(tensors, self.expert_layers), self.arch, self.hp, layer, self.rope, memory)
+        block = _block(_DictWeights(tensors, self.expert_layers, self.hp), self.arch, self.hp, layer, self.rope, memory)
         if stats is not None:
             self._wrap(block, layer, stats)
         return block, memory

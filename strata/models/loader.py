@@ -247,7 +247,7 @@ def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope
 
 
 def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None,
-           hybrid) -> Block:
+           hybrid=None) -> Block:
     D = hp.n_embd
     has_experts = i in w.mf.expert_layers
     if has_experts and memory is None:
