@@ -23,7 +23,14 @@ def _check(t: GGMLType, dtype: torch.dtype, device: str, random_bytes: bool) -> 
            else random_blocks(t, n_blocks, rng))
     ref = torch.empty(rows, cols, dtype=dtype)
     native.dequantize_into(t, src, ref)
-    out = torch.empty(rows, cols, dtype=dtype, device=device)
+    assert_dequant_bits(t, src, ref, device)
+
+
+def assert_dequant_bits(t: GGMLType, src: np.ndarray, ref: torch.Tensor, device: str) -> None:
+    """`dequantize_into` on `device` writes `ref`'s bits from `src`: NaNs in the same places, the
+    other values equal bit for bit."""
+    dtype = ref.dtype
+    out = torch.empty(ref.shape, dtype=dtype, device=device)
     dequantize_into(t, torch.from_numpy(src).to(device), out)
     out = out.cpu()
     nan = torch.isnan(ref)

@@ -8,11 +8,10 @@ from gguf import quants as gguf_quants
 from strata.quant_torch import TORCH_DEQUANT_TYPES, dequantize_into
 from strata.quant import GGMLType as T
 from strata.quant import block_size, random_blocks
+from tests.quant.test_quant_torch import DTYPES, assert_dequant_bits
 
 FORMATS = (T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M,
            T.TQ1_0, T.TQ2_0, T.NVFP4)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
 def _blocks(t: T, n_blocks: int, rng: np.random.Generator, random_bytes: bool) -> np.ndarray:
@@ -33,13 +32,7 @@ def _check(t: T, dtype: torch.dtype, device: str, random_bytes: bool) -> None:
         ref = torch.from_numpy(gguf_quants.dequantize(src, t).reshape(rows, cols)).to(dtype)
     if not random_bytes:
         assert torch.isfinite(ref).all() and (ref != 0).any(), f"{t.name}: fixture decodes to inf/NaN or zeros"
-    out = torch.empty(rows, cols, dtype=dtype, device=device)
-    dequantize_into(t, torch.from_numpy(src).to(device), out)
-    out = out.cpu()
-    nan = torch.isnan(ref)
-    assert torch.equal(nan, torch.isnan(out)), f"{t.name} {dtype}: NaNs in other places"
-    a, b = ref.view(_BITS[dtype])[~nan], out.view(_BITS[dtype])[~nan]
-    assert torch.equal(a, b), f"{t.name} {dtype}: {(a != b).sum().item()} of {a.numel()} values differ"
+    assert_dequant_bits(t, src, ref, device)
 
 
 def test_every_format_gguf_py_dequantizes_is_covered():
