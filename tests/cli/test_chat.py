@@ -10,18 +10,35 @@ import strata
 STATS = re.compile(r"\r\n\[(\d+) tokens, [\d.]+ tok/s, context (\d+)/(\d+)\]\r\n")
 
 
-def _reply(child: pexpect.spawn, text: str) -> tuple[str, int]:
-    """Type one line; the streamed reply (terminal CRs removed) and the context it used."""
+SYSTEM = {"role": "system", "content": "Be brief."}
+U1, U2 = {"role": "user", "content": "hello there"}, {"role": "user", "content": "and the cache?"}
+
+
+def _reply(child: pexpect.spawn, text: str) -> tuple[str, int, int]:
+    """Type one line; the streamed reply (terminal CRs removed), the context it used and its size."""
     child.expect_exact("> ")
     child.sendline(text)
     child.expect_exact(text + "\r\n")  # the terminal's echo of what was typed
     child.expect(STATS)
-    return child.before.replace("\r", ""), int(child.match.group(2))
+    return child.before.replace("\r", ""), int(child.match.group(2)), int(child.match.group(3))
+
+
+def _exit(child: pexpect.spawn) -> None:
+    child.expect_exact("> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
 
 
 def _expected(model, messages) -> tuple[str, int]:
     done = model.chat(messages, max_tokens=10, temperature=0.0)
     return done.text.replace("\r", ""), done.prompt_tokens + len(done.token_ids)
+
+
+def _expected_turns(model) -> list[tuple[str, int]]:
+    """What the API replies to U1 and then U2 (with U1's exchange as history)."""
+    a1 = model.chat([SYSTEM, U1], max_tokens=10, temperature=0.0).text
+    return [_expected(model, [SYSTEM, U1]),
+            _expected(model, [SYSTEM, U1, {"role": "assistant", "content": a1}, U2])]
 
 
 def test_two_turns_history_and_reset(qwen3, python, subprocess_env):
@@ -30,23 +47,17 @@ def test_two_turns_history_and_reset(qwen3, python, subprocess_env):
                                    "--threads", "1", "--system", "Be brief."],
                           env=subprocess_env, encoding="utf-8", timeout=60)
     try:
-        first = _reply(child, "hello there")
-        second = _reply(child, "and the cache?")
+        first = _reply(child, "hello there")[:2]
+        second = _reply(child, "and the cache?")[:2]
         child.expect_exact("> ")
         child.sendline("/reset")
         child.expect_exact("[conversation cleared]")
-        after_reset = _reply(child, "and the cache?")
-        child.expect_exact("> ")
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
+        after_reset = _reply(child, "and the cache?")[:2]
+        _exit(child)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
     model = strata.load(path, threads=1)
-    system = {"role": "system", "content": "Be brief."}
-    u1, u2 = {"role": "user", "content": "hello there"}, {"role": "user", "content": "and the cache?"}
-    a1 = model.chat([system, u1], max_tokens=10, temperature=0.0).text
-    assert first == _expected(model, [system, u1])
-    assert second == _expected(model, [system, u1, {"role": "assistant", "content": a1}, u2])
-    assert after_reset == _expected(model, [system, u2])
+    assert [first, second] == _expected_turns(model)
+    assert after_reset == _expected(model, [SYSTEM, U2])
     assert second[1] > after_reset[1]  # the second turn's prompt held the first turn

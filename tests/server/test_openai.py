@@ -202,28 +202,16 @@ def test_random_disconnects_leave_nothing_behind(server, client):
 def test_chat_against_the_server(server, tiny_model):
     import pexpect
 
-    from tests.cli.test_chat import STATS, _expected
+    from tests.cli.test_chat import _exit, _expected_turns, _reply
 
     child = pexpect.spawn(sys.executable, ["-m", "strata", "chat", "--server", server.url, "--temperature", "0",
                                            "-n", "10", "--system", "Be brief."],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), encoding="utf-8", timeout=60)
     try:
-        replies = []
-        for text in ("hello there", "and the cache?"):
-            child.expect_exact("> ")
-            child.sendline(text)
-            child.expect_exact(text + "\r\n")
-            child.expect(STATS)
-            replies.append((child.before.replace("\r", ""), int(child.match.group(2)), int(child.match.group(3))))
-        child.expect_exact("> ")
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
+        replies = [_reply(child, text) for text in ("hello there", "and the cache?")]
+        _exit(child)
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
-    system, u1 = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}
-    u2 = {"role": "user", "content": "and the cache?"}
-    a1 = tiny_model.chat([system, u1], max_tokens=10, temperature=0.0).text
-    assert replies[0][:2] == _expected(tiny_model, [system, u1])
-    assert replies[1][:2] == _expected(tiny_model, [system, u1, {"role": "assistant", "content": a1}, u2])
+    assert [reply[:2] for reply in replies] == _expected_turns(tiny_model)
     assert replies[0][2] == 1024  # the server's context
