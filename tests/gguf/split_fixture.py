@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFWriter
+
+from tests.fixtures.rewrite import copy_metadata, write_file
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 
@@ -37,28 +38,14 @@ def split_gguf(src: Path, prefix: Path, cuts: Sequence[int], *, arch_in_every_pa
     for i, path in enumerate(paths):
         w = GGUFWriter(str(path), arch)
         if i == 0:
-            _copy_metadata(reader, w)
+            copy_metadata(reader, w)
         elif not arch_in_every_part:
             del w.kv_data[0]["general.architecture"]
         w.add_uint16(SPLIT_NO, numbers[i] if numbers else i)
         w.add_uint16(SPLIT_COUNT, n if count is None else count)
         w.add_int32(SPLIT_TENSORS, len(tensors) if n_tensors is None else n_tensors)
-        mine = tensors[bounds[i]:bounds[i + 1]] + ([t for t in tensors if t.name in extra] if i == n - 1 else [])
-        for t in mine:
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write_file(w, tensors[bounds[i]:bounds[i + 1]] + ([t for t in tensors if t.name in extra] if i == n - 1 else []))
     return paths
-
-
-def _copy_metadata(reader: GGUFReader, w: GGUFWriter) -> None:
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = field.types[0]
-        w.add_key_value(key, field.contents(), vtype, field.types[1] if vtype == GGUFValueType.ARRAY else None)
 
 
 def rewrite_part(path: Path, set: dict[str, tuple] | None = None, drop_last: bool = False) -> Path:
@@ -73,20 +60,11 @@ def rewrite_part(path: Path, set: dict[str, tuple] | None = None, drop_last: boo
     w = GGUFWriter(str(tmp), arch or "none")
     if arch is None:
         del w.kv_data[0]["general.architecture"]
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
-            continue
-        vtype = field.types[0]
-        w.add_key_value(key, field.contents(), vtype, field.types[1] if vtype == GGUFValueType.ARRAY else None)
+    copy_metadata(reader, w, skip=changes)
     for key, (value, vtype) in changes.items():
         w.add_key_value(key, value, vtype)
     tensors = list(reader.tensors)
-    for t in tensors[:-1] if drop_last else tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_file(w, tensors[:-1] if drop_last else tensors)
     tmp.replace(path)
     return path
 
