@@ -144,9 +144,14 @@ def test_fixtures_hold_every_special_value(t):
             assert not missing, f"{t.name}: offset {off} never holds {sorted(missing)}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("t", DEQUANT_TYPES, ids=lambda t: t.name)
+def each_format_impl_case(test):
+    """`test(t, impl, case)` over every format, implementation and (rows, row length, threads)."""
+    test = pytest.mark.parametrize("t", DEQUANT_TYPES, ids=lambda t: t.name)(test)
+    test = pytest.mark.parametrize("impl", IMPLS)(test)
+    return pytest.mark.parametrize("case", CASES, ids=CASE_IDS)(test)
+
+
+@each_format_impl_case
 def test_dequant_f32_matches_gguf(t, impl, case):
     rows, row_len, n_threads = case
     src, ref = fixture(t, rows, row_len)
@@ -154,9 +159,7 @@ def test_dequant_f32_matches_gguf(t, impl, case):
     assert_bits_equal(out, ref, f"{t.name} {impl} {rows}x{row_len} on {n_threads} threads")
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("t", DEQUANT_TYPES, ids=lambda t: t.name)
+@each_format_impl_case
 def test_dequant_half_outputs_match_torch(t, impl, case):
     """float16/bfloat16 output equals gguf-py's float32 result rounded by torch."""
     rows, row_len, n_threads = case
