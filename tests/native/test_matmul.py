@@ -374,12 +374,17 @@ def test_moe_accepts_torch_and_empty_calls(pools):
     assert not run_moe(pools[2], parts, x, np.zeros_like(x), none, scratch=np.empty(0, np.uint8)).any()
 
 
-def test_moe_refuses_bad_routing(pools):
+def _refusal_case():
+    """Parts, x [3, D], out (ones), scratch and a valid routing of 3 tokens to 2 experts each: the
+    calls the refusal tests then spoil one argument of."""
     parts = moe_parts(*MOE_SHAPES[0])
-    expert_index, offsets, token_ids, weights_ = routing(3, 2, seed=2)
+    route = routing(3, 2, seed=2)
     x = activations(3, parts.n_embd)
-    out = np.ones_like(x)
-    scratch = np.empty(native.moe_scratch_bytes(parts, 3, len(token_ids)), np.uint8)
+    return parts, x, np.ones_like(x), np.empty(native.moe_scratch_bytes(parts, 3, len(route[2])), np.uint8), route
+
+
+def test_moe_refuses_bad_routing(pools):
+    parts, x, out, scratch, (expert_index, offsets, token_ids, weights_) = _refusal_case()
 
     def call(e=expert_index, o=offsets, t=token_ids, w=weights_, s=scratch, p=parts):
         native.moe_swiglu(pools[2], x, out, p, e, o, t, w, s)
@@ -585,11 +590,7 @@ def test_moe_clamped_swiglu_rows_reduce_and_missing_tables(pools):
 
 
 def test_moe_clamped_swiglu_refusals(pools):
-    parts = moe_parts(*MOE_SHAPES[0])
-    expert_index, offsets, token_ids, weights_ = routing(3, 2, seed=2)
-    x = activations(3, parts.n_embd)
-    out = np.ones_like(x)
-    scratch = np.empty(native.moe_scratch_bytes(parts, 3, len(token_ids)), np.uint8)
+    parts, x, out, scratch, (expert_index, offsets, token_ids, weights_) = _refusal_case()
     act = moe_act(parts, n_ids=N_HELD)
     for bad in (N_HELD, -1):
         ids = act_ids(expert_index)
