@@ -3,7 +3,6 @@
 projection and expert weights re-saved as fp8 + block scales (rows of 96 and 64: partial blocks)."""
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -15,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import strata
 from converters import ConversionError, TypePolicy, convert
 from converters.source import Checkpoint
+from tests.convert.released import quantized_pair
 from tests.fixtures.tiny import zoo
 from tests.models.helpers import REL_TOL, rel_err
 
@@ -37,30 +37,19 @@ def _dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * full
 
 
+def _fp8_projection(name: str, w: torch.Tensor):
+    if not (name.endswith(("_proj.weight", "_proj_with_mqa.weight")) and w.ndim == 2):
+        return None
+    q, s = _fp8(w.float())
+    return {name: q, name.replace(".weight", ".weight_scale_inv"): s}, _dequant(q, s)
+
+
 @pytest.fixture(scope="module")
 def fp8_pair(tmp_path_factory):
     """(fp8 checkpoint, float32 checkpoint of the same dequantized values, number of fp8 weights)."""
-    tiny = zoo().get("deepseek3")
-    root = tmp_path_factory.mktemp("fp8")
-    fp8_dir, ref_dir = root / "fp8", root / "ref"
-    shutil.copytree(tiny.hf_dir, fp8_dir)
-    shutil.copytree(tiny.hf_dir, ref_dir)
-    (path,) = sorted(tiny.hf_dir.glob("*.safetensors"))
-    state = load_file(path)
-    quant, deq = {}, {}
-    for name, w in state.items():
-        if name.endswith(("_proj.weight", "_proj_with_mqa.weight")) and w.ndim == 2:
-            q, s = _fp8(w.float())
-            quant[name], quant[name.replace(".weight", ".weight_scale_inv")] = q, s
-            deq[name] = _dequant(q, s)
-        else:
-            quant[name] = deq[name] = w
-    save_file(quant, fp8_dir / path.name, metadata={"format": "pt"})
-    save_file(deq, ref_dir / path.name, metadata={"format": "pt"})
-    cfg = json.loads((fp8_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": [BLOCK, BLOCK]}
-    (fp8_dir / "config.json").write_text(json.dumps(cfg))
+    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK]}
+    fp8_dir, ref_dir, quant = quantized_pair(zoo().get("deepseek3").hf_dir, tmp_path_factory.mktemp("fp8"),
+                                             _fp8_projection, config)
     return fp8_dir, ref_dir, sum(1 for n in quant if n.endswith("weight_scale_inv"))
 
 

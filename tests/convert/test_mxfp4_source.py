@@ -4,19 +4,16 @@ Fixture: the tiny gpt-oss's experts quantized with gguf-py's MXFP4 and re-saved 
 layout (value 2j in the low nibble of byte j, one scale byte per 32 values)."""
 from __future__ import annotations
 
-import json
-import shutil
-
 import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as GT
 from gguf import GGUFReader
-from safetensors.torch import load_file, save_file
 
 import strata
 from converters import TypePolicy, convert
+from tests.convert.released import quantized_pair
 from tests.fixtures.tiny import zoo
 from tests.models.helpers import REL_TOL, rel_err
 
@@ -33,30 +30,21 @@ def _to_released(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.ascontiguousarray(scales.reshape(*lead, R, C // 32)), values)
 
 
+def _mxfp4_experts(name: str, w: torch.Tensor):
+    if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return None
+    blocks, scales, values = _to_released(w.float().transpose(1, 2).numpy())  # [E, out, in]
+    return ({name + "_blocks": torch.from_numpy(blocks), name + "_scales": torch.from_numpy(scales)},
+            torch.from_numpy(values).transpose(1, 2).contiguous())
+
+
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     """(MXFP4 checkpoint, float32 checkpoint of the same values)."""
-    tiny = zoo().get("gptoss")
-    root = tmp_path_factory.mktemp("mxfp4")
-    q_dir, ref_dir = root / "mxfp4", root / "ref"
-    shutil.copytree(tiny.hf_dir, q_dir)
-    shutil.copytree(tiny.hf_dir, ref_dir)
-    (path,) = sorted(tiny.hf_dir.glob("*.safetensors"))
-    state = load_file(path)
-    quant, ref = {}, {}
-    for name, w in state.items():
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            blocks, scales, values = _to_released(w.float().transpose(1, 2).numpy())  # [E, out, in]
-            quant[name + "_blocks"], quant[name + "_scales"] = torch.from_numpy(blocks), torch.from_numpy(scales)
-            ref[name] = torch.from_numpy(values).transpose(1, 2).contiguous()
-        else:
-            quant[name] = ref[name] = w
-    save_file(quant, q_dir / path.name, metadata={"format": "pt"})
-    save_file(ref, ref_dir / path.name, metadata={"format": "pt"})
-    cfg = json.loads((q_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
-                                                                                      "model.layers.*.mlp.router"]}
-    (q_dir / "config.json").write_text(json.dumps(cfg))
+    config = {"quant_method": "mxfp4",
+              "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router"]}
+    q_dir, ref_dir, _ = quantized_pair(zoo().get("gptoss").hf_dir, tmp_path_factory.mktemp("mxfp4"),
+                                       _mxfp4_experts, config)
     return q_dir, ref_dir
 
 
