@@ -383,12 +383,11 @@ def format_out_of_ram(r: dict) -> str:
                  f"failcnt {x['cgroup_failcnt']}")
     if "disk_bytes_per_token" in r:
         lines.append(f"  expert bytes read from disk per token: {r['disk_bytes_per_token'] / 2**20:.1f} MiB")
-    if "disk_bound_tok_s" in r:
-        lines.append(f"  disk-bound rate: {r['disk_bound_tok_s']:.2f} tok/s; strata reaches "
-                     f"{100 * r['share_of_disk_bound']:.0f}% of it")
-    if "slab_disk_bound_tok_s" in r:
-        lines.append(f"  disk-bound rate at the random-slab read rate: {r['slab_disk_bound_tok_s']:.2f} tok/s; strata "
-                     f"reaches {100 * r['share_of_slab_disk_bound']:.0f}% of it")
+    for bound, what in (("disk_bound", "disk-bound rate"),
+                        ("slab_disk_bound", "disk-bound rate at the random-slab read rate")):
+        if f"{bound}_tok_s" in r:
+            lines.append(f"  {what}: {r[f'{bound}_tok_s']:.2f} tok/s; strata reaches "
+                         f"{100 * r[f'share_of_{bound}']:.0f}% of it")
     if "compute_bound_tok_s" in r:
         lines.append(f"  compute-bound rate (the same decode in RAM, experts read in place): "
                      f"{r['compute_bound_tok_s']:.2f} tok/s; strata reaches {100 * r['share_of_bound']:.0f}% of the "
