@@ -174,8 +174,8 @@ class Converter:
 
     # ---- metadata ----
 
-    def write_metadata(self, w: gguf.GGUFWriter) -> None:
-        """Hyperparameter keys (llama.cpp's names through GGUFWriter's helpers)."""
+    def write_sizes(self, w: gguf.GGUFWriter) -> None:
+        """The hyperparameter keys every architecture writes first, in llama.cpp's order."""
         hp = self.hp
         w.add_context_length(hp.n_ctx)
         w.add_embedding_length(hp.n_embd)
@@ -185,6 +185,11 @@ class Converter:
         w.add_head_count_kv(hp.n_kv_heads)
         w.add_rope_freq_base(hp.rope_theta)
         w.add_layer_norm_rms_eps(hp.rms_eps)
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        """Hyperparameter keys (llama.cpp's names through GGUFWriter's helpers)."""
+        hp = self.hp
+        self.write_sizes(w)
         w.add_expert_count(hp.n_experts)
         w.add_expert_used_count(hp.n_experts_used)
         if self.cfg.get("head_dim") is not None:

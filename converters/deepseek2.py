@@ -75,14 +75,7 @@ class DeepSeek2Converter(Converter):
 
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
         hp, c = self.hp, self.cfg
-        w.add_context_length(hp.n_ctx)
-        w.add_embedding_length(hp.n_embd)
-        w.add_block_count(hp.n_layers)
-        w.add_feed_forward_length(hp.n_ff)
-        w.add_head_count(hp.n_heads)
-        w.add_head_count_kv(1)
-        w.add_rope_freq_base(hp.rope_theta)
-        w.add_layer_norm_rms_eps(hp.rms_eps)
+        self.write_sizes(w)  # one KV head: MLA's shared latent
         w.add_vocab_size(hp.n_vocab)
         w.add_leading_dense_block_count(self.n_dense)
         if self.q_lora is not None:
