@@ -1,5 +1,5 @@
 """The torch dequantizer (device tier's packed slots on CUDA) equals the native kernels bit for
-bit, on the CPU device here and on CUDA in the `cuda`-marked twin."""
+bit, on the CPU device and (marked `cuda`) on CUDA."""
 import numpy as np
 import pytest
 import torch
@@ -11,6 +11,9 @@ from strata.quant import DEQUANT_TYPES, GGMLType, block_size, random_blocks
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Formats both dequantizers read (tests/quant/test_quant_torch_iquants.py holds the others to gguf.quants).
 NATIVE_TYPES = tuple(t for t in TORCH_DEQUANT_TYPES if t in DEQUANT_TYPES)
+#: The CPU, and CUDA under the `cuda` mark where there is a GPU.
+DEVICES = ("cpu", pytest.param("cuda", marks=(pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                   reason="needs a CUDA GPU"))))
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
@@ -39,12 +42,13 @@ def assert_dequant_bits(t: GGMLType, src: np.ndarray, ref: torch.Tensor, device:
     assert torch.equal(a, b), f"{t.name} {dtype}: {(a != b).sum().item()} of {a.numel()} values differ"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t", NATIVE_TYPES, ids=lambda t: t.name)
-def test_torch_dequant_equals_native_bit_for_bit(t, dtype):
-    _check(t, dtype, "cpu", random_bytes=False)
-    if t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-        _check(t, dtype, "cpu", random_bytes=True)  # NaN and inf scales land in the same places
+def test_torch_dequant_equals_native_bit_for_bit(t, dtype, device):
+    _check(t, dtype, device, random_bytes=False)
+    if device == "cpu" and t not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        _check(t, dtype, device, random_bytes=True)  # NaN and inf scales land in the same places
 
 
 def test_every_expert_format_the_native_runtime_reads_is_covered():
@@ -64,11 +68,3 @@ def test_errors_name_the_format_and_sizes():
         dequantize_into(GGMLType.Q8_0, torch.zeros(1000, dtype=torch.int8), out)
     with pytest.raises(ValueError, match="not supported"):
         dequantize_into(GGMLType.Q8_K, torch.zeros(1000, dtype=torch.uint8), out)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t", NATIVE_TYPES, ids=lambda t: t.name)
-def test_torch_dequant_on_cuda_equals_native_bit_for_bit(t, dtype):
-    _check(t, dtype, "cuda", random_bytes=False)

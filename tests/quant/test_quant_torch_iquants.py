@@ -1,5 +1,5 @@
 """The torch dequantizer reads the i-quants, the ternary formats and NVFP4 bit for bit as
-gguf.quants does (the numeric reference), on the CPU device here and on CUDA in the `cuda` twin."""
+gguf.quants does (the numeric reference), on the CPU device and (marked `cuda`) on CUDA."""
 import numpy as np
 import pytest
 import torch
@@ -8,7 +8,7 @@ from gguf import quants as gguf_quants
 from strata.quant_torch import TORCH_DEQUANT_TYPES, dequantize_into
 from strata.quant import GGMLType as T
 from strata.quant import block_size, random_blocks
-from tests.quant.test_quant_torch import DTYPES, assert_dequant_bits
+from tests.quant.test_quant_torch import DEVICES, DTYPES, assert_dequant_bits
 
 FORMATS = (T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M,
            T.TQ1_0, T.TQ2_0, T.NVFP4)
@@ -39,11 +39,12 @@ def test_every_format_gguf_py_dequantizes_is_covered():
     assert set(FORMATS) <= set(TORCH_DEQUANT_TYPES)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t", FORMATS, ids=lambda t: t.name)
-def test_torch_dequant_equals_gguf_py_bit_for_bit(t, dtype):
-    _check(t, dtype, "cpu", random_bytes=False)
-    _check(t, dtype, "cpu", random_bytes=True)  # NaN and inf scales land in the same places
+def test_torch_dequant_equals_gguf_py_bit_for_bit(t, dtype, device):
+    _check(t, dtype, device, random_bytes=False)
+    _check(t, dtype, device, random_bytes=True)  # NaN and inf scales land in the same places
 
 
 def _iq1_m_block(delta_bits: int) -> np.ndarray:
@@ -79,11 +80,3 @@ def test_a_format_without_a_kernel_is_refused_by_name(t):
     with pytest.raises(ValueError, match=f"torch dequantization of {t.name} is not supported .*IQ1_M"):
         dequantize_into(t, torch.zeros(nbytes, dtype=torch.uint8), torch.empty(elems))
 
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t", FORMATS, ids=lambda t: t.name)
-def test_torch_dequant_on_cuda_equals_gguf_py_bit_for_bit(t, dtype):
-    _check(t, dtype, "cuda", random_bytes=False)
-    _check(t, dtype, "cuda", random_bytes=True)
