@@ -181,12 +181,21 @@ def test_qdot_within_bounds_of_float64(t, case, impl):
     x = make_tokens(n_tok, row_len, rng)
     y = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
     wd, mag = dequantize(t, w, n_rows, row_len), magnitude(t, w, n_rows, row_len)
+    assert_within_bounds(t, impl, y, x, wd, mag)
+
+
+def assert_within_bounds(t: GGMLType, impl: str, y: np.ndarray, x: np.ndarray, wd: np.ndarray,
+                         mag: np.ndarray) -> None:
+    """y [T, N] from x [T, K] and weights dequantized to wd [N, K] (element magnitudes `mag`, the
+    bound's scale): |y - W @ A| within float rounding, with A the rounded activations, and
+    |y - W @ x| within that plus the activation rounding (half a step of each block's d)."""
+    row_len = x.shape[1]
     _, d, a = numpy_qact(t, x)
     n = (row_len if t in FLOAT_TYPES else row_len // block_size(t)[0]) + 16
     round_tol = n * U * (np.abs(a) @ mag.T) + n * 2.0 ** -140                        # [T, N]
     err = np.abs(y - a @ wd.T)
     assert (err <= round_tol).all(), f"{t.name} {impl}: |y - W@A| {err.max()} over the rounding bound"
-    d_elem = np.repeat(d, act_block(t), axis=1) if t not in FLOAT_TYPES else np.zeros_like(x, np.float64)
+    d_elem = np.repeat(d, row_len // d.shape[1], axis=1) if t not in FLOAT_TYPES else np.zeros_like(x, np.float64)
     act_tol = (d_elem * 0.5 * (1 + 2.0 ** -15)) @ np.abs(wd).T
     err = np.abs(y - x.astype(np.float64) @ wd.T)
     assert (err <= act_tol + round_tol).all(), f"{t.name} {impl}: |y - W@x| {err.max()} over the bound"

@@ -15,7 +15,7 @@ from strata import native
 from strata.quant import HALF_SCALE_OFFSETS, IQ_TYPES, GGMLType, block_size, random_blocks, set_iq1_m_half
 from tests.native import test_matmul as tm
 from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
-from tests.native.test_qdot import CASE_IDS, CASES, EXTREME_HALVES, IMPLS, U, make_tokens, numpy_qact
+from tests.native.test_qdot import CASE_IDS, CASES, EXTREME_HALVES, IMPLS, assert_within_bounds, make_tokens, numpy_qact
 
 T = GGMLType
 # Element magnitudes ~0.03 from random codes: the d each type needs (its grids and scales differ).
@@ -68,15 +68,7 @@ def test_qdot_within_bounds_of_float64(t, case, impl):
     y = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
     wd = gguf.quants.dequantize(w, t).reshape(n_rows, row_len).astype(np.float64)
     assert np.isfinite(wd).all()
-    _, d, a = numpy_qact(t, x)
-    n = row_len // block_size(t)[0] + 16
-    round_tol = n * U * (np.abs(a) @ np.abs(wd).T) + n * 2.0 ** -140                    # [T, N]
-    err = np.abs(y - a @ wd.T)
-    assert (err <= round_tol).all(), f"{t.name} {impl}: |y - W@A| {err.max()} over the rounding bound"
-    d_elem = np.repeat(d, row_len // d.shape[1], axis=1)
-    act_tol = (d_elem * 0.5 * (1 + 2.0 ** -15)) @ np.abs(wd).T
-    err = np.abs(y - x.astype(np.float64) @ wd.T)
-    assert (err <= act_tol + round_tol).all(), f"{t.name} {impl}: |y - W@x| {err.max()} over the bound"
+    assert_within_bounds(t, impl, y, x, wd, np.abs(wd))
 
 
 # Types with AVX2 kernels of their own (native/qdot_iq4_avx2.c; tested in test_qdot_iq4_avx2.py).
