@@ -96,27 +96,7 @@ void strata_dequant_q4_0_avx2(const uint8_t *restrict src, float *restrict dst, 
  * Sub-block s (32 elements) has scale ds[s] = d * sc[s] and offset dm[s] = dmin * m[s]; qs byte
  * 32j + l holds element l of sub-block 2j (low nibble) and of 2j+1 (high nibble).
  *   x[32s + l] = ds[s] * q - dm[s]
- */
-void strata_dequant_q4_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
-    const __m256i low4 = _mm256_set1_epi32(15);
-    float ds[8] __attribute__((aligned(32))), dm[8] __attribute__((aligned(32)));
-    for (int64_t b = 0; b < n_blocks; b++, src += sizeof(strata_block_q4_k), dst += STRATA_QK_K) {
-        const strata_block_q4_k *blk = (const strata_block_q4_k *)src;
-        k_subblock_scales(blk->scales, blk->d, blk->dmin, ds, dm);
-        for (int j = 0; j < 4; j++) {
-            const __m256 d0 = _mm256_broadcast_ss(&ds[2 * j]), m0 = _mm256_broadcast_ss(&dm[2 * j]);
-            const __m256 d1 = _mm256_broadcast_ss(&ds[2 * j + 1]), m1 = _mm256_broadcast_ss(&dm[2 * j + 1]);
-            float *out = dst + 64 * j;
-            for (int k = 0; k < 4; k++) {
-                const __m256i q = u8x8_to_i32(blk->qs + 32 * j + 8 * k);
-                _mm256_storeu_ps(out + 8 * k, scaled_minus(d0, _mm256_and_si256(q, low4), m0));
-                _mm256_storeu_ps(out + 32 + 8 * k, scaled_minus(d1, _mm256_srli_epi32(q, 4), m1));
-            }
-        }
-    }
-}
-
-/*
+ *
  * ---- Q5_K: half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] ----
  * As Q4_K, with a fifth bit: element l of sub-block s takes bit s of qh[l] as its bit 4.
  *   x[32s + l] = ds[s] * (q4 | ((qh[l] >> s) & 1) << 4) - dm[s]
@@ -128,25 +108,42 @@ static inline __m256i q5_high_bit(__m256i qh, int s) {
                             _mm256_set1_epi32(16));
 }
 
-void strata_dequant_q5_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
+/* One Q4_K block (`qh` NULL) or Q5_K block (`qh` its high bits): 8 sub-blocks of 32, two per
+ * 32 bytes of qs. Inlined with a constant qh, each format gets its own loop. */
+static inline void q45_k_block(const uint8_t *restrict scales, uint16_t d, uint16_t dmin,
+                               const uint8_t *restrict qs, const uint8_t *restrict qh, float *restrict dst) {
     const __m256i low4 = _mm256_set1_epi32(15);
     float ds[8] __attribute__((aligned(32))), dm[8] __attribute__((aligned(32)));
+    k_subblock_scales(scales, d, dmin, ds, dm);
+    for (int j = 0; j < 4; j++) {
+        const __m256 d0 = _mm256_broadcast_ss(&ds[2 * j]), m0 = _mm256_broadcast_ss(&dm[2 * j]);
+        const __m256 d1 = _mm256_broadcast_ss(&ds[2 * j + 1]), m1 = _mm256_broadcast_ss(&dm[2 * j + 1]);
+        float *out = dst + 64 * j;
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = u8x8_to_i32(qs + 32 * j + 8 * k);
+            __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_srli_epi32(q, 4);
+            if (qh) {
+                const __m256i h = u8x8_to_i32(qh + 8 * k);
+                lo = _mm256_or_si256(lo, q5_high_bit(h, 2 * j));
+                hi = _mm256_or_si256(hi, q5_high_bit(h, 2 * j + 1));
+            }
+            _mm256_storeu_ps(out + 8 * k, scaled_minus(d0, lo, m0));
+            _mm256_storeu_ps(out + 32 + 8 * k, scaled_minus(d1, hi, m1));
+        }
+    }
+}
+
+void strata_dequant_q4_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
+    for (int64_t b = 0; b < n_blocks; b++, src += sizeof(strata_block_q4_k), dst += STRATA_QK_K) {
+        const strata_block_q4_k *blk = (const strata_block_q4_k *)src;
+        q45_k_block(blk->scales, blk->d, blk->dmin, blk->qs, NULL, dst);
+    }
+}
+
+void strata_dequant_q5_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++, src += sizeof(strata_block_q5_k), dst += STRATA_QK_K) {
         const strata_block_q5_k *blk = (const strata_block_q5_k *)src;
-        k_subblock_scales(blk->scales, blk->d, blk->dmin, ds, dm);
-        for (int j = 0; j < 4; j++) {
-            const __m256 d0 = _mm256_broadcast_ss(&ds[2 * j]), m0 = _mm256_broadcast_ss(&dm[2 * j]);
-            const __m256 d1 = _mm256_broadcast_ss(&ds[2 * j + 1]), m1 = _mm256_broadcast_ss(&dm[2 * j + 1]);
-            float *out = dst + 64 * j;
-            for (int k = 0; k < 4; k++) {
-                const __m256i q = u8x8_to_i32(blk->qs + 32 * j + 8 * k);
-                const __m256i qh = u8x8_to_i32(blk->qh + 8 * k);
-                const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low4), q5_high_bit(qh, 2 * j));
-                const __m256i hi = _mm256_or_si256(_mm256_srli_epi32(q, 4), q5_high_bit(qh, 2 * j + 1));
-                _mm256_storeu_ps(out + 8 * k, scaled_minus(d0, lo, m0));
-                _mm256_storeu_ps(out + 32 + 8 * k, scaled_minus(d1, hi, m1));
-            }
-        }
+        q45_k_block(blk->scales, blk->d, blk->dmin, blk->qs, blk->qh, dst);
     }
 }
 
