@@ -186,23 +186,17 @@ static void block_nvfp4(const strata_block_nvfp4 *b, float *y) {
     }
 }
 
-/* ---- Block loops ---- */
+/* ---- Block loops (STRATA_DEFINE_REF: kernels.h) ---- */
 
-#define STRATA_DEFINE_IQ_REF(name, elems)                                                            \
-    void strata_dequant_##name##_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) { \
-        const strata_block_##name *b = (const strata_block_##name *)src;                            \
-        for (int64_t i = 0; i < n_blocks; i++) block_##name(b + i, dst + i * (elems));              \
-    }
-
-STRATA_DEFINE_IQ_REF(iq2_xxs, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq2_xs, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq2_s, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq3_xxs, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq3_s, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq1_s, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq1_m, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(iq4_nl, STRATA_QK)
-STRATA_DEFINE_IQ_REF(iq4_xs, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(tq1_0, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(tq2_0, STRATA_QK_K)
-STRATA_DEFINE_IQ_REF(nvfp4, STRATA_QK_NVFP4)
+STRATA_DEFINE_REF(iq2_xxs, STRATA_QK_K)
+STRATA_DEFINE_REF(iq2_xs, STRATA_QK_K)
+STRATA_DEFINE_REF(iq2_s, STRATA_QK_K)
+STRATA_DEFINE_REF(iq3_xxs, STRATA_QK_K)
+STRATA_DEFINE_REF(iq3_s, STRATA_QK_K)
+STRATA_DEFINE_REF(iq1_s, STRATA_QK_K)
+STRATA_DEFINE_REF(iq1_m, STRATA_QK_K)
+STRATA_DEFINE_REF(iq4_nl, STRATA_QK)
+STRATA_DEFINE_REF(iq4_xs, STRATA_QK_K)
+STRATA_DEFINE_REF(tq1_0, STRATA_QK_K)
+STRATA_DEFINE_REF(tq2_0, STRATA_QK_K)
+STRATA_DEFINE_REF(nvfp4, STRATA_QK_NVFP4)

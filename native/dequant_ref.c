@@ -224,13 +224,7 @@ static void block_mxfp4(const strata_block_mxfp4 *b, float *y) {
     for (int j = 0; j < 32; j++) y[j] = d * (float)E2M1_DOUBLED[q[j]];
 }
 
-/* ---- Block loops ---- */
-
-#define STRATA_DEFINE_REF(name, elems)                                                               \
-    void strata_dequant_##name##_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) { \
-        const strata_block_##name *b = (const strata_block_##name *)src;                            \
-        for (int64_t i = 0; i < n_blocks; i++) block_##name(b + i, dst + i * (elems));              \
-    }
+/* ---- Block loops (STRATA_DEFINE_REF: kernels.h) ---- */
 
 STRATA_DEFINE_REF(q4_0, STRATA_QK)
 STRATA_DEFINE_REF(q4_1, STRATA_QK)

@@ -30,6 +30,14 @@ int strata_resolve_impl(int impl, int *resolved);
 #define STRATA_DECLARE_AVX2(name) \
     void strata_dequant_##name##_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks);
 
+/* A scalar kernel from its one-block function `block_<name>(const strata_block_<name> *, float *)`
+ * (dequant_ref.c, dequant_iq.c): `elems` values a block. */
+#define STRATA_DEFINE_REF(name, elems)                                                               \
+    void strata_dequant_##name##_ref(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) { \
+        const strata_block_##name *b = (const strata_block_##name *)src;                            \
+        for (int64_t i = 0; i < n_blocks; i++) block_##name(b + i, dst + i * (elems));              \
+    }
+
 STRATA_DECLARE_REF(f32)
 STRATA_DECLARE_REF(f16)
 STRATA_DECLARE_REF(bf16)
