@@ -44,7 +44,8 @@ def split_gguf(src: Path, prefix: Path, cuts: Sequence[int], *, arch_in_every_pa
         w.add_uint16(SPLIT_NO, numbers[i] if numbers else i)
         w.add_uint16(SPLIT_COUNT, n if count is None else count)
         w.add_int32(SPLIT_TENSORS, len(tensors) if n_tensors is None else n_tensors)
-        write_file(w, tensors[bounds[i]:bounds[i + 1]] + ([t for t in tensors if t.name in extra] if i == n - 1 else []))
+        extras = [t for t in tensors if t.name in extra] if i == n - 1 else []
+        write_file(w, tensors[bounds[i]:bounds[i + 1]] + extras)
     return paths
 
 

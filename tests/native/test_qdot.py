@@ -174,14 +174,20 @@ def test_activation_quantizer_matches_numpy(t, impl):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_qdot_within_bounds_of_float64(t, case, impl):
+    w, x, y = qdot_case(t, case, impl, make_weights, row_len_of)
+    n_rows, row_len = w.shape[0], x.shape[1]
+    assert_within_bounds(t, impl, y, x, dequantize(t, w, n_rows, row_len), magnitude(t, w, n_rows, row_len))
+
+
+def qdot_case(t: GGMLType, case: tuple[int, int, int], impl: str, make_weights, row_len_of):
+    """(w [N, row bytes], x [T, K], y [T, N] float64) of one CASES entry: weights from the test
+    module's `make_weights`, random tokens and the kernel's products."""
     n_rows, n_blocks, n_tok = case
     rng = np.random.default_rng(int(t) * 1000 + n_rows * 10 + n_tok)
     row_len = row_len_of(t, n_blocks)
     w = make_weights(t, n_rows, row_len, rng)
     x = make_tokens(n_tok, row_len, rng)
-    y = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
-    wd, mag = dequantize(t, w, n_rows, row_len), magnitude(t, w, n_rows, row_len)
-    assert_within_bounds(t, impl, y, x, wd, mag)
+    return w, x, native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
 
 
 def assert_within_bounds(t: GGMLType, impl: str, y: np.ndarray, x: np.ndarray, wd: np.ndarray,

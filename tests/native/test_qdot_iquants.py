@@ -15,7 +15,8 @@ from strata import native
 from strata.quant import HALF_SCALE_OFFSETS, IQ_TYPES, GGMLType, block_size, random_blocks, set_iq1_m_half
 from tests.native import test_matmul as tm
 from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
-from tests.native.test_qdot import CASE_IDS, CASES, EXTREME_HALVES, IMPLS, assert_within_bounds, make_tokens, numpy_qact
+from tests.native.test_qdot import (CASE_IDS, CASES, EXTREME_HALVES, IMPLS, assert_within_bounds, make_tokens,
+                                    numpy_qact, qdot_case)
 
 T = GGMLType
 # Element magnitudes ~0.03 from random codes: the d each type needs (its grids and scales differ).
@@ -60,13 +61,8 @@ def test_activation_rows_are_the_q8_formats(t, impl):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("t", IQ_TYPES, ids=lambda t: t.name)
 def test_qdot_within_bounds_of_float64(t, case, impl):
-    n_rows, n_blocks, n_tok = case
-    rng = np.random.default_rng(int(t) * 1000 + n_rows * 10 + n_tok)
-    row_len = row_len_of(t, n_blocks)
-    w = make_weights(t, n_rows, row_len, rng)
-    x = make_tokens(n_tok, row_len, rng)
-    y = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
-    wd = gguf.quants.dequantize(w, t).reshape(n_rows, row_len).astype(np.float64)
+    w, x, y = qdot_case(t, case, impl, make_weights, row_len_of)
+    wd = gguf.quants.dequantize(w, t).reshape(w.shape[0], x.shape[1]).astype(np.float64)
     assert np.isfinite(wd).all()
     assert_within_bounds(t, impl, y, x, wd, np.abs(wd))
 
