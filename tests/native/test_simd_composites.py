@@ -330,7 +330,7 @@ def _program_logits(model, prompts: list[list[int]], feed: list[list[int]], impl
         return run(self, *args, **{**kw, "impl": impl})
 
     monkeypatch.setattr(native.DecodeLayers, "run", run_with)
-    t = model.transformer
+    t = model.runner  # decode steps through the plan's runner: the program
     slots = [model.cache.allocate() for _ in prompts]
     try:
         for slot, ids in zip(slots, prompts):
@@ -355,12 +355,13 @@ def test_decode_program_of_each_family_matches_scalar(family, key, monkeypatch):
     native call, default-typed files (Q8_0 attention, K-quant experts): three sequences at
     different positions, 6 steps fed the same tokens in both runs."""
     import strata
+    from strata.runtime.plan import PROGRAM
     from tests.fixtures.tiny import zoo
     tiny = zoo().get(key)
     prompts = [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]
     feed = [list(s) for s in zip(*(tiny.prompt_ids(6, seed=9 + i) for i in range(3)))]
     with strata.load(tiny.gguf(None), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
-        assert m.transformer.program is not None, key
+        assert m.runner.program is not None and m.plan.decode == PROGRAM, (key, m.plan)
         ref = _program_logits(m, prompts, feed, "scalar", monkeypatch)
         got = _program_logits(m, prompts, feed, family, monkeypatch)
     for i, (a, b) in enumerate(zip(got, ref)):
