@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strata import arch as archs
 from strata import native
 from strata.errors import StrataError, StrataFormatError
 from strata.gguf import ModelFile
-from strata.models.loader import check_types
+from strata.models.loader import architecture, check_types
 from strata.quant import GGMLType
 from strata.tokenizer import Tokenizer
 
@@ -48,11 +47,13 @@ def _family(t: GGMLType, compute: str) -> str:
                  and native.has_kernel(t, f)), "scalar")
 
 
-def _type_problem(mf: ModelFile, compute: str, cuda: bool) -> str | None:
-    """The loader's type check (`check_types`) as the middle of a sentence, or None."""
+def _problem(mf: ModelFile, compute: str, cuda: bool) -> str | None:
+    """The loader's own checks (`architecture`, then `check_types`) as the middle of a sentence, or
+    None when both pass."""
     try:
+        architecture(mf)
         check_types(mf, compute == "packed", cuda=cuda)
-    except StrataFormatError as e:
+    except StrataError as e:
         return str(e).removeprefix(f"{mf.path}: ")
     return None
 
@@ -62,11 +63,7 @@ def verdict(mf: ModelFile, compute: str, *, cuda: bool = False, tokenizer: bool 
 
     cuda: the experts are dequantized on a GPU (the tiered memory on CUDA). `tokenizer=False`
     skips building the tokenizer (a caller that builds it next says its error)."""
-    arch = archs.get(mf.arch)
-    if arch is None or not arch.runs:
-        return Verdict(False, f"does not run: architecture {mf.arch!r} is not supported for inference "
-                              f"(supported: {', '.join(archs.names(runs=True))})", compute)
-    problem = _type_problem(mf, compute, cuda)
+    problem = _problem(mf, compute, cuda)
     if problem is not None:
         return Verdict(False, f"does not run: {problem}", compute)
     if tokenizer:
@@ -88,9 +85,9 @@ def verdict(mf: ModelFile, compute: str, *, cuda: bool = False, tokenizer: bool 
 
 def check_runs(mf: ModelFile, compute: str, *, cuda: bool = False) -> None:
     """Raise StrataFormatError with the verdict's sentence, naming the file, when `mf` does not run."""
-    v = verdict(mf, compute, cuda=cuda, tokenizer=False)
-    if not v.runs:
-        raise StrataFormatError(f"{mf.path}: {v.sentence}")
+    problem = _problem(mf, compute, cuda)  # the verdict's sentence, without describing the kernels
+    if problem is not None:
+        raise StrataFormatError(f"{mf.path}: does not run: {problem}")
 
 
 __all__ = ["Verdict", "check_runs", "verdict"]
