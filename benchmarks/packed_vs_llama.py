@@ -5,6 +5,7 @@
     python benchmarks/packed_vs_llama.py --out-of-ram [--shape large] [--ratio 2.6] [-n 16] [--warmup 4]
         [--compute-bound] [--with-llama [--llama-cap-s 240]]
     python benchmarks/packed_vs_llama.py --small [--out-of-ram]      # smoke run on tiny files
+    python benchmarks/packed_vs_llama.py --shapes iquants            # medium requantized: i-quants, Q2_K
 
 In RAM (issue 9, figure 1): for each shape (benchmarks/synthetic_moe.py SHAPES; files cached in
 --workdir), llama.cpp (llama-cpp-python, the build the tests use) and then Strata, each in its own
@@ -18,6 +19,18 @@ ratios Strata / llama.cpp of the means. The children run one after the other, no
 so load from other processes can favour either: compare only figures from one run, and run on a
 quiet machine: llama.cpp's OpenMP threads spin while they wait, so on oversubscribed cores its
 figures collapse (medium decoded at 2 tok/s, not 64-83, with a load average of 7 on 2 cores).
+Each shape's report also says which ISA each engine ran: llama.cpp's `llama_print_system_info()`
+features, Strata's default kernel family and, per ggml type in the file (with its share of the
+file's tensor bytes), the family of the packed kernel its table hands out (native.type_support).
+
+Requantized files: a shape `BASE@FTYPE` (e.g. `medium@IQ2_XS`) is BASE's file requantized by
+llama.cpp's own quantizer (`llama_cpp.llama_model_quantize`, the code `llama-quantize` runs,
+`--allow-requantize`) to llama.cpp file type FTYPE (LLAMA_FTYPE_MOSTLY_FTYPE: its own per-tensor
+type mix), cached beside BASE's file. Every weight matrix gets an importance matrix of ones
+(`llama_model_imatrix_data` entries, as `--imatrix` hands them over): llama.cpp refuses IQ1/IQ2
+types without one, and on random weights a calibrated one weighs nothing better (the kernels'
+speed does not depend on the values). `--shapes iquants` is medium as IQ4_XS, IQ3_S, IQ2_XS and
+Q2_K (issue 23); `--small --shapes iquants` the tiny shape as the same four.
 
 Out of RAM (figure 2): a cold copy of the file (`dd iflag=direct oflag=direct`, so no page of it
 is cached) decoded by Strata inside a v1 memory cgroup `ratio` times smaller than the file
@@ -67,6 +80,8 @@ from benchmarks.synthetic_moe import SHAPES, write, write_converted  # noqa: E40
 
 DECODE_PROMPT = 8  # tokens before a decode run
 CHILD_TIMEOUT = 1200.0
+#: llama.cpp file types of the `iquants` shapes (issue 23: what i-quant MoE files are published in).
+IQUANT_FTYPES = ("IQ4_XS", "IQ3_S", "IQ2_XS", "Q2_K")
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -85,6 +100,67 @@ def model_file(workdir: Path, shape: str) -> Path:
         print(f"wrote {path} ({_size(path.stat().st_size)}) in {time.perf_counter() - t0:.0f} s",
               file=sys.stderr)
     return path
+
+
+def shape_file(workdir: Path, shape: str) -> Path:
+    """The cached file of `shape`: a SHAPES name, or BASE@FTYPE (BASE requantized by llama.cpp)."""
+    base, _, ftype = shape.partition("@")
+    src = model_file(workdir, base)
+    if not ftype:
+        return src
+    path = src.with_name(f"{src.stem}-{ftype}.gguf")
+    if not path.exists():
+        tmp = path.with_suffix(".partial")
+        t0 = time.perf_counter()
+        llama_requantize(src, tmp, ftype)
+        tmp.rename(path)
+        print(f"wrote {path} ({_size(path.stat().st_size)}) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return path
+
+
+def ones_imatrix(src: Path) -> dict:
+    """An importance matrix of ones for every weight matrix of `src`: per tensor name, float32
+    [n_experts * K] (llama.cpp's layout: one row of K importances per expert; K = ne[0])."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    out = {}
+    for t in GGUFReader(src).tensors:
+        shape = [int(x) for x in t.shape]  # ggml order: K first
+        if len(shape) >= 2 and t.name.endswith(".weight"):
+            out[t.name] = np.ones(shape[0] * (shape[2] if len(shape) > 2 else 1), dtype=np.float32)
+    return out
+
+
+def llama_requantize(src: Path, out: Path, ftype: str, n_threads: int = 2) -> None:
+    """`llama-quantize --allow-requantize --imatrix (ones) SRC OUT FTYPE`, in process."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    code = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype}", None)
+    if code is None:
+        raise SystemExit(f"{out.name}: unknown llama.cpp file type {ftype!r} (LLAMA_FTYPE_MOSTLY_{ftype})")
+    params = ll.llama_model_quantize_default_params()
+    params.nthread, params.ftype, params.allow_requantize = n_threads, code, True
+    entries = ones_imatrix(src)
+    arr = (ll.llama_model_imatrix_data * (len(entries) + 1))()  # zeroed last entry: the terminator
+    for slot, (name, data) in zip(arr, entries.items()):
+        slot.name, slot.data, slot.size = name.encode(), data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), data.size
+    params.imatrix = arr  # `entries` and `arr` stay alive until the call returns
+    if ll.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama_model_quantize {src} -> {out} ({ftype}) failed (its log is on stderr)")
+
+
+def file_types(path: Path) -> dict[str, float]:
+    """Share of the file's tensor bytes per ggml type name, largest first."""
+    from gguf import GGUFReader
+
+    sizes: dict[str, int] = {}
+    for t in GGUFReader(path).tensors:
+        sizes[t.tensor_type.name] = sizes.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    total = sum(sizes.values()) or 1
+    return {k: v / total for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])}
 
 
 def prompt_ids(n: int) -> list[int]:
@@ -163,8 +239,28 @@ def child_llama(a: argparse.Namespace) -> dict:
                                                                     "seconds": seconds},
                 "self_peak_rss_kib": _peak_rss_kib()}
     prefill(), decode(a.n)  # warm-up: page the file in (mapped pages), start the thread pool
-    return {"engine": "llama.cpp", "load_s": load_s, "prefill_tok_s": spread([prefill() for _ in range(a.reps)]),
+    return {"engine": "llama.cpp", "load_s": load_s, "isa": llama_isa(),
+            "prefill_tok_s": spread([prefill() for _ in range(a.reps)]),
             "decode_tok_s": spread([decode(a.n) for _ in range(a.reps)])}
+
+
+def llama_isa() -> str:
+    """llama.cpp's CPU features as its system info string gives them ('AVX2 FMA ...'), those it
+    reports as 1 (the ISA its ggml was built for and runs)."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    return " ".join(k.rpartition(":")[2].strip() for k, _, v in (f.partition("=") for f in info.split("|"))
+                    if v.strip() == "1")
+
+
+def strata_isa(path: Path) -> dict:
+    """Strata's default kernel family and, per ggml type of the file, the family of its packed kernel."""
+    from strata import native
+
+    return {"default": native.default_impl(),
+            "types": {name: {"share": share, "runs": native.type_support(name).runs}
+                      for name, share in file_types(path).items()}}
 
 
 def strata_decode(model, n: int, warmup: int) -> dict:
@@ -204,7 +300,7 @@ def child_strata(a: argparse.Namespace) -> dict:
                 "self_peak_rss_kib": _peak_rss_kib()}
     prefill(), strata_decode(model, a.n, 0)  # warm-up: as long as a measured run (first touches of mapped pages)
     runs = [strata_decode(model, a.n, 0) for _ in range(a.reps)]
-    return {"engine": "strata", "load_s": load_s, "memory": repr(model.memory),
+    return {"engine": "strata", "load_s": load_s, "memory": repr(model.memory), "isa": strata_isa(a.file),
             "prefill_tok_s": spread([prefill() for _ in range(a.reps)]),
             "decode_tok_s": spread([r["tok_s"] for r in runs]), "decode_stats": runs[-1]["stats"]}
 
@@ -245,8 +341,9 @@ def run_child(engine: str, path: Path, a: argparse.Namespace, group: Path | None
 def in_ram(a: argparse.Namespace) -> dict:
     shapes = []
     for shape in a.shapes.split(","):
-        path = model_file(a.workdir, shape)
-        row = {"shape": shape, "spec": SHAPES[shape], "file": str(path), "file_bytes": path.stat().st_size,
+        path = shape_file(a.workdir, shape)
+        row = {"shape": shape, "spec": SHAPES[shape.partition("@")[0]], "file": str(path),
+               "file_bytes": path.stat().st_size,
                "llama": run_child("llama", path, a), "strata": run_child("strata", path, a)}
         for what in ("decode_tok_s", "prefill_tok_s"):
             if what in row["llama"] and what in row["strata"]:
@@ -262,7 +359,7 @@ def out_of_ram(a: argparse.Namespace) -> dict:
 
     if not os.access(CGROUP_V1, os.W_OK):
         raise SystemExit(f"{CGROUP_V1} is not writable (needs root and cgroup v1)")
-    src = model_file(a.workdir, a.shape)
+    src = shape_file(a.workdir, a.shape)
     size = src.stat().st_size
     limit = max(int(size / a.ratio), a.min_limit_mib << 20)
     args = json.loads(a.strata_args)
@@ -279,7 +376,8 @@ def out_of_ram(a: argparse.Namespace) -> dict:
         args["host_mem"] = max(args["host_mem"], host_budget_for_slots(mf, mf.hparams.n_experts_used))
     a.strata_args = json.dumps(args)
     cold = a.workdir / f"cold-{os.getpid()}-{src.name}"
-    report = {"mode": "out-of-ram", "shape": a.shape, "spec": SHAPES[a.shape], "file": str(src), "file_bytes": size,
+    report = {"mode": "out-of-ram", "shape": a.shape, "spec": SHAPES[a.shape.partition("@")[0]], "file": str(src),
+              "file_bytes": size,
               "limit_bytes": limit, "threads": a.threads, "strata_args": args}
     try:
         report["copy_s"] = cold_copy(src, cold)
@@ -361,7 +459,21 @@ def format_in_ram(r: dict) -> str:
         if "decode_ratio" in s:
             lines.append(f"{'':<13} {'strata/llama.cpp':<18} {s['prefill_ratio']:8.2f}x{'':<31} "
                          f"{s['decode_ratio']:8.2f}x")
+        lines += _isa_lines(s)
     return "\n".join(lines)
+
+
+def _isa_lines(s: dict) -> list[str]:
+    """Which ISA each engine ran on one shape's file."""
+    lines = []
+    if "isa" in s["llama"]:
+        lines.append(f"{'':<13} {'llama.cpp ISA':<18} {s['llama']['isa']}")
+    if "isa" in s["strata"]:
+        isa = s["strata"]["isa"]
+        kernels = ", ".join(f"{name} {100 * t['share']:.0f}% {t['runs'] or 'no packed kernel'}"
+                            for name, t in isa["types"].items())
+        lines.append(f"{'':<13} {'strata ISA':<18} {isa['default']}; per type (share of bytes, kernel): {kernels}")
+    return lines
 
 
 def format_out_of_ram(r: dict) -> str:
@@ -413,7 +525,8 @@ def format_out_of_ram(r: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=None, help="in RAM: comma-separated SHAPES (default medium,mixtral)")
+    p.add_argument("--shapes", default=None, help="in RAM: comma-separated SHAPES or BASE@FTYPE (default "
+                   "medium,mixtral; 'iquants': medium@IQ4_XS,medium@IQ3_S,medium@IQ2_XS,medium@Q2_K)")
     p.add_argument("--shape", default=None, help="out of RAM: the shape (default large)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("-n", type=int, default=None, help="decode tokens per run (default 32; out of RAM 16)")
@@ -445,6 +558,8 @@ def main() -> int:
         print(json.dumps(child_llama(a) if a.child == "llama" else child_strata(a)))
         return 0
     a.shapes = a.shapes or ("tiny,tiny-mixtral" if a.small else "medium,mixtral")
+    if a.shapes == "iquants":
+        a.shapes = ",".join(f"{'tiny' if a.small else 'medium'}@{f}" for f in IQUANT_FTYPES)
     a.shape = a.shape or ("small" if a.small else "large")
     a.n = a.n or (8 if a.small else 16 if a.out_of_ram else 32)
     a.reps = 2 if a.small and a.reps == 3 else a.reps
@@ -453,7 +568,7 @@ def main() -> int:
     a.min_limit_mib = a.min_limit_mib if a.min_limit_mib is not None else 1024 if a.small else 0
     a.small_budgets = {"device_mem": "128M", "host_mem": "48M", "paged": "176M"}
     a.n_ctx = a.n_ctx or max(256, a.prompt + DECODE_PROMPT + a.warmup + a.n + 16)
-    unknown = [s for s in (a.shapes.split(",") + [a.shape]) if s not in SHAPES]
+    unknown = [s for s in (a.shapes.split(",") + [a.shape]) if s.partition("@")[0] not in SHAPES]
     if unknown:
         p.error(f"unknown shapes {unknown}: expected some of {sorted(SHAPES)}")
     report = out_of_ram(a) if a.out_of_ram else in_ram(a)
