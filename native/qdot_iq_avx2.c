@@ -21,7 +21,10 @@
  * tokens) fetches ahead into the rows to come, never past strata_qdot_ahead_end; prefill takes
  * tokens 8 at a time (then 4, then the last 1-3), so a chunk is gathered once per 8 tokens.
  * Decode is bound by the ~35 instructions that build a chunk, not by memory: measured here (Zen 3,
- * one thread, in cache) 27-41 ns per 256-value block, against Q4_K's 14 ns.
+ * one thread, in cache) 27-41 ns per 256-value block, against Q4_K's 14 ns. AVX2 gathers
+ * (_mm256_i32gather_epi64 of the grid rows and of the ksigns masks, indices spread by a variable
+ * shift) are slower there: IQ2_XXS took 40 ns per block against 24 ns with the scalar loads and
+ * inserts below (CPU time, alternating builds), so the rows are gathered by hand.
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
