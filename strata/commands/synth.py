@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from strata.synth.gguf_file import PRESETS
+    from strata.synth.presets import PRESETS
 
     p = subparsers.add_parser("synth", help="write a random-weight MoE GGUF of any size (presets of real models "
                                             "scaled down, routing skewed like a real model's)")
