@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from typing import Callable, Sequence
 
 from strata.defaults import CONVERT_OUTTYPES, CONVERT_TYPES, DEFAULT_ATTN_TYPE, DEFAULT_EXPERTS_TYPE
@@ -91,12 +92,16 @@ def convert(args: argparse.Namespace) -> int:
     """Convert as the parsed arguments say; errors propagate to `run`."""
     from converters import TypePolicy, convert as convert_checkpoint
 
+    from .summary import written_line
+
+    start = time.perf_counter()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
     convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
                        tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
                        routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix,
                        split_max_size=split_size(getattr(args, "split_max_size", None)))
+    print(written_line(args.output, time.perf_counter() - start), flush=True)
     return 0
 
 
