@@ -44,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Strata's own warnings as one `strata: warning:` line; others as Python prints them."""
-    from strata.errors import SlowPathWarning
+    from strata.errors import ContextWarning, SlowPathWarning
 
-    if issubclass(category, SlowPathWarning):
+    if issubclass(category, (SlowPathWarning, ContextWarning)):
         print(f"strata: warning: {message}", file=file or sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
