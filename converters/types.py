@@ -13,13 +13,13 @@ import numpy as np
 from gguf import MODEL_TENSOR as MT
 
 from strata import native
+from strata.defaults import CONVERT_OUTTYPES, CONVERT_TYPES, DEFAULT_ATTN_TYPE, DEFAULT_EXPERTS_TYPE
 from strata.quant import GGMLType, block_size, ggml_type
 
 log = logging.getLogger("strata.convert")
 
 #: Types a user may ask for, by command-line name.
-CHOICES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "mxfp4")
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+CHOICES, OUTTYPES = CONVERT_TYPES, CONVERT_OUTTYPES  # defined where `strata convert --help` reads them
 
 #: Kept in float32 whatever was asked: routers and the shared-expert gate (tiny, and their
 #: logits pick experts, so rounding them changes routing).
@@ -43,12 +43,12 @@ _FILE_TYPE = {
 @dataclass(frozen=True)
 class TypePolicy:
     """--attn / --experts / --shared-experts, resolved to ggml types."""
-    attn: GGMLType = GGMLType.Q8_0
-    experts: GGMLType = GGMLType.Q4_K
-    shared: GGMLType = GGMLType.Q8_0
+    attn: GGMLType = ggml_type(DEFAULT_ATTN_TYPE)
+    experts: GGMLType = ggml_type(DEFAULT_EXPERTS_TYPE)
+    shared: GGMLType = ggml_type(DEFAULT_ATTN_TYPE)
 
     @classmethod
-    def from_args(cls, attn: str = "q8_0", experts: str = "q4_k", shared: str | None = None,
+    def from_args(cls, attn: str = DEFAULT_ATTN_TYPE, experts: str = DEFAULT_EXPERTS_TYPE, shared: str | None = None,
                   outtype: str | None = None) -> "TypePolicy":
         if outtype is not None:
             attn = experts = shared = outtype

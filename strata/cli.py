@@ -17,11 +17,25 @@ from strata.commands.errors import run_guarded
 #: Modules that each contribute subcommands through `add_parser(subparsers)`.
 COMMAND_MODULES = ("strata.commands.bench", "strata.commands.inspect", "strata.commands.generate",
                    "strata.commands.chat", "strata.commands.serve", "strata.commands.perplexity",
-                   "strata.commands.demo", "strata.commands.synth", "strata.commands.imatrix")
+                   "strata.commands.demo", "strata.commands.synth", "strata.commands.imatrix",
+                   "strata.commands.convert")
+
+
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's `strata.__version__`."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("strata")
+    except metadata.PackageNotFoundError:
+        import strata
+
+        return strata.__version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description="Mixture-of-Experts inference with tiered expert memory.")
+    parser.add_argument("--version", action="version", version=f"strata {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)
@@ -30,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Strata's own warnings as one `strata: warning:` line; others as Python prints them."""
-    from strata.errors import SlowPathWarning
+    from strata.errors import ContextWarning, SlowPathWarning
 
-    if issubclass(category, SlowPathWarning):
+    if issubclass(category, (SlowPathWarning, ContextWarning)):
         print(f"strata: warning: {message}", file=file or sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
@@ -46,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from strata.commands.bench import normalize_argv
 
     args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
-    return run_guarded(args.func, args)
+    return run_guarded(args.func, args, interrupted=getattr(args, "interrupted", "strata: interrupted"))
 
 
 if __name__ == "__main__":

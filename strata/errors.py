@@ -24,3 +24,8 @@ class NativeError(StrataError):
 class SlowPathWarning(UserWarning):
     """A configuration that works but will be much slower than a user would expect (experts read
     mostly from the disk); said once, at start. The CLI prints it as one `strata: warning:` line."""
+
+
+class ContextWarning(UserWarning):
+    """A context longer than the model was trained for (llama.cpp warns too): it runs, but positions
+    past the trained length are out of the model's experience. The CLI prints one `strata: warning:` line."""

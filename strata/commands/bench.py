@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from strata.errors import StrataError
-from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
 
@@ -243,6 +243,10 @@ def _run_model(args: argparse.Namespace) -> int:
     from .common import check_model_args, load_kwargs
 
     check_model_args(args)
+    for flag, value in (("-p", args.p), ("-n", args.n), ("--reps", args.reps)):
+        if value < 1:
+            raise StrataError(f"strata bench {flag} {value}: expected a positive number of "
+                              f"{'repetitions' if flag == '--reps' else 'tokens'}")
     batches = _int_list(args.batch, "--batch")
     result = bench_model(args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
                          **load_kwargs(args))

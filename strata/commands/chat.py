@@ -98,8 +98,8 @@ def add_parser(subparsers) -> None:
     add_model_args(p, model_optional=True)
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--server", default=None, metavar="URL",
-                   help="chat with a running strata serve (e.g. http://127.0.0.1:8080) instead of loading MODEL")
+                   help="chat with a running strata serve (http://127.0.0.1:8080, or 127.0.0.1:8080) instead of loading MODEL")
     p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY") or None, metavar="KEY",
                    help="the server's --api-key (with --server; default: $STRATA_API_KEY)")
-    add_sampling_args(p, temperature=0.8)
+    add_sampling_args(p)
     p.set_defaults(func=run)

@@ -14,14 +14,26 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from strata.errors import StrataError
+from strata.errors import StrataArgumentError, StrataError
+
+
+def server_url(text: str) -> str:
+    """--server's value as a base URL: `host:port` (as llama.cpp and Ollama print it) gets http://,
+    a trailing slash goes; any other scheme than http(s) is refused."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    scheme, rest = url.split("://", 1)
+    if scheme.lower() not in ("http", "https") or not rest:
+        raise StrataArgumentError(f"--server {text}: expected http://HOST:PORT, https://HOST:PORT or HOST:PORT")
+    return url
 
 
 class ServerChat:
     """One server's model: `reply(messages, args)` streams the assistant's answer to stdout."""
 
     def __init__(self, url: str, api_key: str | None, timeout: float = 600.0):
-        self.url, self.timeout = url.rstrip("/"), timeout
+        self.url, self.timeout = server_url(url), timeout
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
         self.headers = {"Content-Type": "application/json"}
@@ -85,4 +97,4 @@ class ServerChat:
         return "".join(parts)
 
 
-__all__ = ["ServerChat"]
+__all__ = ["ServerChat", "server_url"]

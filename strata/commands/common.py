@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataArgumentError, StrataError
 
 
@@ -89,13 +90,21 @@ def save_routing(args: argparse.Namespace, model) -> None:
     print(f"routing statistics of {tokens} tokens saved to {args.save_routing}", file=sys.stderr)
 
 
-def add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
-    p.add_argument("--temperature", type=float, default=temperature, help=f"0 = greedy (default {temperature})")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (1 = off)")
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The sampling flags, their defaults strata.defaults.SAMPLING_DEFAULTS (the rule every command follows)."""
+    d = SAMPLING_DEFAULTS
+    p.add_argument("-n", "--max-tokens", type=int, default=d["max_tokens"],
+                   help=f"tokens to generate at most (default {d['max_tokens']})")
+    p.add_argument("--temperature", "--temp", type=float, default=d["temperature"],
+                   help=f"0 = greedy (default {d['temperature']:g})")
+    p.add_argument("--top-k", type=int, default=d["top_k"],
+                   help=f"keep the k most likely tokens (0 = off; default {d['top_k']})")
+    p.add_argument("--top-p", type=float, default=d["top_p"],
+                   help=f"nucleus sampling threshold (1 = off; default {d['top_p']:g})")
+    p.add_argument("--min-p", type=float, default=d["min_p"],
+                   help=f"drop tokens below min_p x the top probability (0 = off; default {d['min_p']:g})")
+    p.add_argument("--repeat-penalty", type=float, default=d["repetition_penalty"],
+                   help=f"repetition penalty (1 = off; default {d['repetition_penalty']:g})")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
 

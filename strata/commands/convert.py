@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from typing import Callable, Sequence
+
+from strata.defaults import CONVERT_OUTTYPES, CONVERT_TYPES, DEFAULT_ATTN_TYPE, DEFAULT_EXPERTS_TYPE
 
 from .errors import run_guarded
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    from converters.types import CHOICES, OUTTYPES
-
     p = parser or argparse.ArgumentParser(prog="python -m strata.convert", description=__doc__.splitlines()[0])
     p.add_argument("hf_dir", help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer)")
     p.add_argument("-o", "--output", required=True, help="GGUF file to write")
-    p.add_argument("--attn", default="q8_0", choices=CHOICES, help="type of attention and other 2-D shared weights")
-    p.add_argument("--experts", default="q4_k", choices=CHOICES, help="type of routed experts")
-    p.add_argument("--shared-experts", default=None, choices=CHOICES, help="type of shared experts (default: --attn)")
-    p.add_argument("--outtype", default=None, choices=OUTTYPES, help="one type for all of the above")
+    p.add_argument("--attn", default=DEFAULT_ATTN_TYPE, choices=CONVERT_TYPES,
+                   help=f"type of attention and other 2-D shared weights (default {DEFAULT_ATTN_TYPE})")
+    p.add_argument("--experts", default=DEFAULT_EXPERTS_TYPE, choices=CONVERT_TYPES,
+                   help=f"type of routed experts (default {DEFAULT_EXPERTS_TYPE})")
+    p.add_argument("--shared-experts", default=None, choices=CONVERT_TYPES,
+                   help="type of shared experts (default: --attn)")
+    p.add_argument("--outtype", default=None, choices=CONVERT_OUTTYPES, help="one type for all of the above")
     p.add_argument("--name", default=None, help="general.name (default: the folder's name)")
     p.add_argument("--threads", type=int, default=None, help="quantization threads (default: all CPUs)")
     p.add_argument("--tokenizer-pre", default=None, help="llama.cpp pre-tokenizer name, when it cannot be detected")
@@ -88,18 +92,34 @@ def convert(args: argparse.Namespace) -> int:
     """Convert as the parsed arguments say; errors propagate to `run`."""
     from converters import TypePolicy, convert as convert_checkpoint
 
+    from .summary import written_line
+
+    start = time.perf_counter()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
     convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
                        tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
                        routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix,
                        split_max_size=split_size(getattr(args, "split_max_size", None)))
+    print(written_line(args.output, time.perf_counter() - start), flush=True)
     return 0
+
+
+#: What Ctrl-C prints: the converter removes its partial output.
+INTERRUPTED = "strata: interrupted: no output written"
 
 
 def run(args: argparse.Namespace) -> int:
     """`convert(args)` with the commands' error handling: one line `strata: error: ...`, exit 1."""
-    return run_guarded(convert, args, interrupted="strata: interrupted: no output written")
+    return run_guarded(convert, args, interrupted=INTERRUPTED)
+
+
+def add_parser(subparsers) -> None:
+    """`strata convert`: the same options as `python -m strata.convert` (one parser definition)."""
+    p = subparsers.add_parser("convert", help="convert a Hugging Face MoE checkpoint to GGUF",
+                              description=__doc__.splitlines()[0].replace("python -m strata.convert", "strata convert"))
+    build_parser(p)
+    p.set_defaults(func=convert, interrupted=INTERRUPTED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="continue a prompt")
     add_model_args(p)
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
-    add_sampling_args(p, temperature=0.0)
+    add_sampling_args(p)
     p.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the end-of-sequence token: generate exactly -n tokens (stop strings still apply)")
     p.add_argument("--json", action="store_true",

@@ -14,6 +14,7 @@ from pathlib import Path
 from strata.errors import StrataError
 
 from .perplexity import _read_text
+from .summary import written_line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"output": args.output, **summary}))
     else:
         print(f"imatrix: {summary['tensors']} tensors over {summary['chunks']} chunks of {summary['chunk_size']} "
-              f"tokens ({summary['seconds']:.1f} s) -> {args.output}", file=sys.stderr)
+              f"tokens", file=sys.stderr)
+        print(written_line(args.output, summary["seconds"], model=False))
     return 0
 
 

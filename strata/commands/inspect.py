@@ -157,6 +157,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from strata.gguf import open_model
 
     out = out or sys.stdout
+    if getattr(args, "ctx", 1) < 1:
+        from strata.errors import StrataArgumentError
+
+        raise StrataArgumentError(f"--ctx: expected a positive context length, found {args.ctx}")
     with open_model(args.model) as model:
         summary = model.summary()
         if getattr(args, "placement", False):

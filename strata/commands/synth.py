@@ -5,10 +5,13 @@ Must not: hold the writer (strata.synth.gguf_file does); it parses, plans and re
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import replace
 
 from strata.errors import StrataError
 from strata.units import format_bytes
+
+from .summary import written_line
 
 
 def _shape(args: argparse.Namespace):
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
           f"{format_bytes(total)} ({note})")
     if args.dry_run:
         return 0
+    start = time.perf_counter()
     with tqdm(total=total, unit="B", unit_scale=True, disable=args.quiet, desc="writing") as bar:
         last = [0]
 
@@ -70,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
             raise StrataError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
     if str(first) != str(args.out):
         print(f"{args.out}: written in llama.cpp's split layout; open the model with its first part, {first}")
+    print(written_line(first, time.perf_counter() - start))
     return 0
 
 
 def add_parser(subparsers) -> None:
-    from strata.synth.gguf_file import PRESETS
+    from strata.synth.presets import PRESETS
 
     p = subparsers.add_parser("synth", help="write a random-weight MoE GGUF of any size (presets of real models "
                                             "scaled down, routing skewed like a real model's)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
@@ -23,7 +24,7 @@ import torch
 
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
-from strata.errors import StrataArgumentError, StrataError
+from strata.errors import ContextWarning, StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
 from strata.memory.budget import device_memory, paged_budget, resident_bytes
@@ -33,6 +34,7 @@ from strata.models import architecture, cache_dims
 from strata.runtime import Runner, RuntimePlan
 from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
+from strata.units import format_bytes
 
 from .config import MEMORY_OPTIONS, MemoryConfig, check_engine, check_memory_compute, memory_config
 from .engine import Engine
@@ -444,6 +446,10 @@ def _kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_b
                           f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
     kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks)
     _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
+    if ctx > hp.context_length:
+        warnings.warn(f"{mf.path}: n_ctx={ctx} is above the {hp.context_length} positions the model was trained "
+                      f"for (text past them may degrade); its KV cache takes {format_bytes(kv_bytes)} of "
+                      f"{'RAM' if dev.type == 'cpu' else str(dev) + ' memory'}", ContextWarning, stacklevel=2)
     return kv_bytes
 
 
@@ -454,7 +460,7 @@ def _kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_b
         return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks)
     except (RuntimeError, MemoryError) as e:
         raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
-                          f"({kv_bytes} bytes) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+                          f"({format_bytes(kv_bytes)}) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
                           ) from None
 
 
@@ -465,7 +471,8 @@ def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, k
     if kv_bytes > free:
         pool = (f"{kv_blocks} blocks of {BLOCK_SIZE} positions" if kv_blocks is not None
                 else f"n_ctx={ctx} x {max_batch} sequences")
-        raise StrataError(f"{mf.path}: {pool}: the KV cache needs {kv_bytes} bytes, {dev} has {free} free; "
+        raise StrataError(f"{mf.path}: {pool}: the KV cache needs {format_bytes(kv_bytes)}, {dev} has "
+                          f"{format_bytes(free)} free; "
                           f"use a smaller context, batch or --kv-blocks")
 
 

@@ -59,6 +59,9 @@ import numpy as np
 import torch
 
 from strata import native
+# Policy margins of decoding and of the trace replay (see the module docstring); pager threads of the
+# host tier, the pager's own default. Defined where help texts can read them without torch.
+from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 from strata.units import GIB, KIB, MIB, TIB, format_bytes, itemsize, round_up
@@ -77,15 +80,10 @@ DEFAULT_HOST_FRACTION = 0.25
 #: CUDA memory left free by the default device budget, for activations and the allocator's cache.
 CUDA_HEADROOM_FRACTION = 0.05
 CUDA_HEADROOM_MIN = GIB
-#: Policy margin of decoding and of the trace replay (see the module docstring).
-DEFAULT_PREFETCH_MARGIN = 2.0
-REPLAY_PREFETCH_MARGIN = 8.0
 #: Co-occurrence predictions decoding loads: p >= this, once the predictor has seen this many tokens
 #: (naive Bayes on a few counts is overconfident).
 DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
 DEFAULT_COOCCURRENCE_MIN_TOKENS = 256
-#: Pager threads of the host tier: the pager's own default.
-DEFAULT_PAGER_THREADS = native.DEFAULT_PAGER_THREADS
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from strata.defaults import DEFAULT_PAGER_THREADS
 from strata.errors import NativeError
 from strata.units import round_up
 
@@ -23,8 +24,6 @@ class PagerTimeoutError(NativeError, TimeoutError):
     """A wait on a pager request timed out; the request is still pending (wait again)."""
 
 
-#: Worker threads of a pager when the caller does not say (the host tier's default too).
-DEFAULT_PAGER_THREADS = 4
 _PAGER_FALLBACKS = {"pread": 0, "mmap": lib.STRATA_PAGER_FALLBACK_MMAP}
 _PAGER_STATS = ("submitted", "completed", "failed", "direct", "chunks", "bytes_requested",
                 "bytes_read", "read_ns", "busy_ns", "in_flight")

@@ -19,6 +19,7 @@ from typing import Any
 from strata.chat_template import ChatTemplateError
 from strata.engine.config import OptionError, spell
 from strata.engine.sampling import SAMPLING_RANGES, SamplingParams
+from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
 from .errors import bad_request
@@ -71,8 +72,9 @@ def _int(body: dict, name: str, low: int | None, high: int | None = None) -> int
     return value
 
 
-#: OpenAI's defaults where they differ from SamplingParams'.
-SERVER_DEFAULTS = {"temperature": 1.0, "max_tokens": None}
+#: What a request that omits a field gets: the commands' sampling rule (strata.defaults, as llama.cpp's
+#: server applies its own defaults), and no token limit but the context (OpenAI's).
+SERVER_DEFAULTS = {**SAMPLING_DEFAULTS, "max_tokens": None}
 
 
 def _sampling(body: dict, kind: str) -> SamplingParams:

@@ -12,7 +12,7 @@ from tests.gguf import fixtures as gguf_fixtures
 
 def test_generate_json_equals_the_api(cli, qwen3):
     code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the expert router", "-n", "12", "--json",
-                       "--threads", "1")
+                       "--threads", "1", "--temp", "0")
     got = json.loads(out)
     ref = strata.load(qwen3.gguf("f32"), threads=1).generate("the expert router", max_tokens=12)
     assert code == 0 and got["token_ids"] == ref.token_ids and got["text"] == ref.text
@@ -89,7 +89,7 @@ def test_missing_file_is_one_line(cli, tmp_path):
 @pytest.mark.parametrize("compute", ["packed", "float"])
 def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
     code, out, err = cli("generate", qwen3.gguf(None), "-p", "the expert router", "-n", "8", "--json",
-                         "--threads", "1", "--compute", compute, "--stats")
+                         "--threads", "1", "--compute", compute, "--stats", "--temp", "0")
     ref = strata.load(qwen3.gguf(None), threads=1, compute=compute).generate("the expert router", max_tokens=8)
     assert code == 0 and json.loads(out)["token_ids"] == ref.token_ids
     line = next(x for x in err.splitlines() if x.startswith("time per token"))
@@ -116,7 +116,7 @@ def test_engine_flags_reach_the_engine(cli, qwen3, monkeypatch):
     monkeypatch.setattr(strata, "load", spy)
     prompt = " ".join(corpus(40, seed=2))[:60]
     code, out, err = cli("generate", qwen3.gguf("f32"), "-p", prompt, "-n", "6", "--json", "--threads", "1",
-                       "--ctx", "128", "--max-step-tokens", "8", "--kv-blocks", "9")
+                       "--ctx", "128", "--max-step-tokens", "8", "--kv-blocks", "9", "--temp", "0")
     assert code == 0 and seen["max_step_tokens"] == 8 and seen["kv_blocks"] == 9, err
     ref = real_load(qwen3.gguf("f32"), threads=1, n_ctx=128).generate(prompt, max_tokens=6)
     assert json.loads(out)["token_ids"] == ref.token_ids

@@ -8,6 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from strata.defaults import SAMPLING_DEFAULTS
 from strata.engine import SamplingParams
 from strata.server import APIError, ServerConfig, create_app
 from strata.server.protocol import parse_chat, parse_completion
@@ -75,7 +76,7 @@ def test_parse_defaults_and_aliases():
                       "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1, "stop": "END"})
     assert req.messages == [{"role": "system", "content": "ab"}, {"role": "assistant", "content": ""}]
     assert req.max_tokens == 7 and req.stop == ("END",) and not req.stream
-    assert req.sampling == SamplingParams(temperature=1.0, max_tokens=7, stop=("END",))
+    assert req.sampling == SamplingParams(**{**SAMPLING_DEFAULTS, "top_k": 0, "max_tokens": 7}, stop=("END",))
     req = parse_completion({"prompt": [[1, 2, 3]], "stream": True, "stream_options": {"include_usage": True},
                             "frequency_penalty": 0, "presence_penalty": 0.0, "n": 1, "logprobs": None})
     assert req.prompt == [1, 2, 3] and req.stream and req.include_usage and req.max_tokens is None

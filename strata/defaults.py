@@ -1,0 +1,32 @@
+"""Defaults that help texts show, in one module light enough for `strata --help`.
+
+`strata --help` and `strata CMD --help` must print without importing torch, numpy, gguf or the
+native library, yet state the real defaults. The modules that apply these values (SamplingParams,
+the pager, the memory budgets, the converter's type policy) import them from here, so a help
+text and the code cannot disagree.
+
+The far left of the layering, beside `units` and `errors`: it must not import anything.
+"""
+from __future__ import annotations
+
+#: Sampling of the commands that write text for people (`generate`, `chat`) and of `serve` for the
+#: fields a request omits. The rule: where llama.cpp (common.h: temp 0.80, top_k 40, top_p 0.95,
+#: min_p 0.05, repeat 1.00) and Ollama (temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat
+#: 1.1) agree, their value; where they differ, the filter is off. `--temperature 0` is greedy.
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                     "max_tokens": 256}
+
+#: Worker threads of a pager when the caller does not say (the host tier's default too).
+DEFAULT_PAGER_THREADS = 4
+#: Policy margin of decoding and of the trace replay (strata.memory.budget explains them).
+DEFAULT_PREFETCH_MARGIN = 2.0
+REPLAY_PREFETCH_MARGIN = 8.0
+
+#: The converter's tensor types (`strata convert`): the choices and the defaults of --attn/--experts.
+CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "mxfp4")
+CONVERT_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+DEFAULT_ATTN_TYPE = "q8_0"
+DEFAULT_EXPERTS_TYPE = "q4_k"
+
+__all__ = ["CONVERT_OUTTYPES", "CONVERT_TYPES", "DEFAULT_ATTN_TYPE", "DEFAULT_EXPERTS_TYPE", "DEFAULT_PAGER_THREADS",
+           "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]
