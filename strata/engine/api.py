@@ -135,10 +135,29 @@ class Model:
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text` (BOS/EOS added as the file asks when `add_special`)."""
-        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+        if not isinstance(text, str):
+            raise StrataArgumentError(f"tokenize: expected text (str), found {text!r:.80}")
+        return self.check_token_ids(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
 
     def detokenize(self, token_ids: Iterable[int], skip_special: bool = False) -> str:
-        return self.tokenizer.decode(token_ids, skip_special=skip_special)
+        """The text of `token_ids` (ids outside the vocabulary are refused, as `generate` refuses them)."""
+        return self.tokenizer.decode(self.check_token_ids(token_ids, "detokenize"), skip_special=skip_special)
+
+    def check_token_ids(self, token_ids: Iterable[int], what: str = "token_ids",
+                        expected: str = "a sequence of token ids") -> list[int]:
+        """`token_ids` as a list of ints, each in [0, vocab_size); one StrataError line otherwise.
+        The one check of `tokenize`, `detokenize`, `logits` and `generate`."""
+        try:
+            if isinstance(token_ids, (str, bytes)):
+                raise TypeError
+            ids = [operator.index(t) for t in token_ids]  # ints, numpy or torch integers; not floats
+        except TypeError:
+            raise StrataArgumentError(f"{what}: expected {expected}, found {token_ids!r:.80}") from None
+        n = self.tokenizer.vocab_size
+        for t in ids:
+            if not 0 <= t < n:
+                raise StrataError(f"token id {t} is outside the vocabulary [0, {n})")
+        return ids
 
     @property
     def chat_template(self) -> ChatTemplate | None:
@@ -163,7 +182,7 @@ class Model:
 
     def logits(self, token_ids: Seq[int]) -> torch.Tensor:
         """Logits [T, V] (float32, CPU) of every position of `token_ids`, as one fresh sequence."""
-        ids = list(token_ids)
+        ids = self.check_token_ids(token_ids, "logits")
         if not 0 < len(ids) <= self.n_ctx:
             raise StrataError(f"logits of {len(ids)} tokens: expected 1 to n_ctx={self.n_ctx} tokens")
         slot = self.cache.allocate()
@@ -198,14 +217,7 @@ class Model:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special)
         else:
-            try:
-                ids = [operator.index(t) for t in prompt]  # ints, numpy or torch integers; not floats
-            except TypeError:
-                raise StrataArgumentError(f"prompt: expected text or a sequence of token ids, "
-                                          f"found {prompt!r:.80}") from None
-        for t in ids:
-            if not 0 <= t < self.tokenizer.vocab_size:
-                raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
+            ids = self.check_token_ids(prompt, "prompt", "text or a sequence of token ids")
         stops = stop_conditions(params, self.stop_token_ids, self.n_ctx - len(ids))
         return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream())
 
