@@ -38,7 +38,7 @@ from .config import MEMORY_OPTIONS, MemoryConfig, check_engine, check_memory_com
 from .engine import Engine
 from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
-from .perplexity import PerplexityResult, perplexity
+from .perplexity import ChunkDone, PerplexityResult, perplexity
 from .sampling import FIELDS, SamplingParams
 from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
@@ -193,10 +193,12 @@ class Model:
         finally:
             self.cache.free(slot)
 
-    def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False) -> PerplexityResult:
-        """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does."""
-        return perplexity(self.logits, list(token_ids), n_ctx or self.n_ctx, self.tokenizer.special.bos
-                          if self.tokenizer.special.add_bos else None, keep_logits)
+    def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False,
+                   on_chunk: Callable[[ChunkDone], None] | None = None) -> PerplexityResult:
+        """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does;
+        `on_chunk(ChunkDone)` after each chunk (the running PPL, for progress)."""
+        return perplexity(self.logits, self.check_token_ids(token_ids, "perplexity"), n_ctx or self.n_ctx,
+                          self.tokenizer.special.bos if self.tokenizer.special.add_bos else None, keep_logits, on_chunk)
 
     # -- generation ----------------------------------------------------------------------------
 
