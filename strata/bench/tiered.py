@@ -41,7 +41,8 @@ def decode_run(path: str, depth: int, prompt: list[int], tokens: int, *, tempera
         seconds = time.perf_counter() - t0
         totals = model.memory_stats().totals()
         plan = model.memory.plan
-        return {"depth": depth, "token_ids": stream.completion.token_ids, "decode_tok_s": (n - 1) / seconds,
+        return {"depth": depth, "device": str(model.device), "token_ids": stream.completion.token_ids,
+                "decode_tok_s": (n - 1) / seconds,
                 "form": plan.form, "device_slots_per_layer": plan.slots_per_layer,
                 "host_slots_per_layer": model.memory.host.slots_per_layer,
                 **{k: totals[k] for k in KEYS}}
@@ -63,7 +64,8 @@ def bench_tiered(path: str, *, depths: Sequence[int] = (0, 2), tokens: int = 64,
             runs[d].append(decode_run(path, d, prompt, tokens, temperature=temperature, seed=seed, **load_kwargs))
     reference = runs[depths[0]][0]["token_ids"]
     same = all(r["token_ids"] == reference for rs in runs.values() for r in rs)
-    result: dict[str, Any] = {"file": str(path), "tokens": tokens, "repeat": repeat, "same_tokens": same,
+    result: dict[str, Any] = {"file": str(path), "device": runs[depths[0]][0]["device"], "tokens": tokens,
+                              "repeat": repeat, "same_tokens": same,
                               "form": runs[depths[0]][0]["form"], "by_depth": {}}
     for d, rs in runs.items():
         row = {k: statistics.median(r[k] for r in rs if r[k] is not None) if any(r[k] is not None for r in rs)

@@ -14,6 +14,8 @@ from strata.errors import StrataError
 from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
+from .tiers import column, fast_tier
+
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
     """The table `strata bench dequant` prints: GB/s per format and kernel."""
@@ -77,11 +79,11 @@ def format_pager(r: dict[str, Any]) -> str:
 
 def format_tiered(r: dict[str, Any]) -> str:
     """The table `strata bench tiered` prints: one row per prefetch depth."""
-    first = next(iter(r["by_depth"].values()))
+    first, fast = next(iter(r["by_depth"].values())), fast_tier(r["device"])
     lines = [f"{r['file']}: {r['tokens']} tokens per run, {r['repeat']} run(s) per depth, {r['form']} slots, "
-             f"{first['device_slots_per_layer']} device / {first['host_slots_per_layer']} host slots per layer; "
+             f"{first['device_slots_per_layer']} {fast} / {first['host_slots_per_layer']} host slots per layer; "
              f"same tokens at every depth: {r['same_tokens']}",
-             "depth  tok/s  dev.hit  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
+             f"depth  tok/s  {column(r['device'])}  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
              "pf.issued  pf.used"]
     for d, x in r["by_depth"].items():
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
@@ -113,9 +115,10 @@ def format_model(r: dict[str, Any]) -> str:
                   + f"; waiting for experts {pct(x['wait_share'])} of the time"]
         t = x.get("tiers")
         if t:
-            lines.append(f"  device hit rate {pct(t['device_hit_rate'])}, host hit rate (of device misses) "
+            fast = fast_tier(r["device"])
+            lines.append(f"  {fast} hit rate {pct(t['device_hit_rate'])}, host hit rate (of {fast} misses) "
                          f"{pct(t['host_hit_rate'])}; per token: {format_bytes(t['disk_bytes_per_token'])} from "
-                         f"disk, {format_bytes(t['device_bytes_per_token'])} to the device")
+                         f"disk, {format_bytes(t['device_bytes_per_token'])} into {fast} slots")
         bound = lambda v: "-" if v is None else f"{v:.2f} tok/s"  # noqa: E731
         lines.append(f"  roofline: compute-bound {bound(roof['compute_bound_tok_s'])}, transfer-bound "
                      f"{bound(roof.get('transfer_bound_tok_s'))}; measured {x['tok_s']['mean']:.2f} tok/s = "

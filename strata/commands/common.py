@@ -164,9 +164,11 @@ def print_stats(args: argparse.Namespace, model) -> None:
     """With --stats, the runtime plan and the expert memory's counters on stderr."""
     if getattr(args, "stats", False):
         print(f"runtime: {model.plan.describe()}", file=sys.stderr)
+        from .tiers import format_memory_stats
+
         stats = model.memory_stats()
-        print(stats.format() if stats is not None else "expert memory: no statistics (--memory direct)",
-              file=sys.stderr)
+        print(format_memory_stats(stats, model.device) if stats is not None
+              else "expert memory: no statistics (--memory direct)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
 
 

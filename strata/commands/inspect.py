@@ -128,17 +128,19 @@ def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render_placement(p: dict[str, Any], out: TextIO) -> None:
-    share = p["expected_share"]
+    from .tiers import fast_tier
+
+    share, fast = p["expected_share"], fast_tier(p["device"])
     print(f"placement on {p['device']} ({p['compute']} compute, {p['slot_form']} slots): per layer "
-          f"{p['device_slots_per_layer']}/{p['n_experts']} experts on the device, {p['host_slots_per_layer']}/"
-          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): device "
+          f"{p['device_slots_per_layer']}/{p['n_experts']} experts in {fast} slots, {p['host_slots_per_layer']}/"
+          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): {fast} "
           f"{share['device']:.0%}, host {share['host']:.0%}, disk {share['disk']:.0%} "
           f"({format_bytes(p['disk_bytes_per_token'])} from the disk per token)", file=out)
     if not p["layers"]:
         print("  (the file has no routing statistics: slots start empty and fill with the first tokens' experts)",
               file=out)
     for x in p["layers"]:
-        print(f"  layer {x['layer']}: device {x['device']}, host {x['host']}, the rest on the disk", file=out)
+        print(f"  layer {x['layer']}: {fast} {x['device']}, host {x['host']}, the rest on the disk", file=out)
     r = p.get("runtime", {})
     print(f"runtime: {r['line']}" if "line" in r else f"runtime: not decided ({r.get('error')})", file=out)
 

@@ -40,7 +40,7 @@ def test_bench_model_table_and_direct_memory(cli, qwen3):
                          "1", "--memory", "direct")
     assert code == 0, err
     assert "pp8" in out and "tg3" in out and "roofline: compute-bound" in out and "tiers" not in out
-    assert "device hit rate" not in out  # the direct memory has no tiers
+    assert "hit rate" not in out  # the direct memory has no tiers
 
 
 def test_bench_arguments_are_checked(cli, qwen3):
