@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from strata.errors import StrataError
@@ -132,12 +133,48 @@ def format_model(r: dict[str, Any]) -> str:
 
 def format_ladder(r: dict[str, Any]) -> str:
     """The table `strata bench ladder` prints: one row per mechanism added."""
+    from strata.bench.ladder import MEASURES
+
     lines = [f"{r['file']}: ablation ladder on {r['device']}, {r['gen']} tokens per sequence, threads "
              f"{r['threads'] or 'all'}", f"{'step':<26}{'batch':>6}{'tok/s':>10}{'x naive':>9}  memory"]
     for x in r["rows"]:
         ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}"
         lines.append(f"{x['name']:<26}{x['batch']:>6}{x['tok_s']:>10.2f}{ratio:>9}  {x['memory']}")
+        if x["ratio"] is not None and x["ratio"] < 1 and x["name"] in MEASURES:
+            lines.append(f"  (slower than naive: {MEASURES[x['name']]})")
     return "\n".join(lines)
+
+
+def progress_bar(args: argparse.Namespace, total: int, desc: str):
+    """A tqdm bar on stderr, or None with --json or when stderr is not a terminal (a log or a pipe
+    gets the result alone)."""
+    if getattr(args, "json", False) or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def _on_step(bar):
+    """A library progress callback `(done, total, label)` that advances `bar` (None: no bar)."""
+    if bar is None:
+        return None
+
+    def step(done: int, total: int, label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(done - bar.n)
+
+    return step
+
+
+def _with_bar(args: argparse.Namespace, total: int, desc: str, run):
+    """`run(on_step)` with a progress bar of `total` steps while it runs."""
+    bar = progress_bar(args, total, desc)
+    try:
+        return run(_on_step(bar))
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _print(result: Any, args: argparse.Namespace, fmt) -> int:
@@ -208,10 +245,10 @@ def _add_pager_parser(sub) -> None:
 def _run_tiered(args: argparse.Namespace) -> int:
     from strata.bench.tiered import bench_tiered
 
-    result = bench_tiered(args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat,
-                          temperature=args.temperature, seed=args.seed, device=args.device, dtype=args.dtype,
-                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
-                          slot_form=args.slot_form)
+    result = _with_bar(args, len(args.depths) * args.repeat, "tiered", lambda on_step: bench_tiered(
+        args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat, temperature=args.temperature,
+        seed=args.seed, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
+        device_mem=args.device_mem, host_mem=args.host_mem, slot_form=args.slot_form, on_run=on_step))
     return _print(result, args, format_tiered)
 
 
@@ -247,8 +284,10 @@ def _run_model(args: argparse.Namespace) -> int:
 
     check_model_args(args)
     batches = _int_list(args.batch, "--batch")
-    result = bench_model(args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
-                         **load_kwargs(args))
+    total = args.reps * (1 + len(batches))
+    result = _with_bar(args, total, "bench", lambda on_step: bench_model(
+        args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed, on_step=on_step,
+        **load_kwargs(args)))
     return _print(result, args, format_model)
 
 
@@ -280,9 +319,12 @@ def _add_model_parser(sub) -> None:
 def _run_ladder(args: argparse.Namespace) -> int:
     from strata.bench.ladder import bench_ladder
 
-    result = bench_ladder(args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype,
-                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
-                          prefetch_depth=args.prefetch_depth, seed=args.seed)
+    from strata.bench.ladder import ROWS
+
+    result = _with_bar(args, len(ROWS), "ladder", lambda on_step: bench_ladder(
+        args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype, threads=args.threads,
+        n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
+        seed=args.seed, on_row=on_step))
     return _print(result, args, format_ladder)
 
 

@@ -2,15 +2,19 @@
 stdout on a pipe (what a script reads), for the tests of progress output."""
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import subprocess
+import termios
 
 
 def run_with_tty_stderr(argv: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str, str]:
     """(exit code, stdout, what the terminal on stderr received)."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0x0: no room for a bar
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env)
     os.close(slave)
     tty = bytearray()

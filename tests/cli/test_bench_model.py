@@ -77,7 +77,8 @@ def test_bench_ladder_runs_every_step_on_the_same_model(cli, qwen3):
     assert [x["batch"] for x in r["rows"]] == [1, 2, 2, 2, 2]
     assert r["rows"][0]["ratio"] == 1.0 and all(x["tok_s"] > 0 for x in r["rows"])
     assert [x["tokens"] for x in r["rows"]] == [3, 6, 6, 6, 6]
-    memories = [x["memory"] for x in r["rows"]]
+    assert [x["memory"] for x in r["rows"]][:2] == ["direct", "direct"]  # the runtime plan's names
+    memories = [x["memory_detail"] for x in r["rows"]]
     assert memories[0] == memories[1] == "DirectExpertMemory"
     with open_model(qwen3.gguf(None)) as mf:
         k, e = mf.hparams.n_experts_used, mf.hparams.n_experts
