@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from strata.defaults import DEFAULT_PREFETCH_DEPTH
 from strata.errors import StrataError
 from strata.memory.budget import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
@@ -212,7 +213,7 @@ def _add_cache_parser(sub) -> None:
                                      "beside LRU, the best fixed hot set and Belady's optimal")
     c.add_argument("--trace", required=True, help="routing trace (.npz with indices [layers, tokens, k])")
     c.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32], help="expert slots per layer (default 8 16 32)")
-    c.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead to predict and prefetch; 0: off (default 1)")
+    c.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead to predict and prefetch; 0: off (default %(default)s)")
     c.add_argument("--prefetch-margin", type=float, default=None,
                    help="a prefetch of probability p displaces only experts worth less than p/margin "
                         f"(default {REPLAY_PREFETCH_MARGIN:g}, the replay's; decoding uses {DEFAULT_PREFETCH_MARGIN:g})")
@@ -234,9 +235,9 @@ def _add_pager_parser(sub) -> None:
     p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
     p.add_argument("--threads", type=int, default=DEFAULT_PAGER_THREADS,
                    help=f"pager worker threads (default {DEFAULT_PAGER_THREADS})")
-    p.add_argument("--depth", type=int, default=16, help="slabs in flight (default 16)")
+    p.add_argument("--depth", type=int, default=16, help="slabs in flight (default %(default)s)")
     p.add_argument("--chunk-kib", type=int, default=0, help="largest single read in KiB (default: the pager's, 1024)")
-    p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default %(default)s)")
     p.add_argument("--no-host", action="store_true", help="skip the host-tier figure")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_pager)
@@ -269,8 +270,8 @@ def _add_tiered_parser(sub) -> None:
     _add_run_args(t, ctx=256, ctx_help="context length (default 256)", budgets_of="")
     t.add_argument("--slot-form", choices=("dequantized", "packed"), default=None, help="device slot form")
     t.add_argument("--depths", type=int, nargs="+", default=[0, 2], help="prefetch depths to compare (default 0 2)")
-    t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
-    t.add_argument("--repeat", type=int, default=1, help="runs per depth, alternating (default 1)")
+    t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default %(default)s)")
+    t.add_argument("--repeat", type=int, default=1, help="runs per depth, alternating (default %(default)s)")
     t.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: varied text)")
     t.add_argument("--seed", type=int, default=0, help="prompt and sampling seed")
     t.add_argument("--json", action="store_true", help="print one JSON object")
@@ -307,10 +308,10 @@ def _add_model_parser(sub) -> None:
     m = sub.add_parser("model", help="prompt processing and decode speed of a whole model, with the time split, "
                                      "tier hit rates and the roofline (also: strata bench MODEL.gguf)")
     add_model_args(m)
-    m.add_argument("-p", type=int, default=512, metavar="N", help="prompt tokens of the pp test (default 512)")
-    m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default 128)")
+    m.add_argument("-p", type=int, default=512, metavar="N", help="prompt tokens of the pp test (default %(default)s)")
+    m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default %(default)s)")
     m.add_argument("--batch", default="1", help="sequences decoded together in tg, comma-separated (default 1)")
-    m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default 3)")
+    m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default %(default)s)")
     m.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=_run_model)
@@ -332,10 +333,12 @@ def _add_ladder_parser(sub) -> None:
     a = sub.add_parser("ladder", help="the ablation ladder: naive, + batching, + prefetch, + placement and caching, "
                                       "+ packed compute; tokens/s of each and its ratio to naive")
     _add_run_args(a, ctx=None, ctx_help="context length (default: -n plus a little)", budgets_of=" of the caching rows")
-    a.add_argument("--prefetch-depth", type=int, default=None, metavar="D", help="prefetch depth of the tiered rows")
-    a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default 32)")
+    a.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
+                   help=f"prefetch depth of the tiered rows (default {max(1, DEFAULT_PREFETCH_DEPTH['cpu'])} on cpu, "
+                        f"{DEFAULT_PREFETCH_DEPTH['cuda']} on cuda: at least 1, the rows measure prefetch)")
+    a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default %(default)s)")
     a.add_argument("--batch", type=int, default=8, help="sequences decoded together from the batching row on "
-                                                        "(default 8)")
+                                                        "(default %(default)s)")
     a.add_argument("--seed", type=int, default=0, help="seed of the one-token prompts")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.set_defaults(func=_run_ladder)
@@ -358,8 +361,8 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", required=True)
     d = sub.add_parser("dequant", help="GB/s of every dequantization kernel against gguf.quants and memcpy")
     d.add_argument("--json", action="store_true", help="print one JSON object keyed by format name")
-    d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default 64)")
-    d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
+    d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default %(default)s)")
+    d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default %(default)s)")
     d.add_argument("--threads", type=int, default=None, help="threads for the all-threads figure (default: all)")
     d.add_argument("--types", nargs="+", type=_format_arg, default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
     d.set_defaults(func=_run_dequant)

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from strata.defaults import DEFAULT_CTX
 from strata.units import format_bytes
 
 
@@ -28,7 +29,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 20G")
     g.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 64G")
-    g.add_argument("--ctx", type=int, default=4096, help="context length the KV cache is sized for (default 4096)")
+    g.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length the KV cache is sized for "
+                                                                "(default %(default)s)")
     g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
     p.set_defaults(func=run)
     return p

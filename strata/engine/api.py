@@ -23,6 +23,7 @@ import torch
 
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
+from strata.defaults import DEFAULT_CTX  # KV-cache positions per sequence when n_ctx is not given
 from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
@@ -46,7 +47,6 @@ from .verdict import check_runs
 
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-DEFAULT_CTX = 4096  # KV-cache positions per sequence when n_ctx is not given (capped by the model's)
 DEFAULT_SLOTS = 4  # sequences decoded together at most
 
 #: Builds the expert memory of a model: (model_file, device, dtype, n_threads) -> ExpertMemory.
