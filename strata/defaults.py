@@ -28,5 +28,19 @@ CONVERT_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DEFAULT_ATTN_TYPE = "q8_0"
 DEFAULT_EXPERTS_TYPE = "q4_k"
 
-__all__ = ["CONVERT_OUTTYPES", "CONVERT_TYPES", "DEFAULT_ATTN_TYPE", "DEFAULT_EXPERTS_TYPE", "DEFAULT_PAGER_THREADS",
-           "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]
+#: Prefetch depth when none is asked for, per device type (strata.memory.budget says why the CPU's is 0).
+DEFAULT_PREFETCH_DEPTH = {"cpu": 0, "cuda": 2}
+#: Tokens one engine step processes at most (running decodes plus chunks of prompts).
+MAX_STEP_TOKENS = 512
+#: KV-cache positions per sequence when n_ctx is not given (capped by the model's).
+DEFAULT_CTX = 4096
+#: Positions per KV-cache block.
+KV_BLOCK_SIZE = 16
+#: Share of available memory the CPU device tier takes by default.
+DEFAULT_CPU_DEVICE_FRACTION = 0.25
+#: Share of available memory the host tier takes by default when the device cannot hold every expert.
+DEFAULT_HOST_FRACTION = 0.25
+
+__all__ = ["CONVERT_OUTTYPES", "CONVERT_TYPES", "DEFAULT_ATTN_TYPE", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_CTX",
+           "DEFAULT_EXPERTS_TYPE", "DEFAULT_HOST_FRACTION", "DEFAULT_PAGER_THREADS", "DEFAULT_PREFETCH_DEPTH",
+           "DEFAULT_PREFETCH_MARGIN", "KV_BLOCK_SIZE", "MAX_STEP_TOKENS", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]

@@ -17,19 +17,35 @@ measured rather than claimed:
   + packed compute         (CPU) the native kernels compute from the packed slots in place;
                            (CUDA) misses the host tier holds are computed on the CPU (hybrid)
 
-Each row: decode tokens/s over `gen` tokens per sequence (the same one-token prompts in every row)
-and its ratio to the naive row. Must not print: `strata.commands.bench` formats the result.
+Each row: decode tokens/s over `gen` tokens per sequence (the same one-token prompts in every row),
+its ratio to the naive row, and the expert memory that ran it (the runtime plan's name). A row
+can be slower than naive: `MEASURES` says what each row isolates, which the table shows then.
+Must not print: `strata.commands.bench` formats the result.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+import warnings
+from typing import Any, Callable
+
+from strata.errors import SlowPathWarning
 
 from strata.memory.budget import DEFAULT_PREFETCH_DEPTH
 
 from .model import _decode
 
 ROWS = ("naive", "+ batching", "+ prefetch", "+ placement and caching", "+ packed compute")
+#: What each row isolates: why it may be slower than naive (shown by the table only then).
+MEASURES = {
+    "+ batching": "a step of several sequences is timed per token; a model too small to share experts "
+                  "between sequences gains little from reading each expert once",
+    "+ prefetch": "top-k slots per layer leave no room to keep experts between steps: every step copies its "
+                  "experts into slots (and waits for the look-ahead), which the mapped file's page cache "
+                  "serves for free in the naive row; it measures prefetch overlap, not caching",
+    "+ placement and caching": "experts kept in slots are dequantized once, but the tiered memory's bookkeeping "
+                               "per step costs more than reading a small model's experts from the page cache",
+    "+ packed compute": "the native kernels pay a per-call cost that tiny matrices do not amortise",
+}
 
 
 def _smallest_tiered(path: str, prefetch_depth: int | None):
@@ -46,7 +62,9 @@ def _smallest_tiered(path: str, prefetch_depth: int | None):
             geometry, "packed", dtype, device, n_layers, k, k)).form  # the form such a pool takes
         config = TieredConfig(device_mem=device_budget_for_slots(geometry, form, dtype, device, n_layers, k, k),
                               host_mem=host_budget_for_slots(mf, k), slot_form=form, prefetch_depth=prefetch_depth)
-        return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config)
+        with warnings.catch_warnings():  # slots this small are the row's point: no "raise --host-mem"
+            warnings.simplefilter("ignore", SlowPathWarning)
+            return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config)
 
     with open_model(path):  # fail early, with the file's own error, before the first row
         pass
@@ -55,8 +73,10 @@ def _smallest_tiered(path: str, prefetch_depth: int | None):
 
 def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu", dtype: str | None = None,
                  threads: int | None = None, n_ctx: int | None = None, device_mem: Any = None, host_mem: Any = None,
-                 prefetch_depth: int | None = None, seed: int = 0) -> dict[str, Any]:
-    """See the module docstring; returns {"rows": [{"name", "tok_s", "ratio", "batch", "config"}], ...}."""
+                 prefetch_depth: int | None = None, seed: int = 0,
+                 on_row: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+    """See the module docstring; returns {"rows": [{"name", "tok_s", "ratio", "batch", "config",
+    "memory", "memory_detail"}], ...}. `on_row(done, total, name)` after each row (progress)."""
     import strata
     import torch
 
@@ -81,16 +101,19 @@ def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu
         with strata.load(path, max_batch=b, **common, **cfg) as model:
             model.generate([1, 2], max_tokens=2, stop_token_ids=())  # warm-up: first calls, thread pools
             run = _decode(model, b, gen, seed)
-            memory = repr(model.memory)
-            memory = type(model.memory).__name__ if memory.startswith("<") else memory
+            detail = repr(model.memory)
+            detail = type(model.memory).__name__ if detail.startswith("<") else detail
+            memory = model.plan.memory
         shown = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else "top-k slots per layer")
                  for k, v in cfg.items()}
         rows.append({"name": name, "batch": b, "tok_s": run["tok_s"], "tokens": run["tokens"], "config": shown,
-                     "memory": memory, "seconds": time.perf_counter() - t0})
+                     "memory": memory, "memory_detail": detail, "seconds": time.perf_counter() - t0})
+        if on_row is not None:
+            on_row(len(rows), len(configs), name)
     naive = rows[0]["tok_s"]
     for r in rows:
         r["ratio"] = r["tok_s"] / naive if naive > 0 else None
     return {"file": str(path), "gen": gen, "batch": batch, "device": device, "threads": threads, "rows": rows}
 
 
-__all__ = ["ROWS", "bench_ladder"]
+__all__ = ["MEASURES", "ROWS", "bench_ladder"]

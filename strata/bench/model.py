@@ -23,7 +23,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -79,9 +79,13 @@ def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
 
 
 def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
-                seed: int = 0, **load_kwargs: Any) -> dict[str, Any]:
+                seed: int = 0, on_step: Callable[[int, int, str], None] | None = None,
+                **load_kwargs: Any) -> dict[str, Any]:
     """See the module docstring. `load_kwargs` go to `strata.load` (device, dtype, threads,
-    memory, device_mem, host_mem, prefetch_depth, slot_form, compute)."""
+    memory, device_mem, host_mem, prefetch_depth, slot_form, compute); `on_step(done, total,
+    label)` after each repetition of each test (progress)."""
+    total, done = reps * (1 + len(batches)), iter(range(1, reps * (1 + len(batches)) + 1))
+    step = (lambda label: on_step(next(done), total, label)) if on_step else (lambda label: None)
     import strata
 
     if prompt < 1 or gen < 2 or reps < 1 or not batches or min(batches) < 1:
@@ -95,7 +99,10 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
     try:
         tokens = _prompt(model.transformer.vocab_size, prompt, seed)
         model.generate(tokens[:8], max_tokens=4, stop_token_ids=())  # warm-up: pool, first calls, first experts
-        pp = [prompt / model.generate(tokens, max_tokens=1, stop_token_ids=()).prefill_seconds for _ in range(reps)]
+        pp = []
+        for _ in range(reps):
+            pp.append(prompt / model.generate(tokens, max_tokens=1, stop_token_ids=()).prefill_seconds)
+            step(f"pp{prompt}")
         result: dict[str, Any] = {
             "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,
             "memory": repr(model.memory), "compute": "packed" if model.transformer.compute is not None else "float",
@@ -104,7 +111,10 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
         disk, h2d = _disk_rate(str(path)), _h2d_rate(model.device)
         result.update(disk_gbs=disk and disk / 1e9, h2d_gbs=h2d and h2d / 1e9)
         for b in batches:
-            runs = [_decode(model, b, gen, seed + 1000 * r) for r in range(reps)]
+            runs = []
+            for r in range(reps):
+                runs.append(_decode(model, b, gen, seed + 1000 * r))
+                step(f"tg{gen} x{b}")
             result["tg"][b] = _summary(runs, disk, h2d)
         result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         if model.device.type == "cuda":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -41,16 +41,19 @@ def decode_run(path: str, depth: int, prompt: list[int], tokens: int, *, tempera
         seconds = time.perf_counter() - t0
         totals = model.memory_stats().totals()
         plan = model.memory.plan
-        return {"depth": depth, "token_ids": stream.completion.token_ids, "decode_tok_s": (n - 1) / seconds,
+        return {"depth": depth, "device": str(model.device), "token_ids": stream.completion.token_ids,
+                "decode_tok_s": (n - 1) / seconds,
                 "form": plan.form, "device_slots_per_layer": plan.slots_per_layer,
                 "host_slots_per_layer": model.memory.host.slots_per_layer,
                 **{k: totals[k] for k in KEYS}}
 
 
 def bench_tiered(path: str, *, depths: Sequence[int] = (0, 2), tokens: int = 64, prompt_len: int = 8,
-                 repeat: int = 1, temperature: float = 1.0, seed: int = 0, **load_kwargs: Any) -> dict[str, Any]:
+                 repeat: int = 1, temperature: float = 1.0, seed: int = 0,
+                 on_run: Callable[[int, int, str], None] | None = None, **load_kwargs: Any) -> dict[str, Any]:
     """Decode with each prefetch depth, alternating, `repeat` times; see the module docstring.
-    `load_kwargs` go to `strata.load` (device, dtype, threads, device_mem, host_mem, slot_form)."""
+    `load_kwargs` go to `strata.load` (device, dtype, threads, device_mem, host_mem, slot_form);
+    `on_run(done, total, label)` after each run (progress)."""
     from strata.gguf import open_model
 
     with open_model(path) as mf:
@@ -61,9 +64,12 @@ def bench_tiered(path: str, *, depths: Sequence[int] = (0, 2), tokens: int = 64,
     for _ in range(repeat):
         for d in depths:
             runs[d].append(decode_run(path, d, prompt, tokens, temperature=temperature, seed=seed, **load_kwargs))
+            if on_run is not None:
+                on_run(sum(map(len, runs.values())), repeat * len(depths), f"depth {d}")
     reference = runs[depths[0]][0]["token_ids"]
     same = all(r["token_ids"] == reference for rs in runs.values() for r in rs)
-    result: dict[str, Any] = {"file": str(path), "tokens": tokens, "repeat": repeat, "same_tokens": same,
+    result: dict[str, Any] = {"file": str(path), "device": runs[depths[0]][0]["device"], "tokens": tokens,
+                              "repeat": repeat, "same_tokens": same,
                               "form": runs[depths[0]][0]["form"], "by_depth": {}}
     for d, rs in runs.items():
         row = {k: statistics.median(r[k] for r in rs if r[k] is not None) if any(r[k] is not None for r in rs)

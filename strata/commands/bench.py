@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from strata.defaults import DEFAULT_PREFETCH_DEPTH
 from strata.errors import StrataError
 from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
+
+from .tiers import column, fast_tier
 
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
@@ -77,11 +81,11 @@ def format_pager(r: dict[str, Any]) -> str:
 
 def format_tiered(r: dict[str, Any]) -> str:
     """The table `strata bench tiered` prints: one row per prefetch depth."""
-    first = next(iter(r["by_depth"].values()))
+    first, fast = next(iter(r["by_depth"].values())), fast_tier(r["device"])
     lines = [f"{r['file']}: {r['tokens']} tokens per run, {r['repeat']} run(s) per depth, {r['form']} slots, "
-             f"{first['device_slots_per_layer']} device / {first['host_slots_per_layer']} host slots per layer; "
+             f"{first['device_slots_per_layer']} {fast} / {first['host_slots_per_layer']} host slots per layer; "
              f"same tokens at every depth: {r['same_tokens']}",
-             "depth  tok/s  dev.hit  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
+             f"depth  tok/s  {column(r['device'])}  late  miss  host.hit  disk  wait_s  dequant_s  precision  recall  "
              "pf.issued  pf.used"]
     for d, x in r["by_depth"].items():
         pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
@@ -113,9 +117,10 @@ def format_model(r: dict[str, Any]) -> str:
                   + f"; waiting for experts {pct(x['wait_share'])} of the time"]
         t = x.get("tiers")
         if t:
-            lines.append(f"  device hit rate {pct(t['device_hit_rate'])}, host hit rate (of device misses) "
+            fast = fast_tier(r["device"])
+            lines.append(f"  {fast} hit rate {pct(t['device_hit_rate'])}, host hit rate (of {fast} misses) "
                          f"{pct(t['host_hit_rate'])}; per token: {format_bytes(t['disk_bytes_per_token'])} from "
-                         f"disk, {format_bytes(t['device_bytes_per_token'])} to the device")
+                         f"disk, {format_bytes(t['device_bytes_per_token'])} into {fast} slots")
         bound = lambda v: "-" if v is None else f"{v:.2f} tok/s"  # noqa: E731
         lines.append(f"  roofline: compute-bound {bound(roof['compute_bound_tok_s'])}, transfer-bound "
                      f"{bound(roof.get('transfer_bound_tok_s'))}; measured {x['tok_s']['mean']:.2f} tok/s = "
@@ -129,12 +134,48 @@ def format_model(r: dict[str, Any]) -> str:
 
 def format_ladder(r: dict[str, Any]) -> str:
     """The table `strata bench ladder` prints: one row per mechanism added."""
+    from strata.bench.ladder import MEASURES
+
     lines = [f"{r['file']}: ablation ladder on {r['device']}, {r['gen']} tokens per sequence, threads "
              f"{r['threads'] or 'all'}", f"{'step':<26}{'batch':>6}{'tok/s':>10}{'x naive':>9}  memory"]
     for x in r["rows"]:
         ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}"
         lines.append(f"{x['name']:<26}{x['batch']:>6}{x['tok_s']:>10.2f}{ratio:>9}  {x['memory']}")
+        if x["ratio"] is not None and x["ratio"] < 1 and x["name"] in MEASURES:
+            lines.append(f"  (slower than naive: {MEASURES[x['name']]})")
     return "\n".join(lines)
+
+
+def progress_bar(args: argparse.Namespace, total: int, desc: str):
+    """A tqdm bar on stderr, or None with --json or when stderr is not a terminal (a log or a pipe
+    gets the result alone)."""
+    if getattr(args, "json", False) or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def _on_step(bar):
+    """A library progress callback `(done, total, label)` that advances `bar` (None: no bar)."""
+    if bar is None:
+        return None
+
+    def step(done: int, total: int, label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(done - bar.n)
+
+    return step
+
+
+def _with_bar(args: argparse.Namespace, total: int, desc: str, run):
+    """`run(on_step)` with a progress bar of `total` steps while it runs."""
+    bar = progress_bar(args, total, desc)
+    try:
+        return run(_on_step(bar))
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _print(result: Any, args: argparse.Namespace, fmt) -> int:
@@ -172,7 +213,7 @@ def _add_cache_parser(sub) -> None:
                                      "beside LRU, the best fixed hot set and Belady's optimal")
     c.add_argument("--trace", required=True, help="routing trace (.npz with indices [layers, tokens, k])")
     c.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32], help="expert slots per layer (default 8 16 32)")
-    c.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead to predict and prefetch; 0: off (default 1)")
+    c.add_argument("--prefetch-depth", type=int, default=1, help="layers ahead to predict and prefetch; 0: off (default %(default)s)")
     c.add_argument("--prefetch-margin", type=float, default=None,
                    help="a prefetch of probability p displaces only experts worth less than p/margin "
                         f"(default {REPLAY_PREFETCH_MARGIN:g}, the replay's; decoding uses {DEFAULT_PREFETCH_MARGIN:g})")
@@ -194,9 +235,9 @@ def _add_pager_parser(sub) -> None:
     p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
     p.add_argument("--threads", type=int, default=DEFAULT_PAGER_THREADS,
                    help=f"pager worker threads (default {DEFAULT_PAGER_THREADS})")
-    p.add_argument("--depth", type=int, default=16, help="slabs in flight (default 16)")
+    p.add_argument("--depth", type=int, default=16, help="slabs in flight (default %(default)s)")
     p.add_argument("--chunk-kib", type=int, default=0, help="largest single read in KiB (default: the pager's, 1024)")
-    p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="alternating sequential/pager pass pairs (default %(default)s)")
     p.add_argument("--no-host", action="store_true", help="skip the host-tier figure")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_pager)
@@ -205,10 +246,10 @@ def _add_pager_parser(sub) -> None:
 def _run_tiered(args: argparse.Namespace) -> int:
     from strata.bench.tiered import bench_tiered
 
-    result = bench_tiered(args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat,
-                          temperature=args.temperature, seed=args.seed, device=args.device, dtype=args.dtype,
-                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
-                          slot_form=args.slot_form)
+    result = _with_bar(args, len(args.depths) * args.repeat, "tiered", lambda on_step: bench_tiered(
+        args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat, temperature=args.temperature,
+        seed=args.seed, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
+        device_mem=args.device_mem, host_mem=args.host_mem, slot_form=args.slot_form, on_run=on_step))
     return _print(result, args, format_tiered)
 
 
@@ -229,8 +270,8 @@ def _add_tiered_parser(sub) -> None:
     _add_run_args(t, ctx=256, ctx_help="context length (default 256)", budgets_of="")
     t.add_argument("--slot-form", choices=("dequantized", "packed"), default=None, help="device slot form")
     t.add_argument("--depths", type=int, nargs="+", default=[0, 2], help="prefetch depths to compare (default 0 2)")
-    t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
-    t.add_argument("--repeat", type=int, default=1, help="runs per depth, alternating (default 1)")
+    t.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default %(default)s)")
+    t.add_argument("--repeat", type=int, default=1, help="runs per depth, alternating (default %(default)s)")
     t.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1: varied text)")
     t.add_argument("--seed", type=int, default=0, help="prompt and sampling seed")
     t.add_argument("--json", action="store_true", help="print one JSON object")
@@ -248,8 +289,10 @@ def _run_model(args: argparse.Namespace) -> int:
             raise StrataError(f"strata bench {flag} {value}: expected a positive number of "
                               f"{'repetitions' if flag == '--reps' else 'tokens'}")
     batches = _int_list(args.batch, "--batch")
-    result = bench_model(args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
-                         **load_kwargs(args))
+    total = args.reps * (1 + len(batches))
+    result = _with_bar(args, total, "bench", lambda on_step: bench_model(
+        args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed, on_step=on_step,
+        **load_kwargs(args)))
     return _print(result, args, format_model)
 
 
@@ -269,10 +312,10 @@ def _add_model_parser(sub) -> None:
     m = sub.add_parser("model", help="prompt processing and decode speed of a whole model, with the time split, "
                                      "tier hit rates and the roofline (also: strata bench MODEL.gguf)")
     add_model_args(m)
-    m.add_argument("-p", type=int, default=512, metavar="N", help="prompt tokens of the pp test (default 512)")
-    m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default 128)")
+    m.add_argument("-p", type=int, default=512, metavar="N", help="prompt tokens of the pp test (default %(default)s)")
+    m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default %(default)s)")
     m.add_argument("--batch", default="1", help="sequences decoded together in tg, comma-separated (default 1)")
-    m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default 3)")
+    m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default %(default)s)")
     m.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     m.set_defaults(func=_run_model)
@@ -281,9 +324,12 @@ def _add_model_parser(sub) -> None:
 def _run_ladder(args: argparse.Namespace) -> int:
     from strata.bench.ladder import bench_ladder
 
-    result = bench_ladder(args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype,
-                          threads=args.threads, n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem,
-                          prefetch_depth=args.prefetch_depth, seed=args.seed)
+    from strata.bench.ladder import ROWS
+
+    result = _with_bar(args, len(ROWS), "ladder", lambda on_step: bench_ladder(
+        args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype, threads=args.threads,
+        n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
+        seed=args.seed, on_row=on_step))
     return _print(result, args, format_ladder)
 
 
@@ -291,10 +337,12 @@ def _add_ladder_parser(sub) -> None:
     a = sub.add_parser("ladder", help="the ablation ladder: naive, + batching, + prefetch, + placement and caching, "
                                       "+ packed compute; tokens/s of each and its ratio to naive")
     _add_run_args(a, ctx=None, ctx_help="context length (default: -n plus a little)", budgets_of=" of the caching rows")
-    a.add_argument("--prefetch-depth", type=int, default=None, metavar="D", help="prefetch depth of the tiered rows")
-    a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default 32)")
+    a.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
+                   help=f"prefetch depth of the tiered rows (default {max(1, DEFAULT_PREFETCH_DEPTH['cpu'])} on cpu, "
+                        f"{DEFAULT_PREFETCH_DEPTH['cuda']} on cuda: at least 1, the rows measure prefetch)")
+    a.add_argument("-n", type=int, default=32, metavar="N", help="tokens decoded per sequence (default %(default)s)")
     a.add_argument("--batch", type=int, default=8, help="sequences decoded together from the batching row on "
-                                                        "(default 8)")
+                                                        "(default %(default)s)")
     a.add_argument("--seed", type=int, default=0, help="seed of the one-token prompts")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.set_defaults(func=_run_ladder)
@@ -317,8 +365,8 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="bench_command", required=True)
     d = sub.add_parser("dequant", help="GB/s of every dequantization kernel against gguf.quants and memcpy")
     d.add_argument("--json", action="store_true", help="print one JSON object keyed by format name")
-    d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default 64)")
-    d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default 3)")
+    d.add_argument("--mib", type=int, default=64, help="MiB of float32 output per format (default %(default)s)")
+    d.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is kept (default %(default)s)")
     d.add_argument("--threads", type=int, default=None, help="threads for the all-threads figure (default: all)")
     d.add_argument("--types", nargs="+", type=_format_arg, default=None, metavar="TYPE", help="only these formats (e.g. q4_k q8_0)")
     d.set_defaults(func=_run_dequant)

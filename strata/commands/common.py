@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from strata.defaults import SAMPLING_DEFAULTS
+from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_DEPTH,
+                             KV_BLOCK_SIZE, MAX_STEP_TOKENS, SAMPLING_DEFAULTS)
 from strata.errors import StrataArgumentError, StrataError
 
 
@@ -19,7 +20,7 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     p.add_argument("--dtype", default=None, help="compute dtype: float32, bfloat16, float16 "
                                                  "(default float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
-    p.add_argument("--ctx", type=int, default=None, help="context length (default: min(model's, 4096))")
+    p.add_argument("--ctx", type=int, default=None, help=f"context length (default: min(model's, {DEFAULT_CTX}))")
     p.add_argument("--compute", choices=("auto", "packed", "float"), default=None,
                    help="packed: weights stay in their GGUF blocks, native quantized kernels multiply (the CPU "
                         "default); float: weights dequantized into --dtype, torch multiplies (the reference, and "
@@ -27,9 +28,9 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     g = p.add_argument_group("batching and KV cache")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
                    help="tokens one engine step processes at most: running decodes plus chunks of prompts being "
-                        "prefilled, so a long prompt does not stall running streams (default 512)")
+                        f"prefilled, so a long prompt does not stall running streams (default {MAX_STEP_TOKENS})")
     g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
-                   help="KV cache blocks of 16 positions shared by all sequences (default: enough for every "
+                   help=f"KV cache blocks of {KV_BLOCK_SIZE} positions shared by all sequences (default: enough for every "
                         "sequence of the batch at --ctx)")
     add_memory_args(p)
 
@@ -43,13 +44,15 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                         "from, its budget --host-mem; direct: read every expert from the mapped file on each use")
     g.add_argument("--device-mem", default=None, metavar="SIZE",
                    help="bytes the model may use on the device, resident weights and KV cache included, "
-                        "e.g. 20G (default: free GPU memory less headroom; on cpu a quarter of available RAM)")
+                        f"e.g. 20G (default: free GPU memory less headroom; on cpu {100 * DEFAULT_CPU_DEVICE_FRACTION:g}%% of "
+                        "available RAM)")
     g.add_argument("--host-mem", default=None, metavar="SIZE",
-                   help="bytes of host RAM for packed experts, e.g. 64G (default: a quarter of available "
+                   help=f"bytes of host RAM for packed experts, e.g. 64G (default: {100 * DEFAULT_HOST_FRACTION:g}%% of available "
                         "RAM, or the minimum when the device holds every expert)")
     g.add_argument("--prefetch-depth", type=int, default=None, metavar="D",
                    help="layers ahead whose experts are loaded while a layer computes; 0 = off "
-                        "(default 2 on cuda, 1 on cpu)")
+                        f"(default {DEFAULT_PREFETCH_DEPTH['cuda']} on cuda, {DEFAULT_PREFETCH_DEPTH['cpu']} on cpu; 0 "
+                        "when the device slots hold every expert)")
     g.add_argument("--hybrid", action="store_true", default=None,
                    help="cuda: compute missed experts that host RAM holds on the CPU (native kernels) while the "
                         "GPU runs the others, when measured costs say that beats copying them")
@@ -173,9 +176,11 @@ def print_stats(args: argparse.Namespace, model) -> None:
     """With --stats, the runtime plan and the expert memory's counters on stderr."""
     if getattr(args, "stats", False):
         print(f"runtime: {model.plan.describe()}", file=sys.stderr)
+        from .tiers import format_memory_stats
+
         stats = model.memory_stats()
-        print(stats.format() if stats is not None else "expert memory: no statistics (--memory direct)",
-              file=sys.stderr)
+        print(format_memory_stats(stats, model.device) if stats is not None
+              else "expert memory: no statistics (--memory direct)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
 
 

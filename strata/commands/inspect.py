@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from strata.defaults import DEFAULT_CTX
 from strata.units import format_bytes
 
 
@@ -28,7 +29,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     g.add_argument("--device-mem", default=None, metavar="SIZE", help="device budget, e.g. 20G")
     g.add_argument("--host-mem", default=None, metavar="SIZE", help="host budget, e.g. 64G")
-    g.add_argument("--ctx", type=int, default=4096, help="context length the KV cache is sized for (default 4096)")
+    g.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length the KV cache is sized for "
+                                                                "(default %(default)s)")
     g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
     p.set_defaults(func=run)
     return p
@@ -128,17 +130,19 @@ def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render_placement(p: dict[str, Any], out: TextIO) -> None:
-    share = p["expected_share"]
+    from .tiers import fast_tier
+
+    share, fast = p["expected_share"], fast_tier(p["device"])
     print(f"placement on {p['device']} ({p['compute']} compute, {p['slot_form']} slots): per layer "
-          f"{p['device_slots_per_layer']}/{p['n_experts']} experts on the device, {p['host_slots_per_layer']}/"
-          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): device "
+          f"{p['device_slots_per_layer']}/{p['n_experts']} experts in {fast} slots, {p['host_slots_per_layer']}/"
+          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): {fast} "
           f"{share['device']:.0%}, host {share['host']:.0%}, disk {share['disk']:.0%} "
           f"({format_bytes(p['disk_bytes_per_token'])} from the disk per token)", file=out)
     if not p["layers"]:
         print("  (the file has no routing statistics: slots start empty and fill with the first tokens' experts)",
               file=out)
     for x in p["layers"]:
-        print(f"  layer {x['layer']}: device {x['device']}, host {x['host']}, the rest on the disk", file=out)
+        print(f"  layer {x['layer']}: {fast} {x['device']}, host {x['host']}, the rest on the disk", file=out)
     r = p.get("runtime", {})
     print(f"runtime: {r['line']}" if "line" in r else f"runtime: not decided ({r.get('error')})", file=out)
 

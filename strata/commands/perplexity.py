@@ -82,7 +82,11 @@ def _run(args: argparse.Namespace, model, text: str, base: dict | None) -> int:
     tokens = model.tokenize(text)
     n_ctx = args.ctx or min(512, model.n_ctx)
     keep = bool(args.save_logits or args.kl_divergence)
-    result = model.perplexity(tokens, n_ctx=n_ctx, keep_logits=keep)
+    progress = Progress(json_out=args.json)
+    if not args.json:
+        print(f"perplexity: {len(tokens)} tokens in chunks of {n_ctx}", file=sys.stderr)
+    result = model.perplexity(tokens, n_ctx=n_ctx, keep_logits=keep, on_chunk=progress)
+    progress.close()
     report = {"model": str(model.path), "n_tokens": len(tokens), **result.to_dict()}
     if args.save_logits:
         try:
@@ -107,12 +111,45 @@ def _run(args: argparse.Namespace, model, text: str, base: dict | None) -> int:
     return 0
 
 
+class Progress:
+    """After each chunk, its running PPL as llama.cpp prints it (`[1]12.3456,[2]11.9876,...`),
+    preceded after the first chunk by the time per chunk and the ETA on stderr. The values go to
+    stdout, or with --json to stderr, and there only when stderr is a terminal (stdout then
+    holds the JSON object alone)."""
+
+    def __init__(self, json_out: bool):
+        self.out = None if json_out and not sys.stderr.isatty() else sys.stderr if json_out else sys.stdout
+        self.started = False
+
+    def __call__(self, done) -> None:
+        if self.out is None:
+            return
+        if done.chunk == 1 and done.n_chunks > 1:
+            per = done.seconds
+            print(f"perplexity: {per:.2f} s per chunk, ETA {_duration(per * (done.n_chunks - 1))} for the "
+                  f"other {done.n_chunks - 1} chunks", file=sys.stderr, flush=True)
+        print(f"{',' if self.started else ''}[{done.chunk}]{done.ppl:.4f}", end="", file=self.out, flush=True)
+        self.started = True
+
+    def close(self) -> None:
+        if self.started:
+            print(file=self.out, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """12.3 -> "12 s"; 150 -> "2 min 30 s"; 7300 -> "2 h 1 min"."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
 def _print(r: dict) -> None:
-    chunks = " ".join(f"[{i + 1}]{p:.4f}" for i, p in enumerate(r["chunk_ppl"]))
-    print(f"perplexity: {r['n_tokens']} tokens, {r['n_chunks']} chunks of {r['n_ctx']}, "
-          f"{r['n_scored']} scored", file=sys.stderr)
-    print(chunks)
-    print(f"Final estimate: PPL = {r['ppl']:.4f}")
+    print(f"perplexity: {r['n_chunks']} chunks of {r['n_ctx']}, {r['n_scored']} tokens scored", file=sys.stderr)
+    err = "" if r["ppl_stderr"] is None else f" +/- {r['ppl_stderr']:.4f}"
+    print(f"Final estimate: PPL = {r['ppl']:.4f}{err}")
     if "kl_divergence" in r:
         kl = r["kl_divergence"]
         print(f"base {r['base']['model']}: PPL = {r['base']['ppl']:.4f}")

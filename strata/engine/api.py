@@ -24,6 +24,7 @@ import torch
 
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
+from strata.defaults import DEFAULT_CTX  # KV-cache positions per sequence when n_ctx is not given
 from strata.errors import ContextWarning, StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
@@ -40,7 +41,7 @@ from .config import MEMORY_OPTIONS, MemoryConfig, check_engine, check_memory_com
 from .engine import Engine
 from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
-from .perplexity import PerplexityResult, perplexity
+from .perplexity import ChunkDone, PerplexityResult, perplexity
 from .sampling import FIELDS, SamplingParams
 from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
@@ -48,7 +49,6 @@ from .verdict import check_runs
 
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-DEFAULT_CTX = 4096  # KV-cache positions per sequence when n_ctx is not given (capped by the model's)
 DEFAULT_SLOTS = 4  # sequences decoded together at most
 
 #: Builds the expert memory of a model: (model_file, device, dtype, n_threads) -> ExpertMemory.
@@ -137,10 +137,29 @@ class Model:
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text` (BOS/EOS added as the file asks when `add_special`)."""
-        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+        if not isinstance(text, str):
+            raise StrataArgumentError(f"tokenize: expected text (str), found {text!r:.80}")
+        return self.check_token_ids(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
 
     def detokenize(self, token_ids: Iterable[int], skip_special: bool = False) -> str:
-        return self.tokenizer.decode(token_ids, skip_special=skip_special)
+        """The text of `token_ids` (ids outside the vocabulary are refused, as `generate` refuses them)."""
+        return self.tokenizer.decode(self.check_token_ids(token_ids, "detokenize"), skip_special=skip_special)
+
+    def check_token_ids(self, token_ids: Iterable[int], what: str = "token_ids",
+                        expected: str = "a sequence of token ids") -> list[int]:
+        """`token_ids` as a list of ints, each in [0, vocab_size); one StrataError line otherwise.
+        The one check of `tokenize`, `detokenize`, `logits` and `generate`."""
+        try:
+            if isinstance(token_ids, (str, bytes)):
+                raise TypeError
+            ids = [operator.index(t) for t in token_ids]  # ints, numpy or torch integers; not floats
+        except TypeError:
+            raise StrataArgumentError(f"{what}: expected {expected}, found {token_ids!r:.80}") from None
+        n = self.tokenizer.vocab_size
+        for t in ids:
+            if not 0 <= t < n:
+                raise StrataError(f"token id {t} is outside the vocabulary [0, {n})")
+        return ids
 
     @property
     def chat_template(self) -> ChatTemplate | None:
@@ -165,7 +184,7 @@ class Model:
 
     def logits(self, token_ids: Seq[int]) -> torch.Tensor:
         """Logits [T, V] (float32, CPU) of every position of `token_ids`, as one fresh sequence."""
-        ids = list(token_ids)
+        ids = self.check_token_ids(token_ids, "logits")
         if not 0 < len(ids) <= self.n_ctx:
             raise StrataError(f"logits of {len(ids)} tokens: expected 1 to n_ctx={self.n_ctx} tokens")
         slot = self.cache.allocate()
@@ -176,10 +195,12 @@ class Model:
         finally:
             self.cache.free(slot)
 
-    def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False) -> PerplexityResult:
-        """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does."""
-        return perplexity(self.logits, list(token_ids), n_ctx or self.n_ctx, self.tokenizer.special.bos
-                          if self.tokenizer.special.add_bos else None, keep_logits)
+    def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False,
+                   on_chunk: Callable[[ChunkDone], None] | None = None) -> PerplexityResult:
+        """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does;
+        `on_chunk(ChunkDone)` after each chunk (the running PPL, for progress)."""
+        return perplexity(self.logits, self.check_token_ids(token_ids, "perplexity"), n_ctx or self.n_ctx,
+                          self.tokenizer.special.bos if self.tokenizer.special.add_bos else None, keep_logits, on_chunk)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -200,14 +221,7 @@ class Model:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special)
         else:
-            try:
-                ids = [operator.index(t) for t in prompt]  # ints, numpy or torch integers; not floats
-            except TypeError:
-                raise StrataArgumentError(f"prompt: expected text or a sequence of token ids, "
-                                          f"found {prompt!r:.80}") from None
-        for t in ids:
-            if not 0 <= t < self.tokenizer.vocab_size:
-                raise StrataError(f"token id {t} is outside the vocabulary [0, {self.tokenizer.vocab_size})")
+            ids = self.check_token_ids(prompt, "prompt", "text or a sequence of token ids")
         stops = stop_conditions(params, self.stop_token_ids, self.n_ctx - len(ids))
         return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream())
 

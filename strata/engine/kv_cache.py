@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import torch
 
+from strata.defaults import KV_BLOCK_SIZE
 from strata.errors import StrataError
 from strata.models import Batch
 from strata.units import itemsize
 
 #: Positions per block. A multiple of 8 that divides the native decode attention's 256-position
 #: chunk, so paged decode attention sums in the same order as over one contiguous region.
-BLOCK_SIZE = 16
+BLOCK_SIZE = KV_BLOCK_SIZE
 
 
 def blocks_for(n_positions: int, block_size: int = BLOCK_SIZE) -> int:

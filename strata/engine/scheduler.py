@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from collections import deque
 
+# Tokens one step processes at most by default: running decodes (one each) plus prompt chunks.
+from strata.defaults import MAX_STEP_TOKENS
 from strata.errors import StrataArgumentError, StrataError
 
 from .kv_cache import BlockTables
 from .sequence import Sequence
 
-#: Tokens one step processes at most by default: running decodes (one each) plus prompt chunks.
-MAX_STEP_TOKENS = 512
 
 
 class EngineFull(StrataError):

@@ -60,8 +60,10 @@ import torch
 
 from strata import native
 # Policy margins of decoding and of the trace replay (see the module docstring); pager threads of the
-# host tier, the pager's own default. Defined where help texts can read them without torch.
-from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
+# host tier; shares of available memory the CPU device and host tiers take by default, and the prefetch
+# depth per device type (why: above default_slot_form). Defined where help texts read them without torch.
+from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_HOST_FRACTION, DEFAULT_PAGER_THREADS,
+                             DEFAULT_PREFETCH_DEPTH, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN)
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 from strata.units import GIB, KIB, MIB, TIB, format_bytes, itemsize, round_up
@@ -73,10 +75,6 @@ class BudgetError(StrataError, ValueError):
     """A memory budget Strata cannot work with; the message says why and what would do."""
 
 
-#: Share of available memory the CPU device tier takes by default.
-DEFAULT_CPU_DEVICE_FRACTION = 0.25
-#: Share of available memory the host tier takes by default when the device cannot hold every expert.
-DEFAULT_HOST_FRACTION = 0.25
 #: CUDA memory left free by the default device budget, for activations and the allocator's cache.
 CUDA_HEADROOM_FRACTION = 0.05
 CUDA_HEADROOM_MIN = GIB
@@ -269,13 +267,11 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return machine_memory()
 
 
-#: Prefetch depth when none is asked for, per device type. On the CPU the router look-ahead runs
+# DEFAULT_PREFETCH_DEPTH (strata.defaults), when none is asked for, per device type. On the CPU the router look-ahead runs
 #: on the compute thread (a router pass per layer and step, and the loader's work under the GIL),
 #: which cost more than the overlap gained in every measurement here (README, "Tiered expert
 #: memory": 2-core machine, uniform and trace-calibrated routing): misses load on demand there
 #: unless a depth is asked for. On CUDA the look-ahead overlaps the GPU's work.
-DEFAULT_PREFETCH_DEPTH = {"cpu": 0, "cuda": 2}
-
 
 def default_slot_form(device: torch.device, fits_dequantized: bool) -> str:
     """The slot form used when none is asked for (see the module docstring)."""

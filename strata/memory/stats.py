@@ -37,7 +37,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from strata.units import format_bytes
 
 #: Integer counters, one [L] array each (L = expert layers).
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
@@ -101,30 +100,6 @@ class MemoryStats:
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.totals(), "per_layer": self.per_layer()}
 
-    def format(self, per_layer: bool = True) -> str:
-        """A few lines for a terminal: totals, then one line per layer."""
-        t = self.totals()
-        lines = [
-            f"expert memory: {t['requests']} expert requests: device hits {t['device_hits']} "
-            f"({100 * t['device_hit_rate']:.1f}%), late prefetches {t['device_late']}, misses "
-            f"{t['device_misses']} (host hits {t['host_hits']}, disk reads {t['disk_reads']}); "
-            f"placed at start-up {t['startup_loads']}",
-            f"  bytes: disk -> host {format_bytes(t['bytes_disk'])}, host -> device "
-            f"{format_bytes(t['bytes_to_device'])}; evictions {t['evictions']}",
-            f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s"
-            + (f"; computed on the CPU {t['cpu_computed']} ({t['cpu_s']:.3f} s)" if t["cpu_computed"] else ""),
-            f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
-            f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "
-            f"{_pct(t['precision'])}, recall {_pct(t['recall'])}",
-        ]
-        if per_layer:
-            lines.append("  layer  requests  dev.hit  late  miss  host.hit  disk  wait_s  precision  recall")
-            for r in self.per_layer():
-                lines.append(f"  {r['layer']:>5}  {r['requests']:>8}  {r['device_hits']:>7}  {r['device_late']:>4}  "
-                             f"{r['device_misses']:>4}  {r['host_hits']:>8}  {r['disk_reads']:>4}  "
-                             f"{r['wait_s']:>6.3f}  {_pct(r['precision']):>9}  {_pct(r['recall']):>6}")
-        return "\n".join(lines)
-
 
 def _rates(c: dict[str, Any]) -> dict[str, float | None]:
     def ratio(a: float, b: float) -> float | None:
@@ -133,10 +108,6 @@ def _rates(c: dict[str, Any]) -> dict[str, float | None]:
     return {"device_hit_rate": ratio(c["device_hits"], c["requests"]) or 0.0,
             "precision": ratio(c["predicted_correct"], c["predicted"]),
             "recall": ratio(c["predicted_correct"], c["actual"])}
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 __all__ = ["COUNTERS", "MemoryStats", "TIMERS"]

@@ -75,6 +75,7 @@ class RuntimePlan:
     decode_why: str
     prefill_why: str
     hybrid_why: str
+    memory: str = "none"  # the expert memory that runs (MemoryCaps.kind: "direct", "paged", "tiered", ...)
 
     def describe(self) -> str:
         return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}"
@@ -92,7 +93,7 @@ def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
                             if target.compute == "packed" else (FLOAT, f"float compute on {target.device}"))
     hybrid, hybrid_why = hybrid_row(target, memory)
     decode, decode_why = _decode_row(target, memory, arch)
-    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why)
+    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why, memory.kind)
 
 
 def hybrid_row(target: Target, memory: MemoryCaps) -> tuple[bool, str]:

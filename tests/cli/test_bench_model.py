@@ -40,7 +40,7 @@ def test_bench_model_table_and_direct_memory(cli, qwen3):
                          "1", "--memory", "direct")
     assert code == 0, err
     assert "pp8" in out and "tg3" in out and "roofline: compute-bound" in out and "tiers" not in out
-    assert "device hit rate" not in out  # the direct memory has no tiers
+    assert "hit rate" not in out  # the direct memory has no tiers
 
 
 def test_bench_arguments_are_checked(cli, qwen3):
@@ -77,7 +77,8 @@ def test_bench_ladder_runs_every_step_on_the_same_model(cli, qwen3):
     assert [x["batch"] for x in r["rows"]] == [1, 2, 2, 2, 2]
     assert r["rows"][0]["ratio"] == 1.0 and all(x["tok_s"] > 0 for x in r["rows"])
     assert [x["tokens"] for x in r["rows"]] == [3, 6, 6, 6, 6]
-    memories = [x["memory"] for x in r["rows"]]
+    assert [x["memory"] for x in r["rows"]][:2] == ["direct", "direct"]  # the runtime plan's names
+    memories = [x["memory_detail"] for x in r["rows"]]
     assert memories[0] == memories[1] == "DirectExpertMemory"
     with open_model(qwen3.gguf(None)) as mf:
         k, e = mf.hparams.n_experts_used, mf.hparams.n_experts

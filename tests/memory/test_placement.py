@@ -72,7 +72,7 @@ def test_inspect_placement_text_and_json(seeded, capsys):
     assert main(["inspect", str(path), "--placement", "--host-mem", str(host), "--ctx", "64"]) == 0
     text = capsys.readouterr().out
     assert "placement on cpu" in text and "expected share of expert reads (routing statistics)" in text
-    assert "layer 0: device [0, 1, 2" in text
+    assert "layer 0: RAM [0, 1, 2" in text
     # what runs each step as `strata generate` loads it (the CPU's default memory keeps experts in place)
     assert got["runtime"]["decode"]["runner"] == "program" and got["runtime"]["prefill"]["runner"] == "packed per-call"
     assert "runtime: decode: program; prefill: packed per-call; hybrid: off — why: decode: every block fused" in text
