@@ -106,7 +106,7 @@ class TieredConfig:
         scratch at each use) or 'packed' (the CPU's native kernels read the packed slots: slot form
         packed, no float scratch, so a step may hold every slot of a layer at once).
     hybrid: compute missed experts that the host tier holds on the CPU (native kernels on the
-        host slots) when the measured costs say it is faster than copying them (`hybrid/split.py`).
+        host slots) when the measured costs say it is faster than copying them (`strata.runtime.hybrid`).
         For CUDA; on the CPU device it runs too (float compute only), for tests. Off by default:
         it pays only where the CPU is fast relative to PCIe and the misses carry few tokens
         (decode); once on, it measures its own rates, probing the CPU with one expert per format.
