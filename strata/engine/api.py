@@ -26,7 +26,8 @@ from strata.chat_template import ChatTemplate, ChatTemplateError
 from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import device_memory, paged_budget, resident_bytes
+from strata.memory.budget import paged_budget, resident_bytes
+from strata.memory.machine import device_memory
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredExpertMemory
 from strata.models import architecture, cache_dims

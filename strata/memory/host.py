@@ -50,8 +50,8 @@ from strata.units import format_bytes
 from . import alloc
 from .base import ExpertLayers
 from .parts import LayerParts
-from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget,
-                     machine_memory, slot_layout)
+from .budget import DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, slot_layout
+from .machine import machine_memory
 from .policy import READY, ExpertPolicy, PolicyConfig
 
 PAGE = mmap.PAGESIZE
