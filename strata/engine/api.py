@@ -28,7 +28,8 @@ from strata.defaults import DEFAULT_CTX  # KV-cache positions per sequence when 
 from strata.errors import ContextWarning, StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import device_memory, paged_budget, resident_bytes
+from strata.memory.budget import paged_budget, resident_bytes
+from strata.memory.machine import device_memory
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredExpertMemory
 from strata.models import architecture, cache_dims

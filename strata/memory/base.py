@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -49,6 +49,21 @@ def check_acquire(held: tuple[int, tuple[int, ...]] | None, layer: int, ids: tup
         raise ValueError(f"acquire of {list(ids)}: at most max_acquire={max_acquire} distinct experts at once")
 
 
+@dataclass(frozen=True)
+class HybridHost:
+    """What hybrid compute reads of a memory: its host tier (compact: experts read in place) and
+    expert layers, the statistics it counts CPU experts in (under `lock`), `on_device(layer,
+    expert)`: whether the expert is in or loading into a device slot, and `copies()`: (experts,
+    seconds) so far of demand loads that were host hits only, the copy rate's evidence."""
+
+    host: Any
+    layers: Any
+    stats: Any
+    lock: Any
+    on_device: Callable[[int, int], bool]
+    copies: Callable[[], tuple[int, float]]
+
+
 class ExpertMemory(ABC):
     """Where model code gets routed experts' weights from.
 
@@ -67,9 +82,9 @@ class ExpertMemory(ABC):
     prefetch_depth: int = 0
     #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).
     packed: bool = False
-    #: Hybrid compute (CUDA): None, or the memory's CPU side of missed experts; where set, routed
-    #: experts go through `hybrid_split` / `hybrid_release` / `hybrid_observe`.
-    hybrid: Any = None
+    #: Hybrid compute (CUDA): the memory keeps its host tier readable in place (`hybrid_host`), so
+    #: the runtime's CPU side may compute missed experts there (strata.runtime.hybrid).
+    hybrid: bool = False
     #: Whether `observe` / `served_fixed` count anything: a step computed from `fixed_packed`
     #: experts skips reporting its routing to a memory that says False.
     counts_routing: bool = True
@@ -131,18 +146,9 @@ class ExpertMemory(ABC):
         for i, layer in enumerate(layers):
             self.served_fixed(layer, expert_ids[i], int(n_used[i]))
 
-    def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> Any:
-        """Hybrid compute only (`hybrid` set): which of a chunk's experts (n_tokens assignments
-        each) the device computes and which the CPU computes from their host slots, the latter
-        pinned until `hybrid_release` (a `strata.memory.hybrid.HybridSplit`)."""
-        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
-
-    def hybrid_release(self, layer: int, split: Any) -> None:
-        """Unpin the CPU experts of `split` (hybrid compute only)."""
-        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
-
-    def hybrid_observe(self, layer: int, split: Any, seconds: float) -> None:
-        """The CPU share of `split` took `seconds`: what the next splits weigh (hybrid compute only)."""
+    def hybrid_host(self) -> HybridHost:
+        """Hybrid compute only (`hybrid` True): what a CPU side (strata.runtime.hybrid) reads of the
+        memory to compute missed experts from the host tier in place."""
         raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
 
     def memory_stats(self):
@@ -185,4 +191,4 @@ class ExpertLayers:
         return self.layers[li]
 
 
-__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "LayerError", "PackedExperts", "check_acquire"]
+__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "HybridHost", "LayerError", "PackedExperts", "check_acquire"]

@@ -1,11 +1,9 @@
 """Every default and check of the expert memory's budgets and prefetch settings, in one place:
-`TieredConfig`, the machine's memory (a cgroup limit included), parsing, the host slot layout, and
+`TieredConfig`, parsing, the host slot layout, and
 the plan that turns budgets into slot counts. Plain arithmetic; nothing is allocated here.
 
-Machine memory: MemTotal and MemAvailable of /proc/meminfo, lowered to the memory cgroup's limit
-(and the limit less the cgroup's usage, reclaimable page cache not counted) when the process runs
-under one (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest on the path from the
-process's cgroup up): under a container limit the machine's RAM is not the process's to take.
+The machine's memory (a cgroup limit included) is measured in one place, `machine.py`; the
+budgets here take what it reports.
 
 Device budget (`device_mem`): every byte the model may use on the compute device (VRAM on CUDA,
 RAM on the CPU device): resident weights and KV cache (`reserved`), the expert slot pool, and
@@ -49,10 +47,8 @@ This module must not allocate, open model files for reading bytes, or touch a de
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +65,7 @@ from strata.gguf import ModelFile
 from strata.units import GIB, KIB, MIB, TIB, format_bytes, itemsize, round_up
 
 from .device import ExpertGeometry, check_form, largest_slabs
+from .machine import device_memory, machine_memory
 
 
 class BudgetError(StrataError, ValueError):
@@ -102,7 +99,7 @@ class TieredConfig:
         scratch at each use) or 'packed' (the CPU's native kernels read the packed slots: slot form
         packed, no float scratch, so a step may hold every slot of a layer at once).
     hybrid: compute missed experts that the host tier holds on the CPU (native kernels on the
-        host slots) when the measured costs say it is faster than copying them (`hybrid/split.py`).
+        host slots) when the measured costs say it is faster than copying them (`strata.runtime.hybrid`).
         For CUDA; on the CPU device it runs too (float compute only), for tests. Off by default:
         it pays only where the CPU is fast relative to PCIe and the misses carry few tokens
         (decode); once on, it measures its own rates, probing the CPU with one expert per format.
@@ -148,93 +145,6 @@ class TieredConfig:
         return 0 if holds_all else DEFAULT_PREFETCH_DEPTH.get(device.type, 1)
 
 
-# ---- the machine's memory ------------------------------------------------------------------------
-
-#: Where the machine's memory is read; tests point these at fake files.
-MEMINFO = "/proc/meminfo"
-PROC_CGROUP = "/proc/self/cgroup"
-CGROUP_ROOT = "/sys/fs/cgroup"
-_UNLIMITED = 1 << 60  # v1 reports "no limit" as a huge page-rounded number
-
-
-def machine_memory() -> tuple[int, int]:
-    """(total, available) bytes this process may use: MemTotal and MemAvailable, each no more than
-    the memory cgroup's limit and its headroom when the process runs under one."""
-    fields = {}
-    try:
-        with open(MEMINFO) as f:
-            for line in f:
-                key, value = line.split(":", 1)
-                fields[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    available = fields.get("MemAvailable", total)
-    limit = cgroup_memory()
-    if limit is not None:
-        total, available = min(total, limit[0]), min(available, limit[1])
-    return total, available
-
-
-def cgroup_memory() -> tuple[int, int] | None:
-    """(limit, limit - usage + inactive page cache) of the tightest memory cgroup limit on the
-    path from this process's cgroup up to its hierarchy's root (v2 and v1); None when none is set."""
-    best = None
-    for mount, rel, (limit_file, usage_file, inactive_key) in _cgroup_dirs():
-        directory = mount / rel
-        while True:
-            limit = _read_int(directory / limit_file)
-            if limit is not None and limit < _UNLIMITED and (best is None or limit < best[0]):
-                usage = _read_int(directory / usage_file) or 0
-                best = (limit, max(0, limit - usage + _stat(directory / "memory.stat", inactive_key)))
-            if directory == mount or mount not in directory.parents:
-                break
-            directory = directory.parent
-    return best
-
-
-def _cgroup_dirs() -> list[tuple[Path, str, tuple[str, str, str]]]:
-    """(hierarchy mount, the process's cgroup path in it, names of its limit file, usage file and
-    inactive page cache key) for the v2 hierarchy and for a v1 `memory` controller."""
-    out = []
-    try:
-        lines = Path(PROC_CGROUP).read_text().splitlines()
-    except OSError:
-        return out
-    root = Path(CGROUP_ROOT)
-    for line in lines:  # "hierarchy-id:controllers:path"
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.strip().lstrip("/")
-        if controllers == "":
-            out.append((root, rel, ("memory.max", "memory.current", "inactive_file")))
-        elif "memory" in controllers.split(","):
-            out.append((root / "memory", rel, ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                               "total_inactive_file")))
-    return out
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # v2 writes "max" for no limit
-
-
-def _stat(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key and value.strip().isdigit():
-                return int(value)
-    except OSError:
-        pass
-    return 0
-
-
 _UNITS = {"": 1, "k": KIB, "m": MIB, "g": GIB, "t": TIB}
 _SIZE = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?|[-+]?\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -259,19 +169,11 @@ def parse_bytes(value: Any, what: str) -> int | None:
     return n
 
 
-def device_memory(device: torch.device) -> tuple[int, int]:
-    """(total, free) bytes of the compute device: the GPU's, or this machine's RAM."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return int(total), int(free)
-    return machine_memory()
-
-
-# DEFAULT_PREFETCH_DEPTH (strata.defaults), when none is asked for, per device type. On the CPU the router look-ahead runs
-#: on the compute thread (a router pass per layer and step, and the loader's work under the GIL),
-#: which cost more than the overlap gained in every measurement here (README, "Tiered expert
-#: memory": 2-core machine, uniform and trace-calibrated routing): misses load on demand there
-#: unless a depth is asked for. On CUDA the look-ahead overlaps the GPU's work.
+# DEFAULT_PREFETCH_DEPTH (strata.defaults), when none is asked for, per device type. On the CPU
+# the router look-ahead runs on the compute thread (a router pass per layer and step, and the loader's work under the GIL),
+# which cost more than the overlap gained in every measurement here (README, "Tiered expert
+# memory": 2-core machine, uniform and trace-calibrated routing): misses load on demand there
+# unless a depth is asked for. On CUDA the look-ahead overlaps the GPU's work.
 
 def default_slot_form(device: torch.device, fits_dequantized: bool) -> str:
     """The slot form used when none is asked for (see the module docstring)."""
@@ -454,6 +356,6 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
 
 __all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
            "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
-           "cgroup_memory", "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
-           "device_memory", "host_budget_for_slots", "machine_memory", "make_plan", "paged_budget", "parse_bytes",
+           "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
+           "host_budget_for_slots", "make_plan", "paged_budget", "parse_bytes",
            "resident_bytes", "slot_layout"]

@@ -20,7 +20,7 @@ than round_up(nbytes, A) + A; the slab then starts `data_offset` bytes into its 
 `compact=True` each finished read is moved to the start of its region (one memmove of the slab,
 before the slot turns READY), so every part p of every slot starts at s * slot_bytes +
 part_offset[p]: the pool is then one strided region per part that the native MoE kernels read in
-place (the hybrid CPU compute of `hybrid/split.py`).
+place (the hybrid CPU compute of `strata/runtime/hybrid/split.py`).
 
 Placement. Which expert occupies which slot is ExpertPolicy's decision (strata.memory.policy):
 per-layer slot budgets, decayed use counts and hints; a LOADING or pinned slot is never a victim.
@@ -50,8 +50,8 @@ from strata.units import format_bytes
 from . import alloc
 from .base import ExpertLayers
 from .parts import LayerParts
-from .budget import (DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget,
-                     machine_memory, slot_layout)
+from .budget import DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, slot_layout
+from .machine import machine_memory
 from .policy import READY, ExpertPolicy, PolicyConfig
 
 PAGE = mmap.PAGESIZE

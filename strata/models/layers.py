@@ -63,17 +63,19 @@ class SharedExpert(nn.Module):
     """An always-on expert added to the routed ones, scaled per token by sigmoid(gate_inp . x)
     when the model has that gate (Qwen2-MoE), else added as is."""
 
-    def __init__(self, ffn: FeedForward, gate_inp: torch.Tensor | None):
+    def __init__(self, ffn: FeedForward, gate_inp: torch.Tensor | None, compute=None):
         super().__init__()
         self.ffn, self.gate_inp = ffn, gate_inp  # gate_inp [D]
-        self.packed = None  # packed compute: (MoeParts holding the expert, PackedCompute); see set_packed
+        # packed compute (`compute`, a PackedCompute) with three packed matrices: (MoeParts holding
+        # the expert, PackedCompute, gate), the expert run as a one-expert fused MoE call
+        self.packed = None
+        if compute is not None and all(isinstance(m, PackedMatrix) for m in (ffn.gate, ffn.up, ffn.down)):
+            self._pack(compute)
 
-    def set_packed(self, compute) -> bool:
-        """Packed compute: run the expert as a one-expert fused MoE call (the decode program's own
-        form, so every path gives the same bytes) when its three matrices are packed."""
+    def _pack(self, compute) -> None:
+        """Run the expert as a one-expert fused MoE call (the decode program's own form, so every
+        path gives the same bytes)."""
         mats = (self.ffn.gate, self.ffn.up, self.ffn.down)
-        if not all(isinstance(m, PackedMatrix) for m in mats):
-            return False
         parts = native.MoeParts(*(native.MoePart(m._data_t, m.type, *m.shape) for m in mats))
         T = compute.max_tokens
         compute.reserve(native.moe_scratch_bytes(parts, T, T))
@@ -81,7 +83,6 @@ class SharedExpert(nn.Module):
         self.packed = (parts, compute, gate)
         self._bufs = (torch.zeros(1, dtype=torch.int32), torch.empty(2, dtype=torch.int64),
                       torch.arange(T, dtype=torch.int32), torch.empty(T, dtype=torch.float32))
-        return True
 
     def add_packed(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [T, D] float32 += this expert of x [T, D] float32 (contiguous), weighted per token."""

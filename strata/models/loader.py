@@ -203,9 +203,7 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory,
         ffn = FeedForward(w.matrix(MT.FFN_GATE_SHEXP, i, (Is, D)), w.matrix(MT.FFN_UP_SHEXP, i, (Is, D)),
                           w.matrix(MT.FFN_DOWN_SHEXP, i, (D, Is)))
         gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
-        shared = SharedExpert(ffn, gate)
-        if w.compute is not None:
-            shared.set_packed(w.compute)
+        shared = SharedExpert(ffn, gate, w.compute)
     if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
@@ -246,32 +244,39 @@ def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope
     return [swa if hp.is_swa(i) else full for i in range(hp.n_layers)]
 
 
-def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None,
-           hybrid=None) -> Block:
-    D = hp.n_embd
+def _ffn(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory | None,
+         hybrid=None) -> tuple[RMSNorm, MoE | FeedForward | SharedExpert]:
+    """Block i's FFN norm and FFN (routed experts, or a dense FFN)."""
     has_experts = i in w.mf.expert_layers
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
     ffn = _moe(w, arch, hp, i, memory, hybrid) if has_experts else _dense(w, hp, i)
     if not has_experts and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
-        dense = SharedExpert(ffn, None)
-        ffn = dense if dense.set_packed(w.compute) else ffn
+        dense = SharedExpert(ffn, None, w.compute)
+        ffn = dense if dense.packed is not None else ffn
     ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
-    return Block(w.norm(MT.ATTN_NORM, i, (D,)), _attention(w, arch, hp, i, rope), w.norm(ffn_norm, i, (D,)), ffn)
+    return w.norm(ffn_norm, i, (hp.n_embd,)), ffn
 
 
-def _add_lookahead(model: Transformer, memory: ExpertMemory, depth: int) -> None:
-    """Block i announces the experts of the next `depth` MoE layers after it (routers i+1..),
-    and the embeddings those of the first `depth` MoE layers."""
-    moe = [(i, b) for i, b in enumerate(model.blocks) if isinstance(b.ffn, MoE)]
+def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None,
+           hybrid=None, ffn: tuple | None = None, lookahead: Lookahead | None = None) -> Block:
+    """Block i; `ffn`: its (FFN norm, FFN) when already built (`_ffn`)."""
+    norm, ffn = ffn or _ffn(w, arch, hp, i, memory, hybrid)
+    return Block(w.norm(MT.ATTN_NORM, i, (hp.n_embd,)), _attention(w, arch, hp, i, rope), norm, ffn, lookahead)
 
-    def lookahead(after: int) -> Lookahead | None:
-        targets = [(j, b.ffn_norm, b.ffn.router) for j, b in moe if j > after][:depth]
+
+def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.Module]]) -> list[Lookahead | None]:
+    """The look-ahead of the embeddings (first) and of each block after its attention half: the
+    experts of the next `memory.prefetch_depth` MoE layers (their routers); all None when the
+    memory takes no announcements."""
+    depth = 0 if memory is None else memory.prefetch_depth
+    moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if isinstance(ffn, MoE)]
+
+    def after(i: int) -> Lookahead | None:
+        targets = [t for t in moe if t[0] > i][:depth]
         return Lookahead(memory, targets) if targets else None
 
-    model.lookahead = lookahead(-1)
-    for i, block in enumerate(model.blocks):
-        block.lookahead = lookahead(i)
+    return [after(i) for i in range(-1, len(ffns))]
 
 
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
@@ -310,11 +315,11 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     V, D = hp.vocab_size, hp.n_embd
     embedding = w.matrix(MT.TOKEN_EMBD, None, (V, D))
     output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
-    blocks = [_block(w, arch, hp, i, ropes[i], memory, hybrid) for i in range(hp.n_layers)]
-    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], compute=packed)
-    if memory is not None and memory.prefetch_depth > 0:
-        _add_lookahead(model, memory, memory.prefetch_depth)
-    return model
+    ffns = [_ffn(w, arch, hp, i, memory, hybrid) for i in range(hp.n_layers)]  # (ffn norm, ffn) of each block
+    hooks = _lookaheads(memory, ffns)  # the embeddings', then each block's
+    blocks = [_block(w, arch, hp, i, ropes[i], memory, ffn=ffns[i], lookahead=hooks[i + 1]) for i in range(hp.n_layers)]
+    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], compute=packed,
+                       lookahead=hooks[0])
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "check_types", "layer_ropes", "load_model", "rope_factors"]

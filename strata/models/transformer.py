@@ -37,10 +37,11 @@ class StepTimes:
 
 
 class Block(nn.Module):
-    def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward):
+    def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward,
+                 lookahead: Lookahead | None = None):
         super().__init__()
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn
-        self.lookahead: Lookahead | None = None  # set by the loader when the expert memory prefetches
+        self.lookahead = lookahead  # announces the next MoE layers' experts when the expert memory prefetches
         self.clock = [0.0]  # time in attention since the last reset (a list: see RoutedExperts._seconds)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
@@ -58,10 +59,10 @@ class Transformer(nn.Module):
     A runner (`strata.runtime`) may pass `layers`, a faster form of the blocks' loop, to `forward`."""
 
     def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope,
-                 compute=None):
+                 compute=None, lookahead: Lookahead | None = None):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
-        self.lookahead: Lookahead | None = None  # announces the first MoE layers' experts from the embeddings
+        self.lookahead = lookahead  # announces the first MoE layers' experts from the embeddings
         self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
         self._total_s, self._tokens = 0.0, 0
 

@@ -50,7 +50,7 @@ class MemoryCaps:
             return MemoryCaps("none")
         kind = type(memory).__name__.removesuffix("ExpertMemory").lower() or "custom"
         fixed = memory.packed and all(memory.fixed_packed(layer) is not None for layer in layers)
-        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, memory.hybrid is not None)
+        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid))
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,12 @@ def test_nothing_selects_a_path_by_attributes_on_a_built_model():
     """The models package builds maths only: no fused step, program or hybrid side is attached."""
     import inspect
 
+    import re
+
     from strata.models import loader, transformer
     src = inspect.getsource(loader) + inspect.getsource(transformer)
-    for attr in (".fused =", ".program =", ".hybrid =", ".native = True", "__func__"):
+    for attr in (".fused =", ".program =", ".hybrid =", ".native = True", "__func__", "set_packed("):
         assert attr not in src, attr
+    # look-ahead hooks are given to Block and Transformer when they are made, never set afterwards
+    assert not re.search(r"\b(model|block|module|b)\.\w+ = ", inspect.getsource(loader))
     assert runtime.Runner.with_decode  # tests compare runners through the runtime's own seam

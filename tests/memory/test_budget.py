@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from strata.gguf import open_model
-from strata.memory import budget
-from strata.memory.budget import (DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_MARGIN, TieredConfig, cgroup_memory,
-                                  machine_memory, make_plan)
+from strata.memory import budget, machine
+from strata.memory.budget import DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_MARGIN, TieredConfig, make_plan
+from strata.memory.machine import cgroup_memory, machine_memory
 from strata.memory.device import expert_geometry
 from strata.memory.host import HostTier
 from strata.memory.policy import PolicyConfig
@@ -22,7 +22,7 @@ GIB, MIB = 1 << 30, 1 << 20
 
 def _fake_machine(tmp_path: Path, monkeypatch, cgroup_lines: str, files: dict[str, str],
                   total: int = 64 * GIB, available: int = 48 * GIB) -> None:
-    """Point `budget` at a fake /proc/meminfo, /proc/self/cgroup and cgroup tree under tmp_path."""
+    """Point `machine` at a fake /proc/meminfo, /proc/self/cgroup and cgroup tree under tmp_path."""
     (tmp_path / "meminfo").write_text(f"MemTotal: {total // 1024} kB\nMemFree: 1 kB\n"
                                       f"MemAvailable: {available // 1024} kB\n")
     (tmp_path / "cgroup").write_text(cgroup_lines)
@@ -30,9 +30,9 @@ def _fake_machine(tmp_path: Path, monkeypatch, cgroup_lines: str, files: dict[st
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
-    monkeypatch.setattr(budget, "MEMINFO", str(tmp_path / "meminfo"))
-    monkeypatch.setattr(budget, "PROC_CGROUP", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(budget, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(machine, "MEMINFO", str(tmp_path / "meminfo"))
+    monkeypatch.setattr(machine, "PROC_CGROUP", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(machine, "CGROUP_ROOT", str(root))
 
 
 def test_without_a_cgroup_limit_the_machine_is_meminfo(tmp_path, monkeypatch):

@@ -16,8 +16,8 @@ device indexes slots, so it has no device copy). Every buffer is allocated in th
 the device slots and scratch (`device.py`), the host pool (`host.py`); decoding only changes
 which expert each slot holds (`alloc.ALLOCATIONS` counts every buffer, for the tests).
 
-Hybrid (`TieredConfig.hybrid`): `hybrid_split` hands a chunk's missed experts that the host
-tier holds to the CPU where the measured costs say so (`strata.memory.hybrid`); the rest are
+Hybrid (`TieredConfig.hybrid`): the host tier runs compact and `hybrid_host` lets the runtime's
+CPU side (`strata.runtime.hybrid`) compute missed experts it holds in place; the rest are
 acquired as above. This file is the acquire path. Loads, their lock and the prefetch loader are
 `loads.py`'s (`SlotLoads`, which the memory owns as `loads`), start-up placement
 `strata.memory.startup`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
@@ -36,11 +36,10 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from ..base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
+from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, PackedExperts, check_acquire
 from ..budget import Plan, TieredConfig, make_plan
 from ..device import DeviceSlots, expert_geometry
 from ..host import HostLoad, HostTier
-from ..hybrid import HybridExec, HybridSplit
 from .loads import COMPUTE, QUEUED, SlotLoads
 from ..parts import LayerParts
 from ..placement import estimate, warn_if_slow
@@ -92,7 +91,8 @@ class TieredExpertMemory(ExpertMemory):
         self.placement = estimate(model_file, self.plan.slots_per_layer, self.host.slots_per_layer)
         warn_if_slow(model_file, self.placement)  # once, at start: most experts would come from the disk
         self.stats = MemoryStats(self.layers.layers, E)
-        self.hybrid = HybridExec(model_file, self.host, self.layers, self.stats) if self.config.hybrid else None
+        self.hybrid = self.config.hybrid
+        self._host_copies = [0, 0.0]  # hybrid: demand-loaded experts that were host hits only, their seconds
         self.predictors: list[Predictor] = []
         if self.config.cooccurrence and self.prefetch_depth > 0 and L > 1:
             self.predictors.append(Cooccurrence(CooccurrencePredictor(L, E, self.top_k, max_batch=64),
@@ -103,7 +103,7 @@ class TieredExpertMemory(ExpertMemory):
         # Settled: the device has a slot for every expert and no loader thread or hybrid split moves
         # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
         # policy's use counts are never read (the common in-RAM case on the CPU).
-        self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.config.hybrid)
+        self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.hybrid)
         self.packed = self.config.compute == "packed"
         self._parts = LayerParts(lambda layer: self.slots.layer_parts(model_file.expert_slabs(layer, 0)))
         try:
@@ -155,7 +155,7 @@ class TieredExpertMemory(ExpertMemory):
         step that needs it acquires it (which may evict another). A step that finds all of a layer's
         experts in the row reports them with `served_fixed`, which counts them as `acquire`'s hits
         would (the eviction policy's use counts included): evictions stay exactly those of acquire."""
-        if not (self.packed and self.prefetch_depth == 0 and self.loads.thread is None and self.hybrid is None):
+        if not (self.packed and self.prefetch_depth == 0 and self.loads.thread is None and not self.hybrid):
             return None
         li = self._layer(layer)
         return self._parts(layer), torch.from_numpy(self.policy.page_table[li])
@@ -167,27 +167,17 @@ class TieredExpertMemory(ExpertMemory):
             self.stats.device_hits[li] += n_used
             self.stats.requests[li] += n_used
 
-    def hybrid_split(self, layer: int, expert_ids: Sequence[int], n_tokens: Sequence[int]) -> HybridSplit:
-        """Hybrid only: split a chunk (with each expert's token count) into experts to acquire and
-        experts the CPU computes from their host slots, pinned there until `hybrid_release`."""
-        if self.hybrid is None:
+    def hybrid_host(self) -> HybridHost:
+        """Hybrid only: the compact host tier and what the CPU side reads of this memory."""
+        if not self.hybrid:
             raise StrataError(f"{self!r}: hybrid compute is off (TieredConfig.hybrid)")
-        li = self._layer(layer)
 
-        def on_device(e: int) -> bool:
+        def on_device(layer: int, e: int) -> bool:
             with self.loads.lock:
-                return self.policy.lookup(li, e) is not None
+                return self.policy.lookup(self._layer(layer), e) is not None
 
-        return self.hybrid.split(layer, expert_ids, n_tokens, on_device)
-
-    def hybrid_observe(self, layer: int, split: HybridSplit, seconds: float) -> None:
-        """The model computed the split's CPU experts in `seconds` (statistics and rates)."""
-        with self.loads.lock:
-            self.hybrid.observe_cpu(layer, split, seconds)
-
-    def hybrid_release(self, layer: int, split: HybridSplit) -> None:
-        """Unpin the split's CPU experts in the host tier (their computation is finished)."""
-        self.hybrid.release(layer, split)
+        return HybridHost(self.host, self.layers, self.stats, self.loads.lock, on_device,
+                          lambda: (self._host_copies[0], self._host_copies[1]))
 
     def _acquire_slots(self, layer: int, expert_ids: Sequence[int]) -> tuple[int, tuple[int, ...], list[int]]:
         """Pin a device slot holding each expert (loading what is missing); (li, ids, slots)."""
@@ -219,9 +209,10 @@ class TieredExpertMemory(ExpertMemory):
             self._load(layer, li, demand)
             self._wait(li, late)
             self._wait_copies(slots)
-            if self.hybrid is not None and demand and not late and self._disk_reads(li) == disk_reads:
+            if self.hybrid and demand and not late and self._disk_reads(li) == disk_reads:
                 # every demand load was a host hit: the time was the copies' (the hybrid's copy rate)
-                self.hybrid.observe_copy(len(demand) * self.hybrid.expert_bytes(layer), time.perf_counter() - t_load)
+                self._host_copies[0] += len(demand)
+                self._host_copies[1] += time.perf_counter() - t_load
         except BaseException:
             self._abort(li, [(e, s) for e, s in zip(ids, slots) if s is not None])
             raise

@@ -3,7 +3,7 @@ moving averages of the measured rates, and monotonicity properties on random lay
 import numpy as np
 import pytest
 
-from strata.memory.hybrid import COPY, CPU, ExpertMiss, HybridRates, plan_misses
+from strata.runtime.hybrid import COPY, CPU, ExpertMiss, HybridRates, plan_misses
 
 MB = 1_000_000
 

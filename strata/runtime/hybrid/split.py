@@ -1,26 +1,28 @@
-"""Hybrid execution, the memory's side: which experts of a chunk the CPU computes from host slots.
+"""Hybrid execution, the split: which experts of a chunk the CPU computes from host slots.
 
-    split = memory.hybrid_split(layer, expert_ids, n_tokens)   # device_ids, cpu_ids, cpu (pinned)
-    ... the model acquires split.device_ids as usual and, meanwhile, runs
+    ex = HybridExec(model_file, host, layers, stats, lock=lock)  # from memory.hybrid_host()
+    split = ex.split(layer, expert_ids, n_tokens, on_device)     # device_ids, cpu_ids, cpu (pinned)
+    ... compute.py acquires split.device_ids as usual and, meanwhile, runs
     native.moe_swiglu over split.cpu.parts (the host pool) at split.cpu.index (host slots) ...
-    memory.hybrid_observe(layer, split, seconds); memory.hybrid_release(layer, split)
+    ex.release(layer, split); ex.observe_cpu(layer, split, seconds)
 
 An expert of the chunk that is not in (or loading into) a device slot but is loaded in the host
 tier may be computed on the CPU with the native kernels instead of being copied: `split_chunk`
 asks `plan_misses` (plan.py) with the measured `HybridRates`. Rates are measured online: every
-CPU call (its tokens x packed bytes and seconds, reported by the model) and every demand copy
+CPU call (its tokens x packed bytes and seconds, reported by compute.py) and every demand copy
 whose experts were all host hits (packed bytes and seconds from queueing the copies to their
-completion, reported by the tiered memory). Until the CPU rate of a layer's format is known, one
+completion, counted by the tiered memory: `HybridHost.copies`). Until the CPU rate of a layer's format is known, one
 eligible expert (the one with the fewest tokens) goes to the CPU to measure it ("probe"); until
 the copy rate is known, plan_misses copies everything, which measures it.
 
-The CPU experts are pinned in the host tier from the split to `hybrid_release`, so the pager
+The CPU experts are pinned in the host tier from the split to `release`, so the pager
 cannot overwrite them while the kernels read them. The host tier runs compact (slabs at the start
 of their regions), so its pool is one strided region per part (`HostTier.layer_parts`).
-Must not: compute (the model does), or move bytes to the device (the tiered memory does).
+Must not: compute (compute.py does), or move bytes to the device (the tiered memory does).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -29,9 +31,10 @@ import numpy as np
 from strata import native
 from strata.gguf import ModelFile
 
-from ..base import ExpertLayers, PackedExperts
-from ..host import HostTier
-from ..stats import MemoryStats
+from strata.memory.base import ExpertLayers, PackedExperts
+from strata.memory.host import HostTier
+from strata.memory.stats import MemoryStats
+
 from .plan import ExpertMiss, HybridRates, plan_misses
 
 
@@ -39,7 +42,7 @@ from .plan import ExpertMiss, HybridRates, plan_misses
 class HybridSplit:
     """One chunk's split: `device_ids` go through acquire/release as usual; `cpu_ids` are
     computed on the CPU from `cpu` (the host pool's regions, `cpu.index[i]` the host slot of
-    `cpu_ids[i]`), pinned there until `hybrid_release`. `work` is the CPU share's tokens x packed
+    `cpu_ids[i]`), pinned there until `HybridExec.release`. `work` is the CPU share's tokens x packed
     bytes, `fmt` the layer's format key (the rate it is measured under)."""
 
     device_ids: list[int]
@@ -73,14 +76,14 @@ def split_chunk(expert_ids: Sequence[int], n_tokens: Sequence[int], *, on_device
 class HybridExec:
     """The hybrid state of one tiered memory: rates, the host pool's regions per layer, and the
     CPU experts pinned by the current split. Thread-safe as far as the host tier is; one split is
-    held at a time (as one acquire is)."""
+    held at a time (as one acquire is). `lock`: the memory's, held while the statistics change."""
 
     def __init__(self, model_file: ModelFile, host: HostTier, layers: ExpertLayers, stats: MemoryStats,
-                 rates: HybridRates | None = None, overlap: bool = True):
+                 rates: HybridRates | None = None, overlap: bool = True, lock=None):
         if not host.compact:
             raise ValueError("hybrid compute reads the host pool in place: the host tier must be compact")
         self.model_file, self.host, self.layers, self.stats = model_file, host, layers, stats
-        self.rates, self.overlap = rates or HybridRates(), overlap
+        self.rates, self.overlap, self.lock = rates or HybridRates(), overlap, lock or threading.Lock()
         self.learn = True  # fold measurements into `rates` (tests freeze chosen rates by clearing it)
         L = len(layers)
         self._format: list[tuple[str, int]] = [layer_format(model_file, layer) for layer in layers]
@@ -125,8 +128,9 @@ class HybridExec:
     def observe_cpu(self, layer: int, split: HybridSplit, seconds: float) -> None:
         """The model computed `split`'s CPU experts in `seconds`."""
         li = self.layers.index(layer)
-        self.stats.cpu_computed[li] += len(split.cpu_ids)
-        self.stats.cpu_s[li] += seconds
+        with self.lock:
+            self.stats.cpu_computed[li] += len(split.cpu_ids)
+            self.stats.cpu_s[li] += seconds
         if self.learn and split.cpu_ids:
             self.rates.observe_cpu(split.fmt, 1, split.work, seconds)
 

@@ -3,15 +3,15 @@
     hybrid = HybridCompute(memory, model_file, n_threads)       # pool, scratch, host buffers, once
     out = hybrid(memory, layer, x, weights, expert_ids)         # [T, D], what RoutedExperts returns
 
-Used when the memory computes misses on the CPU (`TieredConfig.hybrid`, `memory.hybrid`). Per
+Used when the memory offers its host tier to the CPU (`TieredConfig.hybrid`, `memory.hybrid`). Per
 window of at most `max_tokens` tokens: x is copied once into a host float32 buffer (pinned on
-CUDA); per chunk of experts, the memory splits them (`memory.hybrid_split`); the CPU experts run
+CUDA); per chunk of experts, the split (split.py) divides them; the CPU experts run
 in one native fused MoE call (`native.moe_swiglu` over the host tier's slots) on a worker thread
 while this thread acquires the device experts and queues their GEMMs as the float path does; then
 the CPU's float32 sum is copied to the device and added. Activations of the CPU share are rounded
 to 8-bit blocks by the kernels, so results differ from the device-only path by that rounding.
 Every buffer is made here, once; a step allocates none. Must not: decide which experts go to the
-CPU (the memory does), or read files (the file's regions are looked at only to size the scratch).
+CPU (plan.py and split.py do), or read files (the file's regions are looked at only to size the scratch).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from strata.memory.direct import file_parts
 from strata.models.moe import float_experts
 from strata.models.packed import DEFAULT_MAX_TOKENS  # tokens one window holds: host buffers and scratch are sized for it
 
+from .split import HybridExec, HybridSplit
+
 
 class HybridCompute:
     """The CPU side of hybrid compute, shared by a model's MoE layers (one step at a time)."""
@@ -45,6 +47,8 @@ class HybridCompute:
         self.scratch = alloc.empty((scratch,), torch.uint8, "cpu", "hybrid scratch")
         self.x_host = alloc.empty((max_tokens, D), torch.float32, "cpu", "hybrid x", pin=pin)  # [T, D]
         self.out_host = alloc.empty((max_tokens, D), torch.float32, "cpu", "hybrid out", pin=pin)  # [T, D]
+        self.side = memory.hybrid_host()  # the compact host tier and what the split reads of the memory
+        self.exec = HybridExec(model_file, self.side.host, self.side.layers, self.side.stats, lock=self.side.lock)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="strata-hybrid")
         weakref.finalize(self, self.worker.shutdown, False)
 
@@ -76,7 +80,8 @@ class HybridCompute:
         used_cpu = False
         for i in range(0, used.size, memory.max_acquire):
             j = slice(i, i + memory.max_acquire)
-            split = memory.hybrid_split(layer, used[j].tolist(), counts[j].tolist())
+            split = self.exec.split(layer, used[j].tolist(), counts[j].tolist(),
+                                    on_device=lambda e: self.side.on_device(layer, e))
             job = None
             try:
                 if split.cpu_ids:
@@ -88,13 +93,13 @@ class HybridCompute:
             finally:  # the host slots stay pinned until the kernels are done with them
                 if job is not None:
                     wait([job])
-                memory.hybrid_release(layer, split)
+                self.exec.release(layer, split)
             if job is not None:
-                memory.hybrid_observe(layer, split, job.result())
+                self.exec.observe_cpu(layer, split, job.result())
         if used_cpu:
             out.add_(out_host.to(out.device, out.dtype))
 
-    def _cpu(self, T: int, split, used: np.ndarray, starts: np.ndarray, counts: np.ndarray, token_ids: np.ndarray,
+    def _cpu(self, T: int, split: HybridSplit, used: np.ndarray, starts: np.ndarray, counts: np.ndarray, token_ids: np.ndarray,
              router_w: np.ndarray) -> float:
         """The CPU experts' assignments gathered (expert by expert) and run in one fused call;
         returns its seconds."""
@@ -109,14 +114,18 @@ class HybridCompute:
                           np.ascontiguousarray(router_w[picks]), self.scratch)
         return time.perf_counter() - t0
 
-    @staticmethod
-    def _device(memory, layer: int, device_ids: list[int], used: np.ndarray, starts: np.ndarray,
+    def _device(self, memory, layer: int, device_ids: list[int], used: np.ndarray, starts: np.ndarray,
                 counts: np.ndarray, x: torch.Tensor, out: torch.Tensor, order: torch.Tensor,
                 w_flat: torch.Tensor, K: int) -> None:
-        """The device experts, one GEMM each over their tokens (as RoutedExperts' float path)."""
+        """The device experts, one GEMM each over their tokens (as RoutedExperts' float path); the
+        time of copies the acquire made from host hits only is the copy rate's evidence."""
         pos = {int(e): k for k, e in enumerate(used)}
         spans = [(int(starts[pos[e]]), int(starts[pos[e]] + counts[pos[e]])) for e in device_ids]
+        n0, s0 = self.side.copies()
         float_experts(memory, layer, device_ids, spans, order, K, x, w_flat, out)
+        n1, s1 = self.side.copies()
+        if n1 > n0:
+            self.exec.observe_copy((n1 - n0) * self.exec.expert_bytes(layer), s1 - s0)
 
 
 __all__ = ["HybridCompute"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .test_hybrid_exec import check_hybrid_against_device_only
-from .test_tiered_cuda import _cuda_counters
-from .tiered_fixture import moe_file, prompt, tiered
+from tests.runtime.test_hybrid_exec import check_hybrid_against_device_only
+from tests.memory.test_tiered_cuda import _cuda_counters
+from tests.memory.tiered_fixture import moe_file, prompt, tiered
 
 import strata
-from strata.memory.hybrid import HybridRates
-from strata.memory.hybrid import layer_format
+from strata.runtime.hybrid import HybridRates
+from strata.runtime.hybrid import layer_format
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -36,7 +36,7 @@ def test_cuda_hybrid_decoding_allocates_nothing_after_start_up(path):
     # at depth 2 the loader reaches nearly every miss first (seen on an H200: no CPU computes)
     factory = tiered(path, "packed", 0, device="cuda", hybrid=True)
     with strata.load(path, device="cuda", n_ctx=256, memory=factory) as m:
-        ex = m.memory.hybrid
+        ex = m.runner.hybrid.exec
         assert m.memory.host.pinned and m.memory.host.compact
         ex.rates, ex.learn = HybridRates({layer_format(m.model_file, layer)[0]: 1e15 for layer in
                                           m.model_file.expert_layers}, copy_bytes_per_s=1e6), False
@@ -53,5 +53,5 @@ def test_cuda_hybrid_measures_its_rates(path):
     with strata.load(path, device="cuda", n_ctx=256, memory=tiered(path, "packed", 0, device="cuda",
                                                                      hybrid=True)) as m:
         m.generate(prompt(24), max_tokens=32, stop_token_ids=())
-        r, fmt = m.memory.hybrid.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
+        r, fmt = m.runner.hybrid.exec.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
         assert r.cpu_token_bytes_per_s[fmt] > 0 and r.copy_bytes_per_s > 0

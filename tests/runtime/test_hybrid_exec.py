@@ -6,6 +6,8 @@ really computed on the CPU, fewer bytes copied to the device, nothing allocated 
 model checks run on CUDA in test_hybrid_cuda.py."""
 from __future__ import annotations
 
+from contextlib import closing
+
 import numpy as np
 import pytest
 import torch
@@ -19,12 +21,12 @@ from strata.memory.base import ExpertLayers
 from strata.memory.budget import host_budget_for_slots
 from strata.memory.direct import file_parts
 from strata.memory.host import HostTier
-from strata.memory.hybrid import HybridRates
-from strata.memory.hybrid import HybridExec, layer_format, split_chunk
+from strata.runtime.hybrid import HybridRates
+from strata.runtime.hybrid import HybridExec, layer_format, split_chunk
 from strata.memory.stats import MemoryStats
 from strata.memory.tiered import TieredConfig
 
-from .tiered_fixture import moe_file, prompt, tiered
+from tests.memory.tiered_fixture import moe_file, prompt, tiered
 
 FMT = "Q4_K/Q4_K/Q4_K"
 NBYTES = 1 << 20
@@ -64,6 +66,22 @@ def test_an_unmeasured_cpu_rate_sends_one_probe_the_expert_with_fewest_tokens():
     assert split([4, 6], [1, 1], device={4, 6}, host={4, 6}) == ([4, 6], [])
     with pytest.raises(ValueError, match="2 experts but 1 token counts"):
         split([4, 6], [1])
+
+
+def test_the_memory_offers_its_host_tier_only_when_hybrid(path):
+    with open_model(path) as mf:
+        with closing(tiered(path, "packed", 0, hybrid=False)(mf, torch.device("cpu"), torch.float32, 2)) as mem:
+            assert not mem.hybrid
+            with pytest.raises(StrataError, match="hybrid compute is off"):
+                mem.hybrid_host()
+        with closing(tiered(path, "packed", 0, hybrid=True)(mf, torch.device("cpu"), torch.float32, 2)) as mem:
+            side = mem.hybrid_host()
+            assert mem.hybrid and side.host is mem.host and side.host.compact and side.copies() == (0, 0.0)
+            layer = mf.expert_layers[0]
+            missing = next(e for e in range(mf.hparams.n_experts) if not side.on_device(layer, e))
+            mem.acquire(layer, [missing])  # a demand load from the disk: not a copy's evidence
+            mem.release(layer, [missing])
+            assert side.on_device(layer, missing) and side.copies() == (0, 0.0)
 
 
 def test_hybrid_and_packed_compute_are_refused_together():
@@ -159,7 +177,7 @@ def run_hybrid(path, form, device, dtype, hybrid, prefetch_depth=0):
     factory = tiered(path, form, prefetch_depth, dtype=dtype, device=device, hybrid=hybrid)
     with strata.load(path, device=device, dtype=dtype, n_ctx=256, memory=factory) as m:
         if hybrid:
-            ex = m.memory.hybrid
+            ex = m.runner.hybrid.exec
             ex.rates, ex.learn = HybridRates({layer_format(m.model_file, layer)[0]: 1e15 for layer in
                                               m.model_file.expert_layers}, copy_bytes_per_s=1e6), False
         m.generate(prompt(24), max_tokens=16, stop_token_ids=())  # decode steps: misses and host hits
@@ -199,6 +217,6 @@ def test_hybrid_on_the_cpu_device_is_close_computes_on_the_cpu_and_copies_less(p
 def test_hybrid_measures_its_rates_and_probes_the_cpu_first(path):
     with strata.load(path, device="cpu", n_ctx=256, memory=tiered(path, "packed", 0, hybrid=True)) as m:
         m.generate(prompt(24), max_tokens=16, stop_token_ids=())
-        r, fmt = m.memory.hybrid.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
+        r, fmt = m.runner.hybrid.exec.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
         assert r.cpu_token_bytes_per_s[fmt] > 0 and r.copy_bytes_per_s > 0
         assert m.memory_stats().total("cpu_computed") >= 1
