@@ -115,7 +115,7 @@ def test_examples_run_on_the_demo_model(path: Path, demo_files: Path, tmp_path: 
     shutil.copytree(demo_files, tmp_path / "demo")
     env = _env(_shims(tmp_path))
     for block in parse_blocks(path):
-        if block.runs:
+        if block.runs and not ("curl " in block.text and shutil.which("curl") is None):
             _run_block(block, tmp_path, env)
 
 
