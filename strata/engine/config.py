@@ -145,13 +145,15 @@ class MemoryConfig:
     """How experts are held: the kind of expert memory and the options of that kind.
 
     kind: "tiered" (device slots, host tier, pager, prefetch: `TieredExpertMemory`; the default on
-    CUDA), "paged" (one pool of RAM slots the native kernels compute from: `PagedExpertMemory`; the
+    CUDA; with packed compute on the CPU its options are served by the paged memory: `backend`), "paged" (one pool of RAM slots the native kernels compute from: `PagedExpertMemory`; the
     default for packed compute on the CPU), "direct" (experts read from the mapped file at every
     use), or None (chosen at load from the compute mode; 'tiered' when an option only it has is given).
     Options by kind (another kind's option is refused, naming both):
       tiered: device_mem, host_mem (bytes or '512M', '8G'; device_mem covers resident weights and KV
               cache too), prefetch_depth (layers ahead, 0: off), slot_form ('dequantized' or
               'packed'), hybrid (CUDA: compute missed experts the host tier holds on the CPU);
+              with packed compute on the CPU: host_mem plus device_mem less the resident weights
+              and KV cache is the paged memory's budget, and prefetch_depth must be 0;
       paged:  host_mem (its one RAM tier's budget);
       direct: none.
     None means the machine's default (strata.memory.budget).
@@ -187,6 +189,25 @@ class MemoryConfig:
             return self
         return MemoryConfig.build("paged" if compute == "packed" else "tiered", **self.options())
 
+    def backend(self, compute: str) -> str:
+        """The kind of memory that serves this config: its kind, except that on the CPU with packed
+        compute (the only place packed compute runs) the tiered memory's two tiers would both be
+        RAM, so its options are served by the paged memory's one RAM tier (`paged_budget`)."""
+        return "paged" if self.kind == "tiered" and compute == "packed" else self.kind
+
+    def paged_budget(self, reserved: int) -> int | None:
+        """The paged memory's one RAM budget: host_mem, plus device_mem less `reserved` (the
+        resident weights and KV cache, which device_mem covers) when device_mem is given (on the
+        CPU it is RAM too); None: the machine's default."""
+        if self.device_mem is None:
+            return self.host_mem
+        left = self.device_mem - reserved
+        if left <= 0 and not self.host_mem:
+            raise OptionError("device_mem", f"device_mem={self.device_mem}: the resident weights and KV cache take "
+                                            f"{reserved} bytes of it, nothing is left for experts; give a larger "
+                                            f"device_mem or a host_mem")
+        return max(left, 0) + (self.host_mem or 0)
+
     def to_tiered(self, compute: str) -> TieredConfig:
         """The tiered memory's own config (it checks what depends on the compute mode)."""
         return TieredConfig(**{**self.options(), "hybrid": bool(self.hybrid)}, compute=compute)
@@ -199,6 +220,10 @@ def check_memory_compute(config: MemoryConfig, compute: str) -> None:
                                   f"not compute={compute!r}; use the tiered memory")
     if config.kind == "tiered":
         config.to_tiered(compute)
+    if config.kind == "tiered" and config.backend(compute) == "paged" and config.prefetch_depth:
+        raise OptionError("prefetch_depth", f"prefetch_depth={config.prefetch_depth}: with packed compute on the "
+                                            f"CPU the paged memory serves memory='tiered' and reads experts on "
+                                            f"demand, without prefetch; give 0 or leave it out")
 
 
 def memory_config(memory: MemoryConfig | str | None, options: Mapping[str, Any],

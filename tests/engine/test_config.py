@@ -36,14 +36,14 @@ def path():
     (MemoryConfig("paged", host_mem=GIB), {}, MemoryConfig("paged", host_mem=GIB)),
     ("paged", {"host_mem": "1G"}, MemoryConfig("paged", host_mem=GIB)),
     (None, {"host_mem": "1GiB"}, MemoryConfig("paged", host_mem=GIB)),  # packed compute: paged by default
-    (None, {"prefetch_depth": 1}, MemoryConfig("tiered", prefetch_depth=1)),  # a tiered-only option: tiered
+    (None, {"prefetch_depth": 0}, MemoryConfig("tiered", prefetch_depth=0)),  # a tiered-only option: tiered
     ("tiered", {"device_mem": "512M", "slot_form": "packed"}, MemoryConfig("tiered", device_mem=512 << 20,
                                                                            slot_form="packed")),
     (MemoryConfig(device_mem="2G"), {}, MemoryConfig("tiered", device_mem=2 * GIB)),
     ("direct", {}, MemoryConfig("direct")),
 ])
 def test_every_spelling_builds_the_same_config(memory, options, want):
-    assert _memory_config(memory, options, "packed") == want
+    assert _memory_config(memory, options, "packed")[0] == want
 
 
 def test_kind_is_chosen_by_the_compute_mode():
@@ -95,11 +95,33 @@ def test_memory_refusals_come_before_the_file_is_opened():
         strata.load("nowhere.gguf", memory=MemoryConfig(slot_form="dequantized"), compute="packed")
 
 
+def test_the_tiered_options_on_the_cpu_with_packed_compute_are_the_paged_memorys(path):
+    """There the tiered memory's two tiers would both be RAM: the paged memory serves it, its one
+    budget host_mem plus device_mem less the resident weights and KV cache; prefetch is refused."""
+    with strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem="64M") as paged, \
+            strata.load(path, threads=1, n_ctx=64, memory="tiered", host_mem="64M", slot_form="packed") as tiered:
+        assert type(tiered.memory).__name__ == "PagedExpertMemory" == type(paged.memory).__name__
+        assert tiered.memory.host.budget == paged.memory.host.budget
+        assert torch.equal(tiered.logits([1, 5, 9]), paged.logits([1, 5, 9]))
+    config = MemoryConfig("tiered", device_mem="96M", host_mem="32M")
+    assert config.backend("packed") == "paged" and config.backend("float") == "tiered"
+    assert config.paged_budget(reserved=16 << 20) == 112 << 20
+    assert MemoryConfig("tiered", device_mem="96M").paged_budget(reserved=16 << 20) == 80 << 20
+    with pytest.raises(StrataArgumentError, match=r"^device_mem=1048576: the resident weights and KV cache take "
+                                                  r"2097152 bytes of it, nothing is left for experts"):
+        MemoryConfig(device_mem="1M").paged_budget(reserved=2 << 20)
+    with pytest.raises(StrataArgumentError, match=r"^prefetch_depth=1: with packed compute on the CPU the paged "
+                                                  r"memory serves memory='tiered' and reads experts on demand"):
+        strata.load("nowhere.gguf", memory="tiered", prefetch_depth=1)
+    # float compute keeps the tiered memory and its prefetch
+    assert _memory_config("tiered", {"prefetch_depth": 1}, "float")[0].to_tiered("float").prefetch_depth == 1
+
+
 @pytest.mark.parametrize("spellings", [
     [dict(memory=MemoryConfig("paged", host_mem="64M")), dict(memory="paged", host_mem=64 << 20),
      dict(host_mem="64M")],
-    [dict(memory=MemoryConfig("tiered", prefetch_depth=1, slot_form="packed")),
-     dict(memory="tiered", prefetch_depth=1, slot_form="packed"), dict(prefetch_depth=1, slot_form="packed")],
+    [dict(memory=MemoryConfig("tiered", prefetch_depth=0, slot_form="packed")),
+     dict(memory="tiered", prefetch_depth=0, slot_form="packed"), dict(prefetch_depth=0, slot_form="packed")],
 ])
 def test_every_spelling_loads_the_same_memory_and_logits(path, spellings):
     ids = [1, 5, 9, 13, 2, 7]

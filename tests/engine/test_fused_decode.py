@@ -87,6 +87,7 @@ def test_fused_decode_under_tiered_memory_equals_direct(tiny):
     prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="tiered") as tiered:
+        assert tiered.plan.memory == "paged"  # on the CPU the paged memory serves memory='tiered'
         assert all(s is not None for s in tiered.runner.steps)
         for a, b in zip(_decode_logits(direct, prompts, "fused"), _decode_logits(tiered, prompts, "fused")):
             assert torch.equal(a, b)
@@ -94,11 +95,18 @@ def test_fused_decode_under_tiered_memory_equals_direct(tiny):
 
 def test_program_under_settled_tiered_memory_equals_direct(tiny):
     """A settled pool fills on demand: the program hands the layers with experts not yet loaded
-    to the memory (which loads them) and runs the rest itself; hits are counted either way."""
+    to the memory (which loads them) and runs the rest itself; hits are counted either way. (load
+    serves memory='tiered' on the CPU with the paged memory; a factory still builds this one.)"""
+    from strata.memory.tiered import TieredConfig, TieredExpertMemory
+
+    def settled_tiered(mf, dev, dt, n_threads):
+        return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads,
+                                  config=TieredConfig(prefetch_depth=0, compute="packed"))
+
     path = tiny.gguf(None)
     prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
-            strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0) as settled:
+            strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory=settled_tiered) as settled:
         assert settled.memory._settled
         _has_program(tiny, settled)
         for a, b in zip(_decode_logits(direct, prompts, "per_call"), _decode_logits(settled, prompts)):

@@ -75,7 +75,8 @@ def test_inspect_placement_text_and_json(seeded, capsys):
     assert "layer 0: device [0, 1, 2" in text
     # what runs each step as `strata generate` loads it (the CPU's default memory keeps experts in place)
     assert got["runtime"]["decode"]["runner"] == "program" and got["runtime"]["prefill"]["runner"] == "packed per-call"
-    assert "runtime: decode: program; prefill: packed per-call; hybrid: off — why: decode: every block fused" in text
+    assert "runtime: decode: program; prefill: packed per-call; hybrid: off; memory: paged — why: decode: every " \
+           "block fused" in text
 
 
 def _tight(path, n_ctx: int) -> tuple[int, int]:
