@@ -117,6 +117,27 @@ def test_program_under_settled_tiered_memory_equals_direct(tiny):
         assert times.attention_s > 0 and times.experts_s > 0
 
 
+def _evicting_tiered(path, n_ctx: int, max_batch: int):
+    """A load() factory: the tiered memory at prefetch depth 0 with `_evicting_budgets` (load
+    itself serves memory='tiered' on the CPU with the paged memory)."""
+    from strata.engine.kv_cache import KVCache
+    from strata.gguf import open_model
+    from strata.memory.budget import resident_bytes
+    from strata.memory.tiered import TieredConfig, TieredExpertMemory
+
+    dev, host = _evicting_budgets(path, n_ctx, max_batch)
+    config = TieredConfig(device_mem=dev, host_mem=host, prefetch_depth=0, compute="packed")
+
+    def build(mf, device, dtype, n_threads):
+        hp = mf.hparams
+        reserved = resident_bytes(mf, torch.float32, "packed") + KVCache.bytes_for(
+            hp.n_layers, max_batch, n_ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v)
+        return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config,
+                                  reserved_bytes=reserved)
+
+    return build
+
+
 def _evicting_budgets(path, n_ctx: int, max_batch: int) -> tuple[int, int]:
     """(device_mem, host_mem): top-k + 1 packed device slots and top-k host slots per layer."""
     from strata.engine.kv_cache import KVCache
@@ -154,8 +175,7 @@ def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
     those of the per-block path (the program's reported hits count in the eviction policy as
     acquire's do)."""
     path = tiny.gguf(None)
-    dev, host = _evicting_budgets(path, 128, 2)
-    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", memory=_evicting_tiered(path, 128, 2))
     prompts = [tiny.prompt_ids(9, seed=11), tiny.prompt_ids(5, seed=12)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
