@@ -325,8 +325,7 @@ def test_deepseek_program_under_evicting_memory_equals_direct(deepseek):
     missing experts to the memory and reports the routing of the MoE layers it ran; the logits
     are direct memory's fused ones, byte for byte, and the memory saw every request."""
     path = deepseek.gguf(None)
-    dev, host = _evicting_budgets(path, 128, 2)
-    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", memory=_evicting_tiered(path, 128, 2))
     prompts = [deepseek.prompt_ids(9, seed=11), deepseek.prompt_ids(5, seed=12)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, **kw) as prog:
