@@ -439,8 +439,8 @@ def _expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: tor
         return DirectExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, packed=mode == "packed")
     reserved = resident_bytes(mf, dt, mode) + kv_bytes
     if config.backend(mode) == "paged":  # the tiered memory's options too, on the CPU with packed compute
-        return PagedExpertMemory(mf, host_mem=config.paged_budget(reserved) or paged_budget(mf, reserved))
-    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(mode),
+        return PagedExpertMemory(mf, host_mem=config.ram_budget(reserved) or paged_budget(mf, reserved))
+    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(),
                               reserved_bytes=reserved)
 
 

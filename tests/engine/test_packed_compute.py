@@ -94,9 +94,9 @@ def test_compute_choice_defaults_and_refusals(tiny):
         strata.load(path, threads=1, n_ctx=64, compute="packed", dtype="bfloat16")
     with pytest.raises(StrataError, match="unknown compute 'fast'"):
         strata.load(path, threads=1, n_ctx=64, compute="fast")
-    with pytest.raises(StrataError, match="cannot be computed from packed blocks"):
+    with pytest.raises(StrataError, match="packed compute reads packed slots"):
         strata.load(path, threads=1, n_ctx=64, compute="packed", slot_form="dequantized")
-    with pytest.raises(StrataError, match="hybrid compute splits experts"):
+    with pytest.raises(StrataError, match="packed compute already runs every expert on the CPU"):
         strata.load(path, threads=1, n_ctx=64, hybrid=True)  # packed compute already runs every expert here
     with strata.load(path, threads=1, n_ctx=64, compute="float", hybrid=True) as m:  # float experts: allowed
         assert m.memory.config.hybrid

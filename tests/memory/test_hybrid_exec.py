@@ -67,8 +67,10 @@ def test_an_unmeasured_cpu_rate_sends_one_probe_the_expert_with_fewest_tokens():
 
 
 def test_hybrid_and_packed_compute_are_refused_together():
-    with pytest.raises(StrataError, match="packed compute already runs every expert on the CPU"):
-        TieredConfig(hybrid=True, compute="packed")
+    """Packed compute (the CPU's default) is the paged memory's: it serves memory='tiered' without hybrid."""
+    with pytest.raises(StrataError, match=r"^hybrid=True: with packed compute on the CPU the paged memory serves "
+                                          r"memory='tiered': packed compute already runs every expert on the CPU"):
+        strata.load("nowhere.gguf", memory="tiered", hybrid=True)
 
 
 # ---- the host pool read in place ---------------------------------------------------------------
