@@ -111,7 +111,7 @@ def test_slow_path_warns_once_at_load(capsys):
     assert len(slow) == 1 and "75% of expert reads will come from the disk" in str(slow[0].message)
     assert str(path) in str(slow[0].message) and "--host-mem" in str(slow[0].message)
     code = main(["generate", str(path), "-p", "x", "-n", "2", "--threads", "1", "--ctx", "64",
-                 "--device-mem", str(dev), "--host-mem", str(host)])
+                 "--compute", "float", "--slot-form", "packed", "--device-mem", str(dev), "--host-mem", str(host)])
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("strata: warning:")]
     assert code == 0 and len(lines) == 1 and "from the disk" in lines[0]
