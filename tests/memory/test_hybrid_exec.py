@@ -22,7 +22,6 @@ from strata.memory.host import HostTier
 from strata.memory.hybrid import HybridRates
 from strata.memory.hybrid import HybridExec, layer_format, split_chunk
 from strata.memory.stats import MemoryStats
-from strata.memory.tiered import TieredConfig
 
 from .tiered_fixture import moe_file, prompt, tiered
 
