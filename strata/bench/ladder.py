@@ -14,7 +14,8 @@ measured rather than claimed:
   + placement and caching  the tiered memory with the budgets given (or the machine's defaults):
                            hot experts stay resident, placed at start from the file's routing
                            statistics and kept by the policy
-  + packed compute         (CPU) the native kernels compute from the packed slots in place;
+  + packed compute         (CPU) the native kernels compute from the packed slots in place (the
+                           paged memory: the budgets given are its one RAM tier, no prefetch);
                            (CUDA) misses the host tier holds are computed on the CPU (hybrid)
 
 Each row: decode tokens/s over `gen` tokens per sequence (the same one-token prompts in every row),
@@ -93,7 +94,7 @@ def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu
         (batch, dict(memory=_smallest_tiered(path, prefetch_depth), compute="float")),
         (batch, dict(memory="tiered", compute="float", **budgets)),
         (batch, dict(memory="tiered", compute="float", hybrid=True, **budgets) if cuda
-         else dict(memory="tiered", compute="packed", **budgets)),
+         else dict(memory="tiered", compute="packed", device_mem=device_mem, host_mem=host_mem)),
     ]
     rows = []
     for name, (b, cfg) in zip(ROWS, configs):

@@ -5,7 +5,8 @@ from the same random prompt (sampled with a fixed seed, so the text varies but e
 the same tokens: prefetch must not change them), and reports the expert memory's counters for
 the decode steps only (reset after the first token, so the prompt's prefill does not count):
 hit rates per tier, bytes moved, the time compute waited for experts, prefetch precision and
-recall, and tokens per second. Runs alternate between depths `repeat` times; the headline is the
+recall, and tokens per second. The compute is float (on the CPU too: there packed compute runs on
+the paged memory, which has no prefetch to compare). Runs alternate between depths `repeat` times; the headline is the
 ratio of the median wait with prefetch to the median wait without (depth 0 must be among the
 depths for it).
 
@@ -29,7 +30,8 @@ def decode_run(path: str, depth: int, prompt: list[int], tokens: int, *, tempera
     """One load and decode; the memory's counters over the decode steps."""
     import strata
 
-    with strata.load(path, prefetch_depth=depth, **load_kwargs) as model:
+    # float compute unless asked: on the CPU packed compute is served by the paged memory (no prefetch)
+    with strata.load(path, prefetch_depth=depth, **{"compute": "float", **load_kwargs}) as model:
         stream = model.generate(prompt, max_tokens=tokens, temperature=temperature, seed=seed, stream=True,
                                 stop_token_ids=())
         t0, n = None, 0

@@ -389,7 +389,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
     dt = resolve_dtype(dtype, dev)
-    mem_config = _memory_config(memory, memory_options, mode)
+    mem_config, memory_why = _memory_config(memory, memory_options, mode)
     check_engine(dict(threads=threads, n_ctx=n_ctx, max_batch=max_batch, max_step_tokens=max_step_tokens,
                       kv_blocks=kv_blocks, max_waiting=max_waiting))
     if sampling is not None and not isinstance(sampling, SamplingParams):
@@ -411,7 +411,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
         kv_bytes = _kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks)
         mem = _expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv_bytes) if mf.expert_layers else None
-        runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode)
+        runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
         cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                      sampling=sampling)
@@ -421,19 +421,29 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
 
 
 def _memory_config(memory: MemoryConfig | MemoryFactory | str | None, options: dict[str, Any],
-                   mode: str) -> MemoryConfig | MemoryFactory:
+                   mode: str) -> tuple[MemoryConfig | MemoryFactory, str]:
     """The MemoryConfig of load()'s `memory` and keyword options, its kind chosen for the compute
-    mode `mode` and checked against it; a factory as given."""
+    mode `mode` and checked against it, and how the kind was chosen (for the runtime plan; "": as
+    asked); a factory as given."""
     unknown = sorted(set(options) - set(MEMORY_OPTIONS["tiered"]))
     if unknown:
         raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}")
     if callable(memory):
         if any(v is not None for v in options.values()):
             raise StrataArgumentError(f"{', '.join(options)}: options of a MemoryConfig, not of a memory factory")
-        return memory
-    config = memory_config(memory, options).resolved(mode)
+        return memory, "a factory given to load"
+    asked = memory_config(memory, options)
+    config = asked.resolved(mode)
     check_memory_compute(config, mode)
-    return config
+    return config, _memory_why(asked, config, mode)
+
+
+def _memory_why(asked: MemoryConfig, config: MemoryConfig, mode: str) -> str:
+    if config.backend(mode) != config.kind:
+        return (f"memory='{config.kind}' with {mode} compute on the CPU: its device and host tiers would both "
+                f"be RAM, so the {config.backend(mode)} memory's one RAM tier serves it (host_mem plus "
+                f"device_mem less the resident weights and KV cache)")
+    return "as asked" if asked.kind is not None else f"the default for {mode} compute"
 
 
 def _expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: torch.device, dt: torch.dtype,
@@ -445,9 +455,9 @@ def _expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: tor
     if config.kind == "direct":
         return DirectExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, packed=mode == "packed")
     reserved = resident_bytes(mf, dt, mode) + kv_bytes
-    if config.kind == "paged":
-        return PagedExpertMemory(mf, host_mem=config.host_mem or paged_budget(mf, reserved))
-    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(mode),
+    if config.backend(mode) == "paged":  # the tiered memory's options too, on the CPU with packed compute
+        return PagedExpertMemory(mf, host_mem=config.ram_budget(reserved) or paged_budget(mf, reserved))
+    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(),
                               reserved_bytes=reserved)
 
 

@@ -145,13 +145,17 @@ class MemoryConfig:
     """How experts are held: the kind of expert memory and the options of that kind.
 
     kind: "tiered" (device slots, host tier, pager, prefetch: `TieredExpertMemory`; the default on
-    CUDA), "paged" (one pool of RAM slots the native kernels compute from: `PagedExpertMemory`; the
-    default for packed compute on the CPU), "direct" (experts read from the mapped file at every
+    CUDA; with packed compute on the CPU the paged memory serves it: `backend`), "paged" (one pool
+    of RAM slots the native kernels compute from: `PagedExpertMemory`; the default for packed
+    compute on the CPU), "direct" (experts read from the mapped file at every
     use), or None (chosen at load from the compute mode; 'tiered' when an option only it has is given).
     Options by kind (another kind's option is refused, naming both):
       tiered: device_mem, host_mem (bytes or '512M', '8G'; device_mem covers resident weights and KV
               cache too), prefetch_depth (layers ahead, 0: off), slot_form ('dequantized' or
               'packed'), hybrid (CUDA: compute missed experts the host tier holds on the CPU);
+              with packed compute on the CPU: host_mem plus device_mem less the resident weights
+              and KV cache is the paged memory's budget; prefetch_depth > 0, slot_form
+              'dequantized' and hybrid are refused there;
       paged:  host_mem (its one RAM tier's budget);
       direct: none.
     None means the machine's default (strata.memory.budget).
@@ -187,18 +191,56 @@ class MemoryConfig:
             return self
         return MemoryConfig.build("paged" if compute == "packed" else "tiered", **self.options())
 
-    def to_tiered(self, compute: str) -> TieredConfig:
-        """The tiered memory's own config (it checks what depends on the compute mode)."""
-        return TieredConfig(**{**self.options(), "hybrid": bool(self.hybrid)}, compute=compute)
+    def backend(self, compute: str) -> str:
+        """The kind of memory that serves this config: its kind, except that on the CPU with packed
+        compute (the only place packed compute runs) the tiered memory's two tiers would both be
+        RAM, so its options are served by the paged memory's one RAM tier (`ram_budget`)."""
+        return "paged" if self.kind == "tiered" and compute == "packed" else self.kind
+
+    def ram_budget(self, reserved: int) -> int | None:
+        """The paged memory's one RAM budget when it serves memory='tiered': host_mem, plus
+        device_mem less `reserved` (the resident weights and KV cache, which device_mem covers)
+        when device_mem is given (on the CPU it is RAM too); None: the machine's default."""
+        if self.device_mem is None:
+            return self.host_mem
+        left = self.device_mem - reserved
+        if left <= 0 and not self.host_mem:
+            raise OptionError("device_mem", f"device_mem={self.device_mem}: the resident weights and KV cache take "
+                                            f"{reserved} bytes of it, nothing is left for experts; give a larger "
+                                            f"device_mem or a host_mem")
+        return max(left, 0) + (self.host_mem or 0)
+
+    def to_tiered(self) -> TieredConfig:
+        """The tiered memory's own config."""
+        return TieredConfig(**{**self.options(), "hybrid": bool(self.hybrid)})
+
+
+#: What the paged memory cannot do of the tiered memory's options, when it serves memory='tiered'
+#: (packed compute on the CPU): the option's refused value, and why.
+_NOT_PAGED = {
+    "prefetch_depth": (lambda v: v > 0, "the paged memory reads experts on demand, without prefetch; give 0 or "
+                                        "leave it out, or compute='float' for the tiered memory's prefetch"),
+    "slot_form": (lambda v: v != "packed", "packed compute reads packed slots; give 'packed' or leave it out, or "
+                                           "compute='float' for dequantized slots"),
+    "hybrid": (bool, "packed compute already runs every expert on the CPU; hybrid splits them between a GPU and "
+                     "the CPU (compute='float' on CUDA)"),
+}
 
 
 def check_memory_compute(config: MemoryConfig, compute: str) -> None:
-    """Refuse a memory that cannot serve the compute mode (the tiered memory checks its own)."""
+    """Refuse a memory that cannot serve the compute mode, and options of memory='tiered' the paged
+    memory cannot honour where it serves it (packed compute on the CPU; `MemoryConfig.backend`)."""
     if config.kind == "paged" and compute != "packed":
         raise OptionError("kind", f"memory='paged' serves packed compute on the CPU (compute='packed'), "
                                   f"not compute={compute!r}; use the tiered memory")
     if config.kind == "tiered":
-        config.to_tiered(compute)
+        config.to_tiered()
+    if config.backend(compute) != config.kind:
+        for option, (refused, why) in _NOT_PAGED.items():
+            value = getattr(config, option)
+            if value is not None and refused(value):
+                raise OptionError(option, f"{option}={value!r}: with packed compute on the CPU the paged memory "
+                                          f"serves memory='tiered': {why}")
 
 
 def memory_config(memory: MemoryConfig | str | None, options: Mapping[str, Any],

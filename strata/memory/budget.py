@@ -95,12 +95,11 @@ class TieredConfig:
     prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
         probability p displaces only experts whose keep value is below p / margin.
     pager_threads, direct: the host tier's pager (threads; O_DIRECT: None = where possible).
-    compute: 'float' (experts handed out as float weights; packed slots are dequantized into
-        scratch at each use) or 'packed' (the CPU's native kernels read the packed slots: slot form
-        packed, no float scratch, so a step may hold every slot of a layer at once).
+    Experts are handed out as float weights (packed slots dequantized into scratch at each use);
+    packed compute on the CPU is the paged memory's (`strata.memory.paged`).
     hybrid: compute missed experts that the host tier holds on the CPU (native kernels on the
         host slots) when the measured costs say it is faster than copying them (`strata.runtime.hybrid`).
-        For CUDA; on the CPU device it runs too (float compute only), for tests. Off by default:
+        For CUDA; on the CPU device it runs too, for tests. Off by default:
         it pays only where the CPU is fast relative to PCIe and the misses carry few tokens
         (decode); once on, it measures its own rates, probing the CPU with one expert per format.
     """
@@ -115,20 +114,11 @@ class TieredConfig:
     prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
     pager_threads: int = DEFAULT_PAGER_THREADS
     direct: bool | None = None
-    compute: str = "float"
     hybrid: bool = False
 
     def __post_init__(self) -> None:
         if self.slot_form is not None:
             check_form(self.slot_form)
-        if self.compute not in ("float", "packed"):
-            raise StrataError(f"expert compute must be 'float' or 'packed', found {self.compute!r}")
-        if self.compute == "packed" and self.slot_form not in (None, "packed"):
-            raise StrataError(f"slot form {self.slot_form!r} cannot be computed from packed blocks: packed compute "
-                              f"reads packed slots (use --slot-form packed, or --compute float)")
-        if self.hybrid and self.compute == "packed":
-            raise StrataError("hybrid compute splits experts between the device and the CPU; packed compute "
-                              "already runs every expert on the CPU (use one or the other)")
         d = self.prefetch_depth
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
             raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")
@@ -200,9 +190,7 @@ class Plan:
 
 
 def _extra_bytes(form: str, geometry: ExpertGeometry, dtype: torch.dtype, device: torch.device,
-                 n_scratch: int, compute: str = "float") -> int:
-    if form == "packed" and compute == "packed":
-        return 0  # the native kernels read the slots; no dequantized scratch
+                 n_scratch: int) -> int:
     if form == "packed":
         return n_scratch * geometry.slot_bytes("dequantized", dtype)
     return 2 * max(geometry.packed) if device.type == "cuda" else 0
@@ -210,7 +198,7 @@ def _extra_bytes(form: str, geometry: ExpertGeometry, dtype: torch.dtype, device
 
 def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, dtype: torch.dtype, *,
               device_mem: Any = None, host_mem: Any = None, slot_form: str | None = None,
-              reserved: int = 0, host_align: int = 4096, compute: str = "float") -> Plan:
+              reserved: int = 0, host_align: int = 4096) -> Plan:
     """Slots per layer and budgets for `model` (see the module docstring); BudgetError (one line
     naming the budget, what it must hold and what was found) when they cannot work."""
     hp, n_layers = model.hparams, len(model.expert_layers)
@@ -226,10 +214,10 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
         device_budget = (free - max(CUDA_HEADROOM_MIN, int(total * CUDA_HEADROOM_FRACTION)) if device.type == "cuda"
                          else int(free * DEFAULT_CPU_DEVICE_FRACTION))
     all_dequantized = n_layers * n_experts * geometry.slot_bytes("dequantized", dtype)
-    form = "packed" if compute == "packed" else check_form(slot_form) if slot_form else default_slot_form(
+    form = check_form(slot_form) if slot_form else default_slot_form(
         device, reserved + all_dequantized + _extra_bytes("dequantized", geometry, dtype, device, 0) <= device_budget)
     slot_bytes = geometry.slot_bytes(form, dtype)
-    extra = _extra_bytes(form, geometry, dtype, device, top_k, compute)
+    extra = _extra_bytes(form, geometry, dtype, device, top_k)
     if reserved >= device_budget:
         raise BudgetError(f"{model.path}: resident weights and KV cache alone ({format_bytes(reserved)}) exceed "
                           f"the device memory budget ({format_bytes(device_budget)}); raise --device-mem, shorten "
@@ -241,7 +229,7 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
                           f"small for {model.path}: after resident weights and KV cache ({format_bytes(reserved)}), "
                           f"each of its {n_layers} expert layers needs {form} slots for its top-{top_k} experts at "
                           f"once, {slot_bytes} bytes per slot, so at least {need} bytes ({format_bytes(need)})")
-    max_acquire = top_k if form == "packed" and compute == "float" else per_layer
+    max_acquire = top_k if form == "packed" else per_layer  # packed: one scratch expert per acquired one
     if host_budget is None:
         host_budget = _default_host_budget(model, host_align, per_layer == n_experts)
     return Plan(form, n_layers, device_budget, reserved, slot_bytes, extra, per_layer, min(max_acquire, per_layer),
@@ -339,11 +327,10 @@ def resident_bytes(model: ModelFile, dtype: torch.dtype, compute: str = "float")
 
 
 def device_budget_for_slots(geometry: ExpertGeometry, form: str, dtype: torch.dtype, device: torch.device | str,
-                            n_layers: int, slots_per_layer: int, top_k: int, reserved: int = 0,
-                            compute: str = "float") -> int:
+                            n_layers: int, slots_per_layer: int, top_k: int, reserved: int = 0) -> int:
     """The device budget that gives exactly `slots_per_layer` slots of `form` (tests, benchmarks)."""
     device = torch.device(device)
-    extra = _extra_bytes(form, geometry, dtype, device, top_k, compute)
+    extra = _extra_bytes(form, geometry, dtype, device, top_k)
     return reserved + extra + n_layers * slots_per_layer * geometry.slot_bytes(form, dtype)
 
 

@@ -218,16 +218,6 @@ class DeviceSlots:
                 native.dequantize_into(slab.ggml_type, src, out, n_threads=self._threads(out.numel()))
         return ExpertWeights(*(s[index] for s in self.scratch)), time.perf_counter() - t0
 
-    def layer_parts(self, slabs: Sequence[ExpertSlab]) -> native.MoeParts:
-        """The packed pool as the native MoE kernels' regions for one layer (its part types from
-        `slabs`, any expert's): slot s's part p starts at byte s * slot_bytes + packed_offsets[p]."""
-        if self.form != "packed" or self.cuda:
-            raise ValueError("only packed slots on the CPU are computed from in place")
-        flat = self.packed.view(-1)  # [S * slot_bytes]
-        stride = self.geometry.packed_slot_bytes
-        return native.MoeParts(*(native.MoePart(flat[start:], slab.ggml_type, *slab.shape, stride=stride)
-                                 for start, slab in zip(self.geometry.packed_offsets, slabs)))
-
     def release(self, slot: int) -> None:
         """Compute queued so far is the last to read `slot` before it may be refilled."""
         if self.cuda:

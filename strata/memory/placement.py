@@ -87,7 +87,8 @@ def plan_placement(model: ModelFile, device, dtype, compute: str, *, device_mem=
 
     device = torch.device(device)
     plan = make_plan(model, expert_geometry(model), device, dtype, device_mem=device_mem, host_mem=host_mem,
-                     reserved=resident_bytes(model, dtype, compute) + kv_bytes, compute=compute)
+                     reserved=resident_bytes(model, dtype, compute) + kv_bytes,
+                     slot_form="packed" if compute == "packed" else None)  # packed compute reads packed slots
     with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
     budget = default_host_budget(model, layout) if host_mem is None else plan.host_budget

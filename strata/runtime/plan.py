@@ -36,21 +36,23 @@ class MemoryCaps:
     model without routed experts); packed: it hands out experts in their file format; prefetch_depth:
     layers of look-ahead it takes (announced between layers, in Python); fixed: every layer's
     packed experts stay where they are (`fixed_packed`), so a native program may read them; hybrid:
-    it splits missed experts between the device and the CPU."""
+    it splits missed experts between the device and the CPU; why: how the kind was chosen (the
+    loader's words; "" : as asked)."""
 
     kind: str
     packed: bool = False
     prefetch_depth: int = 0
     fixed: bool = False
     hybrid: bool = False
+    why: str = ""
 
     @staticmethod
-    def of(memory, layers: Sequence[int]) -> MemoryCaps:
+    def of(memory, layers: Sequence[int], why: str = "") -> MemoryCaps:
         if memory is None:
-            return MemoryCaps("none")
+            return MemoryCaps("none", why="the model has no routed experts")
         kind = type(memory).__name__.removesuffix("ExpertMemory").lower() or "custom"
         fixed = memory.packed and all(memory.fixed_packed(layer) is not None for layer in layers)
-        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid))
+        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid), why)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class ArchCaps:
 
 @dataclass(frozen=True)
 class RuntimePlan:
-    """The runner of each kind of step, and one short reason each."""
+    """The runner of each kind of step, and one short reason each; and the expert memory's kind
+    they run with, and how it was chosen."""
 
     decode: str
     prefill: str
@@ -76,15 +79,18 @@ class RuntimePlan:
     prefill_why: str
     hybrid_why: str
     memory: str = "none"  # the expert memory that runs (MemoryCaps.kind: "direct", "paged", "tiered", ...)
+    memory_why: str = ""
 
     def describe(self) -> str:
-        return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}"
-                f" — why: decode: {self.decode_why}; prefill: {self.prefill_why}; hybrid: {self.hybrid_why}")
+        return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}; "
+                f"memory: {self.memory} — why: decode: {self.decode_why}; prefill: {self.prefill_why}; "
+                f"hybrid: {self.hybrid_why}; memory: {self.memory_why or 'as asked'}")
 
     def rows(self) -> list[tuple[str, str, str]]:
-        """(step, runner, why) of each kind of step."""
+        """(step, runner, why) of each kind of step, then ("memory", kind, why)."""
         return [("decode", self.decode, self.decode_why), ("prefill", self.prefill, self.prefill_why),
-                ("hybrid", "on" if self.hybrid else "off", self.hybrid_why)]
+                ("hybrid", "on" if self.hybrid else "off", self.hybrid_why),
+                ("memory", self.memory, self.memory_why or "as asked")]
 
 
 def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
@@ -93,7 +99,7 @@ def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
                             if target.compute == "packed" else (FLOAT, f"float compute on {target.device}"))
     hybrid, hybrid_why = hybrid_row(target, memory)
     decode, decode_why = _decode_row(target, memory, arch)
-    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why, memory.kind)
+    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why, memory.kind, memory.why)
 
 
 def hybrid_row(target: Target, memory: MemoryCaps) -> tuple[bool, str]:

@@ -99,10 +99,12 @@ class Runner:
 
 
 def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
-          dtype: torch.dtype = torch.float32, n_threads: int | None = None, compute: str = "float") -> Runner:
-    """The model in `mf` (`strata.models.load_model`) and the runners its plan names."""
+          dtype: torch.dtype = torch.float32, n_threads: int | None = None, compute: str = "float",
+          memory_why: str = "") -> Runner:
+    """The model in `mf` (`strata.models.load_model`) and the runners its plan names (`memory_why`:
+    how the loader chose the memory's kind, for the plan; "": as asked)."""
     device, n_threads = torch.device(device), n_threads or native.default_threads()
-    target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers)
+    target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers, memory_why)
     hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem)[0] else None
     model = None
     try:

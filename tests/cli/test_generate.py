@@ -98,8 +98,9 @@ def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
     assert float(parts["attention"]) > 0 and float(parts["expert compute"]) > 0
     assert (float(parts["dequantization"]) == 0) == (compute == "packed")  # packed slots are never dequantized
     plan = next(x for x in err.splitlines() if x.startswith("runtime: "))
-    assert plan.startswith("runtime: decode: program; prefill: packed per-call; hybrid: off — why: decode: "
-                           if compute == "packed" else "runtime: decode: float; prefill: float; hybrid: off — why: ")
+    assert plan.startswith("runtime: decode: program; prefill: packed per-call; hybrid: off; memory: paged — why: "
+                           "decode: " if compute == "packed" else
+                           "runtime: decode: float; prefill: float; hybrid: off; memory: tiered — why: ")
 
 
 def test_engine_flags_reach_the_engine(cli, qwen3, monkeypatch):

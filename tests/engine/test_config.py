@@ -36,22 +36,22 @@ def path():
     (MemoryConfig("paged", host_mem=GIB), {}, MemoryConfig("paged", host_mem=GIB)),
     ("paged", {"host_mem": "1G"}, MemoryConfig("paged", host_mem=GIB)),
     (None, {"host_mem": "1GiB"}, MemoryConfig("paged", host_mem=GIB)),  # packed compute: paged by default
-    (None, {"prefetch_depth": 1}, MemoryConfig("tiered", prefetch_depth=1)),  # a tiered-only option: tiered
+    (None, {"prefetch_depth": 0}, MemoryConfig("tiered", prefetch_depth=0)),  # a tiered-only option: tiered
     ("tiered", {"device_mem": "512M", "slot_form": "packed"}, MemoryConfig("tiered", device_mem=512 << 20,
                                                                            slot_form="packed")),
     (MemoryConfig(device_mem="2G"), {}, MemoryConfig("tiered", device_mem=2 * GIB)),
     ("direct", {}, MemoryConfig("direct")),
 ])
 def test_every_spelling_builds_the_same_config(memory, options, want):
-    assert _memory_config(memory, options, "packed") == want
+    assert _memory_config(memory, options, "packed")[0] == want
 
 
 def test_kind_is_chosen_by_the_compute_mode():
     assert MemoryConfig().resolved("packed") == MemoryConfig("paged")
     assert MemoryConfig().resolved("float") == MemoryConfig("tiered")
     assert MemoryConfig(host_mem=GIB).resolved("float") == MemoryConfig("tiered", host_mem=GIB)
-    assert MemoryConfig("tiered", prefetch_depth=0, hybrid=True).to_tiered("float") == \
-        TieredConfig(prefetch_depth=0, hybrid=True, compute="float")
+    assert MemoryConfig("tiered", prefetch_depth=0, hybrid=True).to_tiered() == \
+        TieredConfig(prefetch_depth=0, hybrid=True)
 
 
 @pytest.mark.parametrize("options, words", [
@@ -91,15 +91,57 @@ def test_memory_refusals_come_before_the_file_is_opened():
         strata.load("nowhere.gguf", memory="paged", device_mem="1G")
     with pytest.raises(StrataArgumentError, match="memory='paged' serves packed compute"):
         strata.load("nowhere.gguf", memory=MemoryConfig("paged"), compute="float")
-    with pytest.raises(StrataError, match="cannot be computed from packed blocks"):
+    with pytest.raises(StrataError, match="slot_form='dequantized': with packed compute on the CPU the paged memory "
+                                          "serves memory='tiered': packed compute reads packed slots"):
         strata.load("nowhere.gguf", memory=MemoryConfig(slot_form="dequantized"), compute="packed")
+
+
+def test_the_tiered_budgets_on_the_cpu_with_packed_compute_are_the_paged_memorys(path):
+    """There the tiered memory's two tiers would both be RAM: the paged memory serves it, its one
+    budget host_mem plus device_mem less the resident weights and KV cache (which device_mem covers)."""
+    from strata.engine.kv_cache import KVCache
+    from strata.gguf import open_model
+    from strata.memory.budget import resident_bytes
+    from strata.models import cache_dims
+
+    with strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem="64M") as paged, \
+            strata.load(path, threads=1, n_ctx=64, memory="tiered", host_mem="64M", slot_form="packed") as tiered:
+        assert type(tiered.memory).__name__ == "PagedExpertMemory" == type(paged.memory).__name__
+        assert tiered.memory.host.budget == paged.memory.host.budget == 64 << 20
+        assert torch.equal(tiered.logits([1, 5, 9]), paged.logits([1, 5, 9]))
+    with open_model(path) as mf:
+        reserved = resident_bytes(mf, torch.float32, "packed") + KVCache.bytes_for(
+            mf.hparams.n_layers, 1, 64, *cache_dims(mf.hparams), torch.float32)
+    with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="tiered", device_mem=reserved + (32 << 20),
+                     host_mem="16M") as m:
+        assert m.memory.host.budget == (32 << 20) + (16 << 20) and m.plan.memory == "paged"
+    config = MemoryConfig("tiered", device_mem="96M", host_mem="32M")
+    assert config.backend("packed") == "paged" and config.backend("float") == "tiered"
+    assert config.ram_budget(reserved=16 << 20) == 112 << 20
+    assert MemoryConfig("tiered", device_mem="96M").ram_budget(reserved=16 << 20) == 80 << 20
+    with pytest.raises(StrataArgumentError, match=r"^device_mem=1048576: the resident weights and KV cache take "
+                                                  r"2097152 bytes of it, nothing is left for experts"):
+        MemoryConfig(device_mem="1M").ram_budget(reserved=2 << 20)
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("prefetch_depth", 1, "the paged memory reads experts on demand, without prefetch"),
+    ("slot_form", "dequantized", "packed compute reads packed slots"),
+    ("hybrid", True, "packed compute already runs every expert on the CPU"),
+])
+def test_tiered_options_the_paged_memory_cannot_honour_are_refused(option, value, words):
+    """On the CPU with packed compute, before the file is opened; float compute keeps the tiered memory."""
+    with pytest.raises(OptionError, match=rf"^{option}={value!r}: with packed compute on the CPU the paged memory "
+                                          rf"serves memory='tiered': {words}.*compute='float'"):
+        strata.load("nowhere.gguf", memory="tiered", **{option: value})
+    assert getattr(_memory_config("tiered", {option: value}, "float")[0].to_tiered(), option) == value
 
 
 @pytest.mark.parametrize("spellings", [
     [dict(memory=MemoryConfig("paged", host_mem="64M")), dict(memory="paged", host_mem=64 << 20),
      dict(host_mem="64M")],
-    [dict(memory=MemoryConfig("tiered", prefetch_depth=1, slot_form="packed")),
-     dict(memory="tiered", prefetch_depth=1, slot_form="packed"), dict(prefetch_depth=1, slot_form="packed")],
+    [dict(memory=MemoryConfig("tiered", prefetch_depth=0, slot_form="packed")),
+     dict(memory="tiered", prefetch_depth=0, slot_form="packed"), dict(prefetch_depth=0, slot_form="packed")],
 ])
 def test_every_spelling_loads_the_same_memory_and_logits(path, spellings):
     ids = [1, 5, 9, 13, 2, 7]

@@ -87,42 +87,19 @@ def test_fused_decode_under_tiered_memory_equals_direct(tiny):
     prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="tiered") as tiered:
+        assert tiered.plan.memory == "paged"  # on the CPU the paged memory serves memory='tiered'
         assert all(s is not None for s in tiered.runner.steps)
         for a, b in zip(_decode_logits(direct, prompts, "fused"), _decode_logits(tiered, prompts, "fused")):
             assert torch.equal(a, b)
 
 
-def test_program_under_settled_tiered_memory_equals_direct(tiny):
-    """A settled pool fills on demand: the program hands the layers with experts not yet loaded
-    to the memory (which loads them) and runs the rest itself; hits are counted either way."""
-    path = tiny.gguf(None)
-    prompts = [tiny.prompt_ids(9, seed=5), tiny.prompt_ids(4, seed=6)]
-    with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
-            strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0) as settled:
-        assert settled.memory._settled
-        _has_program(tiny, settled)
-        for a, b in zip(_decode_logits(direct, prompts, "per_call"), _decode_logits(settled, prompts)):
-            assert torch.equal(a, b)
-        t = settled.memory_stats().totals()
-        assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"] > 0
-        times = settled.runner.times()
-        assert times.attention_s > 0 and times.experts_s > 0
-
-
-def _evicting_budgets(path, n_ctx: int, max_batch: int) -> tuple[int, int]:
-    """(device_mem, host_mem): top-k + 1 packed device slots and top-k host slots per layer."""
-    from strata.engine.kv_cache import KVCache
+def _evicting_paged(path) -> dict:
+    """strata.load's memory options: the paged memory with top-k + 1 RAM slots per layer."""
     from strata.gguf import open_model
-    from strata.memory.budget import device_budget_for_slots, host_budget_for_slots, resident_bytes
-    from strata.memory.device import expert_geometry
+    from strata.memory.budget import host_budget_for_slots
 
     with open_model(path) as mf:
-        hp = mf.hparams
-        reserved = resident_bytes(mf, torch.float32, "packed") + KVCache.bytes_for(
-            hp.n_layers, max_batch, n_ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v)
-        dev = device_budget_for_slots(expert_geometry(mf), "packed", torch.float32, "cpu", len(mf.expert_layers),
-                                      hp.n_experts_used + 1, hp.n_experts_used, reserved=reserved, compute="packed")
-        return dev, host_budget_for_slots(mf, hp.n_experts_used)
+        return dict(memory="paged", host_mem=host_budget_for_slots(mf, mf.hparams.n_experts_used + 1))
 
 
 def program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts, keys) -> dict:
@@ -139,22 +116,19 @@ def program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts, keys) -
     return a
 
 
-def test_program_under_evicting_tiered_memory_equals_the_per_block_path(tiny):
-    """Fewer device slots than experts at prefetch depth 0: the program runs the layers whose
-    experts are all in the pool and hands the others to the memory, which loads and evicts in
-    acquire. The logits equal direct memory's, and the hits, misses, evictions and disk reads equal
+def test_program_under_evicting_memory_equals_the_per_block_path(tiny):
+    """Fewer RAM slots than experts (the paged memory): the program runs the layers whose experts
+    are all in the pool and hands the others to the memory, which loads and evicts in acquire. The logits equal direct memory's, and the hits, misses, evictions and disk reads equal
     those of the per-block path (the program's reported hits count in the eviction policy as
     acquire's do)."""
     path = tiny.gguf(None)
-    dev, host = _evicting_budgets(path, 128, 2)
-    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", **_evicting_paged(path))
     prompts = [tiny.prompt_ids(9, seed=11), tiny.prompt_ids(5, seed=12)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, **kw) as prog, strata.load(path, **kw) as blocks:
-        assert not prog.memory._settled and prog.memory.plan.slots_per_layer < prog.memory.n_experts
+        assert prog.memory.host.slots_per_layer < prog.memory.n_experts
         a = program_and_blocks_equal_direct(tiny, direct, prog, blocks, prompts,
-                                            ("requests", "device_hits", "device_misses", "evictions", "disk_reads",
-                                             "host_hits"))
+                                            ("requests", "device_hits", "device_misses", "evictions", "disk_reads"))
         assert a["evictions"] > 0 and a["device_hits"] > 0
 
 
@@ -255,8 +229,8 @@ def test_gpt_oss_program_hands_layers_to_the_memory(gptoss):
     test_program_hands_layers_with_missing_experts_to_the_memory(gptoss)
 
 
-def test_gpt_oss_program_under_evicting_tiered_memory(gptoss):
-    test_program_under_evicting_tiered_memory_equals_the_per_block_path(gptoss)
+def test_gpt_oss_program_under_evicting_memory(gptoss):
+    test_program_under_evicting_memory_equals_the_per_block_path(gptoss)
 
 
 # -- DeepSeek: latent attention and grouped routers in the fused step ------------------------------
@@ -297,8 +271,7 @@ def test_deepseek_program_under_evicting_memory_equals_direct(deepseek):
     missing experts to the memory and reports the routing of the MoE layers it ran; the logits
     are direct memory's fused ones, byte for byte, and the memory saw every request."""
     path = deepseek.gguf(None)
-    dev, host = _evicting_budgets(path, 128, 2)
-    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", prefetch_depth=0, device_mem=dev, host_mem=host)
+    kw = dict(threads=1, n_ctx=128, max_batch=2, compute="packed", **_evicting_paged(path))
     prompts = [deepseek.prompt_ids(9, seed=11), deepseek.prompt_ids(5, seed=12)]
     with strata.load(path, threads=1, n_ctx=128, max_batch=2, compute="packed", memory="direct") as direct, \
             strata.load(path, **kw) as prog:

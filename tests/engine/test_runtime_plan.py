@@ -34,7 +34,8 @@ def test_decision_table(target, memory, arch, decode, prefill, hybrid):
     plan = decide(target, memory, arch)
     assert (plan.decode, plan.prefill, plan.hybrid) == (decode, prefill, hybrid)
     assert all(why and "\n" not in why for why in (plan.decode_why, plan.prefill_why, plan.hybrid_why))
-    assert plan.describe().startswith(f"decode: {decode}; prefill: {prefill}; hybrid: {'on' if hybrid else 'off'} — why")
+    assert plan.describe().startswith(f"decode: {decode}; prefill: {prefill}; hybrid: {'on' if hybrid else 'off'}; "
+                                      f"memory: {memory.kind} — why")
 
 
 def test_the_plan_says_why_the_program_cannot_take_an_architecture():
@@ -52,10 +53,9 @@ def qwen3():
 @pytest.mark.parametrize("compute,kw,decode", [
     ("packed", dict(memory="direct"), PROGRAM),
     ("packed", dict(memory="paged"), PROGRAM),
-    ("packed", dict(memory="tiered", prefetch_depth=0), PROGRAM),  # a settled pool: experts stay put
-    ("packed", dict(memory="tiered", prefetch_depth=1), FUSED),    # announcements between layers
+    ("packed", dict(memory="tiered", prefetch_depth=0), PROGRAM),  # served by the paged memory: experts stay put
     ("float", dict(memory="direct"), FLOAT),
-], ids=["direct", "paged", "tiered-settled", "tiered-prefetch", "float"])
+], ids=["direct", "paged", "tiered-on-cpu", "float"])
 def test_loaded_plans_and_their_bytes(qwen3, compute, kw, decode):
     """Each memory loads with the plan the table gives, the runner built for it holds exactly the
     fast paths it names, and its decode steps give the bytes of the model's own per-call path."""
@@ -94,3 +94,18 @@ def test_nothing_selects_a_path_by_attributes_on_a_built_model():
     # look-ahead hooks are given to Block and Transformer when they are made, never set afterwards
     assert not re.search(r"\b(model|block|module|b)\.\w+ = ", inspect.getsource(loader))
     assert runtime.Runner.with_decode  # tests compare runners through the runtime's own seam
+
+
+def test_the_plan_names_the_memory_and_how_it_was_chosen(qwen3):
+    """On the CPU with packed compute the tiered memory's options are served by the paged memory,
+    and the plan (`strata inspect --placement`, `--stats`) says so; the default kind says it is one."""
+    path = qwen3.gguf(None)
+    with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="tiered") as m:
+        assert type(m.memory).__name__ == "PagedExpertMemory" and m.plan.memory == "paged"
+        assert "memory='tiered' with packed compute on the CPU" in m.plan.memory_why
+        assert ("memory", "paged", m.plan.memory_why) in m.plan.rows()
+        assert "; memory: paged — why: " in m.plan.describe()
+    with strata.load(path, threads=1, n_ctx=64, max_batch=1) as m:
+        assert m.plan.memory == "paged" and m.plan.memory_why == "the default for packed compute"
+    with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="paged") as m:
+        assert m.plan.memory_why == "as asked" and m.plan.describe().endswith("; memory: as asked")

@@ -63,7 +63,7 @@ def test_statistics_put_each_layers_hottest_experts_first(seeded):
 
 def test_inspect_placement_text_and_json(seeded, capsys):
     path, _ = seeded
-    _, host = budgets(path, "packed", host_slots=3, compute="packed")
+    _, host = budgets(path, "packed", host_slots=3)
     assert main(["inspect", str(path), "--placement", "--json", "--host-mem", str(host), "--ctx", "64"]) == 0
     got = json.loads(capsys.readouterr().out)["placement"]
     assert got["host_slots_per_layer"] == 3 and got["estimate_from"] == "routing statistics"
@@ -75,12 +75,13 @@ def test_inspect_placement_text_and_json(seeded, capsys):
     assert "layer 0: RAM [0, 1, 2" in text
     # what runs each step as `strata generate` loads it (the CPU's default memory keeps experts in place)
     assert got["runtime"]["decode"]["runner"] == "program" and got["runtime"]["prefill"]["runner"] == "packed per-call"
-    assert "runtime: decode: program; prefill: packed per-call; hybrid: off — why: decode: every block fused" in text
+    assert "runtime: decode: program; prefill: packed per-call; hybrid: off; memory: paged — why: decode: every " \
+           "block fused" in text
 
 
 def _tight(path, n_ctx: int) -> tuple[int, int]:
-    """(device_mem, host_mem) for strata.load: 2 device and 2 host slots per layer, resident weights
-    and the KV cache of one n_ctx sequence included."""
+    """(device_mem, host_mem) for strata.load with float compute and packed slots: 2 device and 2
+    host slots per layer, resident weights and the KV cache of one n_ctx sequence included."""
     import torch
 
     from strata.engine.kv_cache import KVCache
@@ -89,11 +90,11 @@ def _tight(path, n_ctx: int) -> tuple[int, int]:
 
     with open_model(path) as mf:
         hp = mf.hparams
-        reserved = resident_bytes(mf, torch.float32, "packed") + KVCache.bytes_for(
+        reserved = resident_bytes(mf, torch.float32) + KVCache.bytes_for(
             hp.n_layers, 1, n_ctx, hp.n_head_kv, hp.head_dim, hp.head_dim_v)
         dev = device_budget_for_slots(expert_geometry(mf), "packed", torch.float32, "cpu", len(mf.expert_layers), 2,
-                                      TOP_K, reserved=reserved, compute="packed")
-    return dev, budgets(path, "packed", host_slots=2, compute="packed")[1]
+                                      TOP_K, reserved=reserved)
+    return dev, budgets(path, "packed", host_slots=2)[1]
 
 
 def test_slow_path_warns_once_at_load(capsys):
@@ -101,7 +102,8 @@ def test_slow_path_warns_once_at_load(capsys):
     dev, host = _tight(path, 64)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        with strata.load(path, threads=1, n_ctx=64, max_batch=1, device_mem=dev, host_mem=host) as m:
+        with strata.load(path, threads=1, n_ctx=64, max_batch=1, compute="float", slot_form="packed",
+                         device_mem=dev, host_mem=host) as m:  # the tiered memory
             assert (m.memory.plan.slots_per_layer, m.memory.host.slots_per_layer) == (2, 2)
         with strata.load(path, threads=1, n_ctx=64):  # the default budgets hold every expert: no warning
             pass
@@ -109,7 +111,7 @@ def test_slow_path_warns_once_at_load(capsys):
     assert len(slow) == 1 and "75% of expert reads will come from the disk" in str(slow[0].message)
     assert str(path) in str(slow[0].message) and "--host-mem" in str(slow[0].message)
     code = main(["generate", str(path), "-p", "x", "-n", "2", "--threads", "1", "--ctx", "64",
-                 "--device-mem", str(dev), "--host-mem", str(host)])
+                 "--compute", "float", "--slot-form", "packed", "--device-mem", str(dev), "--host-mem", str(host)])
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("strata: warning:")]
     assert code == 0 and len(lines) == 1 and "from the disk" in lines[0]

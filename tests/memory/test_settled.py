@@ -1,6 +1,7 @@
 """A tiered memory whose device holds a slot for every expert, with no loader thread, is settled:
 a loaded expert never moves, so steps take their hits without pins and skip the eviction policy's
-use counts; results, hits and routing statistics are those of the pinned path."""
+use counts; results, hits and routing statistics are those of the pinned path. (The tiered memory
+hands out float weights: float compute; with packed compute the paged memory serves the CPU.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -13,10 +14,9 @@ from .tiered_fixture import N_EXPERTS, moe_file, prompt, tiered
 
 def test_settled_memory_decodes_like_the_pinned_path():
     path = moe_file()
-    with strata.load(path, threads=1, n_ctx=128, max_batch=1, prefetch_depth=0) as settled, \
-            strata.load(path, threads=1, n_ctx=128, max_batch=1, memory="direct") as direct, \
-            strata.load(path, threads=1, n_ctx=128, max_batch=1, memory=tiered(path, "packed", 0, compute="packed"),
-                        compute="packed") as pressed:
+    kw = dict(threads=1, n_ctx=128, max_batch=1, compute="float")
+    with strata.load(path, prefetch_depth=0, **kw) as settled, strata.load(path, memory="direct", **kw) as direct, \
+            strata.load(path, memory=tiered(path, "packed", 0), **kw) as pressed:
         mem = settled.memory
         assert mem._settled and mem.plan.slots_per_layer == N_EXPERTS and not pressed.memory._settled
         ids = prompt(12)

@@ -26,10 +26,6 @@ from .tiered_fixture import DEVICE_SLOTS, HOST_SLOTS, N_EXPERTS, TOP_K, budgets,
 
 torch.set_num_threads(1)
 FORMS = ("dequantized", "packed")
-#: (compute, slot form): float compute over both slot forms, and the CPU's packed compute, which
-#: reads packed slots in place; each is held to the all-resident run of the same compute.
-MODES = [("float", "dequantized"), ("float", "packed"), ("packed", "packed")]
-MODE_IDS = ["dequantized", "packed", "packed-compute"]
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +52,16 @@ def references(path):
     return get
 
 
-def load(path, form, depth=1, compute="float", **config):
-    return strata.load(path, threads=1, n_ctx=256, compute=compute,
-                       memory=tiered(path, form, depth, compute=compute, **config))
+def load(path, form, depth=1, **config):
+    """The tiered memory hands out float weights (packed compute on the CPU is the paged memory's)."""
+    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, form, depth, **config))
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2], ids=lambda d: f"prefetch{d}")
-@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
-def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, compute, form, depth):
-    reference = references(compute)
-    with load(path, form, depth, compute) as m:
+@pytest.mark.parametrize("form", FORMS)
+def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, form, depth):
+    reference = references("float")
+    with load(path, form, depth) as m:
         mem = m.memory
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert N_EXPERTS == 4 * DEVICE_SLOTS == 2 * HOST_SLOTS
@@ -78,11 +74,11 @@ def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, c
         assert (t["prefetch_issued"] > 0) == (depth > 0)
 
 
-@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
-def test_batched_decoding_equals_the_all_resident_run(path, references, compute, form):
+@pytest.mark.parametrize("form", FORMS)
+def test_batched_decoding_equals_the_all_resident_run(path, references, form):
     # three sequences route to up to 6 experts per layer: acquired in chunks of max_acquire
-    reference = references(compute)
-    with load(path, form, compute=compute) as m:
+    reference = references("float")
+    with load(path, form) as m:
         assert m.memory.max_acquire == TOP_K
         got = m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)], max_tokens=12, stop_token_ids=())
         assert [c.token_ids for c in got] == reference["batch"]
@@ -106,9 +102,9 @@ def _traced_decode(m, ids: list[int], n: int):
     return done, before, grown
 
 
-@pytest.mark.parametrize("compute, form", MODES, ids=MODE_IDS)
-def test_decoding_allocates_nothing_after_start_up(path, compute, form):
-    with load(path, form, depth=2, compute=compute) as m:
+@pytest.mark.parametrize("form", FORMS)
+def test_decoding_allocates_nothing_after_start_up(path, form):
+    with load(path, form, depth=2) as m:
         done, before, grown = _traced_decode(m, prompt(8, 5), 64)
         assert len(done.token_ids) == 64
         assert ALLOCATIONS.snapshot() == before  # no slot, scratch, staging or host buffer made
@@ -177,8 +173,10 @@ def test_default_budgets_hold_a_small_model_whole(path, references):
     with strata.load(path, threads=1, n_ctx=256, compute="float") as m:
         assert m.memory.plan.form == "dequantized" and m.memory.plan.slots_per_layer == N_EXPERTS
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("float")["greedy"]
-    with strata.load(path, threads=1, n_ctx=256, memory="tiered") as m:  # packed compute, packed slots
-        assert m.memory.packed and m.memory.plan.form == "packed" and m.memory.plan.slots_per_layer == N_EXPERTS
+    # packed compute: memory='tiered' is served by the paged memory, whose default holds the model too
+    with strata.load(path, threads=1, n_ctx=256, memory="tiered") as m:
+        assert isinstance(m.memory, PagedExpertMemory) and m.memory.max_acquire == N_EXPERTS
+        assert m.plan.memory == "paged" and "memory='tiered' with packed compute" in m.plan.memory_why
         assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
     with strata.load(path, threads=1, n_ctx=256) as m:  # the CPU's default: packed compute, one paged RAM tier
         assert isinstance(m.memory, PagedExpertMemory) and m.memory.max_acquire == N_EXPERTS
@@ -221,9 +219,9 @@ def test_bad_budgets_are_refused_with_a_reason(path):
         (dict(prefetch_depth=-1), r"prefetch_depth: expected an integer >= 0, found -1"),
         (dict(slot_form="squashed"), r"slot_form: expected one of 'dequantized', 'packed', found 'squashed'"),
     ]
-    for kwargs, message in cases:
+    for kwargs, message in cases:  # the tiered memory's budgets (float compute: it serves it on the CPU)
         with pytest.raises((StrataError, ValueError), match=message):
-            strata.load(path, threads=1, n_ctx=256, **kwargs)
+            strata.load(path, threads=1, n_ctx=256, compute="float", **kwargs)
     with open_model(path) as mf, pytest.raises(BudgetError, match=(
             rf"too small for .*moe-q4_k.gguf: after resident weights and KV cache \(0.0 MiB\), each of its 3 expert "
             rf"layers needs dequantized slots for its top-2 experts at once, 786432 bytes per slot, so at least "
@@ -237,6 +235,10 @@ def test_bad_budgets_are_refused_with_a_reason(path):
 def test_resident_weights_alone_exceeding_the_device_budget_is_said_so(path):
     with pytest.raises(BudgetError, match=r"resident weights and KV cache alone \(.* MiB\) exceed the device memory "
                                           r"budget \(1.0 MiB\); raise --device-mem"):
+        strata.load(path, threads=1, n_ctx=256, device_mem="1M", compute="float")
+    # packed compute: the paged memory serves memory='tiered' from device_mem less those, plus host_mem
+    with pytest.raises(StrataError, match=r"^device_mem=1048576: the resident weights and KV cache take \d+ bytes "
+                                          r"of it, nothing is left for experts; give a larger device_mem or a host_mem$"):
         strata.load(path, threads=1, n_ctx=256, device_mem="1M")
 
 
@@ -250,12 +252,21 @@ def test_cli_budget_errors_are_one_line_and_a_non_zero_exit(path, capsys):
 
 def test_cli_stats_after_generate(path, capsys):
     device_mem, host_mem = budgets(path, "packed")
-    assert main(["generate", str(path), "-p", "the expert router", "-n", "8", "--threads", "1", "--slot-form",
-                 "packed", "--device-mem", str(device_mem + (64 << 20)), "--host-mem", str(host_mem),
-                 "--prefetch-depth", "2", "--stats"]) == 0
+    flags = ["generate", str(path), "-p", "the expert router", "-n", "8", "--threads", "1", "--slot-form", "packed",
+             "--device-mem", str(device_mem + (64 << 20)), "--host-mem", str(host_mem), "--stats"]
+    assert main([*flags, "--prefetch-depth", "2", "--compute", "float"]) == 0
     err = capsys.readouterr().err
     assert "expert memory: " in err and "disk reads" in err and "prefetch: issued" in err
-    assert "layer  requests" in err
+    assert "layer  requests" in err and "; memory: tiered — why: " in err
+    # packed compute (the CPU's default): the paged memory serves the same flags, and --stats says so
+    assert main(flags) == 0
+    err = capsys.readouterr().err
+    assert "; memory: paged — why: " in err and "memory: memory='tiered' with packed compute on the CPU" in err
+    assert "expert memory: " in err and "prefetch: issued 0," in err
+    assert main([*flags, "--prefetch-depth", "2"]) == 1  # it has no prefetch: refused in one line
+    err = capsys.readouterr().err
+    assert err.startswith("strata: error: prefetch_depth=2: with packed compute on the CPU the paged memory serves "
+                          "memory='tiered'") and err.count("\n") == 1, err
 
 
 def test_lookahead_announces_the_next_layers_from_the_current_hidden_state(path):

@@ -39,20 +39,19 @@ def moe_file(experts: str = "q4_k") -> Path:
 
 
 def budgets(path: Path, form: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-            device_slots: int = DEVICE_SLOTS, host_slots: int = HOST_SLOTS, compute: str = "float") -> tuple[int, int]:
+            device_slots: int = DEVICE_SLOTS, host_slots: int = HOST_SLOTS) -> tuple[int, int]:
     """(device_mem, host_mem) giving exactly these slots per layer, with nothing reserved."""
     with open_model(path) as mf:
         geometry = expert_geometry(mf)
-        device_mem = device_budget_for_slots(geometry, form, dtype, device, len(mf.expert_layers), device_slots, TOP_K,
-                                             compute=compute)
+        device_mem = device_budget_for_slots(geometry, form, dtype, device, len(mf.expert_layers), device_slots, TOP_K)
         return device_mem, host_budget_for_slots(mf, host_slots)
 
 
 def tiered(path: Path, form: str, prefetch_depth: int = 1, dtype: torch.dtype = torch.float32,
            device: str = "cpu", **config):
-    """A `strata.load(memory=...)` factory: tiered memory at the acceptance pressure (pass
-    compute='packed' for the CPU's packed compute, which reads the packed slots in place)."""
-    device_mem, host_mem = budgets(path, form, dtype, device, compute=config.get("compute", "float"))
+    """A `strata.load(memory=...)` factory: tiered memory at the acceptance pressure (it hands out
+    float weights: load with compute='float')."""
+    device_mem, host_mem = budgets(path, form, dtype, device)
     cfg = TieredConfig(device_mem=device_mem, host_mem=host_mem, slot_form=form, prefetch_depth=prefetch_depth,
                        **config)
 

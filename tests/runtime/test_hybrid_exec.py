@@ -24,7 +24,6 @@ from strata.memory.host import HostTier
 from strata.runtime.hybrid import HybridRates
 from strata.runtime.hybrid import HybridExec, layer_format, split_chunk
 from strata.memory.stats import MemoryStats
-from strata.memory.tiered import TieredConfig
 
 from tests.memory.tiered_fixture import moe_file, prompt, tiered
 
@@ -85,8 +84,10 @@ def test_the_memory_offers_its_host_tier_only_when_hybrid(path):
 
 
 def test_hybrid_and_packed_compute_are_refused_together():
-    with pytest.raises(StrataError, match="packed compute already runs every expert on the CPU"):
-        TieredConfig(hybrid=True, compute="packed")
+    """Packed compute (the CPU's default) is the paged memory's: it serves memory='tiered' without hybrid."""
+    with pytest.raises(StrataError, match=r"^hybrid=True: with packed compute on the CPU the paged memory serves "
+                                          r"memory='tiered': packed compute already runs every expert on the CPU"):
+        strata.load("nowhere.gguf", memory="tiered", hybrid=True)
 
 
 # ---- the host pool read in place ---------------------------------------------------------------

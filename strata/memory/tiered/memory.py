@@ -16,6 +16,10 @@ device indexes slots, so it has no device copy). Every buffer is allocated in th
 the device slots and scratch (`device.py`), the host pool (`host.py`); decoding only changes
 which expert each slot holds (`alloc.ALLOCATIONS` counts every buffer, for the tests).
 
+It hands out float weights (dequantized slots, or packed slots dequantized at each use), on
+CUDA or the CPU. Packed compute on the CPU is the paged memory's (`paged.py`: there both tiers
+would be RAM, and `strata.load(memory="tiered")` builds that one).
+
 Hybrid (`TieredConfig.hybrid`): the host tier runs compact and `hybrid_host` lets the runtime's
 CPU side (`strata.runtime.hybrid`) compute missed experts it holds in place; the rest are
 acquired as above. This file is the acquire path. Loads, their lock and the prefetch loader are
@@ -36,12 +40,11 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, PackedExperts, check_acquire
+from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, check_acquire
 from ..budget import Plan, TieredConfig, make_plan
 from ..device import DeviceSlots, expert_geometry
 from ..host import HostLoad, HostTier
 from .loads import COMPUTE, QUEUED, SlotLoads
-from ..parts import LayerParts
 from ..placement import estimate, warn_if_slow
 from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from ..predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
@@ -63,8 +66,6 @@ class TieredExpertMemory(ExpertMemory):
             raise ValueError(f"{model_file.path}: the model has no routed experts")
         self.model_file, self.config = model_file, config or TieredConfig()
         self.device, self.dtype = _indexed(torch.device(device)), dtype
-        if self.config.compute == "packed" and self.device.type != "cpu":
-            raise StrataError(f"packed expert compute runs on the CPU, not on {self.device}")
         self.n_threads = n_threads or native.default_threads()
         hp = model_file.hparams
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
@@ -72,7 +73,7 @@ class TieredExpertMemory(ExpertMemory):
         self.geometry = expert_geometry(model_file)
         self.plan: Plan = make_plan(model_file, self.geometry, self.device, dtype, device_mem=self.config.device_mem,
                                     host_mem=self.config.host_mem, slot_form=self.config.slot_form,
-                                    reserved=reserved_bytes, compute=self.config.compute)
+                                    reserved=reserved_bytes)
         self.max_acquire = self.plan.max_acquire
         self.prefetch_depth = self.config.depth_for(self.device, self.plan.slots_per_layer == hp.n_experts)
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
@@ -83,7 +84,7 @@ class TieredExpertMemory(ExpertMemory):
                              policy_config=policy_config, compact=self.config.hybrid)
         try:
             self.slots = DeviceSlots(self.geometry, self.policy.n_slots, self.plan.form, self.device, dtype,
-                                     n_scratch=0 if self.config.compute == "packed" else self.max_acquire,
+                                     n_scratch=self.max_acquire,
                                      n_threads=self.n_threads)
         except BaseException:
             self.host.close()
@@ -104,8 +105,6 @@ class TieredExpertMemory(ExpertMemory):
         # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
         # policy's use counts are never read (the common in-RAM case on the CPU).
         self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.hybrid)
-        self.packed = self.config.compute == "packed"
-        self._parts = LayerParts(lambda layer: self.slots.layer_parts(model_file.expert_slabs(layer, 0)))
         try:
             # before the loader thread starts: nothing else moves slots
             place_initial(model_file, self.host, self.layers, self.stats, device=self.policy,
@@ -138,34 +137,6 @@ class TieredExpertMemory(ExpertMemory):
     def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
         li, ids, slots = self._acquire_slots(layer, expert_ids)
         return [self._weights(layer, li, e, slot, i) for i, (e, slot) in enumerate(zip(ids, slots))]
-
-    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """The experts' device slots as regions of the packed slot pool (CPU, packed form)."""
-        if not self.packed:
-            raise NotImplementedError(f"{self!r} hands out float weights (packed compute needs packed slots "
-                                      "on the CPU)")
-        li, _, slots = self._acquire_slots(layer, expert_ids)
-        return PackedExperts(self._parts(layer), slots)
-
-    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
-        """Packed memory without a loader thread or hybrid split (prefetch depth 0): the slot pool
-        and the layer's page table row (a live view). Every load and eviction then happens inside
-        `acquire`, on the compute thread, and finishes (or is undone) before it returns, so between
-        steps a slot in the row holds its expert, ready; an expert not in the pool is -1 there, and a
-        step that needs it acquires it (which may evict another). A step that finds all of a layer's
-        experts in the row reports them with `served_fixed`, which counts them as `acquire`'s hits
-        would (the eviction policy's use counts included): evictions stay exactly those of acquire."""
-        if not (self.packed and self.prefetch_depth == 0 and self.loads.thread is None and not self.hybrid):
-            return None
-        li = self._layer(layer)
-        return self._parts(layer), torch.from_numpy(self.policy.page_table[li])
-
-    def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
-        self.observe(layer, expert_ids)
-        li = self._layer(layer)
-        with self.loads.lock:
-            self.stats.device_hits[li] += n_used
-            self.stats.requests[li] += n_used
 
     def hybrid_host(self) -> HybridHost:
         """Hybrid only: the compact host tier and what the CPU side reads of this memory."""
