@@ -17,7 +17,9 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 
 class HarmonyParser(Parser):
     name = "harmony"
-    carries_reasoning = True
+
+    def __init__(self, inline_reasoning: bool = False):
+        self.inline_reasoning = inline_reasoning  # the analysis channel kept in the content
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         out, pos = Parsed(), 0
@@ -31,7 +33,7 @@ class HarmonyParser(Parser):
             ends = [(i, e) for e in ENDS if (i := text.find(e, start)) >= 0]
             end, marker = min(ends) if ends else (-1, "")
             body = text[start:end] if end >= 0 else (text[start:] if final else held(text[start:], *ENDS))
-            _add(out, header, body, end >= 0 or final)
+            _add(out, header, body, end >= 0 or final, self.inline_reasoning)
             if end < 0:
                 break
             pos = end + (0 if marker == START else len(marker))
@@ -40,12 +42,12 @@ class HarmonyParser(Parser):
         return out
 
 
-def _add(out: Parsed, header: str, body: str, done: bool) -> None:
+def _add(out: Parsed, header: str, body: str, done: bool, inline: bool) -> None:
     to = _TO.search(header)
     channel = _CHANNEL.search(header)
     if to is not None and to.group(1).startswith("functions."):
         out.calls.append(Call(to.group(1).removeprefix("functions."), body.strip() if done else body.lstrip(), done))
-    elif channel is not None and channel.group(1) == "analysis":
+    elif channel is not None and channel.group(1) == "analysis" and not inline:
         out.reasoning += body
     else:
         out.content += body

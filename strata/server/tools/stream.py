@@ -12,8 +12,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..reasoning import ThinkSplitter
+from ..reasoning import ThinkSplitter, opens_thinking
+from . import detect, parser as family_parser
 from .base import Parsed, Parser
+from .harmony import HarmonyParser
+from .request import ToolRequest
 
 
 def call_id(family: str | None) -> str:
@@ -95,4 +98,18 @@ class OutputStream:
         return None
 
 
-__all__ = ["OutputStream", "call_id"]
+def output_stream(tools: ToolRequest, template_source: str | None, prompt: str, family: str | None = None,
+                  reasoning_format: str = "auto") -> OutputStream:
+    """How one chat reply is read: the tool-call family (`family`, else the template's), tool calls
+    only when the request gave tools and did not say tool_choice none, reasoning split unless
+    `reasoning_format` is "none"."""
+    family = family or detect(template_source)
+    split = reasoning_format != "none"
+    if family == "harmony":  # its channels carry the reasoning whether or not tools were given
+        return OutputStream(HarmonyParser(inline_reasoning=not split), None, tools.parallel)
+    parser = family_parser(family, tools.tools) if tools.parse_calls else None
+    think = ThinkSplitter(opens_thinking(prompt)) if split else None
+    return OutputStream(parser, think, tools.parallel)
+
+
+__all__ = ["OutputStream", "call_id", "output_stream"]
