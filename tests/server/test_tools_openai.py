@@ -39,7 +39,7 @@ def client(tiny_path):
     models = []
 
     def loader():
-        models.append(strata.load(tiny_path, threads=1, n_ctx=512, max_batch=2, chat_template=template))
+        models.append(strata.load(tiny_path, threads=1, n_ctx=1024, max_batch=2, chat_template=template))
         return models[0]
 
     app = create_app(loader, ServerConfig("tiny"))
