@@ -32,7 +32,21 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help=f"KV cache blocks of {KV_BLOCK_SIZE} positions shared by all sequences (default: enough for every "
                         "sequence of the batch at --ctx)")
+    p.add_argument("--chat-template-file", default=None, metavar="FILE",
+                   help="a jinja2 chat template that replaces the file's tokenizer.chat_template (as llama-server's)")
     add_memory_args(p)
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The text of --chat-template-file, or None; a file that cannot be read is a one-line error."""
+    path = getattr(args, "chat_template_file", None)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StrataError(f"--chat-template-file {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
 
 
 def add_memory_args(p: argparse.ArgumentParser) -> None:
@@ -168,6 +182,9 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
 def load_kwargs(args: argparse.Namespace) -> dict:
     """`strata.load`'s keyword arguments from the shared model and memory options."""
     engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks") if getattr(args, k, None) is not None}
+    template = chat_template(args)
+    if template is not None:
+        engine["chat_template"] = template
     return dict(device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
                 memory=memory_config(args), compute=getattr(args, "compute", None), **engine)
 

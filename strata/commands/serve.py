@@ -17,6 +17,8 @@ from strata.errors import StrataArgumentError, StrataError
 from .common import add_model_args, check_model_args, check_save_routing, load_kwargs, print_stats
 
 DEFAULT_MAX_BATCH = 8
+#: strata.server.tools.FAMILIES' names (that package needs the server's packages; argparse does not)
+TOOL_FAMILIES = ("harmony", "deepseek", "kimi", "glm", "qwen3-coder", "mistral", "hermes", "llama3")
 DEFAULT_MAX_QUEUE = 64
 
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     name = args.alias or Path(args.model).stem
     config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
-                          aliases=(Path(args.model).name,))
+                          aliases=(Path(args.model).name,), tool_call_format=args.tool_call_format,
+                          reasoning_format=args.reasoning_format)
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -88,6 +91,12 @@ def add_parser(subparsers) -> None:
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests accepted beyond those running; more are refused with 503 (default "
                         f"{DEFAULT_MAX_QUEUE})")
+    g.add_argument("--tool-call-format", default=None, choices=TOOL_FAMILIES, metavar="FAMILY",
+                   help=f"the tool-call syntax read from replies: {', '.join(TOOL_FAMILIES)} (default: the chat "
+                        "template's)")
+    g.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
+                   help="auto: <think> blocks and gpt-oss's analysis channel as reasoning_content; none: inline in "
+                        "the content (a request's reasoning_format overrides it; default auto)")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default info; debug also logs every request)")
     p.set_defaults(func=run)

@@ -92,8 +92,9 @@ class Model:
     def __init__(self, model_file: ModelFile, runner: Runner, memory: ExpertMemory, cache: KVCache,
                  tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None,
-                 sampling: SamplingParams | None = None):
+                 sampling: SamplingParams | None = None, chat_template: str | None = None):
         self.sampling = sampling or SamplingParams()  # generate's default
+        self._template_override = chat_template  # replaces the file's tokenizer.chat_template
         self.model_file, self.runner, self.memory, self.cache = model_file, runner, memory, cache
         self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
@@ -164,14 +165,19 @@ class Model:
 
     @property
     def chat_template(self) -> ChatTemplate | None:
-        """The file's chat template (`tokenizer.chat_template`), compiled on first use; None when
-        absent. Raises ChatTemplateError (naming the file) when it is not a usable template."""
-        source = self.model_file.metadata.get("tokenizer.chat_template")
+        """The file's chat template (`tokenizer.chat_template`), or load's `chat_template` in its
+        place, compiled on first use; None when absent. Raises ChatTemplateError (naming the file)
+        when it is not a usable template."""
+        override = self._template_override
+        source = override if override is not None else self.model_file.metadata.get("tokenizer.chat_template")
         if self._chat_template is None and source is not None:
             try:
-                self._chat_template = ChatTemplate(source, self._special_texts())
+                self._chat_template = ChatTemplate(source, self._special_texts(),
+                                                   key="chat_template" if override is not None else
+                                                   "tokenizer.chat_template")
             except ChatTemplateError as e:
-                raise ChatTemplateError(f"{self.path}: {e}") from None
+                where = "chat_template (given to load)" if override is not None else self.path
+                raise ChatTemplateError(f"{where}: {e}") from None
         return self._chat_template
 
     def apply_chat_template(self, messages: Seq[dict[str, Any]], add_generation_prompt: bool = True,
@@ -363,7 +369,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
-         kv_blocks: int | None = None, max_waiting: int | None = None, **memory_options: Any) -> Model:
+         kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
+         **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
@@ -385,6 +392,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     kernels multiply, activations rounded to 8-bit blocks as llama.cpp does), "float" (weights
     dequantized into `dtype`, torch multiplies: the reference path, and CUDA's), or "auto".
     sampling: the default `SamplingParams` of `generate` (default: greedy, 128 tokens).
+    chat_template: a jinja2 chat template (its text) that replaces the file's for `chat` and the server.
     """
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
@@ -394,6 +402,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
                       kv_blocks=kv_blocks, max_waiting=max_waiting))
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise StrataArgumentError(f"sampling: expected a SamplingParams, found {sampling!r:.80}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise StrataArgumentError(f"chat_template: expected the template's text (str), found {chat_template!r:.80}")
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
@@ -414,7 +424,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
         cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
-                     sampling=sampling)
+                     sampling=sampling, chat_template=chat_template)
     except BaseException:
         _close_all(runner, mem, mf)
         raise

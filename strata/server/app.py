@@ -37,6 +37,7 @@ from .errors import APIError, bad_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
 from .responses import Reply, collect, stream
+from .tools.stream import output_stream
 from .worker import EngineWorker, Ticket
 
 log = logging.getLogger("strata.server")
@@ -50,6 +51,8 @@ class ServerConfig:
     max_running: int = 4  # sequences decoded together (the model's max_batch)
     max_queue: int = 64  # requests accepted beyond those running; more get 503
     aliases: tuple[str, ...] = ()  # other names accepted for the model (e.g. the file name)
+    tool_call_format: str | None = None  # the tool-call family (strata.server.tools.FAMILIES); None: the template's
+    reasoning_format: str = "auto"  # "auto": reasoning as reasoning_content; "none": inline in the content
 
 
 class ServerState:
@@ -247,7 +250,7 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     ticket = Ticket(_sequence(state, req, ids, model), asyncio.get_running_loop())
     worker.submit(ticket)
     watcher = asyncio.create_task(_watch_disconnect(request, worker, ticket))
-    reply = Reply(req, state.config.model_name)
+    reply = Reply(req, state.config.model_name, _output(req, model, state.config))
     try:
         first = await ticket.events.get()  # admitted by the engine, or refused
         if first.kind == "error":
@@ -264,6 +267,14 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     finally:
         if not req.stream:
             watcher.cancel()
+
+
+def _output(req: GenerationRequest, model: Any, config: ServerConfig):
+    """How a chat reply's text is read back: reasoning and the template family's tool calls."""
+    if req.kind != "chat":
+        return None
+    return output_stream(req.tools, model.chat_template.source, req.prompt_text, config.tool_call_format,
+                         req.reasoning_format or config.reasoning_format)
 
 
 async def _streaming(reply: Reply, ticket: Ticket, worker: EngineWorker, watcher: asyncio.Task,

@@ -5,7 +5,7 @@
 (`param`). Fields the engine cannot honour are refused rather than ignored: `n` other than 1,
 `frequency_penalty` / `presence_penalty` other than 0 (the sampler has the multiplicative
 `repetition_penalty` instead), `logprobs` (the engine hands out tokens, not their
-probabilities), `logit_bias`, `tools`, `echo`, `suffix`, `best_of`. Unknown fields are ignored,
+probabilities), `logit_bias`, `echo`, `suffix`, `best_of`. Unknown fields are ignored,
 as OpenAI's own clients send extras. `ignore_eos` (vLLM's extension) runs to max_tokens.
 
 `prompt_ids` turns a request into token ids with the model's tokenizer and chat template and
@@ -23,6 +23,8 @@ from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
 from .errors import bad_request
+from .reasoning import FORMATS as REASONING_FORMATS
+from .tools.request import ToolRequest, message_tool_calls, tool_request
 
 MAX_STOP_STRINGS = 16
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -37,6 +39,9 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)  # max_tokens None: until the context is full
     stream: bool = False
     include_usage: bool = False
+    tools: ToolRequest = field(default_factory=ToolRequest)  # chat: tools, tool_choice, parallel_tool_calls
+    reasoning_format: str | None = None  # chat: "auto" | "none"; None: the server's --reasoning-format
+    prompt_text: str = ""  # chat: the rendered prompt (whether it opened <think>)
 
     @property
     def max_tokens(self) -> int | None:
@@ -116,8 +121,6 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
     if body.get("logit_bias"):
         raise bad_request("logit_bias: not supported", param="logit_bias")
     if kind == "chat":
-        if body.get("tools"):
-            raise bad_request("tools: tool calling is not supported", param="tools")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
             raise bad_request(f"response_format: only {{'type': 'text'}} is supported, found {_show(fmt)}",
@@ -166,7 +169,11 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     elif content is not None and not isinstance(content, str):
         raise bad_request(f"{param}.content: expected a string or a list of text parts, found {_show(content)}",
                           param=f"{param}.content")
-    out = {k: v for k, v in m.items() if k in ("name", "tool_call_id")}
+    out = {k: v for k, v in m.items() if k in ("name", "tool_call_id") and isinstance(v, str)}
+    if role == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = message_tool_calls(m["tool_calls"], f"{param}.tool_calls")
+    if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+        out["reasoning_content"] = m["reasoning_content"]
     return {"role": "system" if role == "developer" else role, "content": content or "", **out}
 
 
@@ -177,6 +184,12 @@ def parse_chat(body: Any) -> GenerationRequest:
         raise bad_request(f"messages: expected a non-empty list of messages, found {_show(messages)}",
                           param="messages")
     req.messages = [_message(m, i) for i, m in enumerate(messages)]
+    req.tools = tool_request(body)
+    fmt = _typed(body, "reasoning_format", (str,), "a string")
+    if fmt is not None and fmt not in REASONING_FORMATS:
+        raise bad_request(f"reasoning_format: expected one of {', '.join(REASONING_FORMATS)}, found {_show(fmt)}",
+                          param="reasoning_format")
+    req.reasoning_format = fmt
     return req
 
 
@@ -203,7 +216,8 @@ def prompt_ids(req: GenerationRequest, model) -> list[int]:
     param = "messages" if req.kind == "chat" else "prompt"
     if req.kind == "chat":
         try:
-            text = model.apply_chat_template(req.messages, add_generation_prompt=True)
+            tools = {"tools": req.tools.tools} if req.tools.tools else {}
+            text = req.prompt_text = model.apply_chat_template(req.messages, add_generation_prompt=True, **tools)
         except ChatTemplateError as e:
             raise bad_request(f"messages: the model's chat template refused them: {e}", param="messages") from None
         except StrataError as e:  # no template in the file

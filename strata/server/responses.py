@@ -3,8 +3,9 @@
 Chat answers are `chat.completion` / `chat.completion.chunk` objects, completions are
 `text_completion` objects either way. A stream is `data: {chunk}` events sharing one id: for
 chat a first chunk with the assistant role, then one chunk per piece of new text (whole UTF-8
-characters: the tokenizer's stream decoder holds back a split character), a chunk with the
-finish reason, with `stream_options.include_usage` a last chunk with empty `choices` and the
+characters: the tokenizer's stream decoder holds back a split character) split by the reply's
+`OutputStream` into `content`, `reasoning_content` and `tool_calls` deltas, a chunk with the
+finish reason (`tool_calls` when the reply called tools), with `stream_options.include_usage` a last chunk with empty `choices` and the
 usage totals, then `data: [DONE]`. An error after the stream began is one `data: {"error": ...}`
 event, then `[DONE]`.
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from .protocol import GenerationRequest
+from .tools.stream import OutputStream
 from .worker import Event, Ticket
 
 
@@ -28,6 +30,7 @@ class Reply:
 
     req: GenerationRequest
     model_name: str
+    output: OutputStream | None = None  # chat: reasoning and tool calls read from the text
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -46,16 +49,20 @@ class Reply:
     def whole(self, text: str, last: Event) -> dict[str, Any]:
         """The non-streaming answer."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason(last)}
+            output = self.output or OutputStream()
+            output.text = text
+            message = output.message()
+            finish = "tool_calls" if "tool_calls" in message else finish_reason(last)
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(last)}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(last)}
 
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              delta: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            delta = {**({"role": "assistant", "content": ""} if role else {}), **(delta or {})}
             if text is not None:
                 delta["content"] = text
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -106,14 +113,25 @@ async def stream(reply: Reply, ticket: Ticket, on_error: Callable[[Any], None]) 
             on_error(event.error)
             yield sse(event.error.body())
             break
-        if event.text:
-            yield sse(reply.chunk(event.text))
+        for piece in _pieces(reply, event):
+            yield sse(piece)
         if event.finish_reason is not None:
-            yield sse(reply.chunk(finish=finish_reason(event)))
+            called = reply.output is not None and reply.output.called
+            yield sse(reply.chunk(finish="tool_calls" if called else finish_reason(event)))
             if reply.req.include_usage:
                 yield sse(reply.usage_chunk(event))
             break
     yield sse("[DONE]")
+
+
+def _pieces(reply: Reply, event: Event) -> list[dict[str, Any]]:
+    """The chunks of one event's text: as it is, or split by the reply's OutputStream."""
+    if reply.output is None or not reply.chat:
+        return [reply.chunk(event.text)] if event.text else []
+    deltas = reply.output.push(event.text) if event.text else []
+    if event.finish_reason is not None:
+        deltas += reply.output.finish()
+    return [reply.chunk(delta=d) for d in deltas]
 
 
 __all__ = ["Reply", "collect", "sse", "stream"]
