@@ -8,7 +8,8 @@ is ready, 200 after); the `EngineWorker` then owns the engine. A request is pars
 (`protocol`), tokenized off the event loop, handed to the engine thread as a `Ticket`, and
 answered from the ticket's events (`responses`): whole, or streamed as server-sent events.
 A watcher on the connection cancels the request's sequence when the client leaves. Every
-error is an OpenAI-shaped body (`errors.APIError`) and touches no other request.
+error is an OpenAI-shaped body (`errors.APIError`) and touches no other request. The browser
+pages and their memory JSON are `web`'s routes.
 
 Must not step the engine (the worker does) or do model maths.
 """
@@ -37,6 +38,7 @@ from .errors import APIError, bad_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
 from .responses import Reply, collect, stream
+from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
 
 log = logging.getLogger("strata.server")
@@ -50,6 +52,7 @@ class ServerConfig:
     max_running: int = 4  # sequences decoded together (the model's max_batch)
     max_queue: int = 64  # requests accepted beyond those running; more get 503
     aliases: tuple[str, ...] = ()  # other names accepted for the model (e.g. the file name)
+    webui: bool = True  # the chat and memory pages at / and /memory (strata.server.web)
 
 
 class ServerState:
@@ -135,6 +138,7 @@ def create_app(loader: Callable[[], Any], config: ServerConfig,
     app.state.strata = state
     _add_error_handlers(app, state)
     _add_routes(app, state)
+    add_web_routes(app, state, config.webui)
     return app
 
 
