@@ -28,13 +28,10 @@ def find_chromium() -> str | None:
 
 
 def _high(fds: tuple[int, int]) -> tuple[int, int]:
-    """The pipe's descriptors moved to 5..9: clear of the 3 and 4 the browser is handed, and one
-    digit, as sh's redirections take."""
+    """The pipe's descriptors moved above 4, clear of the 3 and 4 the browser is handed."""
     moved = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5) for fd in fds)
     for fd in fds:
         os.close(fd)
-    if max(moved) > 9:
-        raise RuntimeError(f"no free descriptors in 5..9 for the browser's pipe (found {moved})")
     return moved
 
 
@@ -61,9 +58,10 @@ class Browser:
         args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                 "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
                 f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"]
-        # the protocol's descriptors must be 3 (commands in) and 4 (replies out)
+        # the protocol's descriptors must be 3 (commands in) and 4 (replies out); bash, as dash's
+        # redirections take one-digit descriptors only
         script = f'exec "$0" "$@" 3<&{to_r} 4>&{from_w} {to_r}<&- {from_w}>&-'
-        proc = subprocess.Popen(["sh", "-c", script, binary, *args], pass_fds=(to_r, from_w),
+        proc = subprocess.Popen(["bash", "-c", script, binary, *args], pass_fds=(to_r, from_w),
                                 stdout=subprocess.DEVNULL, stderr=open(os.environ.get("STRATA_CHROMIUM_LOG", os.devnull), "w"))
         os.close(to_r)
         os.close(from_w)
