@@ -103,3 +103,42 @@ def test_memory_page_draws_every_layer(server, browser):
     assert drawn[0] >= 2 * 4 and drawn[1] > 0
     legend = browser.evaluate("document.getElementById('legend').textContent")
     assert "RAM" in legend and "disk" in legend
+
+
+# OpenAI-shaped chunks with reasoning and a tool call streamed in pieces (as vLLM and llama-server send them).
+DELTAS = [{"role": "assistant", "content": ""}, {"reasoning_content": "The user wants "},
+          {"reasoning_content": "the weather."}, {"content": "Let me check."},
+          {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                           "function": {"name": "get_weather", "arguments": ""}}]},
+          {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+          {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}]
+
+
+def test_reasoning_and_tool_calls_are_folded(server, browser):
+    """The page's side of reasoning and tool calls, whatever the model emits: its fetch is handed
+    a recorded stream (the request it would have sent is kept and checked)."""
+    browser.goto(server.url + "/")
+    chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in DELTAS]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    browser.evaluate(f"""window.sent = null; window.fetch = async (url, init) => {{
+      window.sent = JSON.parse(init.body);
+      const bytes = new TextEncoder().encode({json.dumps(body)});
+      const stream = new ReadableStream({{ start(c) {{ for (let i = 0; i < bytes.length; i += 7)
+        c.enqueue(bytes.slice(i, i + 7)); c.close(); }} }});  // split mid-event, as a network would
+      return new Response(stream, {{status: 200, headers: {{"Content-Type": "text/event-stream"}}}});
+    }}; true""")
+    _set(browser, "temperature", 0.5)
+    _set(browser, "top-p", 0.8)
+    _set(browser, "max-tokens", 33)
+    _set(browser, "system", "")
+    _send(browser, "Weather in Paris?")
+    assert browser.wait_for("document.getElementById('status').textContent") == "finished: tool_calls"
+    sent = browser.evaluate("window.sent")
+    assert sent == {"messages": [{"role": "user", "content": "Weather in Paris?"}], "stream": True,
+                    "temperature": 0.5, "top_p": 0.8, "max_tokens": 33}
+    folded = browser.evaluate("""[...document.querySelectorAll('.message.assistant details')].map(d =>
+      [d.className, d.open, d.querySelector('summary').textContent, d.querySelector('pre').textContent])""")
+    assert folded == [["reasoning", False, "Reasoning", "The user wants the weather."],
+                      ["tool-call", False, "Tool call: get_weather", '{"city": "Paris"}']]
+    assert browser.evaluate("document.querySelector('.message.assistant .content').textContent") == "Let me check."
