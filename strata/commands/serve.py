@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.alias or Path(args.model).stem
     config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
                           aliases=(Path(args.model).name,), tool_call_format=args.tool_call_format,
-                          reasoning_format=args.reasoning_format)
+                          reasoning_format=args.reasoning_format, webui=args.webui)
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -67,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="strata serve: %(message)s")
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5, access_log=args.log_level == "debug"))
+    page = f"; chat page at http://{args.host}:{args.port}/" if args.webui else ""
     print(f"strata serve: {args.model} as {name!r} on http://{args.host}:{args.port} (loading; GET /health "
-          f"answers 200 when ready)", file=sys.stderr, flush=True)
+          f"answers 200 when ready{page})", file=sys.stderr, flush=True)
     server.run()
     if failed:
         raise failed[0] if isinstance(failed[0], (StrataError, OSError)) else StrataError(str(failed[0]))
@@ -97,6 +98,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
                    help="auto: <think> blocks and gpt-oss's analysis channel as reasoning_content; none: inline in "
                         "the content (a request's reasoning_format overrides it; default auto)")
+    g.add_argument("--no-webui", dest="webui", action="store_false",
+                   help="leave out the browser pages (chat at /, live expert memory at /memory); the API and "
+                        "GET /api/memory stay")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default info; debug also logs every request)")
     p.set_defaults(func=run)

@@ -319,6 +319,11 @@ class Model:
         tier, bytes moved, waits, prefetch precision and recall), or None for a memory without."""
         return self.memory.memory_stats() if self.memory is not None else None
 
+    def expert_residency(self):
+        """Which tier holds each routed expert now (`strata.memory.stats.Residency`), or None
+        when the experts are read in place from the file (or the model has none)."""
+        return self.memory.residency() if self.memory is not None else None
+
     def time_split(self) -> dict[str, float]:
         """Seconds per processed token since load (or `reset_time_split`): attention, expert
         compute, waiting for experts, dequantization and the rest, plus `tokens` and `total_s`.

@@ -155,6 +155,11 @@ class ExpertMemory(ABC):
         """Counters of hits, misses, bytes and waits (`strata.memory.stats.MemoryStats`), or None."""
         return None
 
+    def residency(self):
+        """Which tier holds each expert now (`strata.memory.stats.Residency`), or None for a
+        memory without pools (every expert read in place from the file)."""
+        return None
+
     def close(self) -> None:
         """Free buffers and stop workers, if any."""
 

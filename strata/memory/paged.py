@@ -38,7 +38,7 @@ from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .placement import estimate, warn_if_slow
 from .startup import place_initial
-from .stats import MemoryStats
+from .stats import MemoryStats, Residency
 
 
 @dataclass
@@ -201,6 +201,10 @@ class PagedExpertMemory(ExpertMemory):
 
     def memory_stats(self) -> MemoryStats:
         return self.stats
+
+    def residency(self) -> Residency:
+        """The one pool of RAM slots (counted as "device", as its hits are), then the disk."""
+        return Residency.from_tables(self.layers.layers, ("device",), (self.page_table.copy(),))
 
     def close(self) -> None:
         self.host.close()

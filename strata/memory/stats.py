@@ -30,9 +30,14 @@ slots at start-up from the file's routing statistics (not requests, not misses).
 Routing: `routing_counts` int64 [L, E] counts every routing decision the memory observed (uses of
 each expert, prefill and decode), over `routing_tokens` [L] tokens; `--save-routing` writes them
 for `python -m strata.convert --routing-stats`.
+
+`Residency` is the other half of the picture: where each expert sits at one moment (the page
+tables of the memory's pools, fastest first, read without stopping the engine, so it may be a
+load behind; an expert whose load is in flight counts in the tier it is loading into).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -101,6 +106,36 @@ class MemoryStats:
         return {"total": self.totals(), "per_layer": self.per_layer()}
 
 
+@dataclass(frozen=True)
+class Residency:
+    """Where every routed expert sits: `tier[i, e]` indexes `tiers` (fastest first; the last,
+    "disk", is the file: what no pool holds) for expert e of the i-th expert layer."""
+
+    layers: list[int]  # model layer number of each expert layer
+    tiers: tuple[str, ...]
+    tier: np.ndarray  # int8 [L, E]
+
+    @classmethod
+    def from_tables(cls, layers: Sequence[int], names: Sequence[str], tables: Sequence[np.ndarray]) -> "Residency":
+        """From page tables int32 [L, E] (slot, or -1 when absent), one per pool named in `names`,
+        fastest first: an expert is in the fastest pool that holds it, else on the disk."""
+        tier = np.full(tables[0].shape, len(tables), dtype=np.int8)
+        for i in reversed(range(len(tables))):
+            tier[np.asarray(tables[i]) >= 0] = i
+        return cls(list(layers), (*names, "disk"), tier)
+
+    def counts(self) -> np.ndarray:
+        """Experts per tier of each layer, int64 [L, len(tiers)]."""
+        return np.stack([(self.tier == i).sum(axis=1) for i in range(len(self.tiers))], axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = self.counts()
+        return {"tiers": list(self.tiers),
+                "per_layer": [{"layer": layer, "tier": self.tier[i].tolist(),
+                               "counts": dict(zip(self.tiers, counts[i].tolist()))}
+                              for i, layer in enumerate(self.layers)]}
+
+
 def _rates(c: dict[str, Any]) -> dict[str, float | None]:
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
@@ -110,4 +145,4 @@ def _rates(c: dict[str, Any]) -> dict[str, float | None]:
             "recall": ratio(c["predicted_correct"], c["actual"])}
 
 
-__all__ = ["COUNTERS", "MemoryStats", "TIMERS"]
+__all__ = ["COUNTERS", "MemoryStats", "Residency", "TIMERS"]

@@ -8,7 +8,8 @@ is ready, 200 after); the `EngineWorker` then owns the engine. A request is pars
 (`protocol`), tokenized off the event loop, handed to the engine thread as a `Ticket`, and
 answered from the ticket's events (`responses`): whole, or streamed as server-sent events.
 A watcher on the connection cancels the request's sequence when the client leaves. Every
-error is an OpenAI-shaped body (`errors.APIError`) and touches no other request.
+error is an OpenAI-shaped body (`errors.APIError`) and touches no other request. The browser
+pages and their memory JSON are `web`'s routes.
 
 Must not step the engine (the worker does) or do model maths.
 """
@@ -38,6 +39,7 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
 from .responses import Reply, collect, stream
 from .tools.stream import output_stream
+from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
 
 log = logging.getLogger("strata.server")
@@ -53,6 +55,7 @@ class ServerConfig:
     aliases: tuple[str, ...] = ()  # other names accepted for the model (e.g. the file name)
     tool_call_format: str | None = None  # the tool-call family (strata.server.tools.FAMILIES); None: the template's
     reasoning_format: str = "auto"  # "auto": reasoning as reasoning_content; "none": inline in the content
+    webui: bool = True  # the chat and memory pages at / and /memory (strata.server.web)
 
 
 class ServerState:
@@ -138,6 +141,7 @@ def create_app(loader: Callable[[], Any], config: ServerConfig,
     app.state.strata = state
     _add_error_handlers(app, state)
     _add_routes(app, state)
+    add_web_routes(app, state, config.webui)
     return app
 
 

@@ -49,7 +49,7 @@ from ..placement import estimate, warn_if_slow
 from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from ..predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
 from ..startup import place_initial
-from ..stats import MemoryStats
+from ..stats import MemoryStats, Residency
 
 
 class TieredExpertMemory(ExpertMemory):
@@ -232,6 +232,11 @@ class TieredExpertMemory(ExpertMemory):
 
     def memory_stats(self) -> MemoryStats:
         return self.stats
+
+    def residency(self) -> Residency:
+        """Device slots, then the host tier, then the disk (copies of the page tables)."""
+        return Residency.from_tables(self.layers.layers, ("device", "host"),
+                                     (self.policy.page_table.copy(), self.host.policy.page_table.copy()))
 
     # ---- acquire, step by step -----------------------------------------------------------------
 

@@ -1,0 +1,112 @@
+"""The browser page of `strata serve`: a chat page at `/`, a live memory page at `/memory`, and
+`GET /api/memory`, the JSON the memory page draws.
+
+Plain HTML, JavaScript and CSS from `static/` (package data), no build step and nothing loaded
+from elsewhere: every page goes out with a Content-Security-Policy that allows this origin only.
+The chat page talks to the server's own `/v1/chat/completions` (server-sent events); the memory
+page polls `/api/memory`, which serializes what the model's memory already exposes
+(`Model.memory_stats()`: per-layer counters; `Model.expert_residency()`: which tier holds each
+expert). `--no-webui` (`ServerConfig.webui` False) leaves the pages out; `/api/memory` stays,
+as `/metrics` does.
+
+Must not compute statistics or touch the memory's internals: it reads the model's public API.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from ..errors import APIError
+
+#: The page files, by URL name, with their media types: nothing else under static/ is served.
+ASSETS = {"index.html": "text/html; charset=utf-8", "memory.html": "text/html; charset=utf-8",
+          "style.css": "text/css; charset=utf-8", "common.js": "text/javascript; charset=utf-8",
+          "chat.js": "text/javascript; charset=utf-8", "memory.js": "text/javascript; charset=utf-8"}
+#: This origin only: no CDN, no external links, no inline scripts.
+HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                                      "form-action 'none'; frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+
+
+def asset(name: str) -> bytes:
+    """The bytes of one page file (KeyError for a name not in ASSETS)."""
+    if name not in ASSETS:
+        raise KeyError(name)
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def _page(name: str) -> Response:
+    return Response(asset(name), media_type=ASSETS[name], headers=HEADERS)
+
+
+def add_routes(app: FastAPI, state: Any, webui: bool = True) -> None:
+    """`GET /api/memory` always; the pages (`/`, `/memory`, `/web/FILE`) when `webui`."""
+
+    @app.get("/api/memory")
+    async def memory() -> dict[str, Any]:
+        model, _ = state.ready()
+        return memory_report(model, state.config.model_name)
+
+    if not webui:
+        return
+
+    @app.get("/")
+    async def chat_page() -> Response:
+        return _page("index.html")
+
+    @app.get("/memory")
+    async def memory_page() -> Response:
+        return _page("memory.html")
+
+    @app.get("/web/{name}")
+    async def web_file(name: str) -> Response:
+        if name not in ASSETS:
+            raise APIError(404, f"GET /web/{name}: no such file of the web page", code="not_found")
+        return _page(name)
+
+
+def _per_token(value: float, tokens: int) -> float | None:
+    return value / tokens if tokens else None
+
+
+def _layer_row(row: dict[str, Any], tokens: int, routing: list[int], place: dict[str, Any] | None) -> dict[str, Any]:
+    """One expert layer: its counters and rates (MemoryStats.per_layer), the tokens it routed,
+    bytes per token into each tier, each expert's routing count and, with pools, its tier."""
+    return {**row, "tokens": tokens,
+            "host_hit_rate": row["host_hits"] / row["device_misses"] if row["device_misses"] else None,
+            "disk_bytes_per_token": _per_token(row["bytes_disk"], tokens),
+            "device_bytes_per_token": _per_token(row["bytes_to_device"], tokens),
+            "routing": routing,
+            "tier": place["tier"] if place else None, "tier_counts": place["counts"] if place else None}
+
+
+def memory_report(model: Any, name: str) -> dict[str, Any]:
+    """What the memory page draws, as plain JSON values: the model's memory counters in total
+    and per expert layer, with where each expert sits (None where the experts are read in place
+    from the file: no tiers to show)."""
+    hp, stats = model.hparams, model.memory_stats()
+    device = str(model.device)
+    report: dict[str, Any] = {"model": name, "device": device, "fast_tier": "RAM" if device.startswith("cpu") else
+                              "device", "memory": repr(model.memory) if model.memory is not None else None,
+                              "n_experts": hp.n_experts, "top_k": hp.n_experts_used, "tiers": None,
+                              "total": None, "layers": []}
+    if stats is None:
+        return report
+    residency = model.expert_residency()
+    places = {row["layer"]: row for row in residency.to_dict()["per_layer"]} if residency is not None else {}
+    counts, tokens = stats.routing()
+    total = stats.totals()
+    report["tiers"] = list(residency.tiers) if residency is not None else None
+    report["total"] = {**total, "tokens": tokens,
+                       "host_hit_rate": total["host_hits"] / total["device_misses"] if total["device_misses"] else None,
+                       "disk_bytes_per_token": _per_token(total["bytes_disk"], tokens),
+                       "device_bytes_per_token": _per_token(total["bytes_to_device"], tokens)}
+    report["layers"] = [_layer_row(row, int(stats.routing_tokens[i]), counts[i].tolist(), places.get(row["layer"]))
+                        for i, row in enumerate(stats.per_layer())]
+    return report
+
+
+__all__ = ["ASSETS", "add_routes", "asset", "memory_report"]
