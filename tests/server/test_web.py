@@ -99,7 +99,7 @@ def test_memory_json_matches_the_memory(web):
 def test_memory_json_of_the_tiered_memory(tiny_path):
     import strata
 
-    model = strata.load(tiny_path, threads=1, max_batch=1, memory="tiered")
+    model = strata.load(tiny_path, threads=1, max_batch=1, memory="tiered", compute="float")
     with TestClient(create_app(lambda: model, ServerConfig("tiny"))) as client:
         _ready(client)
         assert client.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 3}).status_code == 200
