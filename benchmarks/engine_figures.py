@@ -41,8 +41,9 @@ def speed(device: str) -> None:
 
     result = run(tempfile.mkdtemp(prefix="strata-speed-"), device=device, say=lambda s: None)
     m = strata.load(Path(result["gguf"]), device=device, n_ctx=512)
-    m.generate("the expert router", max_tokens=16)  # warm-up
-    best = max(m.generate("the expert router", max_tokens=64, stop_token_ids=()).tokens_per_second for _ in range(3))
+    m.generate("the expert router", max_tokens=16, temperature=0)  # warm-up
+    best = max(m.generate("the expert router", max_tokens=64, temperature=0, stop_token_ids=()).tokens_per_second
+               for _ in range(3))
     print(f"demo model on {device} ({m.dtype}, {m.n_threads} threads): decode {best:.0f} tok/s")
 
 

@@ -266,7 +266,8 @@ def strata_isa(path: Path) -> dict:
 def strata_decode(model, n: int, warmup: int) -> dict:
     """Greedy decode of `warmup` + `n` tokens after an 8-token prompt; tok/s and the memory
     statistics over the last `n` (reset when the warm-up tokens are out)."""
-    stream = model.generate(prompt_ids(DECODE_PROMPT), max_tokens=1 + warmup + n, stream=True, stop_token_ids=())
+    stream = model.generate(prompt_ids(DECODE_PROMPT), max_tokens=1 + warmup + n, temperature=0, stream=True,
+                            stop_token_ids=())
     t0, seen = None, 0
     for _ in stream:
         seen += 1
@@ -291,7 +292,7 @@ def child_strata(a: argparse.Namespace) -> dict:
     prompt = prompt_ids(a.prompt)
 
     def prefill() -> float:
-        c = model.generate(prompt, max_tokens=1, stop_token_ids=())
+        c = model.generate(prompt, max_tokens=1, temperature=0, stop_token_ids=())
         return len(prompt) / c.prefill_seconds
 
     if a.out_of_ram:  # one long decode: its first tokens fill the cold tiers

@@ -34,11 +34,11 @@ def run(path: str, memory: str, a: argparse.Namespace) -> str:
 
         t0 = time.perf_counter()
         for ids in warm:
-            m.generate(ids, max_tokens=1, stop_token_ids=())
+            m.generate(ids, max_tokens=1, temperature=0, stop_token_ids=())
         warm_s, warm_reads = time.perf_counter() - t0, reads()
         t0 = time.perf_counter()
         for ids in timed:
-            m.generate(ids, max_tokens=1, stop_token_ids=())
+            m.generate(ids, max_tokens=1, temperature=0, stop_token_ids=())
         rate = a.n * a.prompt / (time.perf_counter() - t0)
         return (f"{memory}: warm-up {a.warmup} prompts {warm_s:.1f} s, {warm_reads} expert reads; then prefill "
                 f"{rate:.1f} tok/s, {reads() - warm_reads} reads")

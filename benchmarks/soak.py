@@ -35,7 +35,7 @@ def soak(path: str, tokens: int, window: int, temperature: float, **load_kwargs)
         stats = model.memory_stats()
         rows, seen, t0 = [], 0, time.perf_counter()
         hits0 = reqs0 = 0
-        stream = model.generate([1, 2, 3, 4], max_tokens=tokens, temperature=temperature, seed=0, stream=True,
+        stream = model.generate([1, 2, 3, 4], max_tokens=tokens, temperature=temperature, top_k=0, seed=0, stream=True,
                                 stop_token_ids=())
         for _ in stream:
             seen += 1

@@ -42,7 +42,8 @@ def capture(path: Path, tokens: int, seed: int) -> np.ndarray:
             return observe(layer, ids)
 
         m.memory.observe = record
-        m.generate([1, 2, 3, 4], max_tokens=tokens + 1, temperature=1.0, seed=seed, stop_token_ids=())
+        m.generate([1, 2, 3, 4], max_tokens=tokens + 1, temperature=1.0, top_k=0, seed=seed,
+                   stop_token_ids=())
     return np.stack([np.stack(rows[layer]) for layer in sorted(rows)]).astype(np.int16)  # [L, T, K]
 
 

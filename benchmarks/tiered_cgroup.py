@@ -47,7 +47,8 @@ else:  # buffers for one token's experts only: the comparison is about where the
     model = strata.load(path, n_ctx=256, max_batch=1, memory=lambda mf, d, dt, n: DirectExpertMemory(
         mf, device=d, dtype=dt, n_threads=n, max_acquire=mf.hparams.n_experts_used))
 prompt = torch.randint(0, model.hparams.vocab_size, (8,), generator=torch.Generator().manual_seed(0)).tolist()
-stream = model.generate(prompt, max_tokens=tokens, temperature=1.0, seed=0, stream=True, stop_token_ids=())
+stream = model.generate(prompt, max_tokens=tokens, temperature=1.0, top_k=0, seed=0, stream=True,
+                        stop_token_ids=())
 t0, n = None, 0
 for _ in stream:
     n += 1

@@ -21,7 +21,8 @@ def run(path: str, variant: dict, a: argparse.Namespace) -> str:
     kw = dict(device="cpu", threads=a.threads, n_ctx=256, max_batch=1, device_mem=a.device_mem,
               host_mem=a.host_mem, **variant)
     with strata.load(path, **kw) as m:
-        stream = m.generate(list(range(10, 18)), max_tokens=1 + a.warmup + a.n, stream=True, stop_token_ids=())
+        stream = m.generate(list(range(10, 18)), max_tokens=1 + a.warmup + a.n, temperature=0, stream=True,
+                            stop_token_ids=())
         seen, t0 = 0, time.perf_counter()
         for _ in stream:
             seen += 1

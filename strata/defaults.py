@@ -9,10 +9,11 @@ The far left of the layering, beside `units` and `errors`: it must not import an
 """
 from __future__ import annotations
 
-#: Sampling of the commands that write text for people (`generate`, `chat`) and of `serve` for the
-#: fields a request omits. The rule: where llama.cpp (common.h: temp 0.80, top_k 40, top_p 0.95,
-#: min_p 0.05, repeat 1.00) and Ollama (temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat
-#: 1.1) agree, their value; where they differ, the filter is off. `--temperature 0` is greedy.
+#: Sampling of the commands that write text for people (`generate`, `chat`), of `serve` for the
+#: fields a request omits, and of the API (SamplingParams' field defaults). The rule: where
+#: llama.cpp (common.h: temp 0.80, top_k 40, top_p 0.95, min_p 0.05, repeat 1.00) and Ollama
+#: (temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat 1.1) agree, their value; where they
+#: differ, the filter is off. Temperature 0 (`--temperature 0`) is greedy.
 SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
                      "max_tokens": 256}
 

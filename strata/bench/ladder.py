@@ -100,7 +100,7 @@ def bench_ladder(path: str, *, gen: int = 32, batch: int = 8, device: str = "cpu
     for name, (b, cfg) in zip(ROWS, configs):
         t0 = time.perf_counter()
         with strata.load(path, max_batch=b, **common, **cfg) as model:
-            model.generate([1, 2], max_tokens=2, stop_token_ids=())  # warm-up: first calls, thread pools
+            model.generate([1, 2], max_tokens=2, temperature=0, stop_token_ids=())  # warm-up: first calls, thread pools
             run = _decode(model, b, gen, seed)
             detail = repr(model.memory)
             detail = type(model.memory).__name__ if detail.startswith("<") else detail

@@ -71,7 +71,7 @@ def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
     if stats is not None:
         stats.reset()
     model.reset_time_split()
-    done = model.generate_batch(prompts, max_tokens=gen, stop_token_ids=())
+    done = model.generate_batch(prompts, max_tokens=gen, temperature=0, stop_token_ids=())  # greedy: no sampler cost
     seconds = max(c.decode_seconds for c in done)
     tokens = sum(len(c.token_ids) - 1 for c in done)
     return {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
@@ -98,10 +98,11 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
     load_s = time.perf_counter() - t0
     try:
         tokens = _prompt(model.transformer.vocab_size, prompt, seed)
-        model.generate(tokens[:8], max_tokens=4, stop_token_ids=())  # warm-up: pool, first calls, first experts
+        greedy = dict(temperature=0, stop_token_ids=())  # no sampler cost, and every run the same tokens
+        model.generate(tokens[:8], max_tokens=4, **greedy)  # warm-up: pool, first calls, first experts
         pp = []
         for _ in range(reps):
-            pp.append(prompt / model.generate(tokens, max_tokens=1, stop_token_ids=()).prefill_seconds)
+            pp.append(prompt / model.generate(tokens, max_tokens=1, **greedy).prefill_seconds)
             step(f"pp{prompt}")
         result: dict[str, Any] = {
             "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,

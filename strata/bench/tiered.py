@@ -1,8 +1,9 @@
 """`strata bench tiered`: decoding through the tiered expert memory, prefetch depths side by side.
 
 Each run loads the model with the given budgets and one prefetch depth, decodes `tokens` tokens
-from the same random prompt (sampled with a fixed seed, so the text varies but every run decodes
-the same tokens: prefetch must not change them), and reports the expert memory's counters for
+from the same random prompt (sampled at the given temperature from the whole distribution, top_k 0,
+with a fixed seed, so the text varies but every run decodes the same tokens: prefetch must not
+change them), and reports the expert memory's counters for
 the decode steps only (reset after the first token, so the prompt's prefill does not count):
 hit rates per tier, bytes moved, the time compute waited for experts, prefetch precision and
 recall, and tokens per second. The compute is float (on the CPU too: there packed compute runs on
@@ -32,7 +33,7 @@ def decode_run(path: str, depth: int, prompt: list[int], tokens: int, *, tempera
 
     # float compute unless asked: on the CPU packed compute is served by the paged memory (no prefetch)
     with strata.load(path, prefetch_depth=depth, **{"compute": "float", **load_kwargs}) as model:
-        stream = model.generate(prompt, max_tokens=tokens, temperature=temperature, seed=seed, stream=True,
+        stream = model.generate(prompt, max_tokens=tokens, temperature=temperature, top_k=0, seed=seed, stream=True,
                                 stop_token_ids=())
         t0, n = None, 0
         for _ in stream:

@@ -238,7 +238,8 @@ class Model:
 
         sampling: a `SamplingParams` (temperature, top_k, top_p, min_p, repetition_penalty, seed,
         max_tokens, stop, stop_token_ids); or those options as keywords, over the model's default
-        (`load(sampling=...)`; greedy, 128 tokens). Greedy when temperature is 0. Generation ends
+        (`load(sampling=...)`; else SamplingParams(): the commands' rule, strata.defaults.SAMPLING_DEFAULTS:
+        temperature 0.8, top_k 40, 256 tokens, a fresh seed). Greedy when temperature is 0. Generation ends
         at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,
         or when the context is full. Returns a `Completion`, or with `stream=True` a `Stream` of
         `Chunk`s.
@@ -396,7 +397,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     compute: "packed" (the CPU default: weights stay in their GGUF blocks and the native quantized
     kernels multiply, activations rounded to 8-bit blocks as llama.cpp does), "float" (weights
     dequantized into `dtype`, torch multiplies: the reference path, and CUDA's), or "auto".
-    sampling: the default `SamplingParams` of `generate` (default: greedy, 128 tokens).
+    sampling: the default `SamplingParams` of `generate` (default: SamplingParams(), which samples at
+    temperature 0.8 with top_k 40 for 256 tokens as `strata generate` does; temperature=0 is greedy).
     chat_template: a jinja2 chat template (its text) that replaces the file's for `chat` and the server.
     """
     dev = resolve_device(device)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
+from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
 from .config import Names, OptionError, check_int, check_number, spell
@@ -74,15 +75,20 @@ def _token_ids(ids: Iterable[int], name: str) -> frozenset[int]:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one sequence picks its tokens and when it stops (vLLM's name and fields)."""
+    """How one sequence picks its tokens and when it stops (vLLM's name and fields).
 
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1: off
-    min_p: float = 0.0  # 0: off
-    repetition_penalty: float = 1.0  # 1: off
+    The defaults are strata.defaults.SAMPLING_DEFAULTS, the rule `generate`, `chat` and `serve`
+    follow too (temperature 0.8, top_k 40, other filters off, 256 tokens): the API samples, as
+    llama-cpp-python's Llama does. `temperature=0` is greedy; a `seed` makes sampling reproducible.
+    """
+
+    temperature: float = SAMPLING_DEFAULTS["temperature"]  # 0: greedy
+    top_k: int = SAMPLING_DEFAULTS["top_k"]  # 0: off
+    top_p: float = SAMPLING_DEFAULTS["top_p"]  # 1: off
+    min_p: float = SAMPLING_DEFAULTS["min_p"]  # 0: off
+    repetition_penalty: float = SAMPLING_DEFAULTS["repetition_penalty"]  # 1: off
     seed: int | None = None  # None: a fresh random seed per sequence
-    max_tokens: int | None = 128  # tokens generated at most; None: until the context is full
+    max_tokens: int | None = SAMPLING_DEFAULTS["max_tokens"]  # at most; None: until the context is full
     stop: tuple[str, ...] = ()  # stop strings (a single string is one): end the text, not part of it
     stop_token_ids: frozenset[int] | None = None  # None: the model's end-of-generation tokens
 

@@ -36,7 +36,7 @@ class GenerationRequest:
     model: str | None
     messages: list[dict[str, Any]] | None = None  # chat
     prompt: str | list[int] | None = None  # completion: text, or token ids
-    sampling: SamplingParams = field(default_factory=SamplingParams)  # max_tokens None: until the context is full
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=None))  # to the context end
     stream: bool = False
     include_usage: bool = False
     tools: ToolRequest = field(default_factory=ToolRequest)  # chat: tools, tool_choice, parallel_tool_calls

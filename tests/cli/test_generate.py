@@ -14,7 +14,7 @@ def test_generate_json_equals_the_api(cli, qwen3):
     code, out, _ = cli("generate", qwen3.gguf("f32"), "-p", "the expert router", "-n", "12", "--json",
                        "--threads", "1", "--temp", "0")
     got = json.loads(out)
-    ref = strata.load(qwen3.gguf("f32"), threads=1).generate("the expert router", max_tokens=12)
+    ref = strata.load(qwen3.gguf("f32"), threads=1).generate("the expert router", temperature=0, max_tokens=12)
     assert code == 0 and got["token_ids"] == ref.token_ids and got["text"] == ref.text
     assert got["tokens_per_second"] > 0
 
@@ -90,7 +90,8 @@ def test_missing_file_is_one_line(cli, tmp_path):
 def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
     code, out, err = cli("generate", qwen3.gguf(None), "-p", "the expert router", "-n", "8", "--json",
                          "--threads", "1", "--compute", compute, "--stats", "--temp", "0")
-    ref = strata.load(qwen3.gguf(None), threads=1, compute=compute).generate("the expert router", max_tokens=8)
+    ref = strata.load(qwen3.gguf(None), threads=1, compute=compute).generate("the expert router", temperature=0,
+                                                                             max_tokens=8)
     assert code == 0 and json.loads(out)["token_ids"] == ref.token_ids
     line = next(x for x in err.splitlines() if x.startswith("time per token"))
     parts = dict(p.rsplit(" ", 1) for p in line.split(": ", 1)[1].split(", "))
@@ -119,7 +120,7 @@ def test_engine_flags_reach_the_engine(cli, qwen3, monkeypatch):
     code, out, err = cli("generate", qwen3.gguf("f32"), "-p", prompt, "-n", "6", "--json", "--threads", "1",
                        "--ctx", "128", "--max-step-tokens", "8", "--kv-blocks", "9", "--temp", "0")
     assert code == 0 and seen["max_step_tokens"] == 8 and seen["kv_blocks"] == 9, err
-    ref = real_load(qwen3.gguf("f32"), threads=1, n_ctx=128).generate(prompt, max_tokens=6)
+    ref = real_load(qwen3.gguf("f32"), threads=1, n_ctx=128).generate(prompt, temperature=0, max_tokens=6)
     assert json.loads(out)["token_ids"] == ref.token_ids
     code, _, err = cli("generate", qwen3.gguf("f32"), "-p", "hi", "--ctx", "128", "--kv-blocks", "7")
     _one_error_line(code, err, "kv_blocks=7")

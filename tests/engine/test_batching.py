@@ -64,8 +64,8 @@ def test_sixteen_sequences_of_different_lengths_give_their_outputs_alone(key):
     lengths = [1, 700, 5, 33, 16, 17, 250, 3, 64, 120, 9, 400, 48, 2, 90, 31]
     with strata.load(tiny.gguf("f32"), threads=1, n_ctx=1024, max_batch=16, memory="direct") as m:
         prompts = [_ids(m.tokenizer.vocab_size, n, seed=n) for n in lengths]
-        together = m.generate_batch(prompts, max_tokens=5, stop_token_ids=())
-        alone = [m.generate(p, max_tokens=5, stop_token_ids=()) for p in prompts]
+        together = m.generate_batch(prompts, temperature=0, max_tokens=5, stop_token_ids=())
+        alone = [m.generate(p, temperature=0, max_tokens=5, stop_token_ids=()) for p in prompts]
         assert [c.token_ids for c in together] == [c.token_ids for c in alone]
         assert m.cache.n_free_blocks == m.cache.n_blocks and m.engine.scheduler.n_preempted == 0
 
@@ -77,9 +77,9 @@ def test_a_pool_too_small_for_every_sequence_preempts_and_outputs_stay_the_same(
                      memory="direct") as m:
         assert m.cache.n_blocks == 8  # 128 positions for four sequences that grow to 90, 80, 70 and 60
         prompts = [_ids(m.tokenizer.vocab_size, n, seed=n) for n in lengths]
-        together = m.generate_batch(prompts, max_tokens=30, stop_token_ids=())
+        together = m.generate_batch(prompts, temperature=0, max_tokens=30, stop_token_ids=())
         assert m.engine.scheduler.n_preempted > 0
-        alone = [m.generate(p, max_tokens=30, stop_token_ids=()) for p in prompts]
+        alone = [m.generate(p, temperature=0, max_tokens=30, stop_token_ids=()) for p in prompts]
         assert [c.token_ids for c in together] == [c.token_ids for c in alone]
         assert m.cache.n_free_blocks == 8
 

@@ -224,7 +224,7 @@ def test_server_names_the_field_it_was_given():
     assert info.value.param == "max_completion_tokens"
     assert str(info.value).startswith("max_completion_tokens: expected an integer >= 1, found 0")
     req = parse_completion({"prompt": "x", "ignore_eos": True, "top_k": -1, "max_tokens": 3})
-    assert req.sampling == SamplingParams(temperature=1.0, max_tokens=3, stop_token_ids=())
+    assert req.sampling == SamplingParams(top_k=0, max_tokens=3, stop_token_ids=())  # the rest: the API's defaults
 
 
 @pytest.mark.parametrize("args, api", [

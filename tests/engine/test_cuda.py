@@ -37,9 +37,9 @@ def test_f32_logits_on_cuda_equal_transformers(tiny, on_gpu):
 def test_f32_greedy_on_cuda_equals_cpu_and_batches_equal_alone(tiny, on_gpu, loaded):
     gpu, cpu = on_gpu(tiny, "float32"), loaded(tiny.key)
     prompts = [tiny.prompt_ids(n, seed=n) for n in (5, 23, 11, 16)]
-    alone = [gpu.generate(p, max_tokens=32, stop_token_ids=()).token_ids for p in prompts]
-    assert [c.token_ids for c in gpu.generate_batch(prompts, max_tokens=32, stop_token_ids=())] == alone
-    assert alone[1] == cpu.generate(prompts[1], max_tokens=32, stop_token_ids=()).token_ids
+    alone = [gpu.generate(p, temperature=0, max_tokens=32, stop_token_ids=()).token_ids for p in prompts]
+    assert [c.token_ids for c in gpu.generate_batch(prompts, temperature=0, max_tokens=32, stop_token_ids=())] == alone
+    assert alone[1] == cpu.generate(prompts[1], temperature=0, max_tokens=32, stop_token_ids=()).token_ids
 
 
 def test_bf16_on_cuda_tracks_f32(tiny, on_gpu):
@@ -48,7 +48,7 @@ def test_bf16_on_cuda_tracks_f32(tiny, on_gpu):
     ids = tiny.prompt_ids(96)
     a, b = bf16.logits(ids), f32.logits(ids)
     assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
-    stream = bf16.generate(ids[:16], max_tokens=16, stream=True, stop_token_ids=())
+    stream = bf16.generate(ids[:16], temperature=0, max_tokens=16, stream=True, stop_token_ids=())
     assert len([c for c in stream]) == 16 and stream.completion.tokens_per_second > 0
 
 

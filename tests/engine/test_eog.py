@@ -14,7 +14,7 @@ PROMPT = [11, 12, 13, 14, 15, 16]
 
 def greedy_path(model) -> tuple[list[int], int]:
     """(the first 12 greedy tokens, the index of one that occurs there once and is no EOG yet)."""
-    full = model.generate(PROMPT, max_tokens=12, stop_token_ids=()).token_ids
+    full = model.generate(PROMPT, temperature=0, max_tokens=12, stop_token_ids=()).token_ids
     k = next(k for k in range(2, len(full)) if full.count(full[k]) == 1 and full[k] not in model.stop_token_ids)
     return full, k
 
@@ -37,7 +37,7 @@ def test_generation_stops_on_each_eog_token(loaded, monkeypatch, how):
     tok = with_eog(dict(model.model_file.metadata), full[k], how)
     assert full[k] in tok.eog_ids and model.tokenizer.eog_ids < tok.eog_ids
     monkeypatch.setattr(model, "tokenizer", tok)
-    done = model.generate(PROMPT, max_tokens=12)
+    done = model.generate(PROMPT, temperature=0, max_tokens=12)
     assert done.token_ids == full[:k] and done.finish_reason == "stop"
-    chunks = list(model.generate(PROMPT, max_tokens=12, stream=True))
+    chunks = list(model.generate(PROMPT, temperature=0, max_tokens=12, stream=True))
     assert [c.token_id for c in chunks if c.token_id is not None] == full[:k] and chunks[-1].finish_reason == "stop"

@@ -22,15 +22,15 @@ def _hf_greedy(tiny, prompt: list[int], n: int) -> list[int]:
 
 def test_greedy_32_tokens_equal_transformers(tiny, loaded):
     prompt = tiny.prompt_ids(18, seed=3)
-    got = loaded(tiny.key).generate(prompt, max_tokens=32, stop_token_ids=())
+    got = loaded(tiny.key).generate(prompt, temperature=0, max_tokens=32, stop_token_ids=())
     assert got.token_ids == _hf_greedy(tiny, prompt, 32) and got.finish_reason == "length"
 
 
 def test_batch_of_four_prompts_equals_each_alone(tiny, loaded):
     m = loaded(tiny.key)
     prompts = [tiny.prompt_ids(n, seed=n) for n in (5, 23, 11, 16)]
-    alone = [m.generate(p, max_tokens=32, stop_token_ids=()).token_ids for p in prompts]
-    batch = m.generate_batch(prompts, max_tokens=32, stop_token_ids=())
+    alone = [m.generate(p, temperature=0, max_tokens=32, stop_token_ids=()).token_ids for p in prompts]
+    batch = m.generate_batch(prompts, temperature=0, max_tokens=32, stop_token_ids=())
     assert [c.token_ids for c in batch] == alone
 
 
@@ -60,11 +60,11 @@ def test_stream_chunks_add_up_to_the_completion(loaded):
 
 def test_stop_strings_and_tokens(loaded):
     m = loaded("mixtral")
-    full = m.generate("the", max_tokens=24, stop_token_ids=())
+    full = m.generate("the", temperature=0, max_tokens=24, stop_token_ids=())
     stop_at = full.text[len(full.text) // 2:][:3]
-    cut = m.generate("the", max_tokens=24, stop=[stop_at], stop_token_ids=())
+    cut = m.generate("the", temperature=0, max_tokens=24, stop=[stop_at], stop_token_ids=())
     assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.index(stop_at)]
-    by_token = m.generate("the", max_tokens=24, stop_token_ids=[full.token_ids[5]])
+    by_token = m.generate("the", temperature=0, max_tokens=24, stop_token_ids=[full.token_ids[5]])
     assert by_token.token_ids == full.token_ids[:full.token_ids.index(full.token_ids[5])]
 
 
@@ -78,7 +78,7 @@ def test_prompt_longer_than_context_is_one_clear_error(tiny):
     m = strata.load(tiny.gguf("f32"), threads=1, n_ctx=16, max_batch=1)
     with pytest.raises(StrataError, match="prompt of 40 tokens does not fit the context of 16 tokens"):
         m.generate(tiny.prompt_ids(40))
-    assert m.generate(tiny.prompt_ids(8), max_tokens=2).token_ids  # the engine is still usable
+    assert m.generate(tiny.prompt_ids(8), temperature=0, max_tokens=2).token_ids  # the engine is still usable
 
 
 @pytest.mark.parametrize("device, message", [("tpu", "unknown device 'tpu'"), ("cuda:x", "unknown device"),
@@ -113,8 +113,9 @@ def test_perplexity_matches_transformers_logits(loaded):
 def test_more_prompts_than_slots_queue_and_a_closed_stream_frees_its_slot(tiny):
     m = strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, max_batch=2)
     prompts = [tiny.prompt_ids(n, seed=n) for n in (3, 9, 6, 12, 4)]
-    batch = m.generate_batch(prompts, max_tokens=8, stop_token_ids=())
-    assert [c.token_ids for c in batch] == [m.generate(p, max_tokens=8, stop_token_ids=()).token_ids for p in prompts]
+    greedy = dict(temperature=0, max_tokens=8, stop_token_ids=())
+    batch = m.generate_batch(prompts, **greedy)
+    assert [c.token_ids for c in batch] == [m.generate(p, **greedy).token_ids for p in prompts]
     stream = m.generate(prompts[0], max_tokens=50, stream=True)
     next(iter(stream))
     stream.close()

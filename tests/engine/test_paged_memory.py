@@ -48,8 +48,8 @@ def test_paged_memory_generates_as_direct_with_long_prompts(tiny):
     with strata.load(path, threads=2, n_ctx=128, max_batch=1, memory="direct") as direct, \
             strata.load(path, threads=2, n_ctx=128, max_batch=1, memory="paged",
                         host_mem=_budget(path, _top_k(path))) as paged:
-        want = direct.generate(prompt, max_tokens=8, stop_token_ids=())
-        got = paged.generate(prompt, max_tokens=8, stop_token_ids=())
+        want = direct.generate(prompt, temperature=0, max_tokens=8, stop_token_ids=())
+        got = paged.generate(prompt, temperature=0, max_tokens=8, stop_token_ids=())
         assert got.token_ids == want.token_ids
         assert paged.memory._held is None
 

@@ -14,7 +14,7 @@ def _kept(logits: torch.Tensor) -> list[int]:
 
 
 def test_greedy_takes_the_argmax():
-    assert Sampler(SamplingParams())(LOGITS, []) == 0
+    assert Sampler(SamplingParams(temperature=0))(LOGITS, []) == 0
 
 
 def test_top_k_keeps_k_tokens():
@@ -41,7 +41,7 @@ def test_temperature_sharpens_and_flattens():
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     out = apply_repetition_penalty(LOGITS, [0, 4, 4], 2.0)
     assert out.tolist() == [1.0, 1.0, 0.5, 0.0, -2.0, -3.0]
-    assert Sampler(SamplingParams(repetition_penalty=3.0))(LOGITS, [0]) == 1
+    assert Sampler(SamplingParams(temperature=0, repetition_penalty=3.0))(LOGITS, [0]) == 1
 
 
 def test_seeded_draws_repeat_and_follow_the_distribution():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 A, B, C = "Hello world", "The cat sat on", "Once upon"
-KW = dict(stop_token_ids=[])
+KW = dict(temperature=0, stop_token_ids=[])  # greedy: a stream and its solo run decode the same tokens
 
 
 @pytest.fixture(scope="module")

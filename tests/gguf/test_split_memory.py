@@ -66,7 +66,7 @@ def test_the_parts_hold_experts_in_several_files(files):
 def _run(path, **kw):
     with strata.load(path, threads=1, n_ctx=128, max_batch=1, **kw) as m:
         ids = prompt(20)
-        logits, tokens = m.logits(ids), m.generate(ids, max_tokens=12, stop_token_ids=()).token_ids
+        logits, tokens = m.logits(ids), m.generate(ids, temperature=0, max_tokens=12, stop_token_ids=()).token_ids
         stats = m.memory_stats()  # None for the direct memory
         return logits, tokens, stats.totals() if stats is not None else {}
 

@@ -37,7 +37,7 @@ def files(tmp_path_factory):
     plain = root / "plain.gguf"
     convert(hf, plain, TypePolicy(), n_threads=2)
     with load(plain) as m:
-        m.generate(FIRST, max_tokens=N_DECODE, stop_token_ids=())
+        m.generate(FIRST, temperature=0, max_tokens=N_DECODE, stop_token_ids=())
         counts, tokens = m.memory_stats().routing()
     save_routing_npz(root / "routing.npz", counts, tokens)
     seeded = root / "seeded.gguf"
@@ -151,7 +151,7 @@ def test_statistics_raise_the_first_tokens_hit_rate_and_change_no_result(files):
     runs = {}
     for name in ("plain", "seeded"):
         with load(files[name]) as m:
-            tokens = m.generate(FIRST, max_tokens=N_DECODE, stop_token_ids=()).token_ids
+            tokens = m.generate(FIRST, temperature=0, max_tokens=N_DECODE, stop_token_ids=()).token_ids
             rate = m.memory_stats().totals()["device_hit_rate"]
             runs[name] = (m.logits(FIRST + tokens), tokens, rate)
     (logits_p, tokens_p, rate_p), (logits_s, tokens_s, rate_s) = runs["plain"], runs["seeded"]

@@ -20,12 +20,12 @@ def test_settled_memory_decodes_like_the_pinned_path():
         mem = settled.memory
         assert mem._settled and mem.plan.slots_per_layer == N_EXPERTS and not pressed.memory._settled
         ids = prompt(12)
-        out = settled.generate(ids, max_tokens=24, stop_token_ids=())
-        assert out.token_ids == direct.generate(ids, max_tokens=24, stop_token_ids=()).token_ids
-        assert out.token_ids == pressed.generate(ids, max_tokens=24, stop_token_ids=()).token_ids
+        out = settled.generate(ids, temperature=0, max_tokens=24, stop_token_ids=())
+        assert out.token_ids == direct.generate(ids, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
+        assert out.token_ids == pressed.generate(ids, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
         assert not mem.policy.slot_pins.any()  # nothing left pinned, and nothing was needed
         table = mem.policy.page_table.copy()
-        again = settled.generate(ids, max_tokens=24, stop_token_ids=())
+        again = settled.generate(ids, temperature=0, max_tokens=24, stop_token_ids=())
         assert again.token_ids == out.token_ids and np.array_equal(mem.policy.page_table, table)
         t = settled.memory_stats().totals()
         assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"] > 0

@@ -22,7 +22,7 @@ from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
-from .tiered_fixture import DEVICE_SLOTS, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
+from .tiered_fixture import DEVICE_SLOTS, GREEDY, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
 
 torch.set_num_threads(1)
 FORMS = ("dequantized", "packed")
@@ -44,9 +44,9 @@ def references(path):
             with strata.load(path, memory="direct", threads=1, n_ctx=256, compute=compute) as m:
                 ids = prompt(24)
                 runs[compute] = {
-                    "logits": m.logits(ids), "greedy": m.generate(ids, max_tokens=32, stop_token_ids=()).token_ids,
+                    "logits": m.logits(ids), "greedy": m.generate(ids, max_tokens=32, **GREEDY).token_ids,
                     "batch": [c.token_ids for c in m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)],
-                                                                    max_tokens=12, stop_token_ids=())]}
+                                                                    max_tokens=12, **GREEDY)]}
         return runs[compute]
 
     return get
@@ -66,7 +66,7 @@ def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, f
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert N_EXPERTS == 4 * DEVICE_SLOTS == 2 * HOST_SLOTS
         assert torch.equal(m.logits(prompt(24)), reference["logits"])
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == reference["greedy"]
+        assert m.generate(prompt(24), max_tokens=32, **GREEDY).token_ids == reference["greedy"]
         t = m.memory_stats().totals()
         # all three tiers served (by demand loads or, timing permitting, by prefetches)
         assert t["disk_reads"] + t["prefetch_disk_reads"] > 0 and t["evictions"] > 0
@@ -80,7 +80,7 @@ def test_batched_decoding_equals_the_all_resident_run(path, references, form):
     reference = references("float")
     with load(path, form) as m:
         assert m.memory.max_acquire == TOP_K
-        got = m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)], max_tokens=12, stop_token_ids=())
+        got = m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)], max_tokens=12, **GREEDY)
         assert [c.token_ids for c in got] == reference["batch"]
 
 
@@ -88,13 +88,13 @@ def _traced_decode(m, ids: list[int], n: int):
     """After a warm-up (torch's and numpy's first calls), generate n tokens from ids: (the
     completion, the memory system's allocation counter before it, bytes of Python and numpy
     objects it left behind)."""
-    m.generate(prompt(8), max_tokens=4, stop_token_ids=())
+    m.generate(prompt(8), max_tokens=4, **GREEDY)
     before = ALLOCATIONS.snapshot()
     gc.collect()
     tracemalloc.start()
     try:
         start = tracemalloc.get_traced_memory()[0]
-        done = m.generate(ids, max_tokens=n, stop_token_ids=())
+        done = m.generate(ids, max_tokens=n, **GREEDY)
         gc.collect()  # cyclic garbage is not kept memory
         grown = tracemalloc.get_traced_memory()[0] - start
     finally:
@@ -124,7 +124,7 @@ def test_statistics_add_up(path):
             return acquire(layer, ids)
 
         m.memory.acquire = counting
-        m.generate(prompt(12), max_tokens=24, stop_token_ids=())
+        m.generate(prompt(12), max_tokens=24, **GREEDY)
         mem, s = m.memory, m.memory_stats()
         assert s.total("requests") == sum(acquired)
         assert np.array_equal(s.requests, s.device_hits + s.device_late + s.device_misses)
@@ -145,7 +145,7 @@ def test_statistics_add_up(path):
 @pytest.mark.parametrize("form", FORMS)
 def test_slots_hold_the_files_experts_and_the_page_table_mirrors_the_policy(path, form):
     with load(path, form, depth=1) as m:
-        m.generate(prompt(10), max_tokens=16, stop_token_ids=())
+        m.generate(prompt(10), max_tokens=16, **GREEDY)
         mem, mf = m.memory, m.model_file
         mem.close()  # the loader is stopped: nothing moves while we look
         assert torch.equal(mem.page_table, torch.from_numpy(mem.policy.page_table))
@@ -172,15 +172,15 @@ def test_prefetch_only_moves_bytes_a_wrong_prediction_costs_no_result(path, refe
 def test_default_budgets_hold_a_small_model_whole(path, references):
     with strata.load(path, threads=1, n_ctx=256, compute="float") as m:
         assert m.memory.plan.form == "dequantized" and m.memory.plan.slots_per_layer == N_EXPERTS
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("float")["greedy"]
+        assert m.generate(prompt(24), max_tokens=32, **GREEDY).token_ids == references("float")["greedy"]
     # packed compute: memory='tiered' is served by the paged memory, whose default holds the model too
     with strata.load(path, threads=1, n_ctx=256, memory="tiered") as m:
         assert isinstance(m.memory, PagedExpertMemory) and m.memory.max_acquire == N_EXPERTS
         assert m.plan.memory == "paged" and "memory='tiered' with packed compute" in m.plan.memory_why
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
+        assert m.generate(prompt(24), max_tokens=32, **GREEDY).token_ids == references("packed")["greedy"]
     with strata.load(path, threads=1, n_ctx=256) as m:  # the CPU's default: packed compute, one paged RAM tier
         assert isinstance(m.memory, PagedExpertMemory) and m.memory.max_acquire == N_EXPERTS
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == references("packed")["greedy"]
+        assert m.generate(prompt(24), max_tokens=32, **GREEDY).token_ids == references("packed")["greedy"]
 
 
 def test_paged_memory_decoding_allocates_nothing_after_start_up(path, references):

@@ -10,7 +10,7 @@ import torch
 import strata
 from strata.memory.alloc import ALLOCATIONS
 
-from .tiered_fixture import DEVICE_SLOTS, HOST_SLOTS, moe_file, prompt, tiered
+from .tiered_fixture import DEVICE_SLOTS, GREEDY, HOST_SLOTS, moe_file, prompt, tiered
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 FORMS = ("dequantized", "packed")
@@ -27,9 +27,9 @@ def reference(path):
     for dtype in (torch.float32, torch.bfloat16):
         with strata.load(path, device="cuda", dtype=dtype, memory="direct", n_ctx=256) as m:
             ids = prompt(24)
-            out[dtype] = (m.logits(ids), m.generate(ids, max_tokens=32, stop_token_ids=()).token_ids,
+            out[dtype] = (m.logits(ids), m.generate(ids, max_tokens=32, **GREEDY).token_ids,
                           [c.token_ids for c in m.generate_batch([prompt(5, 1), prompt(17, 2)], max_tokens=12,
-                                                                  stop_token_ids=())])
+                                                                  **GREEDY)])
     return out
 
 
@@ -48,9 +48,9 @@ def test_cuda_logits_and_tokens_equal_the_all_resident_run(path, reference, form
         assert mem.slots.cuda and mem.host.pinned  # the page table has no device copy: nothing there reads it
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert torch.equal(m.logits(prompt(24)), logits)
-        assert m.generate(prompt(24), max_tokens=32, stop_token_ids=()).token_ids == greedy
+        assert m.generate(prompt(24), max_tokens=32, **GREEDY).token_ids == greedy
         assert [c.token_ids for c in m.generate_batch([prompt(5, 1), prompt(17, 2)], max_tokens=12,
-                                                      stop_token_ids=())] == batch
+                                                      **GREEDY)] == batch
         t = m.memory_stats().totals()
         assert t["disk_reads"] + t["prefetch_disk_reads"] > 0 and t["evictions"] > 0
         mem.close()
@@ -70,10 +70,10 @@ def _cuda_counters() -> dict[str, int]:
 @pytest.mark.parametrize("form", FORMS)
 def test_cuda_decoding_allocates_nothing_after_start_up(path, form):
     with load(path, form, depth=2) as m:
-        m.generate(prompt(8, 4), max_tokens=64, stop_token_ids=())  # warm-up: kernels, allocator blocks
+        m.generate(prompt(8, 4), max_tokens=64, **GREEDY)  # warm-up: kernels, allocator blocks
         torch.cuda.synchronize()
         before, ours = _cuda_counters(), ALLOCATIONS.snapshot()
-        done = m.generate(prompt(8, 5), max_tokens=64, stop_token_ids=())
+        done = m.generate(prompt(8, 5), max_tokens=64, **GREEDY)
         torch.cuda.synchronize()
         assert len(done.token_ids) == 64
         # activations come from the caching allocator's blocks; no new device memory is taken

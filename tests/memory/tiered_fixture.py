@@ -25,6 +25,8 @@ from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
 N_LAYERS, N_EXPERTS, TOP_K = 3, 8, 2
 DEVICE_SLOTS, HOST_SLOTS = N_EXPERTS // 4, N_EXPERTS // 2  # experts are 4x the device pool, 2x the host's
+#: Generation options of runs compared token for token and counter for counter: greedy, no stop token.
+GREEDY = dict(temperature=0, stop_token_ids=())
 
 
 @cache

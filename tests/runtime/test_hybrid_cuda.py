@@ -40,10 +40,10 @@ def test_cuda_hybrid_decoding_allocates_nothing_after_start_up(path):
         assert m.memory.host.pinned and m.memory.host.compact
         ex.rates, ex.learn = HybridRates({layer_format(m.model_file, layer)[0]: 1e15 for layer in
                                           m.model_file.expert_layers}, copy_bytes_per_s=1e6), False
-        m.generate(prompt(8, 4), max_tokens=32, stop_token_ids=())  # warm-up
+        m.generate(prompt(8, 4), temperature=0, max_tokens=32, stop_token_ids=())  # warm-up
         torch.cuda.synchronize()
         before = _cuda_counters()
-        m.generate(prompt(8, 5), max_tokens=32, stop_token_ids=())
+        m.generate(prompt(8, 5), temperature=0, max_tokens=32, stop_token_ids=())
         torch.cuda.synchronize()
         assert _cuda_counters() == before
         assert m.memory_stats().total("cpu_computed") > 0
@@ -52,6 +52,6 @@ def test_cuda_hybrid_decoding_allocates_nothing_after_start_up(path):
 def test_cuda_hybrid_measures_its_rates(path):
     with strata.load(path, device="cuda", n_ctx=256, memory=tiered(path, "packed", 0, device="cuda",
                                                                      hybrid=True)) as m:
-        m.generate(prompt(24), max_tokens=32, stop_token_ids=())
+        m.generate(prompt(24), temperature=0, max_tokens=32, stop_token_ids=())
         r, fmt = m.runner.hybrid.exec.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
         assert r.cpu_token_bytes_per_s[fmt] > 0 and r.copy_bytes_per_s > 0

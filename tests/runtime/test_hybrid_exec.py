@@ -181,10 +181,10 @@ def run_hybrid(path, form, device, dtype, hybrid, prefetch_depth=0):
             ex = m.runner.hybrid.exec
             ex.rates, ex.learn = HybridRates({layer_format(m.model_file, layer)[0]: 1e15 for layer in
                                               m.model_file.expert_layers}, copy_bytes_per_s=1e6), False
-        m.generate(prompt(24), max_tokens=16, stop_token_ids=())  # decode steps: misses and host hits
+        m.generate(prompt(24), temperature=0, max_tokens=16, stop_token_ids=())  # decode steps: misses and host hits
         logits = torch.cat([m.logits(tokens(64, seed)) for seed in range(8)])  # [8*64, V]
         before = ALLOCATIONS.snapshot()
-        m.generate(prompt(8, 5), max_tokens=16, stop_token_ids=())
+        m.generate(prompt(8, 5), temperature=0, max_tokens=16, stop_token_ids=())
         if device == "cuda":
             torch.cuda.synchronize()
         allocated = ALLOCATIONS.snapshot() != before
@@ -217,7 +217,7 @@ def test_hybrid_on_the_cpu_device_is_close_computes_on_the_cpu_and_copies_less(p
 
 def test_hybrid_measures_its_rates_and_probes_the_cpu_first(path):
     with strata.load(path, device="cpu", n_ctx=256, memory=tiered(path, "packed", 0, hybrid=True)) as m:
-        m.generate(prompt(24), max_tokens=16, stop_token_ids=())
+        m.generate(prompt(24), temperature=0, max_tokens=16, stop_token_ids=())
         r, fmt = m.runner.hybrid.exec.rates, layer_format(m.model_file, m.model_file.expert_layers[0])[0]
         assert r.cpu_token_bytes_per_s[fmt] > 0 and r.copy_bytes_per_s > 0
         assert m.memory_stats().total("cpu_computed") >= 1
