@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     def loader():
         import strata
 
-        return strata.load(args.model, max_batch=args.max_batch, **kwargs)
+        return strata.load(args.model, max_batch=args.max_batch, prefix_cache=not args.no_prefix_cache, **kwargs)
 
     name = args.alias or Path(args.model).stem
     config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
@@ -101,6 +101,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--no-webui", dest="webui", action="store_false",
                    help="leave out the browser pages (chat at /, live expert memory at /memory); the API and "
                         "GET /api/memory stay")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt whole (default: KV blocks of a prompt prefix seen before, such as a "
+                        "system prompt or earlier chat turns, are shared by content hash and not prefilled again)")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default info; debug also logs every request)")
     p.set_defaults(func=run)

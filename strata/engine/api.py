@@ -313,7 +313,7 @@ class Model:
     @staticmethod
     def _completion(seq: Sequence, t0: float, t_first: float, end: float) -> Completion:
         return Completion(seq.output_ids, seq.text, seq.finish_reason or "abort", len(seq.prompt_ids),
-                          t_first - t0, end - t_first)
+                          t_first - t0, end - t_first, seq.n_prompt_cached or 0)
 
     def memory_stats(self):
         """The expert memory's counters (`strata.memory.stats.MemoryStats`: hits and misses per
@@ -376,6 +376,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
          kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
+         prefix_cache: bool = True,
          **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
@@ -387,7 +388,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     max_batch sequences of n_ctx positions) that sequences take as they grow and give back as
     they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
     chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
-    batch (None: unbounded; past it `Engine.add` raises EngineFull).
+    batch (None: unbounded; past it `Engine.add` raises EngineFull). prefix_cache: share the KV
+    blocks of a prompt prefix computed before (a system prompt, the earlier turns of a chat)
+    across requests by content hash, so they are not prefilled again (`strata.engine.kv_cache`).
     memory: the expert memory: a `MemoryConfig` (its docstring lists each kind and its options),
     a kind's name ("tiered", "paged", "direct"), None (paged for packed compute on the CPU, tiered
     otherwise or when an option only the tiered memory has is given), or a factory
@@ -411,6 +414,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         raise StrataArgumentError(f"sampling: expected a SamplingParams, found {sampling!r:.80}")
     if chat_template is not None and not isinstance(chat_template, str):
         raise StrataArgumentError(f"chat_template: expected the template's text (str), found {chat_template!r:.80}")
+    if not isinstance(prefix_cache, bool):
+        raise StrataArgumentError(f"prefix_cache: expected True or False, found {prefix_cache!r:.80}")
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
@@ -429,7 +434,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         kv_bytes = _kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks)
         mem = _expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv_bytes) if mf.expert_layers else None
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
-        cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes)
+        cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes, prefix_cache)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                      sampling=sampling, chat_template=chat_template)
     except BaseException:
@@ -496,10 +501,11 @@ def _kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_b
 
 
 def _kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int, kv_blocks: int | None,
-              kv_bytes: int) -> KVCache:
+              kv_bytes: int, prefix_cache: bool = True) -> KVCache:
     hp = mf.hparams
     try:
-        return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks)
+        return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks,
+                       prefix_cache=prefix_cache)
     except (RuntimeError, MemoryError) as e:
         raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                           f"({format_bytes(kv_bytes)}) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"

@@ -84,6 +84,7 @@ class Engine:
         logits = self.model(tokens, batch, self.cache)  # [B, V]
         for s, n in work:
             s.n_cached += n
+            self.scheduler.computed(s)
         return logits.cpu()
 
     def postprocess(self, work: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[tuple[Sequence, str]]:

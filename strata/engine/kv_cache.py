@@ -7,11 +7,26 @@ positions) in the compute dtype on the device. A sequence holds a slot (a handle
 (`reserve`) and all go back when it ends (`free`), so many short sequences and a few long ones
 share the memory; `n_ctx` stays the most positions one sequence may hold.
 
+Prefix cache (vLLM's automatic prefix caching, llama-server's prompt cache): a block whose P
+positions are all computed is immutable, and is registered under its content hash, which chains
+the previous block's hash with the block's token ids (`block_hash`), so one hash names a whole
+prefix: the same tokens after a different prefix do not match. A new sequence whose first
+blocks' hashes are registered takes those blocks into its table (`match`) and starts computing
+after them. Blocks are refcounted: a block held by no table but registered stays cached
+(evictable) until allocation needs room, then the least recently released goes first. Only full,
+computed blocks are shared and a sequence writes only positions past its cached ones, so a
+shared block is never written.
+
 `BlockTables` is the bookkeeping alone (plain Python, no tensors), so the allocator and the
 scheduler are tested without a model. Must not: compute attention or choose which sequence runs
 (the scheduler does); it hands out and takes back blocks.
 """
 from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from typing import Sequence as Seq
 
 import torch
 
@@ -30,10 +45,27 @@ def blocks_for(n_positions: int, block_size: int = BLOCK_SIZE) -> int:
     return -(-n_positions // block_size)
 
 
-class BlockTables:
-    """Slots (sequence handles) and their block tables over a pool of `n_blocks` blocks."""
+def block_hash(parent: bytes, token_ids: Seq[int]) -> bytes:
+    """The content hash of a full block: its prefix's hash (`parent`, b"" for the first block)
+    chained with its token ids. BLAKE2b-128: a collision would hand a request another prompt's
+    keys and values, so not Python's hash() (fixed for ints, so forgeable by a client)."""
+    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
-    def __init__(self, n_slots: int, n_ctx: int, n_blocks: int | None = None, block_size: int = BLOCK_SIZE):
+
+def block_hashes(token_ids: Seq[int], n_blocks: int, known: list[bytes], block_size: int = BLOCK_SIZE) -> list[bytes]:
+    """The hashes of the first `n_blocks` full blocks of `token_ids`, extending `known` (the
+    hashes of its first blocks, computed before) in place."""
+    for i in range(len(known), n_blocks):
+        known.append(block_hash(known[-1] if known else b"", token_ids[i * block_size:(i + 1) * block_size]))
+    return known
+
+
+class BlockTables:
+    """Slots (sequence handles) and their block tables over a pool of `n_blocks` blocks, with the
+    prefix cache over them (`prefix_cache=False`: blocks go straight back to the free list)."""
+
+    def __init__(self, n_slots: int, n_ctx: int, n_blocks: int | None = None, block_size: int = BLOCK_SIZE,
+                 prefix_cache: bool = True):
         if n_slots < 1 or n_ctx < 1 or block_size < 1:
             raise ValueError(f"KV cache: expected n_slots, n_ctx and block_size >= 1, found {n_slots}, {n_ctx}, "
                              f"{block_size}")
@@ -46,6 +78,13 @@ class BlockTables:
         self._free_slots = list(range(n_slots - 1, -1, -1))  # popped from the end: lowest first
         self._free_blocks = list(range(self.n_blocks - 1, -1, -1))
         self.tables: dict[int, list[int]] = {}  # slot -> its blocks, in position order
+        self.prefix_cache = prefix_cache
+        self._refs = [0] * self.n_blocks  # tables holding each block
+        self._cached: dict[bytes, int] = {}  # content hash -> block
+        self._hash_of: dict[int, bytes] = {}  # block -> its content hash (registered blocks only)
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no table: LRU first
+        self.n_queried = 0  # prompt tokens looked up in the prefix cache since start
+        self.n_hit = 0  # of which found cached
 
     @property
     def n_free(self) -> int:
@@ -54,11 +93,17 @@ class BlockTables:
 
     @property
     def n_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        """Blocks allocation may take: free ones and cached ones no table holds (evicted on demand)."""
+        return len(self._free_blocks) + len(self._evictable)
+
+    @property
+    def n_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (held by tables or not)."""
+        return len(self._cached)
 
     @property
     def n_used_blocks(self) -> int:
-        return self.n_blocks - len(self._free_blocks)
+        return self.n_blocks - self.n_free_blocks
 
     def allocate(self) -> int:
         """A free slot (the lowest-numbered one), with an empty block table."""
@@ -78,7 +123,7 @@ class BlockTables:
         return max(0, blocks_for(n_positions, self.block_size) - len(self.table(slot)))
 
     def can_reserve(self, slot: int, n_positions: int) -> bool:
-        return self.blocks_needed(slot, n_positions) <= len(self._free_blocks)
+        return self.blocks_needed(slot, n_positions) <= self.n_free_blocks
 
     def reserve(self, slot: int, n_positions: int) -> bool:
         """Grow `slot`'s table to hold n_positions positions: all the blocks or none (False when the
@@ -86,12 +131,50 @@ class BlockTables:
         if n_positions > self.n_ctx:
             raise StrataError(f"KV cache: {n_positions} positions exceed n_ctx={self.n_ctx}")
         need = self.blocks_needed(slot, n_positions)
-        if need > len(self._free_blocks):
+        if need > self.n_free_blocks:
             return False
         table = self.tables[slot]
         for _ in range(need):
-            table.append(self._free_blocks.pop())
+            table.append(self._take())
         return True
+
+    def _take(self) -> int:
+        """A block for a table: a free one, else the least recently released cached one (evicted)."""
+        if self._free_blocks:
+            block = self._free_blocks.pop()
+        else:
+            block, _ = self._evictable.popitem(last=False)
+            del self._cached[self._hash_of.pop(block)]
+        self._refs[block] = 1
+        return block
+
+    def match(self, slot: int, hashes: Seq[bytes]) -> int:
+        """Put the cached blocks of the longest registered prefix of `hashes` (a sequence's full
+        blocks, first to last) into `slot`'s empty table; returns how many. Their positions are
+        computed: the sequence starts after them."""
+        table = self.table(slot)
+        if table:
+            raise ValueError(f"KV cache: slot {slot} already holds {len(table)} blocks; a prefix is matched first")
+        for h in hashes if self.prefix_cache else ():
+            block = self._cached.get(h)
+            if block is None:
+                break
+            if self._refs[block] == 0:
+                del self._evictable[block]
+            self._refs[block] += 1
+            table.append(block)
+        return len(table)
+
+    def commit(self, slot: int, hashes: Seq[bytes], start: int = 0) -> None:
+        """Register `slot`'s blocks start..len(hashes)-1 (full and computed) under their content
+        hashes (`hashes[i]`: block i's). A block already registered, or whose hash names another
+        block (two sequences computed the same prefix at once), is left as it is."""
+        if not self.prefix_cache:
+            return
+        table = self.table(slot)
+        for block, h in zip(table[start:len(hashes)], hashes[start:]):
+            if block not in self._hash_of and h not in self._cached:
+                self._cached[h], self._hash_of[block] = block, h
 
     def free(self, slot: int) -> None:
         """Give back the slot and every block it holds."""
@@ -103,9 +186,25 @@ class BlockTables:
         self._free_slots.sort(reverse=True)
 
     def release(self, slot: int) -> None:
-        """Give back the blocks of `slot` and keep the slot (a preempted sequence starts over)."""
-        self._free_blocks.extend(reversed(self.table(slot)))
+        """Give back the blocks of `slot` and keep the slot (a preempted sequence starts over).
+        A registered block no table holds any more stays cached, evictable; the tail of a prefix
+        is released first, so it is evicted before the blocks it depends on."""
+        for block in reversed(self.table(slot)):
+            self._refs[block] -= 1
+            if self._refs[block]:
+                continue
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._free_blocks.append(block)
         self.tables[slot] = []
+
+    def clear_cache(self) -> None:
+        """Forget every cached block no table holds (they become free)."""
+        for block in self._evictable:
+            del self._cached[self._hash_of.pop(block)]
+            self._free_blocks.append(block)
+        self._evictable.clear()
 
 
 class KVCache(BlockTables):
@@ -113,8 +212,9 @@ class KVCache(BlockTables):
 
     def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int | None = None, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", n_blocks: int | None = None, block_size: int = BLOCK_SIZE):
-        super().__init__(n_slots, n_ctx, n_blocks, block_size)
+                 device: str | torch.device = "cpu", n_blocks: int | None = None, block_size: int = BLOCK_SIZE,
+                 prefix_cache: bool = True):
+        super().__init__(n_slots, n_ctx, n_blocks, block_size, prefix_cache)
         N, P = self.n_blocks, block_size
         shape_k = (N, n_head_kv, P, head_dim)
         shape_v = (N, n_head_kv, P, head_dim if head_dim_v is None else head_dim_v)  # 0: no values (MLA)
@@ -151,4 +251,4 @@ class KVCache(BlockTables):
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-__all__ = ["BLOCK_SIZE", "BlockTables", "KVCache", "blocks_for"]
+__all__ = ["BLOCK_SIZE", "BlockTables", "KVCache", "block_hash", "block_hashes", "blocks_for"]

@@ -12,6 +12,11 @@ Every step `schedule()` returns (sequence, new tokens) pairs:
    other running sequence in hand, so decodes do not preempt at once); a waiting sequence that
    gets nothing stays waiting.
 
+A waiting sequence is first matched against the prefix cache (`BlockTables.match`): the blocks
+of its longest cached prefix join its table and its prefill starts after them (always leaving
+its last token to compute, for its logits). After each step `computed` registers the blocks a
+sequence has filled, so later requests (and this one after a preemption) can share them.
+
 So running decodes keep their pace while a long prompt is prefilled beside them, a few hundred
 tokens per step. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
 
@@ -26,7 +31,7 @@ from collections import deque
 from strata.defaults import MAX_STEP_TOKENS
 from strata.errors import StrataArgumentError, StrataError
 
-from .kv_cache import BlockTables
+from .kv_cache import BlockTables, block_hashes
 from .sequence import Sequence
 
 
@@ -99,15 +104,41 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch and self.blocks.n_free:
             seq = self.waiting[0]
             seq.slot = self.blocks.allocate()
+            self._match(seq)
             n = self._chunk(seq, budget)
             if not n:  # no blocks to spare: it waits (blocks come back as sequences end)
                 self.blocks.free(seq.slot)
-                seq.slot = None
+                seq.slot, seq.n_cached, seq.n_committed = None, 0, 0
                 break
+            self._count_hits(seq)
             self.running.append(self.waiting.popleft())
             work.append((seq, n))
             budget -= n
         return work
+
+    def _match(self, seq: Sequence) -> None:
+        """Start `seq` (just given an empty table) after its longest cached prefix of whole blocks,
+        short of its last token: that one is computed for the logits the next token comes from."""
+        if not self.blocks.prefix_cache:
+            return
+        ids = seq.all_ids
+        hashes = block_hashes(ids, (len(ids) - 1) // self.blocks.block_size, seq.block_hashes, self.blocks.block_size)
+        seq.n_committed = self.blocks.match(seq.slot, hashes)
+        seq.n_cached = seq.n_committed * self.blocks.block_size
+
+    def _count_hits(self, seq: Sequence) -> None:
+        if seq.n_prompt_cached is None:  # the first admission (not one after a preemption)
+            seq.n_prompt_cached = min(seq.n_cached, len(seq.prompt_ids))
+            self.blocks.n_queried += len(seq.prompt_ids)
+            self.blocks.n_hit += seq.n_prompt_cached
+
+    def computed(self, seq: Sequence) -> None:
+        """`seq`'s new tokens were computed: register the blocks they filled in the prefix cache."""
+        n_full = seq.n_cached // self.blocks.block_size
+        if n_full > seq.n_committed and self.blocks.prefix_cache:
+            hashes = block_hashes(seq.all_ids, n_full, seq.block_hashes, self.blocks.block_size)
+            self.blocks.commit(seq.slot, hashes[:n_full], seq.n_committed)
+            seq.n_committed = n_full
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Prompt tokens of `seq` this step (blocks reserved for them): within the budget and the
@@ -126,7 +157,7 @@ class Scheduler:
         the queue and is prefilled again (prompt and output so far) when it is admitted."""
         self.running.remove(seq)
         self.blocks.free(seq.slot)
-        seq.slot, seq.n_cached = None, 0
+        seq.slot, seq.n_cached, seq.n_committed = None, 0, 0
         self.waiting.appendleft(seq)
         self.n_preempted += 1
 

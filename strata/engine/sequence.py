@@ -53,6 +53,9 @@ class Sequence:
         self.output_ids: list[int] = []
         self.slot: int | None = None  # KV-cache slot (the handle of its block table) while running
         self.n_cached = 0  # tokens whose keys and values are in the cache (0 again after a preemption)
+        self.n_prompt_cached: int | None = None  # prompt tokens the prefix cache served at admission
+        self.block_hashes: list[bytes] = []  # content hashes of its first full blocks (kv_cache.block_hashes)
+        self.n_committed = 0  # blocks of its table registered in the prefix cache
         self.finish_reason: str | None = None  # "stop" | "length"
         self.text = ""  # output text so far (with a decoder), cut at a stop string
         self._emitted = 0  # characters of `text` already handed out

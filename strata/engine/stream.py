@@ -32,6 +32,7 @@ class Completion:
     prompt_tokens: int
     prefill_seconds: float  # prompt processing up to the first generated token
     decode_seconds: float  # the remaining tokens
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
 
     @property
     def tokens_per_second(self) -> float:
@@ -42,7 +43,8 @@ class Completion:
     def to_dict(self) -> dict[str, Any]:
         return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_tokens, "tokens_per_second": self.tokens_per_second,
-                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds}
+                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds,
+                "cached_tokens": self.cached_tokens}
 
 
 class Stream:

@@ -1,10 +1,11 @@
 """The server's Prometheus metrics, in one registry per app (tests build several apps).
 
 Names follow llama-server's and vLLM's style under a `strata:` prefix: requests running and
-waiting, prompt and generated token totals, finished requests by reason, time to first token,
+waiting, prompt and generated token totals (and the prompt tokens the prefix cache served), finished requests by reason, time to first token,
 inter-token latency and whole-request latency histograms. Read at scrape time from the loaded
 model: KV-cache use (blocks of the paged cache, or whole sequence slots of a slot cache: each
-slot counts as one block there) and the expert memory's counters (`Model.memory_stats()`):
+slot counts as one block there), the prefix cache's blocks, queries and hits (in tokens, as vLLM
+counts them) and the expert memory's counters (`Model.memory_stats()`):
 hits and misses per tier, bytes loaded into each tier, time compute waited for experts, and
 prefetch precision and recall.
 
@@ -33,6 +34,8 @@ class ServerMetrics:
         self.requests_waiting = Gauge("strata:requests_waiting", "Requests accepted and waiting for the batch.",
                                       registry=r)
         self.prompt_tokens = Counter("strata:prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.prompt_tokens_cached = Counter("strata:prompt_tokens_cached", "Prompt tokens whose KV the prefix "
+                                            "cache held (not prefilled).", registry=r)
         self.generation_tokens = Counter("strata:generation_tokens", "Tokens generated.", registry=r)
         self.requests_finished = Counter("strata:request_success", "Requests finished, by finish reason "
                                          "(stop, length, abort: the client left).", ["finished_reason"], registry=r)
@@ -81,6 +84,13 @@ def _kv_metrics(cache: Any) -> Iterator[Any]:
     yield GaugeMetricFamily("strata:kv_blocks_used", "KV-cache blocks held by sequences.", value=total - free)
     yield GaugeMetricFamily("strata:kv_cache_usage_ratio", "Fraction of KV-cache blocks in use (0 to 1).",
                             value=(total - free) / total if total else 0.0)
+    if getattr(cache, "prefix_cache", False):
+        yield GaugeMetricFamily("strata:prefix_cache_blocks", "KV-cache blocks registered in the prefix cache "
+                                "(shared or evictable).", value=cache.n_cached_blocks)
+        yield CounterMetricFamily("strata:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  value=cache.n_queried)
+        yield CounterMetricFamily("strata:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                  value=cache.n_hit)
 
 
 def _labelled(name: str, doc: str, label: str, values: dict[str, float]) -> CounterMetricFamily:

@@ -82,9 +82,10 @@ def finish_reason(last: Event) -> str:
     return last.finish_reason if last.finish_reason in ("stop", "length") else "stop"
 
 
-def usage(last: Event) -> dict[str, int]:
+def usage(last: Event) -> dict[str, Any]:
     return {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
-            "total_tokens": last.prompt_tokens + last.completion_tokens}
+            "total_tokens": last.prompt_tokens + last.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.cached_tokens}}  # the prefix cache's share
 
 
 def sse(obj: dict[str, Any] | str) -> str:

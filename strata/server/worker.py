@@ -40,6 +40,7 @@ class Event:
     finish_reason: str | None = None  # set on the request's last event
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the prefix cache served, on the last event
     error: APIError | None = None
 
 
@@ -174,6 +175,7 @@ class EngineWorker:
         new = len(seq.output_ids) - ticket.n_reported
         if ticket.last_token is None:  # the first result: its prompt has been processed
             m.prompt_tokens.inc(len(seq.prompt_ids))
+            m.prompt_tokens_cached.inc(getattr(seq, "n_prompt_cached", None) or 0)
             m.ttft.observe(now - ticket.arrived)
         elif new > 0:
             m.itl.observe(now - ticket.last_token)
@@ -187,6 +189,7 @@ class EngineWorker:
         ticket.closed = True
         self._active.pop(ticket.seq.seq_id, None)
         event.prompt_tokens, event.completion_tokens = len(ticket.seq.prompt_ids), len(ticket.seq.output_ids)
+        event.cached_tokens = getattr(ticket.seq, "n_prompt_cached", None) or 0
         if finished:
             self.metrics.requests_finished.labels(event.finish_reason).inc()
             self.metrics.e2e.observe(time.perf_counter() - ticket.arrived)

@@ -215,3 +215,38 @@ def test_chat_against_the_server(server, tiny_model):
     assert child.exitstatus == 0
     assert [reply[:2] for reply in replies] == _expected_turns(tiny_model)
     assert replies[0][2] == 1024  # the server's context
+
+
+def _long_chat(turn: str) -> list[dict]:
+    system = " ".join(f"rule {i}: answer in plain words." for i in range(30))  # a few hundred tokens
+    return [{"role": "system", "content": system}, {"role": "user", "content": turn}]
+
+
+def test_a_repeated_system_prompt_is_served_from_the_prefix_cache(client, server):
+    before = metrics(server)
+    first = client.chat.completions.create(model="tiny", messages=_long_chat("first question"), max_tokens=4,
+                                           temperature=0)
+    second = client.chat.completions.create(model="tiny", messages=_long_chat("another one"), max_tokens=4,
+                                            temperature=0)
+    after = metrics(server)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens < 16 <= cached < second.usage.prompt_tokens
+    assert cached % 16 == 0  # whole KV blocks
+    assert after["strata:prompt_tokens_cached_total"] - before["strata:prompt_tokens_cached_total"] == \
+        cached + first.usage.prompt_tokens_details.cached_tokens
+    assert after["strata:prefix_cache_hits_total"] - before["strata:prefix_cache_hits_total"] == \
+        cached + first.usage.prompt_tokens_details.cached_tokens
+    assert after["strata:prefix_cache_blocks"] >= cached // 16
+
+
+def test_no_prefix_cache_prefills_every_prompt_and_answers_the_same(request, tmp_path_factory, tiny_path, client):
+    off = start(request, tmp_path_factory, tiny_path, "--max-batch", "2", "--ctx", "1024", "--alias", "tiny",
+                "--no-prefix-cache")
+    plain = openai.OpenAI(base_url=off.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    for turn in ("first question", "first question"):
+        got = plain.chat.completions.create(model="tiny", messages=_long_chat(turn), max_tokens=6, temperature=0)
+        assert got.usage.prompt_tokens_details.cached_tokens == 0
+    cached = client.chat.completions.create(model="tiny", messages=_long_chat(turn), max_tokens=6, temperature=0)
+    assert cached.usage.prompt_tokens_details.cached_tokens > 0
+    assert got.choices[0].message.content == cached.choices[0].message.content
+    assert "strata:prefix_cache_blocks" not in metrics(off)
