@@ -74,11 +74,24 @@ INLINE __m256i rows4(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) 
     return _mm256_set_epi64x((long long)r[3], (long long)r[2], (long long)r[1], (long long)r[0]);
 }
 
-/* Sign bytes (+1, -1) of 4 groups of 8 from the four 7-bit ksigns indices in bits 0-27 of aux. */
-INLINE __m256i ksigns4(unsigned s0, unsigned s1, unsigned s2, unsigned s3) {
-    const uint64_t *m = strata_ksigns_iq2xs_mask;
-    const __m256i neg = _mm256_set_epi64x((long long)m[s3], (long long)m[s2], (long long)m[s1], (long long)m[s0]);
-    return _mm256_or_si256(neg, _mm256_set1_epi8(1));
+/* Sign bytes (+1, -1) of 4 groups of 8 from four 7-bit ksigns indices, one in the low bits of each
+ * 64-bit lane of v (bits above are ignored). Bits 0-6 are spread to bytes 0-6 as masks (byte 7 gets
+ * 0); the 8th sign is the parity of the 7 (ksigns has even parity): psadbw sums each group's mask
+ * bytes into 255 x (number of negatives), whose bit 0 shifted to bit 63 makes byte 7 negative. No
+ * table loads: 8 vector instructions per 32 values. */
+INLINE __m256i ksigns_vec(__m256i v) {
+    const __m256i spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1,
+                                                                   0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    const __m256i odd = _mm256_slli_epi64(_mm256_sad_epu8(neg, _mm256_setzero_si256()), 63);
+    return _mm256_or_si256(_mm256_or_si256(neg, odd), _mm256_set1_epi8(1));
+}
+
+/* The four ksigns indices of a u64 at bit offsets off, off + 7 (IQ2_XXS's aux) or off, off + 16
+ * (IQ2_XS), ... : the u64 shifted right per 64-bit lane. */
+INLINE __m256i ksigns_at(uint64_t q, __m256i shifts) {
+    return ksigns_vec(_mm256_srlv_epi64(_mm256_set1_epi64x((long long)q), shifts));
 }
 
 /* Sign bytes from 32 sign bits (bit j set: value j negative). */
@@ -95,6 +108,66 @@ INLINE __m256i weights2(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
 }
 
+/* A block's sub-block weights, made once per block: 8 int16 per 128-bit lane (ls values in, 2 ls + 1
+ * out). A chunk picks its weights with one in-lane shuffle (pick_weight): the int16 at `slot` of each
+ * lane to all 8 of that lane. Formats with one ls per 32 values hold the same 8 in both lanes; those
+ * with one per 16 values hold the first halves' in the low lane and the second halves' in the high. */
+INLINE __m256i odd_weights(__m256i ls) { return _mm256_or_si256(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1)); }
+INLINE __m256i pick_weight(__m256i w, int slot) { return _mm256_shuffle_epi8(w, _mm256_set1_epi16((short)(0x0100 * (2 * slot + 1) + 2 * slot))); }
+
+/* IQ2_XXS: ls is the top nibble of byte 8 c + 7 of qs; chunk c lands in int16 slot (0 1 4 5 2 3 6 7)[c]. */
+INLINE __m256i weights_iq2_xxs(const uint8_t *qs) {
+    const __m256i lo = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)qs),
+                                           _mm256_setr_epi8(7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                            7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i hi = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32)),
+                                           _mm256_setr_epi8(-1, -1, -1, -1, 7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                            -1, -1, -1, -1, 7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i both = _mm256_permute4x64_epi64(_mm256_or_si256(lo, hi), 0x88);  /* qwords 0 2 0 2 */
+    return odd_weights(_mm256_srli_epi16(both, 4));
+}
+static const int slot_iq2_xxs[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+/* IQ3_XXS: ls is the top nibble of byte 4 c + 3 of aux; chunk c in slot c. */
+INLINE __m256i weights_iq3_xxs(const uint8_t *aux) {
+    const __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)aux),
+                                          _mm256_setr_epi8(3, -1, 7, -1, 11, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                           3, -1, 7, -1, 11, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    return odd_weights(_mm256_srli_epi16(_mm256_permute4x64_epi64(v, 0x88), 4));
+}
+
+/* IQ2_XS, IQ2_S: byte c of scales holds chunk c's ls for values 0-15 (low nibble) and 16-31 (high). */
+INLINE __m256i weights_nibble_pairs(const uint8_t *scales) {
+    const __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x((long long)u64(scales)), _mm256_setr_epi64x(0, 0, 4, 4));
+    return odd_weights(_mm256_and_si256(_mm256_unpacklo_epi8(v, _mm256_setzero_si256()), _mm256_set1_epi16(15)));
+}
+
+/* IQ3_S: nibble c % 2 of byte c / 2 of scales is chunk c's ls; chunk c in slot c. */
+INLINE __m256i weights_iq3_s(const uint8_t *scales) {
+    const __m256i v = _mm256_set1_epi32((int)u32(scales));
+    const __m256i nib = _mm256_unpacklo_epi8(v, _mm256_srli_epi16(v, 4));  /* lo0 hi0 lo1 hi1 ... */
+    return odd_weights(_mm256_and_si256(_mm256_unpacklo_epi8(nib, _mm256_setzero_si256()), _mm256_set1_epi16(15)));
+}
+
+/* IQ1_S: bits 12-14 of the chunk's u16 qh; chunk c in slot c. */
+INLINE __m256i weights_iq1_s(const uint8_t *qh) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qh));
+    return odd_weights(_mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(7)));
+}
+
+/* The block's weight vector (IQ1_M builds its per chunk). */
+INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
+    switch (fmt) {
+    case FMT_IQ2_XXS: return weights_iq2_xxs(((const strata_block_iq2_xxs *)p)->qs);
+    case FMT_IQ3_XXS: return weights_iq3_xxs(((const strata_block_iq3_xxs *)p)->aux);
+    case FMT_IQ2_XS: return weights_nibble_pairs(((const strata_block_iq2_xs *)p)->scales);
+    case FMT_IQ2_S: return weights_nibble_pairs(((const strata_block_iq2_s *)p)->scales);
+    case FMT_IQ3_S: return weights_iq3_s(((const strata_block_iq3_s *)p)->scales);
+    case FMT_IQ1_S: return weights_iq1_s(((const strata_block_iq1_s *)p)->qh);
+    default: return _mm256_setzero_si256();
+    }
+}
+
 /* IQ1: the signed values 8 g + delta of grid rows g (bytes -1, 0, 1) and delta bytes (+-1). */
 INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
     /* 16-bit shifts carry bits across bytes; the mask keeps each byte's own 8 g. */
@@ -104,15 +177,15 @@ INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
-INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
+INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
         const uint32_t aux = u32(idx + 4);
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
-        ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+        ch->s = ksigns_at(aux, _mm256_setr_epi64x(0, 7, 14, 21));
+        ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
     case FMT_IQ2_XS: {  /* u16: 9-bit grid index | 7-bit ksigns index; a 4-bit ls per 16 values */
@@ -120,8 +193,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        ch->s = ksigns4((q >> 9) & 127, (q >> 25) & 127, (q >> 41) & 127, q >> 57);
-        ch->sc = weights2(b->scales[c] & 15, b->scales[c] >> 4);
+        ch->s = ksigns_at(q, _mm256_setr_epi64x(9, 25, 41, 57));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ2_S: {  /* 8 + 2 index bits, a sign bit per value, a 4-bit ls per 16 values */
@@ -131,22 +204,22 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         ch->q = rows8(strata_iq2s_grid[qs[0] | (qh & 3) << 8], strata_iq2s_grid[qs[1] | (qh & 12) << 6],
                       strata_iq2s_grid[qs[2] | (qh & 48) << 4], strata_iq2s_grid[qs[3] | (qh & 192) << 2]);
         ch->s = sign_bits(u32(b->signs + 4 * c));
-        ch->sc = weights2(b->scales[c] & 15, b->scales[c] >> 4);
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
         const uint32_t aux = u32(b->aux + 4 * c);
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
-        ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+        ch->s = ksigns_at(aux, _mm256_setr_epi64x(0, 7, 14, 21));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_S: {  /* 8 + 1 index bits, a sign bit per value, a 4-bit ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
         ch->q = rows4(strata_iq3s_grid, b->qs + 8 * c, b->qh[c]);
         ch->s = sign_bits(u32(b->signs + 4 * c));
-        ch->sc = _mm256_set1_epi16((short)(2 * ((b->scales[c / 2] >> (4 * (c % 2))) & 15) + 1));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ1_S: {  /* u16 qh: 4 x 3 high index bits, 3-bit ls, delta sign (bit 15) */
@@ -156,7 +229,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const __m256i g = rows8(strata_iq1s_grid[qs[0] | (qh & 7) << 8], strata_iq1s_grid[qs[1] | (qh & 0x38) << 5],
                                 strata_iq1s_grid[qs[2] | (qh & 0x1c0) << 2], strata_iq1s_grid[qs[3] | (qh & 0xe00) >> 1]);
         iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
-        ch->sc = _mm256_set1_epi16((short)(2 * ((qh >> 12) & 7) + 1));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     default: {  /* FMT_IQ1_M: a nibble per 8 values (3 high index bits, delta sign), 3-bit ls per 16 */
@@ -201,12 +274,13 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_ahead(p, bs, ahead_end);
+        const __m256i wv = iq_weights(fmt, p);
         __m256i isum[8];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
-            iq_chunk(fmt, p, c, &ch);
+            iq_chunk(fmt, p, c, wv, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
