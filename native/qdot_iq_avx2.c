@@ -64,14 +64,16 @@ INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void 
     return _mm256_set_epi64x((long long)u64(r3), (long long)u64(r2), (long long)u64(r1), (long long)u64(r0));
 }
 
-/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Rows
- * are paired into 64-bit words first: 4 inserts instead of 8. */
+/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Each
+ * 128-bit half is a load and three dword inserts. */
+INLINE __m128i rows4_half(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
+    __m128i v = _mm_cvtsi32_si128((int)u32(grid[idx[0] | (hi & 1) << 8]));
+    v = _mm_insert_epi32(v, (int)u32(grid[idx[1] | ((hi >> 1) & 1) << 8]), 1);
+    v = _mm_insert_epi32(v, (int)u32(grid[idx[2] | ((hi >> 2) & 1) << 8]), 2);
+    return _mm_insert_epi32(v, (int)u32(grid[idx[3] | ((hi >> 3) & 1) << 8]), 3);
+}
 INLINE __m256i rows4(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
-    uint64_t r[4];
-    for (int l = 0; l < 4; l++)
-        r[l] = u32(grid[idx[2 * l] | ((hi >> (2 * l)) & 1) << 8]) |
-               (uint64_t)u32(grid[idx[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8]) << 32;
-    return _mm256_set_epi64x((long long)r[3], (long long)r[2], (long long)r[1], (long long)r[0]);
+    return _mm256_set_m128i(rows4_half(grid, idx + 4, hi >> 4), rows4_half(grid, idx, hi));
 }
 
 /* Sign bytes (+1, -1) of 4 groups of 8 from four 7-bit ksigns indices, one in the low bits of each
@@ -88,10 +90,9 @@ INLINE __m256i ksigns_vec(__m256i v) {
     return _mm256_or_si256(_mm256_or_si256(neg, odd), _mm256_set1_epi8(1));
 }
 
-/* The four ksigns indices of a u64 at bit offsets off, off + 7 (IQ2_XXS's aux) or off, off + 16
- * (IQ2_XS), ... : the u64 shifted right per 64-bit lane. */
-INLINE __m256i ksigns_at(uint64_t q, __m256i shifts) {
-    return ksigns_vec(_mm256_srlv_epi64(_mm256_set1_epi64x((long long)q), shifts));
+/* The four ksigns indices at bit offsets shifts[l] of the 8 bytes at p, read by a broadcast load. */
+INLINE __m256i ksigns_at(const uint8_t *p, __m256i shifts) {
+    return ksigns_vec(_mm256_srlv_epi64(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)), shifts));
 }
 
 /* Sign bytes from 32 sign bits (bit j set: value j negative). */
@@ -181,10 +182,9 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
-        const uint32_t aux = u32(idx + 4);
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = ksigns_at(aux, _mm256_setr_epi64x(0, 7, 14, 21));
+        ch->s = ksigns_at(idx, _mm256_setr_epi64x(32, 39, 46, 53));
         ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
@@ -193,7 +193,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        ch->s = ksigns_at(q, _mm256_setr_epi64x(9, 25, 41, 57));
+        ch->s = ksigns_at(b->qs + 8 * c, _mm256_setr_epi64x(9, 25, 41, 57));
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -209,9 +209,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
     }
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
-        const uint32_t aux = u32(b->aux + 4 * c);
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = ksigns_at(aux, _mm256_setr_epi64x(0, 7, 14, 21));
+        ch->s = ksigns_vec(_mm256_srlv_epi64(_mm256_set1_epi32((int)u32(b->aux + 4 * c)), _mm256_setr_epi64x(0, 7, 14, 21)));
         ch->sc = pick_weight(wv, c);
         return;
     }
