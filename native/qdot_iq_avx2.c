@@ -76,6 +76,67 @@ INLINE __m256i rows4(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) 
     return _mm256_set_m128i(rows4_half(grid, idx + 4, hi >> 4), rows4_half(grid, idx, hi));
 }
 
+/* Eight 4-byte grid rows by 16-bit indices (IQ3_S). */
+INLINE __m128i rows4_ix_half(const uint8_t (*grid)[4], const uint16_t *ix) {
+    __m128i v = _mm_cvtsi32_si128((int)u32(grid[ix[0]]));
+    v = _mm_insert_epi32(v, (int)u32(grid[ix[1]]), 1);
+    v = _mm_insert_epi32(v, (int)u32(grid[ix[2]]), 2);
+    return _mm_insert_epi32(v, (int)u32(grid[ix[3]]), 3);
+}
+INLINE __m256i rows4_ix(const uint8_t (*grid)[4], const uint16_t *ix) {
+    return _mm256_set_m128i(rows4_ix_half(grid, ix + 4), rows4_ix_half(grid, ix));
+}
+
+/* Grid indices whose high bits lie apart from their low bytes (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
+ * together for the whole block first, 16 at a time, into 16-bit indices in `ix`: the low bytes
+ * widened, or-ed with high bits that one shuffle brings into each index's 16-bit lane (`sel`: its
+ * byte or bytes of `src`), one multiply by a power of two moves to bit 8 (`mul`) and `mask` keeps.
+ * The chunks then read each index with one load instead of three or four scalar operations. */
+INLINE void put_indices(uint16_t *ix, const uint8_t *lo, __m256i src, __m256i sel, __m256i mul, short mask) {
+    const __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), mul), _mm256_set1_epi16(mask));
+    _mm256_store_si256((__m256i *)ix, _mm256_or_si256(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)lo)), hi));
+}
+
+/* IQ3_S: bit i % 8 of qh[i / 8] is index i's 9th bit (16 indices: qh bytes 2 j (low lane), 2 j + 1). */
+INLINE void indices_iq3_s(const strata_block_iq3_s *b, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+                                         1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256i mul = _mm256_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2, 256, 128, 64, 32, 16, 8, 4, 2);
+    for (int j = 0; j < 4; j++)
+        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi16((short)u16(b->qh + 2 * j)), sel, mul, 0x100);
+}
+
+/* IQ2_S: bits 2 l, 2 l + 1 of qh[c] are index 4 c + l's bits 8, 9 (16 indices: qh bytes 4 j .. 4 j + 3). */
+INLINE void indices_iq2_s(const strata_block_iq2_s *b, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
+                                         2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1);
+    const __m256i mul = _mm256_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4);
+    for (int j = 0; j < 2; j++)
+        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi32((int)u32(b->qh + 4 * j)), sel, mul, 0x300);
+}
+
+/* IQ1_S, IQ1_M: index 4 c + l's bits 8-10 are 3 bits of chunk c's u16 (16 indices: chunks 4 j .. 4 j + 3,
+ * u16s 0-3 of the 8 bytes at qh + 8 j). Index 3's bits come from the u16's high byte (IQ1_S: bits
+ * 9-11 of qh; IQ1_M: bits 12-14), the others' from the whole u16. */
+INLINE void indices_iq1(const uint8_t *qs, const uint8_t *qh, __m256i mul, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, -1, 2, 3, 2, 3, 2, 3, 3, -1,
+                                         4, 5, 4, 5, 4, 5, 5, -1, 6, 7, 6, 7, 6, 7, 7, -1);
+    for (int j = 0; j < 2; j++)
+        put_indices(ix + 16 * j, qs + 16 * j, _mm256_set1_epi64x((long long)u64(qh + 8 * j)), sel, mul, 0x700);
+}
+
+/* The block's 16-bit grid indices, for the formats that need them put together (see put_indices). */
+INLINE void iq_indices(int fmt, const uint8_t *p, uint16_t *ix) {
+    if (fmt == FMT_IQ3_S) indices_iq3_s((const strata_block_iq3_s *)p, ix);
+    else if (fmt == FMT_IQ2_S) indices_iq2_s((const strata_block_iq2_s *)p, ix);
+    else if (fmt == FMT_IQ1_S)
+        indices_iq1(((const strata_block_iq1_s *)p)->qs, ((const strata_block_iq1_s *)p)->qh,
+                    _mm256_setr_epi16(256, 32, 4, 128, 256, 32, 4, 128, 256, 32, 4, 128, 256, 32, 4, 128), ix);
+    else if (fmt == FMT_IQ1_M)
+        indices_iq1(((const strata_block_iq1_m *)p)->qs, ((const strata_block_iq1_m *)p)->qh,
+                    _mm256_setr_epi16(256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16), ix);
+}
+
 /* Sign bytes (+1, -1) of 4 groups of 8 from four 7-bit ksigns indices, one in the low bits of each
  * 64-bit lane of v (bits above are ignored). Bits 0-6 are spread to bytes 0-6 as masks (byte 7 gets
  * 0); the 8th sign is the parity of the 7 (ksigns has even parity): psadbw sums each group's mask
@@ -178,7 +239,7 @@ INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
-INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
+INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_t *ix, chunk *ch) {
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
@@ -199,10 +260,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
     }
     case FMT_IQ2_S: {  /* 8 + 2 index bits, a sign bit per value, a 4-bit ls per 16 values */
         const strata_block_iq2_s *b = (const strata_block_iq2_s *)p;
-        const uint8_t *qs = b->qs + 4 * c;
-        const unsigned qh = b->qh[c];
-        ch->q = rows8(strata_iq2s_grid[qs[0] | (qh & 3) << 8], strata_iq2s_grid[qs[1] | (qh & 12) << 6],
-                      strata_iq2s_grid[qs[2] | (qh & 48) << 4], strata_iq2s_grid[qs[3] | (qh & 192) << 2]);
+        ix += 4 * c;
+        ch->q = rows8(strata_iq2s_grid[ix[0]], strata_iq2s_grid[ix[1]], strata_iq2s_grid[ix[2]], strata_iq2s_grid[ix[3]]);
         ch->s = sign_bits(u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
@@ -216,27 +275,25 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, chunk *ch) {
     }
     case FMT_IQ3_S: {  /* 8 + 1 index bits, a sign bit per value, a 4-bit ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
-        ch->q = rows4(strata_iq3s_grid, b->qs + 8 * c, b->qh[c]);
+        ch->q = rows4_ix(strata_iq3s_grid, ix + 8 * c);
         ch->s = sign_bits(u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ1_S: {  /* u16 qh: 4 x 3 high index bits, 3-bit ls, delta sign (bit 15) */
         const strata_block_iq1_s *b = (const strata_block_iq1_s *)p;
-        const uint8_t *qs = b->qs + 4 * c;
         const unsigned qh = u16(b->qh + 2 * c);
-        const __m256i g = rows8(strata_iq1s_grid[qs[0] | (qh & 7) << 8], strata_iq1s_grid[qs[1] | (qh & 0x38) << 5],
-                                strata_iq1s_grid[qs[2] | (qh & 0x1c0) << 2], strata_iq1s_grid[qs[3] | (qh & 0xe00) >> 1]);
+        ix += 4 * c;
+        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
         iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
         ch->sc = pick_weight(wv, c);
         return;
     }
     default: {  /* FMT_IQ1_M: a nibble per 8 values (3 high index bits, delta sign), 3-bit ls per 16 */
         const strata_block_iq1_m *b = (const strata_block_iq1_m *)p;
-        const uint8_t *qs = b->qs + 4 * c;
         const unsigned h = u16(b->qh + 2 * c);  /* nibble l: group 4 c + l */
-        const __m256i g = rows8(strata_iq1s_grid[qs[0] | (h & 7) << 8], strata_iq1s_grid[qs[1] | (h & 0x70) << 4],
-                                strata_iq1s_grid[qs[2] | (h & 0x700)], strata_iq1s_grid[qs[3] | (h & 0x7000) >> 4]);
+        ix += 4 * c;
+        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
         /* group l's delta sign is bit 4 l + 3 of h: tested in the 16-bit lanes of its 8 bytes */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);
@@ -274,12 +331,14 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_ahead(p, bs, ahead_end);
         const __m256i wv = iq_weights(fmt, p);
+        uint16_t ix[64] __attribute__((aligned(32)));
+        iq_indices(fmt, p, ix);
         __m256i isum[8];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
-            iq_chunk(fmt, p, c, wv, &ch);
+            iq_chunk(fmt, p, c, wv, ix, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
