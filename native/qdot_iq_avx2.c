@@ -5,11 +5,14 @@
  *
  * A weight block is worked through in 8 chunks of 32 values. Each chunk becomes three vectors,
  * made once and used for every token of the tile:
- *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3,
- *       paired into 8 bytes first) grid rows gathered by scalar loads and 64-bit inserts;
- *   s   the 32 signs as bytes (+1 or -1): the ksigns indices' byte masks (strata_ksigns_iq2xs_mask)
- *       or-ed with 1 (IQ2_XXS, IQ2_XS, IQ3_XXS), or spread from the block's sign bits (IQ2_S, IQ3_S);
- *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31).
+ *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3) grid
+ *       rows gathered by scalar loads and 64-bit (32-bit) inserts;
+ *   s   the 32 signs as bytes (+1 or -1): from the 7-bit ksigns indices by vector arithmetic
+ *       (IQ2_XXS, IQ2_XS, IQ3_XXS: ksigns_vec), or spread from the block's sign bits (IQ2_S, IQ3_S);
+ *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31), picked
+ *       by one shuffle from a vector of the block's weights made once per block (pick_weight).
+ * Grid indices whose high bits lie elsewhere in the block (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
+ * together for the whole block by vector first (put_indices), so each costs one load in the chunk.
  * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 (never 0) are
  * made signed first, w = 8 g + delta, and go in as q = |w|, s = w. maddubs' int16 pair sums stay
  * below 2 * 62 * 127 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
@@ -20,11 +23,13 @@
  * Tiles: one weight row at a time (the gathers are the cost, and rows share nothing); decode (1-3
  * tokens) fetches ahead into the rows to come, never past strata_qdot_ahead_end; prefill takes
  * tokens 8 at a time (then 4, then the last 1-3), so a chunk is gathered once per 8 tokens.
- * Decode is bound by the ~35 instructions that build a chunk, not by memory: measured here (Zen 3,
- * one thread, in cache) 27-41 ns per 256-value block, against Q4_K's 14 ns. AVX2 gathers
- * (_mm256_i32gather_epi64 of the grid rows and of the ksigns masks, indices spread by a variable
- * shift) are slower there: IQ2_XXS took 40 ns per block against 24 ns with the scalar loads and
- * inserts below (CPU time, alternating builds), so the rows are gathered by hand.
+ * Decode is bound by the instructions that build a chunk (~4-5 per cycle), not by memory. Measured
+ * here (Zen 3, one thread, in cache, CPU time, alternating builds), ns per 256-value block before
+ * and after the vector signs, per-block weights and indices: IQ2_XXS 21 -> 18, IQ3_XXS 29.5 -> 24,
+ * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
+ * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
+ * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
+ * are one shift and mask each from a register already).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
