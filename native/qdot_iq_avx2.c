@@ -29,7 +29,8 @@
  * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
  * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
  * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
- * are one shift and mask each from a register already).
+ * are one shift and mask each from a register already). Open: IQ1_S's 8-token prefill tile went
+ * from 6.9 to 8.1 ns per block and token with these changes (its sub-block weights are not the cause).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
