@@ -5,11 +5,14 @@
  *
  * A weight block is worked through in 8 chunks of 32 values. Each chunk becomes three vectors,
  * made once and used for every token of the tile:
- *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3,
- *       paired into 8 bytes first) grid rows gathered by scalar loads and 64-bit inserts;
- *   s   the 32 signs as bytes (+1 or -1): the ksigns indices' byte masks (strata_ksigns_iq2xs_mask)
- *       or-ed with 1 (IQ2_XXS, IQ2_XS, IQ3_XXS), or spread from the block's sign bits (IQ2_S, IQ3_S);
- *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31).
+ *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3) grid
+ *       rows gathered by scalar loads and 64-bit (32-bit) inserts;
+ *   s   the 32 signs as bytes (+1 or -1): from the 7-bit ksigns indices by vector arithmetic
+ *       (IQ2_XXS, IQ2_XS, IQ3_XXS: ksigns_vec), or spread from the block's sign bits (IQ2_S, IQ3_S);
+ *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31), picked
+ *       by one shuffle from a vector of the block's weights made once per block (pick_weight).
+ * Grid indices whose high bits lie elsewhere in the block (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
+ * together for the whole block by vector first (put_indices), so each costs one load in the chunk.
  * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 (never 0) are
  * made signed first, w = 8 g + delta, and go in as q = |w|, s = w. maddubs' int16 pair sums stay
  * below 2 * 62 * 127 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
@@ -20,11 +23,14 @@
  * Tiles: one weight row at a time (the gathers are the cost, and rows share nothing); decode (1-3
  * tokens) fetches ahead into the rows to come, never past strata_qdot_ahead_end; prefill takes
  * tokens 8 at a time (then 4, then the last 1-3), so a chunk is gathered once per 8 tokens.
- * Decode is bound by the ~35 instructions that build a chunk, not by memory: measured here (Zen 3,
- * one thread, in cache) 27-41 ns per 256-value block, against Q4_K's 14 ns. AVX2 gathers
- * (_mm256_i32gather_epi64 of the grid rows and of the ksigns masks, indices spread by a variable
- * shift) are slower there: IQ2_XXS took 40 ns per block against 24 ns with the scalar loads and
- * inserts below (CPU time, alternating builds), so the rows are gathered by hand.
+ * Decode is bound by the instructions that build a chunk (~4-5 per cycle), not by memory. Measured
+ * here (Zen 3, one thread, in cache, CPU time, alternating builds), ns per 256-value block before
+ * and after the vector signs, per-block weights and indices: IQ2_XXS 21 -> 18, IQ3_XXS 29.5 -> 24,
+ * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
+ * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
+ * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
+ * are one shift and mask each from a register already). Open: IQ1_S's 8-token prefill tile went
+ * from 6.9 to 8.1 ns per block and token with these changes (its sub-block weights are not the cause).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
@@ -64,21 +70,96 @@ INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void 
     return _mm256_set_epi64x((long long)u64(r3), (long long)u64(r2), (long long)u64(r1), (long long)u64(r0));
 }
 
-/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Rows
- * are paired into 64-bit words first: 4 inserts instead of 8. */
+/* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Each
+ * 128-bit half is a load and three dword inserts. */
+INLINE __m128i rows4_half(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
+    __m128i v = _mm_cvtsi32_si128((int)u32(grid[idx[0] | (hi & 1) << 8]));
+    v = _mm_insert_epi32(v, (int)u32(grid[idx[1] | ((hi >> 1) & 1) << 8]), 1);
+    v = _mm_insert_epi32(v, (int)u32(grid[idx[2] | ((hi >> 2) & 1) << 8]), 2);
+    return _mm_insert_epi32(v, (int)u32(grid[idx[3] | ((hi >> 3) & 1) << 8]), 3);
+}
 INLINE __m256i rows4(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
-    uint64_t r[4];
-    for (int l = 0; l < 4; l++)
-        r[l] = u32(grid[idx[2 * l] | ((hi >> (2 * l)) & 1) << 8]) |
-               (uint64_t)u32(grid[idx[2 * l + 1] | ((hi >> (2 * l + 1)) & 1) << 8]) << 32;
-    return _mm256_set_epi64x((long long)r[3], (long long)r[2], (long long)r[1], (long long)r[0]);
+    return _mm256_set_m128i(rows4_half(grid, idx + 4, hi >> 4), rows4_half(grid, idx, hi));
 }
 
-/* Sign bytes (+1, -1) of 4 groups of 8 from the four 7-bit ksigns indices in bits 0-27 of aux. */
-INLINE __m256i ksigns4(unsigned s0, unsigned s1, unsigned s2, unsigned s3) {
-    const uint64_t *m = strata_ksigns_iq2xs_mask;
-    const __m256i neg = _mm256_set_epi64x((long long)m[s3], (long long)m[s2], (long long)m[s1], (long long)m[s0]);
-    return _mm256_or_si256(neg, _mm256_set1_epi8(1));
+/* Eight 4-byte grid rows by 16-bit indices (IQ3_S). */
+INLINE __m128i rows4_ix_half(const uint8_t (*grid)[4], const uint16_t *ix) {
+    __m128i v = _mm_cvtsi32_si128((int)u32(grid[ix[0]]));
+    v = _mm_insert_epi32(v, (int)u32(grid[ix[1]]), 1);
+    v = _mm_insert_epi32(v, (int)u32(grid[ix[2]]), 2);
+    return _mm_insert_epi32(v, (int)u32(grid[ix[3]]), 3);
+}
+INLINE __m256i rows4_ix(const uint8_t (*grid)[4], const uint16_t *ix) {
+    return _mm256_set_m128i(rows4_ix_half(grid, ix + 4), rows4_ix_half(grid, ix));
+}
+
+/* Grid indices whose high bits lie apart from their low bytes (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
+ * together for the whole block first, 16 at a time, into 16-bit indices in `ix`: the low bytes
+ * widened, or-ed with high bits that one shuffle brings into each index's 16-bit lane (`sel`: its
+ * byte or bytes of `src`), one multiply by a power of two moves to bit 8 (`mul`) and `mask` keeps.
+ * The chunks then read each index with one load instead of three or four scalar operations. */
+INLINE void put_indices(uint16_t *ix, const uint8_t *lo, __m256i src, __m256i sel, __m256i mul, short mask) {
+    const __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), mul), _mm256_set1_epi16(mask));
+    _mm256_store_si256((__m256i *)ix, _mm256_or_si256(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)lo)), hi));
+}
+
+/* IQ3_S: bit i % 8 of qh[i / 8] is index i's 9th bit (16 indices: qh bytes 2 j (low lane), 2 j + 1). */
+INLINE void indices_iq3_s(const strata_block_iq3_s *b, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+                                         1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256i mul = _mm256_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2, 256, 128, 64, 32, 16, 8, 4, 2);
+    for (int j = 0; j < 4; j++)
+        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi16((short)u16(b->qh + 2 * j)), sel, mul, 0x100);
+}
+
+/* IQ2_S: bits 2 l, 2 l + 1 of qh[c] are index 4 c + l's bits 8, 9 (16 indices: qh bytes 4 j .. 4 j + 3). */
+INLINE void indices_iq2_s(const strata_block_iq2_s *b, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
+                                         2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1);
+    const __m256i mul = _mm256_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4);
+    for (int j = 0; j < 2; j++)
+        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi32((int)u32(b->qh + 4 * j)), sel, mul, 0x300);
+}
+
+/* IQ1_S, IQ1_M: index 4 c + l's bits 8-10 are 3 bits of chunk c's u16 (16 indices: chunks 4 j .. 4 j + 3,
+ * u16s 0-3 of the 8 bytes at qh + 8 j). Index 3's bits come from the u16's high byte (IQ1_S: bits
+ * 9-11 of qh; IQ1_M: bits 12-14), the others' from the whole u16. */
+INLINE void indices_iq1(const uint8_t *qs, const uint8_t *qh, __m256i mul, uint16_t *ix) {
+    const __m256i sel = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, -1, 2, 3, 2, 3, 2, 3, 3, -1,
+                                         4, 5, 4, 5, 4, 5, 5, -1, 6, 7, 6, 7, 6, 7, 7, -1);
+    for (int j = 0; j < 2; j++)
+        put_indices(ix + 16 * j, qs + 16 * j, _mm256_set1_epi64x((long long)u64(qh + 8 * j)), sel, mul, 0x700);
+}
+
+/* The block's 16-bit grid indices, for the formats that need them put together (see put_indices). */
+INLINE void iq_indices(int fmt, const uint8_t *p, uint16_t *ix) {
+    if (fmt == FMT_IQ3_S) indices_iq3_s((const strata_block_iq3_s *)p, ix);
+    else if (fmt == FMT_IQ2_S) indices_iq2_s((const strata_block_iq2_s *)p, ix);
+    else if (fmt == FMT_IQ1_S)
+        indices_iq1(((const strata_block_iq1_s *)p)->qs, ((const strata_block_iq1_s *)p)->qh,
+                    _mm256_setr_epi16(256, 32, 4, 128, 256, 32, 4, 128, 256, 32, 4, 128, 256, 32, 4, 128), ix);
+    else if (fmt == FMT_IQ1_M)
+        indices_iq1(((const strata_block_iq1_m *)p)->qs, ((const strata_block_iq1_m *)p)->qh,
+                    _mm256_setr_epi16(256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16), ix);
+}
+
+/* Sign bytes (+1, -1) of 4 groups of 8 from four 7-bit ksigns indices, one in the low bits of each
+ * 64-bit lane of v (bits above are ignored). Bits 0-6 are spread to bytes 0-6 as masks (byte 7 gets
+ * 0); the 8th sign is the parity of the 7 (ksigns has even parity): psadbw sums each group's mask
+ * bytes into 255 x (number of negatives), whose bit 0 shifted to bit 63 makes byte 7 negative. No
+ * table loads: 8 vector instructions per 32 values. */
+INLINE __m256i ksigns_vec(__m256i v) {
+    const __m256i spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1,
+                                                                   0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    const __m256i odd = _mm256_slli_epi64(_mm256_sad_epu8(neg, _mm256_setzero_si256()), 63);
+    return _mm256_or_si256(_mm256_or_si256(neg, odd), _mm256_set1_epi8(1));
+}
+
+/* The four ksigns indices at bit offsets shifts[l] of the 8 bytes at p, read by a broadcast load. */
+INLINE __m256i ksigns_at(const uint8_t *p, __m256i shifts) {
+    return ksigns_vec(_mm256_srlv_epi64(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)), shifts));
 }
 
 /* Sign bytes from 32 sign bits (bit j set: value j negative). */
@@ -95,6 +176,66 @@ INLINE __m256i weights2(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
 }
 
+/* A block's sub-block weights, made once per block: 8 int16 per 128-bit lane (ls values in, 2 ls + 1
+ * out). A chunk picks its weights with one in-lane shuffle (pick_weight): the int16 at `slot` of each
+ * lane to all 8 of that lane. Formats with one ls per 32 values hold the same 8 in both lanes; those
+ * with one per 16 values hold the first halves' in the low lane and the second halves' in the high. */
+INLINE __m256i odd_weights(__m256i ls) { return _mm256_or_si256(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1)); }
+INLINE __m256i pick_weight(__m256i w, int slot) { return _mm256_shuffle_epi8(w, _mm256_set1_epi16((short)(0x0100 * (2 * slot + 1) + 2 * slot))); }
+
+/* IQ2_XXS: ls is the top nibble of byte 8 c + 7 of qs; chunk c lands in int16 slot (0 1 4 5 2 3 6 7)[c]. */
+INLINE __m256i weights_iq2_xxs(const uint8_t *qs) {
+    const __m256i lo = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)qs),
+                                           _mm256_setr_epi8(7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                            7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i hi = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(qs + 32)),
+                                           _mm256_setr_epi8(-1, -1, -1, -1, 7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                            -1, -1, -1, -1, 7, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i both = _mm256_permute4x64_epi64(_mm256_or_si256(lo, hi), 0x88);  /* qwords 0 2 0 2 */
+    return odd_weights(_mm256_srli_epi16(both, 4));
+}
+static const int slot_iq2_xxs[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+/* IQ3_XXS: ls is the top nibble of byte 4 c + 3 of aux; chunk c in slot c. */
+INLINE __m256i weights_iq3_xxs(const uint8_t *aux) {
+    const __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)aux),
+                                          _mm256_setr_epi8(3, -1, 7, -1, 11, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                           3, -1, 7, -1, 11, -1, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    return odd_weights(_mm256_srli_epi16(_mm256_permute4x64_epi64(v, 0x88), 4));
+}
+
+/* IQ2_XS, IQ2_S: byte c of scales holds chunk c's ls for values 0-15 (low nibble) and 16-31 (high). */
+INLINE __m256i weights_nibble_pairs(const uint8_t *scales) {
+    const __m256i v = _mm256_srlv_epi64(_mm256_set1_epi64x((long long)u64(scales)), _mm256_setr_epi64x(0, 0, 4, 4));
+    return odd_weights(_mm256_and_si256(_mm256_unpacklo_epi8(v, _mm256_setzero_si256()), _mm256_set1_epi16(15)));
+}
+
+/* IQ3_S: nibble c % 2 of byte c / 2 of scales is chunk c's ls; chunk c in slot c. */
+INLINE __m256i weights_iq3_s(const uint8_t *scales) {
+    const __m256i v = _mm256_set1_epi32((int)u32(scales));
+    const __m256i nib = _mm256_unpacklo_epi8(v, _mm256_srli_epi16(v, 4));  /* lo0 hi0 lo1 hi1 ... */
+    return odd_weights(_mm256_and_si256(_mm256_unpacklo_epi8(nib, _mm256_setzero_si256()), _mm256_set1_epi16(15)));
+}
+
+/* IQ1_S: bits 12-14 of the chunk's u16 qh; chunk c in slot c. */
+INLINE __m256i weights_iq1_s(const uint8_t *qh) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qh));
+    return odd_weights(_mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(7)));
+}
+
+/* The block's weight vector (IQ1_M builds its per chunk). */
+INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
+    switch (fmt) {
+    case FMT_IQ2_XXS: return weights_iq2_xxs(((const strata_block_iq2_xxs *)p)->qs);
+    case FMT_IQ3_XXS: return weights_iq3_xxs(((const strata_block_iq3_xxs *)p)->aux);
+    case FMT_IQ2_XS: return weights_nibble_pairs(((const strata_block_iq2_xs *)p)->scales);
+    case FMT_IQ2_S: return weights_nibble_pairs(((const strata_block_iq2_s *)p)->scales);
+    case FMT_IQ3_S: return weights_iq3_s(((const strata_block_iq3_s *)p)->scales);
+    case FMT_IQ1_S: return weights_iq1_s(((const strata_block_iq1_s *)p)->qh);
+    default: return _mm256_setzero_si256();
+    }
+}
+
 /* IQ1: the signed values 8 g + delta of grid rows g (bytes -1, 0, 1) and delta bytes (+-1). */
 INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
     /* 16-bit shifts carry bits across bytes; the mask keeps each byte's own 8 g. */
@@ -104,15 +245,14 @@ INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
-INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
+INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_t *ix, chunk *ch) {
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
-        const uint32_t aux = u32(idx + 4);
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
-        ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+        ch->s = ksigns_at(idx, _mm256_setr_epi64x(32, 39, 46, 53));
+        ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
     case FMT_IQ2_XS: {  /* u16: 9-bit grid index | 7-bit ksigns index; a 4-bit ls per 16 values */
@@ -120,51 +260,46 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, chunk *ch) {
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        ch->s = ksigns4((q >> 9) & 127, (q >> 25) & 127, (q >> 41) & 127, q >> 57);
-        ch->sc = weights2(b->scales[c] & 15, b->scales[c] >> 4);
+        ch->s = ksigns_at(b->qs + 8 * c, _mm256_setr_epi64x(9, 25, 41, 57));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ2_S: {  /* 8 + 2 index bits, a sign bit per value, a 4-bit ls per 16 values */
         const strata_block_iq2_s *b = (const strata_block_iq2_s *)p;
-        const uint8_t *qs = b->qs + 4 * c;
-        const unsigned qh = b->qh[c];
-        ch->q = rows8(strata_iq2s_grid[qs[0] | (qh & 3) << 8], strata_iq2s_grid[qs[1] | (qh & 12) << 6],
-                      strata_iq2s_grid[qs[2] | (qh & 48) << 4], strata_iq2s_grid[qs[3] | (qh & 192) << 2]);
+        ix += 4 * c;
+        ch->q = rows8(strata_iq2s_grid[ix[0]], strata_iq2s_grid[ix[1]], strata_iq2s_grid[ix[2]], strata_iq2s_grid[ix[3]]);
         ch->s = sign_bits(u32(b->signs + 4 * c));
-        ch->sc = weights2(b->scales[c] & 15, b->scales[c] >> 4);
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
-        const uint32_t aux = u32(b->aux + 4 * c);
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = ksigns4(aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
-        ch->sc = _mm256_set1_epi16((short)(2 * (aux >> 28) + 1));
+        ch->s = ksigns_vec(_mm256_srlv_epi64(_mm256_set1_epi32((int)u32(b->aux + 4 * c)), _mm256_setr_epi64x(0, 7, 14, 21)));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_S: {  /* 8 + 1 index bits, a sign bit per value, a 4-bit ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
-        ch->q = rows4(strata_iq3s_grid, b->qs + 8 * c, b->qh[c]);
+        ch->q = rows4_ix(strata_iq3s_grid, ix + 8 * c);
         ch->s = sign_bits(u32(b->signs + 4 * c));
-        ch->sc = _mm256_set1_epi16((short)(2 * ((b->scales[c / 2] >> (4 * (c % 2))) & 15) + 1));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ1_S: {  /* u16 qh: 4 x 3 high index bits, 3-bit ls, delta sign (bit 15) */
         const strata_block_iq1_s *b = (const strata_block_iq1_s *)p;
-        const uint8_t *qs = b->qs + 4 * c;
         const unsigned qh = u16(b->qh + 2 * c);
-        const __m256i g = rows8(strata_iq1s_grid[qs[0] | (qh & 7) << 8], strata_iq1s_grid[qs[1] | (qh & 0x38) << 5],
-                                strata_iq1s_grid[qs[2] | (qh & 0x1c0) << 2], strata_iq1s_grid[qs[3] | (qh & 0xe00) >> 1]);
+        ix += 4 * c;
+        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
         iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
-        ch->sc = _mm256_set1_epi16((short)(2 * ((qh >> 12) & 7) + 1));
+        ch->sc = pick_weight(wv, c);
         return;
     }
     default: {  /* FMT_IQ1_M: a nibble per 8 values (3 high index bits, delta sign), 3-bit ls per 16 */
         const strata_block_iq1_m *b = (const strata_block_iq1_m *)p;
-        const uint8_t *qs = b->qs + 4 * c;
         const unsigned h = u16(b->qh + 2 * c);  /* nibble l: group 4 c + l */
-        const __m256i g = rows8(strata_iq1s_grid[qs[0] | (h & 7) << 8], strata_iq1s_grid[qs[1] | (h & 0x70) << 4],
-                                strata_iq1s_grid[qs[2] | (h & 0x700)], strata_iq1s_grid[qs[3] | (h & 0x7000) >> 4]);
+        ix += 4 * c;
+        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
         /* group l's delta sign is bit 4 l + 3 of h: tested in the 16-bit lanes of its 8 bytes */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);
@@ -201,12 +336,15 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_ahead(p, bs, ahead_end);
+        const __m256i wv = iq_weights(fmt, p);
+        uint16_t ix[64] __attribute__((aligned(32)));
+        iq_indices(fmt, p, ix);
         __m256i isum[8];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
-            iq_chunk(fmt, p, c, &ch);
+            iq_chunk(fmt, p, c, wv, ix, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
