@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from .sampling import TokenLogprob
+
 
 @dataclass
 class Chunk:
@@ -22,6 +24,7 @@ class Chunk:
     token_id: int | None  # None for the final chunk of a sequence that ended on a stop token
     text: str
     finish_reason: str | None = None  # set on a sequence's last chunk
+    logprob: TokenLogprob | None = None  # the token's log-probabilities, when the sampling asked for them
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Completion:
     prompt_tokens: int
     prefill_seconds: float  # prompt processing up to the first generated token
     decode_seconds: float  # the remaining tokens
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the sampling asked for them
 
     @property
     def tokens_per_second(self) -> float:
@@ -42,7 +46,10 @@ class Completion:
     def to_dict(self) -> dict[str, Any]:
         return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_tokens, "tokens_per_second": self.tokens_per_second,
-                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds}
+                "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds,
+                "logprobs": None if self.logprobs is None else
+                [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                 for lp in self.logprobs]}
 
 
 class Stream:
