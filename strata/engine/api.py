@@ -229,6 +229,7 @@ class Model:
             ids = self.tokenize(prompt, add_special=add_special)
         else:
             ids = self.check_token_ids(prompt, "prompt", "text or a sequence of token ids")
+        params.check_vocab(self.tokenizer.vocab_size)
         stops = stop_conditions(params, self.stop_token_ids, self.n_ctx - len(ids))
         return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream())
 
@@ -242,9 +243,15 @@ class Model:
         temperature 0.8, top_k 40, 256 tokens, a fresh seed). Greedy when temperature is 0. Generation ends
         at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,
         or when the context is full. Returns a `Completion`, or with `stream=True` a `Stream` of
-        `Chunk`s.
+        `Chunk`s; with n > 1 (not streamed) a list of n Completions, choice i drawn with seed + i
+        (each choice prefills the prompt: the engine does not fork a sequence's KV cache).
         """
-        seq = self._sequence(prompt, self.sampling_params(sampling, **options), add_special)
+        params = self.sampling_params(sampling, **options)
+        if params.n > 1:
+            if stream:
+                raise StrataArgumentError(f"n={params.n}: stream one choice at a time (n=1)")
+            return self._run([self._sequence(prompt, params.for_choice(i), add_special) for i in range(params.n)])
+        seq = self._sequence(prompt, params, add_special)
         if stream:
             return Stream(self._run_stream(seq))
         return self._run([seq])[0]
@@ -275,8 +282,10 @@ class Model:
         now = time.perf_counter()
         for seq, text in results:
             self._first.setdefault(seq.seq_id, now)
-            token = seq.output_ids[-1] if len(seq.output_ids) > before.get(seq.seq_id, 0) else None  # None: stop token
-            self._outboxes.put(seq.seq_id, Chunk(token, text, seq.finish_reason))
+            new = len(seq.output_ids) > before.get(seq.seq_id, 0)
+            token = seq.output_ids[-1] if new else None  # None: stop token
+            logprob = seq.logprobs[-1] if new and seq.logprobs else None
+            self._outboxes.put(seq.seq_id, Chunk(token, text, seq.finish_reason, logprob))
 
     def _run(self, seqs: list[Sequence]) -> list[Completion]:
         t0 = time.perf_counter()
@@ -313,7 +322,7 @@ class Model:
     @staticmethod
     def _completion(seq: Sequence, t0: float, t_first: float, end: float) -> Completion:
         return Completion(seq.output_ids, seq.text, seq.finish_reason or "abort", len(seq.prompt_ids),
-                          t_first - t0, end - t_first, seq.n_prompt_cached or 0)
+                          t_first - t0, end - t_first, seq.n_prompt_cached or 0, seq.logprobs)
 
     def memory_stats(self):
         """The expert memory's counters (`strata.memory.stats.MemoryStats`: hits and misses per

@@ -20,6 +20,7 @@ from strata.models import Batch
 from strata.runtime import Runner
 
 from .kv_cache import KVCache
+from .sampling import sample_batch
 from .scheduler import MAX_STEP_TOKENS, EngineFull, Scheduler
 from .sequence import Sequence
 
@@ -88,11 +89,17 @@ class Engine:
         return logits.cpu()
 
     def postprocess(self, work: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[tuple[Sequence, str]]:
+        """Sample the sequences whose pending tokens are all cached (one batched call: penalties,
+        bias and log-probabilities vectorised), append, and retire the finished ones."""
+        ready = [i for i, (seq, _) in enumerate(work) if seq.n_cached >= len(seq.all_ids)]  # a middle chunk waits
+        if not ready:
+            return []
+        seqs = [work[i][0] for i in ready]
+        picks = sample_batch(logits[ready], [s.sampler for s in seqs], [s.all_ids for s in seqs],
+                             [len(s.prompt_ids) for s in seqs])
         out = []
-        for (seq, _), row in zip(work, logits):
-            if seq.n_cached < len(seq.all_ids):
-                continue  # a prompt chunk with more to come: nothing to sample yet
-            text = seq.append(seq.sampler(row, seq.all_ids))
+        for seq, (token, logprob) in zip(seqs, picks):
+            text = seq.append(token, logprob)
             if not seq.finished and len(seq.all_ids) >= self.n_ctx:
                 text += seq.finish("length")  # the next token would not fit the cache
             out.append((seq, text))

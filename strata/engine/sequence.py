@@ -11,7 +11,7 @@ from typing import Protocol
 
 from strata.errors import StrataArgumentError
 
-from .sampling import Sampler, SamplingParams, check_int
+from .sampling import Sampler, SamplingParams, TokenLogprob, check_int
 
 
 class TokenDecoder(Protocol):
@@ -51,6 +51,7 @@ class Sequence:
         self.sampler = Sampler(sampling)
         self.decoder = decoder
         self.output_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if sampling.logprobs is not None else None  # per output token
         self.slot: int | None = None  # KV-cache slot (the handle of its block table) while running
         self.n_cached = 0  # tokens whose keys and values are in the cache (0 again after a preemption)
         self.n_prompt_cached: int | None = None  # prompt tokens the prefix cache served at admission
@@ -74,11 +75,14 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, token_id: int) -> str:
-        """Record a sampled token; returns the text that became visible (may be empty)."""
+    def append(self, token_id: int, logprob: TokenLogprob | None = None) -> str:
+        """Record a sampled token (and its log-probabilities, when the sequence asked for them);
+        returns the text that became visible (may be empty)."""
         if token_id in self.stop.stop_token_ids:
             return self.finish("stop")
         self.output_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         if self.decoder is not None:
             before = len(self.text)
             self.text += self.decoder.push(token_id)

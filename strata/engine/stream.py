@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from .sampling import TokenLogprob
+
 
 @dataclass
 class Chunk:
@@ -22,6 +24,7 @@ class Chunk:
     token_id: int | None  # None for the final chunk of a sequence that ended on a stop token
     text: str
     finish_reason: str | None = None  # set on a sequence's last chunk
+    logprob: TokenLogprob | None = None  # the token's log-probabilities, when the sampling asked for them
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Completion:
     prefill_seconds: float  # prompt processing up to the first generated token
     decode_seconds: float  # the remaining tokens
     cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the sampling asked for them
 
     @property
     def tokens_per_second(self) -> float:
@@ -44,7 +48,10 @@ class Completion:
         return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_tokens, "tokens_per_second": self.tokens_per_second,
                 "prefill_seconds": self.prefill_seconds, "decode_seconds": self.decode_seconds,
-                "cached_tokens": self.cached_tokens}
+                "cached_tokens": self.cached_tokens,
+                "logprobs": None if self.logprobs is None else
+                [{"token_id": lp.token_id, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                 for lp in self.logprobs]}
 
 
 class Stream:

@@ -37,8 +37,8 @@ from strata.engine.sequence import stop_conditions
 from .errors import APIError, bad_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
-from .responses import Reply, collect, stream
-from .tools.stream import output_stream
+from .responses import Events, Reply, collect, stream
+from .tools.stream import OutputStream, output_stream
 from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
 
@@ -227,13 +227,14 @@ async def _json_body(request: Request) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
 
 
-def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any) -> Sequence:
-    stops = stop_conditions(req.sampling, model.stop_token_ids, model.n_ctx - len(ids))
-    return Sequence(next(state.ids), ids, req.sampling, stops, model.tokenizer.stream())
+def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int) -> Sequence:
+    params = req.sampling.for_choice(choice)
+    stops = stop_conditions(params, model.stop_token_ids, model.n_ctx - len(ids))
+    return Sequence(next(state.ids), ids, params, stops, model.tokenizer.stream())
 
 
-async def _watch_disconnect(request: Request, worker: EngineWorker, ticket: Ticket) -> None:
-    """Cancel the ticket's sequence when the client goes away (read after the body: only
+async def _watch_disconnect(request: Request, worker: EngineWorker, tickets: list[Ticket]) -> None:
+    """Cancel the tickets' sequences when the client goes away (read after the body: only
     'http.disconnect' can come)."""
     try:
         while (await request.receive())["type"] != "http.disconnect":
@@ -242,30 +243,50 @@ async def _watch_disconnect(request: Request, worker: EngineWorker, ticket: Tick
         raise
     except Exception:  # the connection broke some other way: the client is gone all the same
         pass
-    worker.cancel(ticket)
+    for ticket in tickets:
+        worker.cancel(ticket)
+
+
+async def _admitted(events: asyncio.Queue, n: int) -> Events:
+    """Wait until the engine admits all n choices (an error: raised); events that came meanwhile are kept."""
+    early, added = [], 0
+    while added < n:
+        event = await events.get()
+        if event.kind == "error":
+            raise event.error
+        if event.kind == "added":
+            added += 1
+        else:
+            early.append(event)
+    return Events(events, early)
 
 
 async def _generate(request: Request, state: ServerState, parse: Callable[[Any], GenerationRequest]) -> Response:
+    """One request: n sequences (choice i seeded with seed + i; each prefills the prompt, as the
+    engine does not fork a sequence's KV cache) sharing one event queue."""
     _authorize(request, state.config)
     model, worker = state.ready()
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
     ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
-    ticket = Ticket(_sequence(state, req, ids, model), asyncio.get_running_loop())
-    worker.submit(ticket)
-    watcher = asyncio.create_task(_watch_disconnect(request, worker, ticket))
-    reply = Reply(req, state.config.model_name, _output(req, model, state.config))
+    queue: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    tickets = [Ticket(_sequence(state, req, ids, model, i), loop, i, queue) for i in range(req.n)]
+    submitted: list[Ticket] = []
+    watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
+    reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))
     try:
-        first = await ticket.events.get()  # admitted by the engine, or refused
-        if first.kind == "error":
-            raise first.error
+        for ticket in tickets:
+            worker.submit(ticket)  # 503 when full: the ones submitted are cancelled below
+            submitted.append(ticket)
+        events = await _admitted(queue, req.n)  # admitted by the engine, or refused
         if req.stream:
-            return StreamingResponse(_streaming(reply, ticket, worker, watcher, state),
+            return StreamingResponse(_streaming(reply, events, req.n, submitted, worker, watcher, state),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        text, last = await collect(ticket)
-        return JSONResponse(reply.whole(text, last))
+        return JSONResponse(reply.whole(await collect(events, req.n)))
     except BaseException:
-        worker.cancel(ticket)
+        for ticket in submitted:
+            worker.cancel(ticket)
         watcher.cancel()
         raise
     finally:
@@ -273,26 +294,28 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
             watcher.cancel()
 
 
-def _output(req: GenerationRequest, model: Any, config: ServerConfig):
-    """How a chat reply's text is read back: reasoning and the template family's tool calls."""
+def _outputs(req: GenerationRequest, model: Any, config: ServerConfig) -> list[OutputStream]:
+    """How each chat choice's text is read back (one stream per choice: reasoning and the template
+    family's tool calls are parsed choice by choice); none for completions."""
     if req.kind != "chat":
-        return None
-    return output_stream(req.tools, model.chat_template.source, req.prompt_text, config.tool_call_format,
-                         req.reasoning_format or config.reasoning_format)
+        return []
+    return [output_stream(req.tools, model.chat_template.source, req.prompt_text, config.tool_call_format,
+                          req.reasoning_format or config.reasoning_format) for _ in range(req.n)]
 
 
-async def _streaming(reply: Reply, ticket: Ticket, worker: EngineWorker, watcher: asyncio.Task,
-                     state: ServerState):
+async def _streaming(reply: Reply, events: Events, n: int, tickets: list[Ticket], worker: EngineWorker,
+                     watcher: asyncio.Task, state: ServerState):
     def refused(error: APIError) -> None:
         state.metrics.requests_refused.labels(str(error.status)).inc()
 
     try:
-        async for event in stream(reply, ticket, refused):
+        async for event in stream(reply, events, n, refused):
             yield event
-    finally:  # ended, or the client left (the response task was cancelled): end the sequence
+    finally:  # ended, or the client left (the response task was cancelled): end the sequences
         watcher.cancel()
-        if not ticket.closed:
-            worker.cancel(ticket)
+        for ticket in tickets:
+            if not ticket.closed:
+                worker.cancel(ticket)
 
 
 __all__ = ["ServerConfig", "ServerState", "create_app"]

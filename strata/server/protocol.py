@@ -2,14 +2,17 @@
 
 `parse_chat` and `parse_completion` read `/v1/chat/completions` and `/v1/completions` bodies
 (already decoded JSON) field by field: every wrong value is a 400 `APIError` naming its field
-(`param`). Fields the engine cannot honour are refused rather than ignored: `n` other than 1,
-`frequency_penalty` / `presence_penalty` other than 0 (the sampler has the multiplicative
-`repetition_penalty` instead), `logprobs` (the engine hands out tokens, not their
-probabilities), `logit_bias`, `echo`, `suffix`, `best_of`. Unknown fields are ignored,
-as OpenAI's own clients send extras. `ignore_eos` (vLLM's extension) runs to max_tokens.
+(`param`). The sampling fields (temperature, top_p, seed, n, frequency_penalty, presence_penalty,
+logit_bias, stop, ...) go through `SamplingParams`' one validation; `logprobs` is chat's
+`logprobs: true` with `top_logprobs` alternatives (0 to 20), or completions' `logprobs: k`.
+Chat's `tools` / `tool_choice` / `parallel_tool_calls` are read by `tools.request`, and its
+`reasoning_format` picks how reasoning is returned. Fields the engine cannot honour are refused
+rather than ignored: `echo`, `suffix`, `best_of`. Unknown fields are ignored, as OpenAI's own
+clients send extras. `ignore_eos` (vLLM's extension) runs to max_tokens.
 
 `prompt_ids` turns a request into token ids with the model's tokenizer and chat template and
-checks them against the context. Must not: touch the engine, sample, or format responses.
+checks them (and logit_bias's ids) against the vocabulary and the context. Must not: touch the
+engine, sample, or format responses.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any
 
 from strata.chat_template import ChatTemplateError
 from strata.engine.config import OptionError, spell
-from strata.engine.sampling import SAMPLING_RANGES, SamplingParams
+from strata.engine.sampling import MAX_LOGPROBS, SAMPLING_RANGES, SamplingParams
 from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
@@ -51,6 +54,10 @@ class GenerationRequest:
     def stop(self) -> tuple[str, ...]:
         return self.sampling.stop
 
+    @property
+    def n(self) -> int:
+        return self.sampling.n
+
 
 def _typed(body: dict, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
     """body[name] when it is one of `kinds` (bool is never a number); default when absent or null."""
@@ -82,44 +89,52 @@ def _int(body: dict, name: str, low: int | None, high: int | None = None) -> int
 SERVER_DEFAULTS = {**SAMPLING_DEFAULTS, "max_tokens": None}
 
 
+#: The body fields read straight into SamplingParams (logprobs is read per endpoint).
+SAMPLING_FIELDS = tuple(f for f in (*SAMPLING_RANGES, "max_tokens", "stop", "logit_bias") if f != "logprobs")
+
+
 def _sampling(body: dict, kind: str) -> SamplingParams:
     """The request's SamplingParams, checked by SamplingParams itself: an error is a 400 naming the field."""
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = _typed(body, name, (int, float), "a number", 0)
-        if value != 0:
-            raise bad_request(f"{name}: not supported (only 0); the sampler applies repetition_penalty "
-                              f"(multiplicative, 1 = off) instead", param=name)
     names = {}
     if kind == "chat" and body.get("max_completion_tokens") is not None:  # the newer name wins
         names["max_tokens"] = "max_completion_tokens"
-    values = {f: body.get(spell(f, names)) for f in (*SAMPLING_RANGES, "max_tokens", "stop")}
+    values = {f: body.get(spell(f, names)) for f in SAMPLING_FIELDS}
     if values["top_k"] == -1:  # vLLM's spelling of "off"
         values["top_k"] = 0
     values = {f: SERVER_DEFAULTS[f] if v is None and f in SERVER_DEFAULTS else v for f, v in values.items()}
+    values["logprobs"] = _chat_logprobs(body) if kind == "chat" else body.get("logprobs")
     if _typed(body, "ignore_eos", (bool,), "true or false", False):  # vLLM's extension: run to max_tokens
         values["stop_token_ids"] = ()
     if isinstance(values["stop"], list) and len(values["stop"]) > MAX_STOP_STRINGS:
         raise bad_request(f"stop: expected at most {MAX_STOP_STRINGS} strings, found {len(values['stop'])}",
                           param="stop")
+    if isinstance(values["logprobs"], bool):
+        raise bad_request(f"logprobs: expected an integer (alternatives per token, 0 to {MAX_LOGPROBS}), found "
+                          f"{values['logprobs']}", param="logprobs")
     try:
-        return SamplingParams.build(names, **{f: v for f, v in values.items() if v is not None or f == "max_tokens"})
+        return SamplingParams.build(names, **{f: v for f, v in values.items()
+                                              if v is not None or f in ("max_tokens", "logprobs")})
     except OptionError as e:
-        raise bad_request(str(e), param=spell(e.option, names)) from None
+        param = "top_logprobs" if kind == "chat" and e.option == "logprobs" else spell(e.option, names)
+        raise bad_request(str(e).replace("logprobs:", f"{param}:", 1), param=param) from None
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's pair as the sampler's one option: None (off), or top_logprobs (0 when absent) with logprobs true."""
+    wanted = _typed(body, "logprobs", (bool,), "true or false", False)
+    top = body.get("top_logprobs")
+    if top is not None and not wanted:
+        raise bad_request("top_logprobs: only allowed when logprobs is true", param="top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
+        raise bad_request(f"top_logprobs: expected an integer from 0 to {MAX_LOGPROBS}, found {_show(top)}",
+                          param="top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _refuse_unsupported(body: dict, kind: str) -> None:
-    n = _int(body, "n", 1)
-    if n is not None and n != 1:
-        raise bad_request(f"n: only 1 choice per request is supported, found {n}", param="n")
     best_of = _int(body, "best_of", 1)
     if best_of is not None and best_of != 1:
         raise bad_request(f"best_of: only 1 is supported, found {best_of}", param="best_of")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        param = "logprobs" if body.get("logprobs") not in (None, False) else "top_logprobs"
-        raise bad_request(f"{param}: not supported: the engine hands out sampled tokens, not their "
-                          "probabilities", param=param)
-    if body.get("logit_bias"):
-        raise bad_request("logit_bias: not supported", param="logit_bias")
     if kind == "chat":
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
@@ -233,6 +248,10 @@ def prompt_ids(req: GenerationRequest, model) -> list[int]:
         ids = list(req.prompt)
     if not ids:
         raise bad_request(f"{param}: the prompt is empty (no tokens)", param=param)
+    try:
+        req.sampling.check_vocab(model.tokenizer.vocab_size)
+    except OptionError as e:
+        raise bad_request(str(e), param="logit_bias") from None
     if len(ids) >= model.n_ctx:
         raise bad_request(f"{param}: the prompt has {len(ids)} tokens; this server's context is {model.n_ctx} tokens "
                           f"and at least one must be left to generate", param=param, code="context_length_exceeded")

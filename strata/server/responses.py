@@ -1,38 +1,50 @@
 """OpenAI response objects: whole completions, stream chunks, and the SSE stream of one request.
 
 Chat answers are `chat.completion` / `chat.completion.chunk` objects, completions are
-`text_completion` objects either way. A stream is `data: {chunk}` events sharing one id: for
-chat a first chunk with the assistant role, then one chunk per piece of new text (whole UTF-8
-characters: the tokenizer's stream decoder holds back a split character) split by the reply's
-`OutputStream` into `content`, `reasoning_content` and `tool_calls` deltas, a chunk with the
-finish reason (`tool_calls` when the reply called tools), with `stream_options.include_usage` a last chunk with empty `choices` and the
-usage totals, then `data: [DONE]`. An error after the stream began is one `data: {"error": ...}`
-event, then `[DONE]`.
+`text_completion` objects either way; a request with n > 1 has n choices, by index. A stream is
+`data: {chunk}` events sharing one id: for chat a first chunk per choice with the assistant role,
+then one chunk per piece of new text (whole UTF-8 characters: the tokenizer's stream decoder
+holds back a split character) with the log-probabilities of its tokens when asked, split by the
+choice's own `OutputStream` into `content`, `reasoning_content` and `tool_calls` deltas, a chunk
+with each choice's finish reason (`tool_calls` when that choice called tools), with
+`stream_options.include_usage` a last chunk with empty `choices` and the usage totals, then
+`data: [DONE]`. An error after the stream began is one `data: {"error": ...}` event, then `[DONE]`.
 
 Must not touch the engine: it reads a request's `Event`s and writes JSON.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from strata.engine.sampling import TokenLogprob
 
 from .protocol import GenerationRequest
 from .tools.stream import OutputStream
-from .worker import Event, Ticket
+from .worker import Event
+
+
+#: Floor of a reported log-probability (JSON has no -inf; vLLM reports the same floor).
+MIN_LOGPROB = -9999.0
 
 
 @dataclass
 class Reply:
-    """The fixed parts of one request's answer."""
+    """The fixed parts of one request's answer; `token_bytes` (the tokenizer's bytes of each id)
+    spells the tokens of its log-probabilities."""
 
     req: GenerationRequest
     model_name: str
-    output: OutputStream | None = None  # chat: reasoning and tool calls read from the text
+    token_bytes: Sequence[bytes] = ()
+    outputs: list[OutputStream] = field(default_factory=list)  # chat: each choice's reasoning and tool calls
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    _offsets: dict[int, int] = field(default_factory=dict)  # completions' text_offset so far, per choice
 
     def __post_init__(self):
         prefix = "chatcmpl" if self.req.kind == "chat" else "cmpl"
@@ -46,70 +58,132 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
                 "system_fingerprint": None}
 
-    def whole(self, text: str, last: Event) -> dict[str, Any]:
-        """The non-streaming answer."""
-        if self.chat:
-            output = self.output or OutputStream()
-            output.text = text
-            message = output.message()
-            finish = "tool_calls" if "tool_calls" in message else finish_reason(last)
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(last)}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(last)}
+    def whole(self, choices: list[Collected]) -> dict[str, Any]:
+        """The non-streaming answer: one choice per collected sequence."""
+        out = []
+        for i, c in enumerate(choices):
+            logprobs = self.logprobs(i, c.logprobs)
+            if self.chat:
+                output = self.output(i) or OutputStream()
+                output.text = c.text
+                message = output.message()
+                finish = "tool_calls" if "tool_calls" in message else finish_reason(c.last)
+                out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            else:
+                out.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": finish_reason(c.last)})
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": out,
+                "usage": usage([c.last for c in choices])}
 
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    def output(self, index: int) -> OutputStream | None:
+        """Choice `index`'s OutputStream (None: its text goes out as it is)."""
+        return self.outputs[index] if index < len(self.outputs) else None
+
+    def chunk(self, index: int = 0, text: str | None = None, finish: str | None = None, role: bool = False,
+              logprobs: dict[str, Any] | None = None, delta: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             delta = {**({"role": "assistant", "content": ""} if role else {}), **(delta or {})}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         if self.req.include_usage:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, last: Event) -> dict[str, Any]:
+    def usage_chunk(self, lasts: list[Event]) -> dict[str, Any]:
         head = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        return {**head, "choices": [], "usage": usage(last)}
+        return {**head, "choices": [], "usage": usage(lasts)}
+
+    def logprobs(self, index: int, records: list[TokenLogprob]) -> dict[str, Any] | None:
+        """OpenAI's logprobs object of these tokens of choice `index` (None when not asked for):
+        chat's `content` entries, or completions' parallel lists (text_offset counts on across chunks)."""
+        if self.req.sampling.logprobs is None:
+            return None
+        if self.chat:
+            return {"content": [{**self._token(r.token_id, r.logprob),
+                                 "top_logprobs": [self._token(t, lp) for t, lp in r.top]} for r in records]}
+        tokens = [self._text(r.token_id) for r in records]
+        offsets = []
+        for t in tokens:
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(t)
+        return {"tokens": tokens, "token_logprobs": [_floor(r.logprob) for r in records],
+                "top_logprobs": [{self._text(t): _floor(lp) for t, lp in r.top} for r in records],
+                "text_offset": offsets}
+
+    def _text(self, token_id: int) -> str:
+        return self.token_bytes[token_id].decode("utf-8", errors="replace")
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": self._text(token_id), "logprob": _floor(logprob), "bytes": list(self.token_bytes[token_id])}
+
+
+def _floor(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+@dataclass
+class Collected:
+    """One choice of a whole answer: its text, its last event, its log-probability records."""
+
+    text: str = ""
+    last: Event | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class Events:
+    """The events of one request's tickets (one shared queue), those taken while waiting for the
+    admissions replayed first."""
+
+    def __init__(self, queue: asyncio.Queue, early: list[Event] = ()):
+        self.queue, self.early = queue, deque(early)
+
+    async def get(self) -> Event:
+        return self.early.popleft() if self.early else await self.queue.get()
 
 
 def finish_reason(last: Event) -> str:
     return last.finish_reason if last.finish_reason in ("stop", "length") else "stop"
 
 
-def usage(last: Event) -> dict[str, Any]:
-    return {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
-            "total_tokens": last.prompt_tokens + last.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": last.cached_tokens}}  # the prefix cache's share
+def usage(lasts: list[Event]) -> dict[str, Any]:
+    """Usage of the choices whose last events these are: the prompt once, every choice's tokens, and
+    the prefix cache's share of the prompt."""
+    prompt, completion = lasts[0].prompt_tokens, sum(e.completion_tokens for e in lasts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": lasts[0].cached_tokens}}
 
 
 def sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def collect(ticket: Ticket) -> tuple[str, Event]:
-    """Every event of a ticket until its last: (the whole text, the last event)."""
-    parts = []
-    while True:
-        event = await ticket.events.get()
+async def collect(events: Events, n: int) -> list[Collected]:
+    """Every event of a request's n choices until each has its last, by choice index."""
+    choices = [Collected() for _ in range(n)]
+    done = 0
+    while done < n:
+        event = await events.get()
         if event.kind == "error":
             raise event.error
-        parts.append(event.text)
+        c = choices[event.index]
+        c.text += event.text
+        c.logprobs += event.logprobs
         if event.finish_reason is not None:
-            return "".join(parts), event
+            c.last, done = event, done + 1
+    return choices
 
 
-async def stream(reply: Reply, ticket: Ticket, on_error: Callable[[Any], None]) -> AsyncIterator[str]:
-    """The SSE events of one request, from its ticket's events (the first, 'added', already taken)."""
+async def stream(reply: Reply, events: Events, n: int, on_error: Callable[[Any], None]) -> AsyncIterator[str]:
+    """The SSE events of one request's n choices, from their events (the admissions already taken)."""
     if reply.chat:
-        yield sse(reply.chunk(role=True))
-    while True:
-        event = await ticket.events.get()
+        for i in range(n):
+            yield sse(reply.chunk(i, role=True))
+    lasts: dict[int, Event] = {}
+    while len(lasts) < n:
+        event = await events.get()
         if event.kind == "error":
             on_error(event.error)
             yield sse(event.error.body())
@@ -117,22 +191,31 @@ async def stream(reply: Reply, ticket: Ticket, on_error: Callable[[Any], None]) 
         for piece in _pieces(reply, event):
             yield sse(piece)
         if event.finish_reason is not None:
-            called = reply.output is not None and reply.output.called
-            yield sse(reply.chunk(finish="tool_calls" if called else finish_reason(event)))
-            if reply.req.include_usage:
-                yield sse(reply.usage_chunk(event))
-            break
+            lasts[event.index] = event
+            output = reply.output(event.index)
+            called = output is not None and output.called
+            yield sse(reply.chunk(event.index, finish="tool_calls" if called else finish_reason(event)))
+    else:
+        if reply.req.include_usage:
+            yield sse(reply.usage_chunk([lasts[i] for i in range(n)]))
     yield sse("[DONE]")
 
 
 def _pieces(reply: Reply, event: Event) -> list[dict[str, Any]]:
-    """The chunks of one event's text: as it is, or split by the reply's OutputStream."""
-    if reply.output is None or not reply.chat:
-        return [reply.chunk(event.text)] if event.text else []
-    deltas = reply.output.push(event.text) if event.text else []
+    """The chunks of one event: its text as it is, or split by its choice's OutputStream; the
+    log-probabilities of its tokens ride on the first (on an empty delta when the stream holds
+    the text back)."""
+    i = event.index
+    logprobs = reply.logprobs(i, event.logprobs)
+    output = reply.output(i)
+    if output is None or not reply.chat:
+        return [reply.chunk(i, event.text, logprobs=logprobs)] if event.text or event.logprobs else []
+    deltas = output.push(event.text) if event.text else []
     if event.finish_reason is not None:
-        deltas += reply.output.finish()
-    return [reply.chunk(delta=d) for d in deltas]
+        deltas += output.finish()
+    if event.logprobs and not deltas:
+        deltas = [{}]
+    return [reply.chunk(i, delta=d, logprobs=logprobs if k == 0 else None) for k, d in enumerate(deltas)]
 
 
-__all__ = ["Reply", "collect", "sse", "stream"]
+__all__ = ["Collected", "Events", "MIN_LOGPROB", "Reply", "collect", "sse", "stream"]

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import strata.engine
@@ -37,6 +37,8 @@ class Event:
 
     kind: str  # "added" | "text" | "error"
     text: str = ""
+    index: int = 0  # the request's choice this event belongs to (n > 1)
+    logprobs: list = field(default_factory=list)  # TokenLogprob of the tokens new in this event, when asked
     finish_reason: str | None = None  # set on the request's last event
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
@@ -45,17 +47,21 @@ class Event:
 
 
 class Ticket:
-    """One request's sequence and the asyncio queue its events arrive on."""
+    """One sequence of a request (choice `index` of its n) and the asyncio queue its events
+    arrive on (the n tickets of one request may share one queue: events carry the index)."""
 
-    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop):
-        self.seq, self.loop = seq, loop
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+    def __init__(self, seq: Sequence, loop: asyncio.AbstractEventLoop, index: int = 0,
+                 events: asyncio.Queue | None = None):
+        self.seq, self.loop, self.index = seq, loop, index
+        self.events: asyncio.Queue[Event] = asyncio.Queue() if events is None else events
         self.arrived = time.perf_counter()
         self.last_token: float | None = None  # when its previous token came (engine thread)
         self.n_reported = 0  # output tokens already counted (engine thread)
+        self.n_logprobs = 0  # log-probability records already sent (engine thread)
         self.closed = False  # its last event was sent (engine thread)
 
     def send(self, event: Event) -> None:
+        event.index = self.index
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
@@ -165,10 +171,20 @@ class EngineWorker:
             if ticket is None or ticket.closed:
                 continue
             self._timing(ticket, now)
+            logprobs = self._new_logprobs(ticket)
             if seq.finished:
-                self._close(ticket, Event("text", text, finish_reason=seq.finish_reason))
-            elif text:
-                ticket.send(Event("text", text))
+                self._close(ticket, Event("text", text, finish_reason=seq.finish_reason, logprobs=logprobs))
+            elif text or logprobs:
+                ticket.send(Event("text", text, logprobs=logprobs))
+
+    @staticmethod
+    def _new_logprobs(ticket: Ticket) -> list:
+        records = ticket.seq.logprobs
+        if not records or len(records) == ticket.n_logprobs:
+            return []
+        new = records[ticket.n_logprobs:]
+        ticket.n_logprobs = len(records)
+        return new
 
     def _timing(self, ticket: Ticket, now: float) -> None:
         seq, m = ticket.seq, self.metrics

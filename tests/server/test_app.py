@@ -88,7 +88,18 @@ def test_parse_defaults_and_aliases():
     ({"prompt": "x", "min_p": 1.5}, "min_p"),
     ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
     ({"prompt": "x", "seed": 2**64}, "seed"),
-    ({"prompt": "x", "presence_penalty": 1}, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "1"}, "frequency_penalty"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 17}, "n"),
+    ({"prompt": "x", "n": 1.5}, "n"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "logit_bias": {"x1": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 100.5}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": None}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": "5"}, "logit_bias"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
@@ -100,3 +111,49 @@ def test_parse_refuses(body, param):
     with pytest.raises(APIError) as info:
         parse_completion(body)
     assert info.value.status == 400 and info.value.param == param, info.value
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"top_logprobs": -1, "logprobs": True}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 2, "logprobs": False}, "top_logprobs"),
+    ({"top_logprobs": "2", "logprobs": True}, "top_logprobs"),
+    ({"logprobs": 3}, "logprobs"),
+])
+def test_parse_chat_logprobs_refuses(body, param):
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], **body})
+    assert info.value.status == 400 and info.value.param == param, info.value
+    assert info.value.message.startswith(param), info.value
+
+
+def test_parse_sampling_fields():
+    req = parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3, "n": 2,
+                      "frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"12": -100, "7": 2.5},
+                      "seed": 4})
+    p = req.sampling
+    assert (p.logprobs, p.n, p.frequency_penalty, p.presence_penalty) == (3, 2, 0.5, -1.0)
+    assert p.logit_bias == ((7, 2.5), (12, -100.0)) and req.n == 2 and p.for_choice(1).seed == 5
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).sampling.logprobs == 0
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": False}).sampling.logprobs is None
+    assert parse_completion({"prompt": "x", "logprobs": 0}).sampling.logprobs == 0
+
+
+def test_fuzz_sampling_fields_are_400s_or_accepted():
+    """Random values of the new fields: every body parses or is a 400 naming one of them, never another error."""
+    import random
+
+    rng = random.Random(0)
+    values = [None, True, False, 0, 1, -1, 2, 5, 20, 21, 100, 101, -100.5, 0.5, 1e308, float("nan"), "1", "",
+              "abc", [], [1], [[1, 2]], {}, {"1": 1}, {"-1": 1}, {"1": "x"}, {"99999999999999999999": 1},
+              {"1": 1e9}, {"\u0661": 1}, {"1": True}]
+    fields = ["n", "logprobs", "top_logprobs", "frequency_penalty", "presence_penalty", "logit_bias", "seed"]
+    for _ in range(600):
+        body = {f: rng.choice(values) for f in rng.sample(fields, rng.randint(1, 4))}
+        for parse, base in ((parse_chat, {"messages": [{"role": "user", "content": "x"}]}), (parse_completion,
+                                                                                             {"prompt": "x"})):
+            try:
+                parse({**base, **body})
+            except APIError as e:
+                assert e.status == 400 and e.param in fields, (body, e)

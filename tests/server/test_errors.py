@@ -57,9 +57,12 @@ def test_api_key(server):
     ("/v1/completions", {"prompt": "x", "top_k": 1.5}, "top_k", "integer"),
     ("/v1/completions", {"prompt": "x", "seed": -3}, "seed", "seed"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", ">= 1"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "n", "only 1"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
-    ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", "repetition_penalty"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, "n", "<= 16"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "<= 20"),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty", "<= 2"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1000000": 5}}, "logit_bias", "outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 200}}, "logit_bias", "<= 100"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"one": 2}}, "logit_bias", "token ids"),
     ("/v1/completions", {"prompt": "x", "stop": ["", "a"]}, "stop", "non-empty"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream", "true or false"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
@@ -71,7 +74,10 @@ def test_api_key(server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content", "text parts"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs",
-     "not supported"),
+     "only allowed when logprobs is true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs", "<= 20"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "n", ">= 1"),
 ])
 def test_bad_fields(http, path, body, param, words):
     assert words in error_of(http.post(path, json=body), 400, param=param)

@@ -67,11 +67,11 @@ def forced(client, monkeypatch):
     ids = model.tokenize(REPLY, add_special=False) + [min(model.stop_token_ids)]
     assert model.detokenize(ids[:-1]) == REPLY
 
-    def call(self, logits, history):
+    def draw(self, logits):  # the engine samples through sample_batch, one draw per sequence
         self.n_forced = getattr(self, "n_forced", -1) + 1
         return ids[min(self.n_forced, len(ids) - 1)]
 
-    monkeypatch.setattr(Sampler, "__call__", call)
+    monkeypatch.setattr(Sampler, "draw", draw)
     return client[0]
 
 
@@ -115,3 +115,33 @@ def test_unknown_named_function_is_a_400(client):
         client[0].chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=4,
                                           tool_choice={"type": "function", "function": {"name": "nope"}})
     assert e.value.body["param"] == "tool_choice"
+
+
+def test_n_choices_each_call_tools_with_logprobs(forced):
+    """n=2: each choice has its own OutputStream (reasoning and calls parsed per choice), its own
+    finish reason and its own log-probabilities, streamed and whole."""
+    chunks = list(forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, n=2,
+                                                 stream=True, logprobs=True, top_logprobs=2))
+    by_index = {0: [], 1: []}
+    for c in chunks:
+        for choice in c.choices:
+            by_index[choice.index].append(choice)
+    for index, choices in by_index.items():
+        deltas = [ch.delta for ch in choices]
+        parts = [tc for d in deltas for tc in d.tool_calls or ()]
+        assert parts[0].function.name == "get_weather", index
+        assert json.loads("".join(p.function.arguments or "" for p in parts)) == {"city": "Paris", "days": 2}
+        assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == \
+            "The user wants the weather.\n"
+        assert [ch.finish_reason for ch in choices if ch.finish_reason] == ["tool_calls"]
+        tokens = [t for ch in choices if ch.logprobs for t in ch.logprobs.content]
+        assert "".join(t.token for t in tokens) == REPLY  # every token once, the held-back ones too
+        assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    ids = {tc.id for ch in by_index[0] + by_index[1] for tc in ch.delta.tool_calls or () if tc.id}
+    assert len(ids) == 2  # one call per choice, each with its own id
+    done = forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, n=2, logprobs=True)
+    assert [c.index for c in done.choices] == [0, 1]
+    for c in done.choices:
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        assert c.message.tool_calls[0].function.name == "get_weather"
+        assert "".join(t.token for t in c.logprobs.content) == REPLY
