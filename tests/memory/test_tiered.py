@@ -17,7 +17,8 @@ from strata.cli import main
 from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.memory.alloc import ALLOCATIONS
-from strata.memory.host import BudgetError, machine_memory
+from strata.memory.host import BudgetError
+from strata.memory.machine import machine_memory
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
