@@ -23,10 +23,9 @@ from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
-from .tiered_fixture import DEVICE_SLOTS, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
+from .tiered_fixture import DEVICE_SLOTS, FORMS, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
 
 torch.set_num_threads(1)
-FORMS = ("dequantized", "packed")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
 N_LAYERS, N_EXPERTS, TOP_K = 3, 8, 2
 DEVICE_SLOTS, HOST_SLOTS = N_EXPERTS // 4, N_EXPERTS // 2  # experts are 4x the device pool, 2x the host's
+FORMS = ("dequantized", "packed")  # the slot forms every tiered test runs in
 
 
 @cache
