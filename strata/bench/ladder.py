@@ -54,18 +54,20 @@ def _smallest_tiered(path: str, prefetch_depth: int | None):
     from strata.gguf import open_model
     from strata.memory.budget import device_budget_for_slots, host_budget_for_slots, make_plan
     from strata.memory.device import expert_geometry
+    from strata.memory.machine import Machine
     from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
     def build(mf, device, dtype, n_threads):
-        k = mf.hparams.n_experts_used
+        k, machine = mf.hparams.n_experts_used, Machine.measure(device)
         geometry, n_layers = expert_geometry(mf), len(mf.expert_layers)
-        form = make_plan(mf, geometry, device, dtype, device_mem=device_budget_for_slots(
+        form = make_plan(mf, geometry, device, dtype, machine=machine, device_mem=device_budget_for_slots(
             geometry, "packed", dtype, device, n_layers, k, k)).form  # the form such a pool takes
         config = TieredConfig(device_mem=device_budget_for_slots(geometry, form, dtype, device, n_layers, k, k),
                               host_mem=host_budget_for_slots(mf, k), slot_form=form, prefetch_depth=prefetch_depth)
         with warnings.catch_warnings():  # slots this small are the row's point: no "raise --host-mem"
             warnings.simplefilter("ignore", SlowPathWarning)
-            return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config)
+            return TieredExpertMemory(mf, device=device, dtype=dtype, n_threads=n_threads, config=config,
+                                      machine=machine)
 
     with open_model(path):  # fail early, with the file's own error, before the first row
         pass

@@ -93,25 +93,40 @@ def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -
 
 
 def placement(args: argparse.Namespace, model) -> dict[str, Any]:
-    """The tiered memory's plan and start-up placement for the budgets in `args`."""
+    """Where experts would start and where reads would come from, for the budgets in `args`, in
+    the expert memory `strata.load` would build for them: the paged memory's one pool of RAM slots
+    (packed compute on the CPU), else the tiered memory's device and host slots."""
     from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
+    from strata.engine.build import memory_config_for, ram_budget, reserved_bytes
     from strata.engine.kv_cache import KVCache
-    from strata.memory.placement import plan_placement
+    from strata.memory.machine import Machine
+    from strata.memory.placement import estimate, host_slots_for, plan_placement
     from strata.models import cache_dims
 
     device = resolve_device(args.device)
     compute = resolve_compute(args.compute, device, None)
-    dtype = resolve_dtype(None, device)
+    dtype, machine = resolve_dtype(None, device), Machine.measure(device)
+    config, _ = memory_config_for(None, {"device_mem": args.device_mem, "host_mem": args.host_mem}, compute)
     hp = model.hparams
     kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype)
-    plan, host_slots, est = plan_placement(model, device, dtype, compute, device_mem=args.device_mem,
-                                           host_mem=args.host_mem, kv_bytes=kv)
-    return {"device": str(device), "compute": compute, "slot_form": plan.form, "device_budget_bytes": plan.device_budget,
-            "host_budget_bytes": plan.host_budget if args.host_mem else None,
-            "device_slots_per_layer": est.device_slots, "host_slots_per_layer": host_slots, "n_experts": est.n_experts,
-            "estimate_from": est.source, "expected_share": {"device": est.device_share, "host": est.host_share,
-                                                            "disk": est.disk_share},
-            "disk_bytes_per_token": est.disk_bytes_per_token, "layers": est.layers}
+    reserved = reserved_bytes(model, dtype, compute, kv)
+    head = {"device": str(device), "compute": compute, "memory": config.backend(compute)}
+    if head["memory"] == "paged":
+        budget, slots = host_slots_for(model, machine, ram_budget(config, model, machine, reserved))
+        est = estimate(model, slots, 0)
+        return head | {"slot_form": "packed", "ram_budget_bytes": budget, "ram_slots_per_layer": slots,
+                       "n_experts": est.n_experts, "estimate_from": est.source,
+                       "expected_share": {"ram": est.device_share, "disk": est.disk_share},
+                       "disk_bytes_per_token": est.disk_bytes_per_token,
+                       "layers": [{"layer": x["layer"], "ram": x["device"]} for x in est.layers]}
+    plan, host_slots, est = plan_placement(model, device, dtype, compute, machine=machine, device_mem=config.device_mem,
+                                           host_mem=config.host_mem, reserved=reserved)
+    return head | {"slot_form": plan.form, "device_budget_bytes": plan.device_budget,
+                   "host_budget_bytes": plan.host_budget if args.host_mem else None,
+                   "device_slots_per_layer": est.device_slots, "host_slots_per_layer": host_slots,
+                   "n_experts": est.n_experts, "estimate_from": est.source,
+                   "expected_share": {"device": est.device_share, "host": est.host_share, "disk": est.disk_share},
+                   "disk_bytes_per_token": est.disk_bytes_per_token, "layers": est.layers}
 
 
 def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,17 +147,25 @@ def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
 def render_placement(p: dict[str, Any], out: TextIO) -> None:
     from .tiers import fast_tier
 
-    share, fast = p["expected_share"], fast_tier(p["device"])
-    print(f"placement on {p['device']} ({p['compute']} compute, {p['slot_form']} slots): per layer "
-          f"{p['device_slots_per_layer']}/{p['n_experts']} experts in {fast} slots, {p['host_slots_per_layer']}/"
-          f"{p['n_experts']} in host RAM; expected share of expert reads ({p['estimate_from']}): {fast} "
-          f"{share['device']:.0%}, host {share['host']:.0%}, disk {share['disk']:.0%} "
-          f"({format_bytes(p['disk_bytes_per_token'])} from the disk per token)", file=out)
+    share, fast, E = p["expected_share"], fast_tier(p["device"]), p["n_experts"]
+    if p.get("memory") == "paged":
+        print(f"placement on {p['device']} ({p['compute']} compute, paged memory: one pool of RAM slots, budget "
+              f"{format_bytes(p['ram_budget_bytes'])}): per layer {p['ram_slots_per_layer']}/{E} experts in RAM "
+              f"slots, the rest read from the disk on demand; expected share of expert reads ({p['estimate_from']}): "
+              f"RAM {share['ram']:.0%}, disk {share['disk']:.0%} ({format_bytes(p['disk_bytes_per_token'])} from "
+              f"the disk per token)", file=out)
+    else:
+        print(f"placement on {p['device']} ({p['compute']} compute, tiered memory, {p['slot_form']} slots): per layer "
+              f"{p['device_slots_per_layer']}/{E} experts in {fast} slots, {p['host_slots_per_layer']}/{E} in host "
+              f"RAM; expected share of expert reads ({p['estimate_from']}): {fast} {share['device']:.0%}, host "
+              f"{share['host']:.0%}, disk {share['disk']:.0%} ({format_bytes(p['disk_bytes_per_token'])} from the "
+              f"disk per token)", file=out)
     if not p["layers"]:
         print("  (the file has no routing statistics: slots start empty and fill with the first tokens' experts)",
               file=out)
     for x in p["layers"]:
-        print(f"  layer {x['layer']}: {fast} {x['device']}, host {x['host']}, the rest on the disk", file=out)
+        where = f"RAM {x['ram']}" if "ram" in x else f"{fast} {x['device']}, host {x['host']}"
+        print(f"  layer {x['layer']}: {where} at start, the rest on the disk", file=out)
     r = p.get("runtime", {})
     print(f"runtime: {r['line']}" if "line" in r else f"runtime: not decided ({r.get('error')})", file=out)
 

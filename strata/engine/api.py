@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
@@ -25,22 +24,19 @@ import torch
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
 from strata.defaults import DEFAULT_CTX  # KV-cache positions per sequence when n_ctx is not given
-from strata.errors import ContextWarning, StrataArgumentError, StrataError
+from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
-from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import paged_budget, resident_bytes
-from strata.memory.machine import device_memory
-from strata.memory.paged import PagedExpertMemory
-from strata.memory.tiered import TieredExpertMemory
-from strata.models import architecture, cache_dims
+from strata.memory import ExpertMemory
+from strata.memory.machine import Machine
+from strata.models import architecture
 from strata.runtime import Runner, RuntimePlan
 from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
-from strata.units import format_bytes
 
-from .config import MEMORY_OPTIONS, MemoryConfig, check_engine, check_memory_compute, memory_config
+from .build import MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for
+from .config import MemoryConfig, check_engine
 from .engine import Engine
-from .kv_cache import BLOCK_SIZE, KVCache, blocks_for
+from .kv_cache import KVCache
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import ChunkDone, PerplexityResult, perplexity
 from .sampling import FIELDS, SamplingParams
@@ -51,9 +47,6 @@ from .verdict import check_runs
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 DEFAULT_SLOTS = 4  # sequences decoded together at most
-
-#: Builds the expert memory of a model: (model_file, device, dtype, n_threads) -> ExpertMemory.
-MemoryFactory = Callable[[ModelFile, torch.device, torch.dtype, int], ExpertMemory]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -416,7 +409,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
     dt = resolve_dtype(dtype, dev)
-    mem_config, memory_why = _memory_config(memory, memory_options, mode)
+    mem_config, memory_why = memory_config_for(memory, memory_options, mode)
     check_engine(dict(threads=threads, n_ctx=n_ctx, max_batch=max_batch, max_step_tokens=max_step_tokens,
                       kv_blocks=kv_blocks, max_waiting=max_waiting))
     if sampling is not None and not isinstance(sampling, SamplingParams):
@@ -430,6 +423,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
     # beside the pool decode 2.5x slower on 2 cores).
     torch.set_num_threads(1 if mode == "packed" else n_threads)
+    machine = Machine.measure(dev)  # the one measurement of RAM and device memory; budgets take it as data
     mf = open_model(path)
     mem = runner = None
     try:  # from here on every failure closes what was started: threads, pools, the file
@@ -440,97 +434,15 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        kv_bytes = _kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks)
-        mem = _expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv_bytes) if mf.expert_layers else None
+        kv = kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks, machine)
+        mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
-        cache = _kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv_bytes, prefix_cache)
+        cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                      sampling=sampling, chat_template=chat_template)
     except BaseException:
         _close_all(runner, mem, mf)
         raise
-
-
-def _memory_config(memory: MemoryConfig | MemoryFactory | str | None, options: dict[str, Any],
-                   mode: str) -> tuple[MemoryConfig | MemoryFactory, str]:
-    """The MemoryConfig of load()'s `memory` and keyword options, its kind chosen for the compute
-    mode `mode` and checked against it, and how the kind was chosen (for the runtime plan; "": as
-    asked); a factory as given."""
-    unknown = sorted(set(options) - set(MEMORY_OPTIONS["tiered"]))
-    if unknown:
-        raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}")
-    if callable(memory):
-        if any(v is not None for v in options.values()):
-            raise StrataArgumentError(f"{', '.join(options)}: options of a MemoryConfig, not of a memory factory")
-        return memory, "a factory given to load"
-    asked = memory_config(memory, options)
-    config = asked.resolved(mode)
-    check_memory_compute(config, mode)
-    return config, _memory_why(asked, config, mode)
-
-
-def _memory_why(asked: MemoryConfig, config: MemoryConfig, mode: str) -> str:
-    if config.backend(mode) != config.kind:
-        return (f"memory='{config.kind}' with {mode} compute on the CPU: its device and host tiers would both "
-                f"be RAM, so the {config.backend(mode)} memory's one RAM tier serves it (host_mem plus "
-                f"device_mem less the resident weights and KV cache)")
-    return "as asked" if asked.kind is not None else f"the default for {mode} compute"
-
-
-def _expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: torch.device, dt: torch.dtype,
-                   n_threads: int, mode: str, kv_bytes: int) -> ExpertMemory:
-    """The expert memory `config` describes (the tiered and paged budgets leave room for the
-    resident weights and the KV cache)."""
-    if callable(config):
-        return config(mf, dev, dt, n_threads)
-    if config.kind == "direct":
-        return DirectExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, packed=mode == "packed")
-    reserved = resident_bytes(mf, dt, mode) + kv_bytes
-    if config.backend(mode) == "paged":  # the tiered memory's options too, on the CPU with packed compute
-        return PagedExpertMemory(mf, host_mem=config.ram_budget(reserved) or paged_budget(mf, reserved))
-    return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(),
-                              reserved_bytes=reserved)
-
-
-def _kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int,
-              kv_blocks: int | None) -> int:
-    """Bytes of the KV cache, refused before anything is allocated when it cannot hold one
-    sequence or does not fit the device."""
-    hp = mf.hparams
-    if kv_blocks is not None and kv_blocks < blocks_for(ctx):
-        raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
-                          f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
-    kv_bytes = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks)
-    _check_kv_fits(mf, dev, ctx, max_batch, kv_blocks, kv_bytes)
-    if ctx > hp.context_length:
-        warnings.warn(f"{mf.path}: n_ctx={ctx} is above the {hp.context_length} positions the model was trained "
-                      f"for (text past them may degrade); its KV cache takes {format_bytes(kv_bytes)} of "
-                      f"{'RAM' if dev.type == 'cpu' else str(dev) + ' memory'}", ContextWarning, stacklevel=2)
-    return kv_bytes
-
-
-def _kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int, kv_blocks: int | None,
-              kv_bytes: int, prefix_cache: bool = True) -> KVCache:
-    hp = mf.hparams
-    try:
-        return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks,
-                       prefix_cache=prefix_cache)
-    except (RuntimeError, MemoryError) as e:
-        raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
-                          f"({format_bytes(kv_bytes)}) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
-                          ) from None
-
-
-def _check_kv_fits(mf: ModelFile, dev: torch.device, ctx: int, max_batch: int, kv_blocks: int | None,
-                   kv_bytes: int) -> None:
-    """Refuse a KV cache larger than the device's free memory before allocating it."""
-    free = device_memory(dev)[1]
-    if kv_bytes > free:
-        pool = (f"{kv_blocks} blocks of {BLOCK_SIZE} positions" if kv_blocks is not None
-                else f"n_ctx={ctx} x {max_batch} sequences")
-        raise StrataError(f"{mf.path}: {pool}: the KV cache needs {format_bytes(kv_bytes)}, {dev} has "
-                          f"{format_bytes(free)} free; "
-                          f"use a smaller context, batch or --kv-blocks")
 
 
 def _close_all(runner: Runner | None, mem: ExpertMemory | None, mf: ModelFile) -> None:

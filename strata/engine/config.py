@@ -211,7 +211,8 @@ class MemoryConfig:
         return max(left, 0) + (self.host_mem or 0)
 
     def to_tiered(self) -> TieredConfig:
-        """The tiered memory's own config."""
+        """The tiered memory's own config (its fields were checked here, by `check_memory`; TieredConfig
+        checks only what a caller building one directly could get wrong)."""
         return TieredConfig(**{**self.options(), "hybrid": bool(self.hybrid)})
 
 
@@ -233,8 +234,6 @@ def check_memory_compute(config: MemoryConfig, compute: str) -> None:
     if config.kind == "paged" and compute != "packed":
         raise OptionError("kind", f"memory='paged' serves packed compute on the CPU (compute='packed'), "
                                   f"not compute={compute!r}; use the tiered memory")
-    if config.kind == "tiered":
-        config.to_tiered()
     if config.backend(compute) != config.kind:
         for option, (refused, why) in _NOT_PAGED.items():
             value = getattr(config, option)

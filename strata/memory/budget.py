@@ -2,8 +2,8 @@
 `TieredConfig`, parsing, the host slot layout, and
 the plan that turns budgets into slot counts. Plain arithmetic; nothing is allocated here.
 
-The machine's memory (a cgroup limit included) is measured in one place, `machine.py`; the
-budgets here take what it reports.
+The machine's memory (a cgroup limit included) is measured in one place, `machine.py`, once per
+load; the budgets here take its record (`Machine`) as an argument and never measure.
 
 Device budget (`device_mem`): every byte the model may use on the compute device (VRAM on CUDA,
 RAM on the CPU device): resident weights and KV cache (`reserved`), the expert slot pool, and
@@ -65,7 +65,7 @@ from strata.gguf import ModelFile
 from strata.units import GIB, KIB, MIB, TIB, format_bytes, itemsize, round_up
 
 from .device import ExpertGeometry, check_form, largest_slabs
-from .machine import device_memory, machine_memory
+from .machine import Machine
 
 
 class BudgetError(StrataError, ValueError):
@@ -197,15 +197,15 @@ def _extra_bytes(form: str, geometry: ExpertGeometry, dtype: torch.dtype, device
 
 
 def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, dtype: torch.dtype, *,
-              device_mem: Any = None, host_mem: Any = None, slot_form: str | None = None,
+              machine: Machine, device_mem: Any = None, host_mem: Any = None, slot_form: str | None = None,
               reserved: int = 0, host_align: int = 4096) -> Plan:
-    """Slots per layer and budgets for `model` (see the module docstring); BudgetError (one line
-    naming the budget, what it must hold and what was found) when they cannot work."""
+    """Slots per layer and budgets for `model` on `machine` (see the module docstring); BudgetError
+    (one line naming the budget, what it must hold and what was found) when they cannot work."""
     hp, n_layers = model.hparams, len(model.expert_layers)
     top_k, n_experts = hp.n_experts_used, hp.n_experts
     device_budget = parse_bytes(device_mem, "device memory budget (--device-mem)")
     host_budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
-    total, free = device_memory(device)
+    total, free = machine.device
     where = f"{device.type} device" if device.type == "cpu" else str(device)
     if device_budget is not None and device_budget > total:
         raise BudgetError(f"device memory budget {device_budget} bytes ({format_bytes(device_budget)}) is larger than "
@@ -231,16 +231,16 @@ def make_plan(model: ModelFile, geometry: ExpertGeometry, device: torch.device, 
                           f"once, {slot_bytes} bytes per slot, so at least {need} bytes ({format_bytes(need)})")
     max_acquire = top_k if form == "packed" else per_layer  # packed: one scratch expert per acquired one
     if host_budget is None:
-        host_budget = _default_host_budget(model, host_align, per_layer == n_experts)
+        host_budget = _default_host_budget(model, machine, host_align, per_layer == n_experts)
     return Plan(form, n_layers, device_budget, reserved, slot_bytes, extra, per_layer, min(max_acquire, per_layer),
                 host_budget)
 
 
-def _default_host_budget(model: ModelFile, align: int, device_holds_all: bool) -> int:
+def _default_host_budget(model: ModelFile, machine: Machine, align: int, device_holds_all: bool) -> int:
     layout = slot_layout(model, align)
     if device_holds_all:  # only a staging path: every expert stays on the device once loaded
         return len(model.expert_layers) * model.hparams.n_experts_used * layout.slot_bytes
-    return default_host_budget(model, layout)
+    return default_host_budget(model, layout, machine)
 
 
 # ---- the host tier --------------------------------------------------------------------------------
@@ -264,37 +264,39 @@ def slot_layout(model: ModelFile, align: int) -> SlotLayout:
     return SlotLayout(align, offsets, capacity, round_up(sum(capacity), unit))
 
 
-def default_host_budget(model: ModelFile, layout: SlotLayout) -> int:
-    """DEFAULT_HOST_FRACTION of available memory, at least top-k slots per layer, no more than a
-    slot for every expert of the model."""
-    n_layers, hp = len(model.expert_layers), model.hparams
-    minimum = n_layers * hp.n_experts_used * layout.slot_bytes
-    every = n_layers * hp.n_experts * layout.slot_bytes
-    return max(minimum, min(every, int(machine_memory()[1] * DEFAULT_HOST_FRACTION)))
+def default_host_budget(model: ModelFile, layout: SlotLayout, machine: Machine) -> int:
+    """DEFAULT_HOST_FRACTION of `machine`'s available RAM, at least top-k slots per layer, no more
+    than a slot for every expert of the model."""
+    return _slots_between(model, layout, int(machine.ram[1] * DEFAULT_HOST_FRACTION))
 
 
-def paged_budget(model: ModelFile, reserved: int = 0) -> int:
+def paged_budget(model: ModelFile, machine: Machine, reserved: int = 0) -> int:
     """Default budget of the one-tier paged memory (`paged.py`): the RAM the tiered memory's two
-    CPU tiers would take together (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION of available
-    memory) less `reserved` (resident weights and KV cache), at least top-k slots per layer, no
-    more than a slot for every expert."""
+    CPU tiers would take together (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION of
+    `machine`'s available RAM) less `reserved` (resident weights and KV cache), at least top-k
+    slots per layer, no more than a slot for every expert."""
     with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
+    share = int(machine.ram[1] * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - reserved
+    return _slots_between(model, layout, share)
+
+
+def _slots_between(model: ModelFile, layout: SlotLayout, share: int) -> int:
+    """`share` bytes, raised to top-k slots per layer and capped at a slot for every expert."""
     n_layers, hp = len(model.expert_layers), model.hparams
     minimum = n_layers * hp.n_experts_used * layout.slot_bytes
     every = n_layers * hp.n_experts * layout.slot_bytes
-    share = int(machine_memory()[1] * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - reserved
     return max(minimum, min(every, share))
 
 
-def check_host_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int) -> int:
+def check_host_budget(budget: Any, model: ModelFile, layout: SlotLayout, top_k: int, machine: Machine) -> int:
     """The host budget as an int, or BudgetError (a ValueError) saying what is wrong with it."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
         raise BudgetError(f"host memory budget must be a whole number of bytes, found {budget!r}")
     budget = int(budget)
     if budget <= 0:
         raise BudgetError(f"host memory budget must be positive, found {budget} bytes")
-    total = machine_memory()[0]
+    total = machine.ram[0]
     if budget > total:
         raise BudgetError(f"host memory budget {budget} bytes ({format_bytes(budget)}) is larger than this "
                           f"machine's RAM ({format_bytes(total)})")

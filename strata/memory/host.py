@@ -51,7 +51,7 @@ from . import alloc
 from .base import ExpertLayers
 from .parts import LayerParts
 from .budget import DEFAULT_PAGER_THREADS, BudgetError, SlotLayout, check_host_budget, default_host_budget, slot_layout
-from .machine import machine_memory
+from .machine import Machine
 from .policy import READY, ExpertPolicy, PolicyConfig
 
 PAGE = mmap.PAGESIZE
@@ -131,6 +131,7 @@ class HostTier:
 
     budget: bytes of host memory (default: `budget.default_host_budget`, a share of available
         memory capped at what every expert takes). Each expert layer gets budget // slot_bytes // n_layers slots.
+    machine: the machine's memory the budget is checked against (`Machine`; default: measured now).
     device: "cuda..." pins the pool for asynchronous copies; anything else leaves it pageable.
     n_threads, chunk_bytes, direct, fallback: the pager's (see strata.native.Pager).
     Thread-safe: loads, waits, pins and policy updates may come from several threads.
@@ -139,7 +140,8 @@ class HostTier:
     def __init__(self, model: ModelFile, budget: int | None = None, *, top_k: int | None = None,
                  device: str = "cpu", n_threads: int = DEFAULT_PAGER_THREADS, chunk_bytes: int = 0,
                  direct: bool | None = None, fallback: str = "pread",
-                 policy_config: PolicyConfig | None = None, compact: bool = False) -> None:
+                 policy_config: PolicyConfig | None = None, compact: bool = False,
+                 machine: Machine | None = None) -> None:
         self.model, self.compact = model, compact
         self.layers = ExpertLayers(model.expert_layers, model.path)
         if not len(self.layers):
@@ -148,8 +150,9 @@ class HostTier:
         self.pager = native.Pager(model, n_threads, chunk_bytes=chunk_bytes, direct=direct, fallback=fallback)
         try:
             self.layout = slot_layout(model, self.pager.info.align)
-            budget = default_host_budget(model, self.layout) if budget is None else budget
-            self.budget = check_host_budget(budget, model, self.layout, self.top_k)
+            machine = machine or Machine.measure()
+            budget = default_host_budget(model, self.layout, machine) if budget is None else budget
+            self.budget = check_host_budget(budget, model, self.layout, self.top_k, machine)
             per_layer = min(model.hparams.n_experts, self.budget // self.layout.slot_bytes // len(self.layers))
             self.policy = ExpertPolicy(len(self.layers), model.hparams.n_experts, per_layer,
                                        self.top_k, policy_config)
@@ -439,4 +442,4 @@ def _collect_quietly(pager: native.Pager, ticket: int) -> None:
         pass
 
 
-__all__ = ["BudgetError", "HostExpert", "HostLoad", "HostTier", "SlotLayout", "machine_memory", "slot_layout"]
+__all__ = ["BudgetError", "HostExpert", "HostLoad", "HostTier", "SlotLayout", "slot_layout"]

@@ -1,6 +1,8 @@
 """The machine's memory, measured in one place: what the budgets (`budget.py`) and the engine's
 checks start from. Nothing else in strata reads /proc or the cgroup files or asks the GPU for its
-free memory.
+free memory. `strata.load` measures once (`Machine.measure`) and hands the record down to the
+memory's constructors and the budgets as data; the budgets never measure (tests pass a `Machine`
+of their own).
 
 MemTotal and MemAvailable of /proc/meminfo, lowered to the memory cgroup's limit (and the limit
 less the cgroup's usage, reclaimable page cache not counted) when the process runs under one
@@ -10,6 +12,7 @@ cgroup up): under a container limit the machine's RAM is not the process's to ta
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -99,7 +102,6 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-
 def device_memory(device: torch.device) -> tuple[int, int]:
     """(total, free) bytes of the compute device: the GPU's, or this machine's RAM."""
     if device.type == "cuda":
@@ -108,4 +110,27 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return machine_memory()
 
 
-__all__ = ["cgroup_memory", "device_memory", "machine_memory"]
+@dataclass(frozen=True)
+class Machine:
+    """The memory a load works with, measured once: (total, available) bytes of the RAM this
+    process may use (`machine_memory`) and of the compute device (`device_memory`: the GPU's
+    total and free memory, or the RAM again on the CPU)."""
+
+    ram: tuple[int, int]
+    device: tuple[int, int]
+
+    @staticmethod
+    def measure(device: torch.device | str = "cpu") -> Machine:
+        """This process's RAM and `device`'s memory now (on CUDA: its free memory, so measure
+        before allocating on it)."""
+        device = torch.device(device)
+        ram = machine_memory()
+        return Machine(ram, device_memory(device) if device.type == "cuda" else ram)
+
+    @staticmethod
+    def cpu(total: int, available: int) -> Machine:
+        """A machine without GPU of these RAM figures (tests, what-if budgets)."""
+        return Machine((total, available), (total, available))
+
+
+__all__ = ["Machine", "cgroup_memory", "device_memory", "machine_memory"]

@@ -36,6 +36,7 @@ from strata.gguf import ModelFile
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
 from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
+from .machine import Machine
 from .placement import estimate, warn_if_slow
 from .startup import place_initial
 from .stats import MemoryStats, Residency
@@ -52,13 +53,18 @@ class _Pending:
 
 
 class PagedExpertMemory(ExpertMemory):
-    """Packed experts paged from the model file into one pool of RAM slots (see the module)."""
+    """Packed experts paged from the model file into one pool of RAM slots (see the module).
+
+    host_mem: the pool's budget (bytes or '1500M'; default `budget.default_host_budget`; `strata.load`
+        gives `budget.paged_budget`). machine: the machine's memory it is checked against (`Machine`;
+        default: measured here). pager_threads, direct: the pager's.
+    """
 
     packed = True
     prefetch_depth = 0
 
     def __init__(self, model_file: ModelFile, *, host_mem: Any = None, pager_threads: int = DEFAULT_PAGER_THREADS,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, machine: Machine | None = None) -> None:
         self.model_file = model_file
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
@@ -68,7 +74,8 @@ class PagedExpertMemory(ExpertMemory):
             # Every expert gets a slot and none is ever evicted: the pool is the model's RAM, so
             # read through the page cache (a file already cached is copied, not read again).
             direct = False
-        self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True)
+        self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True,
+                             machine=machine)
         self.max_acquire = self.host.slots_per_layer
         self.placement = estimate(model_file, self.host.slots_per_layer, 0)
         warn_if_slow(model_file, self.placement, one_tier=True)  # once, at start: most experts would come from disk

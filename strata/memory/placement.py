@@ -74,27 +74,37 @@ def estimate(model: ModelFile, device_slots: int, host_slots: int) -> Placement:
                      expert_bytes, per_layer)
 
 
-def plan_placement(model: ModelFile, device, dtype, compute: str, *, device_mem=None, host_mem=None,
-                   kv_bytes: int = 0) -> tuple[object, int, Placement]:
+def plan_placement(model: ModelFile, device, dtype, compute: str, *, machine, device_mem=None, host_mem=None,
+                   reserved: int = 0) -> tuple[object, int, Placement]:
     """(the device plan, host slots per layer, the placement estimate) the tiered memory would
-    make for these budgets, without allocating anything (`strata inspect --placement`)."""
+    make for these budgets on `machine` (`Machine`), without allocating anything (`strata inspect
+    --placement`). reserved: resident weights and KV cache."""
     import torch
 
-    from strata import native
-
-    from .budget import check_host_budget, default_host_budget, make_plan, resident_bytes, slot_layout
+    from .budget import make_plan
     from .device import expert_geometry
 
     device = torch.device(device)
-    plan = make_plan(model, expert_geometry(model), device, dtype, device_mem=device_mem, host_mem=host_mem,
-                     reserved=resident_bytes(model, dtype, compute) + kv_bytes,
+    plan = make_plan(model, expert_geometry(model), device, dtype, machine=machine, device_mem=device_mem,
+                     host_mem=host_mem, reserved=reserved,
                      slot_form="packed" if compute == "packed" else None)  # packed compute reads packed slots
+    budget, host_slots = host_slots_for(model, machine, plan.host_budget if host_mem is not None else None)
+    return plan, host_slots, estimate(model, plan.slots_per_layer, host_slots)
+
+
+def host_slots_for(model: ModelFile, machine, budget: int | None) -> tuple[int, int]:
+    """(the budget, slots per layer) of a host slot pool (`HostTier`) of `budget` bytes (None:
+    `budget.default_host_budget` of `machine`): the tiered memory's host tier, the paged memory's
+    one pool of RAM slots."""
+    from strata import native
+
+    from .budget import check_host_budget, default_host_budget, slot_layout
+
     with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
-    budget = default_host_budget(model, layout) if host_mem is None else plan.host_budget
-    budget = check_host_budget(budget, model, layout, model.hparams.n_experts_used)
-    host_slots = min(model.hparams.n_experts, budget // layout.slot_bytes // len(model.expert_layers))
-    return plan, host_slots, estimate(model, plan.slots_per_layer, host_slots)
+    budget = default_host_budget(model, layout, machine) if budget is None else budget
+    budget = check_host_budget(budget, model, layout, model.hparams.n_experts_used, machine)
+    return budget, min(model.hparams.n_experts, budget // layout.slot_bytes // len(model.expert_layers))
 
 
 def sequential_direct_rate(path: str | os.PathLike, block: int = 8 << 20, limit: int | None = None) -> tuple[float, int]:
@@ -140,4 +150,4 @@ def warn_if_slow(model: ModelFile, placement: Placement, one_tier: bool = False)
     return message
 
 
-__all__ = ["DISK_PROBE_BYTES", "Placement", "SLOW_PATH_SHARE", "estimate", "plan_placement", "sequential_direct_rate", "warn_if_slow"]
+__all__ = ["DISK_PROBE_BYTES", "Placement", "SLOW_PATH_SHARE", "estimate", "host_slots_for", "plan_placement", "sequential_direct_rate", "warn_if_slow"]

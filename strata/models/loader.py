@@ -22,7 +22,7 @@ from strata.arch import Arch, weight_name
 from strata.errors import StrataError, StrataFormatError
 from strata.gguf import HParams, ModelFile
 from strata.memory import ExpertMemory
-from strata.memory.direct import file_parts
+from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights

@@ -14,7 +14,7 @@ import torch
 import strata
 from strata.cli import main
 from strata.engine import MemoryConfig, SamplingParams
-from strata.engine.api import _memory_config
+from strata.engine.build import memory_config_for as _memory_config
 from strata.engine.config import OptionError, memory_config
 from strata.errors import StrataArgumentError, StrataError
 from strata.memory.budget import TieredConfig

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import strata
-import strata.engine.api as api
+import strata.engine.build as build
 import strata.models.loader as loader
 from strata.errors import StrataError
 from tests.fixtures.rewrite import V, rewrite
@@ -29,7 +29,7 @@ def _settled(before: tuple[int, int]) -> tuple[int, int]:
     return now
 
 
-class _FailingKVCache(api.KVCache):
+class _FailingKVCache(build.KVCache):
     def __init__(self, *args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")
 
@@ -53,7 +53,7 @@ def path():
 def test_failed_load_leaves_nothing_behind(path, tmp_path, monkeypatch, memory, compute, fail):
     target = path
     if fail == "kv":
-        monkeypatch.setattr(api, "KVCache", _FailingKVCache)
+        monkeypatch.setattr(build, "KVCache", _FailingKVCache)
     elif fail == "layers":
         monkeypatch.setattr(loader, "Rope", _fail_rope)
     else:

@@ -1,5 +1,6 @@
 """Budgets: the machine's memory under a memory cgroup (v2 and v1, read from fake files), and the
-default budgets that follow from it."""
+default budgets that follow from it: the budgets take the measured `Machine` as data, and a load
+measures once."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,11 @@ import torch
 
 from strata.gguf import open_model
 from strata.memory import budget, machine
-from strata.memory.budget import DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_MARGIN, TieredConfig, make_plan
-from strata.memory.machine import cgroup_memory, machine_memory
+import strata
+from strata.memory.budget import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_MARGIN,
+                                  BudgetError, TieredConfig, check_host_budget, default_host_budget, make_plan,
+                                  paged_budget, slot_layout)
+from strata.memory.machine import Machine, cgroup_memory, machine_memory
 from strata.memory.device import expert_geometry
 from strata.memory.host import HostTier
 from strata.memory.policy import PolicyConfig
@@ -75,13 +79,13 @@ def test_default_budgets_fit_inside_the_cgroup(tmp_path, monkeypatch, version):
     with open_model(path) as mf:
         geometry = expert_geometry(mf)
         _fake_machine(tmp_path, monkeypatch, "0::/\n", {})
-        unlimited = make_plan(mf, geometry, torch.device("cpu"), torch.float32)
+        unlimited = make_plan(mf, geometry, torch.device("cpu"), torch.float32, machine=Machine.measure())
         assert unlimited.device_budget == 12 * GIB  # a quarter of the fake 48 GiB available
         if version == "v2":
             _fake_machine(tmp_path, monkeypatch, "0::/job\n", {"job/memory.max": f"{B}\n"})
         else:
             _fake_machine(tmp_path, monkeypatch, "7:memory:/job\n", {"memory/job/memory.limit_in_bytes": f"{B}\n"})
-        plan = make_plan(mf, geometry, torch.device("cpu"), torch.float32)
+        plan = make_plan(mf, geometry, torch.device("cpu"), torch.float32, machine=Machine.measure())
         assert plan.device_budget + plan.host_budget <= B
         assert plan.device_budget == B // 4 and plan.host_budget <= int(B * DEFAULT_HOST_FRACTION)
         with HostTier(mf, n_threads=1) as host:  # the host tier's own default is the same one
@@ -91,3 +95,43 @@ def test_default_budgets_fit_inside_the_cgroup(tmp_path, monkeypatch, version):
 def test_one_default_for_each_setting():
     assert TieredConfig().prefetch_margin == PolicyConfig().prefetch_margin == DEFAULT_PREFETCH_MARGIN
     assert budget.DEFAULT_HOST_FRACTION == budget.DEFAULT_CPU_DEVICE_FRACTION == 0.25  # README: a quarter each
+
+
+def test_budgets_take_the_machine_as_data():
+    """No fake files: a `Machine` record of chosen figures decides every default and check."""
+    with open_model(moe_file()) as mf:
+        geometry, layout = expert_geometry(mf), slot_layout(mf, 4096)
+        L, E, k = len(mf.expert_layers), mf.hparams.n_experts, mf.hparams.n_experts_used
+        big, small = Machine.cpu(64 * GIB, 48 * GIB), Machine.cpu(64 * GIB, MIB)
+        assert make_plan(mf, geometry, torch.device("cpu"), torch.float32, machine=big).device_budget == 12 * GIB
+        assert default_host_budget(mf, layout, big) == L * E * layout.slot_bytes  # capped at every expert
+        assert default_host_budget(mf, layout, small) == L * k * layout.slot_bytes  # raised to top-k per layer
+        share = int(4 * MIB * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - MIB
+        assert paged_budget(mf, Machine.cpu(GIB, 4 * MIB), reserved=MIB) == max(
+            L * k * layout.slot_bytes, min(L * E * layout.slot_bytes, share))
+        with pytest.raises(BudgetError, match=r"larger than this machine's RAM \(2.0 MiB\)"):
+            check_host_budget(3 * MIB, mf, layout, k, Machine.cpu(2 * MIB, MIB))
+        with pytest.raises(BudgetError, match=r"larger than the cuda:0's memory \(1.00 GiB\)"):
+            make_plan(mf, geometry, torch.device("cuda:0"), torch.float32, machine=Machine(big.ram, (GIB, GIB)),
+                      device_mem=2 * GIB)
+
+
+@pytest.mark.filterwarnings("ignore::strata.errors.SlowPathWarning")  # 2 of 8 experts in RAM: the point
+@pytest.mark.parametrize("memory, compute, available", [("paged", "packed", 2 * MIB), ("tiered", "float", 48 * GIB)])
+def test_a_load_measures_the_machine_once_and_hands_it_down(monkeypatch, memory, compute, available):
+    """strata.load reads the machine's memory once; the memory's default budgets start from that
+    record: the paged memory's falls to top-k slots per layer on 2 MiB, the tiered memory's device
+    budget is a quarter of what is available."""
+    calls = []
+
+    def fake():
+        calls.append(1)
+        return 64 * GIB, available
+
+    monkeypatch.setattr(machine, "machine_memory", fake)
+    with strata.load(moe_file(), memory=memory, compute=compute, threads=1, n_ctx=32, max_batch=1) as m:
+        if memory == "paged":
+            assert m.memory.host.slots_per_layer == m.hparams.n_experts_used
+        else:
+            assert m.memory.plan.device_budget == int(available * DEFAULT_CPU_DEVICE_FRACTION)
+    assert len(calls) == 1

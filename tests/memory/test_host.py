@@ -12,7 +12,8 @@ from strata import native
 from strata.errors import NativeError, StrataError
 from strata.gguf import open_model
 from strata.memory import host as host_module
-from strata.memory.host import HostTier, machine_memory, slot_layout
+from strata.memory.host import HostTier, slot_layout
+from strata.memory.machine import machine_memory
 from strata.memory.policy import LOADING, PoolExhaustedError
 from tests.gguf.fixtures import Dims, write_deepseek2, write_qwen3moe
 

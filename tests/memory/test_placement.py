@@ -62,21 +62,59 @@ def test_statistics_put_each_layers_hottest_experts_first(seeded):
 
 
 def test_inspect_placement_text_and_json(seeded, capsys):
-    path, _ = seeded
+    """On the CPU with packed compute the paged memory runs: the table is its one pool of RAM slots
+    (slots per layer, budget, the hottest experts resident at start, the rest read from the disk)."""
+    path, counts = seeded
     _, host = budgets(path, "packed", host_slots=3)
     assert main(["inspect", str(path), "--placement", "--json", "--host-mem", str(host), "--ctx", "64"]) == 0
     got = json.loads(capsys.readouterr().out)["placement"]
-    assert got["host_slots_per_layer"] == 3 and got["estimate_from"] == "routing statistics"
-    assert got["device_slots_per_layer"] == N_EXPERTS  # the default CPU budget holds every expert
-    assert got["layers"][0]["device"] == list(range(N_EXPERTS)) and got["expected_share"]["disk"] == 0
+    assert got["memory"] == "paged" and got["slot_form"] == "packed" and got["ram_budget_bytes"] == host
+    assert got["ram_slots_per_layer"] == 3 and got["estimate_from"] == "routing statistics"
+    assert "device_slots_per_layer" not in got and "host_slots_per_layer" not in got
+    assert got["layers"][0]["ram"] == [5, 6, 7] and got["layers"][1]["ram"] == [0, 1, 2]
+    share = counts / counts.sum(axis=1, keepdims=True)
+    ram = np.mean([np.sort(s)[::-1][:3].sum() for s in share])
+    assert (got["expected_share"]["ram"], got["expected_share"]["disk"]) == pytest.approx((ram, 1 - ram))
     assert main(["inspect", str(path), "--placement", "--host-mem", str(host), "--ctx", "64"]) == 0
     text = capsys.readouterr().out
-    assert "placement on cpu" in text and "expected share of expert reads (routing statistics)" in text
-    assert "layer 0: RAM [0, 1, 2" in text
-    # what runs each step as `strata generate` loads it (the CPU's default memory keeps experts in place)
+    assert "placement on cpu (packed compute, paged memory: one pool of RAM slots, budget" in text
+    assert "per layer 3/8 experts in RAM slots, the rest read from the disk on demand" in text
+    assert "expected share of expert reads (routing statistics): RAM" in text and "host" not in text.split("runtime")[0]
+    assert "layer 0: RAM [5, 6, 7] at start, the rest on the disk" in text
+    # what runs each step as `strata generate` loads it: the same memory the table describes
+    assert got["runtime"]["memory"]["runner"] == "paged"
     assert got["runtime"]["decode"]["runner"] == "program" and got["runtime"]["prefill"]["runner"] == "packed per-call"
     assert "runtime: decode: program; prefill: packed per-call; hybrid: off; memory: paged — why: decode: every " \
            "block fused" in text
+
+
+def test_inspect_placement_of_memory_tiered_on_packed_compute_is_the_paged_pool(seeded, capsys):
+    """--device-mem asks for the tiered memory; with packed compute on the CPU the paged memory serves it
+    with host_mem plus device_mem less the resident weights and KV cache, and the table says so."""
+    path, _ = seeded
+    _, host = budgets(path, "packed", host_slots=2)
+    args = ["inspect", str(path), "--placement", "--json", "--ctx", "64", "--host-mem", str(host)]
+    assert main(args + ["--device-mem", "1G"]) == 0
+    got = json.loads(capsys.readouterr().out)["placement"]
+    assert got["memory"] == "paged" and got["ram_slots_per_layer"] == N_EXPERTS  # 1G less the reserved holds all
+    assert got["expected_share"]["disk"] == 0 and got["runtime"]["memory"]["runner"] == "paged"
+
+
+def test_inspect_placement_with_float_compute_is_the_tiered_table(seeded, capsys):
+    path, _ = seeded
+    _, host = budgets(path, "packed", host_slots=3)
+    args = ["inspect", str(path), "--placement", "--ctx", "64", "--host-mem", str(host), "--compute", "float"]
+    assert main(args + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["placement"]
+    assert got["memory"] == "tiered" and got["host_slots_per_layer"] == 3
+    assert got["device_slots_per_layer"] == N_EXPERTS  # the default CPU budget holds every expert
+    assert got["layers"][0]["device"] == list(range(N_EXPERTS)) and got["expected_share"]["disk"] == 0
+    assert got["runtime"]["memory"]["runner"] == "tiered"
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "placement on cpu (float compute, tiered memory, dequantized slots): per layer 8/8 experts in RAM slots, " \
+           "3/8 in host RAM" in text
+    assert "layer 0: RAM [0, 1, 2, 3, 4, 5, 6, 7], host [] at start" in text
 
 
 def _tight(path, n_ctx: int) -> tuple[int, int]:

@@ -17,15 +17,15 @@ from strata.cli import main
 from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.memory.alloc import ALLOCATIONS
-from strata.memory.host import BudgetError, machine_memory
+from strata.memory.host import BudgetError
+from strata.memory.machine import machine_memory
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
-from .tiered_fixture import DEVICE_SLOTS, GREEDY, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
+from .tiered_fixture import DEVICE_SLOTS, FORMS, GREEDY, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
 
 torch.set_num_threads(1)
-FORMS = ("dequantized", "packed")
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import torch
 import strata
 from strata.memory.alloc import ALLOCATIONS
 
-from .tiered_fixture import DEVICE_SLOTS, GREEDY, HOST_SLOTS, moe_file, prompt, tiered
+from .tiered_fixture import DEVICE_SLOTS, FORMS, GREEDY, HOST_SLOTS, moe_file, prompt, tiered
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-FORMS = ("dequantized", "packed")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ N_LAYERS, N_EXPERTS, TOP_K = 3, 8, 2
 DEVICE_SLOTS, HOST_SLOTS = N_EXPERTS // 4, N_EXPERTS // 2  # experts are 4x the device pool, 2x the host's
 #: Generation options of runs compared token for token and counter for counter: greedy, no stop token.
 GREEDY = dict(temperature=0, stop_token_ids=())
+FORMS = ("dequantized", "packed")  # the slot forms every tiered test runs in
 
 
 @cache

@@ -44,6 +44,7 @@ from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, check_
 from ..budget import Plan, TieredConfig, make_plan
 from ..device import DeviceSlots, expert_geometry
 from ..host import HostLoad, HostTier
+from ..machine import Machine
 from .loads import COMPUTE, QUEUED, SlotLoads
 from ..placement import estimate, warn_if_slow
 from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
@@ -57,11 +58,13 @@ class TieredExpertMemory(ExpertMemory):
 
     reserved_bytes: device memory the rest of the model takes (resident weights, KV cache),
         subtracted from the device budget before slots are carved from it.
+    machine: the machine's memory the default budgets come from (`Machine`; `strata.load`
+        measures it once; default: measured here).
     """
 
     def __init__(self, model_file: ModelFile, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, n_threads: int | None = None,
-                 config: TieredConfig | None = None, reserved_bytes: int = 0):
+                 config: TieredConfig | None = None, reserved_bytes: int = 0, machine: Machine | None = None):
         if not model_file.expert_layers:
             raise ValueError(f"{model_file.path}: the model has no routed experts")
         self.model_file, self.config = model_file, config or TieredConfig()
@@ -71,9 +74,10 @@ class TieredExpertMemory(ExpertMemory):
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
         self.top_k, self.n_experts = hp.n_experts_used, hp.n_experts
         self.geometry = expert_geometry(model_file)
-        self.plan: Plan = make_plan(model_file, self.geometry, self.device, dtype, device_mem=self.config.device_mem,
-                                    host_mem=self.config.host_mem, slot_form=self.config.slot_form,
-                                    reserved=reserved_bytes)
+        machine = machine or Machine.measure(self.device)
+        self.plan: Plan = make_plan(model_file, self.geometry, self.device, dtype, machine=machine,
+                                    device_mem=self.config.device_mem, host_mem=self.config.host_mem,
+                                    slot_form=self.config.slot_form, reserved=reserved_bytes)
         self.max_acquire = self.plan.max_acquire
         self.prefetch_depth = self.config.depth_for(self.device, self.plan.slots_per_layer == hp.n_experts)
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
@@ -81,7 +85,7 @@ class TieredExpertMemory(ExpertMemory):
         self.policy = ExpertPolicy(L, E, self.plan.slots_per_layer, self.top_k, policy_config)
         self.host = HostTier(model_file, self.plan.host_budget, top_k=self.top_k, device=str(self.device),
                              n_threads=self.config.pager_threads, direct=self.config.direct,
-                             policy_config=policy_config, compact=self.config.hybrid)
+                             policy_config=policy_config, compact=self.config.hybrid, machine=machine)
         try:
             self.slots = DeviceSlots(self.geometry, self.policy.n_slots, self.plan.form, self.device, dtype,
                                      n_scratch=self.max_acquire,

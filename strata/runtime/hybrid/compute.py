@@ -25,7 +25,7 @@ import torch
 from strata import native
 from strata.gguf import ModelFile
 from strata.memory import alloc
-from strata.memory.direct import file_parts
+from strata.memory.parts import file_parts
 
 from strata.models.moe import float_experts
 from strata.models.packed import DEFAULT_MAX_TOKENS  # tokens one window holds: host buffers and scratch are sized for it

@@ -28,7 +28,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from strata import native
 from strata.gguf import ModelFile
 
 from strata.memory.base import ExpertLayers, PackedExperts
@@ -85,7 +84,6 @@ class HybridExec:
         self.model_file, self.host, self.layers, self.stats = model_file, host, layers, stats
         self.rates, self.overlap, self.lock = rates or HybridRates(), overlap, lock or threading.Lock()
         self.learn = True  # fold measurements into `rates` (tests freeze chosen rates by clearing it)
-        L = len(layers)
         self._format: list[tuple[str, int]] = [layer_format(model_file, layer) for layer in layers]
         self._held: tuple[int, list[int]] | None = None
 
