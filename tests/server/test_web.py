@@ -4,6 +4,7 @@ counters and page table on the tiny model with half its experts in RAM."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import numpy as np
@@ -115,9 +116,16 @@ def test_memory_json_of_the_tiered_memory(tiny_path):
 def test_webui_off_leaves_the_pages_out(tiny_path):
     import strata
 
-    app = create_app(lambda: strata.load(tiny_path, threads=1, max_batch=1), ServerConfig("tiny", webui=False))
+    loading = threading.Event()
+
+    def load():
+        assert loading.wait(60), "the test did not let the model load"
+        return strata.load(tiny_path, threads=1, max_batch=1)
+
+    app = create_app(load, ServerConfig("tiny", webui=False))
     with TestClient(app) as client:
         assert client.get("/api/memory").status_code == 503  # still there, the model is loading
+        loading.set()
         _ready(client)
         for path in ("/", "/memory", "/web/chat.js"):
             assert client.get(path).status_code == 404, path
