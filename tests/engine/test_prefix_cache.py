@@ -229,16 +229,16 @@ def test_a_cached_prefix_gives_the_logits_and_tokens_of_a_full_prefill(key, comp
         V = on.tokenizer.vocab_size
         turn1 = _ids(V, 90, seed=3)
         turn2 = turn1 + _ids(V, 30, seed=4)  # the second turn: the first one and more
-        first = on.generate(turn1, max_tokens=4, stop_token_ids=())
+        first = on.generate(turn1, max_tokens=4, temperature=0, stop_token_ids=())
         assert first.cached_tokens == 0
         cached, start = _last_logits(on, turn2)
         full, start_off = _last_logits(off, turn2)
         assert (start, start_off) == (80, 0)  # five whole blocks of turn 1 were not prefilled again
         span = float(full.max() - full.min())
         torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * span)
-        again = on.generate(turn2, max_tokens=8, stop_token_ids=())
+        again = on.generate(turn2, max_tokens=8, temperature=0, stop_token_ids=())
         assert again.cached_tokens == 112 and again.token_ids == off.generate(turn2, max_tokens=8,
-                                                                              stop_token_ids=()).token_ids
+                                                                              temperature=0, stop_token_ids=()).token_ids
         assert on.cache.n_used_blocks == 0 and on.cache.n_cached_blocks > 0 and off.cache.n_cached_blocks == 0
 
 
@@ -249,8 +249,8 @@ def test_a_tiny_kv_budget_evicts_and_outputs_stay_the_same():
         V = on.tokenizer.vocab_size
         prompts = [_ids(V, 70, seed=s) for s in range(4)] * 2  # 5 blocks each: the pool caches one prompt at most
         for i, p in enumerate(prompts):
-            got = on.generate(p, max_tokens=8, stop_token_ids=())
-            assert got.token_ids == off.generate(p, max_tokens=8, stop_token_ids=()).token_ids, i
+            got = on.generate(p, max_tokens=8, temperature=0, stop_token_ids=())
+            assert got.token_ids == off.generate(p, max_tokens=8, temperature=0, stop_token_ids=()).token_ids, i
             assert got.cached_tokens == 0  # each prompt's blocks were evicted by the next ones
-        repeat = on.generate(prompts[-1], max_tokens=8, stop_token_ids=())
+        repeat = on.generate(prompts[-1], max_tokens=8, temperature=0, stop_token_ids=())
         assert repeat.cached_tokens == 64 and on.cache.n_free_blocks == 8
