@@ -16,15 +16,20 @@ import math
 import re
 from typing import Any
 
-from .errors import APIError, bad_request
+from .errors import bad_request
 
 MAX_DEPTH = 64  # OpenAI's structured outputs allow 10 levels of schema; tool schemas rarely pass 20
 MAX_INT_DIGITS = 20  # 2**64 - 1 has 20 digits: the largest integer any field (seed) takes
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class _Refused(ValueError):
-    """Raised from json's hooks; carries the message to answer with."""
+class Refused(ValueError):
+    """What breaks the limits or the grammar, worded to follow "the request body" (or a field's
+    name); `path` leads to the field at fault inside the value, where one is known."""
+
+    def __init__(self, message: str, path: tuple = ()):
+        super().__init__(message)
+        self.path = path
 
 
 def decode(body: bytes) -> Any:
@@ -34,13 +39,22 @@ def decode(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise bad_request(f"the request body is not valid UTF-8: byte 0x{body[e.start]:02x} at offset {e.start}") from None
     try:
+        return loads(text)
+    except Refused as e:
+        field = _name(e.path)
+        raise bad_request(f"the request body {e}" + (f" (at {field})" if field else ""), param=field) from None
+
+
+def loads(text: str) -> Any:
+    """A JSON text under the limits above (a body, or a JSON string inside one); Refused if not."""
+    try:
         value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
-    except _Refused as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
-        raise _too_deep(None) from None
+        raise Refused(f"nests arrays and objects more than {MAX_DEPTH} levels deep") from None
+    except Refused:
+        raise
     except ValueError as e:  # JSONDecodeError, or a number Python will not convert
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
+        raise Refused(f"is not valid JSON: {e}") from None
     _check_tree(value)
     return value
 
@@ -48,19 +62,19 @@ def decode(body: bytes) -> Any:
 def _parse_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > MAX_INT_DIGITS:
-        raise _Refused(f"an integer of {digits} digits ({text[:12]}...); at most {MAX_INT_DIGITS} are accepted")
+        raise Refused(f"has an integer of {digits} digits ({text[:12]}...); at most {MAX_INT_DIGITS} are accepted")
     return int(text)
 
 
 def _parse_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise _Refused(f"the number {text[:24]} is out of range for a double")
+        raise Refused(f"has the number {text[:24]}, out of range for a double")
     return value
 
 
 def _parse_constant(name: str) -> float:
-    raise _Refused(f"{name} is not a JSON value")
+    raise Refused(f"has {name}, which is not JSON")
 
 
 def _check_tree(value: Any) -> None:
@@ -69,39 +83,30 @@ def _check_tree(value: Any) -> None:
     stack: list[tuple[Any, tuple, int]] = [(value, (), 1)] if isinstance(value, (dict, list)) else []
     while stack:
         node, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise _too_deep(path)
+        if depth > MAX_DEPTH:  # named by the top-level field: a deep node's path is as long as the nesting
+            raise Refused(f"nests arrays and objects more than {MAX_DEPTH} levels deep", path[:1])
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, child in items:
             if isinstance(key, str) and _SURROGATE.search(key):
-                raise _surrogate(path, key, "a key")
+                raise _surrogate(key, "a key", path)
             if isinstance(child, str):
                 if _SURROGATE.search(child):
-                    raise _surrogate(path + (key,), child, "a string")
+                    raise _surrogate(child, "a string", path + (key,))
             elif isinstance(child, (dict, list)):
                 stack.append((child, path + (key,), depth + 1))
 
 
+def _surrogate(text: str, where: str, path: tuple) -> Refused:
+    char = _SURROGATE.search(text).group()
+    return Refused(f"has a lone UTF-16 surrogate \\u{ord(char):04x} in {where}, which is no character", path)
+
+
 def _name(path: tuple) -> str | None:
-    """('messages', 0, 'content') -> 'messages[0].content'; None for the body itself."""
+    """('messages', 0, 'content') -> 'messages[0].content'; None for the value itself."""
     out = ""
     for key in path:
         out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
     return out or None
 
 
-def _too_deep(path: tuple | None) -> APIError:
-    """Named by the top-level field only: the full path of a deep node is as long as the nesting."""
-    field = path[0] if path and isinstance(path[0], str) else None
-    where = f" in {field}" if field else ""
-    return bad_request(f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep{where}",
-                       param=field)
-
-
-def _surrogate(path: tuple, text: str, what: str) -> APIError:
-    char = _SURROGATE.search(text).group()
-    return bad_request(f"{what} in the request body holds a lone UTF-16 surrogate \\u{ord(char):04x}, which is not "
-                       "a character", param=_name(path))
-
-
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "decode"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "Refused", "decode", "loads"]

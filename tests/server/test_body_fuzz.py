@@ -54,20 +54,20 @@ CASES = [  # (name, body, param, words in the message)
     ("100,000 nested arrays", nest(100_000), None, f"more than {MAX_DEPTH} levels"),
     ("100,000 nested objects", nest(100_000, '{"a":', "}"), None, f"more than {MAX_DEPTH} levels"),
     ("deep stop", '{"prompt": "x", "stop": %s}' % nest(5000, inner='"a"'), None, "levels deep"),
-    ("deep tools", '{"messages": [], "tools": %s}' % nest(MAX_DEPTH + 1), "tools", "levels deep in tools"),
+    ("deep tools", '{"messages": [], "tools": %s}' % nest(MAX_DEPTH + 1), "tools", "levels deep (at tools)"),
     ("deep content", '{"messages": [{"role": "user", "content": %s}]}' % nest(300, '{"t":', "}"), "messages",
-     "levels deep in messages"),
+     "levels deep (at messages)"),
     ("5,000-digit integer", '{"prompt": "x", "max_tokens": %s}' % ("9" * 5000), None, "5000 digits"),
     ("negative 30-digit seed", '{"prompt": "x", "seed": -%s}' % ("1" * 30), None, "30 digits"),
     ("huge token id", '{"prompt": [1, %s]}' % ("7" * 400), None, "400 digits"),
     ("1e999", '{"prompt": "x", "temperature": 1e999}', None, "out of range"),
     ("-1e400", '{"prompt": "x", "top_p": -1e400}', None, "out of range"),
-    ("NaN", '{"prompt": "x", "temperature": NaN}', None, "NaN is not a JSON value"),
+    ("NaN", '{"prompt": "x", "temperature": NaN}', None, "has NaN, which is not JSON"),
     ("-Infinity", '{"prompt": "x", "max_tokens": -Infinity}', None, "-Infinity"),
     ("lone high surrogate", '{"prompt": "a\\ud800b"}', "prompt", "surrogate \\ud800"),
     ("lone low surrogate in chat", '{"messages": [{"role": "user", "content": "\\udfff"}]}',
      "messages[0].content", "surrogate \\udfff"),
-    ("surrogate key", '{"prompt": "x", "\\udc00": 1}', None, "a key"),
+    ("surrogate key", '{"prompt": "x", "\\udc00": 1}', None, "\\udc00 in a key"),
     ("empty", "", None, "not valid JSON"),
     ("truncated", '{"prompt": "x", "max_tok', None, "not valid JSON"),
     ("trailing data", '{"prompt": "x"} []', None, "Extra data"),
@@ -139,3 +139,19 @@ def test_random_mutants_are_never_a_500(http):
     assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 5, statuses  # both kinds were reached
     for path in PATHS:
         assert post(http, path, json.dumps(GOOD[path]).encode()).status_code == 200
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (nest(100_000), f"nests arrays and objects more than {MAX_DEPTH} levels deep"),
+    ('{"n": %s}' % ("9" * 5000), "5000 digits"),
+    ('{"x": NaN}', "NaN"),
+    ('{"city": "Par', "is not valid JSON"),
+])
+def test_malformed_tool_call_arguments_are_a_400(http, arguments, words):
+    """The arguments of an assistant's earlier tool call are JSON inside a JSON string."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    body = {"messages": [{"role": "user", "content": "weather?"}, {"role": "assistant", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "max_tokens": 2}
+    message = refused(post(http, "/v1/chat/completions", json.dumps(body).encode()),
+                      "messages[1].tool_calls[0].function.arguments")
+    assert words in message and len(message) < 400, message
