@@ -1,18 +1,28 @@
-"""Benchmark: total generated tokens/s of `strata serve` with 1 client against N concurrent clients.
+"""Benchmark: `strata serve` under 1, 4 and 8 concurrent clients, alone or against llama.cpp's
+`llama-server` on the same file with the same threads.
 
-    python benchmarks/serve_concurrency.py MODEL.gguf [--clients 1 8] [--max-tokens 64] [--rounds 2]
-                                           [-- any strata serve option, e.g. --threads 2 --device cuda]
+    python benchmarks/serve_concurrency.py MODEL.gguf [--clients 1 4 8] [--max-tokens 48] [--rounds 2]
+        [--threads 2] [--prompt-words 100] [--no-repeat] [--llama-server [PATH]]
+        [-- any further strata serve option, e.g. --device cuda]
 
-Starts one `strata serve` (--max-batch = the largest client count), waits for /health, warms up,
-then for each client count runs that many threads, each sending `--rounds` streaming completions
-(distinct prompts, greedy, `ignore_eos` so every request generates exactly --max-tokens), and
-reports per count: generated tokens / wall time, and the clients' median time to first token and
-median gap between tokens. Same model, same server process, one run: compare only inside it.
+For each server (Strata, then llama-server when `--llama-server` is given) one process is started
+(`--max-batch` / `-np` = the largest client count, the same `--threads`, the same context per
+sequence), waited for on /health and warmed up. Then for each client count, that many threads
+each send `--rounds` streaming completions one after another (greedy, `ignore_eos`, so every
+request generates exactly --max-tokens): first "fresh" prompts the server has never seen (each
+starts with its own tag, so no two share more than a token or two), then, unless --no-repeat,
+the very same prompts again ("repeated": what a prompt cache serves; llama-server's is on by
+default, as is Strata's prefix cache). Per row: total generated tokens / wall time, the median
+time to first token and the median gap between tokens. `--llama-server` alone uses (and, the
+first time, builds with benchmarks/build_llama_server.sh) .ci-cache/llama-server-build; a PATH
+names a binary. A last table gives Strata / llama-server per row (> 1: Strata faster for tok/s,
+< 1: Strata faster for times). Same machine, one run: compare only inside it.
 Standard library only. Not a unit test.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -27,6 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LLAMA_SERVER = ROOT / ".ci-cache" / "llama-server-build" / "bin" / "llama-server"
+WORDS = ("the weather over the northern hills turned cold and every traveller on the old road looked for "
+         "shelter in the villages where bread and soup were shared by the fire").split()
 
 
 def free_port() -> int:
@@ -35,11 +48,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, name: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"strata serve exited with status {proc.returncode}")
+            raise SystemExit(f"{name} exited with status {proc.returncode}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as r:
                 if r.status == 200:
@@ -47,33 +60,80 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
-    raise SystemExit(f"strata serve not ready after {timeout} s")
+    raise SystemExit(f"{name} not ready after {timeout} s")
+
+
+def strata_command(args: argparse.Namespace, port: int) -> list[str]:
+    return [sys.executable, "-m", "strata", "serve", args.model, "--port", str(port), "--threads", str(args.threads),
+            "--ctx", str(args.ctx), "--max-batch", str(max(args.clients)), "--log-level", "warning", *args.strata_extra]
+
+
+def llama_command(args: argparse.Namespace, port: int, binary: str) -> list[str]:
+    """Its defaults otherwise (prompt cache, repacking, mmap); -c is shared by the -np slots."""
+    slots = max(args.clients)
+    return [binary, "-m", args.model, "--port", str(port), "-t", str(args.threads), "-tb", str(args.threads),
+            "-c", str(args.ctx * slots), "-np", str(slots), "--no-webui"]
+
+
+def llama_server_binary(given: str) -> str:
+    """The binary named, or the one benchmarks/build_llama_server.sh builds (once) and prints."""
+    if given != "build":
+        return given
+    if LLAMA_SERVER.exists():
+        return str(LLAMA_SERVER)
+    print("building llama-server (once; benchmarks/build_llama_server.sh) ...", file=sys.stderr)
+    done = subprocess.run([str(ROOT / "benchmarks" / "build_llama_server.sh")], check=True, capture_output=True,
+                          text=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def running(name: str, command: list[str], port: int, timeout: float):
+    """The server started, ready and warmed up; its URL. Stopped on the way out."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    log = tempfile.NamedTemporaryFile("w", prefix=f"{name}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, timeout, name)
+        one_request(url, "warm up", 8)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+        print(f"{name} log: {log.name}", file=sys.stderr)
 
 
 def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed completion: tokens generated, time to first text, gaps between text events."""
+    """One streamed completion: tokens generated, time to first text, gaps between text events.
+    The token count is the usage's where the server sends one, else the number of text events."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    t0, times, tokens = time.perf_counter(), [], 0
+    t0, times, tokens = time.perf_counter(), [], None
     with urllib.request.urlopen(request, timeout=3600) as response:
         for raw in response:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
-            if event.get("choices") and event["choices"][0]["text"]:
+            if event.get("choices") and event["choices"][0].get("text"):
                 times.append(time.perf_counter())
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    return {"tokens": tokens, "ttft": times[0] - t0 if times else None, "gaps": gaps}
+    return {"tokens": len(times) if tokens is None else tokens, "ttft": times[0] - t0 if times else None,
+            "gaps": gaps}
 
 
-def run_clients(url: str, n_clients: int, rounds: int, max_tokens: int) -> dict:
-    prompts = [f"Request {i}: " + "tell me about the weather " * (1 + i % 7) for i in range(n_clients * rounds)]
+def prompts_for(tag: str, n: int, words: int) -> list[str]:
+    """n prompts of about `words` words, each led by its own tag so fresh prompts share no prefix."""
+    return [f"Request {tag}.{i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words)) for i in range(n)]
 
+
+def run_clients(url: str, n_clients: int, rounds: int, max_tokens: int, prompts: list[str]) -> dict:
     def client(i: int) -> list[dict]:
         return [one_request(url, prompts[i * rounds + r], max_tokens) for r in range(rounds)]
 
@@ -89,37 +149,64 @@ def run_clients(url: str, n_clients: int, rounds: int, max_tokens: int) -> dict:
             "inter_token_median_s": round(statistics.median(gaps), 5) if gaps else None}
 
 
-def main() -> int:
+def bench(name: str, url: str, args: argparse.Namespace) -> list[dict]:
+    """Every client count: fresh prompts, then (unless --no-repeat) the same prompts again."""
+    rows = []
+    for n in args.clients:
+        prompts = prompts_for(f"{n}", n * args.rounds, args.prompt_words)
+        kinds = ["fresh"] if args.no_repeat else ["fresh", "repeated"]
+        for kind in kinds:
+            row = {"server": name, "prompts": kind, **run_clients(url, n, args.rounds, args.max_tokens, prompts)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def ratios(rows: list[dict]) -> None:
+    """Strata / llama-server for each (clients, prompts) both ran."""
+    llama = {(r["clients"], r["prompts"]): r for r in rows if r["server"] == "llama-server"}
+    for r in rows:
+        other = llama.get((r["clients"], r["prompts"])) if r["server"] == "strata" else None
+        if other is None:
+            continue
+        ratio = {k: round(r[k] / other[k], 2) if r[k] and other[k] else None
+                 for k in ("tokens_per_s", "ttft_median_s", "inter_token_median_s")}
+        print(json.dumps({"strata_over_llama_server": True, "clients": r["clients"], "prompts": r["prompts"], **ratio}))
+
+
+def parse_args() -> argparse.Namespace:
     argv = sys.argv[1:]
-    serve_extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=2, help="requests per client, one after another")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of each server")
+    p.add_argument("--ctx", type=int, default=512, help="context positions per sequence")
+    p.add_argument("--prompt-words", type=int, default=100, help="words per prompt (~1.3 tokens each)")
+    p.add_argument("--no-repeat", action="store_true", help="fresh prompts only")
+    p.add_argument("--llama-server", nargs="?", const="build", default=None, metavar="PATH",
+                   help="also run llama-server (PATH, or built into .ci-cache/llama-server-build)")
     p.add_argument("--ready-timeout", type=float, default=600)
     args = p.parse_args(argv)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    log = tempfile.NamedTemporaryFile("w", prefix="strata-serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "strata", "serve", args.model, "--port", str(port),
-                             "--max-batch", str(max(args.clients)), "--log-level", "warning", *serve_extra],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(url, proc, args.ready_timeout)
-        one_request(url, "warm up", 8)
-        rows = [run_clients(url, n, args.rounds, args.max_tokens) for n in args.clients]
-    finally:
-        proc.terminate()
-        proc.wait(60)
-        log.close()
-    base = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["speedup_vs_first"] = round(row["tokens_per_s"] / base, 2) if base else None
-        print(json.dumps(row))
-    print(f"server log: {log.name}", file=sys.stderr)
+    args.strata_extra = extra
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    servers = [("strata", lambda port: strata_command(args, port))]
+    if args.llama_server is not None:
+        binary = llama_server_binary(args.llama_server)
+        servers.append(("llama-server", lambda port: llama_command(args, port, binary)))
+    rows = []
+    for name, command in servers:
+        port = free_port()
+        with running(name, command(port), port, args.ready_timeout) as url:
+            rows += bench(name, url, args)
+    ratios(rows)
     return 0
 
 

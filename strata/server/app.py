@@ -34,7 +34,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from strata.engine import Sequence
 from strata.engine.sequence import stop_conditions
 
-from .errors import APIError, bad_request
+from .body import decode as decode_body
+from .errors import APIError
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
 from .responses import Events, Reply, collect, stream
@@ -221,10 +222,7 @@ async def _json_body(request: Request) -> Any:
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body has {len(body)} bytes; at most {MAX_BODY_BYTES} are accepted")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    return decode_body(body)
 
 
 def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int) -> Sequence:

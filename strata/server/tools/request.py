@@ -2,11 +2,11 @@
 the `tool_calls` of assistant messages. Each error is a 400 naming its field."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..body import Refused, loads
 from ..errors import bad_request
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -94,9 +94,9 @@ def message_tool_calls(calls: Any, param: str) -> list[dict]:
         args = f.get("arguments", "{}")
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                raise bad_request(f"{param}[{j}].function.arguments: not valid JSON: {_show(args)}",
+                args = loads(args) if args.strip() else {}
+            except Refused as e:
+                raise bad_request(f"{param}[{j}].function.arguments {e}: {_show(args)}",
                                   param=f"{param}[{j}].function.arguments") from None
         out.append({"id": c.get("id"), "type": "function", "function": {"name": f["name"], "arguments": args}})
     return out
