@@ -14,6 +14,8 @@ from typing import Any, TextIO
 from strata.defaults import DEFAULT_CTX
 from strata.units import format_bytes
 
+from .common import add_kv_type_arg
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `inspect` on an argparse subparsers object (the `strata` CLI's)."""
@@ -32,6 +34,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length the KV cache is sized for "
                                                                 "(default %(default)s)")
     g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
+    add_kv_type_arg(g)
     p.set_defaults(func=run)
     return p
 
@@ -95,7 +98,7 @@ def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -
 def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     """The tiered memory's plan and start-up placement for the budgets in `args`."""
     from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
-    from strata.engine.kv_cache import KVCache
+    from strata.engine.kv_cache import KVCache, kv_type_name
     from strata.memory.placement import plan_placement
     from strata.models import cache_dims
 
@@ -103,10 +106,11 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     compute = resolve_compute(args.compute, device, None)
     dtype = resolve_dtype(None, device)
     hp = model.hparams
-    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype)
+    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype, kv_type=args.kv_type)
     plan, host_slots, est = plan_placement(model, device, dtype, compute, device_mem=args.device_mem,
                                            host_mem=args.host_mem, kv_bytes=kv)
-    return {"device": str(device), "compute": compute, "slot_form": plan.form, "device_budget_bytes": plan.device_budget,
+    return {"device": str(device), "compute": compute, "kv_type": kv_type_name(dtype) if args.kv_type is None
+            else args.kv_type, "kv_cache_bytes": kv, "slot_form": plan.form, "device_budget_bytes": plan.device_budget,
             "host_budget_bytes": plan.host_budget if args.host_mem else None,
             "device_slots_per_layer": est.device_slots, "host_slots_per_layer": host_slots, "n_experts": est.n_experts,
             "estimate_from": est.source, "expected_share": {"device": est.device_share, "host": est.host_share,
