@@ -88,9 +88,9 @@ def test_cli_options_reach_load_and_stats(tiny):
     from strata.commands.common import add_model_args, format_kv_cache, load_kwargs
     p = argparse.ArgumentParser()
     add_model_args(p)
-    args = p.parse_args([tiny.gguf("f32"), "--kv-type", "q8_0", "--ctx", "64"])
+    args = p.parse_args([str(tiny.gguf("f32")), "--kv-type", "q8_0", "--ctx", "64"])
     assert load_kwargs(args)["kv_type"] == "q8_0"
-    assert "kv_type" not in load_kwargs(p.parse_args([tiny.gguf("f32")]))
+    assert "kv_type" not in load_kwargs(p.parse_args([str(tiny.gguf("f32"))]))
     with strata.load(**{**load_kwargs(args), "path": args.model}) as m:
         line = format_kv_cache(m.cache)
     hd_rows = m.cache.k[0].shape[1] * m.cache.k[0].shape[3] * 2 * len(m.cache.k)
