@@ -13,6 +13,7 @@
  */
 #include "strata.h"
 #include "kernels.h"
+#include "quantize.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -105,16 +106,74 @@ int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_hea
 }
 
 /* ======================================================================================
- * KV cache: [S slots, Hkv, C positions, hd]
+ * KV cache: [S slots, Hkv, C positions, row], a row holding hd values in the cache's type:
+ *   F32   hd floats;  F16, BF16  hd halves (round to nearest even, as torch converts);
+ *   Q8_0  hd / 32 blocks of 34 bytes: half d; i8 qs[32]; x = d * q (llama.cpp's
+ *         --cache-type-k/v q8_0; rounded as gguf-py's Q8_0, byte for byte).
  * ====================================================================================== */
 
-/* Common checks of a cache shape; *head_elems = C * hd, *cache_elems = S * Hkv * C * hd. */
-static int cache_shape(int64_t n_slots, int64_t n_head_kv, int64_t n_cache_ctx, int64_t head_dim,
-                       int64_t *head_elems, int64_t *cache_elems) {
+typedef void (*kv_put_fn)(const float *restrict src, uint8_t *restrict dst, int64_t hd);
+
+static void put_f32(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    memcpy(dst, src, (size_t)hd * sizeof(float));
+}
+static void put_f16_ref(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    strata_convert_f16_ref(src, dst, hd);
+}
+static void put_bf16_ref(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    strata_convert_bf16_ref(src, dst, hd);
+}
+static void put_q8_0(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    strata_quantize_q8_0_blocks(src, dst, hd / STRATA_QK);
+}
+#ifdef GLUE_X86
+static void put_f16_avx2(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    strata_convert_f16_avx2(src, dst, hd);
+}
+static void put_bf16_avx2(const float *restrict src, uint8_t *restrict dst, int64_t hd) {
+    strata_convert_bf16_avx2(src, dst, hd);
+}
+#endif
+
+/* How rows of hd values are stored in a cache of `type`: bytes per row, the writer, and the
+ * reader (NULL for F32, whose rows attention reads in place) with its blocks per row. */
+typedef struct {
+    int64_t row_bytes, row_blocks;
+    kv_put_fn put;
+    strata_block_fn to_f32;
+} kv_format;
+
+static int kv_format_for(int32_t type, int64_t hd, int impl, kv_format *f) {
+    const int avx2 = impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512;
+    if (hd < 1) return STRATA_E_ARG;
+    switch (type) {
+    case STRATA_T_F32: *f = (kv_format){hd * 4, hd, put_f32, NULL}; return STRATA_OK;
+    case STRATA_T_F16:
+        *f = (kv_format){hd * 2, hd, put_f16_ref, avx2 ? strata_dequant_f16_avx2 : strata_dequant_f16_ref};
+        break;
+    case STRATA_T_BF16:
+        *f = (kv_format){hd * 2, hd, put_bf16_ref, avx2 ? strata_dequant_bf16_avx2 : strata_dequant_bf16_ref};
+        break;
+    case STRATA_T_Q8_0:
+        if (hd % STRATA_QK) return STRATA_E_BLOCK;
+        *f = (kv_format){hd / STRATA_QK * (int64_t)sizeof(strata_block_q8_0), hd / STRATA_QK, put_q8_0,
+                         avx2 ? strata_dequant_q8_0_avx2 : strata_dequant_q8_0_ref};
+        return STRATA_OK;
+    default: return STRATA_E_TYPE;
+    }
+#ifdef GLUE_X86
+    if (avx2) f->put = type == STRATA_T_F16 ? put_f16_avx2 : put_bf16_avx2;  /* equal to the _ref bit for bit */
+#endif
+    return STRATA_OK;
+}
+
+/* Common checks of a cache shape; *head_bytes = C * row_bytes, *cache_bytes = S * Hkv * C * row_bytes. */
+static int cache_shape(int64_t n_slots, int64_t n_head_kv, int64_t n_cache_ctx, int64_t row_bytes,
+                       int64_t *head_bytes, int64_t *cache_bytes) {
     int64_t a;
-    if (n_slots < 1 || n_head_kv < 1 || n_cache_ctx < 1 || head_dim < 1) return STRATA_E_ARG;
-    if (!mul_ok(n_cache_ctx, head_dim, head_elems) || !mul_ok(*head_elems, n_head_kv, &a) ||
-        !mul_ok(a, n_slots, cache_elems))
+    if (n_slots < 1 || n_head_kv < 1 || n_cache_ctx < 1 || row_bytes < 1) return STRATA_E_ARG;
+    if (!mul_ok(n_cache_ctx, row_bytes, head_bytes) || !mul_ok(*head_bytes, n_head_kv, &a) ||
+        !mul_ok(a, n_slots, cache_bytes))
         return STRATA_E_SIZE;
     return STRATA_OK;
 }
@@ -122,9 +181,19 @@ static int cache_shape(int64_t n_slots, int64_t n_head_kv, int64_t n_cache_ctx, 
 int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, int64_t n_tokens,
                          int64_t n_head_kv, int64_t head_dim, float *k_cache, float *v_cache, int64_t n_slots,
                          int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions) {
-    int64_t head_elems, cache_elems, last;
-    int st = cache_shape(n_slots, n_head_kv, n_cache_ctx, head_dim, &head_elems, &cache_elems);
-    if (st) return st;
+    return strata_glue_kv_write_typed(STRATA_T_F32, k, k_stride, v, v_stride, n_tokens, n_head_kv, head_dim, k_cache,
+                                      v_cache, n_slots, n_cache_ctx, slots, positions, STRATA_IMPL_AUTO);
+}
+
+int strata_glue_kv_write_typed(int32_t kv_type, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                               int64_t n_tokens, int64_t n_head_kv, int64_t head_dim, void *k_cache, void *v_cache,
+                               int64_t n_slots, int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions,
+                               int impl) {
+    int64_t head_bytes, cache_bytes, last;
+    kv_format f;
+    int st = strata_resolve_impl(impl, &impl);
+    if (st || (st = kv_format_for(kv_type, head_dim, impl, &f))) return st;
+    if ((st = cache_shape(n_slots, n_head_kv, n_cache_ctx, f.row_bytes, &head_bytes, &cache_bytes))) return st;
     if (n_tokens < 0) return STRATA_E_ARG;
     if (n_tokens == 0) return STRATA_OK;
     if (!k || !v || !k_cache || !v_cache || !slots || !positions) return STRATA_E_ARG;
@@ -134,12 +203,12 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
     for (int64_t t = 0; t < n_tokens; t++)  /* check every index before the first write */
         if (slots[t] < 0 || slots[t] >= n_slots || positions[t] < 0 || positions[t] >= n_cache_ctx)
             return STRATA_E_SIZE;
-    const size_t row = (size_t)head_dim * sizeof(float);
+    uint8_t *kc = (uint8_t *)k_cache, *vc = (uint8_t *)v_cache;
     for (int64_t t = 0; t < n_tokens; t++)
         for (int64_t g = 0; g < n_head_kv; g++) {
-            const int64_t at = (slots[t] * n_head_kv + g) * head_elems + positions[t] * head_dim;
-            memcpy(k_cache + at, k + t * k_stride + g * head_dim, row);
-            memcpy(v_cache + at, v + t * v_stride + g * head_dim, row);
+            const int64_t at = (slots[t] * n_head_kv + g) * head_bytes + positions[t] * f.row_bytes;
+            f.put(k + t * k_stride + g * head_dim, kc + at, head_dim);
+            f.put(v + t * v_stride + g * head_dim, vc + at, head_dim);
         }
     return STRATA_OK;
 }
@@ -148,17 +217,25 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
  * Decode attention: one query row per sequence against its cached keys 0..n_ctx-1
  * ====================================================================================== */
 
-/* One query head's view of the paged cache: position j's key row is at
- * k + table[j / block] * block_elems + (j % block) * hd (and its value row alike), where k and v
- * point at this kv head's rows in block 0. Every table entry below n_ctx was checked by the caller. */
+/* Rows converted to float32 per call (a cache not in F32) live on the stack: this many floats,
+ * so head_dim <= GLUE_KV_BUF / 4 for such caches. */
+#define GLUE_KV_BUF 4096
+
+/* One query head's view of the paged cache: position j's key row is at byte
+ * k + table[j / block] * block_bytes + (j % block) * row_bytes (and its value row alike), where k
+ * and v point at this kv head's rows in block 0. Every table entry below n_ctx was checked by the
+ * caller. A cache not in F32 is read `cap` rows at a time through to_f32 into a stack buffer. */
 typedef struct {
-    const float *q, *k, *v;  /* q [hd]; k, v: block 0 of this query's kv head */
-    const int64_t *table;    /* [ceil(n_ctx / block)] blocks of the sequence */
-    float *out;              /* [hd] */
-    int64_t n_ctx, hd, block, block_elems;
+    const float *q;           /* [hd] */
+    const uint8_t *k, *v;     /* block 0 of this query's kv head */
+    const int64_t *table;     /* [ceil(n_ctx / block)] blocks of the sequence */
+    float *out;               /* [hd] */
+    int64_t n_ctx, hd, block, block_bytes, row_bytes;
     float scale;
-    int64_t start;           /* first position attended (a sliding window's start; else 0) */
-    const float *sink;       /* this head's sink logit (one more softmax column, no value), or NULL */
+    int64_t start;            /* first position attended (a sliding window's start; else 0) */
+    const float *sink;        /* this head's sink logit (one more softmax column, no value), or NULL */
+    strata_block_fn to_f32;   /* NULL: F32 rows, read in place */
+    int64_t row_blocks, cap;  /* to_f32's blocks per row; rows per conversion (a multiple of 4 when >= 4) */
 } attn_head;
 
 /* Fold the sink logit into a head's running softmax (max m, sum l, unnormalised out). */
@@ -174,14 +251,24 @@ static inline void fold_sink(const attn_head *a, float *m, float *l, float *out)
     *l += expf(sk - *m);
 }
 
-/* Rows j..j+n-1 of a head lie in one block when they do not cross a multiple of `block`. */
+/* Rows j..j+n-1 of a head lie in one block when they do not cross a multiple of `block`; a
+ * converted cache takes at most `cap` of them at once. */
 static inline int64_t run_len(const attn_head *a, int64_t j, int64_t end) {
     const int64_t left = a->block - j % a->block;
-    return end - j < left ? end - j : left;
+    const int64_t n = end - j < left ? end - j : left;
+    return a->to_f32 && n > a->cap ? a->cap : n;
 }
 
 static inline int64_t row_at(const attn_head *a, int64_t j) {
-    return a->table[j / a->block] * a->block_elems + (j % a->block) * a->hd;
+    return a->table[j / a->block] * a->block_bytes + (j % a->block) * a->row_bytes;
+}
+
+/* Rows j..j+n-1 (one run) of `base` (a->k or a->v) as float32: in place, or converted into buf. */
+static inline const float *rows_f32(const attn_head *a, const uint8_t *base, int64_t j, int64_t n, float *buf) {
+    const uint8_t *p = base + row_at(a, j);
+    if (!a->to_f32) return (const float *)p;
+    a->to_f32(p, buf, n * a->row_blocks);
+    return buf;
 }
 
 /* Eight partial sums (lane i % 8), so the compiler can vectorise without reassociating. */
@@ -200,21 +287,23 @@ static float dot_ref(const float *a, const float *b, int64_t n) {
 static void attn_head_ref(const attn_head *a) {
     /* Locals, not a->...: with -fno-strict-aliasing a store to out[i] could change *a, which
      * would keep the compiler from vectorising the loops. */
-    const float *restrict q = a->q, *restrict k = a->k, *restrict v = a->v;
-    const int64_t *restrict table = a->table;
-    const int64_t block = a->block, block_elems = a->block_elems;
+    const float *restrict q = a->q;
     float *restrict out = a->out;
     const int64_t n_ctx = a->n_ctx, hd = a->hd;
-    float s[GLUE_ATTN_CHUNK];
+    float s[GLUE_ATTN_CHUNK], buf[GLUE_KV_BUF];
     float m = -INFINITY, l = 0.0f;
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int64_t j0 = a->start; j0 < n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = n_ctx - j0 < GLUE_ATTN_CHUNK ? n_ctx - j0 : GLUE_ATTN_CHUNK;
         float cm = -INFINITY;
-        for (int64_t j = 0; j < nj; j++) {
-            const int64_t at = table[(j0 + j) / block] * block_elems + ((j0 + j) % block) * hd;
-            s[j] = dot_ref(q, k + at, hd) * a->scale;
-            cm = s[j] > cm ? s[j] : cm;
+        for (int64_t j = j0, n; j < j0 + nj; j += n) {
+            n = run_len(a, j, j0 + nj);
+            const float *k = rows_f32(a, a->k, j, n, buf);
+            for (int64_t r = 0; r < n; r++) {
+                const float sj = dot_ref(q, k + r * hd, hd) * a->scale;
+                s[j - j0 + r] = sj;
+                cm = sj > cm ? sj : cm;
+            }
         }
         if (cm > m) {
             if (l > 0.0f) {
@@ -224,11 +313,15 @@ static void attn_head_ref(const attn_head *a) {
             }
             m = cm;
         }
-        for (int64_t j = 0; j < nj; j++) {
-            const float p = expf(s[j] - m);
-            const float *vr = v + table[(j0 + j) / block] * block_elems + ((j0 + j) % block) * hd;
-            l += p;
-            for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
+        for (int64_t j = j0, n; j < j0 + nj; j += n) {
+            n = run_len(a, j, j0 + nj);
+            const float *v = rows_f32(a, a->v, j, n, buf);
+            for (int64_t r = 0; r < n; r++) {
+                const float p = expf(s[j - j0 + r] - m);
+                const float *restrict vr = v + r * hd;
+                l += p;
+                for (int64_t i = 0; i < hd; i++) out[i] += p * vr[i];
+            }
         }
     }
     fold_sink(a, &m, &l, out);
@@ -345,7 +438,7 @@ static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t
 }
 
 static void attn_head_avx2(const attn_head *a) {
-    float s[GLUE_ATTN_CHUNK];
+    float s[GLUE_ATTN_CHUNK], buf[GLUE_KV_BUF];
     float m = -INFINITY, l = 0.0f;
     memset(a->out, 0, (size_t)a->hd * sizeof(float));
     for (int64_t j0 = a->start; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
@@ -354,7 +447,7 @@ static void attn_head_avx2(const attn_head *a) {
          * chunk, the runs group rows four by four as one contiguous region would. */
         for (int64_t j = j0, n; j < j0 + nj; j += n) {
             n = run_len(a, j, j0 + nj);
-            scores_avx2(a->q, a->k + row_at(a, j), n, a->hd, a->scale, s + (j - j0));
+            scores_avx2(a->q, rows_f32(a, a->k, j, n, buf), n, a->hd, a->scale, s + (j - j0));
         }
         float cm = -INFINITY;
         for (int64_t j = 0; j < nj; j++) cm = s[j] > cm ? s[j] : cm;
@@ -380,7 +473,7 @@ static void attn_head_avx2(const attn_head *a) {
         }
         for (int64_t j = j0, n; j < j0 + nj; j += n) {  /* the same sums in the same order, run by run */
             n = run_len(a, j, j0 + nj);
-            weighted_sum_avx2(s + (j - j0), a->v + row_at(a, j), n, a->hd, a->out);
+            weighted_sum_avx2(s + (j - j0), rows_f32(a, a->v, j, n, buf), n, a->hd, a->out);
         }
     }
     fold_sink(a, &m, &l, a->out);
@@ -394,9 +487,9 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
                             int64_t head_dim, const float *k_cache, const float *v_cache, int64_t n_blocks,
                             int64_t block_size, const int64_t *block_table, int64_t table_stride,
                             const int64_t *n_ctx, float scale, float *out, int64_t out_stride, int impl) {
-    return strata_glue_attn_decode_sinks(q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache, v_cache, n_blocks,
-                                         block_size, block_table, table_stride, n_ctx, scale, NULL, 0, out, out_stride,
-                                         impl);
+    return strata_glue_attn_decode_typed(STRATA_T_F32, q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache,
+                                         v_cache, n_blocks, block_size, block_table, table_stride, n_ctx, scale, NULL,
+                                         0, out, out_stride, impl);
 }
 
 int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
@@ -404,13 +497,25 @@ int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_se
                                   int64_t n_blocks, int64_t block_size, const int64_t *block_table,
                                   int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
                                   int64_t window, float *out, int64_t out_stride, int impl) {
-    int64_t block_elems, cache_elems, width, last, max_ctx;
-    int st = cache_shape(n_blocks, n_head_kv, block_size, head_dim, &block_elems, &cache_elems);
-    if (st) return st;
-    block_elems *= n_head_kv;  /* cache_shape gave one head's P * hd */
+    return strata_glue_attn_decode_typed(STRATA_T_F32, q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache,
+                                         v_cache, n_blocks, block_size, block_table, table_stride, n_ctx, scale, sinks,
+                                         window, out, out_stride, impl);
+}
+
+int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, const void *k_cache, const void *v_cache,
+                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                                  int64_t window, float *out, int64_t out_stride, int impl) {
+    int64_t block_bytes, cache_bytes, width, last, max_ctx;
+    kv_format f;
+    int st = strata_resolve_impl(impl, &impl);
+    if (st || (st = kv_format_for(kv_type, head_dim, impl, &f))) return st;
+    if (f.to_f32 && head_dim > GLUE_KV_BUF / 4) return STRATA_E_SIZE;
+    if ((st = cache_shape(n_blocks, n_head_kv, block_size, f.row_bytes, &block_bytes, &cache_bytes))) return st;
+    block_bytes *= n_head_kv;  /* cache_shape gave one head's P rows */
     if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale) || window < 0)
         return STRATA_E_ARG;
-    if ((st = strata_resolve_impl(impl, &impl))) return st;
     if (n_seq == 0) return STRATA_OK;
     if (!q || !k_cache || !v_cache || !block_table || !n_ctx || !out) return STRATA_E_ARG;
     if (!mul_ok(n_head, head_dim, &width) || q_stride < width || out_stride < width ||
@@ -427,14 +532,17 @@ int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_se
 #ifdef GLUE_X86
     if (impl != STRATA_IMPL_SCALAR) head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
 #endif
+    /* Rows per conversion: a multiple of 4, so the AVX2 scores group rows as over float32 rows. */
+    const int64_t cap = GLUE_KV_BUF / head_dim >= 4 ? GLUE_KV_BUF / head_dim / 4 * 4 : GLUE_KV_BUF / head_dim;
     const int64_t group = n_head / n_head_kv;  /* query heads per kv head */
+    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
     for (int64_t b = 0; b < n_seq; b++)
         for (int64_t h = 0; h < n_head; h++) {
-            const int64_t at = (h / group) * block_size * head_dim;  /* the kv head's rows in a block */
-            const attn_head a = {q + b * q_stride + h * head_dim, k_cache + at, v_cache + at,
-                                 block_table + b * table_stride, out + b * out_stride + h * head_dim, n_ctx[b],
-                                 head_dim, block_size, block_elems, scale,
-                                 window && n_ctx[b] > window ? n_ctx[b] - window : 0, sinks ? sinks + h : NULL};
+            const int64_t at = (h / group) * block_size * f.row_bytes;  /* the kv head's rows in a block */
+            const attn_head a = {q + b * q_stride + h * head_dim, kc + at, vc + at, block_table + b * table_stride,
+                                 out + b * out_stride + h * head_dim, n_ctx[b], head_dim, block_size, block_bytes,
+                                 f.row_bytes, scale, window && n_ctx[b] > window ? n_ctx[b] - window : 0,
+                                 sinks ? sinks + h : NULL, f.to_f32, f.row_blocks, cap};
             head_fn(&a);
         }
     return STRATA_OK;

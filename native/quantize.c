@@ -42,7 +42,7 @@ static inline int round_clamp(float v, int lo, int hi) {
 
 /* ---- Q8_0 ---- */
 
-static void quantize_q8_0(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+void strata_quantize_q8_0_blocks(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
     strata_block_q8_0 *restrict y = (strata_block_q8_0 *)dst;
     for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK) {
         float amax = 0.0f;
@@ -319,7 +319,7 @@ typedef struct {
 } strata_quant_format;
 
 static const strata_quant_format QUANT_FORMATS[] = {
-    {STRATA_T_Q8_0, quantize_q8_0, NULL},
+    {STRATA_T_Q8_0, strata_quantize_q8_0_blocks, NULL},
     {STRATA_T_Q4_K, quantize_q4_k_ref, quantize_q4_k_avx2},
     {STRATA_T_Q6_K, quantize_q6_k_ref, quantize_q6_k_avx2},
 };

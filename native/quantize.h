@@ -21,4 +21,8 @@ void strata_quantize_q4_k_search_avx2(const float *restrict x, float *restrict s
 void strata_quantize_q6_k_search_ref(const float *restrict x, float *restrict scales, int8_t *restrict L);
 void strata_quantize_q6_k_search_avx2(const float *restrict x, float *restrict scales, int8_t *restrict L);
 
+/* Q8_0: n_blocks blocks of 32 values (gguf-py's rounding, byte for byte); also the KV cache's
+ * q8_0 rows (glue.c). */
+void strata_quantize_q8_0_blocks(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks);
+
 #endif

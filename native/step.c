@@ -157,10 +157,10 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
         if (st != STRATA_OK) return st;
     }
     /* A block is a "slot" of block_size positions to kv_write. */
-    st = strata_glue_kv_write(k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks, L->block_size,
-                              blk, off);
+    st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
+                                    L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
-    return strata_glue_attn_decode_sinks(q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+    return strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
                                          L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
                                          L->window, att, hq, impl);
 }
@@ -194,8 +194,8 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
         if (st == STRATA_OK) st = strata_glue_rope(ckv + Lk, n_lat, n_seq, 1, R, cos_t, sin_t, R, L->neox);
     }
     if (st == STRATA_OK)  /* the latent row [c | k_rope] is the position's one cache row */
-        st = strata_glue_kv_write(ckv, n_lat, ckv, n_lat, n_seq, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
-                                  L->block_size, blk, off);
+        st = strata_glue_kv_write_typed(L->kv_type, ckv, n_lat, ckv, n_lat, n_seq, 1, n_lat, L->k_cache, L->k_cache,
+                                        L->n_blocks, L->block_size, blk, off, impl);
     const int64_t fb = n_seq * 4;  /* bytes of one float per sequence */
     if (st == STRATA_OK)  /* query[t, h, :Lk] = k_b[h] @ q_nope[t, h]; then the rope features */
         st = strata_matmul_heads(pool, L->k_b_type, L->k_b, L->k_b_bytes, H, Lk, L->nope, q, fb * n_q, n_q, hd, n_seq,
@@ -204,9 +204,9 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     for (int64_t t = 0; t < n_seq; t++)
         for (int64_t h = 0; h < H; h++)
             memcpy(query + (t * H + h) * n_lat + Lk, q + t * n_q + h * hd + L->nope, (size_t)R * sizeof(float));
-    st = strata_glue_attn_decode(query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache, L->n_blocks,
-                                 L->block_size, block_table, table_stride, n_ctx, L->attn_scale, lat_att, H * n_lat,
-                                 impl);
+    st = strata_glue_attn_decode_typed(L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
+                                       L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
+                                       NULL, 0, lat_att, H * n_lat, impl);
     if (st == STRATA_OK)  /* att[t, h] = v_b[h] @ the latent part of the attention's output */
         st = strata_matmul_heads(pool, L->v_b_type, L->v_b, L->v_b_bytes, H, L->v_dim, Lk, lat_att, fb * H * n_lat,
                                  H * n_lat, n_lat, n_seq, att, fb * H * L->v_dim, H * L->v_dim, L->v_dim, act,

@@ -403,6 +403,16 @@ int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64
                          int64_t n_head_kv, int64_t head_dim, float *k_cache, float *v_cache, int64_t n_slots,
                          int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions);
 
+/* strata_glue_kv_write into caches of ggml type `kv_type`: rows of hd values are F32, F16 or BF16
+ * (round to nearest even, as torch converts) or Q8_0 (hd / 32 blocks of 34 bytes, half d and
+ * i8 qs[32], rounded as gguf-py's Q8_0 byte for byte: llama.cpp's --cache-type-k/v q8_0), so
+ * caches are [S, Hkv, C, row bytes]. STRATA_E_TYPE for another type, STRATA_E_BLOCK for Q8_0
+ * with hd not a multiple of 32. */
+int strata_glue_kv_write_typed(int32_t kv_type, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                               int64_t n_tokens, int64_t n_head_kv, int64_t head_dim, void *k_cache, void *v_cache,
+                               int64_t n_slots, int64_t n_cache_ctx, const int64_t *slots, const int64_t *positions,
+                               int impl);
+
 /* Grouped-query decode attention over a paged cache: caches [N, Hkv, P, hd] (contiguous; N =
  * n_blocks blocks of P = block_size positions); sequence b's position j lives in block
  * block_table[b * table_stride + j / P] at offset j % P. For sequence b and head h (kv head
@@ -423,6 +433,17 @@ int strata_glue_attn_decode(const float *q, int64_t q_stride, int64_t n_seq, int
  * those of every position below n_ctx[b], read or not. */
 int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
                                   int64_t n_head_kv, int64_t head_dim, const float *k_cache, const float *v_cache,
+                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                                  int64_t window, float *out, int64_t out_stride, int impl);
+
+/* strata_glue_attn_decode_sinks over caches of ggml type `kv_type` (rows as
+ * strata_glue_kv_write_typed writes them). A row not in F32 is converted to float32 as it is
+ * read (the dequantization kernels), a run of rows at a time, then scored and summed by the same
+ * kernels in the same order as F32 rows holding the converted values, so the result equals F32
+ * attention over the dequantized cache bit for bit (head_dim <= 1024 for such caches). */
+int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, const void *k_cache, const void *v_cache,
                                   int64_t n_blocks, int64_t block_size, const int64_t *block_table,
                                   int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
                                   int64_t window, float *out, int64_t out_stride, int impl);
@@ -482,8 +503,9 @@ typedef struct {
     const void *wqkv, *wo;
     int64_t wqkv_bytes, wo_bytes;
     const float *bqkv, *q_norm, *k_norm;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;  /* rows in kv_type (strata_glue_kv_write_typed) */
     int64_t n_blocks, block_size;
+    int32_t kv_type;          /* ggml type of the caches: F32 (0), F16, BF16 or Q8_0 */
     const float *router;
     int64_t n_experts, n_used;
     int32_t gating, norm_weights;

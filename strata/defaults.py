@@ -37,6 +37,10 @@ MAX_STEP_TOKENS = 512
 DEFAULT_CTX = 4096
 #: Positions per KV-cache block.
 KV_BLOCK_SIZE = 16
+#: The KV cache's element types (`--kv-type`): floats, or Q8_0 blocks as llama.cpp's
+#: `--cache-type-k/v q8_0`. None (the default): the compute dtype, float32 on the CPU.
+KV_TYPES = ("f32", "f16", "bf16", "q8_0")
+DEFAULT_KV_TYPE = None
 #: Share of available memory the CPU device tier takes by default.
 DEFAULT_CPU_DEVICE_FRACTION = 0.25
 #: Share of available memory the host tier takes by default when the device cannot hold every expert.
@@ -44,4 +48,4 @@ DEFAULT_HOST_FRACTION = 0.25
 
 __all__ = ["CONVERT_OUTTYPES", "CONVERT_TYPES", "DEFAULT_ATTN_TYPE", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_CTX",
            "DEFAULT_EXPERTS_TYPE", "DEFAULT_HOST_FRACTION", "DEFAULT_PAGER_THREADS", "DEFAULT_PREFETCH_DEPTH",
-           "DEFAULT_PREFETCH_MARGIN", "KV_BLOCK_SIZE", "MAX_STEP_TOKENS", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]
+           "DEFAULT_PREFETCH_MARGIN", "DEFAULT_KV_TYPE", "KV_BLOCK_SIZE", "KV_TYPES", "MAX_STEP_TOKENS", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]

@@ -466,4 +466,31 @@ def dequantize_into(t: GGMLType | int | str, src: torch.Tensor, out: torch.Tenso
     return out
 
 
-__all__ = ["TORCH_DEQUANT_TYPES", "dequantize_into"]
+def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks of rows x [..., n] (n a multiple of 32) as uint8 [..., n / 32 * 34]: per block
+    d = max|x| / 127, q = x * (1 / d) rounded half away from zero, d stored as a half; gguf-py's
+    float32 operations in its order (and ggml's quantize_row_q8_0), so the bytes equal
+    `gguf.quants.quantize(x, Q8_0)`'s."""
+    elems, nbytes = block_size(GGMLType.Q8_0)
+    if x.shape[-1] % elems:
+        raise ValueError(f"Q8_0: row length {x.shape[-1]} of {list(x.shape)} is not a multiple of {elems}")
+    blocks = x.float().reshape(-1, elems)  # [N, 32]
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127  # [N, 1]
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    y = blocks * inv
+    a = y.abs()
+    q = torch.sign(y) * (a.floor() + (2 * (a - a.floor())).floor())  # gguf-py's np_roundf
+    out = torch.empty((blocks.shape[0], nbytes), dtype=torch.uint8, device=x.device)
+    out[:, :2] = d.half().view(torch.uint8)
+    out[:, 2:] = q.to(torch.int8).view(torch.uint8)
+    return out.view(*x.shape[:-1], x.shape[-1] // elems * nbytes)
+
+
+def dequantize_q8_0(b: torch.Tensor) -> torch.Tensor:
+    """Rows of Q8_0 blocks b uint8 [..., nb * 34] as float32 [..., nb * 32] (x = q * d, exact)."""
+    elems, nbytes = block_size(GGMLType.Q8_0)
+    values = _q8_0(b.reshape(-1, nbytes))  # [N, 32]
+    return values.view(*b.shape[:-1], b.shape[-1] // nbytes * elems)
+
+
+__all__ = ["TORCH_DEQUANT_TYPES", "dequantize_into", "dequantize_q8_0", "quantize_q8_0"]

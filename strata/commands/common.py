@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_PREFETCH_DEPTH,
-                             KV_BLOCK_SIZE, MAX_STEP_TOKENS, SAMPLING_DEFAULTS)
+from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_KV_TYPE,
+                             DEFAULT_PREFETCH_DEPTH, KV_BLOCK_SIZE, KV_TYPES, MAX_STEP_TOKENS, SAMPLING_DEFAULTS)
 from strata.errors import StrataArgumentError, StrataError
 
 
@@ -32,9 +32,17 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help=f"KV cache blocks of {KV_BLOCK_SIZE} positions shared by all sequences (default: enough for every "
                         "sequence of the batch at --ctx)")
+    add_kv_type_arg(g)
     p.add_argument("--chat-template-file", default=None, metavar="FILE",
                    help="a jinja2 chat template that replaces the file's tokenizer.chat_template (as llama-server's)")
     add_memory_args(p)
+
+
+def add_kv_type_arg(g) -> None:
+    g.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help="the KV cache's element type; q8_0: blocks of 32 values in 34 bytes as llama.cpp's "
+                        "--cache-type-k/v q8_0, a quarter of f32's bytes (default: "
+                        f"{DEFAULT_KV_TYPE or 'the compute dtype, f32 on cpu'})")
 
 
 def chat_template(args: argparse.Namespace) -> str | None:
@@ -181,7 +189,8 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     """`strata.load`'s keyword arguments from the shared model and memory options."""
-    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks") if getattr(args, k, None) is not None}
+    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks", "kv_type")
+              if getattr(args, k, None) is not None}
     template = chat_template(args)
     if template is not None:
         engine["chat_template"] = template
@@ -193,12 +202,21 @@ def print_stats(args: argparse.Namespace, model) -> None:
     """With --stats, the runtime plan and the expert memory's counters on stderr."""
     if getattr(args, "stats", False):
         print(f"runtime: {model.plan.describe()}", file=sys.stderr)
+        print(format_kv_cache(model.cache), file=sys.stderr)
         from .tiers import format_memory_stats
 
         stats = model.memory_stats()
         print(format_memory_stats(stats, model.device) if stats is not None
               else "expert memory: no statistics (--memory direct)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
+
+
+def format_kv_cache(cache) -> str:
+    """One line: the KV cache's element type, bytes per position and size."""
+    from strata.units import format_bytes
+
+    return (f"kv cache: {cache.kv_type}, {cache.bytes_per_token} bytes per token (all layers), "
+            f"{cache.n_blocks} blocks of {cache.block_size} positions, {format_bytes(cache.nbytes)}")
 
 
 def format_time_split(split: dict[str, float]) -> str:

@@ -14,6 +14,8 @@ from typing import Any, TextIO
 from strata.defaults import DEFAULT_CTX
 from strata.units import format_bytes
 
+from .common import add_kv_type_arg
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `inspect` on an argparse subparsers object (the `strata` CLI's)."""
@@ -32,6 +34,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context length the KV cache is sized for "
                                                                 "(default %(default)s)")
     g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
+    add_kv_type_arg(g)
     p.set_defaults(func=run)
     return p
 
@@ -98,7 +101,7 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     (packed compute on the CPU), else the tiered memory's device and host slots."""
     from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
     from strata.engine.build import memory_config_for, ram_budget, reserved_bytes
-    from strata.engine.kv_cache import KVCache
+    from strata.engine.kv_cache import KVCache, kv_type_name
     from strata.memory.machine import Machine
     from strata.memory.placement import estimate, host_slots_for, plan_placement
     from strata.models import cache_dims
@@ -108,9 +111,10 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     dtype, machine = resolve_dtype(None, device), Machine.measure(device)
     config, _ = memory_config_for(None, {"device_mem": args.device_mem, "host_mem": args.host_mem}, compute)
     hp = model.hparams
-    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype)
+    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype, kv_type=args.kv_type)
     reserved = reserved_bytes(model, dtype, compute, kv)
-    head = {"device": str(device), "compute": compute, "memory": config.backend(compute)}
+    head = {"device": str(device), "compute": compute, "memory": config.backend(compute),
+            "kv_type": kv_type_name(dtype) if args.kv_type is None else args.kv_type, "kv_cache_bytes": kv}
     if head["memory"] == "paged":
         budget, slots = host_slots_for(model, machine, ram_budget(config, model, machine, reserved))
         est = estimate(model, slots, 0)

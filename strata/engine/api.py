@@ -23,7 +23,7 @@ import torch
 
 from strata import native
 from strata.chat_template import ChatTemplate, ChatTemplateError
-from strata.defaults import DEFAULT_CTX  # KV-cache positions per sequence when n_ctx is not given
+from strata.defaults import DEFAULT_CTX, DEFAULT_KV_TYPE, KV_TYPES  # DEFAULT_CTX: KV-cache positions per sequence
 from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
 from strata.memory import ExpertMemory
@@ -378,7 +378,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
          kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
-         prefix_cache: bool = True,
+         prefix_cache: bool = True, kv_type: str | None = DEFAULT_KV_TYPE,
          **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
@@ -393,6 +393,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     batch (None: unbounded; past it `Engine.add` raises EngineFull). prefix_cache: share the KV
     blocks of a prompt prefix computed before (a system prompt, the earlier turns of a chat)
     across requests by content hash, so they are not prefilled again (`strata.engine.kv_cache`).
+    kv_type: the KV cache's element type: "f32", "f16", "bf16", or "q8_0" (rows of Q8_0 blocks as
+    llama.cpp's `--cache-type-k/v q8_0`: 34 bytes per 32 values, read natively by the CPU's decode
+    attention); None: the compute dtype.
     memory: the expert memory: a `MemoryConfig` (its docstring lists each kind and its options),
     a kind's name ("tiered", "paged", "direct"), None (paged for packed compute on the CPU, tiered
     otherwise or when an option only the tiered memory has is given), or a factory
@@ -418,6 +421,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         raise StrataArgumentError(f"chat_template: expected the template's text (str), found {chat_template!r:.80}")
     if not isinstance(prefix_cache, bool):
         raise StrataArgumentError(f"prefix_cache: expected True or False, found {prefix_cache!r:.80}")
+    if kv_type is not None and kv_type not in KV_TYPES:
+        raise StrataArgumentError(f"kv_type: expected one of {', '.join(KV_TYPES)} or None, found {kv_type!r:.80}")
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
     # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
@@ -434,10 +439,10 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        kv = kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks, machine)
+        kv = kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks, machine, kv_type)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
-        cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache)
+        cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache, kv_type)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                      sampling=sampling, chat_template=chat_template)
     except BaseException:

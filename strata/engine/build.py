@@ -85,14 +85,17 @@ def expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: torc
 
 
 def kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int,
-             kv_blocks: int | None, machine: Machine) -> int:
+             kv_blocks: int | None, machine: Machine, kv_type: str | None = None) -> int:
     """Bytes of the KV cache, refused before anything is allocated when it cannot hold one
     sequence or does not fit the device's free memory."""
     hp = mf.hparams
     if kv_blocks is not None and kv_blocks < blocks_for(ctx):
         raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
                           f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
-    n = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks)
+    try:
+        n = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks, kv_type=kv_type)
+    except StrataError as e:  # a cache type the model's rows do not fit
+        raise StrataError(f"{mf.path}: {e}") from None
     free = machine.device[1]
     if n > free:
         pool = (f"{kv_blocks} blocks of {BLOCK_SIZE} positions" if kv_blocks is not None
@@ -107,11 +110,11 @@ def kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
 
 
 def kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int, kv_blocks: int | None,
-             n_bytes: int, prefix_cache: bool = True) -> KVCache:
+             n_bytes: int, prefix_cache: bool = True, kv_type: str | None = None) -> KVCache:
     hp = mf.hparams
     try:
         return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks,
-                       prefix_cache=prefix_cache)
+                       prefix_cache=prefix_cache, kv_type=kv_type)
     except (RuntimeError, MemoryError) as e:
         raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                           f"({format_bytes(n_bytes)}) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"

@@ -1,7 +1,10 @@
 """The paged KV cache: one fixed pool of fixed-size blocks shared by every sequence.
 
 Allocated once at start: per layer k and v of [N, Hkv, P, hd] (N blocks of P = `block_size`
-positions) in the compute dtype on the device. A sequence holds a slot (a handle: at most
+positions) in the compute dtype on the device, or in the `kv_type` asked for: f32, f16, bf16, or
+q8_0, rows of hd / 32 Q8_0 blocks (34 bytes: half d, int8 qs[32]; llama.cpp's
+`--cache-type-k/v q8_0`) held as uint8 [N, Hkv, P, hd / 32 * 34]. A position's row is quantized
+once when written (shared prefix blocks are never written again) and read back dequantized. A sequence holds a slot (a handle: at most
 `n_slots` sequences at once) and a block table: position j of the sequence lives in block
 `table[j // P]` at offset `j % P`. Blocks are taken from the free list as a sequence grows
 (`reserve`) and all go back when it ends (`free`), so many short sequences and a few long ones
@@ -30,14 +33,42 @@ from typing import Sequence as Seq
 
 import torch
 
-from strata.defaults import KV_BLOCK_SIZE
+from strata.defaults import KV_BLOCK_SIZE, KV_TYPES
 from strata.errors import StrataError
 from strata.models import Batch
+from strata.quant import GGMLType, block_size
 from strata.units import itemsize
 
 #: Positions per block. A multiple of 8 that divides the native decode attention's 256-position
 #: chunk, so paged decode attention sums in the same order as over one contiguous region.
 BLOCK_SIZE = KV_BLOCK_SIZE
+
+
+#: Storage dtype of each float KV type; q8_0 rows are uint8 blocks.
+_KV_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": torch.uint8}
+_Q8_0_ELEMS, _Q8_0_BYTES = block_size(GGMLType.Q8_0)  # values and bytes of a Q8_0 block
+
+
+def kv_type_name(dtype: torch.dtype) -> str:
+    """The --kv-type name of a cache storage dtype (uint8: q8_0)."""
+    return {v: k for k, v in _KV_DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def kv_storage(kv_type: str | None, dtype: torch.dtype, widths: Seq[int]) -> tuple[torch.dtype, list[int]]:
+    """(storage dtype, row length in elements of each of `widths`) of a cache of `kv_type` (None:
+    the compute dtype `dtype`); a one-line error naming --kv-type for an unknown type or a q8_0
+    row whose width is not a multiple of 32."""
+    if kv_type is None:
+        return dtype, list(widths)
+    if kv_type not in _KV_DTYPES:
+        raise StrataError(f"--kv-type {kv_type!r}: expected one of {', '.join(KV_TYPES)}")
+    if kv_type != "q8_0":
+        return _KV_DTYPES[kv_type], list(widths)
+    bad = [w for w in widths if w % _Q8_0_ELEMS]
+    if bad:
+        raise StrataError(f"--kv-type q8_0: a cache row of {bad[0]} values is not a whole number of Q8_0 blocks "
+                          f"of {_Q8_0_ELEMS}; use f16 or bf16 for this model")
+    return torch.uint8, [w // _Q8_0_ELEMS * _Q8_0_BYTES for w in widths]
 
 
 def blocks_for(n_positions: int, block_size: int = BLOCK_SIZE) -> int:
@@ -213,24 +244,26 @@ class KVCache(BlockTables):
     def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int | None = None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", n_blocks: int | None = None, block_size: int = BLOCK_SIZE,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, kv_type: str | None = None):
         super().__init__(n_slots, n_ctx, n_blocks, block_size, prefix_cache)
         N, P = self.n_blocks, block_size
-        shape_k = (N, n_head_kv, P, head_dim)
-        shape_v = (N, n_head_kv, P, head_dim if head_dim_v is None else head_dim_v)  # 0: no values (MLA)
-        self.k = [torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape_v, dtype=dtype, device=device) for _ in range(n_layers)]
+        widths = (head_dim, head_dim if head_dim_v is None else head_dim_v)  # values 0: none (MLA)
+        store, (row_k, row_v) = kv_storage(kv_type, dtype, widths)
+        self.k = [torch.zeros((N, n_head_kv, P, row_k), dtype=store, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros((N, n_head_kv, P, row_v), dtype=store, device=device) for _ in range(n_layers)]
         self.device = torch.device(device)
+        self.kv_type = kv_type_name(store)
+        self.bytes_per_token = n_layers * n_head_kv * (row_k + row_v) * self.k[0].element_size()
 
     @staticmethod
     def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                   head_dim_v: int | None = None, dtype: torch.dtype = torch.float32, n_blocks: int | None = None,
-                  block_size: int = BLOCK_SIZE) -> int:
+                  block_size: int = BLOCK_SIZE, kv_type: str | None = None) -> int:
         """Bytes a cache of these dimensions takes (before it is allocated): `n_blocks` blocks, by
         default enough for `n_slots` sequences of `n_ctx` positions each."""
-        per_position = n_head_kv * (head_dim + (head_dim if head_dim_v is None else head_dim_v))
+        store, rows = kv_storage(kv_type, dtype, (head_dim, head_dim if head_dim_v is None else head_dim_v))
         n = n_slots * blocks_for(n_ctx, block_size) if n_blocks is None else n_blocks
-        return n_layers * n * block_size * per_position * itemsize(dtype)
+        return n_layers * n * block_size * n_head_kv * sum(rows) * itemsize(store)
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]
@@ -251,4 +284,5 @@ class KVCache(BlockTables):
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-__all__ = ["BLOCK_SIZE", "BlockTables", "KVCache", "block_hash", "block_hashes", "blocks_for"]
+__all__ = ["BLOCK_SIZE", "BlockTables", "KVCache", "block_hash", "block_hashes", "blocks_for", "kv_storage",
+           "kv_type_name"]

@@ -114,7 +114,7 @@ class Attention(nn.Module):
                       v_cache: torch.Tensor) -> torch.Tensor:
         """One new token per sequence: one batched call over the longest prefix, shorter ones masked."""
         n_ctx = max(batch.starts) + 1
-        k, v = batch.read_all(k_cache, n_ctx), batch.read_all(v_cache, n_ctx)  # [B, Hkv, L, hd]
+        k, v = batch.read_all(k_cache, n_ctx, q.dtype), batch.read_all(v_cache, n_ctx, q.dtype)  # [B, Hkv, L, hd]
         mask = torch.arange(n_ctx, device=q.device)[None, :] <= batch.positions[:, None]  # [B, L]
         out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :],
                                              enable_gqa=True)  # [B, H, 1, hd]
@@ -125,7 +125,7 @@ class Attention(nn.Module):
         """Sequences one at a time: queries at positions start..start+n-1 see keys 0..own position."""
         outs = []
         for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
-            k, v = batch.read(k_cache, b), batch.read(v_cache, b)  # [Hkv, L, hd]
+            k, v = batch.read(k_cache, b, q.dtype), batch.read(v_cache, b, q.dtype)  # [Hkv, L, hd]
             q_seq = q[off:off + n].transpose(0, 1)  # [H, n, hd]
             mask = None if start == 0 else _causal_mask(start, n, q.device)
             out = F.scaled_dot_product_attention(q_seq[None], k[None], v[None], attn_mask=mask,
@@ -140,7 +140,7 @@ def attend_sinks(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache: 
     sink logit per head joining the softmax (gpt-oss): softmax over [scores | sink], sink dropped."""
     outs, H = [], q.shape[1]
     for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
-        k, v = batch.read(k_cache, b), batch.read(v_cache, b)  # [Hkv, L, hd]
+        k, v = batch.read(k_cache, b, q.dtype), batch.read(v_cache, b, q.dtype)  # [Hkv, L, hd]
         k, v = k.repeat_interleave(H // k.shape[0], dim=0), v.repeat_interleave(H // v.shape[0], dim=0)  # [H, L, hd]
         scores = (q[off:off + n].transpose(0, 1).float() @ k.float().transpose(1, 2)) * scale  # [H, n, L]
         rows = torch.arange(start, start + n, device=q.device)[:, None]  # [n, 1]

@@ -17,6 +17,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from strata.quant_torch import dequantize_q8_0, quantize_q8_0
+
 
 class KVStore(Protocol):
     """Per-layer key and value storage: `layer(i)` -> (k, v), each [N, Hkv, P, hd] (N blocks of P
@@ -78,17 +80,27 @@ class Batch:
         return int(self.positions.shape[0])
 
     def write(self, cache: torch.Tensor, values: torch.Tensor) -> None:
-        """cache [N, Hkv, P, d] at every new token's block and offset <- values [T, Hkv, d]."""
-        cache[self.token_blocks, :, self.token_offsets] = values.to(cache.dtype)
+        """cache [N, Hkv, P, d] at every new token's block and offset <- values [T, Hkv, d] (a uint8
+        cache holds rows of Q8_0 blocks: the values are quantized)."""
+        rows = quantize_q8_0(values) if cache.dtype == torch.uint8 else values.to(cache.dtype)
+        cache[self.token_blocks, :, self.token_offsets] = rows
 
-    def read(self, cache: torch.Tensor, b: int) -> torch.Tensor:
-        """Positions 0..starts[b]+lengths[b]-1 of sequence b: [Hkv, L, d] from cache [N, Hkv, P, d]."""
-        return read_pages(cache, self.block_table[b], self.starts[b] + self.lengths[b])
+    def read(self, cache: torch.Tensor, b: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Positions 0..starts[b]+lengths[b]-1 of sequence b: [Hkv, L, d] from cache [N, Hkv, P, d],
+        in `dtype` (None: the cache's; a Q8_0 cache's blocks are dequantized, float32 by default)."""
+        return read_values(read_pages(cache, self.block_table[b], self.starts[b] + self.lengths[b]), dtype)
 
-    def read_all(self, cache: torch.Tensor, length: int) -> torch.Tensor:
+    def read_all(self, cache: torch.Tensor, length: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Positions 0..length-1 of every sequence: [B, Hkv, length, d] (past a sequence's own
-        positions: whatever block 0 or its last block holds; mask those)."""
-        return read_pages(cache, self.block_table, length)
+        positions: whatever block 0 or its last block holds; mask those), in `dtype` as `read`."""
+        return read_values(read_pages(cache, self.block_table, length), dtype)
+
+
+def read_values(rows: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Cache rows read by read_pages as values in `dtype`: uint8 rows are Q8_0 blocks."""
+    if rows.dtype == torch.uint8:
+        rows = dequantize_q8_0(rows)
+    return rows if dtype is None else rows.to(dtype)
 
 
 def read_pages(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -100,4 +112,4 @@ def read_pages(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.T
     return pages.reshape(*pages.shape[:-3], n * P, pages.shape[-1])[..., :length, :]
 
 
-__all__ = ["Batch", "KVStore", "read_pages"]
+__all__ = ["Batch", "KVStore", "read_pages", "read_values"]

@@ -127,7 +127,7 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
     """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c."""
     outs = []
     for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
-        keys = batch.read(cache, b)  # [1, Lk, L+R]
+        keys = batch.read(cache, b, query.dtype)  # [1, Lk, L+R]
         q = query[off:off + n].transpose(0, 1)  # [H, n, L+R]
         rows = torch.arange(start, start + n, device=q.device)[:, None]
         mask = torch.arange(start + n, device=q.device)[None, :] <= rows  # [n, Lk]

@@ -19,16 +19,22 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from strata.quant import GGMLType, block_size
+
 from ._lib import IMPLS, check, ffi, impl_code, lib
 
 _F32 = _I64 = _I32 = None  # torch dtypes, looked up at the first call (torch only when a caller uses it)
+_KV_TYPES: dict = {}  # KV cache tensor dtype -> ggml type of its rows
+_Q8_0 = int(GGMLType.Q8_0)
+_QK, _Q8_0_BYTES = block_size(GGMLType.Q8_0)  # values and bytes per block
 _cell = threading.local()  # one int64_t out-cell per thread, for group_assignments' count
 
 
 def _init() -> None:
-    global _F32, _I64, _I32
+    global _F32, _I64, _I32, _KV_TYPES
     import torch
     _F32, _I64, _I32 = torch.float32, torch.int64, torch.int32
+    _KV_TYPES = {torch.float32: int(GGMLType.F32), torch.float16: int(GGMLType.F16), torch.bfloat16: int(GGMLType.BF16), torch.uint8: _Q8_0}
 
 
 def _bad(t: Any, what: str, dtype: Any, layout: str) -> ValueError:
@@ -93,25 +99,60 @@ def rope(x: Any, cos: Any, sin: Any, rope_dim: int, neox: bool) -> Any:
     return x
 
 
-def kv_write(k: Any, v: Any, k_cache: Any, v_cache: Any, slots: Any, positions: Any) -> None:
-    """k_cache[slots[t], :, positions[t]] = k[t] (and v alike) for k, v [T, Hkv, hd] (token
-    stride free), caches [S, Hkv, C, hd], slots and positions int64 [T]."""
+def kv_cache_type(cache: Any) -> int:
+    """The ggml type of a KV cache tensor's rows, from its dtype: float32 F32, float16 F16,
+    bfloat16 BF16, uint8 Q8_0 (rows of hd / 32 blocks of 34 bytes)."""
     if _F32 is None:
         _init()
-    kcp, vcp = _flat(k_cache, "kv_write k_cache", _F32, "float *"), _flat(v_cache, "kv_write v_cache", _F32, "float *")
+    kv_type = _KV_TYPES.get(getattr(cache, "dtype", None))
+    if kv_type is None:
+        raise ValueError(f"KV cache: dtype {getattr(cache, 'dtype', type(cache).__name__)} is none of float32, "
+                         f"float16, bfloat16 and uint8 (Q8_0 blocks)")
+    return kv_type
+
+
+def kv_row_bytes(kv_type: int, head_dim: int) -> int:
+    """Bytes of one cache row of head_dim values in ggml type kv_type (Q8_0: 34 per 32 values)."""
+    if kv_type == _Q8_0:
+        return head_dim // _QK * _Q8_0_BYTES
+    return head_dim * (4 if kv_type == 0 else 2)
+
+
+def _cache(t: Any, what: str) -> tuple[Any, int]:
+    """(pointer, ggml type) of a contiguous CPU KV cache tensor."""
+    kv_type = kv_cache_type(t)
+    if t.is_cuda or not t.is_contiguous():
+        raise _bad(t, what, t.dtype, "(contiguous)")
+    return ffi.cast("void *", t.data_ptr()), kv_type
+
+
+def kv_write(k: Any, v: Any, k_cache: Any, v_cache: Any, slots: Any, positions: Any, impl: str = "auto") -> None:
+    """k_cache[slots[t], :, positions[t]] = k[t] (and v alike) for k, v [T, Hkv, hd] (token
+    stride free), caches [S, Hkv, C, row] (float32, float16 or bfloat16 rows of hd, or uint8 rows
+    of hd / 32 Q8_0 blocks, quantized here), slots and positions int64 [T]."""
+    kcp, kv_type = _cache(k_cache, "kv_write k_cache")
+    vcp, v_type = _cache(v_cache, "kv_write v_cache")
     kp, ks = _rows(k, "kv_write k", 3)
     vp, vs = _rows(v, "kv_write v", 3)
     cshape, kshape = k_cache.shape, k.shape
-    if (len(cshape) != 4 or v_cache.shape != cshape or kshape[1:] != (cshape[1], cshape[3]) or v.shape != kshape
+    hd = kshape[2]
+    if (len(cshape) != 4 or v_cache.shape != cshape or v_type != kv_type or kshape[1] != cshape[1]
+            or cshape[3] != kv_row_bytes(kv_type, hd) // _elem_bytes(kv_type) or v.shape != kshape
             or slots.shape != kshape[:1] or positions.shape != kshape[:1]):
         raise ValueError(f"kv_write: k {tuple(kshape)}, v {tuple(v.shape)}, slots {tuple(slots.shape)}, positions "
-                         f"{tuple(positions.shape)} do not fit caches {tuple(cshape)} and {tuple(v_cache.shape)}")
-    S, Hkv, C, hd = cshape
-    status = lib.strata_glue_kv_write(kp, ks, vp, vs, kshape[0], Hkv, hd, kcp, vcp, S, C,
-                                      _flat(slots, "kv_write slots", _I64, "int64_t *"),
-                                      _flat(positions, "kv_write positions", _I64, "int64_t *"))
+                         f"{tuple(positions.shape)} do not fit caches {tuple(cshape)} and {tuple(v_cache.shape)} "
+                         f"({k_cache.dtype}, {v_cache.dtype})")
+    S, Hkv, C, _ = cshape
+    status = lib.strata_glue_kv_write_typed(kv_type, kp, ks, vp, vs, kshape[0], Hkv, hd, kcp, vcp, S, C,
+                                            _flat(slots, "kv_write slots", _I64, "int64_t *"),
+                                            _flat(positions, "kv_write positions", _I64, "int64_t *"),
+                                            IMPLS[impl] if impl in IMPLS else impl_code(impl))
     if status:
         check(status, f"kv_write of {kshape[0]} tokens into caches {tuple(cshape)} (slot or position out of range?)")
+
+
+def _elem_bytes(kv_type: int) -> int:
+    return 1 if kv_type == _Q8_0 else 4 if kv_type == 0 else 2
 
 
 def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any, scale: float, out: Any,
@@ -126,12 +167,13 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
     'avx512'. Returns out."""
     if _F32 is None:
         _init()
-    kcp = _flat(k_cache, "attn_decode k_cache", _F32, "float *")
-    vcp = _flat(v_cache, "attn_decode v_cache", _F32, "float *")
+    kcp, kv_type = _cache(k_cache, "attn_decode k_cache")
+    vcp, v_type = _cache(v_cache, "attn_decode v_cache")
     qp, qs = _rows(q, "attn_decode q", 3)
     op, os_ = _rows(out, "attn_decode out", 2)
     cshape, (B, H, hd) = k_cache.shape, q.shape
-    if (len(cshape) != 4 or v_cache.shape != cshape or cshape[3] != hd or out.shape != (B, H * hd)
+    if (len(cshape) != 4 or v_cache.shape != cshape or v_type != kv_type
+            or cshape[3] != kv_row_bytes(kv_type, hd) // _elem_bytes(kv_type) or out.shape != (B, H * hd)
             or block_table.dim() != 2 or block_table.shape[0] != B or n_ctx.shape != (B,)):
         raise ValueError(f"attn_decode: q {tuple(q.shape)}, out {tuple(out.shape)}, block_table "
                          f"{tuple(block_table.shape)}, n_ctx {tuple(n_ctx.shape)} do not fit caches {tuple(cshape)} "
@@ -141,7 +183,7 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
     if sinks is not None and tuple(sinks.shape) != (H,):
         raise ValueError(f"attn_decode: sinks {tuple(sinks.shape)} must hold one logit per head ({H})")
     sp = ffi.NULL if sinks is None else _flat(sinks, "attn_decode sinks", _F32, "float *")
-    status = lib.strata_glue_attn_decode_sinks(qp, qs, B, H, Hkv, hd, kcp, vcp, N, P,
+    status = lib.strata_glue_attn_decode_typed(kv_type, qp, qs, B, H, Hkv, hd, kcp, vcp, N, P,
                                                _flat(block_table, "attn_decode block_table", _I64, "int64_t *"), M,
                                                _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, sp,
                                                int(window), op, os_, IMPLS[impl] if impl in IMPLS else impl_code(impl))

@@ -19,7 +19,7 @@ from typing import Any
 from strata.quant import ggml_type
 
 from ._lib import check, ffi, impl_code, lib
-from .glue import _GATING
+from .glue import _GATING, kv_cache_type, kv_row_bytes
 
 
 
@@ -96,18 +96,24 @@ class DecodeAttn:
         self._cache: tuple[int, int] | None = None
 
     def bind_cache(self, k_cache: Any, v_cache: Any) -> None:
-        """Point at the layer's paged KV cache [N, Hkv, P, hd] (N blocks of P positions; float32,
-        contiguous); cheap when unchanged."""
+        """Point at the layer's paged KV cache [N, Hkv, P, row] (N blocks of P positions, contiguous;
+        rows of hd values in float32, float16 or bfloat16, or uint8 rows of Q8_0 blocks); cheap
+        when unchanged."""
         key = (k_cache.data_ptr(), v_cache.data_ptr())
         if key == self._cache:
             return
         c = self.c
-        shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], c.kv_lora + c.rope_dim if c.kv_lora else c.head_dim)
-        if tuple(k_cache.shape) != shape or (not c.kv_lora and tuple(v_cache.shape) != shape):
-            raise ValueError(f"decode step: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} must be "
-                             f"[N, {c.n_head_kv}, P, {shape[3]}]")
-        c.k_cache = _f32(k_cache, "k_cache")
-        c.v_cache = c.k_cache if c.kv_lora else _f32(v_cache, "v_cache")  # latent: one cache of rows
+        kv_type = kv_cache_type(k_cache)
+        row = kv_row_bytes(kv_type, c.kv_lora + c.rope_dim if c.kv_lora else c.head_dim) // k_cache.element_size()
+        shape = (k_cache.shape[0], c.n_head_kv, k_cache.shape[2], row)
+        if (tuple(k_cache.shape) != shape or not k_cache.is_contiguous() or k_cache.is_cuda or
+                (not c.kv_lora and (tuple(v_cache.shape) != shape or v_cache.dtype != k_cache.dtype
+                                    or not v_cache.is_contiguous()))):
+            raise ValueError(f"decode step: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} "
+                             f"({k_cache.dtype}) must be contiguous CPU tensors [N, {c.n_head_kv}, P, {row}]")
+        c.k_cache = ffi.cast("void *", k_cache.data_ptr())
+        c.v_cache = c.k_cache if c.kv_lora else ffi.cast("void *", v_cache.data_ptr())  # latent: one cache of rows
+        c.kv_type = kv_type
         c.n_blocks, c.block_size = shape[0], shape[2]
         self._keep_cache, self._cache = (k_cache, v_cache), key
 
