@@ -154,6 +154,9 @@ def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
         _randomize_extras(model)
         for p in model.parameters():
             p.copy_(p.to(spec.dtype).to(torch.float32))
+        for m in model.modules():  # a buffer the checkpoint stores in its dtype too
+            if hasattr(m, "e_score_correction_bias"):
+                m.e_score_correction_bias.copy_(m.e_score_correction_bias.to(spec.dtype).float())
     return model
 
 
