@@ -38,6 +38,7 @@ class Arch:
     swa_period: int = 0  # without attention.sliding_window_pattern: layers i with i % swa_period < swa_period - 1 slide
 
     qk_norm: str | None = None  # one of QK_NORMS
+    qk_norm_optional: bool = False  # the q/k norms apply only where the file has them (per layer)
     attn_bias: bool = False  # q, k and v projections have biases
     shared_expert: bool = False  # every MoE layer has an always-on shared expert (ffn_*_shexp)
     shared_expert_gate: bool = False  # ... scaled by sigmoid(ffn_gate_inp_shexp . x)

@@ -55,7 +55,7 @@ class HParams:
     """
 
     arch: str  # general.architecture (req)
-    n_layers: int  # block_count (req)
+    n_layers: int  # block_count (req) less nextn_predict_layers: the trunk's blocks, the ones that run
     context_length: int  # context_length (req)
     vocab_size: int  # vocab_size, else rows of token_embd.weight, else len(tokenizer.ggml.tokens)
     n_embd: int  # embedding_length (req)
@@ -89,6 +89,7 @@ class HParams:
     rope_freq_base_swa: float = 0.0  # rope.freq_base_swa: sliding-window layers' base (rope.freq_base)
     attn_temperature_scale: float = 0.0  # attention.temperature_scale (deepseek2; 0: none)
     attn_temperature_length: int = 0  # attention.temperature_length (req with a temperature scale)
+    n_layers_nextn: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the trunk (not run)
 
     def is_swa(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (llama.cpp's hparams.is_swa)."""
@@ -139,7 +140,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
     context_length = m.get(L.CONTEXT_LENGTH, int)
     n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
-    n_layers = m.get(L.BLOCK_COUNT, int)
+    n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
+    n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
     rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
     # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
     temp_scale = m.get(A.TEMPERATURE_SCALE, float, 0.0) if spec.mla else 0.0
@@ -179,6 +181,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         rope_freq_base_swa=m.get(Keys.Rope.FREQ_BASE_SWA, float, rope_freq_base) if spec.swa else rope_freq_base,
         attn_temperature_scale=temp_scale,
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
+        n_layers_nextn=n_nextn,
     )
     _check_counts(path, hp, spec)
     _check_values(path, hp)
@@ -275,6 +278,9 @@ def _check_counts(path: Path, hp: HParams, spec: Arch) -> None:
     if hp.n_experts and not 0 < hp.n_experts_used <= hp.n_experts:
         raise format_error(path, f"metadata key {Keys.LLM.EXPERT_USED_COUNT.format(arch=hp.arch)!r}",
                            f"between 1 and expert_count={hp.n_experts}", str(hp.n_experts_used))
+    if hp.n_layers_nextn < 0 or hp.n_layers <= 0:
+        raise format_error(path, f"metadata key {Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=hp.arch)!r}",
+                           f"between 0 and block_count-1={hp.n_layers + hp.n_layers_nextn - 1}", str(hp.n_layers_nextn))
     if not 0 <= hp.n_dense_lead <= hp.n_layers:
         raise format_error(path, f"metadata key {Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=hp.arch)!r}",
                            f"between 0 and block_count={hp.n_layers}", str(hp.n_dense_lead))

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import bisect
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gguf.gguf_reader import GGUFReader
 
+from strata.arch import layer_of
 from strata.errors import StrataError, StrataFormatError
 from strata.quant import ggml_type
 
@@ -52,10 +53,22 @@ def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
         tensors.update(infos)
         parts.append(FilePart(i, p, base, scan.file_size, tuple(infos)))
     hparams = read_hparams(first_path, first.metadata, {name: t.shape for name, t in tensors.items()})
+    tensors, parts = _trunk(tensors, parts, hparams)
     check_routing_types(first_path, first.value_types)
     layout = build_layout(first_path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
     maps = [_map(part.path) for part in parts]
     return ModelFile(tuple(parts), maps, first, hparams, tensors, layout)
+
+
+def _trunk(tensors: dict[str, TensorInfo], parts: list[FilePart],
+           hp: HParams) -> tuple[dict[str, TensorInfo], list[FilePart]]:
+    """Without the multi-token-prediction blocks' tensors (`nextn_predict_layers` blocks after the
+    trunk): nothing runs them, as nothing in llama.cpp's main graph does."""
+    mtp = range(hp.n_layers, hp.n_layers + hp.n_layers_nextn)
+    if not mtp:
+        return tensors, parts
+    kept = {name: t for name, t in tensors.items() if layer_of(name) not in mtp}
+    return kept, [replace(p, tensors=tuple(n for n in p.tensors if n in kept)) for p in parts]
 
 
 def _tensor_infos(scan: HeaderScan, sizes: list[int], base: int = 0) -> dict[str, TensorInfo]:

@@ -171,7 +171,7 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
         bq=get(MT.ATTN_Q, i, (H * hd,), "bias"), bk=get(MT.ATTN_K, i, (Hkv * hd,), "bias"),
         bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
-    if arch.qk_norm:
+    if arch.qk_norm and (not arch.qk_norm_optional or w.has(MT.ATTN_Q_NORM, i)):
         per_head = arch.qk_norm == "head"
         weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
         weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))

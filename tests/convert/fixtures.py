@@ -99,6 +99,15 @@ MORE_SPECS = {
                                q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
                                v_head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                           "qwen2", torch.bfloat16, True),
+    # GLM-4.5: 3 layers (1 dense + 2 MoE), 8 experts (2 used) in one group, a shared expert, q/k head norms and
+    # q/k/v biases, RoPE over half of each head; one MTP layer in the config (transformers builds none).
+    "glm4moe": Spec("glm4moe", "Glm4MoeConfig", "Glm4MoeForCausalLM",
+                    dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                         num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                         use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+                    "qwen2", torch.bfloat16, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
     "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
@@ -113,10 +122,13 @@ MORE_SPECS = {
 
 def _randomize_extras(model: torch.nn.Module) -> None:
     """Give parameters transformers initialises to constants real values: the DeepSeek-V3 router's
-    selection bias (zeros) so it changes which experts win, gpt-oss's sinks and biases."""
+    selection bias (zeros) so it changes which experts win, gpt-oss's sinks and biases, GLM's
+    attention biases and q/k norms."""
     for name, p in model.named_parameters():
         if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
+        if model.config.model_type == "glm4_moe" and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
+            p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
     for m in model.modules():
         if hasattr(m, "topk_method") and hasattr(m, "weight"):  # DeepSeek-V2's router starts at zeros
             m.weight.normal_(0.0, 0.05)
@@ -142,6 +154,9 @@ def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
         _randomize_extras(model)
         for p in model.parameters():
             p.copy_(p.to(spec.dtype).to(torch.float32))
+        for m in model.modules():  # a buffer the checkpoint stores in its dtype too
+            if hasattr(m, "e_score_correction_bias"):
+                m.e_score_correction_bias.copy_(m.e_score_correction_bias.to(spec.dtype).float())
     return model
 
 

@@ -56,7 +56,7 @@ def test_a_long_prompt_beside_four_decoding_streams_does_not_stall_them():
         assert m.cache.n_free_blocks == m.cache.n_blocks
 
 
-@pytest.mark.parametrize("key", ["mixtral", "qwen3moe", "deepseek3", "gptoss"])
+@pytest.mark.parametrize("key", ["mixtral", "qwen3moe", "deepseek3", "gptoss", "glm4moe"])
 def test_sixteen_sequences_of_different_lengths_give_their_outputs_alone(key):
     """Paged and chunked: 16 prompts from 1 to 700 tokens run together (several steps of 512
     tokens mixing prefill chunks and decodes) give each prompt's greedy output alone."""
@@ -185,7 +185,7 @@ def test_each_routed_expert_is_acquired_once_per_step_for_the_whole_batch(comput
 def test_a_prompt_chunk_after_cached_positions_equals_the_whole_prompt():
     """The model's Batch takes (cached, new) per sequence: a prompt run as chunks of 7 gives the
     logits of the whole prompt at once, on every architecture's cache form (MLA latent, sinks)."""
-    for key in ("qwen2moe", "deepseek3", "gptoss"):
+    for key in ("qwen2moe", "deepseek3", "gptoss", "glm4moe"):
         tiny = zoo().get(key)
         with strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, max_batch=2, memory="direct") as m:
             ids = tiny.prompt_ids(30)

@@ -14,7 +14,7 @@ from tests.fixtures.tiny import GGUF_ARCH, zoo
 
 from .helpers import REL_TOL, Bare, rel_err
 
-NEW_KEYS = ("deepseek3", "deepseek2", "gptoss")  # deepseek2: DeepSeek-V2
+NEW_KEYS = ("deepseek3", "deepseek2", "gptoss", "glm4moe")  # deepseek2: DeepSeek-V2
 N_PREFILL, N_DECODE = 20, 16
 
 
@@ -272,10 +272,10 @@ def test_packed_decode_steps_equal_the_float_path(new, monkeypatch):
     from strata.memory import DirectExpertMemory
     from strata.models import attention, load_model, mla
     compute, torch_decode = "float", []
-    for module, name in ((attention, "attend_sinks"), (mla, "latent_attend")):
-        def watched(q, batch, *a, _real=getattr(module, name), **k):
-            torch_decode.append((compute, batch.is_decode))
-            return _real(q, batch, *a, **k)
+    for module, name in ((attention, "attend_sinks"), (mla, "latent_attend"), (attention.Attention, "attend_decode")):
+        def watched(*a, _real=getattr(module, name), **k):
+            torch_decode.append((compute, next(x for x in a if hasattr(x, "is_decode")).is_decode))
+            return _real(*a, **k)
         monkeypatch.setattr(module, name, watched)
     path = new.gguf("f32")
     steps = []
