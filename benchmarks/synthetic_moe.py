@@ -58,6 +58,12 @@ SHAPES: dict[str, dict] = {
                              intermediate_size=2048, moe_intermediate_size=512, n_routed_experts=32,
                              num_experts_per_tok=4, n_group=4, topk_group=2, q_lora_rank=384, kv_lora_rank=256,
                              qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)),
+    # MiniMax-M2 (q/k norms over all heads, RoPE on half of each head, a sigmoid router with a
+    # selection bias; Q4_K experts, 0.35 GB)
+    "minimax-m2": dict(arch="minimax-m2", fixture="minimax", expert_type="Q4_K",
+                       hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                               head_dim=64, rotary_dim=32, intermediate_size=512, num_local_experts=32,
+                               num_experts_per_tok=4)),
     "mixtral": dict(arch="llama", n_layers=24, n_experts=8, top_k=2, hidden=1024, ff=3584, expert_type="Q4_K",
                     n_head=8, n_head_kv=2),
     "small": dict(arch="qwen3moe", n_layers=4, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),

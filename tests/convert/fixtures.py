@@ -117,6 +117,13 @@ MORE_SPECS = {
                                          "truncate": True, "original_max_position_embeddings": 4096,
                                          "rope_theta": 150000.0}),
                    "qwen2", torch.bfloat16, True),
+    # q/k norms over all heads (4 query, 2 kv heads), RoPE on 32 of 64 head features (rotary_dim),
+    # a sigmoid router over 8 experts with a selection bias; MTP off, as the tiny config has none.
+    "minimax": Spec("minimax", "MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                    dict(_COMMON, intermediate_size=256, num_key_value_heads=2, head_dim=64, rotary_dim=32,
+                         num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid", use_mtp=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}),
+                    "qwen2", torch.float32, True),
 }
 
 
@@ -134,7 +141,7 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             m.weight.normal_(0.0, 0.05)
         if hasattr(m, "e_score_correction_bias"):
             m.e_score_correction_bias.normal_(0.0, 0.1)
-            m.weight.normal_(0.0, 0.05)
+            getattr(m, "gate", m).weight.normal_(0.0, 0.05)  # MiniMax-M2: the bias sits beside its router
 
 
 def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:

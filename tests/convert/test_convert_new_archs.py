@@ -83,6 +83,8 @@ def test_gpt_oss_tensors_and_values():
     ("gptoss", {"swiglu_limit": 10.0}, "swiglu_limit=10.0"),
     ("gptoss", {"layer_types": ["full_attention"] * 3}, "layer_types"),  # one per layer (any pattern: written)
     ("gptoss", {"layer_types": ["chunked_attention"] * 4}, "layer_types"),
+    ("minimax", {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
+    ("minimax", {"rotary_dim": 63}, "rotary_dim 63"),
 ])
 def test_unsupported_configs_are_refused(tmp_path, key, change, words):
     tiny = zoo().get(key)
@@ -94,3 +96,42 @@ def test_unsupported_configs_are_refused(tmp_path, key, change, words):
         convert(src, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
     assert words in str(err.value)
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_minimax_m2_tensors_and_metadata():
+    """Full-width q/k norms, the selection bias as F32 `exp_probs_b.bias`, rope.dimension_count =
+    rotary_dim, sigmoid gating; no shared expert."""
+    tiny = zoo().get("minimax")
+    layer = tiny.model.model.layers[1]
+    reader = GGUFReader(tiny.gguf(None))
+    tensors = {t.name: t for t in reader.tensors}
+    k_norm = layer.self_attn.k_norm.weight.detach().numpy()  # [Hkv*hd]
+    assert np.array_equal(_array(tensors["blk.1.attn_k_norm.weight"]).reshape(-1), k_norm)
+    assert _array(tensors["blk.1.attn_q_norm.weight"]).size == 4 * 64
+    bias = tensors["blk.1.exp_probs_b.bias"]
+    assert bias.tensor_type.name == "F32"
+    assert np.array_equal(_array(bias).reshape(-1), layer.mlp.e_score_correction_bias.numpy())
+    assert tensors["blk.1.ffn_up_exps.weight"].tensor_type.name == "Q4_K" and not any("shexp" in n for n in tensors)
+    fields = {f.name: f.contents() for f in reader.fields.values()}
+    assert fields["general.architecture"] == "minimax-m2"
+    assert fields["minimax-m2.rope.dimension_count"] == 32 and fields["minimax-m2.attention.key_length"] == 64
+    assert fields["minimax-m2.expert_gating_func"] == 2  # sigmoid
+    assert fields["minimax-m2.expert_feed_forward_length"] == 256
+
+
+def test_minimax_m2_skips_multi_token_prediction_layers(tmp_path):
+    """Tensors of layers past num_hidden_layers (the released checkpoints' MTP modules) are left
+    out, as llama.cpp's converter does; a missing selection bias is named."""
+    from safetensors.numpy import load_file, save_file
+    tiny = zoo().get("minimax")
+    src = tmp_path / "hf"
+    shutil.copytree(tiny.hf_dir, src)
+    tensors = load_file(src / "model.safetensors")
+    extra = {k.replace("layers.1.", "layers.2."): v for k, v in tensors.items() if ".layers.1." in k}
+    save_file({**tensors, **extra}, src / "model.safetensors", metadata={"format": "pt"})
+    planned = convert(src, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
+    assert not any(p.name.startswith("blk.2.") for p in planned) and any(p.name.startswith("blk.1.") for p in planned)
+    del tensors["model.layers.0.block_sparse_moe.e_score_correction_bias"]
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match="e_score_correction_bias for blk.0.exp_probs_b.bias"):
+        convert(src, tmp_path / "out2.gguf", TypePolicy.from_args(outtype="f32"))

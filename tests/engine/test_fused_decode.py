@@ -281,3 +281,30 @@ def test_deepseek_program_under_evicting_memory_equals_direct(deepseek):
         t = prog.memory_stats().totals()
         assert t["evictions"] > 0 and t["device_hits"] > 0
         assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"]
+
+
+# -- MiniMax-M2: q/k norms over all heads, partial rotary, a biased sigmoid router --------------
+
+@pytest.fixture(scope="module")
+def minimax():
+    from tests.fixtures.tiny import zoo
+    return zoo().get("minimax")
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_minimax_m2_fused_decode_and_program_equal_the_per_call_path(minimax, outtype):
+    """The full-width q/k norms, RoPE over 32 of 64 features and the selection bias in the fused
+    step and the program: the per-call path's bytes, one sequence and three at different positions."""
+    test_fused_decode_equals_the_per_call_path(minimax, outtype)
+
+
+def test_minimax_m2_program_hands_layers_to_the_memory(minimax):
+    test_program_hands_layers_with_missing_experts_to_the_memory(minimax)
+
+
+def test_minimax_m2_program_under_evicting_memory(minimax):
+    test_program_under_evicting_memory_equals_the_per_block_path(minimax)
+
+
+def test_minimax_m2_fused_decode_under_tiered_memory_equals_direct(minimax):
+    test_fused_decode_under_tiered_memory_equals_direct(minimax)

@@ -20,7 +20,7 @@ needs_source = pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp'
 
 
 # DeepSeek-V2 (no query LoRA: llama.cpp needs its "lite" depth) has its own module, test_deepseek_v2_llama_cpp
-@pytest.fixture(params=("deepseek3", "gptoss", "glm4moe"), scope="module")
+@pytest.fixture(params=("deepseek3", "gptoss", "glm4moe", "minimax"), scope="module")
 def new(request):
     return zoo().get(request.param)
 

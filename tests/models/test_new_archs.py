@@ -14,7 +14,7 @@ from tests.fixtures.tiny import GGUF_ARCH, zoo
 
 from .helpers import REL_TOL, Bare, rel_err
 
-NEW_KEYS = ("deepseek3", "deepseek2", "gptoss", "glm4moe")  # deepseek2: DeepSeek-V2
+NEW_KEYS = ("deepseek3", "deepseek2", "gptoss", "glm4moe", "minimax")  # deepseek2: DeepSeek-V2
 N_PREFILL, N_DECODE = 20, 16
 
 
@@ -264,7 +264,8 @@ def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
 
 def test_packed_decode_steps_equal_the_float_path(new, monkeypatch):
     """Packed compute decodes with native decode attention (gpt-oss: sinks and the window of 8 on
-    alternate layers, in the fused step; DeepSeek: the latent rows as one kv head) and the fused
+    alternate layers, in the fused step; DeepSeek: the latent rows as one kv head; MiniMax-M2:
+    q/k norms over all heads and RoPE on half of each head) and the fused
     expert call: on the f32 file every decode step's logits equal the float path's (torch
     attention) within float rounding, well past the window. The torch attention runs for the
     prompts only."""
@@ -307,3 +308,42 @@ def test_gpt_oss_inspect_shows_its_hyperparameters():
     assert hp["sliding_window"] == 8 and hp["expert_gating_func"] == "softmax_weight"
     assert hp["rope_scaling"]["type"] == "yarn" and hp["rope_scaling"]["factor"] == 32.0
     assert (hp["head_dim"], hp["n_head_kv"], hp["n_ff_exp"]) == (64, 2, 256)
+
+
+# -- minimax-m2 only -------------------------------------------------------------------------
+
+
+def test_minimax_m2_router_matches_transformers():
+    """Sigmoid scores, the selection bias choosing but not weighing, renormalised top-k weights:
+    the experts and weights of transformers' MiniMaxM2TopKRouter, through torch and the native call."""
+    from strata.models.moe import Router
+    tiny = zoo().get("minimax")
+    block, cfg = tiny.model.model.layers[1].mlp, tiny.model.config
+    x = torch.randn(64, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, want_w, want_ids = block.gate(x, block.e_score_correction_bias)
+    bias = block.e_score_correction_bias.detach()
+    order_w = want_ids.sort(-1)
+    for native in (False, True):
+        got_w, got_ids = Router(block.gate.weight.detach(), cfg.num_experts_per_tok, "sigmoid", True, 1.0,
+                                selection_bias=bias, native=native)(x)
+        order_g = got_ids.sort(-1)
+        assert torch.equal(order_w.values, order_g.values), native
+        assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices), atol=1e-6)
+    unbiased = Router(block.gate.weight.detach(), cfg.num_experts_per_tok, "sigmoid", True, 1.0)(x)[1].sort(-1).values
+    assert (unbiased != order_w.values).any(-1).float().mean() > 0.05  # the fixture's bias decides
+
+
+def test_minimax_m2_loads_its_norms_rotary_and_router_from_the_file():
+    tiny = zoo().get("minimax")
+    cfg = tiny.model.config
+    with strata.gguf.open_model(tiny.gguf(None)) as mf:
+        hp = mf.summary()["hparams"]
+    assert (hp["head_dim"], hp["rope_dim"], hp["n_head_kv"]) == (64, 32, 2) and hp["expert_gating_func"] == "sigmoid"
+    assert hp["expert_weights_norm"] and hp["rope_freq_base"] == 5e6 and not hp.get("n_shared_experts")
+    bare = Bare(tiny.gguf("f32"))
+    for block, layer in zip(bare.model.blocks, tiny.model.model.layers):
+        w = block.attention.w
+        assert not w.qk_norm_per_head and block.attention.rope.rope_dim == cfg.rotary_dim
+        assert torch.equal(w.k_norm.weight, layer.self_attn.k_norm.weight.detach())  # [Hkv*hd]
+        assert torch.equal(block.ffn.router.selection_bias, layer.mlp.e_score_correction_bias)
