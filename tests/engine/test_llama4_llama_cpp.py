@@ -6,6 +6,7 @@ q8_0 / default files top-1 vs llama.cpp; llama.cpp's converter's files in Strata
 from __future__ import annotations
 
 import pytest
+import torch
 
 import strata
 from tests.fixtures.tiny import llama_cpp_source, zoo
@@ -63,8 +64,12 @@ def test_llama_cpp_converted_files_in_strata(tiny, record_property):
         record_property("strata_on_llama_cpp_file_rel_err", err)
         assert err <= 1e-4
         mine = ours.generate(prompt, temperature=0, max_tokens=32, stop_token_ids=()).token_ids
+    ids_hf = list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids_hf.append(int(tiny.model(torch.tensor([ids_hf])).logits[0, -1].argmax()))
     llama = LlamaCpp(path)
-    assert mine == llama.greedy(prompt, 32)
+    assert mine == llama.greedy(prompt, 32) == ids_hf[16:]
     llama.close()
     ids = tiny.prompt_ids(96)
     with _load(tiny.llama_cpp_gguf("q8_0"), "packed") as q8:
