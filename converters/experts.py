@@ -16,7 +16,7 @@ from converters.source import Checkpoint, SourceTensor
 _PART_OF = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
 _PER_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
                          r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
-_FUSED = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(?:\.weight)?$")
+_FUSED = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(gate_up_proj|down_proj)(?:\.weight)?$")
 
 
 def match_per_expert(name: str) -> tuple[int, int, str] | None:

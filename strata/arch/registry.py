@@ -48,6 +48,8 @@ class Arch:
     expert_bias: bool = False  # routed experts' gate, up and down have biases (ffn_*_exps.bias)
     router_bias: bool = False  # the router has a bias (ffn_gate_inp.bias)
     swiglu_clamp: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU llama.cpp hard-codes
+    chunked: "ChunkedAttn | None" = None  # chunked local attention, NoPE layers, temperature (llama4)
+    expert_input_scaled: bool = False  # the router weight scales each expert's input, not its output
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
@@ -65,6 +67,23 @@ class Arch:
                              f"expected one of {GATING_FUNCS}")
         if self.shared_expert_gate and not self.shared_expert:
             raise ValueError(f"architecture {self.name!r}: shared_expert_gate without shared_expert")
+
+
+@dataclass(frozen=True)
+class ChunkedAttn:
+    """Chunked local attention beside NoPE global layers, as llama.cpp's llama4 loader assumes it.
+    Layer i is global (full causal attention, no RoPE, queries scaled by the temperature) when
+    (i + 1) % nope_period == 0, else local: RoPE, attention within its chunk of `chunk` positions
+    (`attention.sliding_window`; llama.cpp fixes 8192 whatever the key says, and reads 0 as no
+    chunks and RoPE everywhere), then an L2 (weightless RMS) norm of q and k unless the model has
+    `no_qk_norm_experts` experts. Temperature: q *= 1 + scale * ln(floor((pos + 1) / floor) + 1)
+    (`attention.temperature_scale` / `temperature_length`; llama.cpp fixes 0.1 and 8192)."""
+
+    chunk: int = 8192
+    nope_period: int = 4
+    temperature_floor: int = 8192
+    temperature_scale: float = 0.1
+    no_qk_norm_experts: int = 128
 
 
 _BY_NAME: dict[str, Arch] = {}
@@ -111,4 +130,4 @@ def hf_names() -> list[str]:
     return list(_BY_HF)
 
 
-__all__ = ["Arch", "for_hf", "get", "hf_names", "names", "register", "unregister"]
+__all__ = ["Arch", "ChunkedAttn", "for_hf", "get", "hf_names", "names", "register", "unregister"]

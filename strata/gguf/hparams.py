@@ -10,6 +10,7 @@ Must not read tensor data or import torch: metadata and tensor shapes only.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,13 @@ class HParams:
     attn_temperature_scale: float = 0.0  # attention.temperature_scale (deepseek2; 0: none)
     attn_temperature_length: int = 0  # attention.temperature_length (req with a temperature scale)
     n_layers_nextn: int = 0  # nextn_predict_layers: multi-token-prediction blocks after the trunk (not run)
+    attn_chunk: int = 0  # attention.sliding_window of chunked attention (Arch.chunked): local layers' chunk
+    nope_layers: tuple[bool, ...] = ()  # per layer: no RoPE, full attention, temperature-tuned queries (chunked)
+    qk_l2_norm: bool = False  # an L2 norm of q and k after RoPE on RoPE layers (chunked, by expert count)
+
+    def is_nope(self, layer: int) -> bool:
+        """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
+        return layer < len(self.nope_layers) and self.nope_layers[layer]
 
     def is_swa(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (llama.cpp's hparams.is_swa)."""
@@ -183,9 +191,29 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
         n_layers_nextn=n_nextn,
     )
+    if spec.chunked:
+        hp = _chunked(m, spec, hp)
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
+
+
+def _chunked(m: _Metadata, spec: Arch, hp: HParams) -> HParams:
+    """Chunked attention's fields (Arch.chunked): the chunk from `attention.sliding_window` (0: no
+    chunks, RoPE on all layers but the last, as llama.cpp reads it), the NoPE layers, the query
+    temperature on them and the L2 qk-norm."""
+    c, A = spec.chunked, Keys.Attention
+    chunk = m.get(A.SLIDING_WINDOW, int, c.chunk)
+    if chunk < 0:
+        raise format_error(m.path, f"metadata key {A.SLIDING_WINDOW.format(arch=m.arch)!r}", ">= 0", str(chunk))
+    period = c.nope_period if chunk else hp.n_layers
+    scale = m.get(A.TEMPERATURE_SCALE, float, c.temperature_scale) if chunk else 0.0
+    floor = m.get(A.TEMPERATURE_LENGTH, int, c.temperature_floor) if chunk else 0
+    if scale and floor <= 0:
+        raise format_error(m.path, f"metadata key {A.TEMPERATURE_LENGTH.format(arch=m.arch)!r}", "> 0", str(floor))
+    return dataclasses.replace(hp, attn_chunk=chunk, nope_layers=tuple((i + 1) % period == 0 for i in range(hp.n_layers)),
+                               qk_l2_norm=hp.n_experts != c.no_qk_norm_experts,
+                               attn_temperature_scale=scale, attn_temperature_length=floor)
 
 
 def architecture(path: Path, metadata: Mapping[str, Any]) -> str:

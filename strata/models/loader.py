@@ -26,6 +26,7 @@ from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
+from .chunked import ChunkedAttention, InputScaledMoE
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
@@ -183,6 +184,10 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    if arch.chunked:
+        temp = (hp.attn_temperature_length, hp.attn_temperature_scale) if hp.attn_temperature_scale else None
+        return ChunkedAttention(weights, H, Hkv, hd, rope, i, hp.attn_chunk, hp.is_nope(i),
+                                hp.norm_eps if hp.qk_l2_norm else None, temp, native=w.native)
     return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0, native=w.native)
 
 
@@ -212,7 +217,8 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory,
         I, (alpha, limit) = hp.n_ff_exp, arch.swiglu_clamp or (1.0, float("inf"))
         expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
                                   w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
-    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid), shared)
+    return (InputScaledMoE if arch.expert_input_scaled else MoE)(
+        router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:

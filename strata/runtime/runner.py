@@ -32,8 +32,11 @@ def arch_caps(model: Transformer) -> ArchCaps:
     """What `model`'s blocks allow the fused step and the decode program."""
     eligible = [FusedDecode.eligible(b, model.compute) for b in model.blocks]
     n, k = len(eligible), sum(eligible)
-    unfused = None if k == n else (f"block {eligible.index(False)} has no fused form (a matrix not packed, "
-                                   "attention or routing the fused step lacks, or float experts)")
+    first = None if k == n else eligible.index(False)
+    why = None if first is None else (getattr(model.blocks[first].attention, "unfused_why", None)
+                                      or getattr(model.blocks[first].ffn, "unfused_why", None))
+    generic = "a matrix not packed, attention or routing the fused step lacks, or float experts"
+    unfused = None if first is None else f"block {first} has no fused form ({why or generic})"
     return ArchCaps(n, k, unfused, DecodeProgram.takes(model, eligible))
 
 

@@ -124,6 +124,21 @@ MORE_SPECS = {
                          num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid", use_mtp=False,
                          rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}),
                     "qwen2", torch.float32, True),
+    # Llama 4: 4 layers (dense, MoE, dense, MoE), top-1 of 4 experts + a shared expert, chunks of 8
+    # positions (shorter than the test prompts) on layers 0-2, NoPE layer 3 with its query
+    # temperature (scale 1.0: it matters) growing every 4 positions; "llama4cpp": llama.cpp's fixed 8192 / 8192 / 0.1.
+    "llama4": Spec("llama4", "Llama4TextConfig", "Llama4ForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512,
+                        num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=1,
+                        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4, attn_scale=1.0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   "qwen2", torch.bfloat16, True),
+    "llama4cpp": Spec("llama4cpp", "Llama4TextConfig", "Llama4ForCausalLM",
+                      dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512,
+                           num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=1,
+                           interleave_moe_layer_step=2, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                      "qwen2", torch.bfloat16, True),
 }
 
 

@@ -1,0 +1,150 @@
+"""Llama 4 (`llama4`) against transformers' Llama4ForCausalLM on the bar of the other families,
+on a tiny model whose chunks (8 positions) are shorter than the prompts and whose NoPE layer's
+query temperature (scale 1.0) changes every 4 positions; and what only it has: each of chunks, temperature,
+L2 qk-norm and input-scaled experts matters, every path (float, packed per-call, the memories,
+batching) gives the same, and the runtime plan says why decode runs per call."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from strata.models.chunked import ChunkedAttention, InputScaledMoE
+from tests.fixtures.tiny import zoo
+
+from .helpers import REL_TOL, Bare, rel_err
+
+N_PREFILL, N_DECODE = 20, 16
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return zoo().get("llama4")
+
+
+def _load(path, compute="float", memory="direct", max_batch=1):
+    return strata.load(path, threads=1, n_ctx=128, max_batch=max_batch, compute=compute, memory=memory)
+
+
+def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
+    bare = Bare(tiny.gguf("f32"))
+    assert bare.mf.arch == "llama4"
+    ids = tiny.prompt_ids(N_PREFILL + N_DECODE)
+    ref = tiny.hf_logits(ids)
+    errs = [rel_err(bare.forward(ids[:N_PREFILL], 0), ref[:N_PREFILL])]
+    errs += [rel_err(bare.forward([ids[p]], p)[0], ref[p]) for p in range(N_PREFILL, N_PREFILL + N_DECODE)]
+    record_property("max_rel_err", max(errs))
+    assert max(errs) <= REL_TOL, errs
+
+
+def test_greedy_32_tokens_match_transformers(tiny):
+    prompt = tiny.prompt_ids(16, seed=5)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids.append(int(tiny.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert Bare(tiny.gguf("f32")).greedy(prompt, 32) == ids[16:]
+
+
+def test_layers_are_as_transformers_builds_them(tiny):
+    cfg = tiny.model.config
+    hp = strata.gguf.open_model(tiny.gguf("f32")).hparams
+    assert (hp.attn_chunk, hp.attn_temperature_length, hp.attn_temperature_scale) == (8, 4, 1.0)
+    assert [not n for n in hp.nope_layers] == [bool(r) for r in cfg.no_rope_layers] and hp.qk_l2_norm
+    blocks = Bare(tiny.gguf("f32")).model.blocks
+    assert [isinstance(b.ffn, InputScaledMoE) for b in blocks] == [i in cfg.moe_layers for i in range(4)]
+    assert [b.attention.chunk for b in blocks] == [8, 8, 8, 0]
+    assert all(b.ffn.shared is not None for b in blocks if isinstance(b.ffn, InputScaledMoE))
+
+
+@pytest.mark.parametrize("change", ["no chunks", "no temperature", "no qk-norm", "scaled outputs"])
+def test_each_feature_matters(tiny, change):
+    """Without any one of its features the model departs from transformers by ten times the
+    tolerance (so the test above checks each)."""
+    ids = tiny.prompt_ids(40)
+    bare = Bare(tiny.gguf("f32"))
+    for b in bare.model.blocks:
+        a = b.attention
+        if change == "no chunks":
+            a.chunk = 0
+        elif change == "no temperature":
+            a.temperature = None
+        elif change == "no qk-norm":
+            a.l2_eps = None
+        elif isinstance(b.ffn, InputScaledMoE):
+            b.ffn.__class__ = strata.models.moe.MoE
+    assert rel_err(bare.forward(ids, 0), tiny.hf_logits(ids)) > 10 * REL_TOL
+
+
+def test_a_batch_of_two_equals_each_alone(tiny):
+    a, b = tiny.prompt_ids(13, seed=1), tiny.prompt_ids(9, seed=2)
+    alone = []
+    for ids in (a, b):
+        bare = Bare(tiny.gguf("f32"))
+        alone.append([bare.forward(ids[:-3], 0)] + [bare.forward([ids[p]], p) for p in range(len(ids) - 3, len(ids))])
+    pair = Bare(tiny.gguf("f32"), n_slots=2)
+    n_a, n_b = len(a) - 3, len(b) - 3
+    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), pair.cache.batch([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
+    assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
+    for step in range(3):
+        pos_a, pos_b = n_a + step, n_b + step
+        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1]),
+                         pair.cache, True)
+        assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
+
+
+def test_packed_compute_every_memory_and_the_plan(tiny):
+    """Packed compute equals float on the f32 file in every memory; decode runs per call (the fused
+    step and the decode program lack chunked attention and input-scaled experts) and the plan
+    says so; the default file picks float's tokens."""
+    ids = tiny.prompt_ids(40)
+    with _load(tiny.gguf("f32")) as ref:
+        want = ref.logits(ids)
+        prompt = tiny.prompt_ids(16, seed=21)
+        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
+    for memory in ("direct", "paged", "tiered"):
+        with _load(tiny.gguf("f32"), "packed", memory) as m:
+            assert rel_err(m.logits(ids), want) < 1e-5, memory
+            assert m.plan.decode == "packed per-call" and "chunked local attention" in m.plan.decode_why
+            assert all(step is None for step in (m.runner.steps or [])) and m.runner.program is None
+            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+    with _load(tiny.gguf(None)) as ref, _load(tiny.gguf(None), "packed") as direct, \
+            _load(tiny.gguf(None), "packed", "tiered") as tiered:
+        a, b = ref.logits(ids), direct.logits(ids)
+        assert torch.equal(b, tiered.logits(ids))
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+
+
+def test_packed_decode_steps_equal_the_float_path(tiny):
+    """Every decode step of packed compute (per call: chunks, NoPE, temperature in torch; packed
+    matrices and the fused expert call) equals the float path within 1e-5, past several chunks."""
+    from strata.gguf import open_model
+    from strata.memory import DirectExpertMemory
+    from strata.models import load_model
+    path, runs = tiny.gguf("f32"), []
+    for compute in ("float", "packed"):
+        bare = Bare(path)
+        if compute == "packed":
+            bare.mf = open_model(path)
+            bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
+        prompt = tiny.prompt_ids(12)
+        logits, ids = [bare.forward(prompt, 0, all_logits=False)[0]], list(prompt)
+        for _ in range(24):
+            ids.append(int(logits[-1].argmax()) if compute == "float" else runs[0][1][len(ids)])
+            logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
+        runs.append((logits, ids))
+    (want, _), (got, _) = runs
+    assert max(rel_err(b, a) for a, b in zip(want, got)) < 1e-5
+
+
+def test_generate_batch_equals_each_alone(tiny):
+    prompts = [tiny.prompt_ids(11, seed=s) for s in (3, 4)]
+    with _load(tiny.gguf("f32"), "packed", max_batch=2) as m:
+        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
+        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
+    assert both == alone
+
+
+def test_chunked_attention_in_packed_compute_is_the_module_attention(tiny):
+    blocks = Bare(tiny.gguf("f32")).model.blocks
+    assert all(isinstance(b.attention, ChunkedAttention) and not b.attention.fusable for b in blocks)
