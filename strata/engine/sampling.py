@@ -194,6 +194,11 @@ class SamplingParams:
         return _replace(self, seed=(self.seed + i) % (MAX_SEED + 1))
 
 
+def replace_params(p: SamplingParams, **changes: Any) -> SamplingParams:
+    """`p` with some fields changed (checked again)."""
+    return _replace(p, **changes)
+
+
 def _replace(p: SamplingParams, **changes: Any) -> SamplingParams:
     return SamplingParams(**{**{f: getattr(p, f) for f in FIELDS}, **changes})
 
@@ -351,4 +356,4 @@ def sample_batch(logits: torch.Tensor, samplers: Sequence[Sampler], histories: S
 
 __all__ = ["DEFAULTS", "FIELDS", "Grammar", "MAX_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_SEED", "SAMPLING_RANGES", "Sampler",
            "SamplingParams", "TokenLogprob", "apply_penalties", "apply_repetition_penalty", "check_int", "check_number",
-           "check_sampling", "filter_logits", "sample_batch", "token_logprobs"]
+           "check_sampling", "filter_logits", "replace_params", "sample_batch", "token_logprobs"]

@@ -36,8 +36,9 @@ from strata.engine.sequence import stop_conditions
 
 from .errors import APIError, bad_request
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
+from .protocol import GenerationRequest, constrained, parse_chat, parse_completion, prompt_ids
 from .responses import Events, Reply, collect, stream
+from .tools import detect
 from .tools.stream import OutputStream, output_stream
 from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
@@ -269,6 +270,8 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
     ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
+    if req.kind == "chat":
+        req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
     queue: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     tickets = [Ticket(_sequence(state, req, ids, model, i), loop, i, queue) for i in range(req.n)]
