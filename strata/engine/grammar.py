@@ -7,14 +7,14 @@ token's bytes and the end-of-generation ids), built once per tokenizer. A `Match
 sequence's state: the mask of tokens allowed next, advanced with each sampled token; when the
 grammar is complete only the end-of-generation tokens are allowed, so a finished grammar forces EOS.
 
-The engine is llguidance (a small Rust wheel with no dependencies). Chosen over xgrammar, which
-pulls torch, transformers, triton, pydantic and apache-tvm-ffi, by the per-token mask cost
-measured with benchmarks/grammar_mask.py (one CPU core, a strict JSON schema, random walks):
-  - tiny trained byte-level BPE (600 tokens): llguidance 0.05 ms per token;
-  - Qwen2's vocabulary (151,936 tokens, llama.cpp's ggml-vocab-qwen2.gguf): llguidance 0.16 ms
-    per token for the mask plus 0.1 ms to apply it to a [V] row (a decode step is ~15-50 ms);
-    xgrammar (no-deps install) could not be measured beside it without transformers' tokenizer
-    objects; see the benchmark's output for the figures of a run.
+The engine is llguidance (a small Rust wheel with no dependencies), chosen over xgrammar, whose
+wheel requires torch, transformers, triton, pydantic and apache-tvm-ffi (xgrammar was not timed
+here). Measured with benchmarks/grammar_mask.py on the shared 2-core machine (one thread, a strict
+JSON schema, random walks of 200 tokens; medians, p90 in brackets):
+  - tiny trained byte-level BPE (600 tokens): mask fill 0.05 ms (0.16), applying it 0.12 ms;
+  - Qwen2's vocabulary (151,936 tokens, llama.cpp's ggml-vocab-qwen2.gguf): mask fill 0.32 ms
+    (p90 20 ms: open string states), applying it 1.0 ms per row; the Vocabulary is built once
+    per tokenizer in 5.8 s (the first constrained request pays it).
 JSON schemas compile with compact separators (", " and ": ") and no free whitespace, as
 OpenAI's strict mode writes JSON (and so a random model cannot pad forever).
 
