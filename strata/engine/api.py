@@ -39,6 +39,7 @@ from .engine import Engine
 from .kv_cache import KVCache
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import ChunkDone, PerplexityResult, perplexity
+from .grammar import Vocabulary, vocabulary
 from .sampling import FIELDS, SamplingParams
 from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
@@ -217,6 +218,10 @@ class Model:
                                       f"sampling=SamplingParams(...) or as keywords, not both")
         return sampling or (replace(self.sampling, **options) if options else self.sampling)
 
+    def grammar_vocab(self, params: SamplingParams) -> Vocabulary | None:
+        """The tokenizer as the grammar engine reads it (built once), when `params` carry a grammar."""
+        return vocabulary(self.tokenizer, sorted(self.stop_token_ids)) if params.grammar is not None else None
+
     def _sequence(self, prompt: str | Seq[int], params: SamplingParams, add_special: bool = True) -> Sequence:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special)
@@ -224,14 +229,14 @@ class Model:
             ids = self.check_token_ids(prompt, "prompt", "text or a sequence of token ids")
         params.check_vocab(self.tokenizer.vocab_size)
         stops = stop_conditions(params, self.stop_token_ids, self.n_ctx - len(ids))
-        return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream())
+        return Sequence(next(self._ids), ids, params, stops, self.tokenizer.stream(), self.grammar_vocab(params))
 
     def generate(self, prompt: str | Seq[int], *, sampling: SamplingParams | None = None, stream: bool = False,
                  add_special: bool = True, **options: Any) -> Completion | Stream:
         """Continue `prompt` (text, tokenized with BOS as the file asks, or token ids).
 
         sampling: a `SamplingParams` (temperature, top_k, top_p, min_p, repetition_penalty, seed,
-        max_tokens, stop, stop_token_ids); or those options as keywords, over the model's default
+        max_tokens, stop, stop_token_ids, grammar, ...); or those options as keywords, over the model's default
         (`load(sampling=...)`; else SamplingParams(): the commands' rule, strata.defaults.SAMPLING_DEFAULTS:
         temperature 0.8, top_k 40, 256 tokens, a fresh seed). Greedy when temperature is 0. Generation ends
         at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,

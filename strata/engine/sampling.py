@@ -33,6 +33,7 @@ from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
 from .config import Names, OptionError, check_int, check_number, spell
+from .grammar import Grammar, Matcher, Vocabulary, apply_masks
 
 #: Largest seed a torch generator takes (seeds are unsigned 64-bit).
 MAX_SEED = 2**64 - 1
@@ -75,7 +76,20 @@ def check_sampling(values: Mapping[str, Any], names: Names | None = None) -> dic
     if ids is not None:
         out["stop_token_ids"] = _token_ids(ids, spell("stop_token_ids", names))
     out["logit_bias"] = _logit_bias(out.get("logit_bias"), spell("logit_bias", names))
+    out["grammar"] = _grammar(out.get("grammar"), spell("grammar", names))
     return out
+
+
+def _grammar(value: Any, name: str) -> Grammar | None:
+    """None, a Grammar, GBNF text, or an OpenAI response_format object, as a Grammar (None for text)."""
+    if value is None or isinstance(value, Grammar):
+        return value
+    if isinstance(value, str):
+        return Grammar("gbnf", value, field=name)
+    if isinstance(value, Mapping):
+        return Grammar.from_response_format(value, name)
+    raise OptionError("grammar", f"{name}: expected a Grammar, GBNF text or a response_format object, "
+                                 f"found {value!r:.80}")
 
 
 def _stop_strings(stop: str | Iterable[str] | None, name: str) -> tuple[str, ...]:
@@ -130,7 +144,9 @@ class SamplingParams:
     checked against the model's vocabulary when a sequence is made). logprobs: None, or k in
     [0, 20]: report each sampled token's log-probability and the k likeliest alternatives
     (see the module docstring for which distribution). n: independent choices per request
-    (choice i draws with seed + i).
+    (choice i draws with seed + i). grammar: a `Grammar` the whole output must match (masked
+    during sampling; see strata.engine.grammar), or GBNF text, or an OpenAI response_format
+    ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}).
     """
 
     temperature: float = SAMPLING_DEFAULTS["temperature"]  # 0: greedy
@@ -147,6 +163,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; a dict is accepted
     logprobs: int | None = None  # None: off; k: the sampled token's and the k likeliest
     n: int = 1  # choices per request
+    grammar: Grammar | None = None  # the output must match it; GBNF text or a response_format dict is accepted
 
     def __post_init__(self):
         for f, v in check_sampling(self.__dict__).items():
@@ -175,6 +192,11 @@ class SamplingParams:
         if i == 0 or self.seed is None:
             return self
         return _replace(self, seed=(self.seed + i) % (MAX_SEED + 1))
+
+
+def replace_params(p: SamplingParams, **changes: Any) -> SamplingParams:
+    """`p` with some fields changed (checked again)."""
+    return _replace(p, **changes)
 
 
 def _replace(p: SamplingParams, **changes: Any) -> SamplingParams:
@@ -277,10 +299,14 @@ def token_logprobs(logits: torch.Tensor, params: Sequence[SamplingParams], token
 
 
 class Sampler:
-    """The next-token rule of one sequence: its params and its own random generator."""
+    """The next-token rule of one sequence: its params, its own random generator and, when the
+    params carry a grammar, its matcher (which needs the tokenizer's `Vocabulary`)."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, vocab: Vocabulary | None = None):
         self.params = params
+        if params.grammar is not None and vocab is None:
+            raise OptionError("grammar", "grammar: a constrained sequence needs the tokenizer's vocabulary")
+        self.matcher = Matcher(params.grammar, vocab) if params.grammar is not None else None
         self.generator = torch.Generator()
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self.generator.manual_seed(seed)
@@ -304,13 +330,21 @@ class Sampler:
 def sample_batch(logits: torch.Tensor, samplers: Sequence[Sampler], histories: Sequence[Sequence[int]],
                  n_prompt: Sequence[int]) -> list[tuple[int, TokenLogprob | None]]:
     """The next token of each row of logits [S, V] (float32, CPU), and its log-probabilities for
-    the rows whose params ask for them. Penalties and bias run once over the batch; each row then
-    draws with its own generator (so a seeded row does not depend on the others)."""
+    the rows whose params ask for them. Penalties and bias run once over the batch, then the
+    grammar masks of the rows that have one (one bitmask for them all); each row then draws with
+    its own generator (so a seeded row does not depend on the others) and advances its matcher."""
     if torch.isnan(logits).any():
         raise StrataError("sampling: the model's logits contain NaN (corrupt weights or hyperparameters?)")
     params = [s.params for s in samplers]
-    logits = apply_penalties(logits, params, histories, n_prompt)
+    processed = apply_penalties(logits, params, histories, n_prompt)
+    constrained = [i for i, s in enumerate(samplers) if s.matcher is not None]
+    if constrained:
+        processed = processed.clone() if processed is logits else processed
+        apply_masks(processed, constrained, [samplers[i].matcher for i in constrained])
+    logits = processed
     tokens = [s.draw(row) for s, row in zip(samplers, logits)]
+    for i in constrained:
+        samplers[i].matcher.advance(tokens[i])
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     out: list[tuple[int, TokenLogprob | None]] = [(t, None) for t in tokens]
     if asked:
@@ -320,6 +354,6 @@ def sample_batch(logits: torch.Tensor, samplers: Sequence[Sampler], histories: S
     return out
 
 
-__all__ = ["DEFAULTS", "FIELDS", "MAX_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_SEED", "SAMPLING_RANGES", "Sampler",
+__all__ = ["DEFAULTS", "FIELDS", "Grammar", "MAX_BIAS", "MAX_LOGPROBS", "MAX_N", "MAX_SEED", "SAMPLING_RANGES", "Sampler",
            "SamplingParams", "TokenLogprob", "apply_penalties", "apply_repetition_penalty", "check_int", "check_number",
-           "check_sampling", "filter_logits", "sample_batch", "token_logprobs"]
+           "check_sampling", "filter_logits", "replace_params", "sample_batch", "token_logprobs"]

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from strata.errors import StrataArgumentError
 
+from .grammar import Vocabulary
 from .sampling import Sampler, SamplingParams, TokenLogprob, check_int
 
 
@@ -43,12 +44,12 @@ def stop_conditions(params: SamplingParams, eog_ids: frozenset[int], room: int) 
 
 class Sequence:
     def __init__(self, seq_id: int, prompt_ids: list[int], sampling: SamplingParams, stop: StopConditions,
-                 decoder: TokenDecoder | None = None):
+                 decoder: TokenDecoder | None = None, vocab: Vocabulary | None = None):
         if not prompt_ids:
             raise StrataArgumentError("prompt: expected at least one token, found none (an empty prompt "
                                       "of a model that adds no BOS token)")
         self.seq_id, self.prompt_ids, self.stop = seq_id, list(prompt_ids), stop
-        self.sampler = Sampler(sampling)
+        self.sampler = Sampler(sampling, vocab)  # vocab: the tokenizer's, for a grammar
         self.decoder = decoder
         self.output_ids: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if sampling.logprobs is not None else None  # per output token
@@ -78,7 +79,7 @@ class Sequence:
     def append(self, token_id: int, logprob: TokenLogprob | None = None) -> str:
         """Record a sampled token (and its log-probabilities, when the sequence asked for them);
         returns the text that became visible (may be empty)."""
-        if token_id in self.stop.stop_token_ids:
+        if token_id in self.stop.stop_token_ids or self._grammar_ended():
             return self.finish("stop")
         self.output_ids.append(token_id)
         if self.logprobs is not None and logprob is not None:
@@ -91,6 +92,10 @@ class Sequence:
         if len(self.output_ids) >= self.stop.max_tokens:
             return self.finish("length")
         return self._delta(final=False)
+
+    def _grammar_ended(self) -> bool:
+        """The grammar took its end token (it forces one once complete, even with ignore_eos)."""
+        return self.sampler.matcher is not None and self.sampler.matcher.ended
 
     def finish(self, reason: str) -> str:
         """End the sequence; returns the text still held back."""

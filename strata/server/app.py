@@ -37,8 +37,9 @@ from strata.engine.sequence import stop_conditions
 from .body import decode as decode_body
 from .errors import APIError
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .protocol import GenerationRequest, parse_chat, parse_completion, prompt_ids
+from .protocol import GenerationRequest, constrained, parse_chat, parse_completion, prompt_ids
 from .responses import Events, Reply, collect, stream
+from .tools import detect
 from .tools.stream import OutputStream, output_stream
 from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
@@ -228,7 +229,7 @@ async def _json_body(request: Request) -> Any:
 def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int) -> Sequence:
     params = req.sampling.for_choice(choice)
     stops = stop_conditions(params, model.stop_token_ids, model.n_ctx - len(ids))
-    return Sequence(next(state.ids), ids, params, stops, model.tokenizer.stream())
+    return Sequence(next(state.ids), ids, params, stops, model.tokenizer.stream(), model.grammar_vocab(params))
 
 
 async def _watch_disconnect(request: Request, worker: EngineWorker, tickets: list[Ticket]) -> None:
@@ -267,6 +268,8 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
     ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
+    if req.kind == "chat":
+        req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
     queue: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     tickets = [Ticket(_sequence(state, req, ids, model, i), loop, i, queue) for i in range(req.n)]

@@ -5,6 +5,8 @@
 (`param`). The sampling fields (temperature, top_p, seed, n, frequency_penalty, presence_penalty,
 logit_bias, stop, ...) go through `SamplingParams`' one validation; `logprobs` is chat's
 `logprobs: true` with `top_logprobs` alternatives (0 to 20), or completions' `logprobs: k`.
+Chat's `response_format` (json_object, json_schema) and llama-server's GBNF `grammar` become the
+sampler's grammar, compiled here (one the engine cannot compile is a 400 naming the field).
 Chat's `tools` / `tool_choice` / `parallel_tool_calls` are read by `tools.request`, and its
 `reasoning_format` picks how reasoning is returned. Fields the engine cannot honour are refused
 rather than ignored: `echo`, `suffix`, `best_of`. Unknown fields are ignored, as OpenAI's own
@@ -21,12 +23,13 @@ from typing import Any
 
 from strata.chat_template import ChatTemplateError
 from strata.engine.config import OptionError, spell
-from strata.engine.sampling import MAX_LOGPROBS, SAMPLING_RANGES, SamplingParams
+from strata.engine.sampling import MAX_LOGPROBS, SAMPLING_RANGES, SamplingParams, replace_params
 from strata.defaults import SAMPLING_DEFAULTS
 from strata.errors import StrataError
 
 from .errors import bad_request
-from .reasoning import FORMATS as REASONING_FORMATS
+from .reasoning import FORMATS as REASONING_FORMATS, opens_thinking
+from .tools.grammar import forced_calls
 from .tools.request import ToolRequest, message_tool_calls, tool_request
 
 MAX_STOP_STRINGS = 16
@@ -103,6 +106,7 @@ def _sampling(body: dict, kind: str) -> SamplingParams:
         values["top_k"] = 0
     values = {f: SERVER_DEFAULTS[f] if v is None and f in SERVER_DEFAULTS else v for f, v in values.items()}
     values["logprobs"] = _chat_logprobs(body) if kind == "chat" else body.get("logprobs")
+    values["grammar"], names["grammar"] = _grammar_field(body, kind)
     if _typed(body, "ignore_eos", (bool,), "true or false", False):  # vLLM's extension: run to max_tokens
         values["stop_token_ids"] = ()
     if isinstance(values["stop"], list) and len(values["stop"]) > MAX_STOP_STRINGS:
@@ -117,6 +121,20 @@ def _sampling(body: dict, kind: str) -> SamplingParams:
     except OptionError as e:
         param = "top_logprobs" if kind == "chat" and e.option == "logprobs" else spell(e.option, names)
         raise bad_request(str(e).replace("logprobs:", f"{param}:", 1), param=param) from None
+
+
+def _grammar_field(body: dict, kind: str) -> tuple[Any, str]:
+    """The request's grammar as SamplingParams reads it, and the field it came from: chat's
+    `response_format` (json_object / json_schema) or llama-server's GBNF `grammar`, not both."""
+    fmt = body.get("response_format") if kind == "chat" else None
+    gbnf = _typed(body, "grammar", (str,), "GBNF text")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise bad_request(f"response_format: expected an object, found {_show(fmt)}", param="response_format")
+    if fmt is not None and fmt.get("type", "text") != "text":
+        if gbnf is not None:
+            raise bad_request("grammar: give response_format or grammar, not both", param="grammar")
+        return fmt, "response_format"
+    return gbnf, "grammar"
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -135,12 +153,7 @@ def _refuse_unsupported(body: dict, kind: str) -> None:
     best_of = _int(body, "best_of", 1)
     if best_of is not None and best_of != 1:
         raise bad_request(f"best_of: only 1 is supported, found {best_of}", param="best_of")
-    if kind == "chat":
-        fmt = body.get("response_format")
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
-            raise bad_request(f"response_format: only {{'type': 'text'}} is supported, found {_show(fmt)}",
-                              param="response_format")
-    else:
+    if kind != "chat":
         if body.get("echo"):
             raise bad_request("echo: not supported", param="echo")
         if body.get("suffix"):
@@ -258,4 +271,25 @@ def prompt_ids(req: GenerationRequest, model) -> list[int]:
     return ids
 
 
-__all__ = ["GenerationRequest", "parse_chat", "parse_completion", "prompt_ids"]
+def constrained(req: GenerationRequest, family: str) -> SamplingParams:
+    """A chat request's sampling with its grammar completed once the prompt is rendered: the forced
+    tool calls of tool_choice required / named (in the template family's syntax), and the end of a
+    `<think>` block the prompt opened written first (the grammar applies to the answer)."""
+    grammar, forced = req.sampling.grammar, None
+    if req.tools.choice in ("required", "named"):
+        try:
+            forced = forced_calls(req.tools, family)
+        except OptionError as e:
+            raise bad_request(str(e), param="tool_choice") from None
+        if forced is not None and grammar is not None:
+            raise bad_request("response_format: cannot be combined with tool_choice required or a named "
+                              "function (the reply is a tool call)", param="response_format")
+    grammar = forced or grammar
+    if grammar is None:
+        return req.sampling
+    if opens_thinking(req.prompt_text):
+        grammar = grammar.with_prefix("</think>\n\n")
+    return replace_params(req.sampling, grammar=grammar)
+
+
+__all__ = ["GenerationRequest", "constrained", "parse_chat", "parse_completion", "prompt_ids"]
