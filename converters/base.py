@@ -186,8 +186,9 @@ class Converter:
         w.add_rope_freq_base(hp.rope_theta)
         w.add_layer_norm_rms_eps(hp.rms_eps)
 
-    def write_metadata(self, w: gguf.GGUFWriter) -> None:
-        """Hyperparameter keys (llama.cpp's names through GGUFWriter's helpers)."""
+    def write_gqa_sizes(self, w: gguf.GGUFWriter) -> None:
+        """write_sizes, the expert counts, and the head size where config.json gives head_dim (GQA
+        attention; llama.cpp derives it from the embedding width otherwise)."""
         hp = self.hp
         self.write_sizes(w)
         w.add_expert_count(hp.n_experts)
@@ -195,6 +196,11 @@ class Converter:
         if self.cfg.get("head_dim") is not None:
             w.add_key_length(hp.head_dim)
             w.add_value_length(hp.head_dim)
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        """Hyperparameter keys (llama.cpp's names through GGUFWriter's helpers)."""
+        hp = self.hp
+        self.write_gqa_sizes(w)
         self.write_rope_scaling(w)
         self.write_moe_norm(w)
         extra = {Keys.LLM.VOCAB_SIZE: hp.n_vocab, Keys.Rope.DIMENSION_COUNT: hp.head_dim,

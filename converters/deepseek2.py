@@ -27,6 +27,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf.constants import ExpertGatingFuncType
 
 from converters.base import Converter, HParams, PlannedTensor
+from converters.biased_router import BiasedRouterMixin
 from converters.rope_scaling import rope_kind
 from converters.source import ConversionError, SourceTensor
 from converters.types import TypePolicy
@@ -40,7 +41,7 @@ _MLA_Q = (MT.ATTN_Q_A, MT.ATTN_Q_A_NORM, MT.ATTN_Q_B)
 _MLA_KV = (MT.ATTN_KV_A_MQA, MT.ATTN_KV_A_NORM, MT.ATTN_K_B, MT.ATTN_V_B, MT.ATTN_OUT)
 
 
-class DeepSeek2Converter(Converter):
+class DeepSeek2Converter(BiasedRouterMixin, Converter):
     llama_cpp_reads_weights_norm = True
 
     def read_hparams(self) -> HParams:
@@ -74,10 +75,9 @@ class DeepSeek2Converter(Converter):
             n_ff_shexp=n_ff_exp * self.n_shared)
 
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
-        hp, c = self.hp, self.cfg
+        hp = self.hp
         self.write_sizes(w)  # one KV head: MLA's shared latent
         w.add_vocab_size(hp.n_vocab)
-        w.add_leading_dense_block_count(self.n_dense)
         if self.q_lora is not None:
             w.add_q_lora_rank(int(self.q_lora))
         w.add_kv_lora_rank(self.kv_lora)
@@ -88,18 +88,28 @@ class DeepSeek2Converter(Converter):
         w.add_rope_dimension_count(self.rope)
         w.add_expert_count(hp.n_experts)
         w.add_expert_used_count(hp.n_experts_used)
+        self.write_router(w)
+        self.write_rope_scaling(w)
+        self.write_yarn_mscale(w)
+
+    def write_router(self, w: gguf.GGUFWriter) -> None:
+        """The router's keys: expert and shared-expert sizes, the dense lead, the weights' scale and
+        norm, expert groups where routing is group-limited, and the gating function."""
+        hp, c = self.hp, self.cfg
         w.add_expert_feed_forward_length(hp.n_ff_exp)
         w.add_expert_shared_count(self.n_shared)
+        w.add_leading_dense_block_count(self.n_dense)
         w.add_expert_weights_scale(float(c.get("routed_scaling_factor") or 1.0))
         w.add_expert_weights_norm(bool(c.get("norm_topk_prob")))
         if self.grouped:  # as llama.cpp's converter (which writes them for V2's "greedy" too)
             w.add_expert_group_count(int(c["n_group"]))
             w.add_expert_group_used_count(int(self.get("topk_group")))
-        # transformers' DeepseekV3TopkRouter always takes sigmoid scores, DeepseekV2TopkRouter softmax
-        sigmoid = c.get("scoring_func", "sigmoid" if self.v3 else "softmax") == "sigmoid"
-        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if sigmoid else ExpertGatingFuncType.SOFTMAX)
-        self.write_rope_scaling(w)
-        self.write_yarn_mscale(w)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID if self.sigmoid else ExpertGatingFuncType.SOFTMAX)
+
+    @property
+    def sigmoid(self) -> bool:
+        """Sigmoid router scores: transformers' DeepseekV3TopkRouter always takes them, DeepseekV2TopkRouter softmax."""
+        return self.cfg.get("scoring_func", "sigmoid" if self.v3 else "softmax") == "sigmoid"
 
     def write_yarn_mscale(self, w: gguf.GGUFWriter) -> None:
         """DeepSeek's YaRN magnitudes: mscale_all_dim as yarn_log_multiplier (x 0.1, llama.cpp's
@@ -146,24 +156,6 @@ class DeepSeek2Converter(Converter):
     def expert_layers(self) -> range:
         return range(self.n_dense, self.hp.n_layers)
 
-    def _split_sources(self):
-        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
-        layers, every = self.hp.n_layers, self.ckpt.tensors
-        keep = {n: t for n, t in every.items() if (_layer(n) or 0) < layers}
-        if len(keep) < len(every):
-            log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep), layers)
-        self.ckpt.tensors = keep
-        try:
-            return super()._split_sources()
-        finally:
-            self.ckpt.tensors = every
-
-    def _map_resident(self, name: str, src: SourceTensor):
-        if name.endswith("e_score_correction_bias"):  # gguf-py's table knows it as `e_score_correction.bias`
-            kind, _, bid = super()._map_resident(name.replace("e_score_correction_bias", "e_score_correction"), src)
-            return kind, weight_name(kind, bid, "bias"), bid
-        return super()._map_resident(name, src)
-
     def plan_resident(self, kind: MT, gname: str, bid: int | None, src: SourceTensor,
                       policy: TypePolicy) -> list[PlannedTensor]:
         if kind == MT.FFN_EXP_PROBS_B:
@@ -186,18 +178,8 @@ class DeepSeek2Converter(Converter):
                                      [lambda pick=pick: split()[pick]], src.nbytes // 2, (src.name,)))
         return out
 
-    def _check_complete(self, names: set[str]) -> None:
-        super()._check_complete(names)
-        missing = [weight_name(MT.FFN_EXP_PROBS_B, b, "bias") for b in self.expert_layers()
-                   if self.v3 and self.grouped and weight_name(MT.FFN_EXP_PROBS_B, b, "bias") not in names]
-        if missing:
-            raise ConversionError(f"{self.ckpt.folder}: missing the router's e_score_correction_bias for "
-                                  f"{', '.join(missing[:3])}")
-
-
-def _layer(name: str) -> int | None:
-    parts = name.split(".")
-    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
+    def bias_layers(self) -> range:
+        return self.expert_layers() if self.v3 and self.grouped else range(0)
 
 
 CONVERTER = DeepSeek2Converter

@@ -60,11 +60,21 @@ class PerExpertSource(ExpertSource):
         return tuple(self.srcs[(part, e)].name for e in range(self.n))
 
 
-class FusedSource(ExpertSource):
-    """transformers' fused layout: `gate_up_proj` [E, 2I, H] (gate rows first) and `down_proj` [E, H, I]."""
+class _GateUpDownSource(ExpertSource):
+    """A fused `gate_up` tensor (both halves of each expert's gate and up) and a `down` tensor."""
 
     def __init__(self, ckpt: Checkpoint, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
         self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
+
+    def nbytes(self, part: str) -> int:
+        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
+
+    def names(self, part: str) -> tuple[str, ...]:
+        return ((self.down if part == "down" else self.gate_up).name,)
+
+
+class FusedSource(_GateUpDownSource):
+    """transformers' fused layout: `gate_up_proj` [E, 2I, H] (gate rows first) and `down_proj` [E, H, I]."""
 
     def read(self, part: str, e: int) -> np.ndarray:
         if part == "down":
@@ -72,8 +82,20 @@ class FusedSource(ExpertSource):
         # Expert e's [2I, H] block is two [I, H] slabs: 2e (gate) and 2e + 1 (up).
         return self.ckpt.read_slab(self.gate_up.name, 2 * e + (part == "up"), (self.n_ff, self.n_embd))
 
-    def nbytes(self, part: str) -> int:
-        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
 
-    def names(self, part: str) -> tuple[str, ...]:
-        return ((self.down if part == "down" else self.gate_up).name,)
+class TransposedSource(_GateUpDownSource):
+    """Fused and transposed (Llama 4, gpt-oss): `gate_up` [E, H, 2I], `down` [E, I, H]; the gate and
+    up columns are two halves (gate first) or, `interleaved`, alternate (gate = [..., ::2])."""
+
+    def __init__(self, ckpt: Checkpoint, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int,
+                 interleaved: bool = False):
+        super().__init__(ckpt, gate_up, down, n_ff, n_embd)
+        self.interleaved = interleaved
+
+    def read(self, part: str, e: int) -> np.ndarray:
+        if part == "down":
+            return np.ascontiguousarray(self.ckpt.read_slab(self.down.name, e, (self.n_ff, self.n_embd)).T)  # [H, I]
+        slab = self.ckpt.read_slab(self.gate_up.name, e, (self.n_embd, 2 * self.n_ff))  # [H, 2I]
+        up = part == "up"
+        cols = slice(int(up), None, 2) if self.interleaved else slice(up * self.n_ff, (1 + up) * self.n_ff)
+        return np.ascontiguousarray(slab[:, cols].T)  # [I, H]

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import gguf
 from gguf import MODEL_TENSOR as MT
-from gguf.constants import ExpertGatingFuncType
 
 from converters.base import Converter, HParams
 from converters.deepseek2 import DeepSeek2Converter
 from converters.source import ConversionError
-from strata.arch import weight_name
 
 _ATTN = (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.ATTN_POST_NORM)
 
@@ -57,24 +55,18 @@ class Glm4MoeConverter(DeepSeek2Converter):
             tied_embeddings=bool(self.get("tie_word_embeddings", default=False)), n_ff_shexp=n_ff_exp * self.n_shared)
 
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
-        hp, c = self.hp, self.cfg
-        self.write_sizes(w)
-        w.add_expert_count(hp.n_experts)
-        w.add_expert_used_count(hp.n_experts_used)
-        if c.get("head_dim") is not None:
-            w.add_key_length(hp.head_dim)
-            w.add_value_length(hp.head_dim)
+        self.write_gqa_sizes(w)
         w.add_rope_dimension_count(self.rope)
-        w.add_expert_feed_forward_length(hp.n_ff_exp)
-        w.add_expert_shared_count(self.n_shared)
-        w.add_leading_dense_block_count(self.n_dense)
-        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
-        w.add_expert_weights_scale(float(c.get("routed_scaling_factor") or 1.0))
-        w.add_expert_weights_norm(bool(c.get("norm_topk_prob")))
-        if int(c.get("n_group") or 1) > 1:
-            w.add_expert_group_count(int(c["n_group"]))
-            w.add_expert_group_used_count(int(self.get("topk_group")))
+        self.write_router(w)
         self.write_rope_scaling(w)
+
+    @property
+    def grouped(self) -> bool:
+        return int(self.cfg.get("n_group") or 1) > 1
+
+    @property
+    def sigmoid(self) -> bool:
+        return True
 
     def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
         hp = self.hp
@@ -89,12 +81,8 @@ class Glm4MoeConverter(DeepSeek2Converter):
         shared = (MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP) if self.n_shared else ()
         return common + (MT.FFN_GATE_INP,) + shared
 
-    def _check_complete(self, names: set[str]) -> None:
-        Converter._check_complete(self, names)
-        missing = [n for n in (weight_name(MT.FFN_EXP_PROBS_B, b, "bias") for b in self.expert_layers()) if n not in names]
-        if missing:
-            raise ConversionError(f"{self.ckpt.folder}: missing the router's e_score_correction_bias for "
-                                  f"{', '.join(missing[:3])}")
+    def bias_layers(self) -> range:
+        return self.expert_layers()  # every MoE layer: llama.cpp requires it
 
 
 CONVERTER = Glm4MoeConverter

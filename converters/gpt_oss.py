@@ -30,7 +30,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf.constants import Keys
 
 from converters.base import Converter, HParams, PlannedTensor
-from converters.experts import ExpertSource
+from converters.experts import TransposedSource
 from converters.source import ConversionError, SourceTensor
 from converters.types import TypePolicy
 from strata.arch import weight_name
@@ -38,25 +38,6 @@ from strata.arch import weight_name
 log = logging.getLogger("strata.convert")
 
 _PARTS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
-
-
-class TransposedInterleavedSource(ExpertSource):
-    """gpt-oss's experts: gate_up [E, D, 2I] (gate and up columns interleaved), down [E, I, D]."""
-
-    def __init__(self, ckpt, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
-        self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
-
-    def read(self, part: str, e: int) -> np.ndarray:
-        if part == "down":
-            return np.ascontiguousarray(self.ckpt.read_slab(self.down.name, e, (self.n_ff, self.n_embd)).T)  # [D, I]
-        slab = self.ckpt.read_slab(self.gate_up.name, e, (self.n_embd, 2 * self.n_ff))  # [D, 2I]
-        return np.ascontiguousarray(slab[:, 0 if part == "gate" else 1::2].T)  # [I, D]
-
-    def nbytes(self, part: str) -> int:
-        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
-
-    def names(self, part: str) -> tuple[str, ...]:
-        return ((self.down if part == "down" else self.gate_up).name,)
 
 
 def ggml_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -182,7 +163,7 @@ class GptOssConverter(Converter):
             if key not in want:
                 raise ConversionError(f"{srcs[key].path}: unexpected tensor {srcs[key].name}")
         source = MXFP4Source(self.ckpt, srcs) if self.mxfp4 else \
-            TransposedInterleavedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], I, D)
+            TransposedSource(self.ckpt, srcs["gate_up_proj"], srcs["down_proj"], I, D, interleaved=True)
         planned = []
         for part, kind in _PARTS.items():
             rows, cols = self.expected_shape(kind)

@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 
 import gguf
-import numpy as np
 from gguf import MODEL_TENSOR as MT
 
 from converters.base import Converter, HParams
-from converters.experts import ExpertSource
+from converters.experts import ExpertSource, TransposedSource
 from converters.source import ConversionError, SourceTensor
 
 log = logging.getLogger("strata.convert")
@@ -35,26 +34,6 @@ log = logging.getLogger("strata.convert")
 _ATTN = (MT.ATTN_NORM, MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.FFN_NORM)
 _DENSE = (MT.FFN_GATE, MT.FFN_UP, MT.FFN_DOWN)
 _MOE = (MT.FFN_GATE_INP, MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP)
-
-
-class TransposedSource(ExpertSource):
-    """Llama 4's experts: gate_up [E, D, 2F] (gate columns, then up), down [E, F, D]."""
-
-    def __init__(self, ckpt, gate_up: SourceTensor, down: SourceTensor, n_ff: int, n_embd: int):
-        self.ckpt, self.gate_up, self.down, self.n_ff, self.n_embd = ckpt, gate_up, down, n_ff, n_embd
-
-    def read(self, part: str, e: int) -> np.ndarray:
-        if part == "down":
-            return np.ascontiguousarray(self.ckpt.read_slab(self.down.name, e, (self.n_ff, self.n_embd)).T)  # [D, F]
-        slab = self.ckpt.read_slab(self.gate_up.name, e, (self.n_embd, 2 * self.n_ff))  # [D, 2F]
-        half = slice(0, self.n_ff) if part == "gate" else slice(self.n_ff, 2 * self.n_ff)
-        return np.ascontiguousarray(slab[:, half].T)  # [F, D]
-
-    def nbytes(self, part: str) -> int:
-        return self.down.nbytes if part == "down" else self.gate_up.nbytes // 2
-
-    def names(self, part: str) -> tuple[str, ...]:
-        return ((self.down if part == "down" else self.gate_up).name,)
 
 
 class Llama4Converter(Converter):

@@ -13,22 +13,16 @@ Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
 
-import logging
-
 import gguf
 from gguf import MODEL_TENSOR as MT
 from gguf.constants import ExpertGatingFuncType
 
 from converters.base import Converter, HParams
-from converters.source import ConversionError, SourceTensor
-from strata.arch import weight_name
-
-log = logging.getLogger("strata.convert")
-
-_BIAS = "e_score_correction_bias"
+from converters.biased_router import BiasedRouterMixin
+from converters.source import ConversionError
 
 
-class MiniMaxM2Converter(Converter):
+class MiniMaxM2Converter(BiasedRouterMixin, Converter):
     def read_hparams(self) -> HParams:
         hp = super().read_hparams()
         scoring = self.cfg.get("scoring_func") or "sigmoid"
@@ -54,38 +48,6 @@ class MiniMaxM2Converter(Converter):
 
     def expected_shape(self, kind: MT) -> tuple[int, ...] | None:
         return (self.hp.n_experts,) if kind == MT.FFN_EXP_PROBS_B else super().expected_shape(kind)
-
-    def _check_complete(self, names: set[str]) -> None:
-        super()._check_complete(names)
-        kind = MT.FFN_EXP_PROBS_B
-        missing = [weight_name(kind, b, "bias") for b in range(self.hp.n_layers)
-                   if weight_name(kind, b, "bias") not in names]
-        if missing:
-            raise ConversionError(f"{self.ckpt.folder}: missing the router's {_BIAS} for {', '.join(missing[:3])}")
-
-    def _split_sources(self):
-        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
-        every = self.ckpt.tensors
-        keep = {n: t for n, t in every.items() if (_hf_layer(n) or 0) < self.hp.n_layers}
-        if len(keep) < len(every):
-            log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep),
-                     self.hp.n_layers)
-        self.ckpt.tensors = keep
-        try:
-            return super()._split_sources()
-        finally:
-            self.ckpt.tensors = every
-
-    def _map_resident(self, name: str, src: SourceTensor):
-        if name.endswith(_BIAS):  # gguf-py's table knows it as `e_score_correction.bias`
-            kind, _, bid = super()._map_resident(name.replace(_BIAS, "e_score_correction"), src)
-            return kind, weight_name(kind, bid, "bias"), bid
-        return super()._map_resident(name, src)
-
-
-def _hf_layer(name: str) -> int | None:
-    parts = name.split(".")
-    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
 
 
 CONVERTER = MiniMaxM2Converter
