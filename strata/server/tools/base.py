@@ -82,4 +82,34 @@ class Parser:
         return text[:i], text[i:]
 
 
-__all__ = ["Call", "Parsed", "Parser", "held", "json_end", "partial_arguments", "value_json"]
+class TagBlockParser(Parser):
+    """Families whose calls are `<tool_call>BODY</tool_call>` blocks, one a call, in a row after the
+    content (Hermes, GLM, Qwen3-Coder); subclasses read one block's body in `call`."""
+
+    open, close = "<tool_call>", "</tool_call>"
+    starts = (open,)
+
+    def parse(self, text: str, final: bool = True) -> Parsed:
+        content, rest = self.split_content(text, final)
+        out = Parsed(content)
+        while rest is not None and rest.lstrip().startswith(self.open):
+            start = rest.index(self.open) + len(self.open)
+            end = rest.find(self.close, start)
+            body = rest[start:end] if end >= 0 else rest[start:] if final else held(rest[start:], self.close)
+            call = self.call(body, end >= 0 or final)
+            if call is not None:
+                out.calls.append(call)
+            if end < 0:
+                return out
+            rest = rest[end + len(self.close):]
+        tail = (rest if final else held(rest, self.open)) if rest else ""
+        if tail.strip():
+            out.content += tail
+        return out
+
+    def call(self, body: str, done: bool) -> Call | None:
+        """One block's call (None while a stream has not reached its name); `done`: the block is whole."""
+        raise NotImplementedError
+
+
+__all__ = ["Call", "Parsed", "Parser", "TagBlockParser", "held", "json_end", "partial_arguments", "value_json"]

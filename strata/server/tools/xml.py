@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 import re
 
-from .base import Call, Parsed, Parser, held, value_json
+from .base import Call, TagBlockParser, value_json
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-class PairsParser(Parser):
-    starts = (OPEN,)
+class PairsParser(TagBlockParser):
     pair: re.Pattern
 
     def __init__(self, tools: list[dict] | None = None):
@@ -25,25 +21,7 @@ class PairsParser(Parser):
                                               ((t["function"].get("parameters") or {}).get("properties") or {}).items()}
                       for t in tools or () if isinstance(t.get("function"), dict)}
 
-    def parse(self, text: str, final: bool = True) -> Parsed:
-        content, rest = self.split_content(text, final)
-        out = Parsed(content)
-        while rest is not None and rest.lstrip().startswith(OPEN):
-            start = rest.index(OPEN) + len(OPEN)
-            end = rest.find(CLOSE, start)
-            body = rest[start:end] if end >= 0 else rest[start:] if final else held(rest[start:], CLOSE)
-            call = self._call(body, end >= 0 or final)
-            if call is not None:
-                out.calls.append(call)
-            if end < 0:
-                return out
-            rest = rest[end + len(CLOSE):]
-        tail = (rest if final else held(rest, OPEN)) if rest else ""
-        if tail.strip():
-            out.content += tail
-        return out
-
-    def _call(self, body: str, done: bool) -> Call | None:
+    def call(self, body: str, done: bool) -> Call | None:
         name = self.call_name(body, done)
         if not name:
             return None
