@@ -1,12 +1,12 @@
 """LangChain's `ChatOpenAI` with a bound tool against the real server: the tiny model with Qwen3's
-template, its output forced to a reply with reasoning and a tool call (test_tools_openai's
+template, its output forced to a reply with reasoning and a tool call (tests/server/forced.py's
 fixtures: the sampler patched, the engine, decoder and server unchanged). LangChain reads the
 call back whole and streamed, and a `ToolMessage` goes back through the template."""
 from __future__ import annotations
 
 import pytest
 
-from .test_tools_openai import client, forced  # noqa: F401  (fixtures: the served model, the forced reply)
+from .forced import client, forced  # noqa: F401  (fixtures: the served model, the forced reply)
 
 langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (the test extra)")
 messages = pytest.importorskip("langchain_core.messages")

@@ -5,19 +5,13 @@ makes these replies parse)."""
 from __future__ import annotations
 
 import json
-import threading
-import time
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from .forced import client  # noqa: F401  (fixture: the served model)
+
 jsonschema = pytest.importorskip("jsonschema")
-
-from tests.fixtures.tiny import llama_cpp_source  # noqa: E402
-
-from .conftest import free_port  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 10},
@@ -34,41 +28,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
              "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
              "additionalProperties": False}}}]
 ASK = [{"role": "user", "content": "weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def client(tiny_path):
-    src = llama_cpp_source()
-    if src is None:
-        pytest.skip("llama.cpp's source (STRATA_LLAMA_CPP_SRC) is not here")
-    import uvicorn
-
-    import strata
-    from strata.server import ServerConfig, create_app
-
-    template = (Path(src) / "models/templates/Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
-    models = []
-
-    def loader():
-        models.append(strata.load(tiny_path, threads=1, n_ctx=1024, max_batch=2, chat_template=template))
-        return models[0]
-
-    app = create_app(loader, ServerConfig("tiny"))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120), models[0]
-    server.should_exit = True
-    thread.join(30)
 
 
 @pytest.mark.parametrize("seed", range(3))
