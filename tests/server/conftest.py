@@ -84,3 +84,17 @@ def start(request, tmp_path_factory, tiny_path: Path, *args: str) -> ServerProce
     request.addfinalizer(server.stop)
     server.wait_ready()
     return server
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, tiny_path) -> ServerProcess:
+    """`strata serve` with the test module's SERVE_ARGS, one for the module."""
+    return start(request, tmp_path_factory, tiny_path, *request.module.SERVE_ARGS)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official `openai` client on `server`."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -11,22 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ROOT, start
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def server(request, tmp_path_factory, tiny_path):
-    return start(request, tmp_path_factory, tiny_path, "--max-batch", "4", "--ctx", "1024", "--alias", "tiny")
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+SERVE_ARGS = ("--max-batch", "4", "--ctx", "1024", "--alias", "tiny")  # conftest's `server` and `client`
 
 
 def metrics(server) -> dict[str, float]:

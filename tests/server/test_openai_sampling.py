@@ -9,20 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from .conftest import start
-
 MESSAGES = [{"role": "user", "content": "hello there"}]
 IGNORE_EOS = {"ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def server(request, tmp_path_factory, tiny_path):
-    return start(request, tmp_path_factory, tiny_path, "--max-batch", "4", "--ctx", "512", "--alias", "m")
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+SERVE_ARGS = ("--max-batch", "4", "--ctx", "512", "--alias", "m")  # conftest's `server` and `client`
 
 
 def test_chat_logprobs_equal_the_library_whole_and_streamed(client, tiny_model):
