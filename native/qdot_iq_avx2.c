@@ -94,41 +94,46 @@ INLINE __m256i rows4_ix(const uint8_t (*grid)[4], const uint16_t *ix) {
 }
 
 /* Grid indices whose high bits lie apart from their low bytes (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
- * together for the whole block first, 16 at a time, into 16-bit indices in `ix`: the low bytes
- * widened, or-ed with high bits that one shuffle brings into each index's 16-bit lane (`sel`: its
- * byte or bytes of `src`), one multiply by a power of two moves to bit 8 (`mul`) and `mask` keeps.
- * The chunks then read each index with one load instead of three or four scalar operations. */
-INLINE void put_indices(uint16_t *ix, const uint8_t *lo, __m256i src, __m256i sel, __m256i mul, short mask) {
-    const __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), mul), _mm256_set1_epi16(mask));
-    _mm256_store_si256((__m256i *)ix, _mm256_or_si256(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)lo)), hi));
+ * together for the whole block first, 16 at a time, into 16-bit indices in `ix`: chunk j < n's low
+ * bytes (qs + 16 j) widened, or-ed with high bits that one shuffle brings into each index's 16-bit
+ * lane (`sel`: its byte or bytes of the 8 bytes at qh + step j, broadcast), one multiply by a power
+ * of two moves to bit 8 (`mul`) and `mask` keeps. `sel` picks only chunk j's own bytes: the 8-byte
+ * read may reach past qh into the block's next field, never past the block. The chunks then read
+ * each index with one load instead of three or four scalar operations. */
+INLINE void put_indices(uint16_t *ix, const uint8_t *qs, const uint8_t *qh, int n, int step,
+                        __m256i sel, __m256i mul, short mask) {
+    for (int j = 0; j < n; j++) {
+        const __m256i src = _mm256_set1_epi64x((long long)u64(qh + step * j));
+        const __m256i hi = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(src, sel), mul),
+                                            _mm256_set1_epi16(mask));
+        const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16 * j)));
+        _mm256_store_si256((__m256i *)(ix + 16 * j), _mm256_or_si256(lo, hi));
+    }
 }
 
 /* IQ3_S: bit i % 8 of qh[i / 8] is index i's 9th bit (16 indices: qh bytes 2 j (low lane), 2 j + 1). */
 INLINE void indices_iq3_s(const strata_block_iq3_s *b, uint16_t *ix) {
-    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
-                                         1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
-    const __m256i mul = _mm256_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2, 256, 128, 64, 32, 16, 8, 4, 2);
-    for (int j = 0; j < 4; j++)
-        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi16((short)u16(b->qh + 2 * j)), sel, mul, 0x100);
+    put_indices(ix, b->qs, b->qh, 4, 2,
+                _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+                                 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1),
+                _mm256_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2, 256, 128, 64, 32, 16, 8, 4, 2), 0x100);
 }
 
 /* IQ2_S: bits 2 l, 2 l + 1 of qh[c] are index 4 c + l's bits 8, 9 (16 indices: qh bytes 4 j .. 4 j + 3). */
 INLINE void indices_iq2_s(const strata_block_iq2_s *b, uint16_t *ix) {
-    const __m256i sel = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
-                                         2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1);
-    const __m256i mul = _mm256_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4);
-    for (int j = 0; j < 2; j++)
-        put_indices(ix + 16 * j, b->qs + 16 * j, _mm256_set1_epi32((int)u32(b->qh + 4 * j)), sel, mul, 0x300);
+    put_indices(ix, b->qs, b->qh, 2, 4,
+                _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
+                                 2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1),
+                _mm256_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4), 0x300);
 }
 
 /* IQ1_S, IQ1_M: index 4 c + l's bits 8-10 are 3 bits of chunk c's u16 (16 indices: chunks 4 j .. 4 j + 3,
  * u16s 0-3 of the 8 bytes at qh + 8 j). Index 3's bits come from the u16's high byte (IQ1_S: bits
  * 9-11 of qh; IQ1_M: bits 12-14), the others' from the whole u16. */
 INLINE void indices_iq1(const uint8_t *qs, const uint8_t *qh, __m256i mul, uint16_t *ix) {
-    const __m256i sel = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, -1, 2, 3, 2, 3, 2, 3, 3, -1,
-                                         4, 5, 4, 5, 4, 5, 5, -1, 6, 7, 6, 7, 6, 7, 7, -1);
-    for (int j = 0; j < 2; j++)
-        put_indices(ix + 16 * j, qs + 16 * j, _mm256_set1_epi64x((long long)u64(qh + 8 * j)), sel, mul, 0x700);
+    put_indices(ix, qs, qh, 2, 8,
+                _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, -1, 2, 3, 2, 3, 2, 3, 3, -1,
+                                 4, 5, 4, 5, 4, 5, 5, -1, 6, 7, 6, 7, 6, 7, 7, -1), mul, 0x700);
 }
 
 /* The block's 16-bit grid indices, for the formats that need them put together (see put_indices). */
