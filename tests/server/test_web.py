@@ -55,6 +55,7 @@ def test_pages_and_their_files(web):
         page = client.get(path)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert page.content == asset(name)
+        assert page.text.startswith("<!doctype html>") and f'<a href="{path}" class="current">' in page.text  # whole
         assert page.headers["content-security-policy"].startswith("default-src 'self'")
         for src in re.findall(r'(?:src|href)="(/web/[^"]+)"', page.text):  # every script and style it names
             got = client.get(src)

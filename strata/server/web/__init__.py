@@ -2,7 +2,8 @@
 `GET /api/memory`, the JSON the memory page draws.
 
 Plain HTML, JavaScript and CSS from `static/` (package data), no build step and nothing loaded
-from elsewhere: every page goes out with a Content-Security-Policy that allows this origin only.
+from elsewhere (a page is its own `<main>` in the shared skeleton `page.html`, put together as it
+is served): every page goes out with a Content-Security-Policy that allows this origin only.
 The chat page talks to the server's own `/v1/chat/completions` (server-sent events); the memory
 page polls `/api/memory`, which serializes what the model's memory already exposes
 (`Model.memory_stats()`: per-layer counters; `Model.expert_residency()`: which tier holds each
@@ -13,6 +14,7 @@ Must not compute statistics or touch the memory's internals: it reads the model'
 """
 from __future__ import annotations
 
+import string
 from importlib import resources
 from typing import Any
 
@@ -25,6 +27,9 @@ from ..errors import APIError
 ASSETS = {"index.html": "text/html; charset=utf-8", "memory.html": "text/html; charset=utf-8",
           "style.css": "text/css; charset=utf-8", "common.js": "text/javascript; charset=utf-8",
           "chat.js": "text/javascript; charset=utf-8", "memory.js": "text/javascript; charset=utf-8"}
+#: The pages, by file: (URL, nav label, title, script); their files hold only their <main>.
+PAGES = {"index.html": ("/", "Chat", "Strata chat", "chat.js"),
+         "memory.html": ("/memory", "Memory", "Strata expert memory", "memory.js")}
 #: This origin only: no CDN, no external links, no inline scripts.
 HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                       "form-action 'none'; frame-ancestors 'none'",
@@ -32,10 +37,24 @@ HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:;
 
 
 def asset(name: str) -> bytes:
-    """The bytes of one page file (KeyError for a name not in ASSETS)."""
+    """The bytes of one page file as served, a page whole (KeyError for a name not in ASSETS)."""
     if name not in ASSETS:
         raise KeyError(name)
+    return _page_html(name) if name in PAGES else _static(name)
+
+
+def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def _page_html(name: str) -> bytes:
+    """The skeleton (head, header and nav, scripts) around the page's <main>."""
+    _, _, title, script = PAGES[name]
+    nav = " ".join(f'<a href="{url}"' + (' class="current"' if page == name else "") + f">{label}</a>"
+                   for page, (url, label, _, _) in PAGES.items())
+    main = _static(name).decode("utf-8").rstrip("\n")
+    skeleton = string.Template(_static("page.html").decode("utf-8"))
+    return skeleton.substitute(title=title, nav=nav, main=main, script=script).encode("utf-8")
 
 
 def _page(name: str) -> Response:
@@ -109,4 +128,4 @@ def memory_report(model: Any, name: str) -> dict[str, Any]:
     return report
 
 
-__all__ = ["ASSETS", "add_routes", "asset", "memory_report"]
+__all__ = ["ASSETS", "PAGES", "add_routes", "asset", "memory_report"]
