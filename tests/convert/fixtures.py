@@ -63,6 +63,10 @@ SPECS = {
 }
 
 
+#: Llama 4's fixtures but for the chunk and the query temperature (see "llama4" below).
+_LLAMA4 = dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512, num_key_value_heads=2,
+               head_dim=64, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 #: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
 #: every test parameterised over SPECS.
 MORE_SPECS = {
@@ -128,17 +132,10 @@ MORE_SPECS = {
     # positions (shorter than the test prompts) on layers 0-2, NoPE layer 3 with its query
     # temperature (scale 1.0: it matters) growing every 4 positions; "llama4cpp": llama.cpp's fixed 8192 / 8192 / 0.1.
     "llama4": Spec("llama4", "Llama4TextConfig", "Llama4ForCausalLM",
-                   dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512,
-                        num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=1,
-                        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4, attn_scale=1.0,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-                   "qwen2", torch.bfloat16, True),
+                   dict(_LLAMA4, attention_chunk_size=8, floor_scale=4, attn_scale=1.0), "qwen2", torch.bfloat16, True),
     "llama4cpp": Spec("llama4cpp", "Llama4TextConfig", "Llama4ForCausalLM",
-                      dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512,
-                           num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=1,
-                           interleave_moe_layer_step=2, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1,
-                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-                      "qwen2", torch.bfloat16, True),
+                      dict(_LLAMA4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1), "qwen2", torch.bfloat16,
+                      True),
 }
 
 
