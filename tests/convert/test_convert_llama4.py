@@ -1,16 +1,11 @@
 """Converting Llama4ForCausalLM (-> llama4): llama.cpp's tensor names and keys, the fused
-transposed experts split with their values, dense and MoE layers interleaved, and the refusals
-of what llama.cpp's llama4 graph fixes."""
+transposed experts split with their values, dense and MoE layers interleaved (the refusals of
+what llama.cpp's llama4 graph fixes are in test_convert_new_archs.py's table)."""
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
-import pytest
 from gguf import GGUFReader
 
-from converters import ConversionError, TypePolicy, convert
 from tests.fixtures.tiny import zoo
 
 
@@ -39,22 +34,3 @@ def test_llama4_tensors_values_and_metadata():
     assert (fields["llama4.interleave_moe_layer_step"], fields["llama4.attention.sliding_window"]) == (2, 8)
     assert (fields["llama4.feed_forward_length"], fields["llama4.expert_feed_forward_length"]) == (512, 256)
     assert fields["llama4.attention.temperature_length"] == 4 and fields["llama4.attention.temperature_scale"] == 1.0
-
-
-@pytest.mark.parametrize("change, words", [
-    ({"no_rope_layers": [1, 0, 1, 1]}, "no_rope_layers"),
-    ({"moe_layers": [0, 1]}, "moe_layers"),
-    ({"use_qk_norm": False}, "use_qk_norm"),
-    ({"attn_temperature_tuning": False}, "attn_temperature_tuning"),
-    ({"layer_types": ["full_attention", "chunked_attention", "chunked_attention", "full_attention"]}, "layer_types"),
-])
-def test_unsupported_configs_are_refused(tmp_path, change, words):
-    tiny = zoo().get("llama4")
-    src = tmp_path / "hf"
-    shutil.copytree(tiny.hf_dir, src)
-    cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**cfg, **change}))
-    with pytest.raises(ConversionError, match="config.json") as err:
-        convert(src, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
-    assert words in str(err.value)
-    assert not (tmp_path / "out.gguf").exists()

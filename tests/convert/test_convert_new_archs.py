@@ -85,6 +85,12 @@ def test_gpt_oss_tensors_and_values():
     ("gptoss", {"layer_types": ["chunked_attention"] * 4}, "layer_types"),
     ("minimax", {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
     ("minimax", {"rotary_dim": 63}, "rotary_dim 63"),
+    ("llama4", {"no_rope_layers": [1, 0, 1, 1]}, "no_rope_layers"),
+    ("llama4", {"moe_layers": [0, 1]}, "moe_layers"),
+    ("llama4", {"use_qk_norm": False}, "use_qk_norm"),
+    ("llama4", {"attn_temperature_tuning": False}, "attn_temperature_tuning"),
+    ("llama4", {"layer_types": ["full_attention", "chunked_attention", "chunked_attention", "full_attention"]},
+     "layer_types"),
 ])
 def test_unsupported_configs_are_refused(tmp_path, key, change, words):
     tiny = zoo().get(key)

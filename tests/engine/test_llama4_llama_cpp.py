@@ -12,7 +12,7 @@ import strata
 from tests.fixtures.tiny import llama_cpp_source, zoo
 
 from .test_llama_cpp import N_CTX, LlamaCpp
-from .test_new_archs_llama_cpp import _rel, _top1
+from .test_new_archs_llama_cpp import _rel, _top1, check_f32_file_in_llama_cpp, quantized_logits
 
 pytestmark = pytest.mark.interop
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -31,27 +31,13 @@ def _load(path, compute="float"):
 
 
 def test_strata_f32_file_in_llama_cpp(tiny, record_property):
-    llama = LlamaCpp(tiny.gguf("f32"))
-    ids = tiny.prompt_ids(64)
-    err = _rel(llama.logits(ids), tiny.hf_logits(ids))
-    record_property("llama_cpp_rel_err", err)
-    assert err <= 1e-3
-    prompt = tiny.prompt_ids(16, seed=21)
-    with _load(tiny.gguf("f32")) as ours:
-        assert ours.generate(prompt, temperature=0, max_tokens=32, stop_token_ids=()).token_ids == \
-            llama.greedy(prompt, 32)
-    llama.close()
+    check_f32_file_in_llama_cpp(tiny, record_property)
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
 def test_strata_quantized_files_in_llama_cpp(tiny, outtype):
-    path = tiny.gguf(outtype)
-    llama = LlamaCpp(path)
-    ids = tiny.prompt_ids(96)
-    got = llama.logits(ids)
-    llama.close()
-    with _load(path, "packed") as ours:
-        assert _top1(got, ours.logits(ids)) >= 0.9  # the same file in both engines
+    _, got, ours = quantized_logits(tiny, outtype, "packed")
+    assert _top1(got, ours) >= 0.9  # the same file in both engines
 
 
 @needs_source

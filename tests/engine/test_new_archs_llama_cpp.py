@@ -33,29 +33,41 @@ def _top1(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.argmax(-1) == b.argmax(-1)).float().mean())
 
 
-def test_strata_f32_file_in_llama_cpp(new, record_property):
-    llama = LlamaCpp(new.gguf("f32"))
-    ids = new.prompt_ids(64)
-    ref = new.hf_logits(ids)
-    err = _rel(llama.logits(ids), ref)
+def check_f32_file_in_llama_cpp(tiny, record_property) -> None:
+    """Strata's f32 file in llama.cpp: logits within 1e-3 of the range of transformers', and the
+    greedy path Strata takes on the same file."""
+    llama = LlamaCpp(tiny.gguf("f32"))
+    ids = tiny.prompt_ids(64)
+    err = _rel(llama.logits(ids), tiny.hf_logits(ids))
     record_property("llama_cpp_rel_err", err)
     assert err <= 1e-3
-    ours = strata.load(new.gguf("f32"), threads=1, n_ctx=N_CTX, max_batch=1)
-    prompt = new.prompt_ids(16, seed=21)
-    assert ours.generate(prompt, temperature=0, max_tokens=32, stop_token_ids=()).token_ids == llama.greedy(prompt, 32)
+    prompt = tiny.prompt_ids(16, seed=21)
+    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=N_CTX, max_batch=1) as ours:
+        assert ours.generate(prompt, temperature=0, max_tokens=32, stop_token_ids=()).token_ids == \
+            llama.greedy(prompt, 32)
     llama.close()
+
+
+def test_strata_f32_file_in_llama_cpp(new, record_property):
+    check_f32_file_in_llama_cpp(new, record_property)
+
+
+def quantized_logits(tiny, outtype: str | None, compute: str = "float"):
+    """(ids, llama.cpp's logits, Strata's) on Strata's q8_0 / default (None) file, 96 tokens."""
+    path = tiny.gguf(outtype)
+    llama = LlamaCpp(path)
+    ids = tiny.prompt_ids(96)
+    got = llama.logits(ids)
+    llama.close()
+    with strata.load(path, threads=1, n_ctx=N_CTX, max_batch=1, compute=compute) as ours:
+        return ids, got, ours.logits(ids)
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
 def test_strata_quantized_files_in_llama_cpp(new, outtype):
-    path = new.gguf(outtype)
-    llama = LlamaCpp(path)
-    ids = new.prompt_ids(96)
-    got = llama.logits(ids)
-    llama.close()
+    ids, got, ours = quantized_logits(new, outtype)
     assert _top1(got, new.hf_logits(ids)) >= (0.95 if outtype else 0.9)
-    ours = strata.load(path, threads=1, n_ctx=N_CTX, max_batch=1)
-    assert _top1(got, ours.logits(ids)) >= 0.95  # the same file in both engines
+    assert _top1(got, ours) >= 0.95  # the same file in both engines
 
 
 @needs_source

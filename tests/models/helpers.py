@@ -38,3 +38,45 @@ class Bare:
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).abs().max() / ref.abs().max())
+
+
+def check_prefill_and_decode(tiny, record_property, arch: str, n_prefill: int = 20, n_decode: int = 16) -> None:
+    """The fixture's f32 file, prefilled and then decoded a token at a time, matches transformers'
+    logits within REL_TOL of their range at every step."""
+    bare = Bare(tiny.gguf("f32"))
+    assert bare.mf.arch == arch
+    ids = tiny.prompt_ids(n_prefill + n_decode)
+    ref = tiny.hf_logits(ids)  # [T, V]
+    errs = [rel_err(bare.forward(ids[:n_prefill], 0), ref[:n_prefill])]
+    errs += [rel_err(bare.forward([ids[p]], p)[0], ref[p]) for p in range(n_prefill, n_prefill + n_decode)]
+    record_property("max_rel_err", max(errs))
+    assert max(errs) <= REL_TOL, errs
+
+
+def check_greedy_32(tiny) -> None:
+    """32 greedy tokens after a 16-token prompt: the f32 file's are transformers'."""
+    prompt = tiny.prompt_ids(16, seed=5)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(32):
+            ids.append(int(tiny.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert Bare(tiny.gguf("f32")).greedy(prompt, 32) == ids[16:]
+
+
+def check_batch_of_two(tiny) -> None:
+    """Two sequences of different lengths prefilled in one batch, then decoded together, give the
+    logits each gives alone (its own cache slot, its own positions)."""
+    a, b = tiny.prompt_ids(13, seed=1), tiny.prompt_ids(9, seed=2)
+    alone = []
+    for ids in (a, b):
+        bare = Bare(tiny.gguf("f32"))
+        alone.append([bare.forward(ids[:-3], 0)] + [bare.forward([ids[p]], p) for p in range(len(ids) - 3, len(ids))])
+    pair = Bare(tiny.gguf("f32"), n_slots=2)
+    n_a, n_b = len(a) - 3, len(b) - 3
+    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), pair.cache.batch([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
+    assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
+    for step in range(3):
+        pos_a, pos_b = n_a + step, n_b + step
+        batch = pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1])
+        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), batch, pair.cache, True)
+        assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5

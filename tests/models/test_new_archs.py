@@ -12,7 +12,7 @@ from strata.engine.kv_cache import KVCache
 from strata.models import cache_dims
 from tests.fixtures.tiny import GGUF_ARCH, zoo
 
-from .helpers import REL_TOL, Bare, rel_err
+from .helpers import REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode, rel_err
 
 NEW_KEYS = ("deepseek3", "deepseek2", "gptoss", "glm4moe", "minimax")  # deepseek2: DeepSeek-V2
 N_PREFILL, N_DECODE = 20, 16
@@ -24,42 +24,15 @@ def new(request):
 
 
 def test_prefill_and_each_decode_step_match_transformers(new, record_property):
-    bare = Bare(new.gguf("f32"))
-    assert bare.mf.arch == GGUF_ARCH[new.key]
-    ids = new.prompt_ids(N_PREFILL + N_DECODE)
-    ref = new.hf_logits(ids)  # [T, V]
-    errs = [rel_err(bare.forward(ids[:N_PREFILL], 0), ref[:N_PREFILL])]
-    errs += [rel_err(bare.forward([ids[p]], p)[0], ref[p]) for p in range(N_PREFILL, N_PREFILL + N_DECODE)]
-    record_property("max_rel_err", max(errs))
-    assert max(errs) <= REL_TOL, errs
+    check_prefill_and_decode(new, record_property, GGUF_ARCH[new.key], N_PREFILL, N_DECODE)
 
 
 def test_greedy_32_tokens_match_transformers(new):
-    prompt = new.prompt_ids(16, seed=5)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(32):
-            ids.append(int(new.model(torch.tensor([ids])).logits[0, -1].argmax()))
-    assert Bare(new.gguf("f32")).greedy(prompt, 32) == ids[16:]
+    check_greedy_32(new)
 
 
 def test_a_batch_of_two_equals_each_alone(new):
-    """Two sequences of different lengths prefilled in one batch, then decoded together, give the
-    logits each gives alone (its own cache slot, its own positions)."""
-    a, b = new.prompt_ids(13, seed=1), new.prompt_ids(9, seed=2)
-    alone = []
-    for ids in (a, b):
-        bare = Bare(new.gguf("f32"))
-        alone.append([bare.forward(ids[:-3], 0)] + [bare.forward([ids[p]], p) for p in range(len(ids) - 3, len(ids))])
-    pair = Bare(new.gguf("f32"), n_slots=2)
-    n_a, n_b = len(a) - 3, len(b) - 3
-    both = pair.model(torch.tensor(a[:n_a] + b[:n_b]), pair.cache.batch([0, 1], [0, 0], [n_a, n_b]), pair.cache, True)
-    assert rel_err(both[:n_a], alone[0][0]) <= 1e-5 and rel_err(both[n_a:], alone[1][0]) <= 1e-5
-    for step in range(3):
-        pos_a, pos_b = n_a + step, n_b + step
-        batch = pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1])
-        out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), batch, pair.cache, True)
-        assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
+    check_batch_of_two(new)
 
 
 def test_expert_memory_and_packed_compute(new):
