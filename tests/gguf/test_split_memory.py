@@ -107,7 +107,7 @@ def test_tiered_memory_logits_are_identical(files, kind, form):
 def test_placement_is_the_unsplit_file_s(files, kind):
     def placement(path):
         args = types.SimpleNamespace(model=str(path), json=True, placement=True, device="cpu", device_mem="4M",
-                                     host_mem="4M", ctx=128, compute="packed")
+                                     host_mem="4M", ctx=128, compute="packed", kv_type=None)
         out = io.StringIO()
         assert inspect_cmd.run(args, out) == 0
         return json.loads(out.getvalue())
