@@ -286,7 +286,9 @@ def child_strata(a: argparse.Namespace) -> dict:
     import strata
 
     t0 = time.perf_counter()
-    kwargs = {"device": "cpu", "threads": a.threads, "n_ctx": a.n_ctx, "max_batch": 1, **json.loads(a.strata_args)}
+    # no prefix cache: each prefill rep computes its whole prompt, as llama-bench's do
+    kwargs = {"device": "cpu", "threads": a.threads, "n_ctx": a.n_ctx, "max_batch": 1, "prefix_cache": False,
+              **json.loads(a.strata_args)}
     model = strata.load(a.file, **kwargs)
     load_s = time.perf_counter() - t0
     prompt = prompt_ids(a.prompt)

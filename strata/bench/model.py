@@ -94,20 +94,25 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
     if load_kwargs.get("n_ctx") is None:
         load_kwargs["n_ctx"] = max(prompt, gen + 1) + 8
     t0 = time.perf_counter()
-    model = strata.load(path, max_batch=max(batches), **load_kwargs)
+    # prefill is measured as llama-bench measures it: every rep computes its whole prompt (the
+    # prefix cache would serve the repeated prompt from the first rep's KV blocks)
+    model = strata.load(path, max_batch=max(batches), **{"prefix_cache": False, **load_kwargs})
     load_s = time.perf_counter() - t0
     try:
         tokens = _prompt(model.transformer.vocab_size, prompt, seed)
         greedy = dict(temperature=0, stop_token_ids=())  # no sampler cost, and every run the same tokens
         model.generate(tokens[:8], max_tokens=4, **greedy)  # warm-up: pool, first calls, first experts
-        pp = []
+        pp, cached = [], 0
         for _ in range(reps):
-            pp.append(prompt / model.generate(tokens, max_tokens=1, **greedy).prefill_seconds)
+            done = model.generate(tokens, max_tokens=1, **greedy)
+            pp.append(prompt / done.prefill_seconds)
+            cached += done.cached_tokens
             step(f"pp{prompt}")
         result: dict[str, Any] = {
             "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,
             "memory": repr(model.memory), "compute": "packed" if model.transformer.compute is not None else "float",
             "device": str(model.device), "threads": load_kwargs.get("threads"), "pp_tok_s": _spread(pp),
+            "pp_cached_tokens": cached,
             "tg": {}}
         disk, h2d = _disk_rate(str(path)), _h2d_rate(model.device)
         result.update(disk_gbs=disk and disk / 1e9, h2d_gbs=h2d and h2d / 1e9)

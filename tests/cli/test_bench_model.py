@@ -35,6 +35,13 @@ def test_bench_model_reports_speed_split_tiers_and_roofline(cli, qwen3):
     assert r["peak_rss_bytes"] > 0
 
 
+def test_bench_prefill_computes_every_reps_whole_prompt(cli, qwen3):
+    # 40 tokens hold two full KV blocks: with the prefix cache on, reps after the first would reuse them
+    code, out, err = cli("bench", qwen3.gguf(None), "-p", "40", "-n", "2", "--reps", "3", "--threads", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["pp_cached_tokens"] == 0
+
+
 def test_bench_model_table_and_direct_memory(cli, qwen3):
     code, out, err = cli("bench", "model", qwen3.gguf("q8_0"), "-p", "8", "-n", "3", "--reps", "1", "--threads",
                          "1", "--memory", "direct")
