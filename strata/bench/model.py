@@ -104,9 +104,9 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
         model.generate(tokens[:8], max_tokens=4, **greedy)  # warm-up: pool, first calls, first experts
         pp, cached = [], 0
         for _ in range(reps):
-            done = model.generate(tokens, max_tokens=1, **greedy)
-            pp.append(prompt / done.prefill_seconds)
-            cached += done.cached_tokens
+            run = model.generate(tokens, max_tokens=1, **greedy)
+            pp.append(prompt / run.prefill_seconds)
+            cached += run.cached_tokens
             step(f"pp{prompt}")
         result: dict[str, Any] = {
             "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,
