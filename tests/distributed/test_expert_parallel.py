@@ -36,3 +36,28 @@ def test_ranks_equal_one_process(key, memory, compute, world, tmp_path):
         logits, expected = torch.tensor(got["logits"]), torch.tensor(ref["logits"])
         assert float((logits - expected).abs().max() / expected.abs().max()) <= EP_REL_TOL
     assert all(r["logits"] == ranks[0]["logits"] for r in ranks[1:])  # bit-equal across ranks
+
+
+def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> list[tuple[int, str]]:
+    path = zoo().get("qwen3moe").gguf(None)
+    model = f"{path},{zoo().get('olmoe').gguf(None)}" if mode == "mismatch" else str(path)
+    procs = launch(world, [model, str(tmp_path / "rank{}.json"), "direct", "packed", mode],
+                   STRATA_EP_TIMEOUT=timeout_s)
+    return wait_all(procs[:1], timeout=240) + [(None, "")] * (world - 1)  # the others are killed by wait_all
+
+
+def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "die")
+    assert code == 1 and "error: expert parallelism: rank 0 of 2:" in err and "died or did not answer" in err
+
+
+def test_a_rank_that_hangs_is_an_error_on_rank_0_within_the_timeout(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "hang", timeout_s="5")
+    assert code == 1 and "did not answer within 5 s" in err
+
+
+def test_ranks_on_different_files_are_refused(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "mismatch")
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert code == 1 and len(line) == 1 and "rank 1's file (header checksum " in line[0]
+    assert "differs from rank 0's (" in line[0] and "every rank must load the same GGUF file" in line[0]
