@@ -178,13 +178,37 @@ def check_sampling_args(args: argparse.Namespace):
     return params
 
 
-def load_model(args: argparse.Namespace, max_batch: int = 1):
+def add_expert_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("expert parallelism (launch with: torchrun --nproc-per-node N -m strata ...)")
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="this process is one rank of an expert-parallel group (RANK, WORLD_SIZE, MASTER_ADDR and "
+                        "MASTER_PORT from torchrun): it holds a shard of every MoE layer's routed experts; rank 0 prints")
+    g.add_argument("--replicate-hot", type=int, default=0, metavar="N",
+                   help="hold each layer's N hottest experts (by the file's routing statistics) on every rank")
+    g.add_argument("--ep-timeout", type=float, default=None, metavar="S",
+                   help="seconds a rank waits for the others before failing (a rank died or hangs; default 60)")
+
+
+def expert_parallel(args: argparse.Namespace):
+    """This process's `strata.distributed.ExpertParallel` rank (the group joined), or None."""
+    if not getattr(args, "expert_parallel", False):
+        return None
+    from strata.distributed import ExpertParallel
+    from strata.distributed.group import DEFAULT_TIMEOUT_S
+
+    if args.replicate_hot < 0 or (args.ep_timeout is not None and args.ep_timeout <= 0):
+        raise StrataArgumentError("--replicate-hot and --ep-timeout: expected N >= 0 and S > 0, found "
+                                  f"{args.replicate_hot} and {args.ep_timeout}")
+    return ExpertParallel.from_env(args.replicate_hot, args.ep_timeout or DEFAULT_TIMEOUT_S)
+
+
+def load_model(args: argparse.Namespace, max_batch: int = 1, ep=None):
     import strata
 
     check_model_args(args)
     sampling = check_sampling_args(args) if hasattr(args, "max_tokens") else None
     check_save_routing(args)
-    return strata.load(args.model, max_batch=max_batch, sampling=sampling, **load_kwargs(args))
+    return strata.load(args.model, max_batch=max_batch, sampling=sampling, expert_parallel=ep, **load_kwargs(args))
 
 
 def load_kwargs(args: argparse.Namespace) -> dict:

@@ -4,15 +4,26 @@ Must not: hold generation logic; it parses arguments and calls `strata.load(...)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 
-from .common import add_model_args, add_sampling_args, add_save_routing_arg, load_model, print_stats, save_routing
+from .common import (add_expert_parallel_args, add_model_args, add_sampling_args, add_save_routing_arg,
+                     expert_parallel, load_model, print_stats, save_routing)
 
 
 def run(args: argparse.Namespace) -> int:
-    with load_model(args) as model:  # its default SamplingParams are the flags'; closed on every path
-        return _run(args, model)
+    ep = expert_parallel(args)  # None, or this rank of the group (every rank runs the same generation)
+    try:
+        with load_model(args, ep=ep) as model:  # its default SamplingParams are the flags'; closed on every path
+            if ep is None or ep.rank == 0:
+                return _run(args, model)
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                return _run(args, model)
+    finally:
+        if ep is not None:
+            ep.close()
 
 
 def _run(args: argparse.Namespace, model) -> int:
@@ -46,4 +57,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids": [...], "text": ..., "tokens_per_second": ...} and nothing else')
     add_save_routing_arg(p)
+    add_expert_parallel_args(p)
     p.set_defaults(func=run)

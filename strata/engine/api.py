@@ -86,13 +86,14 @@ class Model:
     def __init__(self, model_file: ModelFile, runner: Runner, memory: ExpertMemory, cache: KVCache,
                  tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None,
-                 sampling: SamplingParams | None = None, chat_template: str | None = None):
+                 sampling: SamplingParams | None = None, chat_template: str | None = None, agree=None):
         self.sampling = sampling or SamplingParams()  # generate's default
         self._template_override = chat_template  # replaces the file's tokenizer.chat_template
         self.model_file, self.runner, self.memory, self.cache = model_file, runner, memory, cache
         self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
-        self.engine = Engine(runner, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting)
+        self.engine = Engine(runner, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting,
+                             agree=agree)
         self._ids = itertools.count()
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
@@ -383,7 +384,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
          kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
-         prefix_cache: bool = True, kv_type: str | None = DEFAULT_KV_TYPE,
+         prefix_cache: bool = True, kv_type: str | None = DEFAULT_KV_TYPE, expert_parallel: Any = None,
          **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
@@ -413,6 +414,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     sampling: the default `SamplingParams` of `generate` (default: SamplingParams(), which samples at
     temperature 0.8 with top_k 40 for 256 tokens as `strata generate` does; temperature=0 is greedy).
     chat_template: a jinja2 chat template (its text) that replaces the file's for `chat` and the server.
+    expert_parallel: this process's rank of an expert-parallel group (`strata.distributed.ExpertParallel`):
+    it computes only its shard of the routed experts and follows rank 0's sampled tokens.
     """
     dev = resolve_device(device)
     mode = resolve_compute(compute, dev, dtype)
@@ -446,10 +449,13 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
         kv = kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks, machine, kv_type)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
-        runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why)
+        shards = None if expert_parallel is None else expert_parallel.shards(mf)  # refuses mismatched ranks
+        runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why,
+                              shards=shards)
         cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache, kv_type)
         return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
-                     sampling=sampling, chat_template=chat_template)
+                     sampling=sampling, chat_template=chat_template,
+                     agree=None if expert_parallel is None else expert_parallel.agree)
     except BaseException:
         _close_all(runner, mem, mf)
         raise

@@ -30,11 +30,12 @@ class Engine:
 
     max_batch: sequences running at once (default: the cache's slots); max_step_tokens: tokens one
     step processes at most (decodes plus prompt chunks); max_waiting: sequences that may wait
-    (None: unbounded; past it `add` raises EngineFull)."""
+    (None: unbounded; past it `add` raises EngineFull); agree: the picks of a step -> the picks
+    every rank keeps (expert parallelism: rank 0's, so the ranks' sequences cannot diverge)."""
 
     def __init__(self, model: Runner, cache: KVCache, device: torch.device, max_batch: int | None = None,
-                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None):
-        self.model, self.cache, self.device = model, cache, device
+                 max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None, agree=None):
+        self.model, self.cache, self.device, self.agree = model, cache, device, agree
         self.scheduler = Scheduler(cache, max_batch, max_step_tokens, max_waiting)
 
     @property
@@ -97,6 +98,8 @@ class Engine:
         seqs = [work[i][0] for i in ready]
         picks = sample_batch(logits[ready], [s.sampler for s in seqs], [s.all_ids for s in seqs],
                              [len(s.prompt_ids) for s in seqs])
+        if self.agree is not None:
+            picks = self.agree(picks)
         out = []
         for seq, (token, logprob) in zip(seqs, picks):
             text = seq.append(token, logprob)

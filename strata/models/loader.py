@@ -32,6 +32,7 @@ from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .moe import Lookahead, MoE, RoutedExperts, Router
+from .shard import ExpertShard
 from .rope import Rope
 from .transformer import Block, Transformer
 
@@ -191,7 +192,8 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
     return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0, native=w.native)
 
 
-def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory, hybrid) -> MoE:
+def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory, hybrid,
+         shard: ExpertShard | None = None) -> MoE:
     D = hp.n_embd
     E = hp.n_experts
     selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
@@ -218,7 +220,7 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory,
         expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
                                   w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
     return (InputScaledMoE if arch.expert_input_scaled else MoE)(
-        router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid), shared)
+        router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid, shard), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -251,12 +253,13 @@ def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope
 
 
 def _ffn(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory | None,
-         hybrid=None) -> tuple[RMSNorm, MoE | FeedForward | SharedExpert]:
-    """Block i's FFN norm and FFN (routed experts, or a dense FFN)."""
+         hybrid=None, shards: dict[int, ExpertShard] | None = None) -> tuple[RMSNorm, MoE | FeedForward | SharedExpert]:
+    """Block i's FFN norm and FFN (routed experts, or a dense FFN; `shards`: this rank's part of
+    each MoE layer under expert parallelism)."""
     has_experts = i in w.mf.expert_layers
     if has_experts and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
-    ffn = _moe(w, arch, hp, i, memory, hybrid) if has_experts else _dense(w, hp, i)
+    ffn = _moe(w, arch, hp, i, memory, hybrid, (shards or {}).get(i)) if has_experts else _dense(w, hp, i)
     if not has_experts and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
         dense = SharedExpert(ffn, None, w.compute)
         ffn = dense if dense.packed is not None else ffn
@@ -287,14 +290,15 @@ def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.
 
 def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, n_threads: int | None = None,
-               compute: str = "float", hybrid=None) -> Transformer:
+               compute: str = "float", hybrid=None, shards: dict[int, ExpertShard] | None = None) -> Transformer:
     """The model in `mf` on `device`, computing in `dtype`, routed experts through `memory`.
 
     compute: "float" (weights dequantized into `dtype`) or "packed" (the CPU only, float32
     activations: weight matrices stay in their file type, the native kernels multiply; routed
     experts too when `memory.packed`). hybrid: the CPU side of hybrid compute
     (`strata.runtime.hybrid.HybridCompute`, built by the runtime when its plan says so) that plain
-    routed experts hand their chunks to, or None. The fast decode paths are the runtime's
+    routed experts hand their chunks to, or None. shards: under expert parallelism, this rank's
+    `ExpertShard` of each MoE layer (by layer index). The fast decode paths are the runtime's
     (`strata.runtime`): this builds the maths only."""
     arch, device = architecture(mf), torch.device(device)
     n_threads = n_threads or native.default_threads()
@@ -306,7 +310,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
     check_types(mf, compute == "packed" and getattr(memory, "packed", False), cuda=cuda_slots)
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:
-        return _build(mf, memory, arch, device, dtype, n_threads, packed, hybrid)
+        return _build(mf, memory, arch, device, dtype, n_threads, packed, hybrid, shards)
     except BaseException:
         if packed is not None:  # its pool's threads would outlive the failed load
             packed.close()
@@ -314,14 +318,16 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
 
 
 def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch.device, dtype: torch.dtype,
-           n_threads: int, packed: PackedCompute | None, hybrid) -> Transformer:
+           n_threads: int, packed: PackedCompute | None, hybrid, shards=None) -> Transformer:
     hp = mf.hparams
     w = WeightReader(mf, device, dtype, n_threads, packed)
     ropes = layer_ropes(w, hp, device)
     V, D = hp.vocab_size, hp.n_embd
     embedding = w.matrix(MT.TOKEN_EMBD, None, (V, D))
     output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
-    ffns = [_ffn(w, arch, hp, i, memory, hybrid) for i in range(hp.n_layers)]  # (ffn norm, ffn) of each block
+    if shards and set(shards) != set(mf.expert_layers):
+        raise StrataError(f"{mf.path}: expert shards of layers {sorted(shards)} for expert layers {mf.expert_layers}")
+    ffns = [_ffn(w, arch, hp, i, memory, hybrid, shards) for i in range(hp.n_layers)]  # (ffn norm, ffn) of each block
     hooks = _lookaheads(memory, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, i, ropes[i], memory, ffn=ffns[i], lookahead=hooks[i + 1]) for i in range(hp.n_layers)]
     return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], compute=packed,

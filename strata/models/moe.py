@@ -26,6 +26,7 @@ from strata.memory import ExpertMemory
 
 from .layers import SharedExpert, swiglu
 from .packed import PackedCompute
+from .shard import ExpertShard
 
 
 class Router(nn.Module):
@@ -112,16 +113,22 @@ class RoutedExperts(nn.Module):
     path) and a memory that hands out packed experts, one native call per chunk of held experts
     runs gate, up, SiLU, down and the weighted sum from the file's blocks; with `hybrid` (the
     runtime's CPU side of hybrid compute, plain SwiGLU experts only) the memory splits each chunk
-    between the device and the CPU; otherwise each expert runs as a float GEMM over its tokens."""
+    between the device and the CPU; otherwise each expert runs as a float GEMM over its tokens.
+    With `shard` (expert parallelism) only this rank's assignments are computed and the ranks'
+    partial sums combined: the one place the layer's routed outputs meet."""
 
     def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None, n_experts: int = 0,
-                 expert_fn=None, hybrid=None):
+                 expert_fn=None, hybrid=None, shard: ExpertShard | None = None):
         super().__init__()
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
         self.expert_fn = expert_fn  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU
         self.hybrid = hybrid if expert_fn is None else None  # others go through the memory alone
+        if shard is not None and (hybrid is not None or shard.n_experts != n_experts):
+            raise ValueError(f"layer {layer}: an expert shard of {shard.n_experts} experts for {n_experts} experts"
+                             f"{' with hybrid compute' if hybrid is not None else ''}")
+        self.shard = shard
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
 
@@ -152,14 +159,17 @@ class RoutedExperts(nn.Module):
         else:
             out = self._float(x, weights, expert_ids)
         self._seconds[0] += time.perf_counter() - t0
-        return out
+        return out if self.shard is None else self.shard.combine(out)
 
     def _float(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         K = expert_ids.shape[1]
+        if self.shard is not None:  # other ranks' assignments to a bucket past the last expert, not computed
+            expert_ids = self.shard.others_to(expert_ids, self.n_experts)
         flat = expert_ids.flatten()  # [T*K]
         order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
         bounds = [0, *accumulate(torch.bincount(flat).tolist())]  # expert e owns order[bounds[e]:bounds[e+1]]
-        used = [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
+        n = len(bounds) - 1 if self.shard is None else min(len(bounds) - 1, self.n_experts)
+        used = [e for e in range(n) if bounds[e + 1] > bounds[e]]
         out = torch.zeros_like(x)  # [T, D]
         w_flat = weights.flatten()  # [T*K]
         for i in range(0, len(used), self.memory.max_acquire):
@@ -180,12 +190,16 @@ class RoutedExperts(nn.Module):
     def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
         T, K = expert_ids.shape
         E = self.n_experts
+        if self.shard is not None:  # other ranks' assignments to bucket E, dropped after the grouping
+            expert_ids, E = self.shard.others_to(expert_ids, E), E + 1
         used = torch.empty(E, dtype=torch.int32)
         offsets = torch.empty(E + 1, dtype=torch.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
         token_ids = torch.empty(T * K, dtype=torch.int32)
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
                                           token_ids, router_w)
+        if self.shard is not None and n_used and int(used[n_used - 1]) == self.n_experts:
+            n_used -= 1
         self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
 
     def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,

@@ -29,7 +29,11 @@ from .step import FusedDecode
 
 
 def arch_caps(model: Transformer) -> ArchCaps:
-    """What `model`'s blocks allow the fused step and the decode program."""
+    """What `model`'s blocks allow the fused step and the decode program (expert parallelism: neither,
+    the ranks' partial sums are combined in the model's own MoE layers)."""
+    if any(getattr(getattr(b.ffn, "experts", None), "shard", None) is not None for b in model.blocks):
+        why = "expert parallelism: the model's MoE layers combine the ranks' partial sums"
+        return ArchCaps(len(model.blocks), 0, why, why)
     eligible = [FusedDecode.eligible(b, model.compute) for b in model.blocks]
     n, k = len(eligible), sum(eligible)
     first = None if k == n else eligible.index(False)
@@ -103,15 +107,17 @@ class Runner:
 
 def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.device = "cpu",
           dtype: torch.dtype = torch.float32, n_threads: int | None = None, compute: str = "float",
-          memory_why: str = "") -> Runner:
+          memory_why: str = "", shards=None) -> Runner:
     """The model in `mf` (`strata.models.load_model`) and the runners its plan names (`memory_why`:
-    how the loader chose the memory's kind, for the plan; "": as asked)."""
+    how the loader chose the memory's kind, for the plan; "": as asked; `shards`: this rank's
+    `ExpertShard` of each MoE layer under expert parallelism)."""
     device, n_threads = torch.device(device), n_threads or native.default_threads()
     target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers, memory_why)
     hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem)[0] else None
     model = None
     try:
-        model = load_model(mf, memory, device=device, dtype=dtype, n_threads=n_threads, compute=compute, hybrid=hybrid)
+        model = load_model(mf, memory, device=device, dtype=dtype, n_threads=n_threads, compute=compute, hybrid=hybrid,
+                           shards=shards)
         return Runner.of(model, decide(target, mem, arch_caps(model)), memory, hybrid)
     except BaseException:
         for part in (hybrid, getattr(model, "compute", None)):

@@ -1,0 +1,114 @@
+"""One rank of an expert-parallel group on torch.distributed (gloo), and its collectives.
+
+SPMD: every rank runs the same engine on the same requests; each computes attention, routers and
+shared experts for every token and only its shard of the routed experts (`strata.models.shard`).
+Per MoE layer one all-gather brings every rank's partial sum [T, D] and each rank adds them in rank
+order (0, 1, ...): the same bytes on every rank, whatever the timing. That order is not the one
+process's (which adds a token's experts in ascending expert order), so logits agree with one
+process to float rounding (tests/distributed bound them), not bit for bit. Each step the ranks keep
+rank 0's sampled tokens (`agree`), so they cannot diverge. A collective that waits longer than
+`timeout_s` (a rank died or hangs) raises on the others instead of hanging.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from strata.errors import StrataError
+from strata.gguf import ModelFile
+from strata.models.shard import ExpertShard
+
+from .plan import ShardPlan, file_checksum, shard_plan
+
+#: Seconds a collective waits for the other ranks before it fails (a dead or hung rank).
+DEFAULT_TIMEOUT_S = 60.0
+ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class ExpertParallel:
+    """This process's rank of an initialised gloo group; `replicate_hot`: see `shard_plan`."""
+
+    def __init__(self, rank: int, world_size: int, replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.rank, self.world_size, self.replicate_hot, self.timeout_s = rank, world_size, replicate_hot, timeout_s
+        self._seconds = [0.0, 0]  # time in the combine's collective, and its calls
+
+    @staticmethod
+    def from_env(replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> ExpertParallel:
+        """Join the group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR,
+        MASTER_PORT); a one-line error when a variable is missing."""
+        missing = [k for k in ENV if k not in os.environ]
+        if missing:
+            raise StrataError(f"--expert-parallel: {', '.join(missing)} not set; launch with "
+                              "torchrun --nproc-per-node N -m strata ... (or set them for each rank)")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
+        return ExpertParallel(dist.get_rank(), dist.get_world_size(), replicate_hot, timeout_s)
+
+    @property
+    def collective_seconds(self) -> float:
+        return self._seconds[0]
+
+    def plan(self, mf: ModelFile) -> ShardPlan:
+        return shard_plan(mf, self.world_size, self.replicate_hot)
+
+    def shards(self, mf: ModelFile) -> dict[int, ExpertShard]:
+        """This rank's `ExpertShard` of each MoE layer, once every rank agrees on the file and plan."""
+        plan = self.plan(mf)
+        self.check_same(mf, plan)
+        return {layer: ExpertShard(plan.owners[i], self.rank, self.combine) for i, layer in enumerate(plan.layers)}
+
+    def check_same(self, mf: ModelFile, plan: ShardPlan) -> None:
+        """Refuse, on every rank, a group whose ranks opened different files or made different plans."""
+        mine = (file_checksum(mf), plan.checksum())
+        every: list = [None] * self.world_size
+        with self._failing("the start-up check"):
+            dist.all_gather_object(every, mine)
+        for r, (file_cs, plan_cs) in enumerate(every):
+            if file_cs != every[0][0]:
+                raise StrataError(f"{mf.path}: rank {r}'s file (header checksum {file_cs}) differs from rank 0's "
+                                  f"({every[0][0]}): every rank must load the same GGUF file")
+            if plan_cs != every[0][1]:
+                raise StrataError(f"{mf.path}: rank {r}'s shard plan (checksum {plan_cs}) differs from rank 0's "
+                                  f"({every[0][1]}): every rank needs the same --replicate-hot")
+
+    def combine(self, partial: torch.Tensor) -> torch.Tensor:
+        """[T, D] partial sums of every rank, added in rank order: the same tensor on every rank."""
+        t0 = time.perf_counter()
+        parts = [torch.empty_like(partial) for _ in range(self.world_size)]
+        with self._failing("a MoE layer's all-gather"):
+            dist.all_gather(parts, partial.contiguous())
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + p
+        self._seconds[0] += time.perf_counter() - t0
+        self._seconds[1] += 1
+        return out
+
+    def agree(self, picks: list) -> list:
+        """Rank 0's picks of a step (token, log-probabilities) on every rank."""
+        box = [picks if self.rank == 0 else None]
+        with self._failing("the broadcast of rank 0's tokens"):
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @contextmanager
+    def _failing(self, what: str):
+        """A collective's failure (a rank died, or did not answer within the timeout) as one line."""
+        try:
+            yield
+        except RuntimeError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise StrataError(f"expert parallelism: rank {self.rank} of {self.world_size}: {what} failed (another "
+                              f"rank died or did not answer within {self.timeout_s:g} s): {first}") from None
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel"]

@@ -1,0 +1,43 @@
+"""`torchrun --nproc-per-node 2 -m strata generate MODEL --expert-parallel`: rank 0 prints what one
+process prints (greedy), the other rank nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.fixtures.tiny import zoo
+
+from .ranks import ROOT
+
+ARGS = ["-p", "the cat sat on", "--temperature", "0", "-n", "8", "--ignore-eos", "--json", "--threads", "1"]
+
+
+def _run(cmd: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 1, done.stdout  # rank 0's line only
+    return json.loads(lines[0])
+
+
+def test_torchrun_generate_equals_one_process():
+    model = str(zoo().get("qwen3moe").gguf(None))
+    one = _run([sys.executable, "-m", "strata", "generate", model, *ARGS])
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "strata", "generate", model, *ARGS, "--expert-parallel", "--ep-timeout", "30"])
+    assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"] and len(one["token_ids"]) == 8
+
+
+def test_expert_parallel_without_torchrun_is_one_line(capsys):
+    from strata.cli import main
+
+    env = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k in os.environ}
+    try:
+        code = main(["generate", str(zoo().get("qwen3moe").gguf(None)), "-p", "hi", "--expert-parallel"])
+    finally:
+        os.environ.update(env)
+    err = capsys.readouterr().err
+    assert code != 0 and "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set" in err and "torchrun" in err

@@ -1,0 +1,63 @@
+"""Expert parallelism over gloo on loopback, 2 and 3 ranks as subprocesses: the greedy path, a
+batch of two prompts and the logits equal one process's (logits within EP_REL_TOL of their range:
+the ranks' partial sums are added in rank order, one process adds a token's experts in expert
+order); a rank that dies or hangs is an error on rank 0, not a hang; different files are refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from tests.fixtures.tiny import zoo
+
+from .ranks import launch, run_ranks, wait_all
+from .worker import results
+
+#: max |rank 0's logits - one process's| / max |one process's logits| (float32 rounding of a
+#: different summation order, through a few layers).
+EP_REL_TOL = 1e-5
+CASES = [("qwen3moe", "direct", "float", 2), ("qwen3moe", "direct", "packed", 3), ("qwen3moe", "paged", "packed", 2),
+         ("deepseek2", "direct", "float", 3), ("deepseek2", "paged", "packed", 2)]
+
+
+def single(path, memory: str, compute: str) -> dict:
+    with strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute) as model:
+        return results(model)
+
+
+@pytest.mark.parametrize("key, memory, compute, world", CASES)
+def test_ranks_equal_one_process(key, memory, compute, world, tmp_path):
+    path = zoo().get(key).gguf(None)
+    ref = single(path, memory, compute)
+    ranks = run_ranks(world, path, tmp_path, memory, compute)
+    for got in ranks:  # every rank holds the same tokens and logits
+        assert got["greedy"] == ref["greedy"]
+        assert got["batch"] == ref["batch"]
+        logits, expected = torch.tensor(got["logits"]), torch.tensor(ref["logits"])
+        assert float((logits - expected).abs().max() / expected.abs().max()) <= EP_REL_TOL
+    assert all(r["logits"] == ranks[0]["logits"] for r in ranks[1:])  # bit-equal across ranks
+
+
+def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> list[tuple[int, str]]:
+    path = zoo().get("qwen3moe").gguf(None)
+    model = f"{path},{zoo().get('olmoe').gguf(None)}" if mode == "mismatch" else str(path)
+    procs = launch(world, [model, str(tmp_path / "rank{}.json"), "direct", "packed", mode],
+                   STRATA_EP_TIMEOUT=timeout_s)
+    return wait_all(procs[:1], timeout=240) + [(None, "")] * (world - 1)  # the others are killed by wait_all
+
+
+def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "die")
+    assert code == 1 and "error: expert parallelism: rank 0 of 2:" in err and "died or did not answer" in err
+
+
+def test_a_rank_that_hangs_is_an_error_on_rank_0_within_the_timeout(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "hang", timeout_s="5")
+    assert code == 1 and "did not answer within 5 s" in err
+
+
+def test_ranks_on_different_files_are_refused(tmp_path):
+    (code, err), *_ = _failing_run(tmp_path, "mismatch")
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert code == 1 and len(line) == 1 and "rank 1's file (header checksum " in line[0]
+    assert "differs from rank 0's (" in line[0] and "every rank must load the same GGUF file" in line[0]

@@ -1,0 +1,60 @@
+"""One rank of an expert-parallel test run: `python -m tests.distributed.worker MODEL OUT.json
+MEMORY COMPUTE MODE` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Writes the greedy path,
+a batch of two prompts and the logits of a prompt (MODE "run"), or dies/hangs mid-run as rank 1
+(MODE "die", "hang"), or loads another file as rank 1 (MODE "mismatch": MODEL is "A,B")."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+import strata
+from strata.errors import StrataError
+from strata.distributed import ExpertParallel
+
+PROMPT = [5, 17, 42, 9, 33, 71, 8, 12]
+OTHER = [3, 44, 19, 27, 60]
+
+
+def load(path: str, memory: str, compute: str, ep: ExpertParallel | None):
+    return strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute, expert_parallel=ep)
+
+
+def results(model) -> dict:
+    """Greedy path, a batch of two, and the prompt's logits (the same calls as one process makes)."""
+    greedy = model.generate(PROMPT, temperature=0, max_tokens=10, stop_token_ids=()).token_ids
+    batch = [c.token_ids for c in model.generate_batch([PROMPT, OTHER], temperature=0, max_tokens=6, stop_token_ids=())]
+    return {"greedy": greedy, "batch": batch, "logits": model.logits(PROMPT).tolist()}
+
+
+def main() -> int:
+    path, out, memory, compute, mode = sys.argv[1:6]
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    ep = ExpertParallel.from_env(timeout_s=float(os.environ.get("STRATA_EP_TIMEOUT", "20")))
+    if mode == "mismatch":
+        path = path.split(",")[min(rank, 1)]
+    try:
+        with load(path, memory, compute, ep) as model:
+            if mode in ("die", "hang") and rank == 1:
+                model.generate(PROMPT, temperature=0, max_tokens=2, stop_token_ids=())
+                if mode == "die":
+                    os._exit(3)
+                time.sleep(3600)
+            data = results(model)
+    except StrataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if mode != "hang":
+            ep.close()
+    with open(out.format(rank), "w") as f:
+        json.dump(data, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
