@@ -161,6 +161,8 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
         if model.config.model_type == "qwen3_next" and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
+        if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
+            p.normal_(-2.0, 0.5)
     for m in model.modules():
         if hasattr(m, "topk_method") and hasattr(m, "weight"):  # DeepSeek-V2's router starts at zeros
             m.weight.normal_(0.0, 0.05)
