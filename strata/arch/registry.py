@@ -50,6 +50,7 @@ class Arch:
     swiglu_clamp: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU llama.cpp hard-codes
     chunked: "ChunkedAttn | None" = None  # chunked local attention, NoPE layers, temperature (llama4)
     expert_input_scaled: bool = False  # the router weight scales each expert's input, not its output
+    gated_deltanet: bool = False  # recurrent gated-DeltaNet layers between gated full-attention ones (qwen3next)
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones

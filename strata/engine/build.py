@@ -22,7 +22,7 @@ from strata.memory.budget import paged_budget, resident_bytes
 from strata.memory.machine import Machine
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredExpertMemory
-from strata.models import cache_dims
+from strata.models import cache_dims, cache_states
 from strata.units import format_bytes
 
 from .config import MEMORY_OPTIONS, MemoryConfig, check_memory_compute, memory_config
@@ -114,7 +114,7 @@ def kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
     hp = mf.hparams
     try:
         return KVCache(hp.n_layers, max_batch, ctx, *cache_dims(hp), dtype=dt, device=dev, n_blocks=kv_blocks,
-                       prefix_cache=prefix_cache, kv_type=kv_type)
+                       prefix_cache=prefix_cache, kv_type=kv_type, states=cache_states(hp))
     except (RuntimeError, MemoryError) as e:
         raise StrataError(f"{mf.path}: cannot allocate the KV cache of n_ctx={ctx} x {max_batch} sequences "
                           f"({format_bytes(n_bytes)}) on {dev}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"

@@ -82,7 +82,7 @@ class Engine:
         ids = [s.all_ids[s.n_cached:s.n_cached + n] for s, n in work]
         tokens = torch.tensor([t for chunk in ids for t in chunk], dtype=torch.long, device=self.device)  # [T]
         batch = Batch.make([self.cache.table(s.slot) for s, _ in work], [s.n_cached for s, _ in work],
-                           [n for _, n in work], self.cache.block_size, self.device)
+                           [n for _, n in work], self.cache.block_size, self.device, slots=[s.slot for s, _ in work])
         logits = self.model(tokens, batch, self.cache)  # [B, V]
         for s, n in work:
             s.n_cached += n

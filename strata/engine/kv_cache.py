@@ -44,6 +44,9 @@ from strata.units import itemsize
 BLOCK_SIZE = KV_BLOCK_SIZE
 
 
+#: Per-sequence recurrent state of each recurrent layer: layer -> (conv state shape, ssm state shape).
+StateShapes = dict[int, tuple[tuple[int, ...], tuple[int, ...]]]
+
 #: Storage dtype of each float KV type; q8_0 rows are uint8 blocks.
 _KV_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": torch.uint8}
 _Q8_0_ELEMS, _Q8_0_BYTES = block_size(GGMLType.Q8_0)  # values and bytes of a Q8_0 block
@@ -244,16 +247,33 @@ class KVCache(BlockTables):
     def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                  head_dim_v: int | None = None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", n_blocks: int | None = None, block_size: int = BLOCK_SIZE,
-                 prefix_cache: bool = True, kv_type: str | None = None):
-        super().__init__(n_slots, n_ctx, n_blocks, block_size, prefix_cache)
+                 prefix_cache: bool = True, kv_type: str | None = None, states: StateShapes | None = None):
+        # a recurrent layer's state sums the whole prefix: a cached block's keys cannot stand in for it
+        super().__init__(n_slots, n_ctx, n_blocks, block_size, prefix_cache and not states)
         N, P = self.n_blocks, block_size
         widths = (head_dim, head_dim if head_dim_v is None else head_dim_v)  # values 0: none (MLA)
         store, (row_k, row_v) = kv_storage(kv_type, dtype, widths)
-        self.k = [torch.zeros((N, n_head_kv, P, row_k), dtype=store, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros((N, n_head_kv, P, row_v), dtype=store, device=device) for _ in range(n_layers)]
+        self.states = dict(states or {})  # layer -> (conv, ssm) state shapes of one sequence
+
+        def pair(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if i in self.states:  # per slot, float32 whatever the KV type: the recurrence accumulates in it
+                return tuple(torch.zeros((n_slots, *shape), dtype=torch.float32, device=device)
+                             for shape in self.states[i])
+            return (torch.zeros((N, n_head_kv, P, row_k), dtype=store, device=device),
+                    torch.zeros((N, n_head_kv, P, row_v), dtype=store, device=device))
+
+        self.k, self.v = (list(t) for t in zip(*(pair(i) for i in range(n_layers))))
         self.device = torch.device(device)
         self.kv_type = kv_type_name(store)
-        self.bytes_per_token = n_layers * n_head_kv * (row_k + row_v) * self.k[0].element_size()
+        n_kv_layers = n_layers - len(self.states)
+        self.bytes_per_token = n_kv_layers * n_head_kv * (row_k + row_v) * torch.empty((), dtype=store).element_size()
+
+    def free(self, slot: int) -> None:
+        """Give back the slot, its blocks, and its rows of recurrent state (zeroed)."""
+        super().free(slot)
+        for i in self.states:
+            self.k[i][slot].zero_()
+            self.v[i][slot].zero_()
 
     @staticmethod
     def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
@@ -277,7 +297,7 @@ class KVCache(BlockTables):
                 raise StrataError(f"KV cache: no free blocks for {start + n} positions of slot {slot} "
                                   f"({self.n_free_blocks} of {self.n_blocks} free)")
         return Batch.make([self.table(s) for s in slots], starts, lengths, self.block_size,
-                          self.device if device is None else device)
+                          self.device if device is None else device, slots=slots)
 
     @property
     def nbytes(self) -> int:

@@ -94,14 +94,42 @@ class HParams:
     attn_chunk: int = 0  # attention.sliding_window of chunked attention (Arch.chunked): local layers' chunk
     nope_layers: tuple[bool, ...] = ()  # per layer: no RoPE, full attention, temperature-tuned queries (chunked)
     qk_l2_norm: bool = False  # an L2 norm of q and k after RoPE on RoPE layers (chunked, by expert count)
+    ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
+    recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
         return layer < len(self.nope_layers) and self.nope_layers[layer]
 
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether `layer` is a gated DeltaNet (linear attention) layer (llama.cpp's hparams.is_recr)."""
+        return layer < len(self.recurrent_layers) and self.recurrent_layers[layer]
+
     def is_swa(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window (llama.cpp's hparams.is_swa)."""
         return bool(self.sliding_window) and layer < len(self.swa_layers) and self.swa_layers[layer]
+
+
+@dataclass(frozen=True)
+class DeltaNetDims:
+    """Sizes of a gated DeltaNet layer, from `ssm.*` (llama.cpp's qwen3next names): conv_kernel K,
+    state_size = key (and value) head dim, group_count = key heads, time_step_rank = value heads,
+    inner_size = value heads x value head dim."""
+
+    conv_kernel: int
+    head_k_dim: int
+    n_k_heads: int
+    n_v_heads: int
+    inner_size: int
+
+    @property
+    def head_v_dim(self) -> int:
+        return self.inner_size // self.n_v_heads
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the short convolution: [q | k | v]."""
+        return 2 * self.n_k_heads * self.head_k_dim + self.inner_size
 
 
 _REQUIRED = object()
@@ -193,6 +221,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     )
     if spec.chunked:
         hp = _chunked(m, spec, hp)
+    if spec.gated_deltanet:
+        hp = _deltanet(m, hp)
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
@@ -214,6 +244,33 @@ def _chunked(m: _Metadata, spec: Arch, hp: HParams) -> HParams:
     return dataclasses.replace(hp, attn_chunk=chunk, nope_layers=tuple((i + 1) % period == 0 for i in range(hp.n_layers)),
                                qk_l2_norm=hp.n_experts != c.no_qk_norm_experts,
                                attn_temperature_scale=scale, attn_temperature_length=floor)
+
+
+def _deltanet(m: _Metadata, hp: HParams) -> HParams:
+    """Gated DeltaNet sizes and which layers are recurrent (`attention.recurrent_layers`, else all
+    but every `full_attention_interval`-th, default 4, as llama.cpp's qwen3next loader reads them)."""
+    S = Keys.SSM
+    dims = DeltaNetDims(m.get(S.CONV_KERNEL, int), m.get(S.STATE_SIZE, int), m.get(S.GROUP_COUNT, int),
+                        m.get(S.TIME_STEP_RANK, int), m.get(S.INNER_SIZE, int))
+    if min(dims.conv_kernel, dims.n_k_heads, dims.n_v_heads, dims.head_k_dim) < 1 or dims.n_v_heads % dims.n_k_heads \
+            or dims.inner_size % dims.n_v_heads:
+        raise format_error(m.path, f"metadata keys {m.arch}.ssm.*", "positive sizes, value heads a multiple of key "
+                           "heads and inner_size of value heads", str(dims))
+    key = RECURRENT_LAYERS.format(arch=m.arch)
+    flags = m.metadata.get(key)
+    if flags is None:
+        period = m.get(Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4)
+        if period < 1:
+            raise format_error(m.path, f"metadata key {Keys.LLM.FULL_ATTENTION_INTERVAL.format(arch=m.arch)!r}", "> 0",
+                               str(period))
+        flags = [(i + 1) % period != 0 for i in range(hp.n_layers)]
+    elif not isinstance(flags, list) or len(flags) < hp.n_layers:
+        raise format_error(m.path, f"metadata key {key!r}", f"an array of {hp.n_layers} bools", f"{flags!r:.80}")
+    return dataclasses.replace(hp, ssm=dims, recurrent_layers=tuple(bool(f) for f in flags[:hp.n_layers]))
+
+
+#: llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS (gguf-py 0.19's Keys lacks it).
+RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 
 
 def architecture(path: Path, metadata: Mapping[str, Any]) -> str:
@@ -362,4 +419,4 @@ def _check_values(path: Path, hp: HParams) -> None:
                            f"a divisor of head_count={hp.n_head}", str(hp.n_head_kv))
 
 
-__all__ = ["HParams", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["RECURRENT_LAYERS", "DeltaNetDims", "HParams", "RopeScaling", "architecture", "read_hparams"]

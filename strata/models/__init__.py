@@ -6,7 +6,7 @@ its forward pass takes a `Batch` (which new tokens of which sequences) and a KV 
 reaches routed experts only through the `strata.memory.ExpertMemory` it was given.
 """
 from .batch import Batch, KVStore
-from .loader import architecture, cache_dims, check_types, load_model
+from .loader import architecture, cache_dims, cache_states, check_types, load_model
 from .transformer import Transformer
 
-__all__ = ["Batch", "KVStore", "Transformer", "architecture", "cache_dims", "check_types", "load_model"]
+__all__ = ["Batch", "KVStore", "Transformer", "architecture", "cache_dims", "cache_states", "check_types", "load_model"]

@@ -38,13 +38,16 @@ class Batch:
     token_offsets: torch.Tensor  # [T] its offset in that block
     last: torch.Tensor  # [B] index in T of each sequence's last new token
     block_table: torch.Tensor  # [B, M] int64 `tables` on the device, rows padded with block 0
+    slots: tuple[int, ...] | None = None  # [B] cache slot of each sequence: its row of per-sequence state (recurrent layers)
 
     @classmethod
     def make(cls, tables: Sequence[Sequence[int]], starts: Sequence[int], lengths: Sequence[int], block_size: int,
-             device: torch.device | str = "cpu") -> Batch:
+             device: torch.device | str = "cpu", slots: Sequence[int] | None = None) -> Batch:
         if not (len(tables) == len(starts) == len(lengths)) or not tables:
             raise ValueError(f"a batch needs one block table, start and length per sequence, found "
                              f"{len(tables)}, {len(starts)}, {len(lengths)}")
+        if slots is not None and (len(slots) != len(tables) or len(set(slots)) != len(slots)):
+            raise ValueError(f"a batch needs one distinct cache slot per sequence, found {list(slots)}")
         if min(lengths) < 1 or min(starts) < 0:
             raise ValueError(f"every sequence of a batch needs at least one new token at a position >= 0, found "
                              f"starts {list(starts)}, lengths {list(lengths)}")
@@ -64,7 +67,8 @@ class Batch:
 
         return cls(tables, tuple(starts), tuple(lengths), P, tensor(positions), tensor(token_blocks),
                    tensor([p % P for p in positions]), tensor([e - 1 for e in ends]),
-                   tensor([list(t) + [0] * (width - len(t)) for t in tables]))
+                   tensor([list(t) + [0] * (width - len(t)) for t in tables]),
+                   None if slots is None else tuple(slots))
 
     @property
     def offsets(self) -> list[int]:

@@ -28,6 +28,7 @@ from strata.quant_torch import TORCH_DEQUANT_TYPES
 from .attention import Attention, AttentionWeights
 from .chunked import ChunkedAttention, InputScaledMoE
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
+from .deltanet import DeltaNetWeights, GatedAttention, GatedDeltaNet
 from .expert_act import ClampedSwiGLU
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
@@ -111,7 +112,8 @@ class WeightReader:
         return weight_name(kind, layer, suffix) in self.mf.resident
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
-        name = weight_name(kind, layer, suffix)
+        """suffix "": the bare name (llama.cpp's `ssm_a`)."""
+        name = weight_name(kind, layer, suffix) if suffix else weight_name(kind, layer).removesuffix(".weight")
         info = self.mf.resident.get(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
@@ -163,9 +165,41 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
     return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i, temp, native=w.native)
 
 
+def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """Per-sequence state shapes (conv [K-1, C], ssm [Hv, dk, dv]) of each recurrent layer, for the
+    KV cache to hold beside its blocks; None for a model without recurrent layers."""
+    s = hp.ssm
+    if s is None:
+        return None
+    shapes = ((s.conv_kernel - 1, s.conv_channels), (s.n_v_heads, s.head_k_dim, s.head_v_dim))
+    return {i: shapes for i in range(hp.n_layers) if hp.is_recurrent(i)}
+
+
+def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedDeltaNet:
+    s, D = hp.ssm, hp.n_embd
+    C, Hv, value = s.conv_channels, s.n_v_heads, s.inner_size
+    weights = DeltaNetWeights(
+        wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
+        wba=w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)), conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)),
+        dt=w.get(MT.SSM_DT, i, (Hv,), "bias"), a=w.get(MT.SSM_A, i, (Hv,), ""),
+        norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)))
+    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope)
+
+
+def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedAttention:
+    D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+    weights = AttentionWeights(
+        wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
+        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
+        q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
+    return GatedAttention(weights, H, Hkv, hd, rope, i)
+
+
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
     if arch.mla:
         return _mla_attention(w, hp, i, rope)
+    if arch.gated_deltanet:
+        return _deltanet(w, hp, i, rope) if hp.is_recurrent(i) else _gated_attention(w, hp, i, rope)
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
@@ -334,4 +368,4 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
                        lookahead=hooks[0])
 
 
-__all__ = ["WeightReader", "architecture", "cache_dims", "check_types", "layer_ropes", "load_model", "rope_factors"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_ropes", "load_model", "rope_factors"]

@@ -136,6 +136,17 @@ MORE_SPECS = {
     "llama4cpp": Spec("llama4cpp", "Llama4TextConfig", "Llama4ForCausalLM",
                       dict(_LLAMA4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1), "qwen2", torch.bfloat16,
                       True),
+    # Qwen3-Next: 4 layers (3 gated DeltaNet, then full attention with its output gate), 2 key / 4
+    # value heads of 32 in the DeltaNet, kernel 4; RoPE on 16 of 64 head features; 4 experts (2
+    # used, renormalised) and a gated shared expert on every layer.
+    "qwen3next": Spec("qwen3next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
+                      dict(_COMMON, num_hidden_layers=4, intermediate_size=512, num_key_value_heads=2, head_dim=64,
+                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                           shared_expert_intermediate_size=256, norm_topk_prob=True, linear_num_key_heads=2,
+                           linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                           linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                      "partial_rotary_factor": 0.25}),
+                      "qwen2", torch.float32, True),
 }
 
 
@@ -148,6 +159,10 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
         if model.config.model_type == "glm4_moe" and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
+        if model.config.model_type == "qwen3_next" and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
+            p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
+        if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
+            p.normal_(-2.0, 0.5)
     for m in model.modules():
         if hasattr(m, "topk_method") and hasattr(m, "weight"):  # DeepSeek-V2's router starts at zeros
             m.weight.normal_(0.0, 0.05)

@@ -6,7 +6,7 @@ import torch
 from strata.engine.kv_cache import KVCache
 from strata.gguf import open_model
 from strata.memory import DirectExpertMemory
-from strata.models import cache_dims, load_model
+from strata.models import cache_dims, cache_states, load_model
 
 #: Acceptance bound: max |strata - transformers| <= REL_TOL * max |transformers logit|.
 REL_TOL = 1e-4
@@ -21,7 +21,7 @@ class Bare:
         hp = self.mf.hparams
         self.memory = DirectExpertMemory(self.mf, max_acquire=max_acquire)
         self.model = load_model(self.mf, self.memory)
-        self.cache = KVCache(hp.n_layers, n_slots, n_ctx, *cache_dims(hp))
+        self.cache = KVCache(hp.n_layers, n_slots, n_ctx, *cache_dims(hp), states=cache_states(hp))
         self.slots = [self.cache.allocate() for _ in range(n_slots)]
 
     def forward(self, ids: list[int], start: int, slot: int = 0, all_logits: bool = True) -> torch.Tensor:

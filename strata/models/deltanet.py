@@ -1,0 +1,135 @@
+"""Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
+paths (the fused decode step and the decode program lack it and say so).
+
+GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
+    [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
+    z = attn_gate . x;  beta = sigmoid(b);  g = softplus(a + dt) * ssm_a   ([b | a] per key head of ssm_ba . x)
+    q, k = l2norm(q), l2norm(k);  q *= dk^-1/2;  each key head serves Hv/Hk consecutive value heads
+    S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q              (S [Hv, dk, dv] per sequence)
+    out = ssm_out . (rmsnorm(o) * ssm_norm * silu(z))
+(transformers' torch_recurrent_gated_delta_rule; llama.cpp's qwen3next graph). The state of layer i
+lives in `kv` = cache.layer(i) = (conv [S, K-1, C], ssm [S, Hv, dk, dv]), one row per cache slot
+(`Batch.slots`); a sequence starting at position 0 starts from zeros, so a slot's state is never
+read by the next sequence that takes the slot. Prefill runs the recurrence token by token.
+
+GatedAttention: full attention whose query projection also gives each head an output gate
+(rows [q_h | gate_h] per head): out = attention(q, k, v) * sigmoid(gate), before attn_output.
+Must not: read files or allocate the state (the KV cache does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention
+from .batch import Batch
+from .layers import Weight, linear
+
+L2_EPS = 1e-6  # transformers' l2norm (the FLA kernels')
+
+
+@dataclass
+class DeltaNetWeights:
+    wqkv: Weight  # [C, D]: C = 2 Hk dk + Hv dv
+    wgate: Weight  # [Hv dv, D]
+    wba: Weight  # [2 Hv, D]: per key head, its r = Hv/Hk betas then its r alphas
+    conv: torch.Tensor  # [C, K]
+    dt: torch.Tensor  # [Hv]
+    a: torch.Tensor  # [Hv]: -exp(A_log)
+    norm: torch.Tensor  # [dv]
+    wout: Weight  # [D, Hv dv]
+
+
+class GatedDeltaNet(nn.Module):
+    """One gated DeltaNet layer (see the module docstring)."""
+
+    fusable = False
+    unfused_why = "gated DeltaNet linear attention (qwen3next) runs per call"
+
+    def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 eps: float, layer: int, rope=None):
+        super().__init__()
+        self.w, self.layer, self.eps = w, layer, eps
+        self.rope = rope  # unused (no positions in a recurrence); the block loop builds tables by layer rope
+        self.hk, self.hv, self.dk, self.dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
+
+    def forward(self, x: torch.Tensor, batch: Batch, cos_sin, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        w, T = self.w, x.shape[0]
+        if batch.slots is None:
+            raise ValueError(f"layer {self.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
+        qkv, z = linear(x, w.wqkv).float(), linear(x, w.wgate).float()  # [T, C], [T, Hv*dv]
+        ba = linear(x, w.wba).float().view(T, self.hk, 2, self.hv // self.hk)  # [T, Hk, 2, r]
+        beta = torch.sigmoid(ba[:, :, 0].reshape(T, self.hv))  # [T, Hv]
+        g = F.softplus(ba[:, :, 1].reshape(T, self.hv) + w.dt.float()) * w.a.float()  # [T, Hv]
+        conv_state, ssm_state = kv
+        o = torch.empty((T, self.hv, self.dv), dtype=torch.float32, device=x.device)
+        for b, (slot, start, n, off) in enumerate(zip(batch.slots, batch.starts, batch.lengths, batch.offsets)):
+            if start == 0:
+                conv_state[slot].zero_()
+                ssm_state[slot].zero_()
+            mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
+            o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
+        o = _rms(o, self.eps) * w.norm.float() * F.silu(z.view(T, self.hv, self.dv))  # [T, Hv, dv]
+        return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
+
+    def convolve(self, xs: torch.Tensor, conv_state: torch.Tensor, slot: int) -> torch.Tensor:
+        """silu(causal depthwise conv) of xs [n, C] after the slot's last K-1 inputs; the state moves on."""
+        K = self.w.conv.shape[1]
+        window = torch.cat((conv_state[slot].float(), xs))  # [K-1+n, C]
+        conv_state[slot] = window[-(K - 1):].to(conv_state.dtype)
+        frames = window.unfold(0, K, 1)  # [n, C, K]
+        return F.silu((frames * self.w.conv.float()).sum(-1))  # [n, C]
+
+    def recur(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_state: torch.Tensor,
+              slot: int) -> torch.Tensor:
+        """The gated delta rule over n tokens from the slot's state: o [n, Hv, dv]; the state moves on."""
+        n, key = mixed.shape[0], self.hk * self.dk
+        r = self.hv // self.hk
+        q = _l2(mixed[:, :key].view(n, self.hk, self.dk)).repeat_interleave(r, dim=1) * self.dk ** -0.5  # [n, Hv, dk]
+        k = _l2(mixed[:, key:2 * key].view(n, self.hk, self.dk)).repeat_interleave(r, dim=1)  # [n, Hv, dk]
+        v = mixed[:, 2 * key:].view(n, self.hv, self.dv)  # [n, Hv, dv]
+        S = ssm_state[slot].float()  # [Hv, dk, dv]
+        out = torch.empty((n, self.hv, self.dv), dtype=torch.float32, device=mixed.device)
+        decay = g.exp()  # [n, Hv]
+        for t in range(n):
+            S = S * decay[t, :, None, None]
+            delta = (v[t] - torch.einsum("hkv,hk->hv", S, k[t])) * beta[t, :, None]  # [Hv, dv]
+            S = S + k[t, :, :, None] * delta[:, None, :]
+            out[t] = torch.einsum("hkv,hk->hv", S, q[t])
+        ssm_state[slot] = S.to(ssm_state.dtype)
+        return out
+
+
+def _l2(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class GatedAttention(Attention):
+    """Full attention with a per-head sigmoid output gate from the query projection (qwen3next)."""
+
+    fusable = False
+    unfused_why = "gated full attention (qwen3next) runs per call"
+
+    def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        w, T, H, hd = self.w, x.shape[0], self.n_head, self.head_dim
+        q, gate = linear(x, w.wq).view(T, H, 2, hd).unbind(2)  # [T, H, hd] each
+        k, v = linear(x, w.wk).view(T, self.n_head_kv, hd), linear(x, w.wv).view(T, self.n_head_kv, hd)
+        q, k = w.q_norm(q.contiguous()), w.k_norm(k)
+        q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
+        k_cache, v_cache = kv
+        batch.write(k_cache, k)
+        batch.write(v_cache, v)
+        attend = self.attend_decode if batch.is_decode else self.attend_each
+        out = attend(q, batch, k_cache, v_cache) * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
+        return linear(out, w.wo)  # [T, D]
+
+
+__all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet"]

@@ -1,0 +1,105 @@
+"""Qwen3-Next (`qwen3next`) against transformers' Qwen3NextForCausalLM on the bar of the other
+families, on a tiny model of three gated DeltaNet layers and one gated full-attention layer; and
+what only it has: the per-sequence recurrent state (per slot, reset at position 0, zeroed when the
+slot is freed, right under batching and chunked prefill), every path (float, packed per-call, the
+memories, batching, the engine) giving the same, and the runtime plan saying why decode runs per call."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strata
+from strata.models.deltanet import GatedAttention, GatedDeltaNet
+from tests.fixtures.tiny import zoo
+
+from .helpers import REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode, rel_err
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return zoo().get("qwen3next")
+
+
+def _load(path, compute="float", memory="direct", max_batch=1):
+    return strata.load(path, threads=1, n_ctx=128, max_batch=max_batch, compute=compute, memory=memory)
+
+
+def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
+    check_prefill_and_decode(tiny, record_property, "qwen3next", 20, 16)
+
+
+def test_greedy_32_tokens_match_transformers(tiny):
+    check_greedy_32(tiny)
+
+
+def test_layers_are_as_transformers_builds_them(tiny):
+    bare = Bare(tiny.gguf("f32"))
+    hp = bare.mf.hparams
+    assert hp.recurrent_layers == (True, True, True, False) and hp.rope_dim == 16
+    assert (hp.ssm.n_k_heads, hp.ssm.n_v_heads, hp.ssm.head_k_dim, hp.ssm.conv_kernel) == (2, 4, 32, 4)
+    kinds = [type(b.attention) for b in bare.model.blocks]
+    assert kinds == [GatedDeltaNet] * 3 + [GatedAttention]
+    conv, ssm = bare.cache.layer(0)
+    assert conv.shape == (1, 3, 256) and ssm.shape == (1, 4, 32, 32)
+    assert not bare.cache.prefix_cache  # a recurrent state cannot be rebuilt from cached blocks
+
+
+def test_a_batch_of_two_equals_each_alone(tiny):
+    check_batch_of_two(tiny)
+
+
+def test_chunked_prefill_carries_the_state(tiny):
+    """A prompt in chunks of 5, 1 and 7 tokens (the conv state shorter and longer than a chunk)
+    gives transformers' logits: the state moves on between chunks."""
+    ids = tiny.prompt_ids(13)
+    ref, bare, got, p = tiny.hf_logits(ids), Bare(tiny.gguf("f32")), [], 0
+    for n in (5, 1, 7):
+        got.append(bare.forward(ids[p:p + n], p))
+        p += n
+    assert rel_err(torch.cat(got), ref) <= REL_TOL
+
+
+def test_a_new_sequence_in_a_used_slot_starts_from_zero(tiny):
+    """The state is per slot: a sequence that reuses a slot (position 0 again) is not disturbed by
+    the previous one, and freeing the slot zeroes its rows."""
+    a, b = tiny.prompt_ids(9, seed=1), tiny.prompt_ids(9, seed=2)
+    bare = Bare(tiny.gguf("f32"))
+    bare.forward(a, 0)
+    assert rel_err(bare.forward(b, 0), tiny.hf_logits(b)) <= REL_TOL
+    bare.cache.free(0)
+    assert all(bare.cache.layer(i)[1].abs().sum() == 0 for i in range(3))
+
+
+def test_the_state_matters(tiny):
+    """Without the carried state (reset each call) decode departs from transformers."""
+    ids = tiny.prompt_ids(12)
+    bare = Bare(tiny.gguf("f32"))
+    bare.forward(ids[:8], 0)
+    for i in range(3):
+        bare.cache.layer(i)[1].zero_()
+    assert rel_err(bare.forward(ids[8:], 8), tiny.hf_logits(ids)[8:]) > 10 * REL_TOL
+
+
+def test_packed_compute_every_memory_and_the_plan(tiny):
+    """Packed compute equals float on the f32 file in every memory; decode runs per call (the fused
+    step and the decode program lack the DeltaNet) and the plan says so; greedy tokens agree."""
+    ids = tiny.prompt_ids(40)
+    prompt = tiny.prompt_ids(16, seed=21)
+    with _load(tiny.gguf("f32")) as ref:
+        want = ref.logits(ids)
+        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
+    for memory in ("direct", "paged", "tiered"):
+        with _load(tiny.gguf("f32"), "packed", memory) as m:
+            assert rel_err(m.logits(ids), want) < 1e-5, memory
+            assert m.plan.decode == "packed per-call" and "DeltaNet" in m.plan.decode_why
+            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+
+
+def test_generate_batch_equals_each_alone(tiny):
+    """The engine's continuous batching: two prompts of different lengths decoded together give
+    each one's tokens alone (each its own slot of state)."""
+    prompts = [tiny.prompt_ids(11, seed=3), tiny.prompt_ids(6, seed=4)]
+    with _load(tiny.gguf("f32"), "packed", max_batch=2) as m:
+        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
+        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
+    assert both == alone
