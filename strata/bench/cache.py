@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.bench.predict_score import trace_scores
 from strata.errors import StrataError
 from strata.memory.policy import PolicyConfig
 from strata.memory.trace import (ReplayConfig, ReplayResult, load_trace, n_experts_of, predictor_recall,
@@ -121,7 +122,8 @@ def bench_cache(path: str | Path, slots: list[int], prefetch_depth: int = 1,
     result = {"trace": str(path), "layers": n_layers, "tokens": n_tokens, "top_k": k, "n_experts": n_experts,
               "prefetch_depth": prefetch_depth, "prefetch_margin": policy.prefetch_margin,
               "half_life_steps": policy.half_life_steps,
-              "predictor_recall": predictor_recall(indices, depth) if n_layers > 1 else [], "slots": {}}
+              "predictor_recall": predictor_recall(indices, depth) if n_layers > 1 else [],
+              "predictor_scores": trace_scores(indices, 3) if n_layers > 1 else {}, "slots": {}}
     for n in slots:
         result["slots"][str(n)] = {
             "policy": replay_policy(indices, n, ReplayConfig(prefetch_depth, policy=policy)).summary(),

@@ -75,7 +75,8 @@ def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
     seconds = max(c.decode_seconds for c in done)
     tokens = sum(len(c.token_ids) - 1 for c in done)
     return {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
-            "stats": stats.totals() if stats is not None else None, "split": model.time_split()}
+            "stats": stats.totals() if stats is not None else None, "split": model.time_split(),
+            "prediction_depths": stats.prediction_score.to_dict() if stats is not None else {}}
 
 
 def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
@@ -151,7 +152,8 @@ def _summary(runs: list[dict[str, Any]], disk: float | None, h2d: float | None) 
         out["tiers"] = {"device_hit_rate": stats["device_hit_rate"],
                         "host_hit_rate": stats["host_hits"] / host_total if host_total else None,
                         "disk_bytes_per_token": disk_b, "device_bytes_per_token": dev_b,
-                        "disk_reads": stats["disk_reads"], "prefetch_used": stats["prefetch_used"]}
+                        "disk_reads": stats["disk_reads"], "prefetch_used": stats["prefetch_used"],
+                        "prefetch_unpaid": stats["prefetch_unpaid"], "prediction_depths": last["prediction_depths"]}
         transfer_s = (disk_b / disk if disk and disk_b else 0.0) + (dev_b / h2d if h2d and dev_b else 0.0)
         roof["transfer_bound_tok_s"] = 1.0 / transfer_s if transfer_s > 0 else None
     bounds = [v for v in roof.values() if v]

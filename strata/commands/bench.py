@@ -16,7 +16,7 @@ from strata.errors import StrataError
 from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
-from .tiers import column, fast_tier
+from .tiers import column, fast_tier, format_prediction_depths
 
 
 def format_dequant(results: dict[str, dict[str, float]]) -> str:
@@ -48,6 +48,8 @@ def format_cache(result: dict) -> str:
         f"policy: use-count half-life {result['half_life_steps']:g} steps, prefetch depth "
         f"{result['prefetch_depth']}, margin {result['prefetch_margin']:g}",
         f"co-occurrence predictor, online top-{result['top_k']} recall (= precision): {recall}",
+        "predictors by depth (online; p > x: the predictions that pay for their read):",
+        *format_prediction_depths(result.get("predictor_scores", {})),
         "", *table, "",
         "* oracles: the fixed hot set knows the whole trace's counts (preloaded, no loads); Belady knows the",
         "  future and is the ceiling of caches that load only on a miss (prefetching can pass its hit rate,",
@@ -121,6 +123,7 @@ def format_model(r: dict[str, Any]) -> str:
             lines.append(f"  {fast} hit rate {pct(t['device_hit_rate'])}, host hit rate (of {fast} misses) "
                          f"{pct(t['host_hit_rate'])}; per token: {format_bytes(t['disk_bytes_per_token'])} from "
                          f"disk, {format_bytes(t['device_bytes_per_token'])} into {fast} slots")
+            lines += format_prediction_depths(t.get("prediction_depths", {}), "  predictor ")
         bound = lambda v: "-" if v is None else f"{v:.2f} tok/s"  # noqa: E731
         lines.append(f"  roofline: compute-bound {bound(roof['compute_bound_tok_s'])}, transfer-bound "
                      f"{bound(roof.get('transfer_bound_tok_s'))}; measured {x['tok_s']['mean']:.2f} tok/s = "

@@ -30,6 +30,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def format_prediction_depths(scores: dict[str, list[dict]], indent: str = "  ") -> list[str]:
+    """One line per predictor: precision / recall at each depth (`PredictionScore.to_dict()`)."""
+    return [f"{indent}{name}: " + ", ".join(f"+{r['depth']} precision {_pct(r['precision'])} recall "
+                                           f"{_pct(r['recall'])}" for r in rows)
+            for name, rows in scores.items()]
+
+
 def format_memory_stats(stats, device: Any, per_layer: bool = True) -> str:
     """--stats: the expert memory's totals, then one line per layer (`stats` a MemoryStats)."""
     t, fast = stats.totals(), fast_tier(device)
@@ -44,7 +51,9 @@ def format_memory_stats(stats, device: Any, per_layer: bool = True) -> str:
         + (f"; computed on the CPU {t['cpu_computed']} ({t['cpu_s']:.3f} s)" if t["cpu_computed"] else ""),
         f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
         f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "
-        f"{_pct(t['precision'])}, recall {_pct(t['recall'])}",
+        f"{_pct(t['precision'])}, recall {_pct(t['recall'])}; not loaded (p below the read cost) "
+        f"{t['prefetch_unpaid']}",
+        *format_prediction_depths(stats.prediction_score.to_dict(), "    by depth, "),
     ]
     if per_layer:
         lines.append(f"  layer  requests  {column(device)}  late  miss  host.hit  disk  wait_s  precision  recall")
@@ -55,4 +64,4 @@ def format_memory_stats(stats, device: Any, per_layer: bool = True) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["column", "fast_tier", "format_memory_stats"]
+__all__ = ["column", "fast_tier", "format_memory_stats", "format_prediction_depths"]

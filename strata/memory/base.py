@@ -114,8 +114,10 @@ class ExpertMemory(ABC):
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:
         """Give back experts acquired with the same arguments; their weights may be reused."""
 
-    def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None) -> None:
-        """Hint: `expert_ids` of `layer` are needed soon (with probabilities `probs`, default 1).
+    def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None,
+                 source: int | None = None) -> None:
+        """Hint: `expert_ids` of `layer` are needed soon (with probabilities `probs`, default 1),
+        predicted from the hidden state of model layer `source` (-1: the embeddings; None: unsaid).
         The default does nothing."""
 
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:

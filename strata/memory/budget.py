@@ -79,6 +79,13 @@ CUDA_HEADROOM_MIN = GIB
 #: (naive Bayes on a few counts is overconfident).
 DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
 DEFAULT_COOCCURRENCE_MIN_TOKENS = 256
+#: Prefetch only what pays: a prediction of probability p is loaded when p x saved > cost, with the
+#: wait a used prefetch saves as the unit (one read hidden) and cost the share of a read a wasted one
+#: takes from demand loads (the link's busy share while the loader runs). 0.5 is the bar decoding's
+#: co-occurrence filter already used, so defaults decide as before for it; look-ahead, calibrated
+#: by its own measured precision per depth (`predict.score`), loads only at depths where it is
+#: right more often than not.
+DEFAULT_PREFETCH_READ_COST = 0.5
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,10 @@ class TieredConfig:
     cooccurrence: add the cross-layer co-occurrence predictor to the router look-ahead; its
         predictions below `cooccurrence_min_prob` are not loaded, nor any before it has seen
         `cooccurrence_min_tokens` tokens.
+    prefetch_read_cost: prefetch only what pays: a prediction of probability p is loaded when
+        p > prefetch_read_cost (a wasted read's cost in units of the wait a used prefetch saves; 0:
+        load every prediction the policy admits). Look-ahead announcements carry their measured
+        precision at their depth as p once it is known.
     prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
         probability p displaces only experts whose keep value is below p / margin.
     pager_threads, direct: the host tier's pager (threads; O_DIRECT: None = where possible).
@@ -112,6 +123,7 @@ class TieredConfig:
     cooccurrence_min_prob: float = DEFAULT_COOCCURRENCE_MIN_PROB
     cooccurrence_min_tokens: int = DEFAULT_COOCCURRENCE_MIN_TOKENS
     prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
+    prefetch_read_cost: float = DEFAULT_PREFETCH_READ_COST
     pager_threads: int = DEFAULT_PAGER_THREADS
     direct: bool | None = None
     hybrid: bool = False
@@ -124,6 +136,9 @@ class TieredConfig:
             raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")
         if not self.prefetch_margin > 0:
             raise StrataError(f"prefetch margin must be positive, found {self.prefetch_margin!r}")
+        if not 0 <= self.prefetch_read_cost < 1:
+            raise StrataError(f"prefetch read cost must be in [0, 1) (a share of one read), "
+                              f"found {self.prefetch_read_cost!r}")
 
     def depth_for(self, device: torch.device, holds_all: bool = False) -> int:
         """The prefetch depth on `device`: the one asked for, else the device type's default, or 0

@@ -8,7 +8,8 @@ Demand requests (experts the model acquired) end in exactly one of three places 
       device_misses  not in a device slot: loaded on demand, from the host tier or the disk
     device_misses = host_hits + disk_reads
 
-Loads started by prefetch count separately (prefetch_host_hits + prefetch_disk_reads = prefetch
+Predicted experts not loaded because their probability does not pay for the read
+(`TieredConfig.prefetch_read_cost`) count in `prefetch_unpaid`. Loads started by prefetch count separately (prefetch_host_hits + prefetch_disk_reads = prefetch
 loads that ran). Bytes: `bytes_disk` is the payload the pager read into host slots (slab sizes);
 `bytes_to_device` what was written into device slots (packed bytes, or dequantized values).
 
@@ -42,12 +43,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .predict.score import PredictionScore
+
 
 #: Integer counters, one [L] array each (L = expert layers).
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
             "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
-            "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed")
+            "prefetch_unpaid", "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed")
 #: Second totals, one [L] array each.
 TIMERS = ("wait_s", "dequant_s", "cpu_s")
 
@@ -64,10 +67,12 @@ class MemoryStats:
             setattr(self, name, np.zeros(n, dtype=np.float64))
         self.routing_counts = np.zeros((n, n_experts), dtype=np.int64)  # [L, E]
         self.routing_tokens = np.zeros(n, dtype=np.int64)  # [L]
+        self.prediction_score = PredictionScore()  # precision/recall per predictor and depth
 
     def reset(self) -> None:
         for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
             getattr(self, name)[:] = 0
+        self.prediction_score.reset()
 
     def record_routing(self, li: int, expert_ids: np.ndarray) -> None:
         """Expert layer `li` routed tokens to `expert_ids` [T, K]; no allocation beyond numpy's."""
@@ -103,7 +108,8 @@ class MemoryStats:
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        return {"total": self.totals(), "per_layer": self.per_layer()}
+        return {"total": self.totals(), "per_layer": self.per_layer(),
+                "prediction_depths": self.prediction_score.to_dict()}
 
 
 @dataclass(frozen=True)

@@ -317,7 +317,7 @@ def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.
 
     def after(i: int) -> Lookahead | None:
         targets = [t for t in moe if t[0] > i][:depth]
-        return Lookahead(memory, targets) if targets else None
+        return Lookahead(memory, targets, i) if targets else None
 
     return [after(i) for i in range(-1, len(ffns))]
 

@@ -264,13 +264,17 @@ class Lookahead:
     (what an announcement means to the memory: `strata.memory.predict.lookahead`). A hint only:
     it reads h and changes nothing the model computes."""
 
-    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]]):
+    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]], source: int = -1):
         self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
+        self.source = source  # the block whose hidden state this reads (-1: the embeddings), for scoring
 
     def __call__(self, h: torch.Tensor) -> None:
-        for layer, norm, router in self.targets:
-            _, expert_ids = router(norm(h))  # [T, K]
-            self.memory.prefetch(layer, expert_ids.unique().tolist())
+        for layer, expert_ids in self.predict(h):
+            self.memory.prefetch(layer, expert_ids.unique().tolist(), source=self.source)
+
+    def predict(self, h: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """(layer, expert ids [T, K]) of each next MoE layer's router applied to h [T, D]."""
+        return [(layer, router(norm(h))[1]) for layer, norm, router in self.targets]
 
 
 class MoE(nn.Module):

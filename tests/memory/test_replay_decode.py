@@ -48,6 +48,7 @@ def _decode(path, routing: np.ndarray, lookahead: bool, margin: float) -> tuple[
                                                TOP_K),
             host_mem=host_budget_for_slots(mf, N_EXPERTS),  # the host tier never refuses a prefetch
             slot_form="packed", prefetch_depth=1, cooccurrence_min_prob=0.0, cooccurrence_min_tokens=0,
+            prefetch_read_cost=0.0,
             prefetch_margin=margin)
         mem = TieredExpertMemory(mf, config=config, n_threads=1)
         tables, hits = [], np.zeros((n_layers, n_tokens), dtype=np.int64)

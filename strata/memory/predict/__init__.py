@@ -1,10 +1,12 @@
 """Predictors of the next layers' experts, behind one interface (`base.Predictor`), one file each:
-router look-ahead announcements (`lookahead.py`) and cross-layer co-occurrence (`cooccurrence.py`).
+router look-ahead announcements (`lookahead.py`) and cross-layer co-occurrence (`cooccurrence.py`);
+their precision and recall per depth (`score.py`).
 
 Must not hold code: the package's public names, re-exported.
 """
-from .base import Prediction, Predictor, merge
+from .base import LOOK_AHEAD, Prediction, Predictor, merge
 from .cooccurrence import Cooccurrence, CooccurrencePredictor
 from .lookahead import Lookahead, announcement
+from .score import DepthCounts, PredictionScore
 
-__all__ = ["Cooccurrence", "CooccurrencePredictor", "Lookahead", "Prediction", "Predictor", "announcement", "merge"]
+__all__ = ["LOOK_AHEAD", "Cooccurrence", "DepthCounts", "PredictionScore", "CooccurrencePredictor", "Lookahead", "Prediction", "Predictor", "announcement", "merge"]

@@ -25,8 +25,14 @@ class Prediction:
     probs: np.ndarray  # [n] float64, non-increasing
 
 
+#: The name the model's router look-ahead is scored under (`score.PredictionScore`).
+LOOK_AHEAD = "look-ahead"
+
+
 class Predictor(ABC):
-    """Predicts the next layers' experts from the routing seen so far."""
+    """Predicts the next layers' experts from the routing seen so far; `name` labels its scores."""
+
+    name = "predictor"
 
     def observe(self, layer: int, expert_ids: np.ndarray) -> None:
         """Expert layer `layer` routed its tokens to `expert_ids` [T, K] (layer after layer within
@@ -58,4 +64,4 @@ def merge(layer: int, expert_ids: list[np.ndarray], probs: list[np.ndarray],
     return Prediction(layer, out_ids[order], out_p[order])
 
 
-__all__ = ["Prediction", "Predictor", "merge"]
+__all__ = ["LOOK_AHEAD", "Prediction", "Predictor", "merge"]

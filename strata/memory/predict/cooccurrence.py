@@ -144,6 +144,8 @@ class Cooccurrence(Predictor):
     the table has seen `min_tokens` tokens of the transition, nor for steps of more than
     `table.max_batch` tokens (the table keeps the last step of each layer in fixed arrays)."""
 
+    name = "co-occurrence"
+
     def __init__(self, table: CooccurrencePredictor, depth: int, top: int = 0, min_prob: float = 0.0,
                  min_tokens: int = 0) -> None:
         self.table, self.depth, self.top = table, depth, top or table.top_k

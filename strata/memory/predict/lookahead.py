@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .base import Prediction, Predictor
+from .base import LOOK_AHEAD, Prediction, Predictor
 
 
 def announcement(layer: int, expert_ids: Sequence[int] | np.ndarray,
@@ -35,6 +35,8 @@ def announcement(layer: int, expert_ids: Sequence[int] | np.ndarray,
 class Lookahead(Predictor):
     """The replay's stand-in for router look-ahead: given the routing the next `depth` layers will
     make (`routing(layer)` [T, K], known to the replay), announces it as certain."""
+
+    name = LOOK_AHEAD
 
     def __init__(self, n_layers: int, depth: int, routing: Callable[[int], np.ndarray]):
         self.n_layers, self.depth, self.routing = n_layers, depth, routing

@@ -55,8 +55,9 @@ class SlotLoads:
     layer, expert) [L, E]: `predicted` (announced for the next step)."""
 
     def __init__(self, policy: ExpertPolicy, host: HostTier, slots: DeviceSlots, stats: MemoryStats,
-                 layers: ExpertLayers, model_file: ModelFile, predictors: list[Predictor]):
+                 layers: ExpertLayers, model_file: ModelFile, predictors: list[Predictor], read_cost: float = 0.0):
         self.policy, self.host, self.slots, self.stats = policy, host, slots, stats
+        self.read_cost = read_cost  # predictions of p <= this are not loaded (`TieredConfig.prefetch_read_cost`)
         self.layers, self.model_file, self.predictors = layers, model_file, predictors
         S, L, E = policy.n_slots, len(layers), policy.page_table.shape[1]
         self.lock = threading.Lock()
@@ -178,15 +179,25 @@ class SlotLoads:
             predictor.observe(li, ids)
         for predictor in self.predictors:
             for prediction in predictor.predict(li, ids):
-                self.announce(prediction)
+                self.announce(prediction, li, predictor.name)
 
-    def announce(self, prediction: Prediction) -> None:
-        """Hint a prediction to both tiers and queue the loads the device policy admits."""
-        li, ids, probs = prediction.layer, prediction.expert_ids, prediction.probs
+    def announce(self, prediction: Prediction, source: int | None = None, name: str = "") -> None:
+        """Score a prediction made from expert layer `source` (None: unscored by depth), then hint
+        the experts whose probability pays for their read to both tiers and queue the loads the
+        device policy admits."""
+        li = prediction.layer
+        with self.lock:
+            self.predicted[li, prediction.expert_ids] = True
+            if source is not None:
+                self.stats.prediction_score.expect(name, source, prediction)
+        paid = prediction.probs > self.read_cost
+        ids, probs = prediction.expert_ids[paid], prediction.probs[paid]
+        self.stats.prefetch_unpaid[li] += int(paid.size - paid.sum())
+        if not ids.size:
+            return
         layer = self.layers.layer(li)
         self.host.hint(layer, ids, probs)
         with self.lock:
-            self.predicted[li, ids] = True
             for e, prob, admitted in self.policy.announce(li, ids, probs):
                 if admitted is None:
                     self.stats.prefetch_refused[li] += 1
@@ -207,6 +218,10 @@ class SlotLoads:
         self.stats.actual[li] += actual.size
         self.stats.predicted_correct[li] += int(predicted[actual].sum())
         predicted[:] = False
+
+    def score_depths(self, li: int, ids: np.ndarray) -> None:
+        """Lock held: score the predictions pending for this layer by predictor and depth."""
+        self.stats.prediction_score.routed(li, ids)
 
     # ---- the loader thread's work --------------------------------------------------------------
 

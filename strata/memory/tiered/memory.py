@@ -30,6 +30,7 @@ here are model layer numbers; the policies, predictors and statistics index expe
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from typing import Sequence
@@ -48,7 +49,7 @@ from ..machine import Machine
 from .loads import COMPUTE, QUEUED, SlotLoads
 from ..placement import estimate, warn_if_slow
 from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
-from ..predict import Cooccurrence, CooccurrencePredictor, Predictor, announcement
+from ..predict import LOOK_AHEAD, Cooccurrence, CooccurrencePredictor, Predictor, announcement
 from ..startup import place_initial
 from ..stats import MemoryStats, Residency
 
@@ -103,7 +104,8 @@ class TieredExpertMemory(ExpertMemory):
             self.predictors.append(Cooccurrence(CooccurrencePredictor(L, E, self.top_k, max_batch=64),
                                                 self.prefetch_depth, min_prob=self.config.cooccurrence_min_prob,
                                                 min_tokens=self.config.cooccurrence_min_tokens))
-        self.loads = SlotLoads(self.policy, self.host, self.slots, self.stats, self.layers, model_file, self.predictors)
+        self.loads = SlotLoads(self.policy, self.host, self.slots, self.stats, self.layers, model_file, self.predictors,
+                               self.config.prefetch_read_cost)
         self._held: tuple[int, tuple[int, ...], list[int], bool] | None = None  # layer, experts, slots, pinned
         # Settled: the device has a slot for every expert and no loader thread or hybrid split moves
         # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
@@ -218,16 +220,25 @@ class TieredExpertMemory(ExpertMemory):
                 self.policy.record(li, ids)
             self.stats.record_routing(li, ids)
             self.loads.score_predictions(li, ids)
+            self.loads.score_depths(li, ids)
         if not self._settled:
             self.host.record(layer, ids)
         self.loads.predict(li, ids)
 
-    def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None) -> None:
-        """Start loading `expert_ids` of `layer` (needed with probability `probs`, default 1)
-        where the policy finds room; returns at once. Ignored when prefetch is off."""
+    def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None,
+                 source: int | None = None) -> None:
+        """Start loading `expert_ids` of `layer` (needed with probability `probs`) where the policy
+        finds room and the probability pays for the read; returns at once. Ignored when prefetch is
+        off. Predicted from model layer `source`'s hidden state (the look-ahead), they are scored
+        at their depth, and without `probs` carry the look-ahead's measured precision there (1
+        until measured)."""
         if self.prefetch_depth == 0:
             return
-        self.loads.announce(announcement(self._layer(layer), expert_ids, probs))
+        li = self._layer(layer)
+        src = None if source is None else bisect.bisect_right(self.layers.layers, source) - 1
+        if probs is None and src is not None:
+            probs = [self.stats.prediction_score.calibrated(LOOK_AHEAD, li - src)] * len(expert_ids)
+        self.loads.announce(announcement(li, expert_ids, probs), src, LOOK_AHEAD)
 
     def close(self) -> None:
         self.loads.stop_thread()
