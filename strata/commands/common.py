@@ -211,7 +211,10 @@ def load_model(args: argparse.Namespace, max_batch: int = 1):
     model = strata.load(args.model, max_batch=max_batch, sampling=sampling, **load_kwargs(args))
     stats = model.memory_stats() if getattr(args, "save_trace", None) or getattr(args, "stats", False) else None
     if stats is not None and hasattr(stats, "start_trace"):
-        stats.start_trace()  # --save-trace writes it; --stats replays it through Belady's policy
+        from strata.bench.cache import disk_tier
+
+        # --save-trace writes it; --stats replays it through Belady's policy from this residency
+        stats.start_trace(disk_tier(model.memory))
     return model
 
 
@@ -234,9 +237,20 @@ def print_stats(args: argparse.Namespace, model) -> None:
         from .tiers import format_memory_stats
 
         stats = model.memory_stats()
-        print(format_memory_stats(stats, model.device) if stats is not None
+        print(format_memory_stats(stats, model.device, optimal=optimal_bytes(stats)) if stats is not None
               else "expert memory: no statistics (--memory direct)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
+
+
+def optimal_bytes(stats) -> int | None:
+    """Bytes Belady's policy would have read from the disk for the run's own routing trace (from
+    where the trace began, at the same slot budgets); None without a trace or a disk tier."""
+    trace = stats.trace() if hasattr(stats, "trace") else None
+    if trace is None or getattr(stats, "trace_origin", None) is None:
+        return None
+    from strata.bench.cache import optimal_disk_bytes
+
+    return optimal_disk_bytes(trace, stats.trace_origin)
 
 
 def format_kv_cache(cache) -> str:

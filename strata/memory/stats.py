@@ -67,16 +67,21 @@ class MemoryStats:
         self.routing_counts = np.zeros((n, n_experts), dtype=np.int64)  # [L, E]
         self.routing_tokens = np.zeros(n, dtype=np.int64)  # [L]
         self.recorder: TraceRecorder | None = None  # opt-in: it grows with every token
+        self.trace_origin: Any = None  # the caller's note of where the trace began (start_trace)
 
     def reset(self) -> None:
         for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
             getattr(self, name)[:] = 0
         if self.recorder is not None:
             self.recorder = TraceRecorder(len(self.layers))
+        self.trace_origin = None
 
-    def start_trace(self) -> None:
-        """Keep every routed token from now on (and after each `reset`); see `trace`."""
+    def start_trace(self, origin: Any = None) -> None:
+        """Keep every routed token from now on (and after each `reset`); see `trace`. `origin` is
+        kept until the next `reset`: what a replay of the trace needs to know of its start (the
+        residency of the tier that reads the disk, `strata.bench.cache.disk_tier`)."""
         self.recorder = TraceRecorder(len(self.layers))
+        self.trace_origin = origin
 
     def trace(self) -> np.ndarray | None:
         """indices int16 [L, T, K] of the tokens routed since `start_trace` or `reset`; None when
