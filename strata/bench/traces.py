@@ -44,13 +44,16 @@ def preset_trace_shape(preset: str, n_layers: int = 4, seed: int = 0):
 
 
 def record_trace(model_path: str | os.PathLike, tokens: int, seed: int = 0, threads: int = 2):
-    """indices int16 [L, T, K] of every token of a sampled decode (temperature 1, no stop token) of
-    `tokens` tokens after a 4-token prompt, as the model's routers chose them."""
+    """indices int16 [L, T, K] of a text of `tokens` random token ids, as the model's routers chose
+    them (read in one prefill: a causal model routes a text the same way token by token). Random
+    weights sample a near-constant token, whose decode would route every step alike."""
+    import numpy as np
+
     import strata
     from strata.memory.stats import TraceRecorder
 
     rows: dict[int, list] = {}  # model layer -> its steps' expert ids
-    with strata.load(model_path, threads=threads, n_ctx=tokens + 16, memory="direct") as m:
+    with strata.load(model_path, threads=threads, n_ctx=tokens + 16, memory="direct", prefix_cache=False) as m:
         observe = m.memory.observe
 
         def record(layer, ids):
@@ -58,12 +61,13 @@ def record_trace(model_path: str | os.PathLike, tokens: int, seed: int = 0, thre
             return observe(layer, ids)
 
         m.memory.observe = record
-        m.generate([1, 2, 3, 4], max_tokens=tokens, temperature=1.0, top_k=0, seed=seed, stop_token_ids=())
+        text = np.random.default_rng(seed).integers(0, m.transformer.vocab_size, tokens).tolist()
+        m.generate(text, max_tokens=1, temperature=0, stop_token_ids=())
     recorder = TraceRecorder(len(rows))
     for li, layer in enumerate(sorted(rows)):
         for ids in rows[layer]:
             recorder.add(li, ids)
-    return recorder.indices()
+    return recorder.indices()[:, :tokens]  # the text; not the routing of the one token sampled
 
 
 def record_preset_trace(preset: str, tokens: int, path: str | os.PathLike, n_layers: int = 4,
