@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -26,10 +27,13 @@ def replay_lru(indices: np.ndarray, slots: int) -> ReplayResult:
     return _replay_demand(indices, slots, _LruLayer)
 
 
-def replay_belady(indices: np.ndarray, slots: int) -> ReplayResult:
+def replay_belady(indices: np.ndarray, slots: int | Sequence[int], initial: np.ndarray | None = None,
+                  n_experts: int | None = None) -> ReplayResult:
     """Belady's optimal demand policy, per layer: evict the expert whose next use is furthest
-    away. Knows the future; the ceiling of any cache that loads only on a miss."""
-    return _replay_demand(indices, slots, _BeladyLayer)
+    away. Knows the future; the ceiling of any cache that loads only on a miss. `slots` may differ
+    per layer; `initial` (bool [L, E]) starts each layer with those experts resident (a warm run)
+    instead of empty; `extra["loads_per_layer"]` counts each layer's loads."""
+    return _replay_demand(indices, slots, _BeladyLayer, initial, n_experts)
 
 
 def replay_fixed(indices: np.ndarray, slots: int) -> ReplayResult:
@@ -57,8 +61,16 @@ class _LruLayer:
 
 class _BeladyLayer:
     def __init__(self, seq: np.ndarray, n_experts: int) -> None:
+        self.seq = seq
         self.next_use = _next_use(seq, n_experts)  # [T, K] step of the next use of seq[t, j]
         self.when = np.zeros(n_experts, dtype=np.int64)  # [E] next use of each resident expert
+
+    def seed(self, resident: np.ndarray) -> None:
+        """Experts resident before the trace starts: next used at their first use."""
+        first = np.full(len(self.when), len(self.next_use), dtype=np.int64)  # T = never
+        for t in range(len(self.next_use) - 1, -1, -1):
+            first[self.seq[t]] = t
+        self.when[resident] = first[resident]
 
     def touch(self, t: int, j: int, expert: int) -> None:
         self.when[expert] = self.next_use[t, j]
@@ -77,16 +89,24 @@ def _next_use(seq: np.ndarray, n_experts: int) -> np.ndarray:
     return out
 
 
-def _replay_demand(indices: np.ndarray, slots: int, make_layer: Callable) -> ReplayResult:
+def _replay_demand(indices: np.ndarray, slots: int | Sequence[int], make_layer: Callable,
+                   initial: np.ndarray | None = None, n_experts: int | None = None) -> ReplayResult:
     n_layers, n_tokens, _ = indices.shape
-    n_experts = n_experts_of(indices)
+    n_experts = max(n_experts or 0, n_experts_of(indices)) if indices.size else n_experts or 1
+    budgets = np.broadcast_to(np.asarray(slots, dtype=np.int64), (n_layers,))
+    if initial is not None and (initial.shape != (n_layers, n_experts) or (initial.sum(1) > budgets).any()):
+        raise StrataError(f"initial residency of shape {list(initial.shape)}: expected [{n_layers}, {n_experts}] "
+                          f"with at most {budgets.tolist()} experts per layer")
     hits = np.zeros(indices.shape, dtype=bool)
-    loads = 0
+    per_layer = np.zeros(n_layers, dtype=np.int64)
     for layer in range(n_layers):
-        seq = indices[layer]  # [T, K]
+        seq, slots = indices[layer], int(budgets[layer])  # [T, K]
         state = make_layer(seq, n_experts)
-        resident = np.zeros(n_experts, dtype=bool)  # [E]
-        n_resident = 0
+        resident = np.zeros(n_experts, dtype=bool) if initial is None else initial[layer].copy()  # [E]
+        if initial is not None and isinstance(state, _BeladyLayer):
+            state.seed(resident)
+        n_resident = int(resident.sum())
+        loads = 0
         for t in range(n_tokens):
             step = seq[t]
             hits[layer, t] = resident[step]
@@ -101,7 +121,8 @@ def _replay_demand(indices: np.ndarray, slots: int, make_layer: Callable) -> Rep
                     n_resident += 1
                     loads += 1
                 state.touch(t, j, e)
-    return ReplayResult(hits=hits, demand_loads=loads)
+        per_layer[layer] = loads
+    return ReplayResult(hits=hits, demand_loads=int(per_layer.sum()), extra={"loads_per_layer": per_layer})
 
 
 
@@ -133,3 +154,25 @@ def bench_cache(path: str | Path, slots: list[int], prefetch_depth: int = 1,
             "belady": replay_belady(indices, n).summary(),
         }
     return result
+
+
+def disk_tier(memory) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The tier of `memory` that reads the disk (the host tier of a tiered or paged memory), now:
+    (slot budgets int64 [L], resident bool [L, E], bytes of one expert int64 [L]); None when the
+    memory has no such tier (everything mapped or in RAM)."""
+    host = getattr(memory, "host", None)
+    policy = getattr(host, "policy", None)
+    if policy is None:
+        return None
+    expert_bytes = np.array([sum(s.nbytes for s in host.model.expert_slabs(layer, 0)) for layer in host.layers])
+    return policy.budgets.copy(), policy.page_table >= 0, expert_bytes
+
+
+def optimal_disk_bytes(indices: np.ndarray, tier: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
+    """Bytes Belady's policy reads from the disk for the routing `indices` [L, T, K] with the
+    tier's slot budgets, starting from its residency (`disk_tier`, taken when the trace began)."""
+    budgets, resident, expert_bytes = tier
+    if indices.shape[1] == 0:
+        return 0
+    result = replay_belady(indices.astype(np.int64), budgets, initial=resident, n_experts=resident.shape[1])
+    return int((result.extra["loads_per_layer"] * expert_bytes).sum())

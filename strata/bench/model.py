@@ -5,7 +5,9 @@ Per batch size, `reps` repetitions of: prompt processing (one sequence of `promp
 tokens/s of its prefill) and generation (`batch` sequences of one random token each, `gen` tokens
 each, no stop token: tokens/s over the decode steps, the prefill excluded). Decode runs also give
 the expert memory's counters (hit rate per tier, bytes moved per token per tier, share of the time
-spent waiting for experts), the per-token time split, and the roofline:
+spent waiting for experts; beside the disk's bytes per token, Belady's for the same routing: the
+run's own trace replayed through the optimal policy at the host tier's slot budgets, from the
+residency the run started with), the per-token time split, and the roofline:
 
 - compute-bound rate: decode tokens/s with the waits for experts taken out, i.e. what the same run
   would do with every expert resident (measured: the forward passes' time less the waits);
@@ -66,17 +68,25 @@ def _disk_rate(path: str) -> float | None:
 def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
     """`batch` one-token prompts decoded together for `gen` tokens: tok/s of the decode steps and
     the memory's counters and the time split over the whole run (its prefill is `batch` tokens)."""
+    from strata.bench.cache import disk_tier, optimal_disk_bytes
+
     prompts = [_prompt(model.transformer.vocab_size, 1, seed + i) for i in range(batch)]
     stats = model.memory_stats()
+    tier = disk_tier(model.memory) if stats is not None else None
     if stats is not None:
         stats.reset()
+        if tier is not None:
+            stats.start_trace()  # the run's own routing, replayed below through Belady's policy
     model.reset_time_split()
     done = model.generate_batch(prompts, max_tokens=gen, temperature=0, stop_token_ids=())  # greedy: no sampler cost
     seconds = max(c.decode_seconds for c in done)
     tokens = sum(len(c.token_ids) - 1 for c in done)
-    return {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
-            "stats": stats.totals() if stats is not None else None, "split": model.time_split(),
-            "prediction_depths": stats.prediction_score.to_dict() if stats is not None else {}}
+    out = {"tok_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
+           "stats": stats.totals() if stats is not None else None, "split": model.time_split(),
+           "prediction_depths": stats.prediction_score.to_dict() if stats is not None else {}}
+    if tier is not None:
+        out["belady_bytes_disk"] = optimal_disk_bytes(stats.trace(), tier)
+    return out
 
 
 def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
@@ -149,9 +159,11 @@ def _summary(runs: list[dict[str, Any]], disk: float | None, h2d: float | None) 
         disk_b = (stats["bytes_disk"]) / processed
         dev_b = stats["bytes_to_device"] / processed
         host_total = stats["host_hits"] + stats["disk_reads"]
+        belady = last.get("belady_bytes_disk")
         out["tiers"] = {"device_hit_rate": stats["device_hit_rate"],
                         "host_hit_rate": stats["host_hits"] / host_total if host_total else None,
                         "disk_bytes_per_token": disk_b, "device_bytes_per_token": dev_b,
+                        "belady_disk_bytes_per_token": None if belady is None else belady / processed,
                         "disk_reads": stats["disk_reads"], "prefetch_used": stats["prefetch_used"],
                         "prefetch_unpaid": stats["prefetch_unpaid"], "prediction_depths": last["prediction_depths"]}
         transfer_s = (disk_b / disk if disk and disk_b else 0.0) + (dev_b / h2d if h2d and dev_b else 0.0)

@@ -123,6 +123,11 @@ def format_model(r: dict[str, Any]) -> str:
             lines.append(f"  {fast} hit rate {pct(t['device_hit_rate'])}, host hit rate (of {fast} misses) "
                          f"{pct(t['host_hit_rate'])}; per token: {format_bytes(t['disk_bytes_per_token'])} from "
                          f"disk, {format_bytes(t['device_bytes_per_token'])} into {fast} slots")
+            if t.get("belady_disk_bytes_per_token") is not None:
+                opt = t["belady_disk_bytes_per_token"]
+                times = f" ({t['disk_bytes_per_token'] / opt:.2f}x)" if opt else ""
+                lines.append(f"  Belady's optimal for the same routing and host slots: {format_bytes(opt)} per "
+                             f"token from disk{times}")
             lines += format_prediction_depths(t.get("prediction_depths", {}), "  predictor ")
         bound = lambda v: "-" if v is None else f"{v:.2f} tok/s"  # noqa: E731
         lines.append(f"  roofline: compute-bound {bound(roof['compute_bound_tok_s'])}, transfer-bound "

@@ -89,17 +89,23 @@ def add_save_routing_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-routing", metavar="FILE.npz", default=None,
                    help="save how often each expert was routed to (arrays counts [L, E] and tokens), for "
                         "python -m strata.convert --routing-stats (needs --memory tiered or paged)")
+    p.add_argument("--save-trace", metavar="FILE.npz", default=None,
+                   help="save every token's routed experts (indices [L, T, K], the shared/traces format) for "
+                        "strata bench cache --trace (needs --memory tiered or paged)")
 
 
 def check_save_routing(args: argparse.Namespace) -> None:
     """Refuse --save-routing up front when the run will not count routing."""
-    if getattr(args, "save_routing", None) and args.memory == "direct":
-        raise StrataError(f"--save-routing {args.save_routing}: routing is counted by --memory tiered or paged, "
-                          f"not --memory {args.memory}")
+    for flag in ("save_routing", "save_trace"):
+        if getattr(args, flag, None) and args.memory == "direct":
+            raise StrataError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: routing is counted by --memory "
+                              f"tiered or paged, not --memory {args.memory}")
 
 
 def save_routing(args: argparse.Namespace, model) -> None:
-    """With --save-routing, the expert memory's routing counts as an .npz file."""
+    """With --save-routing, the expert memory's routing counts as an .npz file; with --save-trace,
+    its per-token trace."""
+    save_trace(args, model)
     if not getattr(args, "save_routing", None):
         return
     from strata.gguf.routing import save_routing_npz
@@ -113,6 +119,24 @@ def save_routing(args: argparse.Namespace, model) -> None:
     except OSError as exc:
         raise StrataError(f"{args.save_routing}: cannot write routing statistics: {exc.strerror or exc}") from None
     print(f"routing statistics of {tokens} tokens saved to {args.save_routing}", file=sys.stderr)
+
+
+def save_trace(args: argparse.Namespace, model) -> None:
+    """With --save-trace, the routing trace recorded since load (`start_trace` in `load_model`)."""
+    path = getattr(args, "save_trace", None)
+    stats = model.memory_stats() if path else None
+    if not path:
+        return
+    trace = stats.trace() if stats is not None and hasattr(stats, "trace") else None
+    if trace is None:
+        raise StrataError(f"--save-trace {path}: the model's expert memory records no routing trace")
+    import numpy as np
+
+    try:
+        np.savez(path, indices=trace, layers=np.asarray(stats.layers, dtype=np.int64))
+    except OSError as exc:
+        raise StrataError(f"{path}: cannot write the routing trace: {exc.strerror or exc}") from None
+    print(f"routing trace of {trace.shape[1]} tokens x {trace.shape[0]} layers saved to {path}", file=sys.stderr)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +232,14 @@ def load_model(args: argparse.Namespace, max_batch: int = 1, ep=None):
     check_model_args(args)
     sampling = check_sampling_args(args) if hasattr(args, "max_tokens") else None
     check_save_routing(args)
-    return strata.load(args.model, max_batch=max_batch, sampling=sampling, expert_parallel=ep, **load_kwargs(args))
+    model = strata.load(args.model, max_batch=max_batch, sampling=sampling, expert_parallel=ep, **load_kwargs(args))
+    stats = model.memory_stats() if getattr(args, "save_trace", None) or getattr(args, "stats", False) else None
+    if stats is not None and hasattr(stats, "start_trace"):
+        from strata.bench.cache import disk_tier
+
+        # --save-trace writes it; --stats replays it through Belady's policy from this residency
+        stats.start_trace(disk_tier(model.memory))
+    return model
 
 
 def load_kwargs(args: argparse.Namespace) -> dict:
@@ -230,9 +261,20 @@ def print_stats(args: argparse.Namespace, model) -> None:
         from .tiers import format_memory_stats
 
         stats = model.memory_stats()
-        print(format_memory_stats(stats, model.device) if stats is not None
+        print(format_memory_stats(stats, model.device, optimal=optimal_bytes(stats)) if stats is not None
               else "expert memory: no statistics (--memory direct)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
+
+
+def optimal_bytes(stats) -> int | None:
+    """Bytes Belady's policy would have read from the disk for the run's own routing trace (from
+    where the trace began, at the same slot budgets); None without a trace or a disk tier."""
+    trace = stats.trace() if hasattr(stats, "trace") else None
+    if trace is None or getattr(stats, "trace_origin", None) is None:
+        return None
+    from strata.bench.cache import optimal_disk_bytes
+
+    return optimal_disk_bytes(trace, stats.trace_origin)
 
 
 def format_kv_cache(cache) -> str:

@@ -37,9 +37,15 @@ def format_prediction_depths(scores: dict[str, list[dict]], indent: str = "  ") 
             for name, rows in scores.items()]
 
 
-def format_memory_stats(stats, device: Any, per_layer: bool = True) -> str:
-    """--stats: the expert memory's totals, then one line per layer (`stats` a MemoryStats)."""
+def _ratio(actual: float, optimal: float) -> str:
+    return f"{actual / optimal:.2f}x" if optimal else ("optimal" if not actual else "optimal reads none")
+
+
+def format_memory_stats(stats, device: Any, per_layer: bool = True, optimal: int | None = None) -> str:
+    """--stats: the expert memory's totals, then one line per layer (`stats` a MemoryStats);
+    `optimal`: the disk bytes Belady's policy would have read for the same routing."""
     t, fast = stats.totals(), fast_tier(device)
+    tokens = int(stats.routing_tokens.max(initial=0))
     lines = [
         f"expert memory: {t['requests']} expert requests: {fast} hits {t['device_hits']} "
         f"({100 * t['device_hit_rate']:.1f}%), late prefetches {t['device_late']}, misses "
@@ -47,6 +53,9 @@ def format_memory_stats(stats, device: Any, per_layer: bool = True) -> str:
         f"placed at start-up {t['startup_loads']}",
         f"  bytes: disk -> host {format_bytes(t['bytes_disk'])}, host -> {fast} slots "
         f"{format_bytes(t['bytes_to_device'])}; evictions {t['evictions']}",
+        *([] if optimal is None or not tokens else [
+            f"  disk bytes per token {format_bytes(t['bytes_disk'] / tokens)}; Belady's optimal for the same "
+            f"routing and slots {format_bytes(optimal / tokens)} ({_ratio(t['bytes_disk'], optimal)})"]),
         f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s"
         + (f"; computed on the CPU {t['cpu_computed']} ({t['cpu_s']:.3f} s)" if t["cpu_computed"] else ""),
         f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "

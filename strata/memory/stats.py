@@ -30,7 +30,9 @@ slots at start-up from the file's routing statistics (not requests, not misses).
 
 Routing: `routing_counts` int64 [L, E] counts every routing decision the memory observed (uses of
 each expert, prefill and decode), over `routing_tokens` [L] tokens; `--save-routing` writes them
-for `python -m strata.convert --routing-stats`.
+for `python -m strata.convert --routing-stats`. With `start_trace`, every routed token is also kept
+in order (`trace()`: indices [L, T, K], the `shared/traces/` format), for `--save-trace` and for
+replaying the run's own routing through Belady's optimal policy (`strata bench MODEL`, `--stats`).
 
 `Residency` is the other half of the picture: where each expert sits at one moment (the page
 tables of the memory's pools, fastest first, read without stopping the engine, so it may be a
@@ -68,16 +70,36 @@ class MemoryStats:
         self.routing_counts = np.zeros((n, n_experts), dtype=np.int64)  # [L, E]
         self.routing_tokens = np.zeros(n, dtype=np.int64)  # [L]
         self.prediction_score = PredictionScore()  # precision/recall per predictor and depth
+        self.recorder: TraceRecorder | None = None  # opt-in: it grows with every token
+        self.trace_origin: Any = None  # the caller's note of where the trace began (start_trace)
 
     def reset(self) -> None:
         for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
             getattr(self, name)[:] = 0
         self.prediction_score.reset()
+        if self.recorder is not None:
+            self.recorder = TraceRecorder(len(self.layers))
+        self.trace_origin = None
+
+    def start_trace(self, origin: Any = None) -> None:
+        """Keep every routed token from now on (and after each `reset`); see `trace`. `origin` is
+        kept until the next `reset`: what a replay of the trace needs to know of its start (the
+        residency of the tier that reads the disk, `strata.bench.cache.disk_tier`)."""
+        self.recorder = TraceRecorder(len(self.layers))
+        self.trace_origin = origin
+
+    def trace(self) -> np.ndarray | None:
+        """indices int16 [L, T, K] of the tokens routed since `start_trace` or `reset`; None when
+        not recording."""
+        return None if self.recorder is None else self.recorder.indices()
 
     def record_routing(self, li: int, expert_ids: np.ndarray) -> None:
-        """Expert layer `li` routed tokens to `expert_ids` [T, K]; no allocation beyond numpy's."""
+        """Expert layer `li` routed tokens to `expert_ids` [T, K]; no allocation beyond numpy's
+        (and the recorder's, when tracing)."""
         np.add.at(self.routing_counts[li], expert_ids.ravel(), 1)
         self.routing_tokens[li] += expert_ids.shape[0] if expert_ids.ndim > 1 else 1
+        if self.recorder is not None:
+            self.recorder.add(li, expert_ids)
 
     def record_routing_layers(self, lis: np.ndarray, expert_ids: np.ndarray) -> None:
         """`record_routing` of distinct expert layers `lis` at once (expert_ids [len(lis), T, K])."""
@@ -85,6 +107,9 @@ class MemoryStats:
             return
         np.add.at(self.routing_counts, (np.repeat(lis, expert_ids[0].size), expert_ids.reshape(-1)), 1)
         self.routing_tokens[lis] += expert_ids.shape[1]
+        if self.recorder is not None:
+            for li, ids in zip(np.asarray(lis).tolist(), expert_ids):
+                self.recorder.add(li, ids)
 
     def routing(self) -> tuple[np.ndarray, int]:
         """(counts [L, E], tokens): every layer sees every token, so tokens is the layers' maximum."""
@@ -110,6 +135,27 @@ class MemoryStats:
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.totals(), "per_layer": self.per_layer(),
                 "prediction_depths": self.prediction_score.to_dict()}
+
+
+class TraceRecorder:
+    """Every token's routed experts, per expert layer, in the order the memory saw them (a batch
+    step's tokens in batch order). Every layer sees every token, so the layers line up by token."""
+
+    def __init__(self, n_layers: int):
+        self.rows: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
+
+    def add(self, li: int, expert_ids: np.ndarray) -> None:
+        ids = np.asarray(expert_ids)
+        self.rows[li].append(ids.reshape(-1, ids.shape[-1]).astype(np.int16))  # [T, K]
+
+    def indices(self) -> np.ndarray:
+        """int16 [L, T, K]; T is the fewest tokens any layer saw (a run stopped mid-token)."""
+        per_layer = [np.concatenate(r) if r else np.zeros((0, 0), np.int16) for r in self.rows]
+        n_tokens = min(len(r) for r in per_layer) if per_layer else 0
+        k = max(r.shape[1] for r in per_layer) if per_layer else 0
+        if n_tokens == 0:
+            return np.zeros((len(per_layer), 0, k), dtype=np.int16)
+        return np.stack([r[:n_tokens] for r in per_layer])
 
 
 @dataclass(frozen=True)
@@ -151,4 +197,4 @@ def _rates(c: dict[str, Any]) -> dict[str, float | None]:
             "recall": ratio(c["predicted_correct"], c["actual"])}
 
 
-__all__ = ["COUNTERS", "MemoryStats", "Residency", "TIMERS"]
+__all__ = ["COUNTERS", "MemoryStats", "Residency", "TIMERS", "TraceRecorder"]
