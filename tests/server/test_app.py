@@ -157,3 +157,21 @@ def test_fuzz_sampling_fields_are_400s_or_accepted():
                 parse({**base, **body})
             except APIError as e:
                 assert e.status == 400 and e.param in fields, (body, e)
+
+
+def test_grammar_vocabulary_is_built_at_start(tiny_path, monkeypatch):
+    """The grammar engine's vocabulary is built on a thread once the model loads, not by the first
+    constrained request (seconds on a large vocabulary); that request then waits for nothing."""
+    import strata
+    from strata.engine import grammar
+
+    monkeypatch.setattr(grammar, "_VOCABULARIES", grammar.weakref.WeakKeyDictionary())
+    app = create_app(lambda: strata.load(tiny_path, threads=1, max_batch=2), ServerConfig("tiny"))
+    with TestClient(app) as client:
+        _wait_for(client, "/health", 200)
+        state = app.state.strata
+        state._grammar.join(60)
+        assert state.model.grammar_ready  # no request has asked for a grammar yet
+        body = {"prompt": "hi", "max_tokens": 8, "grammar": 'root ::= "{" [a-z]* "}"', "seed": 1}
+        text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        assert text.startswith("{") and text[1:].rstrip("}").isalpha()
