@@ -254,13 +254,14 @@ class Model:
         at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,
         or when the context is full. Returns a `Completion`, or with `stream=True` a `Stream` of
         `Chunk`s; with n > 1 (not streamed) a list of n Completions, choice i drawn with seed + i
-        (each choice prefills the prompt: the engine does not fork a sequence's KV cache).
+        (the prompt is prefilled once: the other choices fork from the first's KV cache).
         """
         params = self.sampling_params(sampling, **options)
         if params.n > 1:
             if stream:
                 raise StrataArgumentError(f"n={params.n}: stream one choice at a time (n=1)")
-            return self._run([self._sequence(prompt, params.for_choice(i), add_special) for i in range(params.n)])
+            seqs = [self._sequence(prompt, params.for_choice(i), add_special) for i in range(params.n)]
+            return self._run([seqs[0], *(s.fork_from(seqs[0]) for s in seqs[1:])])
         seq = self._sequence(prompt, params, add_special)
         if stream:
             return Stream(self._run_stream(seq))

@@ -273,8 +273,8 @@ async def _admitted(events: asyncio.Queue, n: int) -> Events:
 
 
 async def _generate(request: Request, state: ServerState, parse: Callable[[Any], GenerationRequest]) -> Response:
-    """One request: n sequences (choice i seeded with seed + i; each prefills the prompt, as the
-    engine does not fork a sequence's KV cache) sharing one event queue."""
+    """One request: n sequences (choice i seeded with seed + i; choices 1.. fork from choice 0's
+    KV cache once its prompt is computed, so the prompt is prefilled once) sharing one event queue."""
     _authorize(request, state.config)
     model, worker = state.ready()
     req = parse(await _json_body(request))
@@ -286,6 +286,7 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     loop = asyncio.get_running_loop()
     # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
     seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i) for i in range(req.n)])
+    seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
     tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
     submitted: list[Ticket] = []
     watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
