@@ -39,7 +39,7 @@ from .engine import Engine
 from .kv_cache import KVCache
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import ChunkDone, PerplexityResult, perplexity
-from .grammar import Vocabulary, vocabulary
+from .grammar import Vocabulary, is_built, vocabulary
 from .sampling import FIELDS, SamplingParams
 from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
@@ -220,8 +220,20 @@ class Model:
         return sampling or (replace(self.sampling, **options) if options else self.sampling)
 
     def grammar_vocab(self, params: SamplingParams) -> Vocabulary | None:
-        """The tokenizer as the grammar engine reads it (built once), when `params` carry a grammar."""
-        return vocabulary(self.tokenizer, sorted(self.stop_token_ids)) if params.grammar is not None else None
+        """The tokenizer as the grammar engine reads it (built once: `prepare_grammar`), when
+        `params` carry a grammar."""
+        return self.prepare_grammar() if params.grammar is not None else None
+
+    def prepare_grammar(self) -> Vocabulary:
+        """Build the grammar engine's view of the tokenizer now (every token read: seconds on a
+        150k vocabulary), so the first constrained request does not pay it; `strata serve` calls
+        it on a thread at start. Later calls (and callers waiting on this one) get the same one."""
+        return vocabulary(self.tokenizer, sorted(self.stop_token_ids))
+
+    @property
+    def grammar_ready(self) -> bool:
+        """Whether the grammar vocabulary is built (a constrained request will not wait for it)."""
+        return is_built(self.tokenizer, sorted(self.stop_token_ids))
 
     def _sequence(self, prompt: str | Seq[int], params: SamplingParams, add_special: bool = True) -> Sequence:
         if isinstance(prompt, str):
@@ -243,13 +255,14 @@ class Model:
         at a stop token (default: the file's EOS and EOT), at a stop string, after `max_tokens`,
         or when the context is full. Returns a `Completion`, or with `stream=True` a `Stream` of
         `Chunk`s; with n > 1 (not streamed) a list of n Completions, choice i drawn with seed + i
-        (each choice prefills the prompt: the engine does not fork a sequence's KV cache).
+        (the prompt is prefilled once: the other choices fork from the first's KV cache).
         """
         params = self.sampling_params(sampling, **options)
         if params.n > 1:
             if stream:
                 raise StrataArgumentError(f"n={params.n}: stream one choice at a time (n=1)")
-            return self._run([self._sequence(prompt, params.for_choice(i), add_special) for i in range(params.n)])
+            seqs = [self._sequence(prompt, params.for_choice(i), add_special) for i in range(params.n)]
+            return self._run([seqs[0], *(s.fork_from(seqs[0]) for s in seqs[1:])])
         seq = self._sequence(prompt, params, add_special)
         if stream:
             return Stream(self._run_stream(seq))

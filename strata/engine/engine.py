@@ -5,7 +5,9 @@ decode (one token each) and prompt chunks under the step's token budget, as (seq
 tokens) pairs; `forward()` runs the model once over that mixed batch (sequences of different
 lengths in one flattened token axis, each reading its own blocks of the paged KV cache);
 `postprocess()` samples for the sequences whose pending tokens are all cached now (a prompt's
-middle chunk samples nothing), appends and retires finished ones, freeing their blocks.
+middle chunk samples nothing), appends and retires finished ones, freeing their blocks. A
+sequence whose prompt is just computed brings the choices forked from it (n > 1), which sample
+their first tokens from its logits row.
 
 Must not do model maths or touch weights: it schedules, calls `forward` and samples.
 """
@@ -37,6 +39,7 @@ class Engine:
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None, agree=None):
         self.model, self.cache, self.device, self.agree = model, cache, device, agree
         self.scheduler = Scheduler(cache, max_batch, max_step_tokens, max_waiting)
+        self.n_prefilled = 0  # prompt positions computed since start (not those a cache or a fork served)
 
     @property
     def n_ctx(self) -> int:
@@ -85,6 +88,7 @@ class Engine:
                            [n for _, n in work], self.cache.block_size, self.device, slots=[s.slot for s, _ in work])
         logits = self.model(tokens, batch, self.cache)  # [B, V]
         for s, n in work:
+            self.n_prefilled += max(0, min(s.n_cached + n, len(s.prompt_ids)) - s.n_cached)
             s.n_cached += n
             self.scheduler.computed(s)
         return logits.cpu()
@@ -95,8 +99,13 @@ class Engine:
         ready = [i for i, (seq, _) in enumerate(work) if seq.n_cached >= len(seq.all_ids)]  # a middle chunk waits
         if not ready:
             return []
-        seqs = [work[i][0] for i in ready]
-        picks = sample_batch(logits[ready], [s.sampler for s in seqs], [s.all_ids for s in seqs],
+        rows, seqs = [], []
+        for i in ready:
+            seq = work[i][0]
+            forks = self.scheduler.fork(seq) if seq.forks else []  # its other choices: same prompt, same logits
+            rows += [i] * (1 + len(forks))
+            seqs += [seq, *forks]
+        picks = sample_batch(logits[rows], [s.sampler for s in seqs], [s.all_ids for s in seqs],
                              [len(s.prompt_ids) for s in seqs])
         if self.agree is not None:
             picks = self.agree(picks)

@@ -14,7 +14,11 @@ JSON schema, random walks of 200 tokens; medians, p90 in brackets):
   - tiny trained byte-level BPE (600 tokens): mask fill 0.05 ms (0.16), applying it 0.12 ms;
   - Qwen2's vocabulary (151,936 tokens, llama.cpp's ggml-vocab-qwen2.gguf): mask fill 0.32 ms
     (p90 20 ms: open string states), applying it 1.0 ms per row; the Vocabulary is built once
-    per tokenizer in 5.8 s (the first constrained request pays it).
+    per tokenizer in 5.8 s (`strata serve` builds it on a thread at start: `Model.prepare_grammar`;
+    a constrained request that comes before it is ready waits for that one build).
+The mask is filled through the matcher's own call, not llguidance.torch: importing that module
+compiles a kernel with torch.compile, which imports torch._dynamo (4-7 s here, on the first
+constrained request).
 JSON schemas compile with compact separators (", " and ": ") and no free whitespace, as
 OpenAI's strict mode writes JSON (and so a random model cannot pad forever).
 
@@ -23,6 +27,7 @@ Must not touch the model or the KV cache.
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -151,15 +156,24 @@ class Vocabulary:
 
 
 _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BUILDING = threading.Lock()  # one build at a time: a caller during a build waits for its result
 
 
 def vocabulary(tokenizer: Any, eos_ids: Sequence[int]) -> Vocabulary:
-    """The tokenizer's Vocabulary, cached per tokenizer object (building one reads every token)."""
+    """The tokenizer's Vocabulary, cached per tokenizer object (building one reads every token:
+    seconds on a 150k vocabulary). Thread-safe: callers while it is built wait for that build."""
     key = tuple(sorted(eos_ids))
+    with _BUILDING:
+        cached = _VOCABULARIES.get(tokenizer)
+        if cached is None or cached.eos_ids != key:
+            cached = _VOCABULARIES[tokenizer] = Vocabulary(tokenizer, key)
+        return cached
+
+
+def is_built(tokenizer: Any, eos_ids: Sequence[int]) -> bool:
+    """Whether `vocabulary(tokenizer, eos_ids)` would answer at once (no build)."""
     cached = _VOCABULARIES.get(tokenizer)
-    if cached is None or cached.eos_ids != key:
-        cached = _VOCABULARIES[tokenizer] = Vocabulary(tokenizer, key)
-    return cached
+    return cached is not None and cached.eos_ids == tuple(sorted(eos_ids))
 
 
 class Matcher:
@@ -185,16 +199,15 @@ class Matcher:
 def apply_masks(logits: torch.Tensor, rows: Sequence[int], matchers: Sequence[Matcher]) -> None:
     """Set to -inf, in place, the tokens each matcher forbids in its row of logits [B, V]: one
     packed bitmask [G, ceil(V/32)] filled by the engine, expanded and applied to the G rows at once."""
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-
     n_vocab = logits.shape[-1]
-    bits = allocate_token_bitmask(len(rows), n_vocab)  # [G, W] int32, one bit per token
+    bits = torch.full((len(rows), -(-n_vocab // 32)), -1, dtype=torch.int32)  # [G, W], one bit per token
+    row_bytes = bits.shape[1] * bits.element_size()
     for g, m in enumerate(matchers):
-        fill_next_token_bitmask(m.ll, bits, g)
+        m.ll.unsafe_compute_mask_ptr(bits[g].data_ptr(), row_bytes)  # writes row g: contiguous, CPU, int32
     shifts = torch.arange(32, dtype=torch.int32)
     allowed = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, :n_vocab]  # [G, V]
     index = torch.tensor(list(rows))
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
-__all__ = ["Grammar", "JSON_OPTIONS", "KINDS", "Matcher", "Vocabulary", "apply_masks", "json_rule", "vocabulary"]
+__all__ = ["Grammar", "JSON_OPTIONS", "KINDS", "Matcher", "Vocabulary", "apply_masks", "is_built", "json_rule", "vocabulary"]

@@ -20,6 +20,10 @@ after them. Blocks are refcounted: a block held by no table but registered stays
 computed blocks are shared and a sequence writes only positions past its cached ones, so a
 shared block is never written.
 
+Forks (the n choices of one request): once the first choice's prompt is computed, each other
+choice's table takes that prompt's whole blocks (refcounted, as above) and a copy of its partial
+last block (copy-on-write: both go on writing positions in it), so the prompt is prefilled once.
+
 `BlockTables` is the bookkeeping alone (plain Python, no tensors), so the allocator and the
 scheduler are tested without a model. Must not: compute attention or choose which sequence runs
 (the scheduler does); it hands out and takes back blocks.
@@ -199,6 +203,30 @@ class BlockTables:
             table.append(block)
         return len(table)
 
+    def fork(self, src: int, dst: int, n_positions: int) -> bool:
+        """Give `dst`'s empty table the first `n_positions` positions of `src`'s: its whole blocks
+        shared (neither writes them again: both write only past n_positions), its partial last
+        block copied (`copy_block`). False, and nothing taken, when no block is free for the copy."""
+        table, n_full, partial = self.table(dst), n_positions // self.block_size, n_positions % self.block_size
+        if table:
+            raise ValueError(f"KV cache: slot {dst} already holds {len(table)} blocks; a fork starts empty")
+        source = self.table(src)
+        if len(source) < blocks_for(n_positions, self.block_size):
+            raise ValueError(f"KV cache: slot {src} holds {len(source)} blocks, fewer than {n_positions} positions")
+        if partial and not self.n_free_blocks:
+            return False
+        for block in source[:n_full]:  # held by src: refcount > 0, so never in the evictable list
+            self._refs[block] += 1
+            table.append(block)
+        if partial:
+            table.append(self._take())
+            self.copy_block(source[n_full], table[-1], partial)
+        return True
+
+    def copy_block(self, src_block: int, dst_block: int, n_positions: int) -> None:
+        """Copy the first `n_positions` positions of a block into another (bookkeeping has no data:
+        `KVCache` copies its keys and values)."""
+
     def commit(self, slot: int, hashes: Seq[bytes], start: int = 0) -> None:
         """Register `slot`'s blocks start..len(hashes)-1 (full and computed) under their content
         hashes (`hashes[i]`: block i's). A block already registered, or whose hash names another
@@ -284,6 +312,11 @@ class KVCache(BlockTables):
         store, rows = kv_storage(kv_type, dtype, (head_dim, head_dim if head_dim_v is None else head_dim_v))
         n = n_slots * blocks_for(n_ctx, block_size) if n_blocks is None else n_blocks
         return n_layers * n * block_size * n_head_kv * sum(rows) * itemsize(store)
+
+    def copy_block(self, src_block: int, dst_block: int, n_positions: int) -> None:
+        for k, v in zip(self.k, self.v):  # [N, Hkv, P, row] per layer; q8_0 rows copy as bytes
+            k[dst_block, :, :n_positions] = k[src_block, :, :n_positions]
+            v[dst_block, :, :n_positions] = v[src_block, :, :n_positions]
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]

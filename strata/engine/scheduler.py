@@ -17,6 +17,12 @@ of its longest cached prefix join its table and its prefill starts after them (a
 its last token to compute, for its logits). After each step `computed` registers the blocks a
 sequence has filled, so later requests (and this one after a preemption) can share them.
 
+The n choices of one request share their prompt: a sequence added with `fork_of` (another
+sequence of the same prompt, not yet sampled) waits on it, and when that one's prompt is
+computed `fork` puts it in the running batch with the prompt's blocks shared (the partial last
+one copied) and the same logits to sample its first token from; one that finds no room then (a
+slot, a place in the batch, a block for the copy) waits at the front of the queue as any other.
+
 So running decodes keep their pace while a long prompt is prefilled beside them, a few hundred
 tokens per step. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
 
@@ -63,10 +69,49 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
+        parent = seq.fork_of
+        if parent is not None and self._forkable(parent):
+            parent.forks.append(seq)  # not counted as waiting: it joins with its parent's first token
+            return
+        seq.fork_of = None
         if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
             raise EngineFull(f"the engine's queue is full: {len(self.waiting)} requests wait (max_waiting="
                              f"{self.max_waiting}) beside {len(self.running)} running")
         self.waiting.append(seq)
+
+    def _forkable(self, parent: Sequence) -> bool:
+        """Whether `parent` has not sampled yet (its last prompt logits are still to come)."""
+        return not parent.finished and not parent.output_ids and (parent in self.running or parent in self.waiting)
+
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """`parent`'s prompt is computed and its first token is sampled next: the choices waiting
+        on it join the running batch sharing its prompt's blocks (to be sampled from the same
+        logits); those that find no room wait at the front of the queue, to prefill as any other."""
+        if parent.n_cached != len(parent.prompt_ids) or parent.output_ids:
+            raise AssertionError(f"scheduler: sequence {parent.seq_id} forks only when its prompt is computed")
+        joined, left = [], []
+        for child in parent.forks:
+            if len(self.running) < self.max_batch and self.blocks.n_free:
+                child.slot = self.blocks.allocate()
+                if self.blocks.fork(parent.slot, child.slot, parent.n_cached):
+                    child.n_cached, child.n_prompt_cached = parent.n_cached, len(child.prompt_ids)
+                    child.block_hashes, child.n_committed = list(parent.block_hashes), parent.n_committed
+                    self.running.append(child)
+                    joined.append(child)
+                    continue
+                self.blocks.free(child.slot)
+                child.slot = None
+            left.append(child)
+        parent.forks = left
+        self._unfork(parent)
+        return joined
+
+    def _unfork(self, parent: Sequence) -> None:
+        """The choices still waiting on `parent` go to the front of the queue, on their own."""
+        for child in reversed(parent.forks):
+            child.fork_of = None
+            self.waiting.appendleft(child)
+        parent.forks = []
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """This step's work: (sequence, its new tokens), decodes first. Blocks for them are reserved."""
@@ -168,21 +213,27 @@ class Scheduler:
         seq.slot = None
 
     def cancel(self, seq: Sequence) -> None:
-        """End one sequence wherever it is (waiting or running), freeing its blocks."""
-        if seq in self.waiting:
+        """End one sequence wherever it is (waiting, running, or waiting to fork), freeing its
+        blocks; choices waiting to fork from it go on by themselves."""
+        parent = seq.fork_of
+        if parent is not None and seq in parent.forks:
+            parent.forks.remove(seq)
+        elif seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.running:
             self.retire(seq)
+        self._unfork(seq)
         seq.finish_reason = seq.finish_reason or "abort"
 
     def abort(self) -> None:
-        """Drop every sequence, freeing their blocks."""
+        """Drop every sequence (and the choices waiting to fork from them), freeing their blocks."""
+        dropped = [*self.running, *self.waiting]
+        dropped += [child for seq in dropped for child in seq.forks]
         for seq in list(self.running):
             self.retire(seq)
-            seq.finish_reason = seq.finish_reason or "abort"
-        for seq in self.waiting:
-            seq.finish_reason = seq.finish_reason or "abort"
         self.waiting.clear()
+        for seq in dropped:
+            seq.finish_reason, seq.forks = seq.finish_reason or "abort", []
 
 
 __all__ = ["EngineFull", "MAX_STEP_TOKENS", "Scheduler"]

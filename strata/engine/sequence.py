@@ -58,10 +58,20 @@ class Sequence:
         self.n_prompt_cached: int | None = None  # prompt tokens the prefix cache served at admission
         self.block_hashes: list[bytes] = []  # content hashes of its first full blocks (kv_cache.block_hashes)
         self.n_committed = 0  # blocks of its table registered in the prefix cache
+        self.fork_of: Sequence | None = None  # n > 1: the choice whose prompt KV and logits it takes
+        self.forks: list[Sequence] = []  # choices waiting for this one's prompt to be computed
         self.finish_reason: str | None = None  # "stop" | "length"
         self.text = ""  # output text so far (with a decoder), cut at a stop string
         self._emitted = 0  # characters of `text` already handed out
         self._cut = False  # the text ended at a stop string
+
+    def fork_from(self, parent: Sequence) -> Sequence:
+        """Make this sequence (a choice of the same prompt) share `parent`'s prompt: it joins when
+        `parent`'s prompt is computed, with its KV blocks and its last logits (`Scheduler.fork`)."""
+        if parent.prompt_ids != self.prompt_ids or parent is self:
+            raise StrataArgumentError(f"sequence {self.seq_id}: forks only from another sequence of the same prompt")
+        self.fork_of = parent
+        return self
 
     @property
     def all_ids(self) -> list[int]:

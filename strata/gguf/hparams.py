@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from gguf.constants import MODEL_TENSOR, ExpertGatingFuncType, Keys, RopeScalingType
+from gguf.constants import MODEL_TENSOR, Keys, RopeScalingType
 
 from strata import arch as archs
 from strata.arch import Arch, weight_name, weight_pattern

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import secrets
 import threading
@@ -76,6 +75,7 @@ class ServerState:
         self._lock = threading.Lock()
         self._closed = False
         self._loading = threading.Thread(target=self._load, name="strata-load", daemon=True)
+        self._grammar: threading.Thread | None = None  # builds the grammar vocabulary after the load
 
     def start(self) -> None:
         self._loading.start()
@@ -102,6 +102,18 @@ class ServerState:
             worker.start()
             self.model, self.worker = model, worker
         log.info("model ready: %s", self.config.model_name)
+        self._grammar = threading.Thread(target=self._prepare_grammar, args=(model,), name="strata-grammar",
+                                         daemon=True)
+        self._grammar.start()
+
+    @staticmethod
+    def _prepare_grammar(model: Any) -> None:
+        """Build the grammar engine's vocabulary beside the running server (seconds on a large
+        vocabulary); a constrained request that comes first waits for this build, others do not."""
+        try:
+            model.prepare_grammar()
+        except Exception as e:  # a constrained request will meet the same error, as a 400
+            log.warning("grammar vocabulary not built: %s", e)
 
     def ready(self) -> tuple[Any, EngineWorker]:
         if self.worker is None:
@@ -261,8 +273,8 @@ async def _admitted(events: asyncio.Queue, n: int) -> Events:
 
 
 async def _generate(request: Request, state: ServerState, parse: Callable[[Any], GenerationRequest]) -> Response:
-    """One request: n sequences (choice i seeded with seed + i; each prefills the prompt, as the
-    engine does not fork a sequence's KV cache) sharing one event queue."""
+    """One request: n sequences (choice i seeded with seed + i; choices 1.. fork from choice 0's
+    KV cache once its prompt is computed, so the prompt is prefilled once) sharing one event queue."""
     _authorize(request, state.config)
     model, worker = state.ready()
     req = parse(await _json_body(request))
@@ -272,7 +284,10 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
         req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
     queue: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
-    tickets = [Ticket(_sequence(state, req, ids, model, i), loop, i, queue) for i in range(req.n)]
+    # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
+    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i) for i in range(req.n)])
+    seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
+    tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
     submitted: list[Ticket] = []
     watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
     reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))

@@ -101,3 +101,54 @@ def test_params_with_a_grammar_stay_hashable():
     a = SamplingParams(grammar={"type": "json_object"})
     b = SamplingParams(grammar=Grammar.json_object())
     assert a == b and hash(a) == hash(b) and SamplingParams(grammar={"type": "text"}).grammar is None
+
+
+def test_masking_does_not_import_torch_compile():
+    """llguidance.torch compiles a kernel at import (torch._dynamo: seconds on the first constrained
+    request): the mask is filled without it, and still matches llguidance's own mask."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from strata.engine.grammar import Grammar, Matcher, apply_masks, vocabulary\n"
+        "import strata\n"
+        "m = strata.load(sys.argv[1], threads=1)\n"
+        "matcher = Matcher(Grammar('gbnf', 'root ::= \"{\" [a-z]* \"}\"'), m.prepare_grammar())\n"
+        "logits = torch.zeros(2, m.tokenizer.vocab_size)\n"
+        "apply_masks(logits, [1], [matcher])\n"
+        "allowed = set(torch.nonzero(logits[1] == 0).flatten().tolist())\n"
+        "mask = matcher.ll.compute_logit_bias()\n"
+        "assert allowed == {i for i in range(m.tokenizer.vocab_size) if mask[i]}, 'mask differs'\n"
+        "assert (logits[0] == 0).all() and 0 < len(allowed) < m.tokenizer.vocab_size\n"
+        "print(sorted(k for k in sys.modules if k.startswith(('torch._dynamo', 'llguidance.torch'))))\n")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    path = zoo().get("qwen3moe").gguf("f32")  # built here: the fixture builder imports transformers
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=root, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_vocabulary_is_built_once_for_concurrent_callers(monkeypatch, model):
+    import threading
+
+    from strata.engine import grammar
+
+    built = []
+    real = grammar.Vocabulary.__init__
+
+    def counting(self, *a):
+        built.append(threading.current_thread().name)
+        real(self, *a)
+
+    monkeypatch.setattr(grammar.Vocabulary, "__init__", counting)
+    monkeypatch.setattr(grammar, "_VOCABULARIES", grammar.weakref.WeakKeyDictionary())
+    assert not model.grammar_ready
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(model.prepare_grammar())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len({id(v) for v in got}) == 1 and model.grammar_ready

@@ -78,3 +78,12 @@ def test_dense_llama_has_no_experts():
     md = meta("llama", **{"{arch}.expert_count": None, "{arch}.expert_used_count": None})
     hp = read_hparams(PATH, md, {"token_embd.weight": (100, 64)})
     assert (hp.n_experts, hp.n_experts_used, hp.n_ff_exp, hp.rope_type) == (0, 0, 0, "norm")
+
+
+def test_gating_table_agrees_with_gguf_py():
+    from gguf.constants import ExpertGatingFuncType
+
+    from strata.gguf.hparams import GATING_FUNCS
+
+    for member in ExpertGatingFuncType:  # gguf-py lacks some of llama.cpp's ids, never disagrees on one
+        assert GATING_FUNCS[member.value] == member.name.lower()

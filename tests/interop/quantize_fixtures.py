@@ -22,9 +22,7 @@ for the mixed file (published i-quants are made with one); the others are quanti
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import ctypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from converters.calib.imatrix import read_imatrix
 from strata.synth.tokenizer import corpus
 from tests.convert.fixtures import SPECS, build_model, save_checkpoint, train_byte_bpe
 from tests.fixtures.tiny import Tiny
+from tests.interop.llama_quantize import llama_quantize
 
 ARCH = "qwen3moe"
 #: Factors on transformers' initial weights (std 0.02) by parameter name. Unscaled, the residual
@@ -89,16 +88,9 @@ CASES: dict[str, Case] = {
     )),
 }
 
-GGML_LOG_LEVEL_ERROR = 4  # ggml.h's ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT)
-
 #: Tensor types llama.cpp's quantizer refuses to make without an importance matrix
 #: (tensor_requires_imatrix in src/llama-quant.cpp, besides Q2_K in a Q2_K_S file).
 NEEDS_IMATRIX = frozenset({T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS})
-
-
-def _llama_cpp():
-    import llama_cpp
-    return llama_cpp
 
 
 def imatrix_entries(path: Path) -> dict[str, np.ndarray]:
@@ -114,67 +106,11 @@ def imatrix_entries(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _kv_overrides(ll, imatrix: Path, n_entries: int):
-    """The `quantize.imatrix.*` keys `llama-quantize --imatrix` writes, as kv overrides."""
+def imatrix_metadata(imatrix: Path, n_entries: int) -> list[tuple[str, str | int]]:
+    """The `quantize.imatrix.*` keys `llama-quantize --imatrix` writes."""
     im = read_imatrix(imatrix)
-    keys = [("quantize.imatrix.file", str(imatrix)), ("quantize.imatrix.dataset", (im.datasets or [""])[0]),
+    return [("quantize.imatrix.file", str(imatrix)), ("quantize.imatrix.dataset", (im.datasets or [""])[0]),
             ("quantize.imatrix.entries_count", n_entries), ("quantize.imatrix.chunks_count", im.chunk_count)]
-    kvs = (ll.llama_model_kv_override * (len(keys) + 1))()  # zeroed last entry (empty key): the terminator
-    for kv, (key, value) in zip(kvs, keys):
-        kv.key = key.encode()
-        if isinstance(value, str):
-            kv.tag, kv.value.val_str = ll.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()[:127]
-        else:
-            kv.tag, kv.value.val_i64 = ll.LLAMA_KV_OVERRIDE_TYPE_INT, value
-    return kvs
-
-
-def llama_quantize(src: Path, out: Path, ftype: str, *, imatrix: Path | None = None,
-                   overrides: tuple[tuple[str, T], ...] = (), n_threads: int = 2) -> Path:
-    """`llama-quantize [--imatrix IMATRIX] [--tensor-type P=T ...] SRC OUT FTYPE`, in process."""
-    ll = _llama_cpp()
-    params = ll.llama_model_quantize_default_params()
-    params.nthread, params.ftype = n_threads, getattr(ll, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    alive = []  # what the params point into, kept until the call returns
-    if imatrix is not None:
-        entries = imatrix_entries(imatrix)
-        arr = (ll.llama_model_imatrix_data * (len(entries) + 1))()  # zeroed last entry: the terminator
-        for slot, (name, data) in zip(arr, entries.items()):
-            slot.name, slot.data, slot.size = name.encode(), data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), data.size
-        kvs = _kv_overrides(ll, imatrix, len(entries))
-        params.imatrix, params.kv_overrides = arr, kvs
-        alive += [entries, arr, kvs]
-    if overrides:
-        tt = (ll.llama_model_tensor_override * (len(overrides) + 1))()  # zeroed last entry: the terminator
-        for slot, (pattern, qtype) in zip(tt, overrides):
-            slot.pattern, slot.type = pattern.encode(), int(qtype)
-        params.tt_overrides = tt
-        alive.append(tt)
-    with _llama_log() as errors:
-        status = ll.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
-    if status != 0:
-        said = [line.strip() for e in errors for line in e.splitlines() if line.strip().strip("=")]
-        raise RuntimeError(f"llama_model_quantize {src} -> {out} ({ftype}) failed: {'; '.join(said)}")
-    return out
-
-
-@contextlib.contextmanager
-def _llama_log():
-    """llama.cpp's log kept from stderr (a line per tensor) while inside; yields its error lines."""
-    ll, errors = _llama_cpp(), []
-    old_cb, old_data = ll.llama_log_callback(), ctypes.c_void_p()
-    ll.llama_log_get(ctypes.byref(old_cb), ctypes.byref(old_data))
-
-    @ll.llama_log_callback
-    def keep(level, text, _):
-        if level == GGML_LOG_LEVEL_ERROR:
-            errors.append(text.decode("utf-8", "replace"))
-
-    ll.llama_log_set(keep, None)
-    try:
-        yield errors
-    finally:
-        ll.llama_log_set(old_cb, old_data)
 
 
 def tensor_types(path: Path) -> dict[str, T]:
@@ -236,9 +172,12 @@ class LlamaQuantized:
             needs = case.experts in NEEDS_IMATRIX or any(t in NEEDS_IMATRIX for _, t in case.overrides)
             imatrix = self.imatrix() if needs or case.overrides else None
             out = self.root / f"{ARCH}-{key}.gguf"
-            self._files[key] = llama_quantize(self.source, out, case.ftype, imatrix=imatrix, overrides=case.overrides)
+            entries = imatrix_entries(imatrix) if imatrix is not None else None
+            keys = imatrix_metadata(imatrix, len(entries)) if imatrix is not None else ()
+            self._files[key] = llama_quantize(self.source, out, case.ftype, imatrix=entries, metadata=keys,
+                                              overrides=case.overrides)
         return self._files[key]
 
 
 __all__ = ["ARCH", "CASES", "Case", "LlamaQuantized", "NEEDS_IMATRIX", "SCALES", "build_tiny", "expected_types",
-           "imatrix_entries", "llama_quantize", "tensor_types"]
+           "imatrix_entries", "imatrix_metadata", "llama_quantize", "tensor_types"]

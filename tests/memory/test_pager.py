@@ -272,13 +272,13 @@ def test_close_with_reads_in_flight(random_file):
     tickets += [pager.submit(i * 4096, 4096, aligned(8192)) for i in range(200)]
     errors = []
 
-    def waiter():
+    def waiter(p):  # the pager as an argument: the thread drops it when done, so `del pager` frees it
         try:
-            pager.wait(tickets[-1])
+            p.wait(tickets[-1])
         except NativeError as exc:
             errors.append(str(exc))
 
-    t = threading.Thread(target=waiter)
+    t = threading.Thread(target=waiter, args=(pager,))
     t.start()
     pager.close()
     t.join(timeout=10)

@@ -157,3 +157,42 @@ def test_fuzz_sampling_fields_are_400s_or_accepted():
                 parse({**base, **body})
             except APIError as e:
                 assert e.status == 400 and e.param in fields, (body, e)
+
+
+def test_grammar_vocabulary_is_built_at_start(tiny_path, monkeypatch):
+    """The grammar engine's vocabulary is built on a thread once the model loads, not by the first
+    constrained request (seconds on a large vocabulary); that request then waits for nothing."""
+    import strata
+    from strata.engine import grammar
+
+    monkeypatch.setattr(grammar, "_VOCABULARIES", grammar.weakref.WeakKeyDictionary())
+    app = create_app(lambda: strata.load(tiny_path, threads=1, max_batch=2), ServerConfig("tiny"))
+    with TestClient(app) as client:
+        _wait_for(client, "/health", 200)
+        state = app.state.strata
+        state._grammar.join(60)
+        assert state.model.grammar_ready  # no request has asked for a grammar yet
+        body = {"prompt": "hi", "max_tokens": 8, "grammar": 'root ::= "{" [a-z]* "}"', "seed": 1}
+        text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        assert text.startswith("{") and text[1:].rstrip("}").isalpha()
+
+
+def test_n_choices_prefill_the_prompt_once(tiny_path):
+    """n=3 over HTTP: the prompt is computed once (the other choices fork from the first's KV
+    cache) and each choice equals a request of its own seed."""
+    import strata
+
+    app = create_app(lambda: strata.load(tiny_path, threads=1, max_batch=4), ServerConfig("tiny"))
+    body = {"prompt": "the keys and values of a long prompt", "max_tokens": 8, "temperature": 1.0, "seed": 3,
+            "ignore_eos": True}
+    with TestClient(app) as client:
+        _wait_for(client, "/health", 200)
+        model = app.state.strata.model
+        before = model.engine.n_prefilled
+        both = client.post("/v1/completions", json={**body, "n": 3}).json()
+        n_prompt = both["usage"]["prompt_tokens"]
+        assert model.engine.n_prefilled - before == n_prompt
+        texts = [c["text"] for c in sorted(both["choices"], key=lambda c: c["index"])]
+        alone = [client.post("/v1/completions", json={**body, "seed": 3 + i}).json()["choices"][0]["text"]
+                 for i in range(3)]
+        assert texts == alone and len(set(alone)) == 3
