@@ -47,7 +47,8 @@ import numpy as np
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
             "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
-            "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed")
+            "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed",
+            "stand_ins")
 #: Second totals, one [L] array each.
 TIMERS = ("wait_s", "dequant_s", "cpu_s")
 
@@ -64,6 +65,7 @@ class MemoryStats:
             setattr(self, name, np.zeros(n, dtype=np.float64))
         self.routing_counts = np.zeros((n, n_experts), dtype=np.int64)  # [L, E]
         self.routing_tokens = np.zeros(n, dtype=np.int64)  # [L]
+        self.stand_in_bytes, self.stand_in_type = 0, ""  # set by a memory with miss stand-ins
 
     def reset(self) -> None:
         for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
@@ -92,6 +94,7 @@ class MemoryStats:
         """Every counter summed over layers, with the derived rates."""
         t = {name: int(self.total(name)) for name in COUNTERS}
         t.update({name: float(self.total(name)) for name in TIMERS})
+        t.update(stand_in_bytes=self.stand_in_bytes, stand_in_type=self.stand_in_type)
         return {**t, **_rates(t)}
 
     def per_layer(self) -> list[dict[str, Any]]:
