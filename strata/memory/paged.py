@@ -22,7 +22,8 @@ Miss stand-ins (`miss_stand_in="q2_k"`, `strata.memory.standin`): a low-bit copy
 built at load and taken from the budget; a miss is then computed from its stand-in at once. In
 "background" mode the full expert's read is queued without waiting for it (so its next use hits);
 those reads finish by the layer's next acquire or the next `check_fixed` (before a decode program
-step), which keeps the page table exact for the program. In "instead" mode a miss reads nothing.
+step), which keeps the page table exact for the program. In "instead" mode a miss is read (in the
+background) only into a free slot: once a layer's slots are full nothing is read or evicted.
 
 Must not compute: it moves bytes and counts them.
 """
@@ -124,15 +125,19 @@ class PagedExpertMemory(ExpertMemory):
         raise StrataError(f"{self!r} hands out packed experts only: it serves compute='packed' on the CPU")
 
     def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """Pin a slot holding each expert, reading the missing ones from the file."""
-        self.start_packed(layer, expert_ids)
+        """Pin a slot holding each expert, reading the missing ones from the file (stand-ins or not)."""
+        self._start(layer, expert_ids, stand_in=False)
         return self.finish_packed(layer, expert_ids)
 
     def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """The first half of `acquire_packed`: pins the experts already in RAM and queues the
         reads of the others (all of them before any wait, so the pager's threads overlap them),
         then returns at once. The index is -1 for an expert still being read: compute the others
-        meanwhile, then `finish_packed`. `release` undoes either half."""
+        meanwhile, then `finish_packed`. `release` undoes either half. With stand-ins, a miss
+        comes as its stand-in (`PackedExperts.stand_in_index`) and nothing is left to wait for."""
+        return self._start(layer, expert_ids, stand_in=self.stand_ins is not None)
+
+    def _start(self, layer: int, expert_ids: Sequence[int], stand_in: bool) -> PackedExperts:
         ids = tuple(int(e) for e in expert_ids)
         li = self.layers.index(layer)
         check_acquire(self._held, layer, ids, self.max_acquire)
@@ -151,14 +156,14 @@ class PagedExpertMemory(ExpertMemory):
                     slots[i] = slot
             evicted = self.host.counters["evictions"]
             misses = [(i, e) for i, e in enumerate(ids) if slots[i] < 0]
-            loads = [(i, e, self.host.load(layer, e)) for i, e in misses] if self.stand_ins is None \
-                else self._background_loads(layer, misses)
+            loads = self._background_loads(layer, misses) if stand_in else \
+                [(i, e, self.host.load(layer, e)) for i, e in misses]
             self.stats.evictions[li] += self.host.counters["evictions"] - evicted
         except BaseException:
             self._undo(layer, pinned)
             raise
         self._held = (layer, ids)
-        self._pending = _Pending(slots, pinned, loads if self.stand_ins is None else [])
+        self._pending = _Pending(slots, pinned, [] if stand_in else loads)
         n_miss = len(misses)
         self.stats.requests[li] += len(ids)
         self.stats.device_hits[li] += len(ids) - n_miss
@@ -166,7 +171,7 @@ class PagedExpertMemory(ExpertMemory):
         self.stats.disk_reads[li] += len(loads)
         self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in loads for s in self.model_file.expert_slabs(layer, e))
         self.stats.wait_s[li] += time.perf_counter() - t0
-        if self.stand_ins is None or not misses:
+        if not stand_in or not misses:
             return PackedExperts(self.host.layer_parts(layer), list(slots))
         self.stats.stand_ins[li] += n_miss
         return PackedExperts(self.host.layer_parts(layer), list(slots), self.stand_ins.parts(layer),
@@ -174,11 +179,14 @@ class PagedExpertMemory(ExpertMemory):
 
     def _background_loads(self, layer: int, misses: list[tuple[int, int]]) -> list[tuple[int, int, HostLoad]]:
         """Stand-ins serve `misses` (position, expert): in "background" mode queue their reads,
-        waited for by nobody in this acquire (a layer whose slots are all busy skips the rest)."""
-        if self.stand_in_mode != "background":
-            return []
+        waited for by nobody in this acquire (a layer whose slots are all busy skips the rest); in
+        "instead" mode only into free slots (nothing evicted: the slots fill once, then stay)."""
         loads = []
+        li = self.layers.index(layer)
+        policy = self.host.policy
         for i, e in misses:
+            if self.stand_in_mode == "instead" and (policy.page_table[li] >= 0).sum() >= policy.budgets[li]:
+                break
             try:
                 load = self.host.load(layer, e)
             except PoolExhaustedError:

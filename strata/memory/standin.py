@@ -8,7 +8,7 @@ At load every routed expert of the file is dequantized and quantized again into 
 paged memory counts these bytes in its budget and, on a miss, hands the expert's stand-in to the
 compute instead of making it wait for the full expert's read (HOBBIT's idea): in "background"
 mode the full expert is still read, without waiting, so its next use hits; in "instead" mode it
-is not read (the experts placed at start-up stay; the others always run as stand-ins).
+is read only into a free slot (the slots fill once and then stay: no eviction, no more reads).
 
 Only types the native runtime both quantizes and multiplies packed are stand-in types.
 Must not compute: it moves and converts bytes (the native quantizers do the arithmetic).
@@ -94,7 +94,7 @@ class StandIns:
             native.dequantize_into(slab.ggml_type, src, values, n_threads=self.n_threads)
             native.quantize_into(self.type, values, out[e], n_threads=self.n_threads)
         self.nbytes += out.nbytes
-        return native.MoePart(out, self.type, n_rows, row_len)
+        return native.MoePart(out.reshape(-1), self.type, n_rows, row_len)
 
 
 __all__ = ["DEFAULT_STAND_IN_MODE", "STAND_IN_MODES", "StandInError", "StandIns", "check_stand_in_mode",
