@@ -87,6 +87,10 @@ def test_budget_counts_the_stand_ins(tiny):
         assert mem.host.slots_per_layer == 3
         t = m.memory_stats().totals()
         assert t["stand_in_bytes"] == _stand_in_bytes(path) and t["stand_in_type"] == "Q2_K"
+        from strata.commands.tiers import format_memory_stats
+        from strata.units import format_bytes
+        assert f"miss stand-ins: Q2_K copies of every expert in RAM, {format_bytes(_stand_in_bytes(path))}" \
+            in format_memory_stats(m.memory_stats(), m.device)
     with pytest.raises(StrataError, match="too small"):  # the stand-ins leave too little for top-k slots
         _load(path, host_mem=_budget(path, 2) + _stand_in_bytes(path) - 4096, miss_stand_in="q2_k")
 
