@@ -76,7 +76,7 @@ const char *strata_status_string(int status);
 
 /* ---- Quantization (quantize.c): float32 rows into packed GGML blocks ---- */
 
-/* 1 when strata_quantize produces `ggml_type` (Q8_0, Q4_K, Q6_K). */
+/* 1 when strata_quantize produces `ggml_type` (Q8_0, Q2_K, Q4_K, Q6_K). */
 int strata_quantize_has_type(int ggml_type);
 
 /*

@@ -75,6 +75,13 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="layers ahead whose experts are loaded while a layer computes; 0 = off "
                         f"(default {DEFAULT_PREFETCH_DEPTH['cuda']} on cuda, {DEFAULT_PREFETCH_DEPTH['cpu']} on cpu; 0 "
                         "when the device slots hold every expert)")
+    g.add_argument("--miss-stand-in", default=None, metavar="TYPE",
+                   help="cpu, paged memory: keep a low-bit copy of every expert in RAM (a ggml type the native "
+                        "runtime quantizes and multiplies: q2_k, q4_k, q6_k, q8_0), counted in --host-mem, and "
+                        "compute a miss from it instead of waiting for its read (default: off)")
+    g.add_argument("--stand-in-mode", choices=("background", "instead"), default=None,
+                   help="with --miss-stand-in: background (default) still reads the missed expert, without "
+                        "waiting, so its next use hits; instead: never reads it")
     g.add_argument("--hybrid", action="store_true", default=None,
                    help="cuda: compute missed experts that host RAM holds on the CPU (native kernels) while the "
                         "GPU runs the others, when measured costs say that beats copying them")
@@ -162,6 +169,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 FLAGS = {"n_ctx": "--ctx", "threads": "--threads", "max_step_tokens": "--max-step-tokens", "kv_blocks": "--kv-blocks",
          "memory": "--memory", "device_mem": "--device-mem", "host_mem": "--host-mem",
          "prefetch_depth": "--prefetch-depth", "slot_form": "--slot-form", "hybrid": "--hybrid",
+         "miss_stand_in": "--miss-stand-in", "stand_in_mode": "--stand-in-mode",
          "max_tokens": "-n/--max-tokens", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
          "min_p": "--min-p", "repetition_penalty": "--repeat-penalty", "seed": "--seed", "stop": "--stop"}
 
@@ -181,7 +189,8 @@ def memory_config(args: argparse.Namespace):
     from strata.engine.config import memory_config as build
 
     options = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
-                   slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None))
+                   slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None),
+                   miss_stand_in=getattr(args, "miss_stand_in", None), stand_in_mode=getattr(args, "stand_in_mode", None))
     return build(args.memory, options, FLAGS)
 
 

@@ -58,6 +58,9 @@ def format_memory_stats(stats, device: Any, per_layer: bool = True, optimal: int
             f"routing and slots {format_bytes(optimal / tokens)} ({_ratio(t['bytes_disk'], optimal)})"]),
         f"  compute waited {t['wait_s']:.3f} s for experts; dequantization {t['dequant_s']:.3f} s"
         + (f"; computed on the CPU {t['cpu_computed']} ({t['cpu_s']:.3f} s)" if t["cpu_computed"] else ""),
+        *([f"  miss stand-ins: {t['stand_in_type']} copies of every expert in RAM, "
+           f"{format_bytes(t['stand_in_bytes'])} of the budget; misses computed from them {t['stand_ins']}"]
+          if t.get("stand_in_bytes") else []),
         f"  prefetch: issued {t['prefetch_issued']}, used {t['prefetch_used']}, refused "
         f"{t['prefetch_refused']}, cancelled {t['prefetch_cancelled']}; prediction precision "
         f"{_pct(t['precision'])}, recall {_pct(t['recall'])}; not loaded (p below the read cost) "

@@ -79,7 +79,8 @@ def expert_memory(config: MemoryConfig | MemoryFactory, mf: ModelFile, dev: torc
         return DirectExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, packed=mode == "packed")
     reserved = reserved_bytes(mf, dt, mode, kv_bytes)
     if config.backend(mode) == "paged":  # the tiered memory's options too, on the CPU with packed compute
-        return PagedExpertMemory(mf, host_mem=ram_budget(config, mf, machine, reserved), machine=machine)
+        return PagedExpertMemory(mf, host_mem=ram_budget(config, mf, machine, reserved), machine=machine,
+                                 miss_stand_in=config.miss_stand_in, stand_in_mode=config.stand_in_mode)
     return TieredExpertMemory(mf, device=dev, dtype=dt, n_threads=n_threads, config=config.to_tiered(),
                               reserved_bytes=reserved, machine=machine)
 

@@ -101,8 +101,9 @@ def check_engine(values: Mapping[str, Any], names: Names | None = None) -> None:
 
 MEMORY_KINDS = ("tiered", "paged", "direct")
 #: The options of each kind of expert memory (the others belong to another kind).
-MEMORY_OPTIONS = {"tiered": ("device_mem", "host_mem", "prefetch_depth", "slot_form", "hybrid"),
-                  "paged": ("host_mem",), "direct": ()}
+MEMORY_OPTIONS = {"tiered": ("device_mem", "host_mem", "prefetch_depth", "slot_form", "hybrid", "miss_stand_in",
+                             "stand_in_mode"),
+                  "paged": ("host_mem", "miss_stand_in", "stand_in_mode"), "direct": ()}
 SLOT_FORMS = ("dequantized", "packed")
 
 
@@ -125,6 +126,8 @@ def check_memory(values: dict[str, Any], names: Names | None = None) -> dict[str
         check_int(spell("prefetch_depth", names), out["prefetch_depth"], 0, None, "prefetch_depth")
     if out.get("slot_form") is not None:
         check_choice(spell("slot_form", names), out["slot_form"], SLOT_FORMS, "slot_form")
+    if out.get("miss_stand_in") is not None or out.get("stand_in_mode") is not None:
+        check_stand_in(out, names)
     if out.get("hybrid") is not None and not isinstance(out["hybrid"], bool):
         raise OptionError("hybrid", f"{spell('hybrid', names)}: expected True or False, found {out['hybrid']!r}")
     given = [f for f in MEMORY_OPTIONS["tiered"] if out.get(f) is not None]
@@ -138,6 +141,24 @@ def check_memory(values: dict[str, Any], names: Names | None = None) -> dict[str
                                       f"{_kind_name(kind, names)} (its options: "
                                       f"{', '.join(spell(f, names) for f in own) or 'none'})")
     return out
+
+
+def check_stand_in(out: dict[str, Any], names: Names | None) -> None:
+    """miss_stand_in as a ggml type name ('Q2_K') and its mode, each error naming the option."""
+    from strata.memory.standin import StandInError, check_stand_in_mode, stand_in_type
+
+    if out.get("miss_stand_in") is None:
+        raise OptionError("stand_in_mode", f"{spell('stand_in_mode', names)}: a mode of the miss stand-ins; "
+                                           f"give {spell('miss_stand_in', names)} too")
+    try:
+        out["miss_stand_in"] = stand_in_type(out["miss_stand_in"]).name
+    except StandInError as e:
+        raise OptionError("miss_stand_in", f"{spell('miss_stand_in', names)}: {e}") from None
+    if out.get("stand_in_mode") is not None:
+        try:
+            check_stand_in_mode(out["stand_in_mode"])
+        except StandInError as e:
+            raise OptionError("stand_in_mode", f"{spell('stand_in_mode', names)}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,11 @@ class MemoryConfig:
               with packed compute on the CPU: host_mem plus device_mem less the resident weights
               and KV cache is the paged memory's budget; prefetch_depth > 0, slot_form
               'dequantized' and hybrid are refused there;
-      paged:  host_mem (its one RAM tier's budget);
+      paged:  host_mem (its one RAM tier's budget), miss_stand_in (a ggml type, 'q2_k': a resident
+              low-bit copy of every expert, counted in the budget, computes a miss at once; off by
+              default) and stand_in_mode ('background': the full expert is still read, not
+              waited for; 'instead': it is not read); memory='tiered' takes them where the paged
+              memory serves it;
       direct: none.
     None means the machine's default (strata.memory.budget).
     """
@@ -167,6 +192,8 @@ class MemoryConfig:
     prefetch_depth: int | None = None
     slot_form: str | None = None
     hybrid: bool | None = None
+    miss_stand_in: str | None = None
+    stand_in_mode: str | None = None
 
     def __post_init__(self) -> None:
         for f, v in check_memory(self.__dict__).items():
@@ -213,7 +240,8 @@ class MemoryConfig:
     def to_tiered(self) -> TieredConfig:
         """The tiered memory's own config (its fields were checked here, by `check_memory`; TieredConfig
         checks only what a caller building one directly could get wrong)."""
-        return TieredConfig(**{**self.options(), "hybrid": bool(self.hybrid)})
+        own = {f: v for f, v in self.options().items() if f not in ("miss_stand_in", "stand_in_mode")}
+        return TieredConfig(**{**own, "hybrid": bool(self.hybrid)})
 
 
 #: What the paged memory cannot do of the tiered memory's options, when it serves memory='tiered'
@@ -231,6 +259,9 @@ _NOT_PAGED = {
 def check_memory_compute(config: MemoryConfig, compute: str) -> None:
     """Refuse a memory that cannot serve the compute mode, and options of memory='tiered' the paged
     memory cannot honour where it serves it (packed compute on the CPU; `MemoryConfig.backend`)."""
+    if config.backend(compute) != "paged" and (config.miss_stand_in or config.stand_in_mode):
+        raise OptionError("miss_stand_in", f"miss_stand_in: stand-ins serve the paged memory's misses (packed "
+                                           f"compute on the CPU), not memory={config.kind!r} with compute={compute!r}")
     if config.kind == "paged" and compute != "packed":
         raise OptionError("kind", f"memory='paged' serves packed compute on the CPU (compute='packed'), "
                                   f"not compute={compute!r}; use the tiered memory")

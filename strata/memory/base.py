@@ -33,10 +33,16 @@ class ExpertWeights:
 class PackedExperts:
     """Acquired experts in their file format, for the native MoE kernels: `parts` are the gate,
     up and down regions that hold them (`native.MoeParts`: a slot pool, or the file's expert
-    tensors), `index[i]` is where the i-th acquired expert sits in those regions."""
+    tensors), `index[i]` is where the i-th acquired expert sits in those regions.
+
+    With miss stand-ins (`strata.memory.standin`), an expert not in place (index -1) may come as
+    its low-bit stand-in instead: `stand_in_index[i]` its position in `stand_in` (the stand-ins'
+    regions), -1 for the experts of `index`; the caller computes those and waits for nothing."""
 
     parts: Any  # native.MoeParts
     index: list[int]
+    stand_in: Any = None  # native.MoeParts of the stand-ins, or None: nothing stands in
+    stand_in_index: list[int] | None = None
 
 
 def check_acquire(held: tuple[int, tuple[int, ...]] | None, layer: int, ids: tuple[int, ...], max_acquire: int) -> None:

@@ -18,6 +18,13 @@ once by `acquire_packed`; each load finishes (or is undone) before the layer end
 steps the page table is exact and the decode program (`fixed_packed`) runs every layer whose
 experts are all in their slots, handing the others back to the memory.
 
+Miss stand-ins (`miss_stand_in="q2_k"`, `strata.memory.standin`): a low-bit copy of every expert,
+built at load and taken from the budget; a miss is then computed from its stand-in at once. In
+"background" mode the full expert's read is queued without waiting for it (so its next use hits);
+those reads finish by the layer's next acquire or the next `check_fixed` (before a decode program
+step), which keeps the page table exact for the program. In "instead" mode a miss is read (in the
+background) only into a free slot: once a layer's slots are full nothing is read or evicted.
+
 Must not compute: it moves bytes and counts them.
 """
 from __future__ import annotations
@@ -38,6 +45,8 @@ from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .machine import Machine
 from .placement import estimate, warn_if_slow
+from .policy import PoolExhaustedError
+from .standin import DEFAULT_STAND_IN_MODE, StandIns, check_stand_in_mode, stand_in_type
 from .startup import place_initial
 from .stats import MemoryStats, Residency
 
@@ -58,18 +67,27 @@ class PagedExpertMemory(ExpertMemory):
     host_mem: the pool's budget (bytes or '1500M'; default `budget.default_host_budget`; `strata.load`
         gives `budget.paged_budget`). machine: the machine's memory it is checked against (`Machine`;
         default: measured here). pager_threads, direct: the pager's.
+    miss_stand_in: a ggml type ('q2_k') of resident stand-ins for misses (None: off; their bytes
+        come out of host_mem); stand_in_mode: "background" or "instead" (see the module).
     """
 
     packed = True
     prefetch_depth = 0
 
     def __init__(self, model_file: ModelFile, *, host_mem: Any = None, pager_threads: int = DEFAULT_PAGER_THREADS,
-                 direct: bool | None = None, machine: Machine | None = None) -> None:
+                 direct: bool | None = None, machine: Machine | None = None, miss_stand_in: Any = None,
+                 stand_in_mode: str | None = None) -> None:
         self.model_file = model_file
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
         self.n_experts = model_file.hparams.n_experts
         budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
+        self.stand_in_mode = check_stand_in_mode(stand_in_mode or DEFAULT_STAND_IN_MODE)
+        self.stand_ins = None if miss_stand_in is None else StandIns(model_file, stand_in_type(miss_stand_in),
+                                                                     self.layers, pager_threads)
+        if self.stand_ins is not None and isinstance(budget, int):
+            budget = _slots_budget(budget, self.stand_ins)
+        self._background: set[int] = set()  # layers with reads in flight nobody waits for (stand-in misses)
         if direct is None and isinstance(budget, int) and budget >= host_budget_for_slots(model_file, self.n_experts):
             # Every expert gets a slot and none is ever evicted: the pool is the model's RAM, so
             # read through the page cache (a file already cached is copied, not read again).
@@ -80,6 +98,8 @@ class PagedExpertMemory(ExpertMemory):
         self.placement = estimate(model_file, self.host.slots_per_layer, 0)
         warn_if_slow(model_file, self.placement, one_tier=True)  # once, at start: most experts would come from disk
         self.stats = MemoryStats(list(self.layers), self.n_experts)
+        if self.stand_ins is not None:
+            self.stats.stand_in_bytes, self.stats.stand_in_type = self.stand_ins.nbytes, self.stand_ins.type.name
         self._held: tuple[int, tuple[int, ...]] | None = None
         self._pending: _Pending | None = None
         try:
@@ -89,8 +109,10 @@ class PagedExpertMemory(ExpertMemory):
             raise
 
     def __repr__(self) -> str:
+        stand_in = "" if self.stand_ins is None else \
+            f", {self.stand_ins.type.name} stand-ins for misses ({self.stand_in_mode})"
         return (f"PagedExpertMemory({self.model_file.path.name}, cpu, packed slots in RAM: "
-                f"{self.host.slots_per_layer}/{self.n_experts} per layer, no prefetch)")
+                f"{self.host.slots_per_layer}/{self.n_experts} per layer, no prefetch{stand_in})")
 
     @property
     def page_table(self) -> np.ndarray:
@@ -103,19 +125,26 @@ class PagedExpertMemory(ExpertMemory):
         raise StrataError(f"{self!r} hands out packed experts only: it serves compute='packed' on the CPU")
 
     def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """Pin a slot holding each expert, reading the missing ones from the file."""
-        self.start_packed(layer, expert_ids)
+        """Pin a slot holding each expert, reading the missing ones from the file (stand-ins or not)."""
+        self._start(layer, expert_ids, stand_in=False)
         return self.finish_packed(layer, expert_ids)
 
     def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """The first half of `acquire_packed`: pins the experts already in RAM and queues the
         reads of the others (all of them before any wait, so the pager's threads overlap them),
         then returns at once. The index is -1 for an expert still being read: compute the others
-        meanwhile, then `finish_packed`. `release` undoes either half."""
+        meanwhile, then `finish_packed`. `release` undoes either half. With stand-ins, a miss
+        comes as its stand-in (`PackedExperts.stand_in_index`) and nothing is left to wait for."""
+        return self._start(layer, expert_ids, stand_in=self.stand_ins is not None)
+
+    def _start(self, layer: int, expert_ids: Sequence[int], stand_in: bool) -> PackedExperts:
         ids = tuple(int(e) for e in expert_ids)
         li = self.layers.index(layer)
         check_acquire(self._held, layer, ids, self.max_acquire)
         t0 = time.perf_counter()
+        if layer in self._background:  # the reads the last stand-ins left (a token ago: done by now, as a rule)
+            self._background.discard(layer)
+            self.host.reap(layer)
         slots: list[int] = [-1] * len(ids)
         pinned: list[int] = []
         try:
@@ -126,21 +155,47 @@ class PagedExpertMemory(ExpertMemory):
                     pinned.append(e)
                     slots[i] = slot
             evicted = self.host.counters["evictions"]
-            loads = [(i, e, self.host.load(layer, e)) for i, e in enumerate(ids) if slots[i] < 0]
+            misses = [(i, e) for i, e in enumerate(ids) if slots[i] < 0]
+            loads = self._background_loads(layer, misses) if stand_in else \
+                [(i, e, self.host.load(layer, e)) for i, e in misses]
             self.stats.evictions[li] += self.host.counters["evictions"] - evicted
         except BaseException:
             self._undo(layer, pinned)
             raise
         self._held = (layer, ids)
-        self._pending = _Pending(slots, pinned, loads)
-        n_miss = len(loads)
+        self._pending = _Pending(slots, pinned, [] if stand_in else loads)
+        n_miss = len(misses)
         self.stats.requests[li] += len(ids)
         self.stats.device_hits[li] += len(ids) - n_miss
         self.stats.device_misses[li] += n_miss
-        self.stats.disk_reads[li] += n_miss
+        self.stats.disk_reads[li] += len(loads)
         self.stats.bytes_disk[li] += sum(s.nbytes for _, e, _ in loads for s in self.model_file.expert_slabs(layer, e))
         self.stats.wait_s[li] += time.perf_counter() - t0
-        return PackedExperts(self.host.layer_parts(layer), list(slots))
+        if not stand_in or not misses:
+            return PackedExperts(self.host.layer_parts(layer), list(slots))
+        self.stats.stand_ins[li] += n_miss
+        return PackedExperts(self.host.layer_parts(layer), list(slots), self.stand_ins.parts(layer),
+                             [e if s < 0 else -1 for e, s in zip(ids, slots)])
+
+    def _background_loads(self, layer: int, misses: list[tuple[int, int]]) -> list[tuple[int, int, HostLoad]]:
+        """Stand-ins serve `misses` (position, expert): in "background" mode queue their reads,
+        waited for by nobody in this acquire (a layer whose slots are all busy skips the rest); in
+        "instead" mode only into free slots (nothing evicted: the slots fill once, then stay)."""
+        loads = []
+        li = self.layers.index(layer)
+        policy = self.host.policy
+        for i, e in misses:
+            if self.stand_in_mode == "instead" and (policy.page_table[li] >= 0).sum() >= policy.budgets[li]:
+                break
+            try:
+                load = self.host.load(layer, e)
+            except PoolExhaustedError:
+                break
+            if not load.hit:
+                loads.append((i, e, load))
+        if loads:
+            self._background.add(layer)
+        return loads
 
     def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """The second half of `acquire_packed`: waits for the reads `start_packed` queued and pins
@@ -191,6 +246,12 @@ class PagedExpertMemory(ExpertMemory):
         li = self.layers.index(layer)
         return self.host.layer_parts(layer), torch.from_numpy(self.host.policy.page_table[li])
 
+    def check_fixed(self) -> None:
+        """Before a decode program step: the stand-ins' background reads finish, so every slot the
+        page table names holds its expert."""
+        while self._background:
+            self.host.reap(self._background.pop())
+
     def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
         self.observe(layer, expert_ids)
         li = self.layers.index(layer)
@@ -216,8 +277,15 @@ class PagedExpertMemory(ExpertMemory):
     def close(self) -> None:
         self.host.close()
 
-    # ---- internals -------------------------------------------------------------------------------
 
+
+def _slots_budget(budget: int, stand_ins: StandIns) -> int:
+    """What the stand-ins leave of the budget for the slots (they are counted in it)."""
+    left = budget - stand_ins.nbytes
+    if left <= 0:
+        raise StrataError(f"host memory budget {budget} bytes: the {stand_ins.type.name} miss stand-ins take "
+                          f"{stand_ins.nbytes} bytes of it and leave nothing for the experts' slots")
+    return left
 
 
 __all__ = ["PagedExpertMemory"]

@@ -52,7 +52,8 @@ from .predict.score import PredictionScore
 COUNTERS = ("requests", "device_hits", "device_late", "device_misses", "host_hits", "disk_reads",
             "prefetch_issued", "prefetch_refused", "prefetch_cancelled", "prefetch_used",
             "prefetch_host_hits", "prefetch_disk_reads", "bytes_disk", "bytes_to_device",
-            "prefetch_unpaid", "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed")
+            "prefetch_unpaid", "predicted", "actual", "predicted_correct", "evictions", "startup_loads", "cpu_computed",
+            "stand_ins")
 #: Second totals, one [L] array each.
 TIMERS = ("wait_s", "dequant_s", "cpu_s")
 
@@ -72,6 +73,7 @@ class MemoryStats:
         self.prediction_score = PredictionScore()  # precision/recall per predictor and depth
         self.recorder: TraceRecorder | None = None  # opt-in: it grows with every token
         self.trace_origin: Any = None  # the caller's note of where the trace began (start_trace)
+        self.stand_in_bytes, self.stand_in_type = 0, ""  # set by a memory with miss stand-ins
 
     def reset(self) -> None:
         for name in COUNTERS + TIMERS + ("routing_counts", "routing_tokens"):
@@ -122,6 +124,7 @@ class MemoryStats:
         """Every counter summed over layers, with the derived rates."""
         t = {name: int(self.total(name)) for name in COUNTERS}
         t.update({name: float(self.total(name)) for name in TIMERS})
+        t.update(stand_in_bytes=self.stand_in_bytes, stand_in_type=self.stand_in_type)
         return {**t, **_rates(t)}
 
     def per_layer(self) -> list[dict[str, Any]]:

@@ -227,6 +227,11 @@ class RoutedExperts(nn.Module):
                 if min(held.index) >= 0:
                     call(pool, held.parts, held.index, i, n_tokens, scratch)
                     continue
+                if held.stand_in is not None:  # misses computed from their low-bit stand-ins, nothing waited for
+                    call.rows(pool, held.parts, held.index, i, n_tokens, scratch)
+                    call.rows(pool, held.stand_in, held.stand_in_index, i, n_tokens, scratch)
+                    call.reduce(i, len(chunk), n_tokens)
+                    continue
                 # Some experts are still being read: compute the others meanwhile (their rows, not
                 # yet summed), then the rest, then the sum in the order one call would make it.
                 call.rows(pool, held.parts, held.index, i, n_tokens, scratch)

@@ -16,7 +16,7 @@ from .dequant import row_geometry
 
 
 def can_quantize(t: Any) -> bool:
-    """True when the native runtime quantizes into type `t` (Q8_0, Q4_K, Q6_K)."""
+    """True when the native runtime quantizes into type `t` (Q8_0, Q2_K, Q4_K, Q6_K)."""
     return bool(lib.strata_quantize_has_type(int(ggml_type(t))))
 
 

@@ -56,7 +56,7 @@ def test_kind_is_chosen_by_the_compute_mode():
 
 @pytest.mark.parametrize("options, words", [
     (dict(kind="paged", device_mem="1G"), "device_mem: options of memory='tiered', not of memory='paged' "
-                                          "(its options: host_mem)"),
+                                          "(its options: host_mem, miss_stand_in, stand_in_mode)"),
     (dict(kind="direct", host_mem="1G", prefetch_depth=1), "host_mem, prefetch_depth: options of memory='tiered', "
                                                            "not of memory='direct' (its options: none)"),
     (dict(kind="disk"), "memory: expected one of 'tiered', 'paged', 'direct', found 'disk'"),
@@ -240,7 +240,7 @@ def test_cli_and_api_refuse_memory_options_in_the_same_words(capsys, path, args,
     with pytest.raises(StrataArgumentError) as info:
         strata.load(path, **api)
     flags = {"device_mem": "--device-mem", "host_mem": "--host-mem", "prefetch_depth": "--prefetch-depth",
-             "slot_form": "--slot-form"}
+             "slot_form": "--slot-form", "miss_stand_in": "--miss-stand-in", "stand_in_mode": "--stand-in-mode"}
     words = re.sub(r"memory='(\w+)'", r"--memory \1", str(info.value))  # the API's spelling of a kind, the CLI's
     for k, v in flags.items():
         words = words.replace(k, v)
