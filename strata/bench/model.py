@@ -89,6 +89,16 @@ def _decode(model, batch: int, gen: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def bench_load_kwargs(prompt: int, gen: int, batches: Sequence[int], load_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`strata.load`'s arguments for a bench run (the followers of an expert-parallel one load the same)."""
+    # prefill is measured as llama-bench measures it: every rep computes its whole prompt (the
+    # prefix cache would serve the repeated prompt from the first rep's KV blocks)
+    out = {"prefix_cache": False, "max_batch": max(batches), **load_kwargs}
+    if out.get("n_ctx") is None:
+        out["n_ctx"] = max(prompt, gen + 1) + 8
+    return out
+
+
 def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
                 seed: int = 0, on_step: Callable[[int, int, str], None] | None = None,
                 **load_kwargs: Any) -> dict[str, Any]:
@@ -102,12 +112,13 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
     if prompt < 1 or gen < 2 or reps < 1 or not batches or min(batches) < 1:
         raise ValueError(f"bench: prompt >= 1, gen >= 2, reps >= 1 and batch sizes >= 1, found prompt {prompt}, "
                          f"gen {gen}, reps {reps}, batches {list(batches)}")
-    if load_kwargs.get("n_ctx") is None:
-        load_kwargs["n_ctx"] = max(prompt, gen + 1) + 8
     t0 = time.perf_counter()
-    # prefill is measured as llama-bench measures it: every rep computes its whole prompt (the
-    # prefix cache would serve the repeated prompt from the first rep's KV blocks)
-    model = strata.load(path, max_batch=max(batches), **{"prefix_cache": False, **load_kwargs})
+    model = strata.load(path, **bench_load_kwargs(prompt, gen, batches, load_kwargs))
+    ep = load_kwargs.get("expert_parallel")
+    if ep is not None:  # rank 0 leads: the other ranks run `strata.distributed.lockstep.follow`
+        from strata.distributed.lockstep import lead
+
+        lead(model, ep)
     load_s = time.perf_counter() - t0
     try:
         tokens = _prompt(model.transformer.vocab_size, prompt, seed)

@@ -289,7 +289,7 @@ def _add_tiered_parser(sub) -> None:
 def _run_model(args: argparse.Namespace) -> int:
     from strata.bench.model import bench_model
 
-    from .common import check_model_args, load_kwargs
+    from .common import check_model_args, expert_parallel, follow_rank, load_kwargs
 
     check_model_args(args)
     for flag, value in (("-p", args.p), ("-n", args.n), ("--reps", args.reps)):
@@ -297,11 +297,22 @@ def _run_model(args: argparse.Namespace) -> int:
             raise StrataError(f"strata bench {flag} {value}: expected a positive number of "
                               f"{'repetitions' if flag == '--reps' else 'tokens'}")
     batches = _int_list(args.batch, "--batch")
-    total = args.reps * (1 + len(batches))
-    result = _with_bar(args, total, "bench", lambda on_step: bench_model(
-        args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed, on_step=on_step,
-        **load_kwargs(args)))
-    return _print(result, args, format_model)
+    ep = expert_parallel(args)  # rank 0 runs the bench, the other ranks follow its forward passes
+    kwargs = dict(load_kwargs(args), **({} if ep is None else {"expert_parallel": ep}))
+    try:
+        if ep is not None and ep.rank != 0:
+            import strata
+            from strata.bench.model import bench_load_kwargs
+
+            return follow_rank(ep, lambda: strata.load(args.model, **bench_load_kwargs(args.p, args.n, batches, kwargs)))
+        total = args.reps * (1 + len(batches))
+        result = _with_bar(args, total, "bench", lambda on_step: bench_model(
+            args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed, on_step=on_step,
+            **kwargs))
+        return _print(result, args, format_model)
+    finally:
+        if ep is not None:
+            ep.close()
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -315,7 +326,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def _add_model_parser(sub) -> None:
-    from .common import add_model_args
+    from .common import add_expert_parallel_args, add_model_args
 
     m = sub.add_parser("model", help="prompt processing and decode speed of a whole model, with the time split, "
                                      "tier hit rates and the roofline (also: strata bench MODEL.gguf)")
@@ -326,6 +337,7 @@ def _add_model_parser(sub) -> None:
     m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default %(default)s)")
     m.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     m.add_argument("--json", action="store_true", help="print one JSON object")
+    add_expert_parallel_args(m)
     m.set_defaults(func=_run_model)
 
 

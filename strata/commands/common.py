@@ -4,6 +4,7 @@ Must not: compute or format library results beyond the shared --stats lines.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_KV_TYPE,
@@ -233,6 +234,19 @@ def expert_parallel(args: argparse.Namespace):
         raise StrataArgumentError("--replicate-hot and --ep-timeout: expected N >= 0 and S > 0, found "
                                   f"{args.replicate_hot} and {args.ep_timeout}")
     return ExpertParallel.from_env(args.replicate_hot, args.ep_timeout or DEFAULT_TIMEOUT_S)
+
+
+def follow_rank(ep, loader) -> int:
+    """A rank other than 0 under a leader (serve, bench): loads the model as rank 0 does (`loader()`),
+    runs rank 0's forward passes until it stops, prints nothing (errors excepted)."""
+    import contextlib
+
+    from strata.distributed.lockstep import follow
+
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        with loader() as model:
+            follow(model, ep)
+    return 0
 
 
 def load_model(args: argparse.Namespace, max_batch: int = 1, ep=None):

@@ -35,6 +35,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                                 "(default %(default)s)")
     g.add_argument("--compute", choices=("auto", "packed", "float"), default=None, help="as strata generate's")
     add_kv_type_arg(g)
+    g.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="with --placement: the expert-parallel shard plan over N ranks instead of the tiers (which "
+                        "rank owns which experts of each layer, each rank's expected load and expert bytes; no "
+                        "torchrun needed)")
+    g.add_argument("--replicate-hot", type=int, default=0, metavar="N",
+                   help="with --ranks: each layer's N hottest experts on every rank, as strata generate's")
     p.set_defaults(func=run)
     return p
 
@@ -188,6 +194,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from strata.gguf import open_model
 
     out = out or sys.stdout
+    if (getattr(args, "ranks", None) is None and getattr(args, "replicate_hot", 0)) or \
+            (getattr(args, "ranks", None) is not None and not args.placement):
+        from strata.errors import StrataArgumentError
+
+        raise StrataArgumentError("--ranks goes with --placement, and --replicate-hot with --ranks")
     if getattr(args, "ctx", 1) < 1:
         from strata.errors import StrataArgumentError
 
@@ -199,7 +210,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 from strata.errors import StrataError
 
                 raise StrataError(f"{args.model}: --placement: the model has no routed experts")
-            summary["placement"] = placement(args, model)
+            if getattr(args, "ranks", None) is not None:
+                from .ranks import rank_placement
+
+                summary["ranks"] = rank_placement(model, args.ranks, args.replicate_hot)
+            else:
+                summary["placement"] = placement(args, model)
         summary["verdict"] = run_verdict(args, model)
     if "placement" in summary:  # after the file is closed: the load opens it again
         summary["placement"]["runtime"] = runtime_plan(args)
@@ -207,9 +223,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)
     else:
-        shown = {k: v for k, v in summary.items() if k not in ("placement", "verdict")}
+        shown = {k: v for k, v in summary.items() if k not in ("placement", "verdict", "ranks")}
         render_text(shown, args.model, out)
         if "placement" in summary:
             render_placement(summary["placement"], out)
+        if "ranks" in summary:
+            from .ranks import render_ranks
+
+            render_ranks(summary["ranks"], out)
         print(f"verdict: {summary['verdict']['sentence']}", file=out)
     return 0

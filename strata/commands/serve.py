@@ -2,7 +2,10 @@
 
 Must not hold server logic: it parses arguments, builds the app and runs uvicorn. The model
 loads in the background after the port is open (`GET /health` is 503 until it is ready); a
-model that fails to load stops the server with the error and exit status 1.
+model that fails to load stops the server with the error and exit status 1. With
+`--expert-parallel` (under torchrun) rank 0 serves and the other ranks follow its batches
+(`strata.distributed.lockstep`), opening no port; a rank lost turns open and new requests into
+503s and stops the server with exit status 1 within about --ep-timeout seconds.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from pathlib import Path
 
 from strata.errors import StrataArgumentError, StrataError
 
-from .common import add_model_args, check_model_args, check_save_routing, load_kwargs, print_stats
+from .common import (add_expert_parallel_args, add_model_args, check_model_args, check_save_routing, expert_parallel,
+                     follow_rank, load_kwargs, print_stats)
 
 DEFAULT_MAX_BATCH = 8
 #: strata.server.tools.FAMILIES' names (that package needs the server's packages; argparse does not)
@@ -38,18 +42,42 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-        from strata.server import ServerConfig, create_app
+        import uvicorn  # noqa: F401  (checked here, used by _serve)
+        from strata.server import ServerConfig, create_app  # noqa: F401
     except ImportError as e:
         raise StrataError(f"strata serve needs the server packages ({e.name} is missing): "
                           f"pip install 'strata[serve]'") from None
     _check(args)
     kwargs = load_kwargs(args)
+    ep = expert_parallel(args)  # None, or this rank of the group: rank 0 serves, the others follow its batches
 
     def loader():
         import strata
 
-        return strata.load(args.model, max_batch=args.max_batch, prefix_cache=not args.no_prefix_cache, **kwargs)
+        model = strata.load(args.model, max_batch=args.max_batch, prefix_cache=not args.no_prefix_cache,
+                            expert_parallel=ep, **kwargs)
+        if ep is not None and ep.rank == 0:
+            from strata.distributed.lockstep import lead
+
+            try:
+                lead(model, ep)
+            except BaseException:
+                model.close()
+                raise
+        return model
+
+    try:
+        if ep is not None and ep.rank != 0:
+            return follow_rank(ep, loader)  # no port, no output
+        return _serve(args, loader)
+    finally:
+        if ep is not None:
+            ep.close()
+
+
+def _serve(args: argparse.Namespace, loader) -> int:
+    import uvicorn
+    from strata.server import ServerConfig, create_app
 
     name = args.alias or Path(args.model).stem
     config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
@@ -106,4 +134,5 @@ def add_parser(subparsers) -> None:
                         "system prompt or earlier chat turns, are shared by content hash and not prefilled again)")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default info; debug also logs every request)")
+    add_expert_parallel_args(p)
     p.set_defaults(func=run)

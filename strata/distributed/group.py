@@ -25,6 +25,13 @@ from strata.models.shard import ExpertShard
 
 from .plan import ShardPlan, file_checksum, shard_plan
 
+class GroupError(StrataError):
+    """A collective failed: a rank died or did not answer in time. The group cannot go on (`fatal`:
+    a server stops rather than serve from a broken group)."""
+
+    fatal = True
+
+
 #: Seconds a collective waits for the other ranks before it fails (a dead or hung rank).
 DEFAULT_TIMEOUT_S = 60.0
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -96,6 +103,26 @@ class ExpertParallel:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def share(self, obj=None):
+        """Rank 0's `obj` on every rank (what the others pass is ignored)."""
+        box = [obj if self.rank == 0 else None]
+        with self._failing("a broadcast from rank 0"):
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        every: list = [None] * self.world_size
+        with self._failing("an all-gather of the ranks' settings"):
+            dist.all_gather_object(every, obj)
+        return every
+
+    def heartbeat(self) -> None:
+        """A one-number all-reduce: returns once every rank has answered (a broadcast alone would not
+        notice a rank that hangs), raises GroupError after the timeout."""
+        with self._failing("a heartbeat"):
+            dist.all_reduce(torch.zeros(1))
+
     @contextmanager
     def _failing(self, what: str):
         """A collective's failure (a rank died, or did not answer within the timeout) as one line."""
@@ -103,7 +130,7 @@ class ExpertParallel:
             yield
         except RuntimeError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise StrataError(f"expert parallelism: rank {self.rank} of {self.world_size}: {what} failed (another "
+            raise GroupError(f"expert parallelism: rank {self.rank} of {self.world_size}: {what} failed (another "
                               f"rank died or did not answer within {self.timeout_s:g} s): {first}") from None
 
     def close(self) -> None:
@@ -111,4 +138,4 @@ class ExpertParallel:
             dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel", "GroupError"]

@@ -93,7 +93,8 @@ class ServerState:
             if self.on_load_error is not None:
                 self.on_load_error(e)
             return
-        worker = EngineWorker(model, self.metrics, self.config.max_running, self.config.max_queue)
+        worker = EngineWorker(model, self.metrics, self.config.max_running, self.config.max_queue,
+                              on_fatal=self.on_load_error)  # the server stops (a rank of the group was lost)
         with self._lock:
             if self._closed:  # the server stopped while the model loaded
                 model.close()
@@ -140,7 +141,8 @@ def create_app(loader: Callable[[], Any], config: ServerConfig,
                on_load_error: Callable[[BaseException], None] | None = None,
                on_close: Callable[[Any], None] | None = None) -> FastAPI:
     """The app; `loader()` returns the `strata.Model` to serve (called once, on a thread).
-    `on_load_error(exc)` hears of a failed load; `on_close(model)` runs before the model closes."""
+    `on_load_error(exc)` hears of a failed load, or of an error that ended the engine (expert
+    parallelism: a rank was lost); `on_close(model)` runs before the model closes."""
     state = ServerState(loader, config, on_load_error, on_close)
 
     @contextlib.asynccontextmanager

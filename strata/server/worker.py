@@ -8,6 +8,10 @@ A cancel (the client disconnected) is applied before the next step: the sequence
 memory are freed within one step. Admission control: at most `max_running + max_queue`
 requests are open at once; more are refused with 503 before they reach the engine, as is a
 sequence the engine itself refuses as full (`strata.engine.EngineFull`, where it exists).
+Expert parallelism: when the model's runner has a `tick` (rank 0's `LeadRunner`), the idle thread
+calls it every `tick_s` (the ranks' heartbeat); an error marked `fatal` (a rank died or hangs)
+fails every open request with 503, refuses new ones with 503 and calls `on_fatal` (the server
+stops and exits non-zero).
 
 Must not parse or format HTTP: tickets carry sequences in and `Event`s out.
 """
@@ -71,8 +75,10 @@ class Ticket:
 class EngineWorker:
     """Runs `model.engine` on its own thread; `submit` and `cancel` may be called from any thread."""
 
-    def __init__(self, model: Any, metrics: ServerMetrics, max_running: int, max_queue: int):
-        self.model, self.engine, self.metrics = model, model.engine, metrics
+    def __init__(self, model: Any, metrics: ServerMetrics, max_running: int, max_queue: int, on_fatal=None):
+        self.model, self.engine, self.metrics, self.on_fatal = model, model.engine, metrics, on_fatal
+        self._tick = getattr(getattr(model, "runner", None), "tick", None)  # an idle heartbeat, or None
+        self.broken: APIError | None = None  # set once a fatal error has ended the engine
         self.limit = max_running + max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -97,6 +103,8 @@ class EngineWorker:
     def submit(self, ticket: Ticket) -> None:
         """Queue `ticket` for the engine; APIError 503 when the queue is full."""
         with self._lock:
+            if self.broken is not None:
+                raise self.broken
             if self._n_open >= self.limit:
                 raise APIError(503, f"the server is busy: {self._n_open} requests are running or queued "
                                     f"(at most {self.limit}); retry later", code="queue_full")
@@ -116,7 +124,10 @@ class EngineWorker:
                     self._drain(block=not self.engine.busy)
                     if self.engine.busy and not self._stopping:
                         self._step()
-                except Exception as e:  # a bug here must not leave every later request hanging
+                except Exception as e:
+                    if getattr(e, "fatal", False):
+                        self._fatal(e)
+                        break  # a bug here must not leave every later request hanging
                     log.exception("engine thread")
                     self._fail_all(APIError(500, f"internal error: {type(e).__name__}: {e}"), drain=False)
                 self._gauges()
@@ -124,6 +135,15 @@ class EngineWorker:
             self._fail_all(APIError(503, "the server is shutting down", code="shutting_down"), drain=True)
 
     def _drain(self, block: bool) -> None:
+        if block and self._tick is not None:  # idle: a heartbeat each tick_s until something arrives
+            while True:
+                try:
+                    item = self._inbox.get(timeout=self.model.runner.tick_s)
+                    break
+                except queue.Empty:
+                    self._tick()
+            self._handle(*item)
+            block = False
         try:
             item = self._inbox.get() if block else self._inbox.get_nowait()
             while True:
@@ -158,10 +178,22 @@ class EngineWorker:
         self._active[ticket.seq.seq_id] = ticket
         ticket.send(Event("added"))
 
+    def _fatal(self, e: Exception) -> None:
+        """The engine cannot go on (a rank of the expert-parallel group died or hangs)."""
+        log.error("%s", e)
+        with self._lock:
+            self.broken = APIError(503, f"the server is stopping: {e}", code="engine_failed")
+        self._stopping = True
+        self._fail_all(self.broken, drain=True)
+        if self.on_fatal is not None:
+            self.on_fatal(e)
+
     def _step(self) -> None:
         try:
             results = self.engine.step()
         except Exception as e:  # a failed forward pass: every sequence in it is lost, the server goes on
+            if getattr(e, "fatal", False):
+                raise
             log.exception("engine step failed")
             self._fail_all(APIError(500, f"internal error in the engine: {type(e).__name__}: {e}"), drain=False)
             return

@@ -41,3 +41,18 @@ def test_expert_parallel_without_torchrun_is_one_line(capsys):
         os.environ.update(env)
     err = capsys.readouterr().err
     assert code != 0 and "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set" in err and "torchrun" in err
+
+
+def test_torchrun_bench_model():
+    """`strata bench MODEL --expert-parallel`: rank 0 measures and prints one JSON object; rank 1 follows."""
+    model = str(zoo().get("qwen3moe").gguf(None))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                           "strata", "bench", model, "-p", "8", "-n", "4", "--batch", "1,2", "--reps", "1", "--threads",
+                           "1", "--json", "--expert-parallel", "--ep-timeout", "30"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count('"pp_tok_s"') == 1, done.stdout  # rank 0's object only
+    out = json.loads(done.stdout[done.stdout.index("{"):])
+    assert out["prompt"] == 8 and out["pp_tok_s"]["mean"] > 0 and set(out["tg"]) == {"1", "2"}
+    assert all(x["tokens_per_run"] == 3 * int(b) and x["tok_s"]["mean"] > 0 for b, x in out["tg"].items())
