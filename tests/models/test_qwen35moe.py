@@ -76,3 +76,31 @@ def test_generate_batch_equals_each_alone(tiny):
         alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
         both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
     assert both == alone
+
+
+def test_memory_figures_count_the_recurrent_state(tiny, capsys):
+    """`KVCache.bytes_for` (the load-time budget) and `strata inspect --placement` count each
+    recurrent layer's float32 state per slot instead of KV blocks: the figure equals the bytes the
+    allocated cache holds."""
+    import json
+
+    from strata.cli import main
+    from strata.engine.kv_cache import KVCache
+    from strata.models import cache_dims, cache_states
+
+    hp = Bare(tiny.gguf("f32")).mf.hparams
+    states = cache_states(hp)
+    state = (3 * 256 + 4 * 32 * 32) * 4  # per slot and recurrent layer: conv [K-1, C], S [Hv, dk, dv]
+    want = KVCache(hp.n_layers, 2, 64, *cache_dims(hp), states=states).nbytes
+    got = KVCache.bytes_for(hp.n_layers, 2, 64, *cache_dims(hp), states=states)
+    assert got == want and got - KVCache.bytes_for(1, 2, 64, *cache_dims(hp)) == 2 * 3 * state
+    assert main(["inspect", str(tiny.gguf("f32")), "--placement", "--ctx", "64", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    figure = next(v for k, v in _walk(shown) if k == "kv_cache_bytes")
+    assert figure == KVCache.bytes_for(hp.n_layers, 1, 64, *cache_dims(hp), states=states)
+
+
+def _walk(d):
+    for k, v in (d.items() if isinstance(d, dict) else ()):
+        yield k, v
+        yield from _walk(v)
