@@ -10,7 +10,8 @@ GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence ins
 (transformers' torch_recurrent_gated_delta_rule; llama.cpp's qwen3next graph). The state of layer i
 lives in `kv` = cache.layer(i) = (conv [S, K-1, C], ssm [S, Hv, dk, dv]), one row per cache slot
 (`Batch.slots`); a sequence starting at position 0 starts from zeros, so a slot's state is never
-read by the next sequence that takes the slot. Prefill runs the recurrence token by token.
+read by the next sequence that takes the slot. Prefill runs the recurrence token by token; on the
+CPU with packed compute the convolution and the recurrence are native calls (native/deltanet.c).
 
 GatedAttention: full attention whose query projection also gives each head an output gate
 (rows [q_h | gate_h] per head): out = attention(q, k, v) * sigmoid(gate), before attn_output.
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from strata import native
 
 from .attention import Attention
 from .batch import Batch
@@ -52,8 +55,9 @@ class GatedDeltaNet(nn.Module):
     unfused_why = "gated DeltaNet linear attention (qwen3next) runs per call"
 
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 eps: float, layer: int, rope=None, tiled: bool = False):
+                 eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
         super().__init__()
+        self.native = native  # float32 on the CPU (packed compute): conv and recurrence in native code
         self.w, self.layer, self.eps = w, layer, eps
         self.tiled = tiled  # value head j reads key head j % Hk (llama.cpp's qwen35moe order), else j // r
         self.rope = rope  # unused (no positions in a recurrence); the block loop builds tables by layer rope
@@ -73,6 +77,11 @@ class GatedDeltaNet(nn.Module):
             if start == 0:
                 conv_state[slot].zero_()
                 ssm_state[slot].zero_()
+            if self.native and not x.is_cuda:
+                mixed = native.deltanet_conv(qkv[off:off + n], self.w.conv, conv_state[slot], torch.empty_like(qkv[:n]))
+                native.deltanet_recur(mixed, g[off:off + n], beta[off:off + n], ssm_state[slot], o[off:off + n],
+                                      self.hk, self.tiled)
+                continue
             mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
             o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
         o = _rms(o, self.eps) * w.norm.float() * F.silu(z.view(T, self.hv, self.dv))  # [T, Hv, dv]

@@ -182,12 +182,13 @@ def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope, tiled: bool) -> 
     weights = DeltaNetWeights(
         wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
         wba=None if tiled else w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)),
-        conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)),
+        conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)).float().contiguous(),
         dt=w.get(MT.SSM_DT, i, (Hv,), "bias"), a=w.get(MT.SSM_A, i, (Hv,), ""),
         norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)),
         wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
         walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
-    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled)
+    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled,
+                         native=w.native)
 
 
 def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedAttention:
