@@ -27,8 +27,8 @@ def _require_compiler():
         )
 
 
-#: Headers that form the cdef, in order (calib.h: the calibration entry points, kept apart from strata.h).
-HEADERS = ("strata.h", "calib.h")
+#: Headers that form the cdef, in order (calib.h, deltanet.h: entry points kept apart from strata.h).
+HEADERS = ("strata.h", "calib.h", "deltanet.h")
 
 
 def _cdef():

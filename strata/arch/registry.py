@@ -51,6 +51,9 @@ class Arch:
     chunked: "ChunkedAttn | None" = None  # chunked local attention, NoPE layers, temperature (llama4)
     expert_input_scaled: bool = False  # the router weight scales each expert's input, not its output
     gated_deltanet: bool = False  # recurrent gated-DeltaNet layers between gated full-attention ones (qwen3next)
+    deltanet_tiled: bool = False  # ... value heads tiled over key heads (head j reads key head j % Hk), ssm_beta and
+    #                               ssm_alpha apart (qwen35moe: llama.cpp's converter reorders the value heads)
+    rope_sections: bool = False  # `rope.dimension_sections` (interleaved multimodal RoPE) is required
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones

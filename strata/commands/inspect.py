@@ -110,14 +110,15 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     from strata.engine.kv_cache import KVCache, kv_type_name
     from strata.memory.machine import Machine
     from strata.memory.placement import estimate, host_slots_for, plan_placement
-    from strata.models import cache_dims
+    from strata.models import cache_dims, cache_states
 
     device = resolve_device(args.device)
     compute = resolve_compute(args.compute, device, None)
     dtype, machine = resolve_dtype(None, device), Machine.measure(device)
     config, _ = memory_config_for(None, {"device_mem": args.device_mem, "host_mem": args.host_mem}, compute)
     hp = model.hparams
-    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype, kv_type=args.kv_type)
+    kv = KVCache.bytes_for(hp.n_layers, 1, args.ctx, *cache_dims(hp), dtype, kv_type=args.kv_type,
+                          states=cache_states(hp))
     reserved = reserved_bytes(model, dtype, compute, kv)
     head = {"device": str(device), "compute": compute, "memory": config.backend(compute),
             "kv_type": kv_type_name(dtype) if args.kv_type is None else args.kv_type, "kv_cache_bytes": kv}

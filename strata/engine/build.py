@@ -94,7 +94,8 @@ def kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
         raise StrataError(f"kv_blocks={kv_blocks}: blocks of {BLOCK_SIZE} positions cannot hold one sequence of "
                           f"n_ctx={ctx} ({blocks_for(ctx)} blocks)")
     try:
-        n = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks, kv_type=kv_type)
+        n = KVCache.bytes_for(hp.n_layers, max_batch, ctx, *cache_dims(hp), dt, n_blocks=kv_blocks, kv_type=kv_type,
+                              states=cache_states(hp))
     except StrataError as e:  # a cache type the model's rows do not fit
         raise StrataError(f"{mf.path}: {e}") from None
     free = machine.device[1]

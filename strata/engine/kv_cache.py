@@ -30,6 +30,8 @@ scheduler are tested without a model. Must not: compute attention or choose whic
 """
 from __future__ import annotations
 
+import math
+
 import hashlib
 from array import array
 from collections import OrderedDict
@@ -306,12 +308,15 @@ class KVCache(BlockTables):
     @staticmethod
     def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
                   head_dim_v: int | None = None, dtype: torch.dtype = torch.float32, n_blocks: int | None = None,
-                  block_size: int = BLOCK_SIZE, kv_type: str | None = None) -> int:
+                  block_size: int = BLOCK_SIZE, kv_type: str | None = None, states: StateShapes | None = None) -> int:
         """Bytes a cache of these dimensions takes (before it is allocated): `n_blocks` blocks, by
-        default enough for `n_slots` sequences of `n_ctx` positions each."""
+        default enough for `n_slots` sequences of `n_ctx` positions each, for the layers that are not
+        recurrent, and each recurrent layer's float32 state (`states`) for each of the `n_slots`."""
         store, rows = kv_storage(kv_type, dtype, (head_dim, head_dim if head_dim_v is None else head_dim_v))
         n = n_slots * blocks_for(n_ctx, block_size) if n_blocks is None else n_blocks
-        return n_layers * n * block_size * n_head_kv * sum(rows) * itemsize(store)
+        states = states or {}
+        state = sum(math.prod(shape) for pair in states.values() for shape in pair) * 4  # float32
+        return (n_layers - len(states)) * n * block_size * n_head_kv * sum(rows) * itemsize(store) + n_slots * state
 
     def copy_block(self, src_block: int, dst_block: int, n_positions: int) -> None:
         for k, v in zip(self.k, self.v):  # [N, Hkv, P, row] per layer; q8_0 rows copy as bytes

@@ -96,6 +96,7 @@ class HParams:
     qk_l2_norm: bool = False  # an L2 norm of q and k after RoPE on RoPE layers (chunked, by expert count)
     ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
+    rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
@@ -223,6 +224,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         hp = _chunked(m, spec, hp)
     if spec.gated_deltanet:
         hp = _deltanet(m, hp)
+    if spec.rope_sections:
+        hp = dataclasses.replace(hp, rope_sections=_rope_sections(m))
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
@@ -267,6 +270,16 @@ def _deltanet(m: _Metadata, hp: HParams) -> HParams:
     elif not isinstance(flags, list) or len(flags) < hp.n_layers:
         raise format_error(m.path, f"metadata key {key!r}", f"an array of {hp.n_layers} bools", f"{flags!r:.80}")
     return dataclasses.replace(hp, ssm=dims, recurrent_layers=tuple(bool(f) for f in flags[:hp.n_layers]))
+
+
+def _rope_sections(m: _Metadata) -> tuple[int, ...]:
+    """`rope.dimension_sections`: 4 non-negative rotary-pair counts (llama.cpp's loader requires the
+    key). Text positions are equal in every section, so they only need to be well formed here."""
+    key = Keys.Rope.DIMENSION_SECTIONS.format(arch=m.arch)
+    value = m.metadata.get(key)
+    if not isinstance(value, list) or not 3 <= len(value) <= 4 or not all(isinstance(v, int) and v >= 0 for v in value):
+        raise format_error(m.path, f"metadata key {key!r}", "an array of 4 non-negative integers", f"{value!r:.80}")
+    return tuple(value) + (0,) * (4 - len(value))
 
 
 #: llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS (gguf-py 0.19's Keys lacks it).

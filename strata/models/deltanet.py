@@ -10,7 +10,8 @@ GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence ins
 (transformers' torch_recurrent_gated_delta_rule; llama.cpp's qwen3next graph). The state of layer i
 lives in `kv` = cache.layer(i) = (conv [S, K-1, C], ssm [S, Hv, dk, dv]), one row per cache slot
 (`Batch.slots`); a sequence starting at position 0 starts from zeros, so a slot's state is never
-read by the next sequence that takes the slot. Prefill runs the recurrence token by token.
+read by the next sequence that takes the slot. Prefill runs the recurrence token by token; on the
+CPU with packed compute the convolution and the recurrence are native calls (native/deltanet.c).
 
 GatedAttention: full attention whose query projection also gives each head an output gate
 (rows [q_h | gate_h] per head): out = attention(q, k, v) * sigmoid(gate), before attn_output.
@@ -24,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata import native
+
 from .attention import Attention
 from .batch import Batch
 from .layers import Weight, linear
@@ -35,12 +38,14 @@ L2_EPS = 1e-6  # transformers' l2norm (the FLA kernels')
 class DeltaNetWeights:
     wqkv: Weight  # [C, D]: C = 2 Hk dk + Hv dv
     wgate: Weight  # [Hv dv, D]
-    wba: Weight  # [2 Hv, D]: per key head, its r = Hv/Hk betas then its r alphas
+    wba: Weight | None  # [2 Hv, D]: per key head, its r = Hv/Hk betas then its r alphas (qwen3next)
     conv: torch.Tensor  # [C, K]
     dt: torch.Tensor  # [Hv]
     a: torch.Tensor  # [Hv]: -exp(A_log)
     norm: torch.Tensor  # [dv]
     wout: Weight  # [D, Hv dv]
+    wbeta: Weight | None = None  # [Hv, D] and [Hv, D]: beta and alpha apart, in place of wba (qwen35moe)
+    walpha: Weight | None = None
 
 
 class GatedDeltaNet(nn.Module):
@@ -50,9 +55,11 @@ class GatedDeltaNet(nn.Module):
     unfused_why = "gated DeltaNet linear attention (qwen3next) runs per call"
 
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 eps: float, layer: int, rope=None):
+                 eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
         super().__init__()
+        self.native = native  # float32 on the CPU (packed compute): conv and recurrence in native code
         self.w, self.layer, self.eps = w, layer, eps
+        self.tiled = tiled  # value head j reads key head j % Hk (llama.cpp's qwen35moe order), else j // r
         self.rope = rope  # unused (no positions in a recurrence); the block loop builds tables by layer rope
         self.hk, self.hv, self.dk, self.dv = n_k_heads, n_v_heads, head_k_dim, head_v_dim
 
@@ -61,19 +68,37 @@ class GatedDeltaNet(nn.Module):
         if batch.slots is None:
             raise ValueError(f"layer {self.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
         qkv, z = linear(x, w.wqkv).float(), linear(x, w.wgate).float()  # [T, C], [T, Hv*dv]
-        ba = linear(x, w.wba).float().view(T, self.hk, 2, self.hv // self.hk)  # [T, Hk, 2, r]
-        beta = torch.sigmoid(ba[:, :, 0].reshape(T, self.hv))  # [T, Hv]
-        g = F.softplus(ba[:, :, 1].reshape(T, self.hv) + w.dt.float()) * w.a.float()  # [T, Hv]
+        b, a = self.beta_alpha(x)  # [T, Hv] each
+        beta = torch.sigmoid(b)  # [T, Hv]
+        g = F.softplus(a + w.dt.float()) * w.a.float()  # [T, Hv]
         conv_state, ssm_state = kv
         o = torch.empty((T, self.hv, self.dv), dtype=torch.float32, device=x.device)
         for b, (slot, start, n, off) in enumerate(zip(batch.slots, batch.starts, batch.lengths, batch.offsets)):
             if start == 0:
                 conv_state[slot].zero_()
                 ssm_state[slot].zero_()
+            if self.native and not x.is_cuda:
+                mixed = native.deltanet_conv(qkv[off:off + n], self.w.conv, conv_state[slot], torch.empty_like(qkv[:n]))
+                native.deltanet_recur(mixed, g[off:off + n], beta[off:off + n], ssm_state[slot], o[off:off + n],
+                                      self.hk, self.tiled)
+                continue
             mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
             o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
         o = _rms(o, self.eps) * w.norm.float() * F.silu(z.view(T, self.hv, self.dv))  # [T, Hv, dv]
         return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
+
+    def beta_alpha(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pre-activation beta and alpha of each value head: [T, Hv] each."""
+        w, T = self.w, x.shape[0]
+        if w.wba is None:
+            return linear(x, w.wbeta).float(), linear(x, w.walpha).float()
+        ba = linear(x, w.wba).float().view(T, self.hk, 2, self.hv // self.hk)  # [T, Hk, 2, r]
+        return ba[:, :, 0].reshape(T, self.hv), ba[:, :, 1].reshape(T, self.hv)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Key heads [n, Hk, dk] -> the key head of each value head [n, Hv, dk]."""
+        r = self.hv // self.hk
+        return x.repeat(1, r, 1) if self.tiled else x.repeat_interleave(r, dim=1)
 
     def convolve(self, xs: torch.Tensor, conv_state: torch.Tensor, slot: int) -> torch.Tensor:
         """silu(causal depthwise conv) of xs [n, C] after the slot's last K-1 inputs; the state moves on."""
@@ -87,9 +112,8 @@ class GatedDeltaNet(nn.Module):
               slot: int) -> torch.Tensor:
         """The gated delta rule over n tokens from the slot's state: o [n, Hv, dv]; the state moves on."""
         n, key = mixed.shape[0], self.hk * self.dk
-        r = self.hv // self.hk
-        q = _l2(mixed[:, :key].view(n, self.hk, self.dk)).repeat_interleave(r, dim=1) * self.dk ** -0.5  # [n, Hv, dk]
-        k = _l2(mixed[:, key:2 * key].view(n, self.hk, self.dk)).repeat_interleave(r, dim=1)  # [n, Hv, dk]
+        q = self.heads(_l2(mixed[:, :key].view(n, self.hk, self.dk))) * self.dk ** -0.5  # [n, Hv, dk]
+        k = self.heads(_l2(mixed[:, key:2 * key].view(n, self.hk, self.dk)))  # [n, Hv, dk]
         v = mixed[:, 2 * key:].view(n, self.hv, self.dv)  # [n, Hv, dv]
         S = ssm_state[slot].float()  # [Hv, dk, dv]
         out = torch.empty((n, self.hv, self.dv), dtype=torch.float32, device=mixed.device)

@@ -175,15 +175,20 @@ def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...
     return {i: shapes for i in range(hp.n_layers) if hp.is_recurrent(i)}
 
 
-def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedDeltaNet:
+def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope, tiled: bool) -> GatedDeltaNet:
+    """tiled (`Arch.deltanet_tiled`): value heads tiled over key heads, ssm_beta / ssm_alpha apart."""
     s, D = hp.ssm, hp.n_embd
     C, Hv, value = s.conv_channels, s.n_v_heads, s.inner_size
     weights = DeltaNetWeights(
         wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
-        wba=w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)), conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)),
+        wba=None if tiled else w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)),
+        conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)).float().contiguous(),
         dt=w.get(MT.SSM_DT, i, (Hv,), "bias"), a=w.get(MT.SSM_A, i, (Hv,), ""),
-        norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)))
-    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope)
+        norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)),
+        wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
+        walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
+    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled,
+                         native=w.native)
 
 
 def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedAttention:
@@ -199,7 +204,7 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
     if arch.mla:
         return _mla_attention(w, hp, i, rope)
     if arch.gated_deltanet:
-        return _deltanet(w, hp, i, rope) if hp.is_recurrent(i) else _gated_attention(w, hp, i, rope)
+        return _deltanet(w, hp, i, rope, arch.deltanet_tiled) if hp.is_recurrent(i) else _gated_attention(w, hp, i, rope)
     D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(

@@ -16,6 +16,7 @@ Wrappers check their inputs, call C (the GIL is released) and turn any status in
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
+from .deltanet import deltanet_conv, deltanet_recur
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .glue import attn_decode, group_assignments, kv_cache_type, kv_row_bytes, kv_write, matvec, rmsnorm, rope, route
 from .matmul import (ComputePool, MoeAct, MoeCall, MoePart, MoeParts, matmul_heads, matmul_heads_scratch_bytes,

@@ -147,6 +147,17 @@ MORE_SPECS = {
                            linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                       "partial_rotary_factor": 0.25}),
                       "qwen2", torch.float32, True),
+    # Qwen3.5-MoE (text): qwen3next's shapes with 4 value heads over 2 key heads (the tiled reorder
+    # matters) and interleaved MRoPE sections [2, 1, 1] over the 8 rotary pairs.
+    "qwen35moe": Spec("qwen35moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+                      dict(_COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=64,
+                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                           shared_expert_intermediate_size=256, linear_num_key_heads=2,
+                           linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                           linear_conv_kernel_dim=4, rope_parameters={
+                               "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+                      "qwen2", torch.float32, True),
 }
 
 
@@ -159,7 +170,7 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
         if model.config.model_type == "glm4_moe" and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
-        if model.config.model_type == "qwen3_next" and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
+        if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text") and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
         if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
             p.normal_(-2.0, 0.5)

@@ -1,0 +1,18 @@
+/* ---- Gated DeltaNet (deltanet.c): the short causal convolution and the gated delta rule ----
+ *
+ * Read by build.py as part of the cdef (after strata.h). float32 throughout, row-major; one
+ * sequence per call. Sizes are checked against each buffer's length (in floats): STRATA_E_ARG for
+ * null pointers or non-positive sizes, STRATA_E_SIZE for a buffer shorter than its shape.
+ *
+ * conv: out[t, c] = silu(sum_j w[c, j] * window[t + j, c]), window = [state (K-1 rows) | x (n rows)]
+ *       of C channels; afterwards state holds the window's last K-1 rows.
+ * recur: per token t and value head h (key head kh = h % Hk when tiled, else h / (Hv / Hk)):
+ *       q = l2(mixed[t, q part of kh]) / sqrt(dk), k = l2(mixed[t, k part of kh]), v = mixed[t, v of h]
+ *       S = exp(g[t, h]) S;  d = beta[t, h] (v - S^T k);  S += k d^T;  out[t, h] = S^T q
+ *       with S [Hv, dk, dv] the state and l2(x) = x / sqrt(sum x^2 + 1e-6).
+ */
+int strata_deltanet_conv(const float *x, int64_t x_len, int64_t n, int64_t C, int64_t K, const float *w, int64_t w_len,
+                         float *state, int64_t state_len, float *out, int64_t out_len);
+int strata_deltanet_recur(const float *mixed, int64_t mixed_len, const float *g, const float *beta, int64_t gb_len,
+                          int64_t n, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int tiled, float *state,
+                          int64_t state_len, float *out, int64_t out_len);
