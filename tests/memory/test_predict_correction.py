@@ -91,3 +91,63 @@ def test_a_new_step_drops_what_the_last_one_left_unpaired_and_wrong_widths_are_r
     assert fix.fits == {}
     with pytest.raises(StrataError, match="logits of layer 3 have 5 experts, expected 4"):
         fix.step(1, None, {3: np.zeros((1, 5))})
+
+
+# ---- in a decode: the model's look-ahead through the correction -----------------------------------
+
+import strata  # noqa: E402
+import torch  # noqa: E402
+
+from strata.memory.predict import LOOK_AHEAD  # noqa: E402
+
+from .tiered_fixture import GREEDY, moe_file, prompt, tiered  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def path():
+    return moe_file()
+
+
+def _load(path, depth=2, **config):
+    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, "dequantized", depth, **config))
+
+
+def test_outputs_are_byte_identical_with_and_without_the_corrected_predictor(path):
+    runs = []
+    for depth, predictor in ((0, "look-ahead"), (2, "look-ahead"), (2, "corrected")):
+        with _load(path, depth=depth, predictor=predictor, prefetch_read_cost=0.0) as m:
+            runs.append((m.logits(prompt(20)), m.generate(prompt(20), max_tokens=12, **GREEDY).token_ids))
+            if predictor == "corrected":
+                fits = m.memory.lookahead_correction.fits
+                assert fits and all(f.held > 0 for f in fits.values())  # it learnt from the decode
+                assert m.memory_stats().prediction_score.to_dict()[LOOK_AHEAD][0]["predicted"] > 0
+    for logits, tokens in runs[1:]:
+        assert torch.equal(logits, runs[0][0]) and tokens == runs[0][1]
+    with pytest.raises(StrataError, match="predictor must be one of look-ahead, corrected"):
+        tiered(path, "dequantized", 1, predictor="oracle")
+
+
+def test_corrected_look_ahead_predictions_equal_a_direct_torch_computation(path):
+    with _load(path, depth=2, predictor="corrected") as m:
+        m.generate([t % 390 for t in prompt(40)], max_tokens=4, **GREEDY)  # the fits learn
+        block, fix = m.transformer.blocks[1], m.memory.lookahead_correction
+        fix.step(10 ** 6, None, {})  # a new step: the one below is alone in it
+        for fit in fix.fits.values():
+            fit.fit()  # 44 pairs: not yet refitted on its own (every 64)
+        h = torch.randn(3, m.transformer.embedding.shape[1])
+        norm1, router1 = block.ffn_norm, block.ffn.router
+
+        def logits(norm, router, x):
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight  # RMS norm
+            return (x @ router.weight.T).double().numpy()  # [T, E]
+
+        fits = {t: fix.fits.get((1, t)) for t, _, _ in block.lookahead.targets}
+        weights = {t: None if f is None else f.weight.copy() for t, f in fits.items()}
+        got = block.lookahead.predict(h)
+        own = logits(norm1, router1, h)
+        for (layer, ids), (_, norm, router) in zip(got, block.lookahead.targets):
+            base = logits(norm, router, h)
+            z = base if weights[layer] is None else base + features(base, own, router.k) @ weights[layer]
+            expected = torch.topk(torch.from_numpy(z), router.k, dim=-1).indices
+            assert torch.equal(ids.sort(-1).values, expected.sort(-1).values)
+        assert any(w is not None and w.any() for w in weights.values())  # a fitted map was applied
