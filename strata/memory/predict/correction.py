@@ -33,7 +33,7 @@ from strata.errors import StrataError
 #: mean square). Chosen on the synthetic presets (strata bench predict); see docs/memory.md.
 DEFAULT_CAPACITY = 2048
 DEFAULT_REFIT_EVERY = 64
-DEFAULT_RIDGE = 1e-2
+DEFAULT_RIDGE = 1.0
 
 
 class RidgeFit:
