@@ -75,6 +75,8 @@ class BudgetError(StrataError, ValueError):
 #: CUDA memory left free by the default device budget, for activations and the allocator's cache.
 CUDA_HEADROOM_FRACTION = 0.05
 CUDA_HEADROOM_MIN = GIB
+#: The look-ahead's predictors (`TieredConfig.predictor`): the routers alone, or with the learned correction.
+PREDICTORS = ("look-ahead", "corrected")
 #: Co-occurrence predictions decoding loads: p >= this, once the predictor has seen this many tokens
 #: (naive Bayes on a few counts is overconfident).
 DEFAULT_COOCCURRENCE_MIN_PROB = 0.5
@@ -103,6 +105,9 @@ class TieredConfig:
         p > prefetch_read_cost (a wasted read's cost in units of the wait a used prefetch saves; 0:
         load every prediction the policy admits). Look-ahead announcements carry their measured
         precision at their depth as p once it is known.
+    predictor: the look-ahead's predictor (PREDICTORS): "look-ahead", the next routers on the
+        current hidden state; "corrected", the same through a correction fitted online by least
+        squares on the pairs decoding sees (`predict.correction`; its figures: docs/memory.md).
     prefetch_margin: the policies' margin (`PolicyConfig.prefetch_margin`): a prediction of
         probability p displaces only experts whose keep value is below p / margin.
     pager_threads, direct: the host tier's pager (threads; O_DIRECT: None = where possible).
@@ -124,6 +129,7 @@ class TieredConfig:
     cooccurrence_min_tokens: int = DEFAULT_COOCCURRENCE_MIN_TOKENS
     prefetch_margin: float = DEFAULT_PREFETCH_MARGIN
     prefetch_read_cost: float = DEFAULT_PREFETCH_READ_COST
+    predictor: str = "look-ahead"
     pager_threads: int = DEFAULT_PAGER_THREADS
     direct: bool | None = None
     hybrid: bool = False
@@ -136,6 +142,8 @@ class TieredConfig:
             raise StrataError(f"prefetch depth must be a whole number >= 0 (0: off), found {self.prefetch_depth!r}")
         if not self.prefetch_margin > 0:
             raise StrataError(f"prefetch margin must be positive, found {self.prefetch_margin!r}")
+        if self.predictor not in PREDICTORS:
+            raise StrataError(f"predictor must be one of {', '.join(PREDICTORS)}, found {self.predictor!r}")
         if not 0 <= self.prefetch_read_cost < 1:
             raise StrataError(f"prefetch read cost must be in [0, 1) (a share of one read), "
                               f"found {self.prefetch_read_cost!r}")
@@ -358,7 +366,7 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
     return len(model.expert_layers) * slots_per_layer * slot_layout(model, align).slot_bytes
 
 
-__all__ = ["CUDA_HEADROOM_FRACTION", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
+__all__ = ["CUDA_HEADROOM_FRACTION", "PREDICTORS", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
            "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
            "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
            "host_budget_for_slots", "make_plan", "paged_budget", "parse_bytes",

@@ -318,11 +318,14 @@ def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.
     experts of the next `memory.prefetch_depth` MoE layers (their routers); all None when the
     memory takes no announcements."""
     depth = 0 if memory is None else memory.prefetch_depth
+    correction = getattr(memory, "lookahead_correction", None)  # one learned map, shared by every hook
     moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if isinstance(ffn, MoE)]
+    own = {j: (norm, router) for j, norm, router in moe}
 
     def after(i: int) -> Lookahead | None:
         targets = [t for t in moe if t[0] > i][:depth]
-        return Lookahead(memory, targets, i) if targets else None
+        learns = correction is not None and i in own  # the last MoE layer's logits are a target to learn
+        return Lookahead(memory, targets, i, correction, own.get(i)) if targets or learns else None
 
     return [after(i) for i in range(-1, len(ffns))]
 

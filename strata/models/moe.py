@@ -76,12 +76,23 @@ class Router(nn.Module):
                      self.n_groups, self.n_groups_used, self.group_top)
         return weights, expert_ids
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits [T, E] the torch path routes on (the bias added)."""
+        logits = F.linear(x, self.weight).float()  # [T, E]
+        return logits if self.bias is None else logits + self.bias
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """Top-k expert ids [T, K] for `logits` [T, E] as the gating and selection bias choose them,
+        expert groups left out: a prediction's choice (`Lookahead`), not the routing's."""
+        if self.selection_bias is None:
+            return logits.topk(self.k, dim=-1).indices  # softmax and sigmoid keep the order
+        probs = logits.softmax(dim=-1) if self.gating == "softmax" else logits.sigmoid()
+        return (probs + self.selection_bias).topk(self.k, dim=-1).indices
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.native and self.plain:
             return self.forward_native(x)
-        logits = F.linear(x, self.weight).float()  # [T, E]
-        if self.bias is not None:
-            logits = logits + self.bias
+        logits = self.logits(x)  # [T, E]
         if self.gating == "softmax_weight":
             top, expert_ids = logits.topk(self.k, dim=-1)  # [T, K]
             weights = top.softmax(dim=-1)
@@ -266,12 +277,16 @@ class Lookahead:
     """Announces the routed experts of the next layers before they are needed: each next MoE
     layer's own FFN norm and router applied to the current hidden state (the residual stream
     changes little from one layer to the next), top-k per token, passed to `memory.prefetch`
-    (what an announcement means to the memory: `strata.memory.predict.lookahead`). A hint only:
-    it reads h and changes nothing the model computes."""
+    (what an announcement means to the memory: `strata.memory.predict.lookahead`). With a
+    `correction` (`strata.memory.predict.correction`), the routers' logits go through its learned
+    map first; `own` (the source block's FFN norm and router, None where it has none) gives it the
+    logits the source layer routes on. A hint only: it reads h and changes nothing the model computes."""
 
-    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]], source: int = -1):
+    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]], source: int = -1,
+                 correction=None, own: tuple[nn.Module, Router] | None = None):
         self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
         self.source = source  # the block whose hidden state this reads (-1: the embeddings), for scoring
+        self.correction, self.own = correction, own
 
     def __call__(self, h: torch.Tensor) -> None:
         for layer, expert_ids in self.predict(h):
@@ -279,7 +294,12 @@ class Lookahead:
 
     def predict(self, h: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(layer, expert ids [T, K]) of each next MoE layer's router applied to h [T, D]."""
-        return [(layer, router(norm(h))[1]) for layer, norm, router in self.targets]
+        if self.correction is None:
+            return [(layer, router(norm(h))[1]) for layer, norm, router in self.targets]
+        own = None if self.own is None else self.own[1].logits(self.own[0](h)).cpu().numpy()  # [T, E]
+        base = {layer: router.logits(norm(h)).cpu().numpy() for layer, norm, router in self.targets}
+        out = self.correction.step(self.source, own, base)  # {layer: [T, E]} float64
+        return [(layer, router.choose(torch.from_numpy(out[layer]))) for layer, _, router in self.targets]
 
 
 class MoE(nn.Module):

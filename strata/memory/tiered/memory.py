@@ -50,6 +50,7 @@ from .loads import COMPUTE, QUEUED, SlotLoads
 from ..placement import estimate, warn_if_slow
 from ..policy import LOADING, ExpertPolicy, PolicyConfig, PoolExhaustedError
 from ..predict import LOOK_AHEAD, Cooccurrence, CooccurrencePredictor, Predictor, announcement
+from ..predict.correction import LookaheadCorrection
 from ..startup import place_initial
 from ..stats import MemoryStats, Residency
 
@@ -104,6 +105,8 @@ class TieredExpertMemory(ExpertMemory):
             self.predictors.append(Cooccurrence(CooccurrencePredictor(L, E, self.top_k, max_batch=64),
                                                 self.prefetch_depth, min_prob=self.config.cooccurrence_min_prob,
                                                 min_tokens=self.config.cooccurrence_min_tokens))
+        self.lookahead_correction = (LookaheadCorrection(E, self.top_k) if self.config.predictor == "corrected"
+                                     and self.prefetch_depth > 0 else None)  # the model's look-ahead reads it
         self.loads = SlotLoads(self.policy, self.host, self.slots, self.stats, self.layers, model_file, self.predictors,
                                self.config.prefetch_read_cost)
         self._held: tuple[int, tuple[int, ...], list[int], bool] | None = None  # layer, experts, slots, pinned
