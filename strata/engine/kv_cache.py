@@ -318,8 +318,20 @@ class KVCache(BlockTables):
         state = sum(math.prod(shape) for pair in states.values() for shape in pair) * 4  # float32
         return (n_layers - len(states)) * n * block_size * n_head_kv * sum(rows) * itemsize(store) + n_slots * state
 
+    def fork(self, src: int, dst: int, n_positions: int) -> bool:
+        """`BlockTables.fork`, and `dst` takes a copy of `src`'s recurrent state (it sums the whole
+        prefix, so the choices go on from the same state and diverge from then on)."""
+        if not super().fork(src, dst, n_positions):
+            return False
+        for i in self.states:
+            self.k[i][dst] = self.k[i][src]
+            self.v[i][dst] = self.v[i][src]
+        return True
+
     def copy_block(self, src_block: int, dst_block: int, n_positions: int) -> None:
-        for k, v in zip(self.k, self.v):  # [N, Hkv, P, row] per layer; q8_0 rows copy as bytes
+        for i, (k, v) in enumerate(zip(self.k, self.v)):  # [N, Hkv, P, row] per layer; q8_0 rows copy as bytes
+            if i in self.states:  # per slot, not per block: `fork` copies it
+                continue
             k[dst_block, :, :n_positions] = k[src_block, :, :n_positions]
             v[dst_block, :, :n_positions] = v[src_block, :, :n_positions]
 

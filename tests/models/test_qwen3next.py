@@ -103,3 +103,16 @@ def test_generate_batch_equals_each_alone(tiny):
         alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
         both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
     assert both == alone
+
+
+def test_n_choices_fork_the_recurrent_state(tiny):
+    """n > 1 prefills the prompt once and forks it: each choice takes a copy of the prompt's
+    recurrent state, so the choices equal separate requests with the same seeds."""
+    prompt = tiny.prompt_ids(13, seed=5)
+    with _load(tiny.gguf("f32"), "packed", max_batch=4) as m:
+        before = m.engine.n_prefilled
+        choices = m.generate(prompt, n=3, temperature=1.0, seed=9, max_tokens=10, stop_token_ids=())
+        assert m.engine.n_prefilled - before == len(prompt)
+        alone = [m.generate(prompt, temperature=1.0, seed=9 + i, max_tokens=10, stop_token_ids=()).token_ids
+                 for i in range(3)]
+    assert [c.token_ids for c in choices] == alone
