@@ -108,3 +108,14 @@ def test_real_trace_targets_where_they_hold():
     assert result["predicted+prefetch"]["loads_over_belady"] <= 1.3
     for kind in ("lfu", "lrfu", "reuse", "predicted", "budgets"):
         assert 0.5 <= result[kind]["hit_over_belady"] < 0.9 and result[kind]["loads_over_belady"] >= 1.0
+
+
+def test_cli_prints_each_candidate_against_belady(tmp_path, capsys):
+    from strata.cli import main
+
+    np.savez(tmp_path / "t.npz", indices=_trace(0, n_tokens=30))
+    assert main(["bench", "cache", "--candidates", "--trace", str(tmp_path / "t.npz"), "--slots", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[-2:] for line in out.splitlines() if line.startswith("  ")}
+    assert set(CANDIDATES) <= set(rows) and "window-256" in rows
+    assert rows["window-256"] == ["1.00", "1.00x"]  # sees the whole trace: Belady itself
