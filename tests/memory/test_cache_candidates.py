@@ -98,6 +98,7 @@ def test_unknown_candidate_is_refused():
         replay_candidate(_trace(0), 4, "arc")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_trace(FLAME) is None, reason="shared/traces not beside the checkout")
 def test_real_trace_targets_where_they_hold():
     """On the real trace at 1/8 of the experts, gated prefetch passes 90% of Belady's hit rate with
