@@ -210,9 +210,25 @@ def _format_arg(name: str):
     return t
 
 
+def format_cache_candidates(result: dict) -> str:
+    """The table `strata bench cache --candidates` prints."""
+    lines = [f"trace {result['trace']}: each candidate's hit rate / Belady's and loads / Belady's "
+             "(* not online: knows the trace's counts; window-W: Belady seeing W steps ahead)"]
+    for n, row in result["slots"].items():
+        lines.append(f"{n} of {result['n_experts']} slots: Belady hit rate {row['belady_hit_rate']:.3f}, "
+                     f"loads per request {row['belady_loads']:.3f}")
+        lines += [f"  {name:<20} {r['hit_over_belady']:.2f}  {r['loads_over_belady']:.2f}x"
+                  for name, r in row.items() if isinstance(r, dict)]
+    return "\n".join(lines)
+
+
 def _run_cache(args: argparse.Namespace) -> int:
     from strata.bench.cache import bench_cache
 
+    if args.candidates:
+        from strata.bench.cache_candidates import bench_candidates
+
+        return _print(bench_candidates(args.trace, args.slots), args, format_cache_candidates)
     return _print(bench_cache(args.trace, args.slots, args.prefetch_depth, args.prefetch_margin), args, format_cache)
 
 
@@ -225,6 +241,8 @@ def _add_cache_parser(sub) -> None:
     c.add_argument("--prefetch-margin", type=float, default=None,
                    help="a prefetch of probability p displaces only experts worth less than p/margin "
                         f"(default {REPLAY_PREFETCH_MARGIN:g}, the replay's; decoding uses {DEFAULT_PREFETCH_MARGIN:g})")
+    c.add_argument("--candidates", action="store_true",
+                   help="measure the eviction, budget and prefetch candidates against Belady instead")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=_run_cache)
 
