@@ -190,3 +190,21 @@ def test_n_choices_prefill_once_and_equal_separate_requests(tiny_file, n_prompt,
                  for i in range(3)]
         assert [c.token_ids for c in choices] == alone and len({tuple(a) for a in alone}) == 3
         assert m.cache.n_used_blocks == 0 or prefix_cache
+
+
+def test_fork_copies_the_recurrent_state_and_no_block_copy_touches_it():
+    """A recurrent layer (qwen3next's DeltaNet) keeps one state row per slot: a fork gives the
+    child a copy of the parent's row, and copying the partial KV block leaves every state row alone."""
+    import torch
+
+    from strata.engine.kv_cache import KVCache
+
+    cache = KVCache(3, 4, 64, 2, 8, block_size=16, prefix_cache=False, states={1: ((4, 3), (2, 5, 5))})
+    src, dst = cache.allocate(), cache.allocate()
+    cache.reserve(src, 21)  # one whole block and a partial one
+    for t in (cache.k[1], cache.v[1]):
+        t.copy_(torch.randn_like(t))
+    others = [t[2:].clone() for t in (cache.k[1], cache.v[1])]
+    assert cache.fork(src, dst, 21)
+    assert torch.equal(cache.k[1][dst], cache.k[1][src]) and torch.equal(cache.v[1][dst], cache.v[1][src])
+    assert all(torch.equal(t[2:], o) for t, o in zip((cache.k[1], cache.v[1]), others))
