@@ -40,7 +40,8 @@ def test_torchrun_generate_equals_one_process():
         assert r["tokens"] == one["prompt_tokens"] + 8 - 1 and r["tok_s"] > 0  # the last token is not fed back
         assert r["ms_per_token"]["collective"] > 0 and r["ms_per_token"]["compute"] > 0
     lines = [x for x in two["stderr"].splitlines() if x.startswith("rank ")]
-    assert len(lines) == 2 and lines[1].startswith("rank 1/2: decode ") and f"network {per_token / 1024:.1f} KiB sent" in lines[1]
+    assert len(lines) == 2 and lines[1].startswith("rank 1/2: decode ")
+    assert f"network {per_token / 1024:.1f} KiB sent" in lines[1]
 
 
 def test_expert_parallel_without_torchrun_is_one_line(capsys):
