@@ -12,7 +12,8 @@ each after an 8-token prompt and `warmup` tokens, `n` tokens timed:
       the experts (`strata.distributed`'s shard plan), 1 thread each, pinned to its own core
       (sched_setaffinity);
   (c) the same two in RAM: no cgroup, experts read in place from the file (memory "direct"), its
-      pages cached first: what the all-gathers cost on one machine.
+      pages cached first: what the all-gathers cost on one machine; and `rounds` bare all-gathers
+      of one token's row between two ranks pinned as in (b): the collective's latency alone.
 (a) and (b) read a cold copy of the file (`dd` with O_DIRECT; its pages dropped again with
 posix_fadvise before each run), whose O_DIRECT sequential read rate is measured first. Each run
 reports, per rank: decode tok/s, expert bytes read from the disk per token, bytes over the network
@@ -51,6 +52,34 @@ OVERHEAD = 448 << 20
 
 
 # -- one engine (a child process, or one rank) ---------------------------------------------------
+
+def child_allgather(a: argparse.Namespace) -> dict:
+    """One rank's bare all-gathers of one token's partial sum (a float32 row of the file's hidden
+    size), `rounds` of them after 50 untimed: the collective's latency without a model."""
+    import torch
+    import torch.distributed as dist
+
+    from strata.gguf import open_model
+
+    with open_model(a.file) as mf:
+        D = mf.hparams.n_embd
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    row = torch.randn(1, D)
+    parts = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+    rank = dist.get_rank()
+    try:
+        for _ in range(50):
+            dist.all_gather(parts, row)
+        t = time.perf_counter()
+        for _ in range(a.rounds):
+            dist.all_gather(parts, row)
+        seconds = time.perf_counter() - t
+    finally:
+        dist.destroy_process_group()
+    return {"rank": rank, "row_bytes": 4 * D,
+            "ms_per_allgather": 1e3 * seconds / a.rounds, "cpus": sorted(os.sched_getaffinity(0))}
+
 
 def child(a: argparse.Namespace) -> dict:
     import strata
@@ -120,7 +149,7 @@ def _warm_pages(path: Path) -> None:
             pass
 
 
-def launch(a: argparse.Namespace, path: Path, world: int, limit: int | None, memory: str) -> dict:
+def launch(a: argparse.Namespace, path: Path, world: int, limit: int | None, memory: str, extra: tuple = ()) -> dict:
     """One configuration: `world` processes (1: plain, 2 threads; more: ranks, 1 thread each pinned
     to core rank % cores), each in its own cgroup of `limit` bytes when given."""
     cores = sorted(os.sched_getaffinity(0))
@@ -137,7 +166,7 @@ def launch(a: argparse.Namespace, path: Path, world: int, limit: int | None, mem
                 threads, cpus = 1, {cores[r % len(cores)]}
             argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--file", str(path), "--threads",
                     str(threads), "-n", str(a.n), "--warmup", str(a.warmup), "--memory", memory,
-                    "--host-mem", str(a.host_mem)]
+                    "--host-mem", str(a.host_mem), *extra]
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=_enter(groups[r] if groups else None, cpus)))
         return _collect(procs, groups)
@@ -190,9 +219,11 @@ def budgets(a: argparse.Namespace, path: Path) -> tuple[int, int, dict]:
         experts = sum(s.nbytes for layer in mf.expert_layers for e in range(mf.hparams.n_experts)
                       for s in mf.expert_slabs(layer, e))
         floor = host_budget_for_slots(mf, mf.hparams.n_experts_used)
+        n_layers = len(mf.expert_layers)
     limit = max(int(a.share * size), 1 << 30 if a.small else 0)
     budget = experts // 2 if a.small else limit - (size - experts) - OVERHEAD
-    return limit, max(budget, floor), {"file_bytes": size, "expert_bytes": experts, "resident_bytes": size - experts}
+    return limit, max(budget, floor), {"file_bytes": size, "expert_bytes": experts, "resident_bytes": size - experts,
+                                       "n_layers": n_layers}
 
 
 def run_all(a: argparse.Namespace) -> dict:
@@ -217,6 +248,7 @@ def run_all(a: argparse.Namespace) -> dict:
     _warm_pages(src)
     for name, world in (("one_process_ram", 1), ("two_ranks_ram", 2)):
         report["runs"][name] = launch(a, src, world, None, "direct")
+    report["allgather"] = launch(a, src, 2, None, "direct", ("--allgather", "--rounds", str(a.rounds)))
     for where in ("cgroup", "ram"):
         one, two = (report["runs"].get(f"{k}_{where}", {}).get("ranks") for k in ("one_process", "two_ranks"))
         if one and two:
@@ -250,6 +282,14 @@ def format_report(r: dict) -> str:
             lines.append(f"  {name:<20} {x['rank']:>4} {x['tok_s']:>7.2f} {x['disk_bytes_per_token'] / 2**20:>12.2f} "
                          f"{net:>12.1f} {ms['compute']:>8.1f} {ms['disk_wait']:>9.1f} {ms['collective']:>10.1f} "
                          f"{ms['rest']:>6.1f}")
+    ag = r.get("allgather", {})
+    if "ranks" in ag:
+        x, layers = ag["ranks"][0], r["n_layers"]
+        lines.append(f"  bare all-gather of one row ({x['row_bytes']} bytes) between the two pinned ranks: "
+                     f"{x['ms_per_allgather']:.3f} ms; x {layers} MoE layers = {x['ms_per_allgather'] * layers:.1f} ms "
+                     f"per token")
+    elif ag:
+        lines.append(f"  bare all-gather FAILED: {ag['error']}")
     for where, what in (("cgroup", "out of RAM (cgroups)"), ("ram", "in RAM")):
         if f"speedup_{where}" in r:
             lines.append(f"  two ranks / one process, {what}: {r[f'speedup_{where}']:.2f}x")
@@ -271,11 +311,14 @@ def main() -> int:
     p.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--memory", default="paged", help=argparse.SUPPRESS)
     p.add_argument("--host-mem", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--allgather", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=None, help="bare all-gathers timed (default 1000; --small 50)")
     a = p.parse_args()
     a.n = a.n or (4 if a.small else 32)
     a.warmup = a.warmup if a.warmup is not None else 4 if a.small else 32
+    a.rounds = a.rounds or (50 if a.small else 1000)
     if a.child:
-        print(json.dumps(child(a)))
+        print(json.dumps(child_allgather(a) if a.allgather else child(a)))
         return 0
     a.shape = a.shape or ("tiny" if a.small else "large-routed")
     report = run_all(a)

@@ -1,6 +1,7 @@
 """benchmarks/expert_parallel.py --small --json: the four runs (one process and two ranks, in
 memory cgroups where cgroup v1 is writable, and in RAM) decode, and their figures add up: the
-ranks' all-gathers move a float32 row of D per MoE layer and token each way, one process moves none."""
+ranks' all-gathers move a float32 row of D per MoE layer and token each way, one process moves none;
+the bare all-gathers between two ranks are timed."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,8 @@ def test_small_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout)
     with open_model(r["file"]) as mf:
-        per_token = len(mf.expert_layers) * mf.hparams.n_embd * 4  # one float32 row of D per MoE layer, world 2
+        row, layers = mf.hparams.n_embd * 4, len(mf.expert_layers)
+    per_token = layers * row  # one float32 row of D per MoE layer and token, each way (world 2)
     names = ["one_process_ram", "two_ranks_ram"]
     names += [] if "cgroups" in r else ["one_process_cgroup", "two_ranks_cgroup"]
     assert sorted(r["runs"]) == sorted(names)
@@ -44,3 +46,6 @@ def test_small_run(tmp_path):
         assert all(x["cgroup_failcnt"] == 0 or x["cgroup_peak_bytes"] <= r["limit_bytes"]
                    for run in ("one_process_cgroup", "two_ranks_cgroup") for x in r["runs"][run]["ranks"])
     assert r["speedup_ram"] > 0
+    bare = r["allgather"]["ranks"]
+    assert [x["rank"] for x in bare] == [0, 1] and all(x["ms_per_allgather"] > 0 for x in bare)
+    assert bare[0]["row_bytes"] == row and r["n_layers"] == layers
