@@ -300,7 +300,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default=None, help="benchmarks/synthetic_moe.py shape (default large-routed)")
     p.add_argument("-n", type=int, default=None, help="decode tokens timed (default 32; --small 4)")
-    p.add_argument("--warmup", type=int, default=None, help="decode tokens before timing (default 32; --small 4): a rank's first reads of its shard")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="decode tokens before timing (default 32; --small 4): a rank's first reads of its shard")
     p.add_argument("--share", type=float, default=0.6, help="cgroup limit as a share of the file")
     p.add_argument("--threads", type=int, default=2, help="threads of the single process")
     p.add_argument("--read-gib", type=float, default=2.0, help="bytes of the O_DIRECT read-rate pass")
