@@ -8,12 +8,20 @@ process's (which adds a token's experts in ascending expert order), so logits ag
 process to float rounding (tests/distributed bound them), not bit for bit. Each step the ranks keep
 rank 0's sampled tokens (`agree`), so they cannot diverge. A collective that waits longer than
 `timeout_s` (a rank died or hangs) raises on the others instead of hanging.
+
+`counters()` says what this rank moved over the group: the all-gathers' payload ((world - 1) partial
+sums of [T, D] sent and as many received per MoE layer, whatever algorithm gloo runs: a ring
+forwards each block once, a direct exchange sends it to each peer), rank 0's broadcasts of the
+sampled tokens (their pickled payload), and the seconds spent in the all-gathers (waiting for the
+slowest rank included).
 """
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import torch
@@ -37,12 +45,29 @@ DEFAULT_TIMEOUT_S = 60.0
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+@dataclass
+class NetCounters:
+    """What one rank moved over the group since start: the MoE layers' all-gathers (calls, rows:
+    the tokens of each call summed, payload bytes sent and received, seconds inside them) and
+    rank 0's broadcasts of each step's tokens (control bytes: the pickled payload sent or received)."""
+
+    calls: int = 0
+    rows: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    collective_s: float = 0.0
+    control_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 class ExpertParallel:
     """This process's rank of an initialised gloo group; `replicate_hot`: see `shard_plan`."""
 
     def __init__(self, rank: int, world_size: int, replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.rank, self.world_size, self.replicate_hot, self.timeout_s = rank, world_size, replicate_hot, timeout_s
-        self._seconds = [0.0, 0]  # time in the combine's collective, and its calls
+        self.net = NetCounters()
 
     @staticmethod
     def from_env(replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> ExpertParallel:
@@ -58,7 +83,11 @@ class ExpertParallel:
 
     @property
     def collective_seconds(self) -> float:
-        return self._seconds[0]
+        return self.net.collective_s
+
+    def counters(self) -> dict:
+        """This rank's `NetCounters` since start, as a dict (plain numbers)."""
+        return self.net.to_dict()
 
     def plan(self, mf: ModelFile) -> ShardPlan:
         return shard_plan(mf, self.world_size, self.replicate_hot)
@@ -92,8 +121,11 @@ class ExpertParallel:
         out = parts[0]
         for p in parts[1:]:
             out = out + p
-        self._seconds[0] += time.perf_counter() - t0
-        self._seconds[1] += 1
+        n, peers = partial.numel() * partial.element_size(), self.world_size - 1
+        net = self.net
+        net.collective_s += time.perf_counter() - t0
+        net.calls, net.rows = net.calls + 1, net.rows + partial.shape[0]
+        net.bytes_sent, net.bytes_received = net.bytes_sent + peers * n, net.bytes_received + peers * n
         return out
 
     def agree(self, picks: list) -> list:
@@ -101,6 +133,8 @@ class ExpertParallel:
         box = [picks if self.rank == 0 else None]
         with self._failing("the broadcast of rank 0's tokens"):
             dist.broadcast_object_list(box, src=0)
+        size = 8 + len(pickle.dumps(box[0]))  # the payload and its int64 length, as broadcast_object_list sends them
+        self.net.control_bytes += size * (self.world_size - 1) if self.rank == 0 else size
         return box[0]
 
     def share(self, obj=None):
@@ -138,4 +172,4 @@ class ExpertParallel:
             dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel", "GroupError"]
+__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel", "GroupError", "NetCounters"]

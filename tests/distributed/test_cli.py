@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from strata.gguf import open_model
 from tests.fixtures.tiny import zoo
 
 from .ranks import ROOT
@@ -20,15 +21,27 @@ def _run(cmd: list[str]) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
     assert len(lines) == 1, done.stdout  # rank 0's line only
-    return json.loads(lines[0])
+    return {**json.loads(lines[0]), "stderr": done.stderr}
 
 
 def test_torchrun_generate_equals_one_process():
     model = str(zoo().get("qwen3moe").gguf(None))
     one = _run([sys.executable, "-m", "strata", "generate", model, *ARGS])
     two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "-m", "strata", "generate", model, *ARGS, "--expert-parallel", "--ep-timeout", "30"])
+                "-m", "strata", "generate", model, *ARGS, "--expert-parallel", "--ep-timeout", "30", "--stats"])
     assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"] and len(one["token_ids"]) == 8
+    assert "ranks" not in one
+    with open_model(model) as mf:  # per processed token: (world - 1) float32 rows of D per MoE layer
+        per_token = len(mf.expert_layers) * mf.hparams.n_embd * 4
+    ranks = two["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 for r in ranks)
+    for r in ranks:
+        assert r["net_bytes_sent_per_token"] == r["net_bytes_received_per_token"] == per_token
+        assert r["tokens"] == one["prompt_tokens"] + 8 - 1 and r["tok_s"] > 0  # the last token is not fed back
+        assert r["ms_per_token"]["collective"] > 0 and r["ms_per_token"]["compute"] > 0
+    lines = [x for x in two["stderr"].splitlines() if x.startswith("rank ")]
+    assert len(lines) == 2 and lines[1].startswith("rank 1/2: decode ")
+    assert f"network {per_token / 1024:.1f} KiB sent" in lines[1]
 
 
 def test_expert_parallel_without_torchrun_is_one_line(capsys):

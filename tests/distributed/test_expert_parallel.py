@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import strata
+from strata.gguf import open_model
 from tests.fixtures.tiny import zoo
 
 from .ranks import launch, run_ranks, wait_all
@@ -36,6 +37,19 @@ def test_ranks_equal_one_process(key, memory, compute, world, tmp_path):
         logits, expected = torch.tensor(got["logits"]), torch.tensor(ref["logits"])
         assert float((logits - expected).abs().max() / expected.abs().max()) <= EP_REL_TOL
     assert all(r["logits"] == ranks[0]["logits"] for r in ranks[1:])  # bit-equal across ranks
+    check_net_bytes(path, ranks, world)
+
+
+def check_net_bytes(path, ranks: list[dict], world: int) -> None:
+    """Each rank's all-gathers moved (world - 1) float32 partial sums [T, D] each way per MoE layer:
+    every processed token crossed every MoE layer once."""
+    with open_model(path) as mf:
+        L, D = len(mf.expert_layers), mf.hparams.n_embd
+    for r in ranks:
+        net = r["net"]
+        assert net["rows"] == L * r["tokens"] and net["calls"] % L == 0 and net["calls"] > 0
+        assert net["bytes_sent"] == net["bytes_received"] == r["tokens"] * L * D * 4 * (world - 1)
+        assert net["collective_s"] > 0 and net["control_bytes"] > 0
 
 
 def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> list[tuple[int, str]]:

@@ -45,6 +45,7 @@ def main() -> int:
                     os._exit(3)
                 time.sleep(3600)
             data = results(model)
+            data["net"], data["tokens"] = ep.counters(), model.time_split()["tokens"]
     except StrataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
