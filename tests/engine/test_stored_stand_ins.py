@@ -21,7 +21,7 @@ from strata.errors import StrataError
 from strata.gguf import PARTS, open_model
 from strata.gguf.standins import stand_ins_path
 from strata.memory.budget import host_budget_for_slots
-from strata.memory.standin import StandIns
+from strata.memory.standin import StandIns, requantized
 from strata.quant import GGMLType
 from tests.fixtures.tiny import zoo
 
@@ -133,3 +133,16 @@ def test_convert_refuses_bad_stand_in_arguments(model, capsys):
     assert "drop -o" in capsys.readouterr().err
     assert convert_main([str(model)]) == 1
     assert "-o/--output" in capsys.readouterr().err
+
+
+def test_convert_with_stand_ins_writes_the_sidecar_of_its_output(tmp_path):
+    out = tmp_path / "out.gguf"
+    hf_dir = zoo().get("mixtral").hf_dir
+    assert convert_main([str(hf_dir), "-o", str(out), "--stand-ins", "q2_k", "--threads", "1", "--no-progress"]) == 0
+    with open_model(out) as mf:
+        s = StandIns(mf, "q2_k", mf.expert_layers)
+        assert s.stored == tmp_path / "out.standins.gguf"
+        layer = mf.expert_layers[0]
+        for p, part in enumerate(PARTS):  # the converter's sidecar holds the bytes a load would build
+            want = np.concatenate([b.copy() for b in requantized(mf, T.Q2_K, layer, part)])
+            assert np.array_equal(_bytes(s.parts(layer)[p]), want)
