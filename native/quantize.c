@@ -214,37 +214,62 @@ static void quantize_q4_k_avx2(const float *restrict x, uint8_t *restrict dst, i
  * requantized against the stored values. Layout: scales[j] = scale | min << 4; each 128 values
  * fill 32 bytes of qs, value 32*s + i in bits 2s..2s+1 of byte i.
  */
-static void quantize_q2_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+/* The (scale, min) search of a Q2_K block's sixteen sub-blocks (the AVX2 twin runs eight at a time). */
+void strata_quantize_q2_k_search_ref(const float *restrict x, float *restrict scales, float *restrict mins,
+                                     uint8_t *restrict L) {
+    float w[16];
+    for (int j = 0; j < 16; j++) {
+        for (int i = 0; i < 16; i++) w[i] = fabsf(x[16 * j + i]);
+        scales[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15);
+    }
+}
+
+static void quantize_q2_k_finish(const float *restrict x, const float *restrict scales, const float *restrict mins,
+                                 uint8_t *restrict L, strata_block_q2_k *restrict y) {
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 15.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 15.0f / max_min : 0.0f;
+    for (int j = 0; j < 16; j++)
+        y->scales[j] = (uint8_t)(round_clamp(inv_scale * scales[j], 0, 15) |
+                                 (round_clamp(inv_min * mins[j], 0, 15) << 4));
+    y->d = strata_f32_to_half(max_scale / 15.0f);
+    y->dmin = strata_f32_to_half(max_min / 15.0f);
+    const float d = strata_half_to_f32(y->d), dmin = strata_half_to_f32(y->dmin);
+    for (int j = 0; j < 16; j++) {
+        const float ds = d * (y->scales[j] & 0xf), dm = dmin * (y->scales[j] >> 4);
+        if (ds == 0.0f) continue;                          /* keep the search's codes */
+        for (int i = 0; i < 16; i++) L[16 * j + i] = (uint8_t)round_clamp((x[16 * j + i] + dm) / ds, 0, 3);
+    }
+    for (int c = 0; c < STRATA_QK_K / 128; c++)
+        for (int i = 0; i < 32; i++) {
+            const uint8_t *l = L + 128 * c + i;
+            y->qs[32 * c + i] = (uint8_t)(l[0] | (l[32] << 2) | (l[64] << 4) | (l[96] << 6));
+        }
+}
+
+/* Q2_K's search has Q4_K's signature: both fit (scale, min) pairs per sub-block. */
+static void quantize_q2_k_with(strata_q4_k_search_fn search, const float *restrict x, uint8_t *restrict dst,
+                               int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
         strata_block_q2_k blk;
         uint8_t L[STRATA_QK_K];
-        float w[16], scales[16], mins[16], max_scale = 0, max_min = 0;
-        for (int j = 0; j < 16; j++) {
-            for (int i = 0; i < 16; i++) w[i] = fabsf(x[16 * j + i]);
-            scales[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-        const float inv_scale = max_scale > 0 ? 15.0f / max_scale : 0.0f;
-        const float inv_min = max_min > 0 ? 15.0f / max_min : 0.0f;
-        for (int j = 0; j < 16; j++)
-            blk.scales[j] = (uint8_t)(round_clamp(inv_scale * scales[j], 0, 15) |
-                                      (round_clamp(inv_min * mins[j], 0, 15) << 4));
-        blk.d = strata_f32_to_half(max_scale / 15.0f);
-        blk.dmin = strata_f32_to_half(max_min / 15.0f);
-        const float d = strata_half_to_f32(blk.d), dmin = strata_half_to_f32(blk.dmin);
-        for (int j = 0; j < 16; j++) {
-            const float ds = d * (blk.scales[j] & 0xf), dm = dmin * (blk.scales[j] >> 4);
-            if (ds == 0.0f) continue;                      /* keep the search's codes */
-            for (int i = 0; i < 16; i++) L[16 * j + i] = (uint8_t)round_clamp((x[16 * j + i] + dm) / ds, 0, 3);
-        }
-        for (int c = 0; c < STRATA_QK_K / 128; c++)
-            for (int i = 0; i < 32; i++) {
-                const uint8_t *l = L + 128 * c + i;
-                blk.qs[32 * c + i] = (uint8_t)(l[0] | (l[32] << 2) | (l[64] << 4) | (l[96] << 6));
-            }
+        float scales[16], mins[16];
+        search(x, scales, mins, L);
+        quantize_q2_k_finish(x, scales, mins, L, &blk);
         memcpy(dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
     }
+}
+
+static void quantize_q2_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q2_k_with(strata_quantize_q2_k_search_ref, x, dst, n_blocks);
+}
+
+static void quantize_q2_k_avx2(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    quantize_q2_k_with(strata_quantize_q2_k_search_avx2, x, dst, n_blocks);
 }
 
 /* ---- Q6_K ---- */
@@ -362,7 +387,7 @@ typedef struct {
 
 static const strata_quant_format QUANT_FORMATS[] = {
     {STRATA_T_Q8_0, strata_quantize_q8_0_blocks, NULL},
-    {STRATA_T_Q2_K, quantize_q2_k_ref, NULL},
+    {STRATA_T_Q2_K, quantize_q2_k_ref, quantize_q2_k_avx2},
     {STRATA_T_Q4_K, quantize_q4_k_ref, quantize_q4_k_avx2},
     {STRATA_T_Q6_K, quantize_q6_k_ref, quantize_q6_k_avx2},
 };

@@ -11,6 +11,12 @@
 /* Q4_K: 256 values -> per sub-block of 32: scale, -min, codes 0..15 (L in value order). */
 typedef void (*strata_q4_k_search_fn)(const float *restrict x, float *restrict scales, float *restrict mins,
                                       uint8_t *restrict L);
+/* Q2_K: 256 values -> per sub-block of 16: scale, -min, codes 0..3 (L in value order): the
+ * same signature as Q4_K's. */
+void strata_quantize_q2_k_search_ref(const float *restrict x, float *restrict scales, float *restrict mins,
+                                     uint8_t *restrict L);
+void strata_quantize_q2_k_search_avx2(const float *restrict x, float *restrict scales, float *restrict mins,
+                                      uint8_t *restrict L);
 /* Q6_K: 256 values -> per sub-block of 16: signed scale, codes + 32 (L in value order). */
 typedef void (*strata_q6_k_search_fn)(const float *restrict x, float *restrict scales, int8_t *restrict L);
 

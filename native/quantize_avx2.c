@@ -31,25 +31,17 @@ static void transpose8(const float *restrict x, int stride, int n, int first, __
     for (int i = 0; i < n; i++) xt[i] = _mm256_i32gather_ps(x + stride * first + i, idx, 4);
 }
 
-/* ---- Q4_K: fit_scale_min(32, 15, ..., rmin -1, rdelta 0.1, nstep 20) on 8 sub-blocks ---- */
+/* ---- fit_scale_min of quantize.c on 8 sub-blocks of n <= 32 values at a time ---- */
 
-void strata_quantize_q4_k_search_avx2(const float *restrict x, float *restrict scales, float *restrict mins,
-                                      uint8_t *restrict L) {
-    enum { N = 32, NSTEP = 20 };
-    const float nmax = 15.0f, rmin = -1.0f, rdelta = 0.1f;
+/* Lanes hold sub-blocks: xt[i], w[i] = value and weight i of each. Writes each lane's scale,
+ * -min and codes (as floats, Lb[0..n)). */
+static void fit_scale_min8(int n, float nmax, const __m256 *restrict xt, const __m256 *restrict w,
+                           float rmin, float rdelta, int nstep,
+                           __m256 *restrict scale_out, __m256 *restrict neg_min_out, __m256 *restrict Lb) {
     const __m256 zero = _mm256_setzero_ps(), vnmax = _mm256_set1_ps(nmax);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 xt[N], w[N], Lb[N], Lk[N];
-    transpose8(x, 32, N, 0, xt);
-
-    /* Weights: rms + |x|. */
-    __m256 sum_x2 = zero;
-    for (int i = 0; i < N; i++) sum_x2 = _mm256_add_ps(sum_x2, sq(xt[i]));
-    const __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
-    for (int i = 0; i < N; i++) w[i] = _mm256_add_ps(rms, _mm256_and_ps(xt[i], absmask));
-
+    __m256 Lk[32];
     __m256 lo = xt[0], hi = xt[0], sum_w = w[0], sum_x = _mm256_mul_ps(w[0], xt[0]);
-    for (int i = 1; i < N; i++) {
+    for (int i = 1; i < n; i++) {
         lo = _mm256_min_ps(xt[i], lo);  /* x < lo ? x : lo */
         hi = _mm256_max_ps(xt[i], hi);  /* x > hi ? x : hi */
         sum_w = _mm256_add_ps(sum_w, w[i]);
@@ -61,17 +53,17 @@ void strata_quantize_q4_k_search_avx2(const float *restrict x, float *restrict s
 
     __m256 iscale = _mm256_div_ps(vnmax, _mm256_sub_ps(hi, lo));
     __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale), best = zero;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         Lb[i] = round_clamp8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], lo)), zero, vnmax);
         const __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, Lb[i]), lo), xt[i]);
         best = _mm256_add_ps(best, _mm256_mul_ps(w[i], sq(diff)));
     }
     /* As in the scalar search, each accepted fit moves the offset `lo` that later candidates
      * (their grid and their codes) are measured from. */
-    for (int k = 0; k <= NSTEP; k++) {
+    for (int k = 0; k <= nstep; k++) {
         iscale = _mm256_div_ps(_mm256_set1_ps(rmin + rdelta * k + nmax), _mm256_sub_ps(hi, lo));
         __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < n; i++) {
             const __m256 l = round_clamp8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], lo)), zero, vnmax);
             const __m256 wl = _mm256_mul_ps(w[i], l);
             Lk[i] = l;
@@ -87,26 +79,67 @@ void strata_quantize_q4_k_search_avx2(const float *restrict x, float *restrict s
         m = _mm256_blendv_ps(m, zero, pos);
         s = _mm256_blendv_ps(s, _mm256_div_ps(sum_xl, sum_l2), pos);
         __m256 err = zero;
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < n; i++) {
             const __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(s, Lk[i]), m), xt[i]);
             err = _mm256_add_ps(err, _mm256_mul_ps(w[i], sq(diff)));
         }
         const __m256 better = _mm256_and_ps(ok, _mm256_cmp_ps(err, best, _CMP_LT_OQ));
         if (_mm256_testz_ps(better, better)) continue;
-        for (int i = 0; i < N; i++) Lb[i] = _mm256_blendv_ps(Lb[i], Lk[i], better);
+        for (int i = 0; i < n; i++) Lb[i] = _mm256_blendv_ps(Lb[i], Lk[i], better);
         best = _mm256_blendv_ps(best, err, better);
         scale = _mm256_blendv_ps(scale, s, better);
         lo = _mm256_blendv_ps(lo, m, better);
     }
     /* Flat sub-blocks (max == min after clamping): codes 0, scale 0, offset the value itself. */
-    scale = _mm256_blendv_ps(scale, zero, flat);
-    const __m256 neg_min = _mm256_sub_ps(zero, _mm256_blendv_ps(lo, lo0, flat));
+    *scale_out = _mm256_blendv_ps(scale, zero, flat);
+    *neg_min_out = _mm256_sub_ps(zero, _mm256_blendv_ps(lo, lo0, flat));
+    for (int i = 0; i < n; i++) Lb[i] = _mm256_blendv_ps(Lb[i], zero, flat);
+}
+
+/* Codes of lanes (sub-blocks first .. first+7 of n values) back into value order. */
+static void store_codes8(const __m256 *restrict Lb, int n, int first, uint8_t *restrict L) {
+    float lanes[8] __attribute__((aligned(32)));
+    for (int i = 0; i < n; i++) {
+        _mm256_store_ps(lanes, Lb[i]);
+        for (int j = 0; j < 8; j++) L[n * (first + j) + i] = (uint8_t)lanes[j];
+    }
+}
+
+/* ---- Q4_K: fit_scale_min(32, 15, ..., rmin -1, rdelta 0.1, nstep 20) on 8 sub-blocks ---- */
+
+void strata_quantize_q4_k_search_avx2(const float *restrict x, float *restrict scales, float *restrict mins,
+                                      uint8_t *restrict L) {
+    enum { N = 32 };
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 xt[N], w[N], Lb[N], scale, neg_min;
+    transpose8(x, 32, N, 0, xt);
+
+    /* Weights: rms + |x|. */
+    __m256 sum_x2 = _mm256_setzero_ps();
+    for (int i = 0; i < N; i++) sum_x2 = _mm256_add_ps(sum_x2, sq(xt[i]));
+    const __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
+    for (int i = 0; i < N; i++) w[i] = _mm256_add_ps(rms, _mm256_and_ps(xt[i], absmask));
+
+    fit_scale_min8(N, 15.0f, xt, w, -1.0f, 0.1f, 20, &scale, &neg_min, Lb);
     _mm256_storeu_ps(scales, scale);
     _mm256_storeu_ps(mins, neg_min);
-    float lanes[8] __attribute__((aligned(32)));
-    for (int i = 0; i < N; i++) {
-        _mm256_store_ps(lanes, _mm256_blendv_ps(Lb[i], zero, flat));
-        for (int j = 0; j < 8; j++) L[32 * j + i] = (uint8_t)lanes[j];
+    store_codes8(Lb, N, 0, L);
+}
+
+/* ---- Q2_K: fit_scale_min(16, 3, ..., rmin -0.5, rdelta 0.1, nstep 15) on 8 sub-blocks at a time ---- */
+
+void strata_quantize_q2_k_search_avx2(const float *restrict x, float *restrict scales, float *restrict mins,
+                                      uint8_t *restrict L) {
+    enum { N = 16 };
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int first = 0; first < 16; first += 8) {
+        __m256 xt[N], w[N], Lb[N], scale, neg_min;
+        transpose8(x, 16, N, first, xt);
+        for (int i = 0; i < N; i++) w[i] = _mm256_and_ps(xt[i], absmask);  /* weights |x| */
+        fit_scale_min8(N, 3.0f, xt, w, -0.5f, 0.1f, 15, &scale, &neg_min, Lb);
+        _mm256_storeu_ps(scales + first, scale);
+        _mm256_storeu_ps(mins + first, neg_min);
+        store_codes8(Lb, N, first, L);
     }
 }
 

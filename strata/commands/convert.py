@@ -5,6 +5,11 @@ shared experts in --shared-experts (same as --attn), norms, routers and biases i
 --outtype sets all three at once. This module parses the arguments and calls
 `converters.convert`.
 
+Miss stand-ins (low-bit copies of every routed expert for `--miss-stand-in TYPE`) go to a sidecar
+`OUT.standins.gguf` beside the model, never into it (llama.cpp refuses a model file with tensors
+it does not create): `--stand-ins TYPE` writes it after converting; `--add-stand-ins TYPE
+MODEL.gguf` writes it for a GGUF file that exists (no checkpoint, no -o).
+
 Must not convert anything itself: the work is in the `converters` package.
 """
 from __future__ import annotations
@@ -21,8 +26,9 @@ from .errors import run_guarded
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="python -m strata.convert", description=__doc__.splitlines()[0])
-    p.add_argument("hf_dir", help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer)")
-    p.add_argument("-o", "--output", required=True, help="GGUF file to write")
+    p.add_argument("hf_dir", help="Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer); "
+                   "with --add-stand-ins, the GGUF model")
+    p.add_argument("-o", "--output", default=None, help="GGUF file to write (required unless --add-stand-ins)")
     p.add_argument("--attn", default=DEFAULT_ATTN_TYPE, choices=CONVERT_TYPES,
                    help=f"type of attention and other 2-D shared weights (default {DEFAULT_ATTN_TYPE})")
     p.add_argument("--experts", default=DEFAULT_EXPERTS_TYPE, choices=CONVERT_TYPES,
@@ -44,6 +50,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--split-max-size", metavar="SIZE", default=None,
                    help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; K/M/G are 10^3/10^6/10^9 as in "
                         "llama.cpp) named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
+    p.add_argument("--stand-ins", metavar="TYPE", default=None,
+                   help="also write OUT.standins.gguf: every routed expert in TYPE (q2_k, q4_k, q6_k, q8_0), which "
+                        "--miss-stand-in TYPE then loads instead of building it at load")
+    p.add_argument("--add-stand-ins", metavar="TYPE", default=None,
+                   help="convert nothing: write MODEL.standins.gguf (stand-ins of TYPE) beside the GGUF model "
+                        "given in place of the checkpoint folder (the model file is not changed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -88,20 +100,43 @@ def split_size(text: str | None) -> int:
         raise StrataError(str(exc)) from None
 
 
-def convert(args: argparse.Namespace) -> int:
-    """Convert as the parsed arguments say; errors propagate to `run`."""
-    from converters import TypePolicy, convert as convert_checkpoint
+def _stand_ins(model: str, t: str, n_threads: int | None, start: float) -> None:
+    from converters.stand_ins import write_stand_ins
 
     from .summary import written_line
 
+    path = write_stand_ins(model, t, n_threads=n_threads)
+    print(written_line(path, time.perf_counter() - start, model=False), flush=True)
+
+
+def convert(args: argparse.Namespace) -> int:
+    """Convert as the parsed arguments say; errors propagate to `run`."""
+    from converters import TypePolicy, convert as convert_checkpoint
+    from strata.errors import StrataError
+    from strata.memory.standin import stand_in_type
+
+    from .summary import first_part, written_line
+
     start = time.perf_counter()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    for t in (getattr(args, "stand_ins", None), getattr(args, "add_stand_ins", None)):
+        if t is not None:
+            stand_in_type(t)  # a bad type fails before hours of conversion
+    if getattr(args, "add_stand_ins", None) is not None:
+        if args.output is not None or args.stand_ins is not None:
+            raise StrataError("--add-stand-ins TYPE MODEL.gguf writes MODEL.standins.gguf: drop -o and --stand-ins")
+        _stand_ins(args.hf_dir, args.add_stand_ins, args.threads, start)
+        return 0
+    if args.output is None:
+        raise StrataError("-o/--output OUT.gguf is required to convert a checkpoint")
     policy = TypePolicy.from_args(args.attn, args.experts, args.shared_experts, args.outtype)
     convert_checkpoint(args.hf_dir, args.output, policy, name=args.name, n_threads=args.threads,
                        tokenizer_pre=args.tokenizer_pre, progress=_progress_bar(not args.no_progress),
                        routing_stats=args.routing_stats, calib=_calib_options(args), imatrix=args.imatrix,
                        split_max_size=split_size(getattr(args, "split_max_size", None)))
     print(written_line(args.output, time.perf_counter() - start), flush=True)
+    if getattr(args, "stand_ins", None) is not None:
+        _stand_ins(str(first_part(args.output)), args.stand_ins, args.threads, time.perf_counter())
     return 0
 
 

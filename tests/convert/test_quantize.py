@@ -17,6 +17,8 @@ from strata import native
 from strata.errors import NativeError
 
 K_TYPES = [T.Q4_K, T.Q6_K]
+#: Types with an AVX2 scale search (Q2_K: the miss stand-ins' type, not a converter type).
+AVX2_TYPES = [*K_TYPES, T.Q2_K]
 
 
 def _rms(a: np.ndarray) -> float:
@@ -190,7 +192,7 @@ def test_error_status_becomes_native_error(monkeypatch, gauss):
 # ---- AVX2 twins of the K-quant searches: equal to the scalar code, bit for bit ----
 
 @pytest.mark.skipif(not native.cpu_has_avx2(), reason="CPU without AVX2")
-@pytest.mark.parametrize("t", K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", AVX2_TYPES, ids=lambda t: t.name)
 def test_avx2_search_equals_scalar(t):
     rng = np.random.default_rng(5)
     parts = [rng.standard_normal((24, 1024)), rng.exponential(1.0, (8, 1024)), -rng.exponential(1.0, (8, 1024)),
