@@ -1,6 +1,7 @@
 """One rank of an expert-parallel test run: `python -m tests.distributed.worker MODEL OUT.json
 MEMORY COMPUTE MODE` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Writes the greedy path,
-a batch of two prompts and the logits of a prompt (MODE "run"), or dies/hangs mid-run as rank 1
+a batch of two prompts and the logits of a prompt (MODE "run"; "chunked": the same with
+prompts prefilled in chunks of CHUNK tokens), or dies/hangs mid-run as rank 1
 (MODE "die", "hang"), or loads another file as rank 1 (MODE "mismatch": MODEL is "A,B")."""
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from strata.distributed import ExpertParallel
 
 PROMPT = [5, 17, 42, 9, 33, 71, 8, 12]
 OTHER = [3, 44, 19, 27, 60]
+CHUNK = 3  # tokens per engine step in MODE "chunked": PROMPT prefills in 3 chunks
 
 
-def load(path: str, memory: str, compute: str, ep: ExpertParallel | None):
-    return strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute, expert_parallel=ep)
+def load(path: str, memory: str, compute: str, ep: ExpertParallel | None, chunked: bool = False):
+    step = {"max_step_tokens": CHUNK} if chunked else {}
+    return strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute, expert_parallel=ep,
+                       **step)
 
 
 def results(model) -> dict:
@@ -38,7 +42,7 @@ def main() -> int:
     if mode == "mismatch":
         path = path.split(",")[min(rank, 1)]
     try:
-        with load(path, memory, compute, ep) as model:
+        with load(path, memory, compute, ep, chunked=mode == "chunked") as model:
             if mode in ("die", "hang") and rank == 1:
                 model.generate(PROMPT, temperature=0, max_tokens=2, stop_token_ids=())
                 if mode == "die":
