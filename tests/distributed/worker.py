@@ -21,10 +21,38 @@ OTHER = [3, 44, 19, 27, 60]
 CHUNK = 3  # tokens per engine step in MODE "chunked": PROMPT prefills in 3 chunks
 
 
+def memory_options(memory: str) -> dict:
+    """MEMORY as `strata.load`'s keywords: a kind, or "KIND:option=value,..." ("tiered:prefetch_depth=1")."""
+    kind, _, rest = memory.partition(":")
+    options = dict(item.split("=") for item in rest.split(",") if item)
+    return {"memory": kind, **{k: int(v) if v.isdigit() else v for k, v in options.items()}}
+
+
 def load(path: str, memory: str, compute: str, ep: ExpertParallel | None, chunked: bool = False):
     step = {"max_step_tokens": CHUNK} if chunked else {}
-    return strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute, expert_parallel=ep,
-                       **step)
+    return strata.load(path, threads=1, n_ctx=128, max_batch=2, compute=compute, expert_parallel=ep,
+                       **memory_options(memory), **step)
+
+
+def record_loads() -> dict:
+    """Every (layer, expert) the host tier reads from the file ("loads") and the tiered memory is
+    asked to prefetch ("prefetches") in this process, in order (MODE "loads")."""
+    from strata.memory.host import HostTier
+    from strata.memory.tiered.memory import TieredExpertMemory
+
+    seen: dict = {"loads": [], "prefetches": []}
+    start, prefetch = HostTier._start, TieredExpertMemory.prefetch
+
+    def recording_start(self, layer, expert, *args, **kwargs):
+        seen["loads"].append((layer, expert))
+        return start(self, layer, expert, *args, **kwargs)
+
+    def recording_prefetch(self, layer, expert_ids, *args, **kwargs):
+        seen["prefetches"].extend((layer, e) for e in expert_ids)
+        return prefetch(self, layer, expert_ids, *args, **kwargs)
+
+    HostTier._start, TieredExpertMemory.prefetch = recording_start, recording_prefetch
+    return seen
 
 
 def results(model) -> dict:
@@ -41,6 +69,7 @@ def main() -> int:
     ep = ExpertParallel.from_env(timeout_s=float(os.environ.get("STRATA_EP_TIMEOUT", "20")))
     if mode == "mismatch":
         path = path.split(",")[min(rank, 1)]
+    loads = record_loads() if mode == "loads" else None
     try:
         with load(path, memory, compute, ep, chunked=mode == "chunked") as model:
             if mode in ("die", "hang") and rank == 1:
@@ -49,6 +78,11 @@ def main() -> int:
                     os._exit(3)
                 time.sleep(3600)
             data = results(model)
+            if loads is not None:
+                plan = ep.plan(model.model_file)
+                owned = [[layer, e] for layer, owners in zip(plan.layers, plan.owners)
+                         for e, ranks in enumerate(owners) if rank in ranks]
+                data.update(loads, owned=owned, issued=int(model.memory_stats().totals()["prefetch_issued"]))
     except StrataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
