@@ -11,24 +11,16 @@ import sys
 
 from .common import (add_expert_parallel_args, add_model_args, add_sampling_args, add_save_routing_arg,
                      expert_parallel, load_model, print_stats, save_routing)
-from .rank_memory import print_rank_lines
 
 
 def run(args: argparse.Namespace) -> int:
     ep = expert_parallel(args)  # None, or this rank of the group (every rank runs the same generation)
     try:
         with load_model(args, ep=ep) as model:  # its default SamplingParams are the flags'; closed on every path
-            if ep is None:
+            if ep is None or ep.rank == 0:
                 return _run(args, model)
-            if ep.rank == 0:
-                code = _run(args, model)
-            else:
-                with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
-                        contextlib.redirect_stderr(quiet):
-                    code = _run(args, model)
-            if args.stats:  # rank 0 prints every rank's expert memory (a collective)
-                print_rank_lines(model, ep)
-            return code
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                return _run(args, model)
     finally:
         if ep is not None:
             ep.close()

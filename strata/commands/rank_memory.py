@@ -7,8 +7,6 @@ sets memory flags on the matching ranks only; host overrides apply first, then r
 (the more specific), each in command-line order. Bad syntax, an unknown key, a rank outside the
 group or a value its flag refuses is a one-line error naming the override, on every rank before
 any of them joins the group.
-
-With --stats, `rank_lines` gives rank 0 every rank's expert memory (its budget and counters).
 """
 from __future__ import annotations
 
@@ -92,31 +90,4 @@ def apply(args: argparse.Namespace, rank: int, world: int, host: str | None = No
     return applied
 
 
-def rank_line(model: Any, rank: int, world: int, host: str | None = None) -> str:
-    """One line of this rank's expert memory: its kind and budget, then its counters."""
-    from strata.units import format_bytes
-
-    mem = model.memory
-    budget = getattr(getattr(mem, "host", None), "budget", None)
-    head = f"rank {rank} of {world} ({host or socket.gethostname()}): {mem!r}" if mem is not None \
-        else f"rank {rank} of {world} ({host or socket.gethostname()}): no expert memory"
-    if budget is not None:
-        head += f", host budget {format_bytes(budget)}"
-    stats = model.memory_stats()
-    if stats is None:
-        return head
-    t = stats.totals()
-    return f"{head}; {t['requests']} expert requests, {t['disk_reads']} disk reads"
-
-
-def print_rank_lines(model: Any, ep: Any) -> None:
-    """--stats under expert parallelism: rank 0 prints every rank's `rank_line` (a collective: every rank calls it)."""
-    import sys
-
-    lines = ep.gather(rank_line(model, ep.rank, ep.world_size))
-    if ep.rank == 0:
-        for line in lines:
-            print(f"expert parallelism: {line}", file=sys.stderr)
-
-
-__all__ = ["KEYS", "apply", "matches", "parse", "print_rank_lines", "rank_line"]
+__all__ = ["KEYS", "apply", "matches", "parse"]

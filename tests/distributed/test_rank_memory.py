@@ -1,12 +1,9 @@
 """`--rank-memory R:KEY=VALUE[,...]`: one rank's memory flags under the same torchrun command line;
-the override's checks; under torchrun rank 1's budget is its own and the tokens are one process's."""
+the override's checks; under 2 ranks given the same flags rank 1's budget is its own and the
+tokens are one process's."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +11,8 @@ from strata.commands.rank_memory import apply, parse
 from strata.errors import StrataArgumentError
 from tests.fixtures.tiny import zoo
 
-from .ranks import ROOT
+from .ranks import run_ranks
+from .test_expert_parallel import single
 
 BASE = dict(memory="paged", device_mem=None, host_mem="8M", prefetch_depth=None, slot_form=None, hybrid=None,
             miss_stand_in=None, stand_in_mode=None)
@@ -69,24 +67,10 @@ def test_without_expert_parallel_is_one_line(capsys):
     assert code != 0 and len(err) == 1 and "--rank-memory '1:host-mem=8M': goes with --expert-parallel" in err[0]
 
 
-ARGS = ["-p", "the cat sat on", "--temperature", "0", "-n", "8", "--ignore-eos", "--json", "--threads", "1",
-        "--memory", "paged", "--host-mem", "8M"]
-
-
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def test_torchrun_rank_1_takes_its_own_host_budget():
-    model = str(zoo().get("qwen3moe").gguf(None))
-    one = json.loads(_run([sys.executable, "-m", "strata", "generate", model, *ARGS]).stdout)
-    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "strata",
-                "generate", model, *ARGS, "--expert-parallel", "--ep-timeout", "30", "--stats",
-                "--rank-memory", "1:host-mem=600K"])
-    assert json.loads(two.stdout)["token_ids"] == one["token_ids"]
-    lines = [x for x in two.stderr.splitlines() if x.startswith("expert parallelism: rank ")]
-    assert len(lines) == 2 and lines[0].startswith("expert parallelism: rank 0 of 2 (") and "host budget 8.0 MiB" in lines[0]
-    assert lines[1].startswith("expert parallelism: rank 1 of 2 (") and "host budget 0.6 MiB" in lines[1]
+def test_rank_1_takes_its_own_host_budget(tmp_path):
+    path = zoo().get("qwen3moe").gguf(None)
+    ref = single(path, "paged", "packed", host_mem="8M")
+    flags = "--memory paged --host-mem 8M --rank-memory 1:host-mem=600K"
+    ranks = run_ranks(2, path, tmp_path, flags, "packed", mode="flags")
+    assert [r["host_budget"] for r in ranks] == [8 << 20, 600 << 10]
+    assert all(r["greedy"] == ref["greedy"] and r["batch"] == ref["batch"] for r in ranks)

@@ -55,6 +55,18 @@ def record_loads() -> dict:
     return seen
 
 
+def from_flags(path: str, memory: str, compute: str) -> tuple:
+    """MODE "flags": this rank's group and model as `strata generate` makes them from its command
+    line, MEMORY being its memory flags ("--memory paged --host-mem 8M --rank-memory 1:host-mem=600K")."""
+    from strata.cli import build_parser
+    from strata.commands.common import expert_parallel, load_kwargs
+
+    args = build_parser().parse_args(["generate", path, "-p", "x", "--threads", "1", "--ctx", "128",
+                                      "--compute", compute, "--expert-parallel", *memory.split()])
+    ep = expert_parallel(args)
+    return ep, strata.load(path, max_batch=2, expert_parallel=ep, **load_kwargs(args))
+
+
 def results(model) -> dict:
     """Greedy path, a batch of two, and the prompt's logits (the same calls as one process makes)."""
     greedy = model.generate(PROMPT, temperature=0, max_tokens=10, stop_token_ids=()).token_ids
@@ -71,13 +83,19 @@ def main() -> int:
         path = path.split(",")[min(rank, 1)]
     loads = record_loads() if mode == "loads" else None
     try:
-        with load(path, memory, compute, ep, chunked=mode == "chunked") as model:
+        if mode == "flags":
+            ep, model = from_flags(path, memory, compute)
+        else:
+            model = load(path, memory, compute, ep, chunked=mode == "chunked")
+        with model:
             if mode in ("die", "hang") and rank == 1:
                 model.generate(PROMPT, temperature=0, max_tokens=2, stop_token_ids=())
                 if mode == "die":
                     os._exit(3)
                 time.sleep(3600)
             data = results(model)
+            if mode == "flags":
+                data["host_budget"] = model.memory.host.budget
             if loads is not None:
                 plan = ep.plan(model.model_file)
                 owned = [[layer, e] for layer, owners in zip(plan.layers, plan.owners)
