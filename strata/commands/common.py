@@ -221,11 +221,18 @@ def add_expert_parallel_args(p: argparse.ArgumentParser) -> None:
                    help="hold each layer's N hottest experts (by the file's routing statistics) on every rank")
     g.add_argument("--ep-timeout", type=float, default=None, metavar="S",
                    help="seconds a rank waits for the others before failing (a rank died or hangs; default 60)")
+    g.add_argument("--rank-memory", action="append", default=[], metavar="R:KEY=VALUE[,KEY=VALUE]",
+                   help="memory flags for rank R only (a rank number, or a host name: its ranks), e.g. "
+                        "1:host-mem=48G,prefetch-depth=2; KEY: memory, device-mem, host-mem, prefetch-depth, slot-form, "
+                        "hybrid (on/off), miss-stand-in, stand-in-mode (repeatable; rank overrides win over host ones)")
 
 
 def expert_parallel(args: argparse.Namespace):
-    """This process's `strata.distributed.ExpertParallel` rank (the group joined), or None."""
+    """This process's `strata.distributed.ExpertParallel` rank (the group joined), or None; its
+    --rank-memory overrides set on `args` before it joins."""
     if not getattr(args, "expert_parallel", False):
+        if getattr(args, "rank_memory", None):
+            raise StrataArgumentError(f"--rank-memory {args.rank_memory[0]!r}: goes with --expert-parallel")
         return None
     from strata.distributed import ExpertParallel
     from strata.distributed.group import DEFAULT_TIMEOUT_S
@@ -233,6 +240,13 @@ def expert_parallel(args: argparse.Namespace):
     if args.replicate_hot < 0 or (args.ep_timeout is not None and args.ep_timeout <= 0):
         raise StrataArgumentError("--replicate-hot and --ep-timeout: expected N >= 0 and S > 0, found "
                                   f"{args.replicate_hot} and {args.ep_timeout}")
+    if args.rank_memory:
+        from .rank_memory import apply, parse
+
+        for spec in args.rank_memory:  # its syntax first, whatever the environment
+            parse(spec)
+        if all(k in os.environ for k in ("RANK", "WORLD_SIZE")):  # else from_env says what is missing
+            apply(args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     return ExpertParallel.from_env(args.replicate_hot, args.ep_timeout or DEFAULT_TIMEOUT_S)
 
 

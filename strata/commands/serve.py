@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
         raise StrataError(f"strata serve needs the server packages ({e.name} is missing): "
                           f"pip install 'strata[serve]'") from None
     _check(args)
-    kwargs = load_kwargs(args)
     ep = expert_parallel(args)  # None, or this rank of the group: rank 0 serves, the others follow its batches
+    kwargs = load_kwargs(args)  # after this rank's --rank-memory overrides
 
     def loader():
         import strata

@@ -126,6 +126,11 @@ class ExpertMemory(ABC):
         predicted from the hidden state of model layer `source` (-1: the embeddings; None: unsaid).
         The default does nothing."""
 
+    def restrict(self, owned: dict[int, Any]) -> None:
+        """Under expert parallelism: the only experts of each layer this memory will be asked for
+        (owned[layer]: bool [E]); predictions of the others are not loaded. The default (no
+        prediction of its own) ignores it."""
+
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
         """The router of `layer` chose `expert_ids` [T, K] for this step (before `acquire`):
         routing statistics for placement and prediction. The default does nothing."""

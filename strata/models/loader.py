@@ -321,11 +321,15 @@ def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.
     correction = getattr(memory, "lookahead_correction", None)  # one learned map, shared by every hook
     moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if isinstance(ffn, MoE)]
     own = {j: (norm, router) for j, norm, router in moe}
+    owned = {j: ffn.experts.shard.owned for j, (_, ffn) in enumerate(ffns)  # expert parallelism: this rank's
+             if isinstance(ffn, MoE) and ffn.experts.shard is not None}
+    if owned and memory is not None:  # the memory's own predictors drop the other ranks' experts too
+        memory.restrict({j: mask.numpy() for j, mask in owned.items()})
 
     def after(i: int) -> Lookahead | None:
         targets = [t for t in moe if t[0] > i][:depth]
         learns = correction is not None and i in own  # the last MoE layer's logits are a target to learn
-        return Lookahead(memory, targets, i, correction, own.get(i)) if targets or learns else None
+        return Lookahead(memory, targets, i, correction, own.get(i), owned) if targets or learns else None
 
     return [after(i) for i in range(-1, len(ffns))]
 

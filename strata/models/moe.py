@@ -280,17 +280,24 @@ class Lookahead:
     (what an announcement means to the memory: `strata.memory.predict.lookahead`). With a
     `correction` (`strata.memory.predict.correction`), the routers' logits go through its learned
     map first; `own` (the source block's FFN norm and router, None where it has none) gives it the
-    logits the source layer routes on. A hint only: it reads h and changes nothing the model computes."""
+    logits the source layer routes on. `owned` (expert parallelism): per target layer, the experts
+    this rank holds (bool [E]); the others' are not announced. A hint only: it reads h and changes
+    nothing the model computes."""
 
     def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]], source: int = -1,
-                 correction=None, own: tuple[nn.Module, Router] | None = None):
+                 correction=None, own: tuple[nn.Module, Router] | None = None,
+                 owned: dict[int, torch.Tensor] | None = None):
         self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
         self.source = source  # the block whose hidden state this reads (-1: the embeddings), for scoring
-        self.correction, self.own = correction, own
+        self.correction, self.own, self.owned = correction, own, owned or {}
 
     def __call__(self, h: torch.Tensor) -> None:
         for layer, expert_ids in self.predict(h):
-            self.memory.prefetch(layer, expert_ids.unique().tolist(), source=self.source)
+            ids = expert_ids.unique()
+            if layer in self.owned:
+                ids = ids[self.owned[layer][ids.cpu()]]
+            if ids.numel():
+                self.memory.prefetch(layer, ids.tolist(), source=self.source)
 
     def predict(self, h: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(layer, expert ids [T, K]) of each next MoE layer's router applied to h [T, D]."""

@@ -24,6 +24,12 @@ class ExpertShard:
         self.owners = torch.tensor([list(r) + [r[0]] * (width - len(r)) for r in owners], dtype=torch.int64)  # [E, R]
         self.n_owners = torch.tensor([len(r) for r in owners], dtype=torch.int64)  # [E]
 
+    @property
+    def owned(self) -> torch.Tensor:
+        """[E] bool: the experts this rank holds (alone or as a replica): all it may ever load."""
+        columns = torch.arange(self.owners.shape[1])[None, :] < self.n_owners[:, None]  # [E, R]
+        return ((self.owners == self.rank) & columns).any(dim=1)
+
     def keep(self, expert_ids: torch.Tensor) -> torch.Tensor:
         """[T, K] bool: the assignments of expert_ids [T, K] this rank computes."""
         tokens = torch.arange(expert_ids.shape[0])[:, None]  # [T, 1]

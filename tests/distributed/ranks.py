@@ -46,10 +46,11 @@ def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, s
     return out
 
 
-def run_ranks(world: int, model: Path, tmp: Path, memory: str, compute: str, timeout: float = 300) -> list[dict]:
-    """Each rank's results (the worker's "run" mode)."""
+def run_ranks(world: int, model: Path, tmp: Path, memory: str, compute: str, timeout: float = 300,
+              mode: str = "run") -> list[dict]:
+    """Each rank's results (the worker's "run" or "chunked" mode)."""
     outs = [tmp / f"rank{r}.json" for r in range(world)]
-    procs = launch(world, [str(model), str(tmp / "rank{}.json"), memory, compute, "run"])
+    procs = launch(world, [str(model), str(tmp / "rank{}.json"), memory, compute, mode])
     # each worker writes to its own file: the name's {} is its rank
     codes = wait_all(procs, timeout)
     assert all(c == 0 for c, _ in codes), [e[-2000:] for _, e in codes]

@@ -1,6 +1,7 @@
 """One rank of an expert-parallel test run: `python -m tests.distributed.worker MODEL OUT.json
 MEMORY COMPUTE MODE` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Writes the greedy path,
-a batch of two prompts and the logits of a prompt (MODE "run"), or dies/hangs mid-run as rank 1
+a batch of two prompts and the logits of a prompt (MODE "run"; "chunked": the same with
+prompts prefilled in chunks of CHUNK tokens), or dies/hangs mid-run as rank 1
 (MODE "die", "hang"), or loads another file as rank 1 (MODE "mismatch": MODEL is "A,B")."""
 from __future__ import annotations
 
@@ -17,10 +18,53 @@ from strata.distributed import ExpertParallel
 
 PROMPT = [5, 17, 42, 9, 33, 71, 8, 12]
 OTHER = [3, 44, 19, 27, 60]
+CHUNK = 3  # tokens per engine step in MODE "chunked": PROMPT prefills in 3 chunks
 
 
-def load(path: str, memory: str, compute: str, ep: ExpertParallel | None):
-    return strata.load(path, threads=1, n_ctx=128, max_batch=2, memory=memory, compute=compute, expert_parallel=ep)
+def memory_options(memory: str) -> dict:
+    """MEMORY as `strata.load`'s keywords: a kind, or "KIND:option=value,..." ("tiered:prefetch_depth=1")."""
+    kind, _, rest = memory.partition(":")
+    options = dict(item.split("=") for item in rest.split(",") if item)
+    return {"memory": kind, **{k: int(v) if v.isdigit() else v for k, v in options.items()}}
+
+
+def load(path: str, memory: str, compute: str, ep: ExpertParallel | None, chunked: bool = False):
+    step = {"max_step_tokens": CHUNK} if chunked else {}
+    return strata.load(path, threads=1, n_ctx=128, max_batch=2, compute=compute, expert_parallel=ep,
+                       **memory_options(memory), **step)
+
+
+def record_loads() -> dict:
+    """Every (layer, expert) the host tier reads from the file ("loads") and the tiered memory is
+    asked to prefetch ("prefetches") in this process, in order (MODE "loads")."""
+    from strata.memory.host import HostTier
+    from strata.memory.tiered.memory import TieredExpertMemory
+
+    seen: dict = {"loads": [], "prefetches": []}
+    start, prefetch = HostTier._start, TieredExpertMemory.prefetch
+
+    def recording_start(self, layer, expert, *args, **kwargs):
+        seen["loads"].append((layer, expert))
+        return start(self, layer, expert, *args, **kwargs)
+
+    def recording_prefetch(self, layer, expert_ids, *args, **kwargs):
+        seen["prefetches"].extend((layer, e) for e in expert_ids)
+        return prefetch(self, layer, expert_ids, *args, **kwargs)
+
+    HostTier._start, TieredExpertMemory.prefetch = recording_start, recording_prefetch
+    return seen
+
+
+def from_flags(path: str, memory: str, compute: str) -> tuple:
+    """MODE "flags": this rank's group and model as `strata generate` makes them from its command
+    line, MEMORY being its memory flags ("--memory paged --host-mem 8M --rank-memory 1:host-mem=600K")."""
+    from strata.cli import build_parser
+    from strata.commands.common import expert_parallel, load_kwargs
+
+    args = build_parser().parse_args(["generate", path, "-p", "x", "--threads", "1", "--ctx", "128",
+                                      "--compute", compute, "--expert-parallel", *memory.split()])
+    ep = expert_parallel(args)
+    return ep, strata.load(path, max_batch=2, expert_parallel=ep, **load_kwargs(args))
 
 
 def results(model) -> dict:
@@ -37,8 +81,13 @@ def main() -> int:
     ep = ExpertParallel.from_env(timeout_s=float(os.environ.get("STRATA_EP_TIMEOUT", "20")))
     if mode == "mismatch":
         path = path.split(",")[min(rank, 1)]
+    loads = record_loads() if mode == "loads" else None
     try:
-        with load(path, memory, compute, ep) as model:
+        if mode == "flags":
+            ep, model = from_flags(path, memory, compute)
+        else:
+            model = load(path, memory, compute, ep, chunked=mode == "chunked")
+        with model:
             if mode in ("die", "hang") and rank == 1:
                 model.generate(PROMPT, temperature=0, max_tokens=2, stop_token_ids=())
                 if mode == "die":
@@ -46,6 +95,13 @@ def main() -> int:
                 time.sleep(3600)
             data = results(model)
             data["net"], data["tokens"] = ep.counters(), model.time_split()["tokens"]
+            if mode == "flags":
+                data["host_budget"] = model.memory.host.budget
+            if loads is not None:
+                plan = ep.plan(model.model_file)
+                owned = [[layer, e] for layer, owners in zip(plan.layers, plan.owners)
+                         for e, ranks in enumerate(owners) if rank in ranks]
+                data.update(loads, owned=owned, issued=int(model.memory_stats().totals()["prefetch_issued"]))
     except StrataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -69,6 +69,7 @@ class SlotLoads:
         self.prefetched = np.zeros(S, dtype=bool)
         self.error: list[BaseException | None] = [None] * S
         self.predicted = np.zeros((L, E), dtype=bool)
+        self.owned: np.ndarray | None = None  # [L, E] bool under expert parallelism: what may be predicted
         self._unpins: deque[tuple[int, int, int]] = deque()  # (slot, layer, expert): CUDA host pins to drop
         self._unpin_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -186,6 +187,9 @@ class SlotLoads:
         the experts whose probability pays for their read to both tiers and queue the loads the
         device policy admits."""
         li = prediction.layer
+        if self.owned is not None:  # another rank's experts are never this rank's to load
+            keep = self.owned[li, prediction.expert_ids]
+            prediction = Prediction(li, prediction.expert_ids[keep], prediction.probs[keep])
         with self.lock:
             self.predicted[li, prediction.expert_ids] = True
             if source is not None:

@@ -33,8 +33,9 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from strata import native
@@ -242,6 +243,14 @@ class TieredExpertMemory(ExpertMemory):
         if probs is None and src is not None:
             probs = [self.stats.prediction_score.calibrated(LOOK_AHEAD, li - src)] * len(expert_ids)
         self.loads.announce(announcement(li, expert_ids, probs), src, LOOK_AHEAD)
+
+    def restrict(self, owned: dict[int, Any]) -> None:
+        """Predictions (the look-ahead's and the co-occurrence predictor's) of experts not in
+        owned[layer] (bool [E]) are dropped before they are hinted or loaded."""
+        mask = np.ones(self.loads.predicted.shape, dtype=bool)  # [L, E]
+        for layer, row in owned.items():
+            mask[self._layer(layer)] = np.asarray(row, dtype=bool)
+        self.loads.owned = mask
 
     def close(self) -> None:
         self.loads.stop_thread()
