@@ -84,7 +84,7 @@ def test_perplexity_refuses_a_bad_kl_divergence_base(cli, qwen3, tmp_path, conte
 
 
 def test_last_resort_handler_prints_one_line_and_debug_shows_the_traceback(cli, qwen3, monkeypatch):
-    def broken(args, model):
+    def broken(*args):
         raise RuntimeError("simulated bug\nsecond line")
 
     monkeypatch.setattr(generate_cmd, "_run", broken)

@@ -31,7 +31,7 @@ def single(path, memory: str, compute: str, **engine) -> dict:
 @pytest.mark.parametrize("key, memory, compute, world", CASES)
 def test_ranks_equal_one_process(key, memory, compute, world, tmp_path):
     path = zoo().get(key).gguf(None)
-    _check_equal(single(path, memory, compute), run_ranks(world, path, tmp_path, memory, compute))
+    _check_equal(single(path, memory, compute), run_ranks(world, path, tmp_path, memory, compute), path, world)
 
 
 @pytest.mark.parametrize("memory, compute", [("direct", "float"), ("paged", "packed")])
@@ -40,10 +40,10 @@ def test_chunked_prefill_ranks_equal_one_process(memory, compute, tmp_path):
     assert len(PROMPT) > 2 * CHUNK
     path = zoo().get("qwen3moe").gguf(None)
     ref = single(path, memory, compute, max_step_tokens=CHUNK)
-    _check_equal(ref, run_ranks(2, path, tmp_path, memory, compute, mode="chunked"))
+    _check_equal(ref, run_ranks(2, path, tmp_path, memory, compute, mode="chunked"), path, 2)
 
 
-def _check_equal(ref: dict, ranks: list[dict]) -> None:
+def _check_equal(ref: dict, ranks: list[dict], path, world: int) -> None:
     for got in ranks:  # every rank holds the same tokens and logits
         assert got["greedy"] == ref["greedy"]
         assert got["batch"] == ref["batch"]
