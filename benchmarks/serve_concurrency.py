@@ -113,7 +113,11 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     t0, times, tokens = time.perf_counter(), [], None
-    with urllib.request.urlopen(request, timeout=3600) as response:
+    try:
+        response = urllib.request.urlopen(request, timeout=3600)
+    except urllib.error.HTTPError as exc:  # say what the server refused
+        raise SystemExit(f"serve_concurrency: {url} answered {exc.code}: {exc.read().decode(errors='replace')}") from None
+    with response:
         for raw in response:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
