@@ -42,6 +42,10 @@ class GroupError(StrataError):
 
 #: Seconds a collective waits for the other ranks before it fails (a dead or hung rank).
 DEFAULT_TIMEOUT_S = 60.0
+#: Seconds the ranks wait for each other while starting (rendezvous, the start-up check, the end of
+#: loading): ranks start and load at different speeds (a cold file on a slower disk), so start-up
+#: is not held to the step timeout.
+STARTUP_TIMEOUT_S = 900.0
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -65,8 +69,12 @@ class NetCounters:
 class ExpertParallel:
     """This process's rank of an initialised gloo group; `replicate_hot`: see `shard_plan`."""
 
-    def __init__(self, rank: int, world_size: int, replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, rank: int, world_size: int, replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 steps: object = None):
+        """`steps`: the process group of the steps' collectives, whose timeout is `timeout_s` (None:
+        the default group, as a test's hand-made group has)."""
         self.rank, self.world_size, self.replicate_hot, self.timeout_s = rank, world_size, replicate_hot, timeout_s
+        self.steps = steps
         self.net = NetCounters()
 
     @staticmethod
@@ -77,9 +85,16 @@ class ExpertParallel:
         if missing:
             raise StrataError(f"--expert-parallel: {', '.join(missing)} not set; launch with "
                               "torchrun --nproc-per-node N -m strata ... (or set them for each rank)")
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
-        return ExpertParallel(dist.get_rank(), dist.get_world_size(), replicate_hot, timeout_s)
+        startup = max(timeout_s, STARTUP_TIMEOUT_S)
+        try:
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=startup))
+            steps = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise StrataError(f"expert parallelism: rank {os.environ['RANK']} could not join the group at "
+                              f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {startup:g} s: {first}") from None
+        return ExpertParallel(dist.get_rank(), dist.get_world_size(), replicate_hot, timeout_s, steps)
 
     @property
     def collective_seconds(self) -> float:
@@ -102,7 +117,7 @@ class ExpertParallel:
         """Refuse, on every rank, a group whose ranks opened different files or made different plans."""
         mine = (file_checksum(mf), plan.checksum())
         every: list = [None] * self.world_size
-        with self._failing("the start-up check"):
+        with self._failing("the start-up check", STARTUP_TIMEOUT_S):
             dist.all_gather_object(every, mine)
         for r, (file_cs, plan_cs) in enumerate(every):
             if file_cs != every[0][0]:
@@ -112,12 +127,18 @@ class ExpertParallel:
                 raise StrataError(f"{mf.path}: rank {r}'s shard plan (checksum {plan_cs}) differs from rank 0's "
                                   f"({every[0][1]}): every rank needs the same --replicate-hot")
 
+    def ready(self) -> None:
+        """Wait, up to the start-up timeout, until every rank has loaded: the steps' collectives
+        then hold each other to the step timeout only."""
+        with self._failing("waiting for every rank to load", STARTUP_TIMEOUT_S):
+            dist.barrier()
+
     def combine(self, partial: torch.Tensor) -> torch.Tensor:
         """[T, D] partial sums of every rank, added in rank order: the same tensor on every rank."""
         t0 = time.perf_counter()
         parts = [torch.empty_like(partial) for _ in range(self.world_size)]
         with self._failing("a MoE layer's all-gather"):
-            dist.all_gather(parts, partial.contiguous())
+            dist.all_gather(parts, partial.contiguous(), group=self.steps)
         out = parts[0]
         for p in parts[1:]:
             out = out + p
@@ -132,7 +153,7 @@ class ExpertParallel:
         """Rank 0's picks of a step (token, log-probabilities) on every rank."""
         box = [picks if self.rank == 0 else None]
         with self._failing("the broadcast of rank 0's tokens"):
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.steps)
         size = 8 + len(pickle.dumps(box[0]))  # the payload and its int64 length, as broadcast_object_list sends them
         self.net.control_bytes += size * (self.world_size - 1) if self.rank == 0 else size
         return box[0]
@@ -141,35 +162,36 @@ class ExpertParallel:
         """Rank 0's `obj` on every rank (what the others pass is ignored)."""
         box = [obj if self.rank == 0 else None]
         with self._failing("a broadcast from rank 0"):
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=self.steps)
         return box[0]
 
     def gather(self, obj) -> list:
         """Every rank's `obj`, in rank order, on every rank."""
         every: list = [None] * self.world_size
         with self._failing("an all-gather of the ranks' settings"):
-            dist.all_gather_object(every, obj)
+            dist.all_gather_object(every, obj, group=self.steps)
         return every
 
     def heartbeat(self) -> None:
         """A one-number all-reduce: returns once every rank has answered (a broadcast alone would not
         notice a rank that hangs), raises GroupError after the timeout."""
         with self._failing("a heartbeat"):
-            dist.all_reduce(torch.zeros(1))
+            dist.all_reduce(torch.zeros(1), group=self.steps)
 
     @contextmanager
-    def _failing(self, what: str):
+    def _failing(self, what: str, timeout_s: float | None = None):
         """A collective's failure (a rank died, or did not answer within the timeout) as one line."""
         try:
             yield
         except RuntimeError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            wait = self.timeout_s if timeout_s is None else max(self.timeout_s, timeout_s)
             raise GroupError(f"expert parallelism: rank {self.rank} of {self.world_size}: {what} failed (another "
-                              f"rank died or did not answer within {self.timeout_s:g} s): {first}") from None
+                              f"rank died or did not answer within {wait:g} s): {first}") from None
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "ExpertParallel", "GroupError", "NetCounters"]
+__all__ = ["DEFAULT_TIMEOUT_S", "STARTUP_TIMEOUT_S", "ExpertParallel", "GroupError", "NetCounters"]

@@ -466,9 +466,12 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why,
                               shards=shards)
         cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache, kv_type)
-        return Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
-                     sampling=sampling, chat_template=chat_template,
-                     agree=None if expert_parallel is None else expert_parallel.agree)
+        model = Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
+                      sampling=sampling, chat_template=chat_template,
+                      agree=None if expert_parallel is None else expert_parallel.agree)
+        if expert_parallel is not None:
+            expert_parallel.ready()  # every rank loaded: from here the steps' timeout holds
+        return model
     except BaseException:
         _close_all(runner, mem, mf)
         raise

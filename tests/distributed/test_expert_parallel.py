@@ -70,7 +70,13 @@ def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> 
     model = f"{path},{zoo().get('olmoe').gguf(None)}" if mode == "mismatch" else str(path)
     procs = launch(world, [model, str(tmp_path / "rank{}.json"), "direct", "packed", mode],
                    STRATA_EP_TIMEOUT=timeout_s)
-    return wait_all(procs[:1], timeout=240) + [(None, "")] * (world - 1)  # the others are killed by wait_all
+    try:
+        return wait_all(procs[:1], timeout=240) + [(None, "")] * (world - 1)
+    finally:  # the other ranks (one asleep for an hour in "hang") never outlive the test
+        for p in procs[1:]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path):
@@ -81,6 +87,16 @@ def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path):
 def test_a_rank_that_hangs_is_an_error_on_rank_0_within_the_timeout(tmp_path):
     (code, err), *_ = _failing_run(tmp_path, "hang", timeout_s="5")
     assert code == 1 and "did not answer within 5 s" in err
+
+
+def test_a_rank_slower_to_start_than_the_step_timeout_is_waited_for(tmp_path):
+    """Start-up (rendezvous, the start-up check, loading) waits up to STARTUP_TIMEOUT_S: a rank that
+    joins and loads 6 s late under a 3 s step timeout is not a failure."""
+    path = zoo().get("qwen3moe").gguf(None)
+    procs = launch(2, [str(path), str(tmp_path / "rank{}.json"), "direct", "packed", "run"],
+                   STRATA_EP_TIMEOUT="3", STRATA_TEST_LATE_S="6")
+    codes = wait_all(procs, timeout=240)
+    assert all(c == 0 for c, _ in codes), [e[-2000:] for _, e in codes]
 
 
 def test_ranks_on_different_files_are_refused(tmp_path):

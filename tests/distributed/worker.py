@@ -78,7 +78,10 @@ def main() -> int:
     path, out, memory, compute, mode = sys.argv[1:6]
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    late = float(os.environ.get("STRATA_TEST_LATE_S", "0")) if rank == 1 else 0.0  # a slow rank's start
+    time.sleep(late)
     ep = ExpertParallel.from_env(timeout_s=float(os.environ.get("STRATA_EP_TIMEOUT", "20")))
+    time.sleep(late)
     if mode == "mismatch":
         path = path.split(",")[min(rank, 1)]
     loads = record_loads() if mode == "loads" else None
