@@ -220,7 +220,7 @@ def add_expert_parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicate-hot", type=int, default=0, metavar="N",
                    help="hold each layer's N hottest experts (by the file's routing statistics) on every rank")
     g.add_argument("--ep-timeout", type=float, default=None, metavar="S",
-                   help="seconds a rank waits for the others before failing (a rank died or hangs; default 60)")
+                   help="seconds a rank waits for the others during a step before failing (a rank died or hangs; default 60; start-up waits up to 900)")
     g.add_argument("--rank-memory", action="append", default=[], metavar="R:KEY=VALUE[,KEY=VALUE]",
                    help="memory flags for rank R only (a rank number, or a host name: its ranks), e.g. "
                         "1:host-mem=48G,prefetch-depth=2; KEY: memory, device-mem, host-mem, prefetch-depth, slot-form, "
