@@ -104,6 +104,9 @@ class Converter:
     chunk_rows = 8192
     #: llama.cpp's graph reads `{arch}.expert_weights_norm` (no fixed value to warn about).
     llama_cpp_reads_weights_norm = False
+    #: The architecture has dense FFN layers, so `write_sizes` writes `{arch}.feed_forward_length`.
+    dense_ffn_key = True
+
     def __init__(self, ckpt: Checkpoint, arch: Arch):
         self.ckpt, self.cfg, self.arch = ckpt, ckpt.config, arch
         self.hp = self.read_hparams()
@@ -180,7 +183,8 @@ class Converter:
         w.add_context_length(hp.n_ctx)
         w.add_embedding_length(hp.n_embd)
         w.add_block_count(hp.n_layers)
-        w.add_feed_forward_length(hp.n_ff)
+        if self.dense_ffn_key:
+            w.add_feed_forward_length(hp.n_ff)
         w.add_head_count(hp.n_heads)
         w.add_head_count_kv(hp.n_kv_heads)
         w.add_rope_freq_base(hp.rope_theta)

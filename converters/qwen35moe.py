@@ -32,6 +32,7 @@ _BY_VALUE_HEAD = (MT.ATTN_QKV, MT.ATTN_GATE, MT.SSM_BETA, MT.SSM_ALPHA, MT.SSM_A
 
 
 class Qwen35MoeConverter(Qwen3NextConverter):
+    dense_ffn_key = False  # no dense FFN: llama.cpp reads no feed_forward_length
 
     def read_hparams(self):
         self.cfg.setdefault("intermediate_size", 0)  # no dense FFN: nothing reads feed_forward_length
@@ -42,16 +43,6 @@ class Qwen35MoeConverter(Qwen3NextConverter):
                                   "non-negative integers")
         self.sections = list(sections) + [0] * (4 - len(sections))
         return hp
-
-    def write_sizes(self, w: gguf.GGUFWriter) -> None:
-        hp = self.hp
-        w.add_context_length(hp.n_ctx)
-        w.add_embedding_length(hp.n_embd)
-        w.add_block_count(hp.n_layers)
-        w.add_head_count(hp.n_heads)
-        w.add_head_count_kv(hp.n_kv_heads)
-        w.add_rope_freq_base(hp.rope_theta)
-        w.add_layer_norm_rms_eps(hp.rms_eps)
 
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
         super().write_metadata(w)
