@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     from strata.commands.bench import normalize_argv
 
     args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
-    return run_guarded(args.func, args, interrupted=getattr(args, "interrupted", "strata: interrupted"))
+    code = run_guarded(args.func, args, interrupted=getattr(args, "interrupted", "strata: interrupted"))
+    group = sys.modules.get("strata.distributed.group")  # imported only by expert-parallel runs
+    if group is not None:
+        group.exit_if_broken(code)  # a broken group's teardown would abort the process
+    return code
 
 
 if __name__ == "__main__":

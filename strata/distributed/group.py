@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -76,6 +77,7 @@ class ExpertParallel:
         self.rank, self.world_size, self.replicate_hot, self.timeout_s = rank, world_size, replicate_hot, timeout_s
         self.steps = steps
         self.net = NetCounters()
+        self.broken = False  # a collective failed: the group cannot go on, nor be torn down cleanly
 
     @staticmethod
     def from_env(replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> ExpertParallel:
@@ -184,14 +186,35 @@ class ExpertParallel:
         try:
             yield
         except RuntimeError as e:
+            self.broken = True
+            _BROKEN.append(self.rank)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             wait = self.timeout_s if timeout_s is None else max(self.timeout_s, timeout_s)
             raise GroupError(f"expert parallelism: rank {self.rank} of {self.world_size}: {what} failed (another "
                               f"rank died or did not answer within {wait:g} s): {first}") from None
 
     def close(self) -> None:
-        if dist.is_initialized():
+        """Leave the group. A broken one is left as it is: tearing it down waits on (or aborts in) the
+        transfers still pending to a rank that hangs; `exit_if_broken` ends such a process."""
+        if dist.is_initialized() and not self.broken:
             dist.destroy_process_group()
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "STARTUP_TIMEOUT_S", "ExpertParallel", "GroupError", "NetCounters"]
+_BROKEN: list[int] = []  # the ranks of this process's groups that broke
+
+
+def exit_if_broken(code: int) -> None:
+    """End the process now with `code` (its output flushed) if one of its groups broke; else return.
+    Python's own exit would run gloo's destructors, which abort the process (SIGABRT, \"terminate
+    called without an active exception\") while a send to a hung rank is pending, so the exit status
+    would be -6 instead of the error's 1."""
+    if _BROKEN:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "STARTUP_TIMEOUT_S", "ExpertParallel", "GroupError", "NetCounters", "exit_if_broken"]

@@ -15,6 +15,7 @@ import torch
 import strata
 from strata.errors import StrataError
 from strata.distributed import ExpertParallel
+from strata.distributed.group import exit_if_broken
 
 PROMPT = [5, 17, 42, 9, 33, 71, 8, 12]
 OTHER = [3, 44, 19, 27, 60]
@@ -107,10 +108,10 @@ def main() -> int:
                 data.update(loads, owned=owned, issued=int(model.memory_stats().totals()["prefetch_issued"]))
     except StrataError as e:
         print(f"error: {e}", file=sys.stderr)
+        ep.close()
+        exit_if_broken(1)  # as `strata` ends a rank whose group broke
         return 1
-    finally:
-        if mode != "hang":
-            ep.close()
+    ep.close()
     with open(out.format(rank), "w") as f:
         json.dump(data, f)
     return 0
