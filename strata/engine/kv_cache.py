@@ -18,7 +18,11 @@ blocks' hashes are registered takes those blocks into its table (`match`) and st
 after them. Blocks are refcounted: a block held by no table but registered stays cached
 (evictable) until allocation needs room, then the least recently released goes first. Only full,
 computed blocks are shared and a sequence writes only positions past its cached ones, so a
-shared block is never written.
+shared block is never written. Reuse goes on token by token past the whole blocks (llama-server's
+prompt cache matches so): a sequence that ends keeps its last, partly filled block as a cached
+tail (`keep_tail`), and a new sequence copies the positions that a cached block after its matched
+prefix (whole, or a tail) shares with its next tokens into a block of its own (`match_partial`), so
+a repeated prompt or the next turn of a chat computes only what is new.
 
 Forks (the n choices of one request): once the first choice's prompt is computed, each other
 choice's table takes that prompt's whole blocks (refcounted, as above) and a copy of its partial
@@ -120,8 +124,12 @@ class BlockTables:
         self.tables: dict[int, list[int]] = {}  # slot -> its blocks, in position order
         self.prefix_cache = prefix_cache
         self._refs = [0] * self.n_blocks  # tables holding each block
-        self._cached: dict[bytes, int] = {}  # content hash -> block
-        self._hash_of: dict[int, bytes] = {}  # block -> its content hash (registered blocks only)
+        self._cached: dict[bytes, int] = {}  # content hash -> block (full blocks)
+        self._hash_of: dict[int, bytes] = {}  # block -> its content hash (registered full blocks only)
+        # every registered block, full or a tail: block -> (its prefix's hash, its tokens), and the
+        # blocks after each prefix by their first token (what `match_partial` searches)
+        self._entry: dict[int, tuple[bytes, tuple[int, ...]]] = {}
+        self._children: dict[tuple[bytes, int], set[int]] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by no table: LRU first
         self.n_queried = 0  # prompt tokens looked up in the prefix cache since start
         self.n_hit = 0  # of which found cached
@@ -184,9 +192,24 @@ class BlockTables:
             block = self._free_blocks.pop()
         else:
             block, _ = self._evictable.popitem(last=False)
-            del self._cached[self._hash_of.pop(block)]
+            self._forget(block)
         self._refs[block] = 1
         return block
+
+    def _register(self, block: int, parent: bytes, token_ids: Seq[int]) -> None:
+        self._entry[block] = (parent, tuple(token_ids))
+        self._children.setdefault((parent, token_ids[0]), set()).add(block)
+
+    def _forget(self, block: int) -> None:
+        """Unregister a cached block (evicted, or the cache cleared)."""
+        parent, tokens = self._entry.pop(block)
+        key = (parent, tokens[0])
+        self._children[key].discard(block)
+        if not self._children[key]:
+            del self._children[key]
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._cached[h]
 
     def match(self, slot: int, hashes: Seq[bytes]) -> int:
         """Put the cached blocks of the longest registered prefix of `hashes` (a sequence's full
@@ -204,6 +227,51 @@ class BlockTables:
             self._refs[block] += 1
             table.append(block)
         return len(table)
+
+    def match_partial(self, slot: int, parent: bytes, token_ids: Seq[int]) -> int:
+        """After `match`: the longest run m >= 1 of `token_ids` (at most one block's worth: the
+        positions after the prefix whose hash is `parent`, b"" for none) that a registered block
+        after that prefix starts with, a full block or a tail (`keep_tail`). Its first m positions
+        are copied into a new last block of `slot`'s table (the sequence writes on after them, so
+        the registered block is not written); returns m, 0 when none matches or no block is free."""
+        if not self.prefix_cache or not token_ids:
+            return 0
+        best, m = None, 0
+        for block in self._children.get((parent, token_ids[0]), ()):
+            tokens = self._entry[block][1]
+            n = next((i for i, (a, b) in enumerate(zip(tokens, token_ids)) if a != b), min(len(tokens), len(token_ids)))
+            if n > m:
+                best, m = block, n
+        if best is None:
+            return 0
+        pinned = best in self._evictable  # its copy must not evict it
+        if pinned:
+            del self._evictable[best]
+        try:
+            if not self.n_free_blocks:
+                return 0
+            self.table(slot).append(self._take())
+            self.copy_block(best, self.table(slot)[-1], m)
+        finally:
+            if pinned:
+                self._evictable[best] = None  # released again, as the most recently used
+        return m
+
+    def keep_tail(self, slot: int, parent: bytes, token_ids: Seq[int]) -> None:
+        """Before `slot` is freed: keep its last block, partly filled with the computed positions of
+        `token_ids` after the prefix whose hash is `parent`, as a cached tail (evictable once freed),
+        so a later prompt that goes on the same way starts after them (`match_partial`). Not kept:
+        a block another table shares, or tokens a registered block already starts with."""
+        table = self.table(slot)
+        if not self.prefix_cache or not table or not 0 < len(token_ids) < self.block_size:
+            return
+        block = table[-1]
+        if block in self._entry or self._refs[block] != 1:
+            return
+        for other in self._children.get((parent, token_ids[0]), ()):
+            if self._entry[other][1][:len(token_ids)] == tuple(token_ids):
+                return
+        self._register(block, parent, token_ids)
 
     def fork(self, src: int, dst: int, n_positions: int) -> bool:
         """Give `dst`'s empty table the first `n_positions` positions of `src`'s: its whole blocks
@@ -229,16 +297,19 @@ class BlockTables:
         """Copy the first `n_positions` positions of a block into another (bookkeeping has no data:
         `KVCache` copies its keys and values)."""
 
-    def commit(self, slot: int, hashes: Seq[bytes], start: int = 0) -> None:
-        """Register `slot`'s blocks start..len(hashes)-1 (full and computed) under their content
-        hashes (`hashes[i]`: block i's). A block already registered, or whose hash names another
-        block (two sequences computed the same prefix at once), is left as it is."""
+    def commit(self, slot: int, hashes: Seq[bytes], token_ids: Seq[int], start: int = 0) -> None:
+        """Register `slot`'s blocks start..len(hashes)-1 (full and computed: positions of
+        `token_ids`) under their content hashes (`hashes[i]`: block i's). A block already
+        registered, or whose hash names another block (two sequences computed the same prefix at
+        once), is left as it is."""
         if not self.prefix_cache:
             return
-        table = self.table(slot)
-        for block, h in zip(table[start:len(hashes)], hashes[start:]):
-            if block not in self._hash_of and h not in self._cached:
+        table, P = self.table(slot), self.block_size
+        for i in range(start, len(hashes)):
+            block, h = table[i], hashes[i]
+            if block not in self._entry and h not in self._cached:
                 self._cached[h], self._hash_of[block] = block, h
+                self._register(block, hashes[i - 1] if i else b"", token_ids[i * P:(i + 1) * P])
 
     def free(self, slot: int) -> None:
         """Give back the slot and every block it holds."""
@@ -257,7 +328,7 @@ class BlockTables:
             self._refs[block] -= 1
             if self._refs[block]:
                 continue
-            if block in self._hash_of:
+            if block in self._entry:
                 self._evictable[block] = None
             else:
                 self._free_blocks.append(block)
@@ -266,7 +337,7 @@ class BlockTables:
     def clear_cache(self) -> None:
         """Forget every cached block no table holds (they become free)."""
         for block in self._evictable:
-            del self._cached[self._hash_of.pop(block)]
+            self._forget(block)
             self._free_blocks.append(block)
         self._evictable.clear()
 

@@ -162,14 +162,26 @@ class Scheduler:
         return work
 
     def _match(self, seq: Sequence) -> None:
-        """Start `seq` (just given an empty table) after its longest cached prefix of whole blocks,
-        short of its last token: that one is computed for the logits the next token comes from."""
+        """Start `seq` (just given an empty table) after its longest cached prefix: whole blocks
+        shared, then the positions a cached block after them starts with (copied), short of its
+        last token: that one is computed for the logits the next token comes from."""
         if not self.blocks.prefix_cache:
             return
-        ids = seq.all_ids
-        hashes = block_hashes(ids, (len(ids) - 1) // self.blocks.block_size, seq.block_hashes, self.blocks.block_size)
-        seq.n_committed = self.blocks.match(seq.slot, hashes)
-        seq.n_cached = seq.n_committed * self.blocks.block_size
+        ids, P = seq.all_ids, self.blocks.block_size
+        hashes = block_hashes(ids, (len(ids) - 1) // P, seq.block_hashes, P)
+        k = seq.n_committed = self.blocks.match(seq.slot, hashes)
+        partial = self.blocks.match_partial(seq.slot, hashes[k - 1] if k else b"", ids[k * P:min((k + 1) * P, len(ids) - 1)])
+        seq.n_cached = k * P + partial
+
+    def _free(self, seq: Sequence) -> None:
+        """Give back `seq`'s slot and blocks, its computed positions in its last, partly filled block
+        kept as a cached tail for a prompt that goes on the same way (a repeated prompt, the next turn)."""
+        P = self.blocks.block_size
+        n_full, n_tail = divmod(seq.n_cached, P)
+        if n_tail and self.blocks.prefix_cache:
+            hashes = block_hashes(seq.all_ids, n_full, seq.block_hashes, P)
+            self.blocks.keep_tail(seq.slot, hashes[n_full - 1] if n_full else b"", seq.all_ids[n_full * P:seq.n_cached])
+        self.blocks.free(seq.slot)
 
     def _count_hits(self, seq: Sequence) -> None:
         if seq.n_prompt_cached is None:  # the first admission (not one after a preemption)
@@ -182,7 +194,7 @@ class Scheduler:
         n_full = seq.n_cached // self.blocks.block_size
         if n_full > seq.n_committed and self.blocks.prefix_cache:
             hashes = block_hashes(seq.all_ids, n_full, seq.block_hashes, self.blocks.block_size)
-            self.blocks.commit(seq.slot, hashes[:n_full], seq.n_committed)
+            self.blocks.commit(seq.slot, hashes[:n_full], seq.all_ids, seq.n_committed)
             seq.n_committed = n_full
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
@@ -201,7 +213,7 @@ class Scheduler:
         """Take `seq` out of the running batch and give back its blocks; it waits at the front of
         the queue and is prefilled again (prompt and output so far) when it is admitted."""
         self.running.remove(seq)
-        self.blocks.free(seq.slot)
+        self._free(seq)
         seq.slot, seq.n_cached, seq.n_committed = None, 0, 0
         self.waiting.appendleft(seq)
         self.n_preempted += 1
@@ -209,7 +221,7 @@ class Scheduler:
     def retire(self, seq: Sequence) -> None:
         """A running sequence ended: its slot and blocks go back at once."""
         self.running.remove(seq)
-        self.blocks.free(seq.slot)
+        self._free(seq)
         seq.slot = None
 
     def cancel(self, seq: Sequence) -> None:

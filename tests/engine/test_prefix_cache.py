@@ -28,7 +28,7 @@ def _filled(bt: BlockTables, ids: list[int]) -> int:
     """A slot holding `ids` (whole blocks), its blocks registered as a finished prefill leaves them."""
     slot = bt.allocate()
     assert bt.reserve(slot, len(ids))
-    bt.commit(slot, _hashes(ids))
+    bt.commit(slot, _hashes(ids), ids)
     return slot
 
 
@@ -97,13 +97,18 @@ class StrictFakeModel:
     def __init__(self, sched: Scheduler, vocab: int = 97):
         self.sched, self.blocks, self.vocab = sched, sched.blocks, vocab
         self.pool = POOLS.setdefault(id(sched.blocks), {})
+        self.blocks.copy_block = self.copy_block
+
+    def copy_block(self, src: int, dst: int, n: int) -> None:
+        for p in range(n):
+            self.pool[dst, p] = self.pool[src, p]
 
     def step(self, work):
         for seq, n in work:
             table = self.blocks.table(seq.slot)
             for p in range(seq.n_cached, seq.n_cached + n):
                 block = table[p // P]
-                assert self.blocks._refs[block] == 1 and block not in self.blocks._hash_of, "a shared block written"
+                assert self.blocks._refs[block] == 1 and block not in self.blocks._entry, "a shared or cached block written"
                 self.pool[block, p % P] = seq.all_ids[p]
             seq.n_cached += n
             self.sched.computed(seq)
@@ -138,7 +143,9 @@ def test_concurrent_sequences_share_a_system_prompt_and_give_their_outputs_alone
     first = _run(sched, [_seq(0, prompts[0])])  # computes and registers the system prompt's 6 full blocks
     seqs = [_seq(i, p) for i, p in enumerate(prompts)]
     together = _run(sched, seqs)  # admitted over several steps, all sharing those blocks
-    assert [s.n_prompt_cached for s in seqs] == [96] * 8 and bt.n_hit >= 8 * 96
+    # the system prompt's 6 whole blocks shared and its last 4 tokens copied from the first run's
+    # tail; the first prompt again: all but its last token
+    assert seqs[0].n_prompt_cached == len(prompts[0]) - 1 and min(s.n_prompt_cached for s in seqs) >= 100
     alone = [_run(Scheduler(BlockTables(1, 256, block_size=P, prefix_cache=False)), [_seq(i, p)])[0]
              for i, p in enumerate(prompts)]
     assert together == alone and first[0] == alone[0]
@@ -153,7 +160,10 @@ def test_a_whole_cached_prompt_still_computes_its_last_token():
     again = _seq(1, ids, max_tokens=1)
     sched.add(again)
     work = sched.schedule()
-    assert [(s.seq_id, n) for s, n in work] == [(1, 16)] and again.n_cached == 32  # the last block is recomputed
+    # two blocks shared, 15 positions of the third copied (it is registered: the new sequence writes its own)
+    assert [(s.seq_id, n) for s, n in work] == [(1, 1)] and again.n_cached == 47
+    assert bt.table(again.slot)[:2] == [bt._cached[h] for h in again.block_hashes[:2]]
+    assert bt.table(again.slot)[2] not in bt._entry
 
 
 def test_cancelled_sequences_release_their_references():
@@ -197,6 +207,52 @@ def test_no_block_leaks_under_random_sharing_preemption_and_cancellation():
     assert bt.n_used_blocks == 0 and bt.n_free_blocks == 20 and sched.n_preempted > 0 and bt.n_hit > 0
 
 
+def _finish(sched: Scheduler, work) -> None:
+    model = StrictFakeModel(sched)
+    model.step(work)
+    while sched.busy:
+        model.step(sched.schedule())
+
+
+def test_a_prompt_that_goes_on_mid_block_copies_the_positions_it_shares():
+    """Token-granular reuse, as llama-server's prompt cache has: the positions a cached block
+    (a whole one, or the tail a finished sequence left) starts with are copied, not recomputed,
+    and the outputs are those of a cache that is off."""
+    bt = BlockTables(n_slots=2, n_ctx=128, block_size=P)
+    sched = Scheduler(bt)
+    a = list(range(1, 49))
+    (out,) = _run(sched, [_seq(0, a, max_tokens=3)])  # 48 + 2 outputs computed: 3 whole blocks, a tail of 2
+    b = _seq(1, a[:40] + [90, 91, 92])  # goes another way 8 tokens into the third block
+    c = _seq(2, a + out[:2] + [77])  # goes on after the tail
+    for seq, cached in ((b, 40), (c, 50)):
+        sched.add(seq)
+        work = sched.schedule()
+        assert seq.n_cached == cached and [(s.seq_id, n) for s, n in work] == [(seq.seq_id, len(seq.all_ids) - cached)]
+        _finish(sched, work)
+        alone = _run(Scheduler(BlockTables(1, 128, block_size=P, prefix_cache=False)), [_seq(seq.seq_id, seq.prompt_ids)])
+        assert seq.output_ids == alone[0]
+    assert bt.n_used_blocks == 0
+
+
+def test_a_kept_tail_is_evicted_before_its_prefix_and_not_copied_without_a_free_block():
+    bt = BlockTables(n_slots=3, n_ctx=64, n_blocks=4, block_size=P)
+    ids = list(range(1, 41))  # 2 whole blocks and a tail of 8 + 1 output computed
+    _run(Scheduler(bt), [_seq(0, ids, max_tokens=2)])
+    assert bt.n_cached_blocks == 2 and len(bt._entry) == 3 and bt.n_free_blocks == 4
+    hold = bt.allocate()
+    assert bt.reserve(hold, 16)  # the free block
+    probe, hashes = bt.allocate(), _hashes(ids[:32])
+    assert bt.match(probe, hashes) == 2
+    assert bt.match_partial(probe, hashes[1], ids[32:39]) == 0  # the only block to take is the tail itself
+    assert len(bt._entry) == 3 and len(bt.table(probe)) == 2
+    bt.free(hold)
+    assert bt.match_partial(probe, hashes[1], ids[32:39]) == 7 and len(bt.table(probe)) == 3
+    bt.free(probe)
+    hold = bt.allocate()
+    assert bt.reserve(hold, 48)  # evicts least recently used first: the tail, then the second block
+    assert list(bt._entry) == [bt._cached[hashes[0]]]
+
+
 # ---- a real model ----
 
 def _ids(vocab: int, n: int, seed: int) -> list[int]:
@@ -233,11 +289,11 @@ def test_a_cached_prefix_gives_the_logits_and_tokens_of_a_full_prefill(key, comp
         assert first.cached_tokens == 0
         cached, start = _last_logits(on, turn2)
         full, start_off = _last_logits(off, turn2)
-        assert (start, start_off) == (80, 0)  # five whole blocks of turn 1 were not prefilled again
+        assert (start, start_off) == (90, 0)  # turn 1's five whole blocks and the 10 prompt positions after them
         span = float(full.max() - full.min())
         torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * span)
         again = on.generate(turn2, max_tokens=8, temperature=0, stop_token_ids=())
-        assert again.cached_tokens == 112 and again.token_ids == off.generate(turn2, max_tokens=8,
+        assert again.cached_tokens == 119 and again.token_ids == off.generate(turn2, max_tokens=8,
                                                                               temperature=0, stop_token_ids=()).token_ids
         assert on.cache.n_used_blocks == 0 and on.cache.n_cached_blocks > 0 and off.cache.n_cached_blocks == 0
 
@@ -253,4 +309,4 @@ def test_a_tiny_kv_budget_evicts_and_outputs_stay_the_same():
             assert got.token_ids == off.generate(p, max_tokens=8, temperature=0, stop_token_ids=()).token_ids, i
             assert got.cached_tokens == 0  # each prompt's blocks were evicted by the next ones
         repeat = on.generate(prompts[-1], max_tokens=8, temperature=0, stop_token_ids=())
-        assert repeat.cached_tokens == 64 and on.cache.n_free_blocks == 8
+        assert repeat.cached_tokens == 69 and on.cache.n_free_blocks == 8  # all but the last token
