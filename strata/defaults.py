@@ -39,6 +39,11 @@ DEFAULT_CTX = 4096
 KV_BLOCK_SIZE = 16
 #: The KV cache's element types (`--kv-type`): floats, or Q8_0 blocks as llama.cpp's
 #: `--cache-type-k/v q8_0`. None (the default): the compute dtype, float32 on the CPU.
+#: The prefix cache's room beyond the running sequences' KV blocks under `--cache-ram auto` (the
+#: server's default): llama-server's default prompt cache (`--cache-ram 8192` MiB), at most
+#: CACHE_RAM_SHARE of the RAM available at start.
+DEFAULT_CACHE_RAM = 8 << 30
+CACHE_RAM_SHARE = 1 / 8
 KV_TYPES = ("f32", "f16", "bf16", "q8_0")
 DEFAULT_KV_TYPE = None
 #: Share of available memory the CPU device tier takes by default.
@@ -48,4 +53,4 @@ DEFAULT_HOST_FRACTION = 0.25
 
 __all__ = ["CONVERT_OUTTYPES", "CONVERT_TYPES", "DEFAULT_ATTN_TYPE", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_CTX",
            "DEFAULT_EXPERTS_TYPE", "DEFAULT_HOST_FRACTION", "DEFAULT_PAGER_THREADS", "DEFAULT_PREFETCH_DEPTH",
-           "DEFAULT_PREFETCH_MARGIN", "DEFAULT_KV_TYPE", "KV_BLOCK_SIZE", "KV_TYPES", "MAX_STEP_TOKENS", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]
+           "DEFAULT_PREFETCH_MARGIN", "DEFAULT_KV_TYPE", "DEFAULT_CACHE_RAM", "CACHE_RAM_SHARE", "KV_BLOCK_SIZE", "KV_TYPES", "MAX_STEP_TOKENS", "REPLAY_PREFETCH_MARGIN", "SAMPLING_DEFAULTS"]

@@ -281,7 +281,7 @@ def load_model(args: argparse.Namespace, max_batch: int = 1, ep=None):
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     """`strata.load`'s keyword arguments from the shared model and memory options."""
-    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks", "kv_type")
+    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks", "kv_type", "cache_ram")
               if getattr(args, k, None) is not None}
     template = chat_template(args)
     if template is not None:

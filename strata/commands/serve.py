@@ -132,6 +132,10 @@ def add_parser(subparsers) -> None:
     g.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt whole (default: KV blocks of a prompt prefix seen before, such as a "
                         "system prompt or earlier chat turns, are shared by content hash and not prefilled again)")
+    g.add_argument("--cache-ram", default="auto", metavar="SIZE",
+                   help="KV room for the prefix cache beyond the running requests' (as llama-server's --cache-ram), "
+                        "so prompts stay cached while others run: a size such as 2G, 0 for none, or auto: 8G, at "
+                        "most an eighth of the available RAM, on the CPU (none on CUDA). Default auto")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level (default info; debug also logs every request)")
     add_expert_parallel_args(p)

@@ -33,10 +33,10 @@ from strata.runtime import Runner, RuntimePlan
 from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
 
-from .build import MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for
+from .build import MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for, prefix_cache_blocks
 from .config import MemoryConfig, check_engine
 from .engine import Engine
-from .kv_cache import KVCache
+from .kv_cache import KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
 from .perplexity import ChunkDone, PerplexityResult, perplexity
 from .grammar import Vocabulary, is_built, vocabulary
@@ -397,8 +397,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
          kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
-         prefix_cache: bool = True, kv_type: str | None = DEFAULT_KV_TYPE, expert_parallel: Any = None,
-         **memory_options: Any) -> Model:
+         prefix_cache: bool = True, cache_ram: int | str | None = None, kv_type: str | None = DEFAULT_KV_TYPE,
+         expert_parallel: Any = None, **memory_options: Any) -> Model:
     """Load the GGUF model at `path` for inference.
 
     device: "cpu", "cuda" or "cuda:N". dtype: compute dtype ("float32", "bfloat16", "float16";
@@ -412,6 +412,10 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     batch (None: unbounded; past it `Engine.add` raises EngineFull). prefix_cache: share the KV
     blocks of a prompt prefix computed before (a system prompt, the earlier turns of a chat)
     across requests by content hash, so they are not prefilled again (`strata.engine.kv_cache`).
+    cache_ram: room for the prefix cache beyond the sequences' blocks, added to the pool, so prompts
+    stay cached while other requests run (llama-server's --cache-ram): bytes or a size ("2G"),
+    "auto" (8 GiB, at most an eighth of the available RAM, on the CPU; none on CUDA), or None/0.
+    On the CPU the pool's pages are taken as blocks are first used.
     kv_type: the KV cache's element type: "f32", "f16", "bf16", or "q8_0" (rows of Q8_0 blocks as
     llama.cpp's `--cache-type-k/v q8_0`: 34 bytes per 32 values, read natively by the CPU's decode
     attention); None: the compute dtype.
@@ -460,12 +464,14 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
-        kv = kv_bytes(mf, dev, dt, ctx, max_batch, kv_blocks, machine, kv_type)
+        extra = prefix_cache_blocks(mf, dev, dt, cache_ram, kv_type, machine, prefix_cache)
+        pool = (kv_blocks or max_batch * blocks_for(ctx)) + extra if extra else kv_blocks
+        kv = kv_bytes(mf, dev, dt, ctx, max_batch, pool, machine, kv_type)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
         shards = None if expert_parallel is None else expert_parallel.shards(mf)  # refuses mismatched ranks
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why,
                               shards=shards)
-        cache = kv_cache(mf, dev, dt, ctx, max_batch, kv_blocks, kv, prefix_cache, kv_type)
+        cache = kv_cache(mf, dev, dt, ctx, max_batch, pool, kv, prefix_cache, kv_type)
         model = Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                       sampling=sampling, chat_template=chat_template,
                       agree=None if expert_parallel is None else expert_parallel.agree)

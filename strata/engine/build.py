@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 import torch
 
+from strata.defaults import CACHE_RAM_SHARE, DEFAULT_CACHE_RAM
 from strata.errors import ContextWarning, StrataArgumentError, StrataError
 from strata.gguf import ModelFile
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import paged_budget, resident_bytes
+from strata.memory.budget import BudgetError, paged_budget, parse_bytes, resident_bytes
 from strata.memory.machine import Machine
 from strata.memory.paged import PagedExpertMemory
 from strata.memory.tiered import TieredExpertMemory
@@ -111,6 +112,29 @@ def kv_bytes(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
     return n
 
 
+def prefix_cache_blocks(mf: ModelFile, dev: torch.device, dt: torch.dtype, cache_ram: int | str | None,
+                        kv_type: str | None, machine: Machine, prefix_cache: bool) -> int:
+    """KV blocks added to the pool beyond the sequences' for the prefix cache to keep prompts in
+    (blocks no sequence holds stay cached until allocation needs them): `cache_ram` bytes' worth
+    (an int or a size such as "2G"; 0 or None: none; "auto": DEFAULT_CACHE_RAM, at most
+    CACHE_RAM_SHARE of the RAM available, and none on CUDA, whose memory the experts need). None
+    without a prefix cache, or for a model with recurrent layers (their state cannot be cached)."""
+    if cache_ram in (None, 0, "0") or not prefix_cache or cache_states(mf.hparams):
+        return 0
+    if cache_ram == "auto":
+        if dev.type != "cpu":
+            return 0
+        n = min(DEFAULT_CACHE_RAM, int(machine.ram[1] * CACHE_RAM_SHARE))
+    else:
+        try:
+            n = parse_bytes(cache_ram, "cache_ram (--cache-ram)")
+        except BudgetError as e:
+            raise StrataArgumentError(f"{e}, or 0 or auto") from None
+    per_block = KVCache.bytes_for(mf.hparams.n_layers, 1, BLOCK_SIZE, *cache_dims(mf.hparams), dt, n_blocks=1,
+                                  kv_type=kv_type)
+    return n // per_block
+
+
 def kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_batch: int, kv_blocks: int | None,
              n_bytes: int, prefix_cache: bool = True, kv_type: str | None = None) -> KVCache:
     hp = mf.hparams
@@ -123,5 +147,6 @@ def kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
                           ) from None
 
 
-__all__ = ["MemoryFactory", "expert_memory", "kv_bytes", "kv_cache", "memory_config_for", "ram_budget",
+__all__ = ["MemoryFactory", "expert_memory", "kv_bytes", "kv_cache", "memory_config_for", "prefix_cache_blocks",
+           "ram_budget",
            "reserved_bytes"]

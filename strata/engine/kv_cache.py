@@ -356,18 +356,35 @@ class KVCache(BlockTables):
         store, (row_k, row_v) = kv_storage(kv_type, dtype, widths)
         self.states = dict(states or {})  # layer -> (conv, ssm) state shapes of one sequence
 
+        # On the CPU the pool is left unwritten, so the OS gives its pages as blocks are first used
+        # (a large prefix-cache budget costs nothing until it fills), and each block is zeroed when
+        # first taken: attention may read the unwritten positions of a block (masked), never garbage.
+        lazy = torch.device(device).type == "cpu"
+        self._unused = bytearray(b"\1" * N) if lazy else bytearray(N)  # blocks never taken yet
+        blank = torch.empty if lazy else torch.zeros
+
         def pair(i: int) -> tuple[torch.Tensor, torch.Tensor]:
             if i in self.states:  # per slot, float32 whatever the KV type: the recurrence accumulates in it
                 return tuple(torch.zeros((n_slots, *shape), dtype=torch.float32, device=device)
                              for shape in self.states[i])
-            return (torch.zeros((N, n_head_kv, P, row_k), dtype=store, device=device),
-                    torch.zeros((N, n_head_kv, P, row_v), dtype=store, device=device))
+            return (blank((N, n_head_kv, P, row_k), dtype=store, device=device),
+                    blank((N, n_head_kv, P, row_v), dtype=store, device=device))
 
         self.k, self.v = (list(t) for t in zip(*(pair(i) for i in range(n_layers))))
         self.device = torch.device(device)
         self.kv_type = kv_type_name(store)
         n_kv_layers = n_layers - len(self.states)
         self.bytes_per_token = n_kv_layers * n_head_kv * (row_k + row_v) * torch.empty((), dtype=store).element_size()
+
+    def _take(self) -> int:
+        block = super()._take()
+        if self._unused[block]:
+            self._unused[block] = 0
+            for i, (k, v) in enumerate(zip(self.k, self.v)):
+                if i not in self.states:
+                    k[block].zero_()
+                    v[block].zero_()
+        return block
 
     def free(self, slot: int) -> None:
         """Give back the slot, its blocks, and its rows of recurrent state (zeroed)."""

@@ -12,7 +12,8 @@ import torch
 
 import strata
 from strata.engine import BlockTables, Scheduler, Sequence
-from strata.engine.kv_cache import block_hash, block_hashes
+from strata.engine.kv_cache import KVCache, block_hash, block_hashes
+from strata.models import cache_dims
 from strata.engine.sampling import SamplingParams
 from strata.engine.sequence import StopConditions
 from tests.fixtures.tiny import zoo
@@ -310,3 +311,51 @@ def test_a_tiny_kv_budget_evicts_and_outputs_stay_the_same():
             assert got.cached_tokens == 0  # each prompt's blocks were evicted by the next ones
         repeat = on.generate(prompts[-1], max_tokens=8, temperature=0, stop_token_ids=())
         assert repeat.cached_tokens == 69 and on.cache.n_free_blocks == 8  # all but the last token
+
+
+def test_cache_ram_keeps_prompts_cached_beyond_the_sequences_blocks():
+    """kv_blocks=8 holds one 70-token prompt's blocks at most (above: each evicts the last); 2 MiB
+    more for the prefix cache keeps all four, so the second pass prefills only their last tokens."""
+    path = zoo().get("olmoe").gguf("f32")
+    with strata.load(path, threads=1, n_ctx=96, max_batch=2, kv_blocks=8, memory="direct", cache_ram="2M") as m:
+        per_block = m.cache.bytes_per_token * m.cache.block_size
+        assert m.cache.n_blocks == 8 + (2 << 20) // per_block > 4 * 6
+        prompts = [_ids(m.tokenizer.vocab_size, 70, seed=s) for s in range(4)]
+        first = [m.generate(p, max_tokens=8, temperature=0, stop_token_ids=()) for p in prompts]
+        again = [m.generate(p, max_tokens=8, temperature=0, stop_token_ids=()) for p in prompts]
+        assert [c.cached_tokens for c in first] == [0] * 4 and [c.cached_tokens for c in again] == [69] * 4
+        assert [c.token_ids for c in again] == [c.token_ids for c in first]
+
+
+def test_cache_ram_sizes():
+    from strata.engine.build import prefix_cache_blocks
+    from strata.errors import StrataArgumentError
+    from strata.memory.machine import Machine
+
+    with strata.gguf.open_model(zoo().get("olmoe").gguf("f32")) as mf:
+        cpu, cuda, f32 = torch.device("cpu"), torch.device("cuda"), torch.float32
+        machine = Machine.cpu(64 << 30, 16 << 30)
+        per_block = KVCache.bytes_for(mf.hparams.n_layers, 1, P, *cache_dims(mf.hparams), f32, n_blocks=1)
+        assert prefix_cache_blocks(mf, cpu, f32, "auto", None, machine, True) == (2 << 30) // per_block  # an eighth
+        assert prefix_cache_blocks(mf, cpu, f32, "auto", None, Machine.cpu(256 << 30, 200 << 30), True) == \
+            prefix_cache_blocks(mf, cpu, f32, "8G", None, machine, True)  # llama-server's 8 GiB at most
+        assert prefix_cache_blocks(mf, cpu, f32, "auto", "q8_0", machine, True) > \
+            prefix_cache_blocks(mf, cpu, f32, "auto", None, machine, True)  # smaller blocks, more of them
+        for none in [(cuda, "auto", True), (cpu, "0", True), (cpu, 0, True), (cpu, None, True), (cpu, "1G", False)]:
+            assert prefix_cache_blocks(mf, none[0], f32, none[1], None, machine, none[2]) == 0, none
+        with pytest.raises(StrataArgumentError, match="--cache-ram"):
+            prefix_cache_blocks(mf, cpu, f32, "lots", None, machine, True)
+
+
+def test_the_pool_takes_ram_as_its_blocks_are_first_used():
+    """2 GiB of prefix-cache room on a tiny model: the load's resident memory grows by far less."""
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    path = zoo().get("olmoe").gguf("f32")
+    before = rss()
+    with strata.load(path, threads=1, n_ctx=96, max_batch=2, memory="direct", cache_ram="2G") as m:
+        assert m.cache.nbytes > 2 << 30 and rss() - before < 512 << 20
+        got = m.generate(_ids(m.tokenizer.vocab_size, 40, seed=9), max_tokens=4, temperature=0, stop_token_ids=())
+        assert len(got.token_ids) == 4
