@@ -29,7 +29,12 @@ def test_chat_logprobs_equal_the_library_whole_and_streamed(client, tiny_model):
     assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == done.choices[0].message.content
     chunks = list(client.chat.completions.create(**options, stream=True))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    # the same entries (the repeated prompt comes from the prefix cache: its last token alone is
+    # computed, a batch of another shape, so log-probabilities agree to float rounding)
+    assert [(e.token, e.bytes, [t.token for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.bytes, [t.token for t in e.top_logprobs]) for e in content]
+    assert [[e.logprob] + [t.logprob for t in e.top_logprobs] for e in streamed] == \
+        [pytest.approx([e.logprob] + [t.logprob for t in e.top_logprobs], abs=1e-5) for e in content]
     plain = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2)
     assert plain.choices[0].logprobs is None
 
