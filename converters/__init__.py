@@ -40,16 +40,26 @@ __all__ = ["CalibOptions", "Checkpoint", "ConversionError", "Converter", "TypePo
 
 
 def converter_for(ckpt: Checkpoint) -> Converter:
-    """The converter for the registered architecture that takes the checkpoint's `architectures`."""
+    """The converter for the registered architecture that takes the checkpoint's `architectures`
+    (a multimodal one's text model: `Checkpoint.narrow_to_text`)."""
     names = ckpt.config.get("architectures") or []
     for name in names:
         arch = archs.for_hf(name)
         if arch is not None:
+            if name in arch.hf_multimodal:
+                _narrow_to_text(ckpt, name)
             cls = importlib.import_module(f"converters.{arch.converter}").CONVERTER if arch.converter else Converter
             return cls(ckpt, arch)
     known = ", ".join(archs.hf_names())
     raise ConversionError(f"{ckpt.folder / 'config.json'}: unsupported architecture "
                           f"{names[0] if names else '(none given)'}; supported: {known}")
+
+
+def _narrow_to_text(ckpt: Checkpoint, hf_name: str) -> None:
+    skipped = ckpt.narrow_to_text()
+    towers = ", ".join(f"{prefix}.* ({n} tensor{'s' * (n > 1)})" for prefix, n in sorted(skipped.items()))
+    log.warning("%s: %s: converting the language model only; skipped the vision tower: %s (llama.cpp's converter "
+                "writes it to a separate mmproj file; Strata runs text only)", ckpt.folder, hf_name, towers or "none found")
 
 
 def _write_metadata(w: gguf.GGUFWriter, conv: Converter, ckpt: Checkpoint, policy: TypePolicy,

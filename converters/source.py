@@ -11,12 +11,21 @@ an F8_E4M3 `X.weight` [N, K] with a float `X.weight_scale_inv` [ceil(N/b0), ceil
 config's `weight_block_size`, 128 x 128) reads as its values times the scale of each element's
 block; the scales leave `tensors`, so the converters see float weights.
 
+Multimodal checkpoints (a language model beside a vision tower: config.json's `text_config` and
+`vision_config`, weights `model.language_model.*` / `language_model.model.*` beside `model.visual.*`,
+`vision_model.*`, `multi_modal_projector.*`) are read as their text model by `narrow_to_text`, as
+llama.cpp's converter reads them: the config is the top level overlaid by `text_config`, the
+`language_model` component leaves every name, and the towers' tensors are dropped (llama.cpp
+writes them to a separate mmproj file).
+
 Must not memory-map a checkpoint or know GGUF names and types: it hands out bytes and values.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +45,10 @@ DTYPES: dict[str, int] = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "U8": 1} 
 _SCALE = ".weight_scale_inv"  # fp8 block scales (multipliers, despite the name) of `X.weight`
 
 _MAX_HEADER = 100 << 20  # a safetensors header larger than this is corrupt, not big
+
+#: A multimodal checkpoint's modules that are not its language model (group 1 names the tower).
+_TOWER = re.compile(r"^((?:model\.)?(?:visual|vision_tower|vision_model|multi_modal_projector|audio_tower))\.")
+_LANGUAGE = "language_model"  # the name component holding the language model in a multimodal checkpoint
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,15 @@ def _to_f32(raw: bytearray, dtype: str) -> np.ndarray:
     return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
 
 
+def _text_name(name: str) -> str:
+    """`name` without its `language_model` component (model.language_model.layers.0... and
+    language_model.model.layers.0... -> model.layers.0...)."""
+    parts = name.split(".")
+    if _LANGUAGE in parts:
+        parts.remove(_LANGUAGE)  # the first one only
+    return ".".join(parts)
+
+
 class Checkpoint:
     """A checkpoint folder: `config`, `tensors` (name -> SourceTensor) and float32 reads."""
 
@@ -200,6 +222,32 @@ class Checkpoint:
         s = _to_f32(self.read_bytes(scale, 0, scale.nbytes), scale.dtype).reshape(scale.shape)
         rows = np.arange(first, first + values.shape[0]) // b0
         return values * np.repeat(s[rows], b1, axis=1)[:, : values.shape[1]]
+
+    # ---- multimodal ----
+
+    def narrow_to_text(self) -> dict[str, int]:
+        """Read this multimodal checkpoint as its text model from now on (see the module docstring);
+        returns the number of tower tensors dropped, by tower prefix (e.g. {'model.visual': 19})."""
+        path, text = self.folder / "config.json", self.config.get("text_config")
+        if not isinstance(text, dict):
+            raise ConversionError(f"{path}: {self.config.get('architectures', ['?'])[0]} needs a text_config object "
+                                  f"(the language model's settings), found {type(text).__name__}")
+        top = {k: v for k, v in self.config.items() if k not in ("text_config", "vision_config")}
+        self.config = {**top, **text, "architectures": self.config.get("architectures")}
+        skipped: dict[str, int] = {}
+        tensors: dict[str, SourceTensor] = {}
+        for name, t in self.tensors.items():
+            if m := _TOWER.match(name):
+                skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1
+                continue
+            text_name = _text_name(name)
+            if text_name in tensors:
+                raise ConversionError(f"{t.path}: tensor {name} is the language model's {text_name}, "
+                                      f"as is {tensors[text_name].name}")
+            tensors[text_name] = dataclasses.replace(t, name=text_name)
+        self.tensors = tensors
+        self.scales = {_text_name(n): s for n, s in self.scales.items() if not _TOWER.match(n)}
+        return skipped
 
     # ---- reads ----
 

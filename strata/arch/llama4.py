@@ -1,4 +1,5 @@
-"""Llama 4 Scout / Maverick, text part (`Llama4ForCausalLM`), as GGUF `llama4` (llama.cpp's form).
+"""Llama 4 Scout / Maverick, text part (`Llama4ForCausalLM`, and the text model of the released
+multimodal `Llama4ForConditionalGeneration`), as GGUF `llama4` (llama.cpp's form).
 
 Layers interleave dense SwiGLU FFNs and MoE FFNs (every `interleave_moe_layer_step`-th layer,
 from the tensors); MoE layers add an always-on shared expert (no gate) to one routed expert chosen
@@ -15,6 +16,7 @@ from .registry import Arch, ChunkedAttn, register
 
 LLAMA4 = register(Arch(
     name="llama4", tensors=MODEL_ARCH.LLAMA4, hf_architectures=("Llama4ForCausalLM",),
+    hf_multimodal=("Llama4ForConditionalGeneration",),
     rope_type="norm", expert_gating_func="sigmoid", shared_expert=True,
     chunked=ChunkedAttn(), expert_input_scaled=True, converter="llama4",
     metadata=(Keys.LLM.VOCAB_SIZE, Keys.Rope.DIMENSION_COUNT, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),

@@ -1,4 +1,5 @@
-"""Qwen3.5-MoE (`Qwen3_5MoeForCausalLM`, text only) as GGUF `qwen35moe`, the form llama.cpp's converter writes.
+"""Qwen3.5-MoE (`Qwen3_5MoeForCausalLM`, and the text model of the released multimodal
+`Qwen3_5MoeForConditionalGeneration`) as GGUF `qwen35moe`, the form llama.cpp's converter writes.
 
 Qwen3-Next's hybrid design (`strata.arch.qwen3next`: gated DeltaNet layers, every fourth one gated
 full attention, MoE with a gated shared expert everywhere) with three differences in the file:
@@ -18,6 +19,7 @@ from .registry import Arch, register
 
 QWEN35MOE = register(Arch(
     name="qwen35moe", tensors=MODEL_ARCH.QWEN35MOE, hf_architectures=("Qwen3_5MoeForCausalLM",),
+    hf_multimodal=("Qwen3_5MoeForConditionalGeneration",),
     qk_norm="head", expert_weights_norm=True, shared_expert=True, shared_expert_gate=True, post_attention_norm=True,
     gated_deltanet=True, deltanet_tiled=True, rope_sections=True, converter="qwen35moe",
     metadata=(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH),

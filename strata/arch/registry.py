@@ -26,6 +26,8 @@ class Arch:
     name: str  # GGUF general.architecture, and the `{arch}.` prefix of its metadata keys
     tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses
     hf_architectures: tuple[str, ...] = ()  # config.json `architectures` converted to it (none: no converter)
+    hf_multimodal: tuple[str, ...] = ()  # ... whose checkpoint holds it as the language model beside a vision
+    #                                      tower (text_config, language_model.* weights): converted text only
     runs: bool = True  # strata.models builds it (False: Strata reads its hyperparameters only)
 
     rope_type: str = "neox"
@@ -98,19 +100,19 @@ def register(arch: Arch) -> Arch:
     """Add `arch`; its GGUF name and HF architectures must be new. Returns it."""
     if arch.name in _BY_NAME:
         raise ValueError(f"architecture {arch.name!r} is already registered")
-    taken = [hf for hf in arch.hf_architectures if hf in _BY_HF]
+    taken = [hf for hf in arch.hf_architectures + arch.hf_multimodal if hf in _BY_HF]
     if taken:
         raise ValueError(f"architecture {arch.name!r}: {', '.join(taken)} already convert to "
                          f"{_BY_HF[taken[0]].name!r}")
     _BY_NAME[arch.name] = arch
-    _BY_HF.update(dict.fromkeys(arch.hf_architectures, arch))
+    _BY_HF.update(dict.fromkeys(arch.hf_architectures + arch.hf_multimodal, arch))
     return arch
 
 
 def unregister(name: str) -> None:
     """Remove the architecture registered as `name` (KeyError if there is none)."""
     arch = _BY_NAME.pop(name)
-    for hf in arch.hf_architectures:
+    for hf in arch.hf_architectures + arch.hf_multimodal:
         del _BY_HF[hf]
 
 
