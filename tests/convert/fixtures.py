@@ -8,6 +8,7 @@ the corpus, the byte-level BPE trainer and tokenizer files are `strata.synth`'s,
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tokenizers import Tokenizer, models, trainers
 
 from strata.synth.tokenizer import CHAT_TEMPLATE, SPECIALS, corpus, save_tokenizer, train_byte_bpe
 
-__all__ = ["CHAT_TEMPLATE", "SPECIALS", "MORE_SPECS", "SPECS", "TRICKY", "Spec", "build_model", "corpus", "save_checkpoint",
+__all__ = ["CHAT_TEMPLATE", "SPECIALS", "MORE_SPECS", "SPECS", "TRICKY", "Spec", "build_model", "build_multimodal", "corpus", "save_checkpoint",
            "save_tokenizer", "train_byte_bpe", "train_llama_bpe"]
 
 TRICKY = [
@@ -215,6 +216,39 @@ def save_checkpoint(model: torch.nn.Module, spec: Spec, tok: Tokenizer, folder: 
     model.to(torch.float32)
     save_tokenizer(tok, folder, spec.chat_template_file)
     return folder
+
+
+#: The released multimodal class of a text fixture: (config class, model class, tiny vision config,
+#: where the text model's weights go: a prefix for the text model's `model.*` names, one for the rest).
+MULTIMODAL = {
+    "qwen35moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
+                  dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, spatial_merge_size=2,
+                       temporal_patch_size=2, out_hidden_size=256, num_position_embeddings=16),
+                  ("model.language_model.", "")),
+    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration",
+               dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                    vision_output_dim=64, image_size=16, patch_size=4, projector_input_dim=64, projector_output_dim=256),
+               ("language_model.model.", "language_model.")),
+}
+
+
+def build_multimodal(key: str, text_model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """transformers' multimodal model for fixture `key` (MULTIMODAL) around `text_model`'s weights,
+    with a tiny random vision tower."""
+    import transformers
+    cfg_cls, model_cls, vision, (inner, outer) = MULTIMODAL[key]
+    text = {k: v for k, v in text_model.config.to_dict().items() if k != "architectures"}
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(text_config=text, vision_config=vision))
+    weights = {(inner + k.removeprefix("model.") if k.startswith("model.") else outer + k): v
+               for k, v in text_model.state_dict().items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and all(_TOWER_NAMES.match(k) for k in missing), (missing, unexpected)
+    return model.eval()
+
+
+#: The vision tower's weights in MULTIMODAL's models (left random by build_multimodal).
+_TOWER_NAMES = re.compile(r"^(model\.visual|vision_model|multi_modal_projector)\.")
 
 
 def train_llama_bpe(vocab_size: int = 600) -> Tokenizer:

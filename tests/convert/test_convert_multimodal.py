@@ -1,0 +1,129 @@
+"""Converting the released multimodal classes (Qwen3_5MoeForConditionalGeneration,
+Llama4ForConditionalGeneration) as their text model: the GGUF file equals the one converted from
+the CausalLM class with the same text weights, and runs as transformers' multimodal model does on
+text; the vision tower is skipped and said so once; a text part with a tensor missing is refused
+in one line."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from safetensors.torch import load_file, save_file
+
+from converters import ConversionError, TypePolicy, convert
+from tests.convert.fixtures import MULTIMODAL, build_multimodal, save_checkpoint
+from tests.fixtures.tiny import llama_cpp_source, zoo
+from tests.models.helpers import REL_TOL, Bare, rel_err
+
+KEYS = sorted(MULTIMODAL)
+F32 = TypePolicy.from_args(outtype="f32")
+
+
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory):
+    """key -> (transformers' multimodal model, its checkpoint folder), built once per module."""
+    built = {}
+    for key in KEYS:
+        tiny = zoo().get(key)
+        model = build_multimodal(key, tiny.model)
+        folder = save_checkpoint(copy.deepcopy(model), tiny.spec, tiny.tokenizer,
+                                 tmp_path_factory.mktemp(key) / "hf", fused=False)
+        built[key] = (model, folder)
+    return built
+
+
+def _fields(r: GGUFReader) -> dict:
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.") and k != "general.name"}
+
+
+def _tensors(r: GGUFReader) -> list:
+    return [(t.name, t.tensor_type, [int(d) for d in t.shape], bytes(np.asarray(t.data).tobytes())) for t in r.tensors]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_same_file_as_the_causal_lm(key, multimodal, tmp_path):
+    tiny, (_, folder) = zoo().get(key), multimodal[key]
+    convert(folder, tmp_path / "mm.gguf", F32, name=f"tiny-{key}", n_threads=2)
+    got, want = GGUFReader(tmp_path / "mm.gguf"), GGUFReader(tiny.gguf("f32"))
+    assert _fields(got) == _fields(want)
+    assert _tensors(got) == _tensors(want)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_logits_equal_transformers_multimodal_model_on_text(key, multimodal, tmp_path):
+    model, folder = multimodal[key]
+    convert(folder, tmp_path / "mm.gguf", F32, n_threads=2)
+    ids = zoo().get(key).prompt_ids(20)
+    # transformers 5.24's Llama4ForConditionalGeneration.forward fails after its text model has run
+    # (it reads `image_outputs` from the text model's output): call that text model as it does.
+    text = model.language_model if key == "llama4" else model
+    with torch.no_grad():
+        want = text(input_ids=torch.tensor([ids])).logits[0].float()
+    assert rel_err(Bare(tmp_path / "mm.gguf").forward(ids, 0), want) <= REL_TOL
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_vision_tower_skipped_and_named_once(key, multimodal, tmp_path, caplog):
+    _, folder = multimodal[key]
+    with caplog.at_level(logging.WARNING, logger="strata.convert"):
+        planned = convert(folder, tmp_path / "mm.gguf", F32, n_threads=2)
+    said = [r.getMessage() for r in caplog.records if "vision tower" in r.getMessage()]
+    towers = {"qwen35moe": ["model.visual.* (21 tensors)"],
+              "llama4": ["multi_modal_projector.* (1 tensor)", "vision_model.* (25 tensors)"]}[key]
+    assert len(said) == 1 and all(t in said[0] for t in towers) and "mmproj" in said[0], said
+    assert not any("visual" in s or "vision" in s or "projector" in s for p in planned for s in p.sources)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_text_part_missing_a_tensor(key, multimodal, tmp_path):
+    _, folder = multimodal[key]
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for f in folder.iterdir():
+        (hf / f.name).write_bytes(f.read_bytes())
+    (path,) = hf.glob("*.safetensors")
+    weights = load_file(path)
+    gone = {"qwen35moe": "model.language_model.layers.3.self_attn.q_proj.weight",
+            "llama4": "language_model.model.layers.2.self_attn.q_proj.weight"}[key]
+    del weights[gone]
+    save_file(weights, path, metadata={"format": "pt"})
+    with pytest.raises(ConversionError) as err:
+        convert(hf, tmp_path / "out.gguf", F32)
+    msg = str(err.value)
+    assert "\n" not in msg and "missing tensors for blk." in msg and MULTIMODAL[key][1] in msg, msg
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_multimodal_config_without_text_config(multimodal, tmp_path):
+    _, folder = multimodal["qwen35moe"]
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for f in folder.iterdir():
+        (hf / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((hf / "config.json").read_text())
+    del cfg["text_config"]
+    (hf / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r"config.json: Qwen3_5MoeForConditionalGeneration needs a text_config"):
+        convert(hf, tmp_path / "out.gguf", F32)
+
+
+@pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's source tree not found: set STRATA_LLAMA_CPP_SRC")
+@pytest.mark.parametrize("key", KEYS)
+def test_same_tensors_as_llama_cpps_converter(key, multimodal, tmp_path):
+    """llama.cpp's converter, given the multimodal checkpoint, writes the same text tensors (names,
+    types, shapes; values to float32 rounding: its -exp(A_log) is torch's, Strata's numpy's)."""
+    _, folder = multimodal[key]
+    other = dataclasses.replace(zoo().get(key), hf_dir=folder, root=tmp_path, _files={})
+    convert(folder, tmp_path / "mm.gguf", F32, n_threads=2)
+    ours = {t.name: t for t in GGUFReader(tmp_path / "mm.gguf").tensors}
+    theirs = {t.name: t for t in GGUFReader(other.llama_cpp_gguf("f32")).tensors}
+    assert sorted(ours) == sorted(theirs)
+    for name, t in ours.items():
+        assert (t.tensor_type, list(t.shape)) == (theirs[name].tensor_type, list(theirs[name].shape)), name
+        np.testing.assert_allclose(np.asarray(t.data), np.asarray(theirs[name].data), rtol=1e-6, atol=0, err_msg=name)
