@@ -164,3 +164,11 @@ def test_ci_runs_the_readme_test_command() -> None:
     command = next(line.strip() for line in readme.splitlines()
                    if line.startswith("python -m venv") and '".[test]"' in line)
     assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_convert_page_lists_every_accepted_checkpoint_class() -> None:
+    """docs/convert.md names every `architectures` value the registry converts."""
+    from strata import arch
+    page = (ROOT / "docs" / "convert.md").read_text(encoding="utf-8")
+    missing = [hf for hf in arch.hf_names() if f"`{hf}`" not in page]
+    assert not missing, f"docs/convert.md does not list {missing}"
