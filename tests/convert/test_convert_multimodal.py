@@ -18,10 +18,14 @@ from safetensors.torch import load_file, save_file
 
 from converters import ConversionError, TypePolicy, convert
 from tests.convert.fixtures import MULTIMODAL, build_multimodal, save_checkpoint
+from tests.convert.released import quantized_pair
+from tests.convert.test_fp8_source import BLOCK, _fp8_projection
 from tests.fixtures.tiny import llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, Bare, rel_err
 
 KEYS = sorted(MULTIMODAL)
+#: Saving Llama 4's tower in bfloat16 casts its complex rotary buffer (not in the checkpoint) to real.
+pytestmark = pytest.mark.filterwarnings("ignore:Casting complex values to real")
 F32 = TypePolicy.from_args(outtype="f32")
 
 
@@ -98,6 +102,19 @@ def test_text_part_missing_a_tensor(key, multimodal, tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and "missing tensors for blk." in msg and MULTIMODAL[key][1] in msg, msg
     assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_fp8_multimodal_checkpoint(key, multimodal, tmp_path):
+    """Block-scaled fp8 `*_proj` weights (the text model's, and Llama 4's tower's): the scales follow
+    their weights to the text model's names or out with the tower; the file equals the float one's."""
+    config = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [BLOCK, BLOCK]}
+    fp8_dir, ref_dir, quant = quantized_pair(multimodal[key][1], tmp_path, _fp8_projection, config)
+    assert key != "llama4" or any(n.startswith("vision_model.") and n.endswith("scale_inv") for n in quant)
+    assert any("language_model." in n and n.endswith("scale_inv") for n in quant)
+    convert(fp8_dir, tmp_path / "fp8.gguf", F32, n_threads=2)
+    convert(ref_dir, tmp_path / "ref.gguf", F32, n_threads=2)
+    assert _tensors(GGUFReader(tmp_path / "fp8.gguf")) == _tensors(GGUFReader(tmp_path / "ref.gguf"))
 
 
 def test_multimodal_config_without_text_config(multimodal, tmp_path):
