@@ -226,16 +226,18 @@ class Checkpoint:
     # ---- multimodal ----
 
     def narrow_to_text(self) -> dict[str, int]:
-        """Read this multimodal checkpoint as its text model from now on (see the module docstring);
-        returns the number of tower tensors dropped, by tower prefix (e.g. {'model.visual': 19})."""
+        """Read this multimodal checkpoint as its text model from now on (see the module docstring;
+        `tensors` are named, in reads and errors, as the text model names them); returns the number
+        of tower tensors dropped, by tower prefix (e.g. {'model.visual': 19})."""
         path, text = self.folder / "config.json", self.config.get("text_config")
         if not isinstance(text, dict):
             raise ConversionError(f"{path}: {self.config.get('architectures', ['?'])[0]} needs a text_config object "
-                                  f"(the language model's settings), found {type(text).__name__}")
+                                  f"(the language model's settings), found {'none' if text is None else type(text).__name__}")
         top = {k: v for k, v in self.config.items() if k not in ("text_config", "vision_config")}
         self.config = {**top, **text, "architectures": self.config.get("architectures")}
         skipped: dict[str, int] = {}
         tensors: dict[str, SourceTensor] = {}
+        stored: dict[str, str] = {}  # text model's name -> the checkpoint's
         for name, t in self.tensors.items():
             if m := _TOWER.match(name):
                 skipped[m.group(1)] = skipped.get(m.group(1), 0) + 1
@@ -243,8 +245,8 @@ class Checkpoint:
             text_name = _text_name(name)
             if text_name in tensors:
                 raise ConversionError(f"{t.path}: tensor {name} is the language model's {text_name}, "
-                                      f"as is {tensors[text_name].name}")
-            tensors[text_name] = dataclasses.replace(t, name=text_name)
+                                      f"as is {stored[text_name]}")
+            tensors[text_name], stored[text_name] = dataclasses.replace(t, name=text_name), name
         self.tensors = tensors
         self.scales = {_text_name(n): s for n, s in self.scales.items() if not _TOWER.match(n)}
         return skipped

@@ -9,6 +9,8 @@ import copy
 import dataclasses
 import json
 import logging
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,10 +89,7 @@ def test_vision_tower_skipped_and_named_once(key, multimodal, tmp_path, caplog):
 @pytest.mark.parametrize("key", KEYS)
 def test_text_part_missing_a_tensor(key, multimodal, tmp_path):
     _, folder = multimodal[key]
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    for f in folder.iterdir():
-        (hf / f.name).write_bytes(f.read_bytes())
+    hf = Path(shutil.copytree(folder, tmp_path / "hf"))
     (path,) = hf.glob("*.safetensors")
     weights = load_file(path)
     gone = {"qwen35moe": "model.language_model.layers.3.self_attn.q_proj.weight",
@@ -119,10 +118,7 @@ def test_fp8_multimodal_checkpoint(key, multimodal, tmp_path):
 
 def test_multimodal_config_without_text_config(multimodal, tmp_path):
     _, folder = multimodal["qwen35moe"]
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    for f in folder.iterdir():
-        (hf / f.name).write_bytes(f.read_bytes())
+    hf = Path(shutil.copytree(folder, tmp_path / "hf"))
     cfg = json.loads((hf / "config.json").read_text())
     del cfg["text_config"]
     (hf / "config.json").write_text(json.dumps(cfg))
@@ -144,3 +140,16 @@ def test_same_tensors_as_llama_cpps_converter(key, multimodal, tmp_path):
     for name, t in ours.items():
         assert (t.tensor_type, list(t.shape)) == (theirs[name].tensor_type, list(theirs[name].shape)), name
         np.testing.assert_allclose(np.asarray(t.data), np.asarray(theirs[name].data), rtol=1e-6, atol=0, err_msg=name)
+
+
+def test_a_tensor_twice_under_the_text_models_name(multimodal, tmp_path):
+    _, folder = multimodal["llama4"]
+    hf = Path(shutil.copytree(folder, tmp_path / "hf"))
+    (path,) = hf.glob("*.safetensors")
+    weights = load_file(path)
+    weights["lm_head.weight"] = weights["language_model.lm_head.weight"].clone()
+    save_file(weights, path, metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"tensor language_model.lm_head.weight is the language model's "
+                                              r"lm_head.weight, as is lm_head.weight|tensor lm_head.weight is the "
+                                              r"language model's lm_head.weight, as is language_model.lm_head.weight"):
+        convert(hf, tmp_path / "out.gguf", F32)
