@@ -9,7 +9,7 @@ within it); a global (NoPE) layer leaves q and k unrotated, scales each query by
 Llama4TextAttention and llama.cpp's attn_temp input), and attends causally over every position.
 
 InputScaledMoE: the router's weight of each chosen expert multiplies the expert's input
-(llama.cpp's weight_before_ffn), not its output; each of the top k runs as its own routed call.
+(llama.cpp's weight_before_ffn), not its output; the top k picks run as T*K tokens of one routed call.
 Must not: read files or allocate the cache.
 """
 from __future__ import annotations
@@ -92,11 +92,14 @@ class InputScaledMoE(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]
-        ones = torch.ones((x.shape[0], 1), dtype=weights.dtype, device=x.device)
-        out = None
-        for j in range(expert_ids.shape[1]):  # each pick's own input: x * its weight
-            y = self.experts(x * weights[:, j:j + 1].to(x.dtype), ones, expert_ids[:, j:j + 1])  # [T, D]
-            out = y if out is None else out + y
+        T, K = expert_ids.shape
+        # each pick a token of its own (row t*K + j), its input x[t] * its weight: one routed call
+        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
+        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
+        y = self.experts(picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1)  # [T, K, D]
+        out = y[:, 0]
+        for j in range(1, K):  # the picks' sum in pick order
+            out = out + y[:, j]
         return out if self.shared is None else out + self.shared(x)
 
 

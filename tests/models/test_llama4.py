@@ -123,3 +123,22 @@ def test_generate_batch_equals_each_alone(tiny):
 def test_chunked_attention_in_packed_compute_is_the_module_attention(tiny):
     blocks = Bare(tiny.gguf("f32")).model.blocks
     assert all(isinstance(b.attention, ChunkedAttention) and not b.attention.fusable for b in blocks)
+
+
+@pytest.mark.parametrize("compute", ["float", "packed"])
+def test_input_scaled_picks_run_as_one_routed_call(tiny, compute):
+    """Top-k above 1 (the tiny model uses 2 of its 4 experts here): the k picks of every token run
+    in one routed call, as tokens of their own, and give each pick's own call's sum."""
+    with strata.load(tiny.gguf("q8_0"), compute=compute, threads=1, n_ctx=64, max_batch=1) as m:
+        moe = next(b.ffn for b in m.transformer.blocks if isinstance(b.ffn, InputScaledMoE))
+        moe.router.k = 2
+        calls = []
+        run = moe.experts.forward
+        moe.experts.forward = lambda *a: calls.append(a[2].shape) or run(*a)
+        x = torch.randn(5, moe.router.weight.shape[1], generator=torch.Generator().manual_seed(1))
+        got = moe(x)
+        assert calls == [(10, 1)]
+        weights, ids = moe.router(x)
+        ones = torch.ones((5, 1), dtype=weights.dtype)
+        want = sum(run(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
+        assert rel_err(got, want + moe.shared(x)) < 1e-6
