@@ -1,5 +1,6 @@
 """Llama 4's attention and experts (`Arch.chunked`, `Arch.expert_input_scaled`), in torch on every
-path (float and packed per-call; the fused decode step and the decode program lack them and say so).
+path (float and packed per-call, where decode attention is the native call's; the fused decode
+step and the decode program lack them and say so).
 
 ChunkedAttention: a local layer rotates q and k (RoPE), then normalises each head of both to unit
 RMS (no weight: Llama4TextL2Norm, llama.cpp's rms_norm) when the model has that norm, and each
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from strata import native
 
 from .attention import Attention, AttentionWeights
 from .batch import Batch
@@ -50,7 +53,26 @@ class ChunkedAttention(Attention):
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        return linear(attend_chunked(q, batch, k_cache, v_cache, self.chunk), self.w.wo, self.w.bo)  # [T, D]
+        if self.native and batch.is_decode:
+            out = self.attend_decode_native(q, batch, k_cache, v_cache)
+        else:
+            out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
+        return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+    def attend_decode_native(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
+                             v_cache: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence in the native decode attention (float32 on the CPU): a global
+        layer over every position, a local one over its own chunk, the window from the chunk's first
+        position (one call per sequence: their windows differ). q [B, H, hd] -> [B, H*hd]."""
+        q = q.float()
+        out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
+        n_ctx, scale = batch.positions + 1, self.head_dim ** -0.5
+        if self.chunk == 0:
+            return native.attn_decode(q, k_cache, v_cache, batch.block_table, n_ctx, scale, out)
+        for b, pos in enumerate(batch.positions.tolist()):
+            native.attn_decode(q[b:b + 1], k_cache, v_cache, batch.block_table[b:b + 1], n_ctx[b:b + 1], scale,
+                               out[b:b + 1], window=pos % self.chunk + 1)
+        return out
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:

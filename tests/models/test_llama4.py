@@ -142,3 +142,17 @@ def test_input_scaled_picks_run_as_one_routed_call(tiny, compute):
         ones = torch.ones((5, 1), dtype=weights.dtype)
         want = sum(run(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
         assert rel_err(got, want + moe.shared(x)) < 1e-6
+
+
+def test_packed_decode_attends_in_the_native_call(tiny, monkeypatch):
+    """Packed compute's decode steps attend in the native decode attention (chunk windows and
+    global layers), torch's masked attention only in prefill; the tokens are float's."""
+    import strata.models.chunked as chunked
+    prompt, seen = tiny.prompt_ids(10, seed=5), []
+    with _load(tiny.gguf("f32")) as ref:
+        want = ref.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids
+    real = chunked.attend_chunked
+    monkeypatch.setattr(chunked, "attend_chunked", lambda q, *a: seen.append(q.shape[0]) or real(q, *a))
+    with _load(tiny.gguf("f32"), "packed") as m:
+        assert m.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids == want
+    assert seen and all(n == len(prompt) for n in seen)  # prefill only: 4 layers x the prompt
