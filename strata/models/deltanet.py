@@ -170,8 +170,12 @@ class GatedAttention(Attention):
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        attend = self.attend_decode if batch.is_decode else self.attend_each
-        out = attend(q, batch, k_cache, v_cache) * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
+        if self.native and batch.is_decode:  # float32 on the CPU: the native decode attention
+            out = native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, hd ** -0.5,
+                                     torch.empty((T, H * hd), dtype=torch.float32))
+        else:
+            out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
+        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
         return linear(out, w.wo)  # [T, D]
 
 

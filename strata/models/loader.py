@@ -204,7 +204,7 @@ def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedA
     qkv = [weights.wq, weights.wk, weights.wv]
     if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
         weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
-    return GatedAttention(weights, H, Hkv, hd, rope, i)
+    return GatedAttention(weights, H, Hkv, hd, rope, i, native=w.native)
 
 
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
