@@ -64,6 +64,25 @@ SHAPES: dict[str, dict] = {
                        hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
                                head_dim=64, rotary_dim=32, intermediate_size=512, num_local_experts=32,
                                num_experts_per_tok=4)),
+    # GLM-4.5 (a dense first layer, q/k norms and biases, RoPE on half of each head, sigmoid routing
+    # with a selection bias and a shared expert; Q4_K experts)
+    "glm4moe": dict(arch="glm4moe", fixture="glm4moe", expert_type="Q4_K",
+                    hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                            intermediate_size=2048, moe_intermediate_size=512, n_routed_experts=32,
+                            num_experts_per_tok=4)),
+    # Llama 4 Scout's form (every layer MoE with a shared expert, chunked local attention on three
+    # layers of four, NoPE with llama.cpp's fixed query temperature on the fourth; Q4_K experts)
+    "llama4": dict(arch="llama4", fixture="llama4cpp", expert_type="Q4_K",
+                   hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                           head_dim=64, intermediate_size=512, intermediate_size_mlp=2048, num_local_experts=32,
+                           num_experts_per_tok=4, interleave_moe_layer_step=1)),
+    # Qwen3.5-MoE (9 gated DeltaNet layers of 8 key / 16 value heads of 64, 3 full-attention layers
+    # with an output gate, a gated shared expert everywhere; Q4_K experts)
+    "qwen35moe": dict(arch="qwen35moe", fixture="qwen35moe", expert_type="Q4_K",
+                      hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                              head_dim=64, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                              num_experts=32, num_experts_per_tok=4, linear_num_key_heads=8,
+                              linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64)),
     "mixtral": dict(arch="llama", n_layers=24, n_experts=8, top_k=2, hidden=1024, ff=3584, expert_type="Q4_K",
                     n_head=8, n_head_kv=2),
     "small": dict(arch="qwen3moe", n_layers=4, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),

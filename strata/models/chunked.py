@@ -1,5 +1,6 @@
 """Llama 4's attention and experts (`Arch.chunked`, `Arch.expert_input_scaled`), in torch on every
-path (float and packed per-call; the fused decode step and the decode program lack them and say so).
+path (float and packed per-call, where decode attention is the native call's; the fused decode
+step and the decode program lack them and say so).
 
 ChunkedAttention: a local layer rotates q and k (RoPE), then normalises each head of both to unit
 RMS (no weight: Llama4TextL2Norm, llama.cpp's rms_norm) when the model has that norm, and each
@@ -9,13 +10,15 @@ within it); a global (NoPE) layer leaves q and k unrotated, scales each query by
 Llama4TextAttention and llama.cpp's attn_temp input), and attends causally over every position.
 
 InputScaledMoE: the router's weight of each chosen expert multiplies the expert's input
-(llama.cpp's weight_before_ffn), not its output; each of the top k runs as its own routed call.
+(llama.cpp's weight_before_ffn), not its output; the top k picks run as T*K tokens of one routed call.
 Must not: read files or allocate the cache.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from strata import native
 
 from .attention import Attention, AttentionWeights
 from .batch import Batch
@@ -50,7 +53,26 @@ class ChunkedAttention(Attention):
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        return linear(attend_chunked(q, batch, k_cache, v_cache, self.chunk), self.w.wo, self.w.bo)  # [T, D]
+        if self.native and batch.is_decode:
+            out = self.attend_decode_native(q, batch, k_cache, v_cache)
+        else:
+            out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
+        return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+    def attend_decode_native(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
+                             v_cache: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence in the native decode attention (float32 on the CPU): a global
+        layer over every position, a local one over its own chunk, the window from the chunk's first
+        position (one call per sequence: their windows differ). q [B, H, hd] -> [B, H*hd]."""
+        q = q.float()
+        out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
+        n_ctx, scale = batch.positions + 1, self.head_dim ** -0.5
+        if self.chunk == 0:
+            return native.attn_decode(q, k_cache, v_cache, batch.block_table, n_ctx, scale, out)
+        for b, pos in enumerate(batch.positions.tolist()):
+            native.attn_decode(q[b:b + 1], k_cache, v_cache, batch.block_table[b:b + 1], n_ctx[b:b + 1], scale,
+                               out[b:b + 1], window=pos % self.chunk + 1)
+        return out
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
@@ -92,11 +114,14 @@ class InputScaledMoE(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]
-        ones = torch.ones((x.shape[0], 1), dtype=weights.dtype, device=x.device)
-        out = None
-        for j in range(expert_ids.shape[1]):  # each pick's own input: x * its weight
-            y = self.experts(x * weights[:, j:j + 1].to(x.dtype), ones, expert_ids[:, j:j + 1])  # [T, D]
-            out = y if out is None else out + y
+        T, K = expert_ids.shape
+        # each pick a token of its own (row t*K + j), its input x[t] * its weight: one routed call
+        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
+        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
+        y = self.experts(picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1)  # [T, K, D]
+        out = y[:, 0]
+        for j in range(1, K):  # the picks' sum in pick order
+            out = out + y[:, j]
         return out if self.shared is None else out + self.shared(x)
 
 

@@ -36,8 +36,8 @@ L2_EPS = 1e-6  # transformers' l2norm (the FLA kernels')
 
 @dataclass
 class DeltaNetWeights:
-    wqkv: Weight  # [C, D]: C = 2 Hk dk + Hv dv
-    wgate: Weight  # [Hv dv, D]
+    wqkv: Weight | None  # [C, D]: C = 2 Hk dk + Hv dv
+    wgate: Weight | None  # [Hv dv, D]
     wba: Weight | None  # [2 Hv, D]: per key head, its r = Hv/Hk betas then its r alphas (qwen3next)
     conv: torch.Tensor  # [C, K]
     dt: torch.Tensor  # [Hv]
@@ -46,6 +46,11 @@ class DeltaNetWeights:
     wout: Weight  # [D, Hv dv]
     wbeta: Weight | None = None  # [Hv, D] and [Hv, D]: beta and alpha apart, in place of wba (qwen35moe)
     walpha: Weight | None = None
+    # packed compute: wqkv, wgate and wba (or wbeta, walpha) stacked by rows, one product in place of
+    # three or four (the loader sets it, and those to None, where all are packed in one type);
+    # w_in_ba: its last 2 Hv rows are wba's (per key head), else wbeta's then walpha's
+    w_in: Weight | None = None
+    w_in_ba: bool = False
 
 
 class GatedDeltaNet(nn.Module):
@@ -67,8 +72,7 @@ class GatedDeltaNet(nn.Module):
         w, T = self.w, x.shape[0]
         if batch.slots is None:
             raise ValueError(f"layer {self.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
-        qkv, z = linear(x, w.wqkv).float(), linear(x, w.wgate).float()  # [T, C], [T, Hv*dv]
-        b, a = self.beta_alpha(x)  # [T, Hv] each
+        qkv, z, b, a = self.project(x)  # [T, C], [T, Hv*dv], [T, Hv], [T, Hv]
         beta = torch.sigmoid(b)  # [T, Hv]
         g = F.softplus(a + w.dt.float()) * w.a.float()  # [T, Hv]
         conv_state, ssm_state = kv
@@ -84,15 +88,26 @@ class GatedDeltaNet(nn.Module):
                 continue
             mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
             o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
-        o = _rms(o, self.eps) * w.norm.float() * F.silu(z.view(T, self.hv, self.dv))  # [T, Hv, dv]
+        o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
         return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
 
-    def beta_alpha(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pre-activation beta and alpha of each value head: [T, Hv] each."""
-        w, T = self.w, x.shape[0]
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input projections, float32: qkv [T, C] (contiguous), z [T, Hv*dv], and the
+        pre-activation beta and alpha of each value head [T, Hv] each."""
+        w, T, value = self.w, x.shape[0], self.hv * self.dv
+        if w.w_in is not None:
+            C = w.w_in.shape[0] - value - 2 * self.hv
+            qkv, z, ba = linear(x, w.w_in).float().split([C, value, 2 * self.hv], dim=-1)
+            return qkv.contiguous(), z, *(self.split_ba(ba) if w.w_in_ba else ba.split(self.hv, dim=-1))
+        qkv, z = linear(x, w.wqkv).float(), linear(x, w.wgate).float()
         if w.wba is None:
-            return linear(x, w.wbeta).float(), linear(x, w.walpha).float()
-        ba = linear(x, w.wba).float().view(T, self.hk, 2, self.hv // self.hk)  # [T, Hk, 2, r]
+            return qkv, z, linear(x, w.wbeta).float(), linear(x, w.walpha).float()
+        return qkv, z, *self.split_ba(linear(x, w.wba).float())
+
+    def split_ba(self, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """wba's output [T, 2 Hv] (per key head: its r betas, then its r alphas) -> beta, alpha [T, Hv]."""
+        T = ba.shape[0]
+        ba = ba.reshape(T, self.hk, 2, self.hv // self.hk)  # [T, Hk, 2, r]
         return ba[:, :, 0].reshape(T, self.hv), ba[:, :, 1].reshape(T, self.hv)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,16 +158,24 @@ class GatedAttention(Attention):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        w, T, H, hd = self.w, x.shape[0], self.n_head, self.head_dim
-        q, gate = linear(x, w.wq).view(T, H, 2, hd).unbind(2)  # [T, H, hd] each
-        k, v = linear(x, w.wk).view(T, self.n_head_kv, hd), linear(x, w.wv).view(T, self.n_head_kv, hd)
+        w, T, H, hd, Hkv = self.w, x.shape[0], self.n_head, self.head_dim, self.n_head_kv
+        if w.wqkv is not None:  # packed: q (with the gates), k and v stacked, one product
+            qg, k, v = linear(x, w.wqkv).split([2 * H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        else:
+            qg, k, v = linear(x, w.wq), linear(x, w.wk), linear(x, w.wv)
+        q, gate = qg.reshape(T, H, 2, hd).unbind(2)  # [T, H, hd] each
+        k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
         q, k = w.q_norm(q.contiguous()), w.k_norm(k)
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        attend = self.attend_decode if batch.is_decode else self.attend_each
-        out = attend(q, batch, k_cache, v_cache) * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
+        if self.native and batch.is_decode:  # float32 on the CPU: the native decode attention
+            out = native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, hd ** -0.5,
+                                     torch.empty((T, H * hd), dtype=torch.float32))
+        else:
+            out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
+        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
         return linear(out, w.wo)  # [T, D]
 
 

@@ -187,6 +187,10 @@ def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope, tiled: bool) -> 
         norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)),
         wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
         walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
+    ins = [weights.wqkv, weights.wgate, *((weights.wbeta, weights.walpha) if tiled else (weights.wba,))]
+    if all(isinstance(m, PackedMatrix) for m in ins) and len({m.type for m in ins}) == 1:
+        weights.w_in, weights.w_in_ba = PackedMatrix.concat(ins), not tiled
+        weights.wqkv = weights.wgate = weights.wba = weights.wbeta = weights.walpha = None
     return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled,
                          native=w.native)
 
@@ -197,7 +201,10 @@ def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedA
         wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
         wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
         q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
-    return GatedAttention(weights, H, Hkv, hd, rope, i)
+    qkv = [weights.wq, weights.wk, weights.wv]
+    if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
+        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
+    return GatedAttention(weights, H, Hkv, hd, rope, i, native=w.native)
 
 
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:

@@ -123,3 +123,36 @@ def test_generate_batch_equals_each_alone(tiny):
 def test_chunked_attention_in_packed_compute_is_the_module_attention(tiny):
     blocks = Bare(tiny.gguf("f32")).model.blocks
     assert all(isinstance(b.attention, ChunkedAttention) and not b.attention.fusable for b in blocks)
+
+
+@pytest.mark.parametrize("compute", ["float", "packed"])
+def test_input_scaled_picks_run_as_one_routed_call(tiny, compute):
+    """Top-k above 1 (the tiny model uses 2 of its 4 experts here): the k picks of every token run
+    in one routed call, as tokens of their own, and give each pick's own call's sum."""
+    with strata.load(tiny.gguf("q8_0"), compute=compute, threads=1, n_ctx=64, max_batch=1) as m:
+        moe = next(b.ffn for b in m.transformer.blocks if isinstance(b.ffn, InputScaledMoE))
+        moe.router.k = 2
+        calls = []
+        run = moe.experts.forward
+        moe.experts.forward = lambda *a: calls.append(a[2].shape) or run(*a)
+        x = torch.randn(5, moe.router.weight.shape[1], generator=torch.Generator().manual_seed(1))
+        got = moe(x)
+        assert calls == [(10, 1)]
+        weights, ids = moe.router(x)
+        ones = torch.ones((5, 1), dtype=weights.dtype)
+        want = sum(run(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
+        assert rel_err(got, want + moe.shared(x)) < 1e-6
+
+
+def test_packed_decode_attends_in_the_native_call(tiny, monkeypatch):
+    """Packed compute's decode steps attend in the native decode attention (chunk windows and
+    global layers), torch's masked attention only in prefill; the tokens are float's."""
+    import strata.models.chunked as chunked
+    prompt, seen = tiny.prompt_ids(10, seed=5), []
+    with _load(tiny.gguf("f32")) as ref:
+        want = ref.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids
+    real = chunked.attend_chunked
+    monkeypatch.setattr(chunked, "attend_chunked", lambda q, *a: seen.append(q.shape[0]) or real(q, *a))
+    with _load(tiny.gguf("f32"), "packed") as m:
+        assert m.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids == want
+    assert seen and all(n == len(prompt) for n in seen)  # prefill only: 4 layers x the prompt
