@@ -129,6 +129,14 @@ class ExpertParallel:
                 raise StrataError(f"{mf.path}: rank {r}'s shard plan (checksum {plan_cs}) differs from rank 0's "
                                   f"({every[0][1]}): every rank needs the same --replicate-hot")
 
+    def least(self, value: int) -> int:
+        """The smallest of every rank's `value` (a size each rank sized from its own machine, such
+        as the prefix cache's blocks under --cache-ram auto, which the ranks must share)."""
+        every: list = [None] * self.world_size
+        with self._failing("the start-up agreement on sizes", STARTUP_TIMEOUT_S):
+            dist.all_gather_object(every, int(value))
+        return min(every)
+
     def ready(self) -> None:
         """Wait, up to the start-up timeout, until every rank has loaded: the steps' collectives
         then hold each other to the step timeout only."""

@@ -465,6 +465,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)
         extra = prefix_cache_blocks(mf, dev, dt, cache_ram, kv_type, machine, prefix_cache)
+        if expert_parallel is not None:  # the ranks run one schedule: one pool size, the least machine's
+            extra = expert_parallel.least(extra)
         pool = (kv_blocks or max_batch * blocks_for(ctx)) + extra if extra else kv_blocks
         kv = kv_bytes(mf, dev, dt, ctx, max_batch, pool, machine, kv_type)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
