@@ -560,6 +560,43 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_
                        float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl);
 
+/* A gated DeltaNet layer's decode half (qwen3next, qwen35moe; strata_decode_deltanet): the layer's
+ * stacked input projection w_in [C + Hv dv + 2 Hv, D] (rows: q|k|v of C = 2 Hk dk + Hv dv, the
+ * output gate z, then beta/alpha: per key head its r = Hv/Hk betas then its r alphas when
+ * ba_per_key_head, else Hv betas then Hv alphas), conv [C, K], dt and A [Hv], ssm_norm [dv] (eps
+ * ssm_eps), w_out [D, Hv dv]; the per-slot states conv_state [n_slots, K-1, C] and ssm_state
+ * [n_slots, Hv, dk, dv] (float32); and the FFN's input norm and router as in strata_attn_layer. */
+typedef struct {
+    int64_t n_embd, n_k_heads, n_v_heads, head_k_dim, head_v_dim, conv_kernel;
+    int32_t tiled, ba_per_key_head;
+    float norm_eps, ssm_eps;
+    const float *attn_norm, *ffn_norm;
+    int32_t in_type, out_type;
+    const void *w_in, *w_out;
+    int64_t w_in_bytes, w_out_bytes;
+    const float *conv, *dt, *ssm_a, *ssm_norm;
+    float *conv_state, *ssm_state;
+    int64_t n_slots;
+    const float *router;
+    int64_t n_experts, n_used;
+    int32_t gating, norm_weights;
+    float weights_scale;
+    const float *router_bias, *selection_bias;
+    int64_t n_groups, n_groups_used;
+    int32_t group_top;
+} strata_deltanet_layer;
+
+/* Scratch bytes strata_decode_deltanet needs for `n_seq` sequences of `layer`. */
+int strata_decode_deltanet_scratch_bytes(const strata_deltanet_layer *layer, int64_t n_seq, int64_t *bytes);
+
+/* One decode step through a gated DeltaNet layer's half, as strata_decode_attn: x [n_seq, D] +=
+ * w_out (norm_gate(recur(conv(q|k|v)), z)) of attn_norm(x), sequence b's states in row slots[b]
+ * (zeroed first where positions[b] is 0); xn = ffn_norm(x); routing and grouping for an MoE layer.
+ * The per-call path's native functions in its order (deltanet.c), so the same bytes. */
+int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *layer, int64_t n_seq, const int64_t *slots,
+                           const int64_t *positions, float *x, float *xn, int64_t *expert_ids, float *weights,
+                           strata_route_groups *groups, void *scratch, int64_t scratch_bytes, int impl);
+
 /* ==== Decode program (program.c): a decode step through every layer in one call ==== */
 
 /* One layer of the program: its attention half (strata_decode_attn's layer, caches bound), for an
