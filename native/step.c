@@ -311,9 +311,8 @@ typedef struct { int64_t xa, proj, mixed, ba, gates, o, og, out, logits, act, to
 static int dn_layer_ok(const strata_deltanet_layer *L, int64_t *C, int64_t *n_in, int64_t *val) {
     int64_t key, t, conv, ssm;
     if (!L || L->n_embd < 1 || L->n_k_heads < 1 || L->n_v_heads < 1 || L->head_k_dim < 1 || L->head_v_dim < 1 ||
-        L->n_v_heads % L->n_k_heads || L->conv_kernel < 2 || L->n_slots < 1 || !L->attn_norm || !L->ffn_norm ||
-        !L->w_in || !L->w_out || !L->conv || !L->dt || !L->ssm_a || !L->ssm_norm || !L->conv_state ||
-        !L->ssm_state || L->w_in_bytes < 0 || L->w_out_bytes < 0 || !(L->ssm_eps >= 0.0f) ||
+        L->n_v_heads % L->n_k_heads || L->conv_kernel < 2 || L->n_slots < 0 || !L->attn_norm || !L->ffn_norm ||
+        !L->w_in || !L->w_out || !L->conv || !L->dt || !L->ssm_a || !L->ssm_norm || L->w_in_bytes < 0 || L->w_out_bytes < 0 || !(L->ssm_eps >= 0.0f) ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
         return STRATA_E_ARG;
     if (!mul_ok(L->n_k_heads, L->head_k_dim, &key) || !mul_ok(L->n_v_heads, L->head_v_dim, val) ||
@@ -398,7 +397,8 @@ int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *L, in
     int64_t C, n_in, val;
     int st = dn_layer_ok(L, &C, &n_in, &val);
     if (st != STRATA_OK) return st;
-    if (n_seq < 1 || !slots || !positions || !x || !xn || (L->router && (!expert_ids || !weights)))
+    if (n_seq < 1 || !slots || !positions || !x || !xn || (L->router && (!expert_ids || !weights)) ||
+        !L->conv_state || !L->ssm_state || L->n_slots < 1)
         return STRATA_E_ARG;
     dn_layout S;
     st = dn_plan(L, n_seq, C, n_in, val, &S);

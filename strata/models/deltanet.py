@@ -1,5 +1,6 @@
 """Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
-paths (the fused decode step and the decode program lack it and say so).
+paths; the fused decode step computes a DeltaNet layer in one native call (the decode program lacks
+it and says so).
 
 GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
     [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
@@ -56,8 +57,8 @@ class DeltaNetWeights:
 class GatedDeltaNet(nn.Module):
     """One gated DeltaNet layer (see the module docstring)."""
 
-    fusable = False
-    unfused_why = "gated DeltaNet linear attention (qwen3next) runs per call"
+    fusable = True  # the fused decode step (strata.runtime.step) computes it (native/step.c, DeltaNet half)
+    in_program = False  # the decode program (strata.runtime.program) runs attention layers only
 
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
                  eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
@@ -73,8 +74,7 @@ class GatedDeltaNet(nn.Module):
         if batch.slots is None:
             raise ValueError(f"layer {self.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
         qkv, z, b, a = self.project(x)  # [T, C], [T, Hv*dv], [T, Hv], [T, Hv]
-        beta = torch.sigmoid(b)  # [T, Hv]
-        g = F.softplus(a + w.dt.float()) * w.a.float()  # [T, Hv]
+        beta, g = self.gates(b, a)  # [T, Hv] each
         conv_state, ssm_state = kv
         o = torch.empty((T, self.hv, self.dv), dtype=torch.float32, device=x.device)
         for b, (slot, start, n, off) in enumerate(zip(batch.slots, batch.starts, batch.lengths, batch.offsets)):
@@ -88,8 +88,19 @@ class GatedDeltaNet(nn.Module):
                 continue
             mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
             o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
-        o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
+        if self.native and not x.is_cuda:  # the fused decode step's function (native/step.c), so its bytes
+            o = native.deltanet_norm_gate(o, z, w.norm, self.eps, torch.empty((T, self.hv * self.dv)))
+        else:
+            o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
         return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
+
+    def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """beta = sigmoid(b) and g = softplus(a + dt) * A, [T, Hv] each."""
+        w = self.w
+        if self.native and not b.is_cuda:  # one native call, as the fused decode step's
+            return native.deltanet_gates(b.contiguous(), a.contiguous(), w.dt, w.a, torch.empty(b.shape),
+                                         torch.empty(b.shape))
+        return torch.sigmoid(b), F.softplus(a + w.dt.float()) * w.a.float()
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input projections, float32: qkv [T, C] (contiguous), z [T, Hv*dv], and the

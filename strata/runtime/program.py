@@ -57,6 +57,8 @@ class DecodeProgram:
         for i, (b, ok) in enumerate(zip(blocks, fused)):
             if not ok:
                 return f"block {i} has no fused decode step"
+            if not getattr(b.attention, "in_program", True):
+                return f"block {i} is a gated DeltaNet layer (the program runs attention layers only)"
             if isinstance(b.ffn, SharedExpert):  # a dense layer
                 if b.ffn.packed is None or b.ffn.gate_inp is not None:
                     return f"block {i}'s dense FFN is not one packed expert"
