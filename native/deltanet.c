@@ -118,3 +118,10 @@ int strata_deltanet_norm_gate(const float *o, int64_t o_len, int64_t n, int64_t 
     }
     return STRATA_OK;
 }
+
+int strata_attn_gate(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n) {
+    if (!x || !gate || n < 0) return STRATA_E_ARG;
+    if (x_len < n || gate_len < n) return STRATA_E_SIZE;
+    for (int64_t i = 0; i < n; i++) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    return STRATA_OK;
+}

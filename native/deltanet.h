@@ -14,6 +14,7 @@
  *       softplus: linear above 20) for b, a [n, Hv] and dt, A [Hv].
  * norm_gate: out[t, h] = rmsnorm(o[t, h]) * norm * silu(z[t, h]) over the dv values of each head
  *       (o [n, Hv, dv]; z rows of Hv dv values z_stride apart; norm [dv]; mean of squares in double).
+ * attn_gate: x[i] *= sigmoid(gate[i]) for n values: gated attention's output gate (qwen3next).
  */
 int strata_deltanet_conv(const float *x, int64_t x_len, int64_t n, int64_t C, int64_t K, const float *w, int64_t w_len,
                          float *state, int64_t state_len, float *out, int64_t out_len);
@@ -25,3 +26,4 @@ int strata_deltanet_gates(const float *b, const float *a, int64_t ab_len, int64_
 int strata_deltanet_norm_gate(const float *o, int64_t o_len, int64_t n, int64_t Hv, int64_t dv, const float *z,
                               int64_t z_stride, int64_t z_len, const float *norm, int64_t norm_len, float eps,
                               float *out, int64_t out_len);
+int strata_attn_gate(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n);

@@ -39,14 +39,14 @@
 #include <string.h>
 
 #define STEP_ALIGN 64
-#define N_BUF 12
+#define N_BUF 13
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
-typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, act, total; } step_layout;
+typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, gate, act, total; } step_layout;
 
 static int latent(const strata_attn_layer *L) { return L->kv_lora > 0; }
 
@@ -59,7 +59,7 @@ static void widths(const strata_attn_layer *L, int64_t *n_qkv, int64_t *n_att, i
         *n_att = H * (L->kv_lora + L->rope_dim); /* the query in the latent space, then its attention */
         *o_in = H * L->v_dim;
     } else {
-        *n_qkv = (H + 2 * L->n_head_kv) * hd;
+        *n_qkv = (H * (L->q_gate ? 2 : 1) + 2 * L->n_head_kv) * hd;
         *n_att = H * hd;
         *o_in = H * hd;
     }
@@ -88,12 +88,12 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     }
     const int64_t lat = latent(L) ? L->kv_lora + L->rope_dim : 0;
     /* Per sequence, bytes: xa, qkv, att, o, n_ctx, the new token's block and offset, logits, q_a,
-     * kv_a, the latent query; then the activation rows of the products. */
+     * kv_a, the latent query, the output gate; then the activation rows of the products. */
     const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
                                         (L->router ? L->n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
-                                        lat * 4, (latent(L) ? n_att : 0) * 4};
+                                        lat * 4, (latent(L) ? n_att : 0) * 4, (L->q_gate ? n_att : 0) * 4};
     int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
-                            &S->ckv, &S->query, &S->act};
+                            &S->ckv, &S->query, &S->gate, &S->act};
     int64_t at = 0;
     for (int i = 0; i < N_BUF; i++) {
         int64_t n = act;
@@ -111,6 +111,7 @@ static int layer_ok(const strata_attn_layer *L) {
         !mul_ok(L->n_head, L->head_dim, &hq) || !mul_ok(L->n_head_kv, L->head_dim, &hkv) ||
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
         !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
+        (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
         return STRATA_E_ARG;
     if (latent(L)) {
@@ -135,20 +136,33 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
     return st;
 }
 
+/* Gated attention's query rows [q_0 | g_0 | q_1 | g_1 ...] of each product row: the gates into
+ * gate [n_seq, H hd], the queries packed into the row's first H hd values. */
+static void split_gates(float *qkv, int64_t n_qkv, int64_t n_seq, int64_t H, int64_t hd, float *gate) {
+    for (int64_t b = 0; b < n_seq; b++) {
+        float *row = qkv + b * n_qkv;
+        for (int64_t h = 0; h < H; h++)
+            memcpy(gate + (b * H + h) * hd, row + (2 * h + 1) * hd, (size_t)hd * sizeof(float));
+        for (int64_t h = 1; h < H; h++)  /* head h moves from 2h hd to h hd: below every later head */
+            memmove(row + h * hd, row + 2 * h * hd, (size_t)hd * sizeof(float));
+    }
+}
+
 /* Grouped-query attention of the new tokens into att [n_seq, H hd]. */
 static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *qkv,
-                    float *att, const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act,
-                    int64_t act_bytes, int impl) {
+                    float *att, float *gate, const int64_t *n_ctx, const int64_t *blk, const int64_t *off,
+                    void *act, int64_t act_bytes, int impl) {
     const int64_t D = L->n_embd, H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
-    const int64_t hq = H * hd, hkv = Hkv * hd, n_qkv = hq + 2 * hkv;
+    const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + 2 * hkv;
     int st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
                            n_seq * n_qkv * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bqkv)
         for (int64_t b = 0; b < n_seq; b++)
             for (int64_t i = 0; i < n_qkv; i++) qkv[b * n_qkv + i] += L->bqkv[i];
-    float *q = qkv, *k = qkv + hq, *v = qkv + hq + hkv;
+    if (L->q_gate) split_gates(qkv, n_qkv, n_seq, H, hd, gate);
+    float *q = qkv, *k = qkv + n_q, *v = qkv + n_q + hkv;
     if (L->q_norm) {
         const int per_head = L->qk_norm_per_head != 0;
         st = strata_glue_rmsnorm(q, n_qkv, n_seq, per_head ? H : 1, per_head ? hd : hq, L->q_norm, L->norm_eps, q, n_qkv);
@@ -166,9 +180,11 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
                                     L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
-    return strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
-                                         L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
-                                         L->window, att, hq, impl);
+    st = strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+                                       L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
+                                       L->window, att, hq, impl);
+    if (st != STRATA_OK || !L->q_gate) return st;
+    return strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
 }
 
 /* Latent attention of the new tokens into att [n_seq, H v_dim]. */
@@ -287,8 +303,8 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
                       (float *)(s + S.ckv), (float *)(s + S.query), att, a_out, n_ctx, blk,
                       off, act, act_bytes, impl);
     else
-        st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, n_ctx, blk, off, act,
-                      act_bytes, impl);
+        st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, (float *)(s + S.gate),
+                      n_ctx, blk, off, act, act_bytes, impl);
     if (st == STRATA_OK)
         st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, o_in, a_out, n_seq * o_in * 4, n_seq, proj,
                            n_seq * D * 4, act, act_bytes, impl);

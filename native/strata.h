@@ -533,6 +533,10 @@ typedef struct {
     const void *wq_a, *wkv_a, *k_b, *v_b;
     int64_t wq_a_bytes, wkv_a_bytes, k_b_bytes, v_b_bytes;
     const float *q_a_norm, *kv_a_norm;
+    /* Gated attention (qwen3next, qwen35moe; 0: none): wqkv's query rows are [q_h | gate_h] per
+     * head ([(2 H + 2 Hkv) hd, D]); the attention's output is multiplied by sigmoid(gate) before
+     * wo (strata_attn_gate). Grouped-query attention without qkv bias only. */
+    int32_t q_gate;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):

@@ -1,6 +1,6 @@
 """Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
-paths; the fused decode step computes a DeltaNet layer in one native call (the decode program lacks
-it and says so).
+paths; the fused decode step computes either layer's half in one native call (native/step.c; the
+decode program lacks the DeltaNet layer and says so).
 
 GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
     [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
@@ -164,8 +164,7 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 class GatedAttention(Attention):
     """Full attention with a per-head sigmoid output gate from the query projection (qwen3next)."""
 
-    fusable = False
-    unfused_why = "gated full attention (qwen3next) runs per call"
+    fusable = True  # the fused decode step computes it (native/step.c: DecodeAttn's q_gate)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -177,17 +176,32 @@ class GatedAttention(Attention):
         q, gate = qg.reshape(T, H, 2, hd).unbind(2)  # [T, H, hd] each
         k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
         q, k = w.q_norm(q.contiguous()), w.k_norm(k)
+        if self.native and not x.is_cuda:  # float32 on the CPU: the fused decode step's native calls, in its order
+            return self.forward_gated_native(q, k, v, gate, batch, cos_sin, kv)
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        if self.native and batch.is_decode:  # float32 on the CPU: the native decode attention
+        out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
+        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
+        return linear(out, w.wo)  # [T, D]
+
+    def forward_gated_native(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
+                             batch: Batch, cos_sin, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rope, cache writes, decode attention and the output gate in native calls (q, k normed)."""
+        T, H, hd = q.shape[0], self.n_head, self.head_dim
+        k = k.contiguous()
+        native.rope(q, *cos_sin, self.rope.rope_dim, self.rope.neox)
+        native.rope(k, *cos_sin, self.rope.rope_dim, self.rope.neox)
+        k_cache, v_cache = kv
+        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
+        if batch.is_decode:
             out = native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, hd ** -0.5,
                                      torch.empty((T, H * hd), dtype=torch.float32))
         else:
-            out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
-        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
-        return linear(out, w.wo)  # [T, D]
+            out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
+        native.attn_gate(out, gate.reshape(T, H * hd).contiguous())  # [T, H*hd]
+        return linear(out, self.w.wo)  # [T, D]
 
 
 __all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet"]

@@ -17,7 +17,7 @@ Wrappers check their inputs, call C (the GIL is released) and turn any status in
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
-from .deltanet import deltanet_conv, deltanet_gates, deltanet_norm_gate, deltanet_recur
+from .deltanet import attn_gate, deltanet_conv, deltanet_gates, deltanet_norm_gate, deltanet_recur
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .glue import attn_decode, group_assignments, kv_cache_type, kv_row_bytes, kv_write, matvec, rmsnorm, rope, route
 from .matmul import (ComputePool, MoeAct, MoeCall, MoePart, MoeParts, matmul_heads, matmul_heads_scratch_bytes,
@@ -29,7 +29,7 @@ from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 from .support import TypeSupport, supported_types, type_support
 
-__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeDeltaNet", "deltanet_conv", "deltanet_gates",
+__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeDeltaNet", "attn_gate", "deltanet_conv", "deltanet_gates",
            "deltanet_norm_gate", "deltanet_recur", "DecodeLayers", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
            "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",

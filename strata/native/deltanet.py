@@ -5,6 +5,7 @@ delta rule of one sequence, for the CPU path of `strata.models.deltanet`.
     native.deltanet_recur(mixed, g, beta, ssm_state, out, n_k_heads, tiled)   # out [n, Hv, dv]
     native.deltanet_gates(b, a, dt, A, beta, g)             # b, a -> beta, g [n, Hv]
     native.deltanet_norm_gate(o, z, norm, eps, out)         # rmsnorm(o) * norm * silu(z): out [n, Hv dv]
+    native.attn_gate(x, gate)                               # x *= sigmoid(gate): gated attention
     native.DecodeDeltaNet(...)                              # a layer's decode half in one call (step.c)
 
 Arguments are contiguous float32 CPU torch tensors (z may be a row-strided view); C checks every
@@ -79,9 +80,19 @@ def deltanet_norm_gate(o: Any, z: Any, norm: Any, eps: float, out: Any) -> Any:
     return out
 
 
+def attn_gate(x: Any, gate: Any) -> Any:
+    """x *= sigmoid(gate) in place (gated attention's output gate), both contiguous float32 of one size."""
+    xp, xn = _ptr(x, "x")
+    gp, gn = _ptr(gate, "gate")
+    if xn != gn:
+        raise ValueError(f"attention gate: x {tuple(x.shape)} and gate {tuple(gate.shape)} differ in size")
+    check(lib.strata_attn_gate(xp, xn, gp, gn, xn), f"attention gate of x {tuple(x.shape)}")
+    return x
+
+
 def torch_float32() -> Any:
     import torch
     return torch.float32
 
 
-__all__ = ["deltanet_conv", "deltanet_gates", "deltanet_norm_gate", "deltanet_recur"]
+__all__ = ["attn_gate", "deltanet_conv", "deltanet_gates", "deltanet_norm_gate", "deltanet_recur"]

@@ -41,8 +41,9 @@ class DecodeAttn:
     tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E];
     DeepSeek a selection bias [E] and expert groups, and `mla` for latent attention: a dict of
     kv_lora, q_lora, nope, v_dim, wkv_a, wq_a, k_b and v_b (type, bytes), q_a_norm, kv_a_norm
-    (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). The tensors are kept alive by
-    this object."""
+    (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). `q_gate` (qwen3next's gated
+    attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
+    multiplied by sigmoid(gate) before o. The tensors are kept alive by this object."""
 
     def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
@@ -50,10 +51,12 @@ class DecodeAttn:
                  qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
-                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None):
+                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False):
         if gating not in _GATING:
             raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
+        if q_gate and (mla is not None or bqkv is not None):
+            raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         n_experts = 0 if router is None else int(router.shape[0])
         self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
                       selection_bias, mla)
@@ -76,7 +79,7 @@ class DecodeAttn:
             "sinks": _f32(sinks, "sinks", n_head), "window": int(window), "bo": _f32(bo, "output bias", D),
             "router_bias": _f32(router_bias, "router bias", n_experts),
             "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
-            "n_groups_used": n_groups_used, "group_top": group_top})
+            "n_groups_used": n_groups_used, "group_top": group_top, "q_gate": 1 if q_gate else 0})
         if mla is not None:  # latent attention: see strata.h strata_attn_layer
             c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
             c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]

@@ -18,7 +18,7 @@ import torch
 from strata import native
 
 from strata.models.batch import Batch
-from strata.models.deltanet import GatedDeltaNet
+from strata.models.deltanet import GatedAttention, GatedDeltaNet
 from strata.models.layers import FeedForward, SharedExpert
 from strata.models.mla import MLAttention
 from strata.models.moe import MoE
@@ -72,7 +72,8 @@ class FusedDecode:
                 **common, n_head_kv=att.n_head_kv, head_dim=att.head_dim, attn_scale=att.head_dim ** -0.5,
                 qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias,
                 q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
-                qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo))
+                qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo),
+                q_gate=isinstance(att, GatedAttention))
         self._grow(capacity)
 
     @staticmethod
