@@ -109,3 +109,19 @@ def test_the_plan_names_the_memory_and_how_it_was_chosen(qwen3):
         assert m.plan.memory == "paged" and m.plan.memory_why == "the default for packed compute"
     with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="paged") as m:
         assert m.plan.memory_why == "as asked" and m.plan.describe().endswith("; memory: as asked")
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_hybrid_linear_attention_plans_the_fused_step(arch):
+    """Gated DeltaNet and gated attention blocks all have a fused decode step; the decode program
+    runs attention layers only, so the plan is the fused step and says why not the program."""
+    from strata.runtime.runner import arch_caps
+    from tests.fixtures.tiny import zoo
+
+    with strata.load(zoo().get(arch).gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
+                     memory="direct") as m:
+        caps = arch_caps(m.transformer)
+        assert caps.fused_blocks == caps.n_blocks and caps.unfused is None
+        assert "gated DeltaNet layer (the program runs attention layers only)" in caps.program
+        assert m.plan.decode == FUSED and m.plan.decode_why == caps.program
+        assert m.runner.program is None and all(s is not None for s in m.runner.steps)
