@@ -608,7 +608,8 @@ int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *layer
  * e is the matrix at position slot_of[e] of the parts (-1: not in place). A dense layer (attn
  * without a router) has its FFN as the shared expert (s_ff > 0, no gate) and no expert parts. */
 typedef struct {
-    const strata_attn_layer *attn;
+    const strata_attn_layer *attn;  /* or NULL for a gated DeltaNet layer: */
+    const strata_deltanet_layer *deltanet;  /* its half (strata_decode_deltanet), states bound; else NULL */
     strata_moe_part gate, up, down;
     const int32_t *slot_of;
     int64_t n_ff;
@@ -636,11 +637,12 @@ int strata_shared_weights(const float *x, int64_t n_tok, int64_t n_embd, const f
  * done (x, xn, its expert ids, weights and groups written), its experts are the caller's to add
  * before resuming at the next layer. A layer with a shared expert adds it into routed after the
  * routed experts (s_tokens int32 and s_weights float [n_seq]: working buffers, NULL when no layer
- * has one). layer_used [n_layers] receives each run layer's count of
+ * has one). A gated DeltaNet layer's half (strata_decode_deltanet) reads the sequences' state rows
+ * slots [n_seq] (NULL when no layer is one). layer_used [n_layers] receives each run layer's count of
  * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
  * attention and experts. */
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *block_table, int64_t table_stride, const int64_t *positions,
+                         const int64_t *block_table, int64_t table_stride, const int64_t *slots, const int64_t *positions,
                          const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,

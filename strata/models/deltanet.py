@@ -1,6 +1,6 @@
 """Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
-paths; the fused decode step computes either layer's half in one native call (native/step.c; the
-decode program lacks the DeltaNet layer and says so).
+paths; the fused decode step and the decode program compute either layer's half in one native call
+(native/step.c).
 
 GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
     [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
@@ -57,8 +57,7 @@ class DeltaNetWeights:
 class GatedDeltaNet(nn.Module):
     """One gated DeltaNet layer (see the module docstring)."""
 
-    fusable = True  # the fused decode step (strata.runtime.step) computes it (native/step.c, DeltaNet half)
-    in_program = False  # the decode program (strata.runtime.program) runs attention layers only
+    fusable = True  # the fused decode step and the decode program compute it (native/step.c, DeltaNet half)
 
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
                  eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
