@@ -318,9 +318,9 @@ HYBRID = ["qwen3next", "qwen35moe"]
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
 def test_fused_deltanet_and_gated_attention_equal_the_per_call_path(arch, outtype):
     """Hybrid linear attention (gated DeltaNet layers, gated full attention): every block has a
-    fused step (the DeltaNet half in one native call, the gated attention in DecodeAttn), the plan
-    says fused step and why not the program, and the bytes equal the per-call path's, one sequence
-    and three at different positions (each on its own slot's recurrent state)."""
+    fused step (the DeltaNet half in one native call, the gated attention in DecodeAttn), the decode
+    program runs them all, and both give the per-call path's bytes, one sequence and three at
+    different positions (each on its own slot's recurrent state)."""
     from strata.runtime.step import FusedDeltaNet
     from tests.fixtures.tiny import zoo
 
@@ -329,14 +329,15 @@ def test_fused_deltanet_and_gated_attention_equal_the_per_call_path(arch, outtyp
                      memory="direct") as m:
         kinds = [type(s).__name__ for s in m.runner.steps]
         assert "FusedDeltaNet" in kinds and "FusedDecode" in kinds and all(s is not None for s in m.runner.steps)
-        assert m.plan.decode == runtime.FUSED and "gated DeltaNet" in m.plan.decode_why
-        assert m.runner.program is None and "blocks:" not in m.plan.decode_why  # every block fused
+        _has_program(tiny, m)
+        assert m.runner.program.native.recurrent
         assert any(s.layer.c.q_gate for s in m.runner.steps if not isinstance(s, FusedDeltaNet))
         for prompts in ([tiny.prompt_ids(7, seed=1)],
                         [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
             per_call = _decode_logits(m, prompts, "per_call")
-            for a, b in zip(_decode_logits(m, prompts, "fused"), per_call):
-                assert torch.equal(a, b)
+            for mode in ("fused", "program"):
+                for a, b in zip(_decode_logits(m, prompts, mode), per_call):
+                    assert torch.equal(a, b), mode
 
 
 def test_native_deltanet_step_refuses_bad_arguments():
@@ -371,3 +372,14 @@ def test_native_deltanet_step_refuses_bad_arguments():
             layer.run(c.pool, torch.tensor([0], dtype=torch.int32), pos, x, step.out, c.scratch)
         with pytest.raises(ValueError, match="states"):  # states of another layer's shape
             layer.bind_states(torch.zeros((2, 1, 3)), ssm)
+        # the decode program: the state slots are required, and checked in C
+        prog = m.runner.program
+        for j, lay in enumerate(prog.layers):
+            (lay.bind_states if isinstance(lay, native.DecodeDeltaNet) else lay.bind_cache)(*m.cache.layer(j))
+        cos, sin = m.transformer.rope.cos_sin(pos, torch.float32)
+        args = (c.pool, torch.tensor([[0]]), pos, cos, sin, x, prog.routed, prog.expert_ids, prog.layer_used, c.scratch)
+        with pytest.raises(ValueError, match="state slots"):
+            prog.native.run(*args)
+        with pytest.raises(NativeError, match="decode program"):
+            prog.native.run(*args, slots=torch.tensor([n_slots]))
+        assert torch.equal(ssm, before)

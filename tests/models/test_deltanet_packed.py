@@ -89,9 +89,9 @@ def test_packed_decode_steps_equal_the_float_path(arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
-def test_fused_decode_steps_equal_the_float_path(arch):
-    """The fused decode step of every block (the DeltaNet half and the gated attention each in one
-    native call) decodes a batch of two sequences within 1e-5 of the float path."""
+def test_decode_program_equals_the_float_path(arch):
+    """The decode program over every block (the DeltaNet half and the gated attention each in one
+    native step) decodes a batch of two sequences within 1e-5 of the float path."""
     from strata import runtime
     tiny = zoo().get(arch)
     prompts = [tiny.prompt_ids(12, seed=1), tiny.prompt_ids(7, seed=2)]
@@ -99,7 +99,7 @@ def test_fused_decode_steps_equal_the_float_path(arch):
     for compute in ("float", "packed"):
         with strata.load(tiny.gguf("f32"), compute=compute, threads=1, n_ctx=64, max_batch=2,
                          memory="direct") as m:
-            assert m.plan.decode == (runtime.FUSED if compute == "packed" else runtime.FLOAT)
+            assert m.plan.decode == (runtime.PROGRAM if compute == "packed" else runtime.FLOAT)
             slots = [m.cache.allocate() for _ in prompts]
             last = [int(m.runner(torch.tensor(p), m.cache.batch([s], [0], [len(p)]), m.cache)[0].argmax())
                     for s, p in zip(slots, prompts)]
