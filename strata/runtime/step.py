@@ -2,8 +2,10 @@
 call (`native.DecodeAttn`), its routed experts in the fused MoE call, so a decode step crosses
 into C about twice per layer instead of a dozen times.
 
-The maths is the block's own, step for step (strata.models: attention.py forward_native, moe.py
-Router and RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
+A gated DeltaNet block (qwen3next, qwen35moe) has its own attention half (`FusedDeltaNet`:
+`native.DecodeDeltaNet` on the batch's state slots); the gated attention is DecodeAttn's q_gate.
+The maths is the block's own, step for step (strata.models: attention.py forward_native,
+deltanet.py, moe.py Router and RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
 for prefill (several tokens per sequence) and as the reference the tests compare with.
 Must not: choose when to run (the plan does: strata.runtime.plan; the runner uses it for decode
 batches only) or
