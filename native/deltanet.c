@@ -82,3 +82,46 @@ int strata_deltanet_recur(const float *mixed, int64_t mixed_len, const float *g,
     free(buf);
     return STRATA_OK;
 }
+
+int strata_deltanet_gates(const float *b, const float *a, int64_t ab_len, int64_t n, int64_t Hv, const float *dt,
+                          const float *A, int64_t head_len, float *beta, float *g, int64_t out_len) {
+    if (!b || !a || !dt || !A || !beta || !g || n < 1 || Hv < 1) return STRATA_E_ARG;
+    if (ab_len < n * Hv || head_len < Hv || out_len < n * Hv) return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t h = 0; h < Hv; h++) {
+            const int64_t i = t * Hv + h;
+            const float v = a[i] + dt[h];
+            /* torch's softplus (beta 1, threshold 20): linear above the threshold */
+            const float sp = v > 20.0f ? v : log1pf(expf(v));
+            g[i] = sp * A[h];
+            beta[i] = 1.0f / (1.0f + expf(-b[i]));
+        }
+    }
+    return STRATA_OK;
+}
+
+int strata_deltanet_norm_gate(const float *o, int64_t o_len, int64_t n, int64_t Hv, int64_t dv, const float *z,
+                              int64_t z_stride, int64_t z_len, const float *norm, int64_t norm_len, float eps,
+                              float *out, int64_t out_len) {
+    if (!o || !z || !norm || !out || n < 1 || Hv < 1 || dv < 1 || z_stride < Hv * dv) return STRATA_E_ARG;
+    if (o_len < n * Hv * dv || z_len < (n - 1) * z_stride + Hv * dv || norm_len < dv || out_len < n * Hv * dv)
+        return STRATA_E_SIZE;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t h = 0; h < Hv; h++) {
+            const float *x = o + (t * Hv + h) * dv, *zz = z + t * z_stride + h * dv;
+            float *y = out + (t * Hv + h) * dv;
+            double ss = 0.0;  /* summed in double, as strata_glue_rmsnorm */
+            for (int64_t j = 0; j < dv; j++) ss += (double)x[j] * x[j];
+            const float r = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
+            for (int64_t j = 0; j < dv; j++) y[j] = x[j] * r * norm[j] * silu(zz[j]);
+        }
+    }
+    return STRATA_OK;
+}
+
+int strata_attn_gate(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n) {
+    if (!x || !gate || n < 0) return STRATA_E_ARG;
+    if (x_len < n || gate_len < n) return STRATA_E_SIZE;
+    for (int64_t i = 0; i < n; i++) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+    return STRATA_OK;
+}

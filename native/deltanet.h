@@ -10,9 +10,20 @@
  *       q = l2(mixed[t, q part of kh]) / sqrt(dk), k = l2(mixed[t, k part of kh]), v = mixed[t, v of h]
  *       S = exp(g[t, h]) S;  d = beta[t, h] (v - S^T k);  S += k d^T;  out[t, h] = S^T q
  *       with S [Hv, dk, dv] the state and l2(x) = x / sqrt(sum x^2 + 1e-6).
+ * gates: beta[t, h] = sigmoid(b[t, h]), g[t, h] = softplus(a[t, h] + dt[h]) * A[h] (torch's
+ *       softplus: linear above 20) for b, a [n, Hv] and dt, A [Hv].
+ * norm_gate: out[t, h] = rmsnorm(o[t, h]) * norm * silu(z[t, h]) over the dv values of each head
+ *       (o [n, Hv, dv]; z rows of Hv dv values z_stride apart; norm [dv]; mean of squares in double).
+ * attn_gate: x[i] *= sigmoid(gate[i]) for n values: gated attention's output gate (qwen3next).
  */
 int strata_deltanet_conv(const float *x, int64_t x_len, int64_t n, int64_t C, int64_t K, const float *w, int64_t w_len,
                          float *state, int64_t state_len, float *out, int64_t out_len);
 int strata_deltanet_recur(const float *mixed, int64_t mixed_len, const float *g, const float *beta, int64_t gb_len,
                           int64_t n, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int tiled, float *state,
                           int64_t state_len, float *out, int64_t out_len);
+int strata_deltanet_gates(const float *b, const float *a, int64_t ab_len, int64_t n, int64_t Hv, const float *dt,
+                          const float *A, int64_t head_len, float *beta, float *g, int64_t out_len);
+int strata_deltanet_norm_gate(const float *o, int64_t o_len, int64_t n, int64_t Hv, int64_t dv, const float *z,
+                              int64_t z_stride, int64_t z_len, const float *norm, int64_t norm_len, float eps,
+                              float *out, int64_t out_len);
+int strata_attn_gate(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n);

@@ -1,6 +1,6 @@
 /*
  * A whole decode step through every layer in one call: for each layer, the attention half and
- * router (strata_decode_attn; a dense layer's FFN runs as its "shared expert", weight 1), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
+ * router (strata_decode_attn, or strata_decode_deltanet for a gated DeltaNet layer; a dense layer's FFN runs as its "shared expert", weight 1), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
  * function), the shared expert if the
  * layer has one (a one-expert strata_moe_swiglu call, every token, weighted by
  * strata_shared_weights) and the residual add, the
@@ -30,23 +30,30 @@
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
+/* A layer's width and router, from its attention half or its gated DeltaNet half. */
+static int64_t layer_embd(const strata_decode_layer *L) { return L->attn ? L->attn->n_embd : L->deltanet->n_embd; }
+static const float *layer_router(const strata_decode_layer *L) { return L->attn ? L->attn->router : L->deltanet->router; }
+static int64_t layer_experts(const strata_decode_layer *L) {
+    return L->attn ? L->attn->n_experts : L->deltanet->n_experts;
+}
+static int64_t layer_n_used(const strata_decode_layer *L) { return L->attn ? L->attn->n_used : L->deltanet->n_used; }
+
 /* The layer list agrees with itself and with the buffers' shapes. */
 static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq, int64_t ids_stride,
-                     int64_t index_len) {
+                     int64_t index_len, const int64_t *slots) {
     if (!layers || n_layers < 1 || n_seq < 1) return STRATA_E_ARG;
-    const strata_attn_layer *first = layers[0].attn;
-    if (!first) return STRATA_E_ARG;
     for (int64_t l = 0; l < n_layers; l++) {
         const strata_decode_layer *L = &layers[l];
-        const strata_attn_layer *A = L->attn;
         int64_t n_assign;
-        if (!A || L->s_ff < 0 || A->n_embd != first->n_embd) return STRATA_E_ARG;
-        if (!A->router) {  /* a dense layer: its FFN is the "shared expert", every token, weight 1 */
+        if (!L->attn == !L->deltanet || (L->deltanet && !slots) || L->s_ff < 0 ||
+            layer_embd(L) != layer_embd(&layers[0]))
+            return STRATA_E_ARG;
+        if (!layer_router(L)) {  /* a dense layer: its FFN is the "shared expert", every token, weight 1 */
             if (L->s_ff < 1 || L->s_gate_inp) return STRATA_E_ARG;
             continue;
         }
         if (!L->slot_of || L->n_ff < 1) return STRATA_E_ARG;
-        if (A->n_experts > index_len || !mul_ok(n_seq, A->n_used, &n_assign) || n_assign > ids_stride)
+        if (layer_experts(L) > index_len || !mul_ok(n_seq, layer_n_used(L), &n_assign) || n_assign > ids_stride)
             return STRATA_E_SIZE;
     }
     return STRATA_OK;
@@ -57,7 +64,7 @@ static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_
 static int map_experts(const strata_decode_layer *L, const strata_route_groups *g, int32_t *index) {
     for (int64_t j = 0; j < g->n_used; j++) {
         const int32_t e = g->used[j];
-        if (e < 0 || e >= L->attn->n_experts) return STRATA_E_SIZE;
+        if (e < 0 || e >= layer_experts(L)) return STRATA_E_SIZE;
         const int32_t s = L->slot_of[e];
         if (s < 0) return NOT_IN_PLACE;  /* not in place yet */
         index[j] = s;
@@ -92,29 +99,33 @@ static int add_shared(strata_pool *pool, const strata_decode_layer *L, const flo
 }
 
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *block_table, int64_t table_stride, const int64_t *positions,
+                         const int64_t *block_table, int64_t table_stride, const int64_t *slots, const int64_t *positions,
                          const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
                          void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
                          int64_t *layer_used, int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl) {
-    int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len);
+    int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len, slots);
     if (st != STRATA_OK) return st;
     if (!x || !xn || !expert_ids || !weights || !groups || !expert_index || !routed || !stopped_at || !layer_used ||
         first_layer < 0 || first_layer > n_layers)
         return STRATA_E_ARG;
-    const int64_t D = layers[0].attn->n_embd;
+    const int64_t D = layer_embd(&layers[0]);
     int64_t xy_bytes;
     if (!mul_ok(n_seq, D, &xy_bytes) || !mul_ok(xy_bytes, 4, &xy_bytes)) return STRATA_E_SIZE;
     for (int64_t l = first_layer; l < n_layers; l++) {
         const strata_decode_layer *L = &layers[l];
         const int64_t t0 = layer_ns ? strata_now_ns() : 0;
         int64_t *ids = expert_ids + l * ids_stride;
-        st = strata_decode_attn(pool, L->attn, n_seq, block_table, table_stride, positions, cos_t, sin_t, x, xn, ids, weights, groups,
-                                scratch, scratch_bytes, impl);
+        if (L->deltanet)
+            st = strata_decode_deltanet(pool, L->deltanet, n_seq, slots, positions, x, xn, ids, weights, groups, scratch,
+                                        scratch_bytes, impl);
+        else
+            st = strata_decode_attn(pool, L->attn, n_seq, block_table, table_stride, positions, cos_t, sin_t, x, xn, ids,
+                                    weights, groups, scratch, scratch_bytes, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;
-        const int moe = L->attn->router != NULL;  /* else a dense layer: its FFN is the shared expert */
+        const int moe = layer_router(L) != NULL;  /* else a dense layer: its FFN is the shared expert */
         layer_used[l] = moe ? groups->n_used : 0;
         if (moe) {
             st = map_experts(L, groups, expert_index);
@@ -134,7 +145,7 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
             }
             st = strata_moe_glu(pool, xn, xy_bytes, n_seq, D, L->n_ff, &L->gate, &L->up, &L->down, groups->n_used,
                                 expert_index, groups->offsets, groups->token_ids, groups->weights_sorted,
-                                n_seq * L->attn->n_used, L->act ? &act : NULL, routed, xy_bytes, NULL, 0, scratch,
+                                n_seq * layer_n_used(L), L->act ? &act : NULL, routed, xy_bytes, NULL, 0, scratch,
                                 scratch_bytes, impl);
         }
         if (st == STRATA_OK && L->s_ff > 0)

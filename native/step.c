@@ -26,21 +26,27 @@
  * the same bytes. Every dimension is checked here once against the buffers the layer describes;
  * the callees check their own again. No allocation: the intermediates live in the caller's
  * scratch (strata_decode_attn_scratch_bytes).
+ *
+ * A gated DeltaNet layer's half (strata_decode_deltanet; strata/models/deltanet.py) takes the
+ * attention's place: xa = attn_norm(x); [q|k|v | z | b, a] = xa @ W_in^T (one packed product);
+ * per sequence the conv step, beta and g, and the recurrence on its slot's states (deltanet.c);
+ * o = rmsnorm(o) * ssm_norm * silu(z); x += o @ W_out^T; then the FFN's input and routing as above.
  */
 #include "strata.h"
+#include "deltanet.h"
 
 #include <stdint.h>
 #include <string.h>
 
 #define STEP_ALIGN 64
-#define N_BUF 12
+#define N_BUF 13
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
 static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
-typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, act, total; } step_layout;
+typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, gate, act, total; } step_layout;
 
 static int latent(const strata_attn_layer *L) { return L->kv_lora > 0; }
 
@@ -53,7 +59,7 @@ static void widths(const strata_attn_layer *L, int64_t *n_qkv, int64_t *n_att, i
         *n_att = H * (L->kv_lora + L->rope_dim); /* the query in the latent space, then its attention */
         *o_in = H * L->v_dim;
     } else {
-        *n_qkv = (H + 2 * L->n_head_kv) * hd;
+        *n_qkv = (H * (L->q_gate ? 2 : 1) + 2 * L->n_head_kv) * hd;
         *n_att = H * hd;
         *o_in = H * hd;
     }
@@ -82,12 +88,12 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     }
     const int64_t lat = latent(L) ? L->kv_lora + L->rope_dim : 0;
     /* Per sequence, bytes: xa, qkv, att, o, n_ctx, the new token's block and offset, logits, q_a,
-     * kv_a, the latent query; then the activation rows of the products. */
+     * kv_a, the latent query, the output gate; then the activation rows of the products. */
     const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
                                         (L->router ? L->n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
-                                        lat * 4, (latent(L) ? n_att : 0) * 4};
+                                        lat * 4, (latent(L) ? n_att : 0) * 4, (L->q_gate ? n_att : 0) * 4};
     int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
-                            &S->ckv, &S->query, &S->act};
+                            &S->ckv, &S->query, &S->gate, &S->act};
     int64_t at = 0;
     for (int i = 0; i < N_BUF; i++) {
         int64_t n = act;
@@ -105,6 +111,7 @@ static int layer_ok(const strata_attn_layer *L) {
         !mul_ok(L->n_head, L->head_dim, &hq) || !mul_ok(L->n_head_kv, L->head_dim, &hkv) ||
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
         !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
+        (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
         return STRATA_E_ARG;
     if (latent(L)) {
@@ -129,20 +136,33 @@ int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_s
     return st;
 }
 
+/* Gated attention's query rows [q_0 | g_0 | q_1 | g_1 ...] of each product row: the gates into
+ * gate [n_seq, H hd], the queries packed into the row's first H hd values. */
+static void split_gates(float *qkv, int64_t n_qkv, int64_t n_seq, int64_t H, int64_t hd, float *gate) {
+    for (int64_t b = 0; b < n_seq; b++) {
+        float *row = qkv + b * n_qkv;
+        for (int64_t h = 0; h < H; h++)
+            memcpy(gate + (b * H + h) * hd, row + (2 * h + 1) * hd, (size_t)hd * sizeof(float));
+        for (int64_t h = 1; h < H; h++)  /* head h moves from 2h hd to h hd: below every later head */
+            memmove(row + h * hd, row + 2 * h * hd, (size_t)hd * sizeof(float));
+    }
+}
+
 /* Grouped-query attention of the new tokens into att [n_seq, H hd]. */
 static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *qkv,
-                    float *att, const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act,
-                    int64_t act_bytes, int impl) {
+                    float *att, float *gate, const int64_t *n_ctx, const int64_t *blk, const int64_t *off,
+                    void *act, int64_t act_bytes, int impl) {
     const int64_t D = L->n_embd, H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
-    const int64_t hq = H * hd, hkv = Hkv * hd, n_qkv = hq + 2 * hkv;
+    const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + 2 * hkv;
     int st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
                            n_seq * n_qkv * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bqkv)
         for (int64_t b = 0; b < n_seq; b++)
             for (int64_t i = 0; i < n_qkv; i++) qkv[b * n_qkv + i] += L->bqkv[i];
-    float *q = qkv, *k = qkv + hq, *v = qkv + hq + hkv;
+    if (L->q_gate) split_gates(qkv, n_qkv, n_seq, H, hd, gate);
+    float *q = qkv, *k = qkv + n_q, *v = qkv + n_q + hkv;
     if (L->q_norm) {
         const int per_head = L->qk_norm_per_head != 0;
         st = strata_glue_rmsnorm(q, n_qkv, n_seq, per_head ? H : 1, per_head ? hd : hq, L->q_norm, L->norm_eps, q, n_qkv);
@@ -160,9 +180,11 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
                                     L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
-    return strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
-                                         L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
-                                         L->window, att, hq, impl);
+    st = strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+                                       L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
+                                       L->window, att, hq, impl);
+    if (st != STRATA_OK || !L->q_gate) return st;
+    return strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
 }
 
 /* Latent attention of the new tokens into att [n_seq, H v_dim]. */
@@ -214,6 +236,26 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     return st;
 }
 
+/* The FFN's input xn = ffn_norm(x) and, for an MoE layer (router given), its routing and grouping. */
+static int ffn_input(int64_t n_seq, int64_t D, const float *ffn_norm, float eps, const float *router, int64_t E,
+                     int64_t n_used, int32_t gating, int32_t norm_weights, float scale, const float *router_bias,
+                     const float *selection_bias, int64_t n_groups, int64_t n_groups_used, int32_t group_top,
+                     const float *x, float *xn, float *logits, int64_t *expert_ids, float *weights,
+                     strata_route_groups *groups, int impl) {
+    int st = strata_glue_rmsnorm(x, D, n_seq, 1, D, ffn_norm, eps, xn, D);
+    if (st != STRATA_OK || !router) return st;
+    st = strata_glue_matvec(xn, D, n_seq, D, router, E, logits, impl);
+    if (st == STRATA_OK && router_bias)
+        for (int64_t b = 0; b < n_seq; b++)
+            for (int64_t e = 0; e < E; e++) logits[b * E + e] += router_bias[e];
+    if (st == STRATA_OK)
+        st = strata_glue_route_groups(logits, n_seq, E, n_used, gating, norm_weights != 0, scale, selection_bias,
+                                      n_groups, n_groups_used, group_top, expert_ids, weights);
+    if (st != STRATA_OK || !groups) return st;
+    return strata_glue_group(expert_ids, weights, n_seq, n_used, E, groups->used, groups->offsets,
+                             groups->token_ids, groups->weights_sorted, &groups->n_used);
+}
+
 int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
                        int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
                        float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
@@ -261,8 +303,8 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
                       (float *)(s + S.ckv), (float *)(s + S.query), att, a_out, n_ctx, blk,
                       off, act, act_bytes, impl);
     else
-        st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, n_ctx, blk, off, act,
-                      act_bytes, impl);
+        st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, (float *)(s + S.gate),
+                      n_ctx, blk, off, act, act_bytes, impl);
     if (st == STRATA_OK)
         st = strata_matmul(pool, L->o_type, L->wo, L->wo_bytes, D, o_in, a_out, n_seq * o_in * 4, n_seq, proj,
                            n_seq * D * 4, act, act_bytes, impl);
@@ -272,18 +314,142 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
             for (int64_t i = 0; i < D; i++) proj[b * D + i] += L->bo[i];
     for (int64_t i = 0; i < n_seq * D; i++) x[i] += proj[i];
 
-    /* The FFN's input and, for an MoE layer, its routing. */
-    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->ffn_norm, L->norm_eps, xn, D);
-    if (st != STRATA_OK || !L->router) return st;
-    st = strata_glue_matvec(xn, D, n_seq, D, L->router, L->n_experts, logits, impl);
-    if (st == STRATA_OK && L->router_bias)
-        for (int64_t b = 0; b < n_seq; b++)
-            for (int64_t e = 0; e < L->n_experts; e++) logits[b * L->n_experts + e] += L->router_bias[e];
+    return ffn_input(n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
+                     L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
+                     L->n_groups_used, L->group_top, x, xn, logits, expert_ids, weights, groups, impl);
+}
+
+/* ---- Gated DeltaNet ---- */
+
+typedef struct { int64_t xa, proj, mixed, ba, gates, o, og, out, logits, act, total; } dn_layout;
+
+/* The layer's sizes, checked: C channels of q|k|v, n_in rows of W_in, val = Hv dv. */
+static int dn_layer_ok(const strata_deltanet_layer *L, int64_t *C, int64_t *n_in, int64_t *val) {
+    int64_t key, t, conv, ssm;
+    if (!L || L->n_embd < 1 || L->n_k_heads < 1 || L->n_v_heads < 1 || L->head_k_dim < 1 || L->head_v_dim < 1 ||
+        L->n_v_heads % L->n_k_heads || L->conv_kernel < 2 || L->n_slots < 0 || !L->attn_norm || !L->ffn_norm ||
+        !L->w_in || !L->w_out || !L->conv || !L->dt || !L->ssm_a || !L->ssm_norm || L->w_in_bytes < 0 || L->w_out_bytes < 0 || !(L->ssm_eps >= 0.0f) ||
+        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
+        return STRATA_E_ARG;
+    if (!mul_ok(L->n_k_heads, L->head_k_dim, &key) || !mul_ok(L->n_v_heads, L->head_v_dim, val) ||
+        !mul_ok(key, 2, &t) || !add_ok(t, *val, C) || !add_ok(*C, *val, &t) || !add_ok(t, 2 * L->n_v_heads, n_in) ||
+        !mul_ok(L->conv_kernel - 1, *C, &conv) || !mul_ok(conv, L->n_slots, &conv) ||
+        !mul_ok(*val, L->head_k_dim, &ssm) || !mul_ok(ssm, L->n_slots, &ssm))
+        return STRATA_E_SIZE;
+    return STRATA_OK;
+}
+
+static int dn_plan(const strata_deltanet_layer *L, int64_t n_seq, int64_t C, int64_t n_in, int64_t val,
+                   dn_layout *S) {
+    const int64_t D = L->n_embd, Hv = L->n_v_heads;
+    int64_t act, a;
+    int st = strata_matmul_scratch_bytes(L->in_type, n_seq, D, &act);
+    if (st == STRATA_OK) st = strata_matmul_scratch_bytes(L->out_type, n_seq, val, &a);
+    if (st != STRATA_OK) return st;
+    act = a > act ? a : act;
+    /* Per sequence, floats: xa, the product, the conv output, b|a, beta|g, o, the gated o, the
+     * output projection, the router's logits; then the products' activation rows. */
+    const int64_t per_seq[9] = {D, n_in, C, 2 * Hv, 2 * Hv, val, val, D, L->router ? L->n_experts : 0};
+    int64_t *offs[10] = {&S->xa, &S->proj, &S->mixed, &S->ba, &S->gates, &S->o, &S->og, &S->out, &S->logits,
+                         &S->act};
+    int64_t at = 0;
+    for (int i = 0; i < 10; i++) {
+        int64_t n = act;
+        if (i < 9 && (!mul_ok(per_seq[i], n_seq, &n) || !mul_ok(n, 4, &n))) return STRATA_E_SIZE;
+        *offs[i] = at;
+        if (!add_ok(at, align_up(n), &at)) return STRATA_E_SIZE;
+    }
+    return add_ok(at, STEP_ALIGN, &S->total) ? STRATA_OK : STRATA_E_SIZE;
+}
+
+int strata_decode_deltanet_scratch_bytes(const strata_deltanet_layer *layer, int64_t n_seq, int64_t *bytes) {
+    if (!bytes || n_seq < 0) return STRATA_E_ARG;
+    *bytes = 0;
+    int64_t C, n_in, val;
+    dn_layout S;
+    int st = dn_layer_ok(layer, &C, &n_in, &val);
+    if (st == STRATA_OK) st = dn_plan(layer, n_seq, C, n_in, val, &S);
+    if (st == STRATA_OK) *bytes = S.total;
+    return st;
+}
+
+/* b and a [Hv] of one product row's last 2 Hv values (per key head its r betas, then its r alphas,
+ * or all betas then all alphas). */
+static void dn_split_ba(const strata_deltanet_layer *L, const float *row, float *b, float *a) {
+    const int64_t Hv = L->n_v_heads, r = Hv / L->n_k_heads;
+    if (!L->ba_per_key_head) {
+        memcpy(b, row, (size_t)Hv * sizeof(float));
+        memcpy(a, row + Hv, (size_t)Hv * sizeof(float));
+        return;
+    }
+    for (int64_t kh = 0; kh < L->n_k_heads; kh++)
+        for (int64_t j = 0; j < r; j++) {
+            b[kh * r + j] = row[kh * 2 * r + j];
+            a[kh * r + j] = row[kh * 2 * r + r + j];
+        }
+}
+
+/* One sequence's conv step, gates and recurrence on its slot's states: o [Hv dv]. */
+static int dn_recur_one(const strata_deltanet_layer *L, int64_t C, int64_t val, int64_t slot, int64_t position,
+                        const float *row, float *mixed, float *ba, float *gates, float *o) {
+    const int64_t Hv = L->n_v_heads, conv_len = (L->conv_kernel - 1) * C, ssm_len = val * L->head_k_dim;
+    float *cs = L->conv_state + slot * conv_len, *ss = L->ssm_state + slot * ssm_len;
+    if (position == 0) {  /* a sequence's first token starts from zeros (strata/models/deltanet.py) */
+        memset(cs, 0, (size_t)conv_len * sizeof(float));
+        memset(ss, 0, (size_t)ssm_len * sizeof(float));
+    }
+    int st = strata_deltanet_conv(row, C, 1, C, L->conv_kernel, L->conv, C * L->conv_kernel, cs, conv_len, mixed, C);
+    if (st != STRATA_OK) return st;
+    dn_split_ba(L, row + C + val, ba, ba + Hv);
+    st = strata_deltanet_gates(ba, ba + Hv, Hv, 1, Hv, L->dt, L->ssm_a, Hv, gates, gates + Hv, Hv);
+    if (st != STRATA_OK) return st;
+    return strata_deltanet_recur(mixed, C, gates + Hv, gates, Hv, 1, L->n_k_heads, Hv, L->head_k_dim,
+                                 L->head_v_dim, L->tiled, ss, ssm_len, o, val);
+}
+
+int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *L, int64_t n_seq, const int64_t *slots,
+                           const int64_t *positions, float *x, float *xn, int64_t *expert_ids, float *weights,
+                           strata_route_groups *groups, void *scratch, int64_t scratch_bytes, int impl) {
+    int64_t C, n_in, val;
+    int st = dn_layer_ok(L, &C, &n_in, &val);
+    if (st != STRATA_OK) return st;
+    if (n_seq < 1 || !slots || !positions || !x || !xn || (L->router && (!expert_ids || !weights)) ||
+        !L->conv_state || !L->ssm_state || L->n_slots < 1)
+        return STRATA_E_ARG;
+    dn_layout S;
+    st = dn_plan(L, n_seq, C, n_in, val, &S);
+    if (st != STRATA_OK) return st;
+    if (!scratch || scratch_bytes < S.total) return !scratch ? STRATA_E_ARG : STRATA_E_SIZE;
+    for (int64_t b = 0; b < n_seq; b++) {  /* every slot in range and taken once, before the first write */
+        if (slots[b] < 0 || slots[b] >= L->n_slots || positions[b] < 0) return STRATA_E_SIZE;
+        for (int64_t j = 0; j < b; j++)
+            if (slots[j] == slots[b]) return STRATA_E_ARG;
+    }
+    uint8_t *s = (uint8_t *)(((uintptr_t)scratch + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN);
+    const int64_t D = L->n_embd;
+    float *xa = (float *)(s + S.xa), *proj = (float *)(s + S.proj), *o = (float *)(s + S.o);
+    float *og = (float *)(s + S.og), *out = (float *)(s + S.out);
+    void *act = s + S.act;
+    const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
+
+    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->attn_norm, L->norm_eps, xa, D);
     if (st == STRATA_OK)
-        st = strata_glue_route_groups(logits, n_seq, L->n_experts, L->n_used, L->gating, L->norm_weights != 0,
-                                      L->weights_scale, L->selection_bias, L->n_groups, L->n_groups_used,
-                                      L->group_top, expert_ids, weights);
-    if (st != STRATA_OK || !groups) return st;
-    return strata_glue_group(expert_ids, weights, n_seq, L->n_used, L->n_experts, groups->used, groups->offsets,
-                             groups->token_ids, groups->weights_sorted, &groups->n_used);
+        st = strata_matmul(pool, L->in_type, L->w_in, L->w_in_bytes, n_in, D, xa, n_seq * D * 4, n_seq, proj,
+                           n_seq * n_in * 4, act, act_bytes, impl);
+    for (int64_t b = 0; b < n_seq && st == STRATA_OK; b++)
+        st = dn_recur_one(L, C, val, slots[b], positions[b], proj + b * n_in, (float *)(s + S.mixed),
+                          (float *)(s + S.ba), (float *)(s + S.gates), o + b * val);
+    if (st == STRATA_OK)
+        st = strata_deltanet_norm_gate(o, n_seq * val, n_seq, L->n_v_heads, L->head_v_dim, proj + C, n_in,
+                                       (n_seq - 1) * n_in + val, L->ssm_norm, L->head_v_dim, L->ssm_eps, og,
+                                       n_seq * val);
+    if (st == STRATA_OK)
+        st = strata_matmul(pool, L->out_type, L->w_out, L->w_out_bytes, D, val, og, n_seq * val * 4, n_seq, out,
+                           n_seq * D * 4, act, act_bytes, impl);
+    if (st != STRATA_OK) return st;
+    for (int64_t i = 0; i < n_seq * D; i++) x[i] += out[i];
+    return ffn_input(n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
+                     L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
+                     L->n_groups_used, L->group_top, x, xn, (float *)(s + S.logits), expert_ids, weights, groups,
+                     impl);
 }

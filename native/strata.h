@@ -533,6 +533,10 @@ typedef struct {
     const void *wq_a, *wkv_a, *k_b, *v_b;
     int64_t wq_a_bytes, wkv_a_bytes, k_b_bytes, v_b_bytes;
     const float *q_a_norm, *kv_a_norm;
+    /* Gated attention (qwen3next, qwen35moe; 0: none): wqkv's query rows are [q_h | gate_h] per
+     * head ([(2 H + 2 Hkv) hd, D]); the attention's output is multiplied by sigmoid(gate) before
+     * wo (strata_attn_gate). Grouped-query attention without qkv bias only. */
+    int32_t q_gate;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):
@@ -560,6 +564,43 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_
                        float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
                        int64_t scratch_bytes, int impl);
 
+/* A gated DeltaNet layer's decode half (qwen3next, qwen35moe; strata_decode_deltanet): the layer's
+ * stacked input projection w_in [C + Hv dv + 2 Hv, D] (rows: q|k|v of C = 2 Hk dk + Hv dv, the
+ * output gate z, then beta/alpha: per key head its r = Hv/Hk betas then its r alphas when
+ * ba_per_key_head, else Hv betas then Hv alphas), conv [C, K], dt and A [Hv], ssm_norm [dv] (eps
+ * ssm_eps), w_out [D, Hv dv]; the per-slot states conv_state [n_slots, K-1, C] and ssm_state
+ * [n_slots, Hv, dk, dv] (float32); and the FFN's input norm and router as in strata_attn_layer. */
+typedef struct {
+    int64_t n_embd, n_k_heads, n_v_heads, head_k_dim, head_v_dim, conv_kernel;
+    int32_t tiled, ba_per_key_head;
+    float norm_eps, ssm_eps;
+    const float *attn_norm, *ffn_norm;
+    int32_t in_type, out_type;
+    const void *w_in, *w_out;
+    int64_t w_in_bytes, w_out_bytes;
+    const float *conv, *dt, *ssm_a, *ssm_norm;
+    float *conv_state, *ssm_state;
+    int64_t n_slots;
+    const float *router;
+    int64_t n_experts, n_used;
+    int32_t gating, norm_weights;
+    float weights_scale;
+    const float *router_bias, *selection_bias;
+    int64_t n_groups, n_groups_used;
+    int32_t group_top;
+} strata_deltanet_layer;
+
+/* Scratch bytes strata_decode_deltanet needs for `n_seq` sequences of `layer`. */
+int strata_decode_deltanet_scratch_bytes(const strata_deltanet_layer *layer, int64_t n_seq, int64_t *bytes);
+
+/* One decode step through a gated DeltaNet layer's half, as strata_decode_attn: x [n_seq, D] +=
+ * w_out (norm_gate(recur(conv(q|k|v)), z)) of attn_norm(x), sequence b's states in row slots[b]
+ * (zeroed first where positions[b] is 0); xn = ffn_norm(x); routing and grouping for an MoE layer.
+ * The per-call path's native functions in its order (deltanet.c), so the same bytes. */
+int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *layer, int64_t n_seq, const int64_t *slots,
+                           const int64_t *positions, float *x, float *xn, int64_t *expert_ids, float *weights,
+                           strata_route_groups *groups, void *scratch, int64_t scratch_bytes, int impl);
+
 /* ==== Decode program (program.c): a decode step through every layer in one call ==== */
 
 /* One layer of the program: its attention half (strata_decode_attn's layer, caches bound), for an
@@ -567,7 +608,8 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_
  * e is the matrix at position slot_of[e] of the parts (-1: not in place). A dense layer (attn
  * without a router) has its FFN as the shared expert (s_ff > 0, no gate) and no expert parts. */
 typedef struct {
-    const strata_attn_layer *attn;
+    const strata_attn_layer *attn;  /* or NULL for a gated DeltaNet layer: */
+    const strata_deltanet_layer *deltanet;  /* its half (strata_decode_deltanet), states bound; else NULL */
     strata_moe_part gate, up, down;
     const int32_t *slot_of;
     int64_t n_ff;
@@ -595,11 +637,12 @@ int strata_shared_weights(const float *x, int64_t n_tok, int64_t n_embd, const f
  * done (x, xn, its expert ids, weights and groups written), its experts are the caller's to add
  * before resuming at the next layer. A layer with a shared expert adds it into routed after the
  * routed experts (s_tokens int32 and s_weights float [n_seq]: working buffers, NULL when no layer
- * has one). layer_used [n_layers] receives each run layer's count of
+ * has one). A gated DeltaNet layer's half (strata_decode_deltanet) reads the sequences' state rows
+ * slots [n_seq] (NULL when no layer is one). layer_used [n_layers] receives each run layer's count of
  * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
  * attention and experts. */
 int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *block_table, int64_t table_stride, const int64_t *positions,
+                         const int64_t *block_table, int64_t table_stride, const int64_t *slots, const int64_t *positions,
                          const float *cos_t, const float *sin_t,
                          float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
                          strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,

@@ -1,5 +1,6 @@
 """Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
-paths (the fused decode step and the decode program lack it and say so).
+paths; the fused decode step and the decode program compute either layer's half in one native call
+(native/step.c).
 
 GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
     [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
@@ -56,8 +57,7 @@ class DeltaNetWeights:
 class GatedDeltaNet(nn.Module):
     """One gated DeltaNet layer (see the module docstring)."""
 
-    fusable = False
-    unfused_why = "gated DeltaNet linear attention (qwen3next) runs per call"
+    fusable = True  # the fused decode step and the decode program compute it (native/step.c, DeltaNet half)
 
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
                  eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
@@ -73,8 +73,7 @@ class GatedDeltaNet(nn.Module):
         if batch.slots is None:
             raise ValueError(f"layer {self.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
         qkv, z, b, a = self.project(x)  # [T, C], [T, Hv*dv], [T, Hv], [T, Hv]
-        beta = torch.sigmoid(b)  # [T, Hv]
-        g = F.softplus(a + w.dt.float()) * w.a.float()  # [T, Hv]
+        beta, g = self.gates(b, a)  # [T, Hv] each
         conv_state, ssm_state = kv
         o = torch.empty((T, self.hv, self.dv), dtype=torch.float32, device=x.device)
         for b, (slot, start, n, off) in enumerate(zip(batch.slots, batch.starts, batch.lengths, batch.offsets)):
@@ -88,8 +87,19 @@ class GatedDeltaNet(nn.Module):
                 continue
             mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
             o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
-        o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
+        if self.native and not x.is_cuda:  # the fused decode step's function (native/step.c), so its bytes
+            o = native.deltanet_norm_gate(o, z, w.norm, self.eps, torch.empty((T, self.hv * self.dv)))
+        else:
+            o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
         return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
+
+    def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """beta = sigmoid(b) and g = softplus(a + dt) * A, [T, Hv] each."""
+        w = self.w
+        if self.native and not b.is_cuda:  # one native call, as the fused decode step's
+            return native.deltanet_gates(b.contiguous(), a.contiguous(), w.dt, w.a, torch.empty(b.shape),
+                                         torch.empty(b.shape))
+        return torch.sigmoid(b), F.softplus(a + w.dt.float()) * w.a.float()
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input projections, float32: qkv [T, C] (contiguous), z [T, Hv*dv], and the
@@ -153,8 +163,7 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 class GatedAttention(Attention):
     """Full attention with a per-head sigmoid output gate from the query projection (qwen3next)."""
 
-    fusable = False
-    unfused_why = "gated full attention (qwen3next) runs per call"
+    fusable = True  # the fused decode step computes it (native/step.c: DecodeAttn's q_gate)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -166,17 +175,32 @@ class GatedAttention(Attention):
         q, gate = qg.reshape(T, H, 2, hd).unbind(2)  # [T, H, hd] each
         k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
         q, k = w.q_norm(q.contiguous()), w.k_norm(k)
+        if self.native and not x.is_cuda:  # float32 on the CPU: the fused decode step's native calls, in its order
+            return self.forward_gated_native(q, k, v, gate, batch, cos_sin, kv)
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
-        if self.native and batch.is_decode:  # float32 on the CPU: the native decode attention
+        out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
+        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
+        return linear(out, w.wo)  # [T, D]
+
+    def forward_gated_native(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
+                             batch: Batch, cos_sin, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rope, cache writes, decode attention and the output gate in native calls (q, k normed)."""
+        T, H, hd = q.shape[0], self.n_head, self.head_dim
+        k = k.contiguous()
+        native.rope(q, *cos_sin, self.rope.rope_dim, self.rope.neox)
+        native.rope(k, *cos_sin, self.rope.rope_dim, self.rope.neox)
+        k_cache, v_cache = kv
+        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
+        if batch.is_decode:
             out = native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, hd ** -0.5,
                                      torch.empty((T, H * hd), dtype=torch.float32))
         else:
-            out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
-        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
-        return linear(out, w.wo)  # [T, D]
+            out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
+        native.attn_gate(out, gate.reshape(T, H * hd).contiguous())  # [T, H*hd]
+        return linear(out, self.w.wo)  # [T, D]
 
 
 __all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet"]

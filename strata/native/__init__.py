@@ -10,25 +10,27 @@
     native.type_support("IQ2_XXS").verdict()             # support.py: what the runtime does with a type
     native.rmsnorm(x, weight, eps, out); native.rope(q, cos, sin, rope_dim, neox)   # glue.py: decode glue
     native.DecodeAttn(...).run(pool, slots, positions, cos, sin, x, outputs, scratch)  # step.py: fused
+    native.DecodeDeltaNet(...).run(pool, slots, positions, x, outputs, scratch)        # step.py: DeltaNet half
     native.DecodeLayers(layers, outputs).run(pool, slots, positions, cos, sin, x, ...)  # program.py: all layers
 
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, default_impl, default_threads
-from .deltanet import deltanet_conv, deltanet_recur
+from .deltanet import attn_gate, deltanet_conv, deltanet_gates, deltanet_norm_gate, deltanet_recur
 from .dequant import convert_f32_into, dequantize, dequantize_into, has_kernel
 from .glue import attn_decode, group_assignments, kv_cache_type, kv_row_bytes, kv_write, matvec, rmsnorm, rope, route
 from .matmul import (ComputePool, MoeAct, MoeCall, MoePart, MoeParts, matmul_heads, matmul_heads_scratch_bytes,
                      matmul_into, matmul_scratch_bytes, moe_scratch_bytes, moe_swiglu)
 from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerPart, PagerTimeoutError, numa_node_count, numa_node_of
-from .step import DecodeAttn, StepOutputs
+from .step import DecodeAttn, DecodeDeltaNet, StepOutputs
 from .program import DecodeLayers, shared_weights
 from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 from .support import TypeSupport, supported_types, type_support
 
-__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeLayers", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
+__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeDeltaNet", "attn_gate", "deltanet_conv", "deltanet_gates",
+           "deltanet_norm_gate", "deltanet_recur", "DecodeLayers", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
            "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_cache_type", "kv_row_bytes", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",

@@ -3,8 +3,13 @@ delta rule of one sequence, for the CPU path of `strata.models.deltanet`.
 
     native.deltanet_conv(x, weight, conv_state, out)        # x, out [n, C]; state [K-1, C] moves on
     native.deltanet_recur(mixed, g, beta, ssm_state, out, n_k_heads, tiled)   # out [n, Hv, dv]
+    native.deltanet_gates(b, a, dt, A, beta, g)             # b, a -> beta, g [n, Hv]
+    native.deltanet_norm_gate(o, z, norm, eps, out)         # rmsnorm(o) * norm * silu(z): out [n, Hv dv]
+    native.attn_gate(x, gate)                               # x *= sigmoid(gate): gated attention
+    native.DecodeDeltaNet(...)                              # a layer's decode half in one call (step.c)
 
-Arguments are contiguous float32 CPU torch tensors; C checks every size against its buffer.
+Arguments are contiguous float32 CPU torch tensors (z may be a row-strided view); C checks every
+size against its buffer.
 """
 from __future__ import annotations
 
@@ -45,4 +50,49 @@ def deltanet_recur(mixed: Any, g: Any, beta: Any, state: Any, out: Any, n_k_head
     return out
 
 
-__all__ = ["deltanet_conv", "deltanet_recur"]
+def deltanet_gates(b: Any, a: Any, dt: Any, A: Any, beta: Any, g: Any) -> tuple[Any, Any]:
+    """beta = sigmoid(b), g = softplus(a + dt) * A for b, a [n, Hv] and dt, A [Hv] (into beta, g [n, Hv])."""
+    n, Hv = b.shape
+    bp, bn = _ptr(b, "b")
+    ap, an = _ptr(a, "a")
+    dp, dn = _ptr(dt, "dt")
+    Ap, An = _ptr(A, "A")
+    betap, betan = _ptr(beta, "beta")
+    gp, gn = _ptr(g, "g")
+    if an != bn or An != dn or gn != betan:
+        raise ValueError(f"deltanet gates: b {tuple(b.shape)}, a {tuple(a.shape)}, dt {tuple(dt.shape)}, "
+                         f"A {tuple(A.shape)}, beta {tuple(beta.shape)}, g {tuple(g.shape)} differ")
+    status = lib.strata_deltanet_gates(bp, ap, bn, n, Hv, dp, Ap, dn, betap, gp, gn)
+    check(status, f"deltanet gates of b {tuple(b.shape)}, dt {tuple(dt.shape)}")
+    return beta, g
+
+
+def deltanet_norm_gate(o: Any, z: Any, norm: Any, eps: float, out: Any) -> Any:
+    """out [n, Hv dv] = rmsnorm(o [n, Hv, dv]) * norm [dv] * silu(z [n, Hv dv], rows may be strided)."""
+    n, Hv, dv = o.shape
+    if z.dim() != 2 or z.shape[0] != n or z.stride(1) != 1 or z.dtype is not torch_float32() or z.is_cuda:
+        raise ValueError(f"deltanet norm gate: z must be float32 CPU rows [{n}, {Hv * dv}] of unit stride, "
+                         f"found {z.dtype} {tuple(z.shape)} strides {z.stride()}")
+    z_len = 0 if n == 0 else (n - 1) * z.stride(0) + z.shape[1]
+    status = lib.strata_deltanet_norm_gate(*_ptr(o, "o"), n, Hv, dv, ffi.cast("float *", z.data_ptr()), z.stride(0),
+                                           z_len, *_ptr(norm, "norm"), eps, *_ptr(out, "out"))
+    check(status, f"deltanet norm gate of o {tuple(o.shape)}, z {tuple(z.shape)}, norm {tuple(norm.shape)}")
+    return out
+
+
+def attn_gate(x: Any, gate: Any) -> Any:
+    """x *= sigmoid(gate) in place (gated attention's output gate), both contiguous float32 of one size."""
+    xp, xn = _ptr(x, "x")
+    gp, gn = _ptr(gate, "gate")
+    if xn != gn:
+        raise ValueError(f"attention gate: x {tuple(x.shape)} and gate {tuple(gate.shape)} differ in size")
+    check(lib.strata_attn_gate(xp, xn, gp, gn, xn), f"attention gate of x {tuple(x.shape)}")
+    return x
+
+
+def torch_float32() -> Any:
+    import torch
+    return torch.float32
+
+
+__all__ = ["attn_gate", "deltanet_conv", "deltanet_gates", "deltanet_norm_gate", "deltanet_recur"]

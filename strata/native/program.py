@@ -3,7 +3,8 @@
     program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
     stopped = program.run(pool, block_table, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
 
-Each layer is a `DecodeAttn` (its caches bound), the layer's `MoeParts`, its page table row
+Each layer is a `DecodeAttn` (its caches bound) or a `DecodeDeltaNet` (its states bound; `run`
+is then given the sequences' state slots), the layer's `MoeParts`, its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
 is seen, one that changes during a call must not happen), optionally its shared expert
 (`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight;
@@ -17,7 +18,7 @@ from typing import Any
 
 from ._lib import check, ffi, impl_code, lib
 from .matmul import MoeParts
-from .step import DecodeAttn, StepOutputs
+from .step import DecodeAttn, DecodeDeltaNet, StepOutputs
 
 
 def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
@@ -47,7 +48,10 @@ class DecodeLayers:
                 raise ValueError(f"decode program: layer {i} has width {attn.n_embd}, {attn.n_experts} experts, "
                                  f"{attn.n_used} per token; the first MoE layer {self.n_embd}, {self.n_experts}, "
                                  f"{self.n_used}")
-            self.c[i].attn = attn.c
+            if isinstance(attn, DecodeDeltaNet):
+                self.c[i].deltanet = attn.c
+            else:
+                self.c[i].attn = attn.c
             shared = rest[0] if rest else None  # (MoeParts of the shared expert, gate_inp [D] or None)
             if dense:  # its FFN is the shared expert: every token, weight 1
                 if shared is None or shared[1] is not None:
@@ -82,6 +86,8 @@ class DecodeLayers:
                     self.c[i].s_gate_inp = ffi.cast("const float *", gate_inp.data_ptr())
                 shared_any = True
         self._keep = layers
+        self.recurrent = any(isinstance(entry[0], DecodeDeltaNet) for entry in layers)
+        self.rope_dim = next((entry[0].c.rope_dim for entry in layers if isinstance(entry[0], DecodeAttn)), 0)
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
@@ -95,7 +101,8 @@ class DecodeLayers:
                         if shared_any else (ffi.NULL, ffi.NULL))
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
-            layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, impl: str = "auto") -> int:
+            layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, slots: Any = None,
+            impl: str = "auto") -> int:
         """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
         block_table[b], int64 [B, M], as `DecodeAttn.run` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
@@ -104,7 +111,8 @@ class DecodeLayers:
 
         expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
-        layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer."""
+        layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
+        slots int64 [B]: each sequence's row of recurrent state (needed when a layer is a gated DeltaNet's)."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -122,8 +130,12 @@ class DecodeLayers:
             raise ValueError(f"decode program: first layer {first} outside 0..{self.n_layers}")
         if layer_ns is not None:
             _tensor(layer_ns, "int64", (self.n_layers, 2), "layer_ns")
+        if slots is not None:
+            _tensor(slots, "int64", (B,), "slots")
+        elif self.recurrent:
+            raise ValueError("decode program: a gated DeltaNet layer needs the sequences' state slots")
         cp = sp = ffi.NULL
-        rope_dim = self.c[0].attn.rope_dim
+        rope_dim = self.rope_dim
         if rope_dim:
             half = B * (rope_dim // 2)
             for t, what in ((cos, "rope cos"), (sin, "rope sin")):
@@ -132,7 +144,7 @@ class DecodeLayers:
             cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
         status = lib.strata_decode_layers(
             pool.ptr, self.c, self.n_layers, B, ffi.cast("int64_t *", block_table.data_ptr()), block_table.shape[1],
-            ffi.cast("int64_t *", positions.data_ptr()), cp, sp, ffi.cast("float *", x.data_ptr()), out.xn_ptr,
+            ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), ffi.cast("int64_t *", positions.data_ptr()), cp, sp, ffi.cast("float *", x.data_ptr()), out.xn_ptr,
             ffi.cast("int64_t *", expert_ids.data_ptr()), out.capacity * self.n_used, out.w_ptr, out.groups,
             self._index, self.n_experts, ffi.cast("float *", routed.data_ptr()), ffi.cast("void *", scratch.data_ptr()),
             scratch.numel(), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),

@@ -41,8 +41,9 @@ class DecodeAttn:
     tensors; gpt-oss adds sinks [H], a sliding window, the output bias bo [D] and router_bias [E];
     DeepSeek a selection bias [E] and expert groups, and `mla` for latent attention: a dict of
     kv_lora, q_lora, nope, v_dim, wkv_a, wq_a, k_b and v_b (type, bytes), q_a_norm, kv_a_norm
-    (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). The tensors are kept alive by
-    this object."""
+    (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). `q_gate` (qwen3next's gated
+    attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
+    multiplied by sigmoid(gate) before o. The tensors are kept alive by this object."""
 
     def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
@@ -50,10 +51,12 @@ class DecodeAttn:
                  qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
-                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None):
+                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False):
         if gating not in _GATING:
             raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
+        if q_gate and (mla is not None or bqkv is not None):
+            raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         n_experts = 0 if router is None else int(router.shape[0])
         self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
                       selection_bias, mla)
@@ -76,7 +79,7 @@ class DecodeAttn:
             "sinks": _f32(sinks, "sinks", n_head), "window": int(window), "bo": _f32(bo, "output bias", D),
             "router_bias": _f32(router_bias, "router bias", n_experts),
             "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
-            "n_groups_used": n_groups_used, "group_top": group_top})
+            "n_groups_used": n_groups_used, "group_top": group_top, "q_gate": 1 if q_gate else 0})
         if mla is not None:  # latent attention: see strata.h strata_attn_layer
             c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
             c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]
@@ -153,12 +156,99 @@ class DecodeAttn:
         return int(out.groups.n_used) if self.n_experts else 0
 
 
+class DecodeDeltaNet:
+    """A gated DeltaNet layer's decode half (and its router, for an MoE layer), described once
+    (native/step.c strata_decode_deltanet): n_k_heads Hk, n_v_heads Hv, head dims dk and dv,
+    `tiled` (value head j reads key head j % Hk, else j // (Hv / Hk)); w_in (type, bytes) stacks
+    q|k|v, z and b|a by rows (`ba_per_key_head`: b|a per key head, qwen3next's wba), w_out is
+    [D, Hv dv]; conv [C, K], dt and ssm_a [Hv], ssm_norm [dv] float32. The router's arguments are
+    DecodeAttn's. StepOutputs and the MoE call take it as they take a DecodeAttn."""
+
+    def __init__(self, *, n_embd: int, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 tiled: bool, ba_per_key_head: bool, norm_eps: float, ssm_eps: float, attn_norm: Any, ffn_norm: Any,
+                 w_in: tuple[Any, Any], w_out: tuple[Any, Any], conv: Any, dt: Any, ssm_a: Any, ssm_norm: Any,
+                 router: Any = None, n_used: int = 0, gating: str = "softmax", norm_weights: bool = False,
+                 weights_scale: float = 1.0, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
+                 n_groups_used: int = 0, group_top: int = 0):
+        if gating not in _GATING:
+            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
+        D, Hv, C = n_embd, n_v_heads, 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim
+        n_experts = 0 if router is None else int(router.shape[0])
+        K = int(conv.shape[-1])
+        self._keep = (attn_norm, ffn_norm, w_in[1], w_out[1], conv, dt, ssm_a, ssm_norm, router, router_bias,
+                      selection_bias)
+        self.c = ffi.new("strata_deltanet_layer *", {
+            "n_embd": D, "n_k_heads": n_k_heads, "n_v_heads": Hv, "head_k_dim": head_k_dim, "head_v_dim": head_v_dim,
+            "conv_kernel": K, "tiled": 1 if tiled else 0, "ba_per_key_head": 1 if ba_per_key_head else 0,
+            "norm_eps": norm_eps, "ssm_eps": ssm_eps, "attn_norm": _f32(attn_norm, "attn_norm", D),
+            "ffn_norm": _f32(ffn_norm, "ffn_norm", D), "in_type": int(ggml_type(w_in[0])),
+            "out_type": int(ggml_type(w_out[0])), "w_in": ffi.cast("void *", w_in[1].data_ptr()),
+            "w_out": ffi.cast("void *", w_out[1].data_ptr()), "w_in_bytes": w_in[1].numel(),
+            "w_out_bytes": w_out[1].numel(), "conv": _f32(conv, "conv weight", C * K), "dt": _f32(dt, "dt", Hv),
+            "ssm_a": _f32(ssm_a, "ssm_a", Hv), "ssm_norm": _f32(ssm_norm, "ssm_norm", head_v_dim),
+            "router": _f32(router, "router", None if router is None else n_experts * D), "n_experts": n_experts,
+            "n_used": n_used, "gating": _GATING[gating], "norm_weights": 1 if norm_weights else 0,
+            "weights_scale": weights_scale, "router_bias": _f32(router_bias, "router bias", n_experts),
+            "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
+            "n_groups_used": n_groups_used, "group_top": group_top})
+        self.n_embd, self.n_experts, self.n_used, self.channels = D, n_experts, n_used, C
+        self._states: tuple[int, int] | None = None
+
+    def bind_states(self, conv_state: Any, ssm_state: Any) -> None:
+        """Point at the layer's per-slot states: conv [S, K-1, C] and ssm [S, Hv, dk, dv], contiguous
+        float32 on the CPU; cheap when unchanged."""
+        key = (conv_state.data_ptr(), ssm_state.data_ptr())
+        if key == self._states:
+            return
+        c, S = self.c, conv_state.shape[0]
+        conv = (S, c.conv_kernel - 1, self.channels)
+        ssm = (S, c.n_v_heads, c.head_k_dim, c.head_v_dim)
+        if (tuple(conv_state.shape) != conv or tuple(ssm_state.shape) != ssm or S < 1):
+            raise ValueError(f"decode step: states {tuple(conv_state.shape)} and {tuple(ssm_state.shape)} must be "
+                             f"[S, {conv[1]}, {conv[2]}] and [S, {ssm[1]}, {ssm[2]}, {ssm[3]}]")
+        c.conv_state = _f32(conv_state, "conv state")
+        c.ssm_state = _f32(ssm_state, "ssm state")
+        c.n_slots = S
+        self._keep_states, self._states = (conv_state, ssm_state), key
+
+    def scratch_bytes(self, n_seq: int) -> int:
+        out = ffi.new("int64_t *")
+        check(lib.strata_decode_deltanet_scratch_bytes(self.c, n_seq, out), f"DeltaNet decode step scratch for {n_seq} sequences")
+        return int(out[0])
+
+    def run(self, pool: Any, slots: Any, positions: Any, x: Any, out: StepOutputs, scratch: Any,
+            impl: str = "auto") -> int:
+        """x [B, D] float32 += the layer's DeltaNet half for B sequences (one new token each; sequence b
+        in state row slots[b], int64 [B], at positions[b], int64 [B]); out.xn[:B] = ffn_norm(x) and,
+        for an MoE layer, out's routing and grouping. Returns the number of experts used."""
+        if self._states is None:
+            raise ValueError("DeltaNet decode step: bind_states first")
+        B = x.shape[0]
+        if (tuple(x.shape) != (B, self.n_embd) or str(x.dtype) != "torch.float32" or not x.is_contiguous()
+                or tuple(slots.shape) != (B,) or tuple(positions.shape) != (B,) or str(slots.dtype) != "torch.int64"
+                or str(positions.dtype) != "torch.int64" or not slots.is_contiguous()
+                or not positions.is_contiguous() or B > out.capacity or out.layer_experts != self.n_experts):
+            raise ValueError(f"DeltaNet decode step: x {tuple(x.shape)} {x.dtype}, slots {tuple(slots.shape)} "
+                             f"{slots.dtype} and positions {tuple(positions.shape)} {positions.dtype} (int64 [B]); "
+                             f"outputs for {out.capacity} sequences of {out.layer_experts} experts, layer has "
+                             f"{self.n_experts}")
+        status = lib.strata_decode_deltanet(pool.ptr, self.c, B, ffi.cast("int64_t *", slots.data_ptr()),
+                                            ffi.cast("int64_t *", positions.data_ptr()),
+                                            ffi.cast("float *", x.data_ptr()), out.xn_ptr, out.ids_ptr, out.w_ptr,
+                                            out.groups if self.n_experts else ffi.NULL,
+                                            ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
+        if status:
+            check(status, f"DeltaNet decode step of {B} sequences (slots {slots.tolist()} of {self.c.n_slots}, "
+                          f"scratch of {scratch.numel()} bytes)")
+        return int(out.groups.n_used) if self.n_experts else 0
+
+
 class StepOutputs:
     """What `DecodeAttn.run` writes for up to `capacity` sequences: xn [B, D] float32, expert_ids
     int64 and weights float32 [B, k], and the grouping (used int32 [E], offsets int64 [E + 1],
     token_ids int32 and weights_sorted float32 [B * k]). Views `[:B]` are taken by the caller."""
 
-    def __init__(self, layer: DecodeAttn, capacity: int):
+    def __init__(self, layer: DecodeAttn | DecodeDeltaNet, capacity: int):
         import torch
 
         D, E, k = layer.n_embd, layer.n_experts, max(layer.n_used, 1)
@@ -180,4 +270,4 @@ class StepOutputs:
             "weights_sorted": ffi.cast("float *", self.weights_sorted.data_ptr())})
 
 
-__all__ = ["DecodeAttn", "StepOutputs"]
+__all__ = ["DecodeAttn", "DecodeDeltaNet", "StepOutputs"]

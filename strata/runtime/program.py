@@ -38,6 +38,7 @@ class DecodeProgram:
         self.model_layers = [b.ffn.experts.layer if isinstance(b.ffn, MoE) else -1 for b in blocks]
         self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
         self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
+        self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._grow(capacity)
 
     @staticmethod
@@ -111,12 +112,19 @@ class DecodeProgram:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         for i, layer in enumerate(self.layers):
-            layer.bind_cache(*cache.layer(i))
+            (layer.bind_states if isinstance(layer, native.DecodeDeltaNet) else layer.bind_cache)(*cache.layer(i))
+        slots = None
+        if self.native.recurrent:
+            slots = self._slots.get(batch.slots)
+            if slots is None:  # the batch's state rows, as the native call reads them (a few sets recur)
+                if len(self._slots) > 256:
+                    self._slots.clear()
+                slots = self._slots[batch.slots] = torch.tensor(batch.slots, dtype=torch.int64)
         self.memory.check_fixed()
         c, n, first = self.compute, len(self.layers), 0
         while True:
             stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
-                                   self.layer_used, c.scratch, first, self.layer_ns)
+                                   self.layer_used, c.scratch, first, self.layer_ns, slots)
             if self.memory.counts_routing and stop > first:
                 if self._all_moe:
                     self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],

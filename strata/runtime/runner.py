@@ -65,7 +65,7 @@ class Runner:
         """The runner of `plan` over a built model: its fused steps and program made here."""
         steps = program = None
         if plan.decode in (FUSED, PROGRAM):
-            steps = [FusedDecode(b, model.compute) if FusedDecode.eligible(b, model.compute) else None
+            steps = [FusedDecode.of(b, model.compute) if FusedDecode.eligible(b, model.compute) else None
                      for b in model.blocks]
         if plan.decode == PROGRAM:
             program = DecodeProgram.build(model, steps, memory)

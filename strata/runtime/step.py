@@ -2,8 +2,10 @@
 call (`native.DecodeAttn`), its routed experts in the fused MoE call, so a decode step crosses
 into C about twice per layer instead of a dozen times.
 
-The maths is the block's own, step for step (strata.models: attention.py forward_native, moe.py
-Router and RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
+A gated DeltaNet block (qwen3next, qwen35moe) has its own attention half (`FusedDeltaNet`:
+`native.DecodeDeltaNet` on the batch's state slots); the gated attention is DecodeAttn's q_gate.
+The maths is the block's own, step for step (strata.models: attention.py forward_native,
+deltanet.py, moe.py Router and RoutedExperts, transformer.py Block), and the results are the same bytes: the per-call path stays
 for prefill (several tokens per sequence) and as the reference the tests compare with.
 Must not: choose when to run (the plan does: strata.runtime.plan; the runner uses it for decode
 batches only) or
@@ -18,6 +20,7 @@ import torch
 from strata import native
 
 from strata.models.batch import Batch
+from strata.models.deltanet import GatedAttention, GatedDeltaNet
 from strata.models.layers import FeedForward, SharedExpert
 from strata.models.mla import MLAttention
 from strata.models.moe import MoE
@@ -26,6 +29,16 @@ from strata.models.packed import PackedCompute, PackedMatrix
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().float().contiguous()
+
+
+def _router_args(router) -> dict:
+    """The native step's routing arguments of an MoE layer's router (None: a dense layer)."""
+    if router is None:
+        return dict(router=None, n_used=0, gating="softmax", norm_weights=False, weights_scale=1.0,
+                    router_bias=None, selection_bias=None, n_groups=0, n_groups_used=0, group_top=0)
+    return dict(router=router.weight, n_used=router.k, gating=router.gating, norm_weights=router.norm,
+                weights_scale=router.scale, router_bias=_f32(router.bias), selection_bias=_f32(router.selection_bias),
+                n_groups=router.n_groups, n_groups_used=router.n_groups_used, group_top=router.group_top)
 
 
 class FusedDecode:
@@ -40,13 +53,7 @@ class FusedDecode:
         common = dict(
             n_embd=w.wo.shape[0], n_head=att.n_head, rope_dim=att.rope.rope_dim, neox=att.rope.neox,
             norm_eps=block.attention_norm.eps, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
-            o=(w.wo.type, w.wo._data_t), router=None if router is None else router.weight,
-            n_used=0 if router is None else router.k, gating="softmax" if router is None else router.gating,
-            norm_weights=router is not None and router.norm, weights_scale=1.0 if router is None else router.scale,
-            router_bias=None if router is None else _f32(router.bias),
-            selection_bias=None if router is None else _f32(router.selection_bias),
-            n_groups=0 if router is None else router.n_groups, n_groups_used=0 if router is None else router.n_groups_used,
-            group_top=0 if router is None else router.group_top)
+            o=(w.wo.type, w.wo._data_t), **_router_args(router))
         if isinstance(att, MLAttention):
             wq = w.wq if w.wq is not None else w.wq_b
             self.layer = native.DecodeAttn(
@@ -67,7 +74,8 @@ class FusedDecode:
                 **common, n_head_kv=att.n_head_kv, head_dim=att.head_dim, attn_scale=att.head_dim ** -0.5,
                 qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias,
                 q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
-                qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo))
+                qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo),
+                q_gate=isinstance(att, GatedAttention))
         self._grow(capacity)
 
     @staticmethod
@@ -80,7 +88,11 @@ class FusedDecode:
             return False
         w = block.attention.w
         eps = block.attention_norm.eps
-        if isinstance(block.attention, MLAttention):  # every matrix packed, one norm epsilon for the layer
+        if isinstance(block.attention, GatedDeltaNet):  # the stacked input projection, the conv and states native
+            if compute is None or not block.attention.native or not isinstance(w.w_in, PackedMatrix) or \
+                    not isinstance(w.wout, PackedMatrix):
+                return False
+        elif isinstance(block.attention, MLAttention):  # every matrix packed, one norm epsilon for the layer
             mats = [w.wq, w.wq_a, w.wq_b, w.wkv_a, w.wo, w.k_b, w.v_b]
             if compute is None or not all(m is None or isinstance(m, PackedMatrix) for m in mats) or \
                     (w.wq is None) == (w.wq_b is None) or any(n is not None and n.eps != eps for n in (w.q_a_norm, w.kv_a_norm)):
@@ -129,6 +141,56 @@ class FusedDecode:
             return x.add_(block.ffn(xn))
         return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
 
+    @staticmethod
+    def of(block, compute: PackedCompute, capacity: int = 1) -> FusedDecode:
+        """The fused step of an eligible block: a gated DeltaNet layer's, else an attention layer's."""
+        cls = FusedDeltaNet if isinstance(block.attention, GatedDeltaNet) else FusedDecode
+        return cls(block, compute, capacity)
+
+
+class FusedDeltaNet(FusedDecode):
+    """A gated DeltaNet block's decode step: the DeltaNet half, the FFN's norm and the router in one
+    native call (`native.DecodeDeltaNet`) on the slots' states, then the MoE as FusedDecode's."""
+
+    def __init__(self, block, compute: PackedCompute, capacity: int = 1):
+        net, w = block.attention, block.attention.w
+        moe = block.ffn if isinstance(block.ffn, MoE) else None
+        self.block, self.compute, self.moe = block, compute, moe
+        self.layer = native.DecodeDeltaNet(
+            n_embd=w.wout.shape[0], n_k_heads=net.hk, n_v_heads=net.hv, head_k_dim=net.dk, head_v_dim=net.dv,
+            tiled=net.tiled, ba_per_key_head=w.w_in_ba, norm_eps=block.attention_norm.eps, ssm_eps=net.eps,
+            attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight, w_in=(w.w_in.type, w.w_in._data_t),
+            w_out=(w.wout.type, w.wout._data_t), conv=_f32(w.conv), dt=_f32(w.dt), ssm_a=_f32(w.a),
+            ssm_norm=_f32(w.norm), **_router_args(None if moe is None else moe.router))
+        self._slots: dict[tuple[int, ...], torch.Tensor] = {}  # the batch's slots, as the native call reads them
+        self._grow(capacity)
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [B, D] (one new token per sequence) through the block; x is updated in place and returned."""
+        block, B = self.block, x.shape[0]
+        t0 = time.perf_counter()
+        if batch.slots is None:
+            raise ValueError(f"layer {block.attention.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
+        if B > self.out.capacity:
+            self._grow(B)
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        slots = self._slots.get(batch.slots)
+        if slots is None:
+            slots = self._slots[batch.slots] = torch.tensor(batch.slots, dtype=torch.int64)
+            if len(self._slots) > 256:  # batches' slot sets come and go: keep the lookup small
+                self._slots = {batch.slots: slots}
+        self.layer.bind_states(*kv)
+        n_used = self.layer.run(self.compute.pool, slots, batch.positions, x, self.out, self.compute.scratch)
+        block.clock[0] += time.perf_counter() - t0
+        if block.lookahead is not None:
+            block.lookahead(x)
+        xn, expert_ids, routed = self.views(B)
+        if self.moe is None:
+            return x.add_(block.ffn(xn))
+        return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
+
 
 def add_moe(moe: MoE, call: native.MoeCall, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,
             expert_ids: torch.Tensor, n_used: int, used: torch.Tensor) -> torch.Tensor:
@@ -146,4 +208,4 @@ def add_moe(moe: MoE, call: native.MoeCall, x: torch.Tensor, xn: torch.Tensor, r
     return x.add_(routed)
 
 
-__all__ = ["FusedDecode", "add_moe"]
+__all__ = ["FusedDecode", "FusedDeltaNet", "add_moe"]

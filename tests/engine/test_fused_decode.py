@@ -309,3 +309,77 @@ def test_minimax_m2_program_under_evicting_memory(minimax):
 
 def test_minimax_m2_fused_decode_under_tiered_memory_equals_direct(minimax):
     test_fused_decode_under_tiered_memory_equals_direct(minimax)
+
+
+HYBRID = ["qwen3next", "qwen35moe"]
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_fused_deltanet_and_gated_attention_equal_the_per_call_path(arch, outtype):
+    """Hybrid linear attention (gated DeltaNet layers, gated full attention): every block has a
+    fused step (the DeltaNet half in one native call, the gated attention in DecodeAttn), the decode
+    program runs them all, and both give the per-call path's bytes, one sequence and three at
+    different positions (each on its own slot's recurrent state)."""
+    from strata.runtime.step import FusedDeltaNet
+    from tests.fixtures.tiny import zoo
+
+    tiny = zoo().get(arch)
+    with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        kinds = [type(s).__name__ for s in m.runner.steps]
+        assert "FusedDeltaNet" in kinds and "FusedDecode" in kinds and all(s is not None for s in m.runner.steps)
+        _has_program(tiny, m)
+        assert m.runner.program.native.recurrent
+        assert any(s.layer.c.q_gate for s in m.runner.steps if not isinstance(s, FusedDeltaNet))
+        for prompts in ([tiny.prompt_ids(7, seed=1)],
+                        [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
+            per_call = _decode_logits(m, prompts, "per_call")
+            for mode in ("fused", "program"):
+                for a, b in zip(_decode_logits(m, prompts, mode), per_call):
+                    assert torch.equal(a, b), mode
+
+
+def test_native_deltanet_step_refuses_bad_arguments():
+    from strata.runtime.step import FusedDeltaNet
+    from tests.fixtures.tiny import zoo
+
+    with strata.load(zoo().get("qwen3next").gguf("q8_0"), threads=1, n_ctx=64, max_batch=2, compute="packed",
+                     memory="direct") as m:
+        i, step = next((i, s) for i, s in enumerate(m.runner.steps) if isinstance(s, FusedDeltaNet))
+        layer, c = step.layer, m.transformer.compute
+        x, pos = torch.zeros((1, layer.n_embd)), torch.tensor([3])
+        fresh = native.DecodeDeltaNet.__new__(native.DecodeDeltaNet)
+        fresh.__dict__.update(layer.__dict__, _states=None)
+        with pytest.raises(ValueError, match="bind_states"):
+            fresh.run(c.pool, torch.tensor([0]), pos, x, step.out, c.scratch)
+        conv, ssm = m.cache.layer(i)
+        layer.bind_states(conv, ssm)
+        n_slots = conv.shape[0]
+        before = ssm.clone()
+        with pytest.raises(NativeError, match="DeltaNet decode step of 1 sequences"):  # a slot past the states
+            layer.run(c.pool, torch.tensor([n_slots]), pos, x, step.out, c.scratch)
+        with pytest.raises(NativeError):
+            layer.run(c.pool, torch.tensor([-1]), pos, x, step.out, c.scratch)
+        step._grow(2)  # outputs and scratch for two sequences
+        with pytest.raises(NativeError):  # one slot for two sequences
+            layer.run(c.pool, torch.tensor([0, 0]), torch.tensor([3, 4]), torch.zeros((2, layer.n_embd)), step.out,
+                      c.scratch)
+        assert torch.equal(ssm, before)  # checked before any state moved
+        with pytest.raises(NativeError):  # scratch too small
+            layer.run(c.pool, torch.tensor([0]), pos, x, step.out, torch.zeros(8, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="int64"):
+            layer.run(c.pool, torch.tensor([0], dtype=torch.int32), pos, x, step.out, c.scratch)
+        with pytest.raises(ValueError, match="states"):  # states of another layer's shape
+            layer.bind_states(torch.zeros((2, 1, 3)), ssm)
+        # the decode program: the state slots are required, and checked in C
+        prog = m.runner.program
+        for j, lay in enumerate(prog.layers):
+            (lay.bind_states if isinstance(lay, native.DecodeDeltaNet) else lay.bind_cache)(*m.cache.layer(j))
+        cos, sin = m.transformer.rope.cos_sin(pos, torch.float32)
+        args = (c.pool, torch.tensor([[0]]), pos, cos, sin, x, prog.routed, prog.expert_ids, prog.layer_used, c.scratch)
+        with pytest.raises(ValueError, match="state slots"):
+            prog.native.run(*args)
+        with pytest.raises(NativeError, match="decode program"):
+            prog.native.run(*args, slots=torch.tensor([n_slots]))
+        assert torch.equal(ssm, before)

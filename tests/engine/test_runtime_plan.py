@@ -109,3 +109,18 @@ def test_the_plan_names_the_memory_and_how_it_was_chosen(qwen3):
         assert m.plan.memory == "paged" and m.plan.memory_why == "the default for packed compute"
     with strata.load(path, threads=1, n_ctx=64, max_batch=1, memory="paged") as m:
         assert m.plan.memory_why == "as asked" and m.plan.describe().endswith("; memory: as asked")
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_hybrid_linear_attention_plans_the_program(arch):
+    """Gated DeltaNet and gated attention blocks all have a fused decode step and the decode
+    program takes them: with experts in place, a token is one native call."""
+    from strata.runtime.runner import arch_caps
+    from tests.fixtures.tiny import zoo
+
+    with strata.load(zoo().get(arch).gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
+                     memory="direct") as m:
+        caps = arch_caps(m.transformer)
+        assert caps.fused_blocks == caps.n_blocks and caps.unfused is None and caps.program is None
+        assert m.plan.decode == PROGRAM and "every block fused" in m.plan.decode_why
+        assert m.runner.program is not None and all(s is not None for s in m.runner.steps)

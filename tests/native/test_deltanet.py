@@ -66,3 +66,37 @@ def test_sizes_are_checked():
                               torch.empty(4, HV, DV), HK, False)
     with pytest.raises(ValueError, match="contiguous float32"):
         native.deltanet_conv(x.double(), w, torch.zeros(K - 1, C), torch.empty(4, C))
+
+
+def test_gates_norm_gate_and_attention_gate_equal_torch():
+    """The elementwise parts both decode paths share (deltanet.c): beta and g, the gated RMSNorm
+    and gated attention's output gate, against torch's formulas (softplus linear above 20)."""
+    g = torch.Generator().manual_seed(3)
+    b, a = torch.randn(3, HV, generator=g) * 4, torch.randn(3, HV, generator=g) * 4
+    a[0, 0] = 30.0  # above softplus's threshold
+    dt, A = torch.randn(HV, generator=g), -torch.rand(HV, generator=g)
+    beta, gg = native.deltanet_gates(b, a, dt, A, torch.empty(3, HV), torch.empty(3, HV))
+    torch.testing.assert_close(beta, torch.sigmoid(b), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(gg, torch.nn.functional.softplus(a + dt) * A, rtol=1e-6, atol=1e-7)
+    o, zrows, norm = torch.randn(3, HV, DV, generator=g), torch.randn(3, HV * DV + 5, generator=g), torch.randn(DV, generator=g)
+    z = zrows[:, 2:2 + HV * DV]  # a row-strided view, as the stacked product's z
+    got = native.deltanet_norm_gate(o, z, norm, 1e-6, torch.empty(3, HV * DV))
+    want = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * norm * torch.nn.functional.silu(z.reshape(3, HV, DV))
+    torch.testing.assert_close(got, want.flatten(1), rtol=1e-5, atol=1e-6)
+    x, gate = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    torch.testing.assert_close(native.attn_gate(x.clone(), gate), x * torch.sigmoid(gate), rtol=1e-6, atol=1e-7)
+
+
+def test_gate_sizes_are_checked():
+    with pytest.raises(ValueError, match="differ"):
+        native.deltanet_gates(torch.zeros(2, HV), torch.zeros(2, HV), torch.zeros(HV - 1), torch.zeros(HV),
+                              torch.empty(2, HV), torch.empty(2, HV))
+    with pytest.raises(NativeError):  # an output shorter than the tokens
+        native.deltanet_gates(torch.zeros(2, HV), torch.zeros(2, HV), torch.zeros(HV), torch.zeros(HV),
+                              torch.empty(1, HV), torch.empty(1, HV))
+    with pytest.raises(NativeError):  # z rows narrower than the heads
+        native.deltanet_norm_gate(torch.zeros(2, HV, DV), torch.zeros(2, HV * DV - 1), torch.ones(DV), 1e-6,
+                                  torch.empty(2, HV * DV))
+    with pytest.raises(NativeError):  # a norm shorter than a head
+        native.deltanet_norm_gate(torch.zeros(2, HV, DV), torch.zeros(2, HV * DV), torch.ones(DV - 1), 1e-6,
+                                  torch.empty(2, HV * DV))
