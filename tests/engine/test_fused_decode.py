@@ -41,6 +41,17 @@ def _decode_logits(model, prompts: list[list[int]], mode: str = "program") -> li
             model.cache.free(s)
 
 
+def _check_fused_equals_per_call(tiny, model) -> None:
+    """The fused steps and the decode program give the per-call path's bytes, one sequence and
+    three at different positions."""
+    for prompts in ([tiny.prompt_ids(7, seed=1)],
+                    [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
+        per_call = _decode_logits(model, prompts, "per_call")
+        for mode in ("fused", "program"):
+            for a, b in zip(_decode_logits(model, prompts, mode), per_call):
+                assert torch.equal(a, b), mode
+
+
 def _has_program(tiny, model) -> bool:
     """The program takes every fixture whose blocks are fused (shared experts included)."""
     assert model.plan.decode == runtime.PROGRAM and model.runner.program is not None, (tiny, model.plan)
@@ -53,12 +64,7 @@ def test_fused_decode_equals_the_per_call_path(tiny, outtype):
                      memory="direct") as m:
         assert all(s is not None for s in m.runner.steps)
         _has_program(tiny, m)
-        for prompts in ([tiny.prompt_ids(7, seed=1)],
-                        [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
-            per_call = _decode_logits(m, prompts, "per_call")
-            for mode in ("fused", "program"):
-                for a, b in zip(_decode_logits(m, prompts, mode), per_call):
-                    assert torch.equal(a, b), mode
+        _check_fused_equals_per_call(tiny, m)
 
 
 def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
@@ -332,12 +338,7 @@ def test_fused_deltanet_and_gated_attention_equal_the_per_call_path(arch, outtyp
         _has_program(tiny, m)
         assert m.runner.program.native.recurrent
         assert any(s.layer.c.q_gate for s in m.runner.steps if not isinstance(s, FusedDeltaNet))
-        for prompts in ([tiny.prompt_ids(7, seed=1)],
-                        [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]):
-            per_call = _decode_logits(m, prompts, "per_call")
-            for mode in ("fused", "program"):
-                for a, b in zip(_decode_logits(m, prompts, mode), per_call):
-                    assert torch.equal(a, b), mode
+        _check_fused_equals_per_call(tiny, m)
 
 
 def test_native_deltanet_step_refuses_bad_arguments():

@@ -40,6 +40,27 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).abs().max() / ref.abs().max())
 
 
+def packed_decode_error(tiny, n_decode: int, check=None) -> float:
+    """The fixture's f32 file prefilled with 12 tokens, then decoded a token at a time on the float
+    path (greedy) and with packed compute on the same tokens: the largest relative error of the
+    packed path's logits over every step. `check(bare)` sees the packed model before it runs."""
+    path, runs = tiny.gguf("f32"), []
+    for compute in ("float", "packed"):
+        bare = Bare(path)
+        if compute == "packed":
+            bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
+            if check is not None:
+                check(bare)
+        prompt = tiny.prompt_ids(12)
+        logits, ids = [bare.forward(prompt, 0, all_logits=False)[0]], list(prompt)
+        for _ in range(n_decode):
+            ids.append(int(logits[-1].argmax()) if compute == "float" else runs[0][1][len(ids)])
+            logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
+        runs.append((logits, ids))
+    (want, _), (got, _) = runs
+    return max(rel_err(b, a) for a, b in zip(want, got))
+
+
 def check_prefill_and_decode(tiny, record_property, arch: str, n_prefill: int = 20, n_decode: int = 16) -> None:
     """The fixture's f32 file, prefilled and then decoded a token at a time, matches transformers'
     logits within REL_TOL of their range at every step."""

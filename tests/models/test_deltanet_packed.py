@@ -13,7 +13,7 @@ from strata.models.deltanet import GatedAttention, GatedDeltaNet
 from strata.models.packed import PackedMatrix
 from tests.fixtures.tiny import zoo
 
-from .helpers import Bare, rel_err
+from .helpers import packed_decode_error, rel_err
 
 
 def _rows(m: PackedMatrix, r0: int, r1: int) -> PackedMatrix:
@@ -67,25 +67,10 @@ def test_stacked_projections_split_as_the_separate_ones(arch):
 def test_packed_decode_steps_equal_the_float_path(arch):
     """Every decode step of packed compute (DeltaNet kernels, stacked products, the gated
     attention's native decode attention) equals the float path within 1e-5."""
-    from strata.gguf import open_model
-    from strata.memory import DirectExpertMemory
-    from strata.models import load_model
-    tiny = zoo().get(arch)
-    path, runs = tiny.gguf("f32"), []
-    for compute in ("float", "packed"):
-        bare = Bare(path)
-        if compute == "packed":
-            bare.mf = open_model(path)
-            bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
-            assert all(b.attention.native for b in bare.model.blocks)
-        prompt = tiny.prompt_ids(12)
-        logits, ids = [bare.forward(prompt, 0, all_logits=False)[0]], list(prompt)
-        for _ in range(16):
-            ids.append(int(logits[-1].argmax()) if compute == "float" else runs[0][1][len(ids)])
-            logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
-        runs.append((logits, ids))
-    (want, _), (got, _) = runs
-    assert max(rel_err(b, a) for a, b in zip(want, got)) < 1e-5
+    def native_attention(bare):
+        assert all(b.attention.native for b in bare.model.blocks)
+
+    assert packed_decode_error(zoo().get(arch), 16, native_attention) < 1e-5
 
 
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])

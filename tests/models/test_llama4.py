@@ -12,7 +12,8 @@ import strata
 from strata.models.chunked import ChunkedAttention, InputScaledMoE
 from tests.fixtures.tiny import zoo
 
-from .helpers import REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode, rel_err
+from .helpers import (REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode,
+                      packed_decode_error, rel_err)
 
 N_PREFILL, N_DECODE = 20, 16
 
@@ -93,24 +94,7 @@ def test_packed_compute_every_memory_and_the_plan(tiny):
 def test_packed_decode_steps_equal_the_float_path(tiny):
     """Every decode step of packed compute (per call: chunks, NoPE, temperature in torch; packed
     matrices and the fused expert call) equals the float path within 1e-5, past several chunks."""
-    from strata.gguf import open_model
-    from strata.memory import DirectExpertMemory
-    from strata.models import load_model
-    path, runs = tiny.gguf("f32"), []
-    for compute in ("float", "packed"):
-        bare = Bare(path)
-        if compute == "packed":
-            bare.mf = open_model(path)
-            bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
-        prompt = tiny.prompt_ids(12)
-        logits, ids = [bare.forward(prompt, 0, all_logits=False)[0]], list(prompt)
-        for _ in range(24):
-            ids.append(int(logits[-1].argmax()) if compute == "float" else runs[0][1][len(ids)])
-            logits.append(bare.forward(ids[-1:], len(ids) - 1)[0])
-        runs.append((logits, ids))
-    (want, _), (got, _) = runs
-    assert max(rel_err(b, a) for a, b in zip(want, got)) < 1e-5
-
+    assert packed_decode_error(tiny, 24) < 1e-5
 
 def test_generate_batch_equals_each_alone(tiny):
     prompts = [tiny.prompt_ids(11, seed=s) for s in (3, 4)]
