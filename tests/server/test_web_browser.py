@@ -68,6 +68,12 @@ def test_chat_streams_the_greedy_reply(server, browser, tiny_model):
 
 def test_stop_aborts_the_stream(server, browser):
     browser.goto(server.url + "/")
+    # the reply must still be running when stop is clicked: the page's request asks the server to
+    # run to max_tokens (vLLM's ignore_eos), else the tiny model may sample its end first
+    browser.evaluate("(() => { const f = window.fetch; window.fetch = (url, opts) => { "
+                     "if (String(url).endsWith('/v1/chat/completions')) { const b = JSON.parse(opts.body); "
+                     "b.ignore_eos = true; opts = Object.assign({}, opts, {body: JSON.stringify(b)}); } "
+                     "return f(url, opts); }; return true; })()")
     _set(browser, "temperature", 1)
     _set(browser, "max-tokens", 4000)
     _send(browser, "Go on forever")
