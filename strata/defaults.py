@@ -37,13 +37,13 @@ MAX_STEP_TOKENS = 512
 DEFAULT_CTX = 4096
 #: Positions per KV-cache block.
 KV_BLOCK_SIZE = 16
-#: The KV cache's element types (`--kv-type`): floats, or Q8_0 blocks as llama.cpp's
-#: `--cache-type-k/v q8_0`. None (the default): the compute dtype, float32 on the CPU.
 #: The prefix cache's room beyond the running sequences' KV blocks under `--cache-ram auto` (the
 #: server's default): llama-server's default prompt cache (`--cache-ram 8192` MiB), at most
 #: CACHE_RAM_SHARE of the RAM available at start.
 DEFAULT_CACHE_RAM = 8 << 30
 CACHE_RAM_SHARE = 1 / 8
+#: The KV cache's element types (`--kv-type`): floats, or Q8_0 blocks as llama.cpp's
+#: `--cache-type-k/v q8_0`. None (the default): the compute dtype, float32 on the CPU.
 KV_TYPES = ("f32", "f16", "bf16", "q8_0")
 DEFAULT_KV_TYPE = None
 #: Share of available memory the CPU device tier takes by default.

@@ -117,7 +117,7 @@ def prefix_cache_blocks(mf: ModelFile, dev: torch.device, dt: torch.dtype, cache
     """KV blocks added to the pool beyond the sequences' for the prefix cache to keep prompts in
     (blocks no sequence holds stay cached until allocation needs them): `cache_ram` bytes' worth
     (an int or a size such as "2G"; 0 or None: none; "auto": DEFAULT_CACHE_RAM, at most
-    CACHE_RAM_SHARE of the RAM available, and none on CUDA, whose memory the experts need). None
+    CACHE_RAM_SHARE of the RAM available, and none on CUDA, whose memory the experts need). 0
     without a prefix cache, or for a model with recurrent layers (their state cannot be cached)."""
     if cache_ram in (None, 0, "0") or not prefix_cache or cache_states(mf.hparams):
         return 0

@@ -170,8 +170,8 @@ class Scheduler:
         ids, P = seq.all_ids, self.blocks.block_size
         hashes = block_hashes(ids, (len(ids) - 1) // P, seq.block_hashes, P)
         k = seq.n_committed = self.blocks.match(seq.slot, hashes)
-        partial = self.blocks.match_partial(seq.slot, hashes[k - 1] if k else b"", ids[k * P:min((k + 1) * P, len(ids) - 1)])
-        seq.n_cached = k * P + partial
+        after = ids[k * P:min((k + 1) * P, len(ids) - 1)]  # the next block's tokens, short of the last one
+        seq.n_cached = k * P + self.blocks.match_partial(seq.slot, hashes[k - 1] if k else b"", after)
 
     def _free(self, seq: Sequence) -> None:
         """Give back `seq`'s slot and blocks, its computed positions in its last, partly filled block

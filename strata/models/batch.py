@@ -12,6 +12,7 @@ Must not: hold tensors of the model or schedule sequences (the engine does).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 from typing import Protocol, Sequence
 
@@ -69,6 +70,11 @@ class Batch:
                    tensor([p % P for p in positions]), tensor([e - 1 for e in ends]),
                    tensor([list(t) + [0] * (width - len(t)) for t in tables]),
                    None if slots is None else tuple(slots))
+
+    @cached_property
+    def slot_ids(self) -> torch.Tensor | None:
+        """`slots` as an int64 CPU tensor (what the native recurrent steps read), made once per batch."""
+        return None if self.slots is None else torch.tensor(self.slots, dtype=torch.int64)
 
     @property
     def offsets(self) -> list[int]:

@@ -38,7 +38,6 @@ class DecodeProgram:
         self.model_layers = [b.ffn.experts.layer if isinstance(b.ffn, MoE) else -1 for b in blocks]
         self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
         self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
-        self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._grow(capacity)
 
     @staticmethod
@@ -113,13 +112,7 @@ class DecodeProgram:
             x = x.float().contiguous()
         for i, layer in enumerate(self.layers):
             (layer.bind_states if isinstance(layer, native.DecodeDeltaNet) else layer.bind_cache)(*cache.layer(i))
-        slots = None
-        if self.native.recurrent:
-            slots = self._slots.get(batch.slots)
-            if slots is None:  # the batch's state rows, as the native call reads them (a few sets recur)
-                if len(self._slots) > 256:
-                    self._slots.clear()
-                slots = self._slots[batch.slots] = torch.tensor(batch.slots, dtype=torch.int64)
+        slots = batch.slot_ids if self.native.recurrent else None  # the batch's state rows
         self.memory.check_fixed()
         c, n, first = self.compute, len(self.layers), 0
         while True:

@@ -130,9 +130,7 @@ class FusedDecode:
             self._grow(B)
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
-        self.layer.bind_cache(*kv)
-        n_used = self.layer.run(self.compute.pool, batch.block_table, batch.positions, *cos_sin, x, self.out,
-                                self.compute.scratch)
+        n_used = self.attention_half(x, batch, cos_sin, kv)
         block.clock[0] += time.perf_counter() - t0
         if block.lookahead is not None:
             block.lookahead(x)  # next layers' experts start moving; x is unchanged
@@ -140,6 +138,14 @@ class FusedDecode:
         if self.moe is None:
             return x.add_(block.ffn(xn))
         return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
+
+    def attention_half(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                       kv: tuple[torch.Tensor, torch.Tensor]) -> int:
+        """The native call: x += attention, then the FFN's norm and the routing into `self.out`;
+        returns the distinct experts used."""
+        self.layer.bind_cache(*kv)
+        return self.layer.run(self.compute.pool, batch.block_table, batch.positions, *cos_sin, x, self.out,
+                              self.compute.scratch)
 
     @staticmethod
     def of(block, compute: PackedCompute, capacity: int = 1) -> FusedDecode:
@@ -162,34 +168,16 @@ class FusedDeltaNet(FusedDecode):
             attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight, w_in=(w.w_in.type, w.w_in._data_t),
             w_out=(w.wout.type, w.wout._data_t), conv=_f32(w.conv), dt=_f32(w.dt), ssm_a=_f32(w.a),
             ssm_norm=_f32(w.norm), **_router_args(None if moe is None else moe.router))
-        self._slots: dict[tuple[int, ...], torch.Tensor] = {}  # the batch's slots, as the native call reads them
         self._grow(capacity)
 
-    def __call__(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [B, D] (one new token per sequence) through the block; x is updated in place and returned."""
-        block, B = self.block, x.shape[0]
-        t0 = time.perf_counter()
+    def attention_half(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                       kv: tuple[torch.Tensor, torch.Tensor]) -> int:
+        """The DeltaNet half on the batch's state slots (`kv`: the layer's conv and ssm states)."""
         if batch.slots is None:
-            raise ValueError(f"layer {block.attention.layer}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
-        if B > self.out.capacity:
-            self._grow(B)
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            x = x.float().contiguous()
-        slots = self._slots.get(batch.slots)
-        if slots is None:
-            slots = self._slots[batch.slots] = torch.tensor(batch.slots, dtype=torch.int64)
-            if len(self._slots) > 256:  # batches' slot sets come and go: keep the lookup small
-                self._slots = {batch.slots: slots}
+            raise ValueError(f"layer {self.block.attention.layer}: gated DeltaNet needs the batch's cache slots "
+                             "(Batch.slots)")
         self.layer.bind_states(*kv)
-        n_used = self.layer.run(self.compute.pool, slots, batch.positions, x, self.out, self.compute.scratch)
-        block.clock[0] += time.perf_counter() - t0
-        if block.lookahead is not None:
-            block.lookahead(x)
-        xn, expert_ids, routed = self.views(B)
-        if self.moe is None:
-            return x.add_(block.ffn(xn))
-        return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
+        return self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, x, self.out, self.compute.scratch)
 
 
 def add_moe(moe: MoE, call: native.MoeCall, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,
