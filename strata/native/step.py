@@ -33,6 +33,20 @@ def _f32(t: Any, what: str, n: int | None = None) -> Any:
     return ffi.cast("float *", t.data_ptr())
 
 
+def _routing(D: int, router: Any, n_used: int, gating: str, norm_weights: bool, weights_scale: float,
+             router_bias: Any, selection_bias: Any, n_groups: int, n_groups_used: int, group_top: int) -> dict:
+    """The routing fields a layer struct of step.c shares (strata_attn_layer, strata_deltanet_layer):
+    router [n_experts, D] (None: a dense layer) and how it picks n_used experts."""
+    if gating not in _GATING:
+        raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
+    n_experts = 0 if router is None else int(router.shape[0])
+    return {"router": _f32(router, "router", None if router is None else n_experts * D), "n_experts": n_experts,
+            "n_used": n_used, "gating": _GATING[gating], "norm_weights": 1 if norm_weights else 0,
+            "weights_scale": weights_scale, "router_bias": _f32(router_bias, "router bias", n_experts),
+            "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
+            "n_groups_used": n_groups_used, "group_top": group_top}
+
+
 class DecodeAttn:
     """The attention half of one decoder layer (and its router, for an MoE layer), described once.
 
@@ -52,12 +66,9 @@ class DecodeAttn:
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False):
-        if gating not in _GATING:
-            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
-        n_experts = 0 if router is None else int(router.shape[0])
         self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
                       selection_bias, mla)
         if window < 0:
@@ -72,14 +83,10 @@ class DecodeAttn:
             "o_type": int(ggml_type(o[0])), "wqkv": ffi.cast("void *", qkv[1].data_ptr()),
             "wo": ffi.cast("void *", o[1].data_ptr()), "wqkv_bytes": qkv[1].numel(), "wo_bytes": o[1].numel(),
             "bqkv": _f32(bqkv, "qkv bias", hq + 2 * hkv), "q_norm": _f32(q_norm, "q_norm", qn),
-            "k_norm": _f32(k_norm, "k_norm", kn), "router": _f32(router, "router", None if router is None
-                                                                else n_experts * D),
-            "n_experts": n_experts, "n_used": n_used, "gating": _GATING[gating],
-            "norm_weights": 1 if norm_weights else 0, "weights_scale": weights_scale,
-            "sinks": _f32(sinks, "sinks", n_head), "window": int(window), "bo": _f32(bo, "output bias", D),
-            "router_bias": _f32(router_bias, "router bias", n_experts),
-            "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
-            "n_groups_used": n_groups_used, "group_top": group_top, "q_gate": 1 if q_gate else 0})
+            "k_norm": _f32(k_norm, "k_norm", kn), "sinks": _f32(sinks, "sinks", n_head), "window": int(window),
+            "bo": _f32(bo, "output bias", D), "q_gate": 1 if q_gate else 0,
+            **_routing(D, router, n_used, gating, norm_weights, weights_scale, router_bias, selection_bias, n_groups,
+                       n_groups_used, group_top)})
         if mla is not None:  # latent attention: see strata.h strata_attn_layer
             c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
             c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]
@@ -95,7 +102,7 @@ class DecodeAttn:
                 setattr(c, f"{name}_type", int(ggml_type(t)))
                 setattr(c, name, ffi.cast("void *", data.data_ptr()))
                 setattr(c, f"{name}_bytes", data.numel())
-        self.n_embd, self.n_experts, self.n_used = D, n_experts, n_used
+        self.n_embd, self.n_experts, self.n_used = D, int(self.c.n_experts), n_used
         self._cache: tuple[int, int] | None = None
 
     def bind_cache(self, k_cache: Any, v_cache: Any) -> None:
@@ -170,10 +177,7 @@ class DecodeDeltaNet:
                  router: Any = None, n_used: int = 0, gating: str = "softmax", norm_weights: bool = False,
                  weights_scale: float = 1.0, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0):
-        if gating not in _GATING:
-            raise ValueError(f"expert gating function {gating!r} is not supported (expected softmax, sigmoid or softmax_weight)")
         D, Hv, C = n_embd, n_v_heads, 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim
-        n_experts = 0 if router is None else int(router.shape[0])
         K = int(conv.shape[-1])
         self._keep = (attn_norm, ffn_norm, w_in[1], w_out[1], conv, dt, ssm_a, ssm_norm, router, router_bias,
                       selection_bias)
@@ -186,12 +190,9 @@ class DecodeDeltaNet:
             "w_out": ffi.cast("void *", w_out[1].data_ptr()), "w_in_bytes": w_in[1].numel(),
             "w_out_bytes": w_out[1].numel(), "conv": _f32(conv, "conv weight", C * K), "dt": _f32(dt, "dt", Hv),
             "ssm_a": _f32(ssm_a, "ssm_a", Hv), "ssm_norm": _f32(ssm_norm, "ssm_norm", head_v_dim),
-            "router": _f32(router, "router", None if router is None else n_experts * D), "n_experts": n_experts,
-            "n_used": n_used, "gating": _GATING[gating], "norm_weights": 1 if norm_weights else 0,
-            "weights_scale": weights_scale, "router_bias": _f32(router_bias, "router bias", n_experts),
-            "selection_bias": _f32(selection_bias, "selection bias", n_experts), "n_groups": n_groups,
-            "n_groups_used": n_groups_used, "group_top": group_top})
-        self.n_embd, self.n_experts, self.n_used, self.channels = D, n_experts, n_used, C
+            **_routing(D, router, n_used, gating, norm_weights, weights_scale, router_bias, selection_bias, n_groups,
+                       n_groups_used, group_top)})
+        self.n_embd, self.n_experts, self.n_used, self.channels = D, int(self.c.n_experts), n_used, C
         self._states: tuple[int, int] | None = None
 
     def bind_states(self, conv_state: Any, ssm_state: Any) -> None:
