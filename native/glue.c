@@ -52,7 +52,7 @@ int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int6
     int64_t width;
     if (n_tokens < 0 || n_groups < 0 || n < 1 || !mul_ok(n_groups, n, &width)) return STRATA_E_ARG;
     if (n_tokens == 0 || n_groups == 0) return STRATA_OK;
-    if (!x || !weight || !out || !(eps >= 0.0f)) return STRATA_E_ARG;
+    if (!x || !out || !(eps >= 0.0f)) return STRATA_E_ARG;
     if (x_stride < width || out_stride < width) return STRATA_E_SIZE;
     int64_t last;
     if (!mul_ok(n_tokens - 1, x_stride > out_stride ? x_stride : out_stride, &last)) return STRATA_E_SIZE;
@@ -62,7 +62,10 @@ int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int6
             float *o = out + t * out_stride + g * n;
             /* torch: weight * (x * rsqrt(mean(x^2) + eps)), each product rounded to float. */
             const float r = (float)(1.0 / sqrt(sum_squares(xr, n) / (double)n + (double)eps));
-            for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * r);
+            if (weight)
+                for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * r);
+            else  /* no weight: the bytes of a weight of ones */
+                for (int64_t i = 0; i < n; i++) o[i] = xr[i] * r;
         }
     return STRATA_OK;
 }

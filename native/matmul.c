@@ -437,6 +437,17 @@ static void moe_gather(const moe_job *J, int64_t t) {
     const int64_t u0 = J->head[t];
     if (u0 < 0) return;
     const float *x = J->x + t * J->n_embd;
+    if (J->act && J->act->input_scaled) {  /* each assignment's own input x * w, in tmp's row (free until phase B) */
+        const int64_t D = J->n_embd;
+        for (int64_t u = u0; u >= 0; u = J->next[u]) {
+            float *xs = J->tmp + u * D;
+            const float w = J->weights[J->a_first + u];
+            for (int64_t i = 0; i < D; i++) xs[i] = x[i] * w;
+            act_row(&J->gate.k, xs, J->xg + u * J->gate.a_row_bytes, D);
+            if (!share) act_row(&J->up.k, xs, J->xu + u * J->up.a_row_bytes, D);
+        }
+        return;
+    }
     uint8_t *g0 = J->xg + u0 * J->gate.a_row_bytes, *p0 = J->xu + u0 * J->up.a_row_bytes;
     act_row(&J->gate.k, x, g0, J->n_embd);
     if (!share) act_row(&J->up.k, x, p0, J->n_embd);
@@ -474,16 +485,18 @@ static void moe_gate_up_item(moe_job *J, int64_t item) {
     tile_rows(&J->up.k, J->n_embd, moe_matrix_at(&J->up, e), J->up.row_bytes, r0, r1, r1,
               J->xu + u0 * J->up.a_row_bytes, J->up.a_row_bytes, n_tok, up, F);
     const strata_moe_act *act = J->act;
-    if (!act) {
+    const int64_t id = act ? act->expert_ids[j] : 0;
+    const float *bg = act && act->b_gate ? act->b_gate + id * F + r0 : NULL;
+    const float *bu = act && act->b_up ? act->b_up + id * F + r0 : NULL;
+    if (!bg && !bu && !(act && act->clamped)) {  /* plain SwiGLU */
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = 0; r < r1 - r0; r++) h[t * F + r] = silu_mul(h[t * F + r], up[t * F + r]);
     } else {
-        const int64_t id = act->expert_ids[j];
-        const float *bg = act->b_gate ? act->b_gate + id * F + r0 : NULL, *bu = act->b_up ? act->b_up + id * F + r0 : NULL;
         for (int64_t t = 0; t < n_tok; t++)
-            for (int64_t r = 0; r < r1 - r0; r++)
-                h[t * F + r] = oai_mul(h[t * F + r] + (bg ? bg[r] : 0.0f), up[t * F + r] + (bu ? bu[r] : 0.0f),
-                                       act->alpha, act->limit);
+            for (int64_t r = 0; r < r1 - r0; r++) {
+                const float g = h[t * F + r] + (bg ? bg[r] : 0.0f), u = up[t * F + r] + (bu ? bu[r] : 0.0f);
+                h[t * F + r] = act->clamped ? oai_mul(g, u, act->alpha, act->limit) : silu_mul(g, u);
+            }
     }
     /* acq_rel: the last finisher sees every other block's h of this expert. */
     if (atomic_fetch_add_explicit(&J->done[i], 1, memory_order_acq_rel) == J->n_ff_items - 1 && J->hq != (uint8_t *)J->h)
@@ -509,8 +522,9 @@ static void moe_down(const moe_job *J, int64_t block) {
     }
     if (J->rows) return;
     const int64_t a_end = J->a_first + J->n_used;
+    const int scaled = J->act && J->act->input_scaled;  /* the weight went into the input */
     for (int64_t a = J->a_first; a < a_end; a++) {
-        const float w = J->weights[a];
+        const float w = scaled ? 1.0f : J->weights[a];
         float *o = J->out + (int64_t)J->token_ids[a] * D;
         const float *dn = J->tmp + (a - J->a_first) * D;
         for (int64_t r = r0; r < r1; r++) o[r] += w * dn[r];
@@ -572,7 +586,9 @@ static int moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                  .token_ids = token_ids, .offsets = assign_offsets, .weights = weights, .out = out, .rows = rows,
                  .act = act};
     if (act && (act->n_ids < 0 || (n_experts && !act->expert_ids) || ((uintptr_t)act->expert_ids | (uintptr_t)act->b_gate |
-                (uintptr_t)act->b_up | (uintptr_t)act->b_down) % 4 || !(act->limit > 0.0f) || !isfinite(act->alpha)))
+                (uintptr_t)act->b_up | (uintptr_t)act->b_down) % 4 || (act->clamped != 0 && act->clamped != 1) ||
+                (act->input_scaled != 0 && act->input_scaled != 1) ||
+                (act->clamped && (!(act->limit > 0.0f) || !isfinite(act->alpha)))))
         return STRATA_E_ARG;
     int st = moe_matrices(impl, n_embd, n_ff, gate, up, down, &J.gate, &J.up, &J.down);
     if (st != STRATA_OK) return st;
@@ -674,7 +690,7 @@ int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *toke
         !add_ok(a_first, n_used, &a_end) || a_end > n_assign)
         return STRATA_E_ARG;
     if (n_used == 0) return STRATA_OK;
-    if (!rows || !token_ids || !weights || !out || ((uintptr_t)rows | (uintptr_t)out | (uintptr_t)token_ids |
+    if (!rows || !token_ids || !out || ((uintptr_t)rows | (uintptr_t)out | (uintptr_t)token_ids |
                                                      (uintptr_t)weights) % 4)
         return STRATA_E_ARG;
     if (!mul_ok(n_assign, n_embd, &rows_need) || !mul_ok(rows_need, 4, &rows_need) || rows_bytes < rows_need ||
@@ -683,7 +699,7 @@ int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *toke
     for (int64_t a = a_first; a < a_end; a++)
         if (token_ids[a] < 0 || token_ids[a] >= n_tokens) return STRATA_E_ARG;
     for (int64_t a = a_first; a < a_end; a++) {  /* the arithmetic of moe_down's sum, in its order */
-        const float w = weights[a];
+        const float w = weights ? weights[a] : 1.0f;
         float *o = out + (int64_t)token_ids[a] * n_embd;
         const float *dn = rows + a * n_embd;
         for (int64_t r = 0; r < n_embd; r++) o[r] += w * dn[r];

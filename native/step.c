@@ -9,9 +9,11 @@
  *     q|k|v = xa @ Wqkv^T (+ bias)           one packed product (strata_matmul)
  *     q, k = q_norm(q), k_norm(k)            per head or full width, when the model has them
  *     q, k = rope(q), rope(k)
+ *     q, k = l2(q), l2(k); q *= temperature  Llama 4: unit RMS per head; global layers' query scale
  *     k_cache, v_cache <- k, v               at each sequence's position, through its block table
  *     a = attention(q, caches)               paged decode attention over positions 0..position
- *                                            (a sliding window, sink logits: gpt-oss)
+ *                                            (a sliding window, sink logits: gpt-oss; Llama 4's
+ *                                            local layers: the query's chunk)
  *   latent attention (DeepSeek):
  *     q = xa @ Wq^T, or q_a_norm(xa @ Wq_a^T) @ Wq_b^T; q_rope = rope(q_rope)
  *     c|k_rope = xa @ Wkv_a^T; c = kv_a_norm(c); k_rope = rope(k_rope); cache <- c|k_rope
@@ -35,6 +37,7 @@
 #include "strata.h"
 #include "deltanet.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -112,7 +115,9 @@ static int layer_ok(const strata_attn_layer *L) {
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
         !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
         (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
-        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
+        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)) ||
+        L->chunk < 0 || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
+        (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora))
         return STRATA_E_ARG;
     if (latent(L)) {
         int64_t n;
@@ -176,13 +181,30 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
         if (st == STRATA_OK) st = strata_glue_rope(k, n_qkv, n_seq, Hkv, hd, cos_t, sin_t, L->rope_dim, L->neox);
         if (st != STRATA_OK) return st;
     }
+    if (L->qk_l2) {  /* Llama 4: unit RMS per head after RoPE, no weight */
+        st = strata_glue_rmsnorm(q, n_qkv, n_seq, H, hd, NULL, L->qk_l2_eps, q, n_qkv);
+        if (st == STRATA_OK) st = strata_glue_rmsnorm(k, n_qkv, n_seq, Hkv, hd, NULL, L->qk_l2_eps, k, n_qkv);
+        if (st != STRATA_OK) return st;
+    }
+    for (int64_t b = 0; L->temp_floor && b < n_seq; b++) {  /* Llama 4's global layers: the query temperature */
+        const double steps = floor((double)n_ctx[b] / (double)L->temp_floor);  /* n_ctx = position + 1 */
+        const float t = (float)(log1p(steps) * L->temp_scale + 1.0);
+        for (int64_t i = 0; i < hq; i++) q[b * n_qkv + i] *= t;
+    }
     /* A block is a "slot" of block_size positions to kv_write. */
     st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
                                     L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
-    st = strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
-                                       L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
-                                       L->window, att, hq, impl);
+    if (L->chunk)  /* Llama 4's local layers: each sequence within its own chunk (one call each, as per call) */
+        for (int64_t b = 0; b < n_seq && st == STRATA_OK; b++)
+            st = strata_glue_attn_decode_typed(L->kv_type, q + b * n_qkv, n_qkv, 1, H, Hkv, hd, L->k_cache, L->v_cache,
+                                               L->n_blocks, L->block_size, block_table + b * table_stride,
+                                               table_stride, n_ctx + b, L->attn_scale, L->sinks,
+                                               (n_ctx[b] - 1) % L->chunk + 1, att + b * hq, hq, impl);
+    else
+        st = strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache,
+                                           L->n_blocks, L->block_size, block_table, table_stride, n_ctx,
+                                           L->attn_scale, L->sinks, L->window, att, hq, impl);
     if (st != STRATA_OK || !L->q_gate) return st;
     return strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
 }

@@ -343,17 +343,22 @@ int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, i
                            int impl);
 
 /*
- * An expert function other than plain SwiGLU for strata_moe_glu: gpt-oss's clamped SwiGLU with
- * per-expert biases. For expert j of the call, with id = expert_ids[j] (its row of the bias tables):
+ * An expert function other than plain SwiGLU for strata_moe_glu. clamped: gpt-oss's clamped
+ * SwiGLU with per-expert biases. For expert j of the call, with id = expert_ids[j] (its row of the
+ * bias tables):
  *     g = min(gate_e @ x + b_gate[id], limit),  u = clamp(up_e @ x + b_up[id], -limit, limit)
  *     y = down_e @ ((u + 1) * g * sigmoid(alpha * g)) + b_down[id]
  * A NULL bias table adds nothing. b_gate and b_up are [n_ids, n_ff], b_down [n_ids, n_embd].
+ * Not clamped: SwiGLU (the biases, if any, added as above). input_scaled (Llama 4): the router's
+ * weight of each assignment multiplies the expert's input, x[token] * weights[a] (rounded to float,
+ * then to activation blocks per assignment), and the expert's output is added with weight 1.
  */
 typedef struct {
     const float *b_gate, *b_up, *b_down;
     int64_t n_ids;
     const int32_t *expert_ids;
     float alpha, limit;
+    int32_t clamped, input_scaled;
 } strata_moe_act;
 
 /*
@@ -369,7 +374,8 @@ int strata_moe_glu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n
                    int64_t rows_bytes, void *scratch, int64_t scratch_bytes, int impl);
 
 /* out[token_ids[a], :] += weights[a] * rows[a, :] for a in [a_first, a_first + n_used), in that
- * order (rows [n_assign, n_embd], out [n_tokens, n_embd], float32). */
+ * order (rows [n_assign, n_embd], out [n_tokens, n_embd], float32). NULL weights: each weight 1
+ * (input-scaled experts' rows). */
 int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *token_ids, const float *weights,
                       int64_t a_first, int64_t n_used, int64_t n_assign, int64_t n_tokens, int64_t n_embd,
                       float *out, int64_t out_bytes);
@@ -387,7 +393,8 @@ int strata_moe_reduce(const float *rows, int64_t rows_bytes, const int32_t *toke
 
 /* out[t, g*n + i] = weight[i] * (x[t, g*n + i] * r), r = 1/sqrt(mean_i x[t, g*n + i]^2 + eps), for
  * n_groups groups of n features per token (1 group: a full-width norm; H groups of hd: Qwen3's
- * per-head q/k norm). The mean is summed in double; r is rounded to float. out may be x. */
+ * per-head q/k norm). The mean is summed in double; r is rounded to float. out may be x. A NULL
+ * weight is no weight (Llama 4's L2 q/k norm): out = x * r, the bytes of a weight of ones. */
 int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n_groups, int64_t n,
                         const float *weight, float eps, float *out, int64_t out_stride);
 
@@ -537,6 +544,16 @@ typedef struct {
      * head ([(2 H + 2 Hkv) hd, D]); the attention's output is multiplied by sigmoid(gate) before
      * wo (strata_attn_gate). Grouped-query attention without qkv bias only. */
     int32_t q_gate;
+    /* Llama 4 (0 when absent; grouped-query attention only): chunk > 0 (a local layer) attends
+     * within the query's chunk of `chunk` positions (positions chunk * floor(pos / chunk) .. pos);
+     * qk_l2 normalises each head of q and k to unit RMS (no weight, epsilon qk_l2_eps) after RoPE;
+     * temp_floor > 0 (a global NoPE layer, rope_dim 0) multiplies the queries by the temperature
+     * (float)(log1p(floor((pos + 1) / temp_floor)) * temp_scale + 1), computed in double. */
+    int64_t chunk;
+    int32_t qk_l2;
+    float qk_l2_eps;
+    int64_t temp_floor;
+    double temp_scale;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):

@@ -1,16 +1,18 @@
-"""Llama 4's attention and experts (`Arch.chunked`, `Arch.expert_input_scaled`), in torch on every
-path (float and packed per-call, where decode attention is the native call's; the fused decode
-step and the decode program lack them and say so).
+"""Llama 4's attention (`Arch.chunked`) on every path: float and packed per call (packed compute's
+rope, L2 norm, query temperature, cache writes and decode attention are the native glue calls the
+fused decode step composes, so both give the same bytes), the fused step and the decode program
+(native/step.c's chunk, qk_l2 and temperature fields).
 
 ChunkedAttention: a local layer rotates q and k (RoPE), then normalises each head of both to unit
 RMS (no weight: Llama4TextL2Norm, llama.cpp's rms_norm) when the model has that norm, and each
 query sees the keys of its own chunk of `chunk` positions only (chunk = position // chunk, causal
 within it); a global (NoPE) layer leaves q and k unrotated, scales each query by the temperature
 1 + scale * ln(floor((pos + 1) / floor) + 1) (the temperature tuning of transformers'
-Llama4TextAttention and llama.cpp's attn_temp input), and attends causally over every position.
+Llama4TextAttention and llama.cpp's attn_temp input; computed in float64, rounded to float32), and
+attends causally over every position.
 
-InputScaledMoE: the router's weight of each chosen expert multiplies the expert's input
-(llama.cpp's weight_before_ffn), not its output; the top k picks run as T*K tokens of one routed call.
+Llama 4's experts (the router's weight scales each expert's input: llama.cpp's weight_before_ffn)
+are `strata.models.expert_act.InputScaled`.
 Must not: read files or allocate the cache.
 """
 from __future__ import annotations
@@ -23,15 +25,11 @@ from strata import native
 from .attention import Attention, AttentionWeights
 from .batch import Batch
 from .layers import linear
-from .moe import MoE
 from .rope import Rope
 
 
 class ChunkedAttention(Attention):
     """One layer of Llama 4's attention (see the module docstring)."""
-
-    fusable = False
-    unfused_why = "chunked local attention, NoPE layers and query temperature (llama4) are per-call only"
 
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
                  chunk: int, nope: bool, l2_eps: float | None, temperature: tuple[int, float] | None,
@@ -44,20 +42,36 @@ class ChunkedAttention(Attention):
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
-        if not self.nope:
-            q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
-            if self.l2_eps is not None:
-                q, k = _l2(q, self.l2_eps), _l2(k, self.l2_eps)
-        elif self.temperature is not None:
-            q = q * query_temperature(batch.positions, *self.temperature)[:, None, None].to(q.dtype)
         k_cache, v_cache = kv
-        batch.write(k_cache, k)
-        batch.write(v_cache, v)
+        if self.native:  # float32 on the CPU: native glue, in place on the product's views
+            self._rotate_native(q, k, batch, cos_sin)
+            native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
+        else:
+            if not self.nope:
+                q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
+                if self.l2_eps is not None:
+                    q, k = _l2(q, self.l2_eps), _l2(k, self.l2_eps)
+            elif self.temperature is not None:
+                q = q * query_temperature(batch.positions, *self.temperature)[:, None, None].to(q.dtype)
+            batch.write(k_cache, k)
+            batch.write(v_cache, v)
         if self.native and batch.is_decode:
             out = self.attend_decode_native(q, batch, k_cache, v_cache)
         else:
             out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
         return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+    def _rotate_native(self, q: torch.Tensor, k: torch.Tensor, batch: Batch,
+                       cos_sin: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """RoPE and the L2 norm (local layers) or the query temperature (global ones), in place."""
+        if not self.nope:
+            native.rope(q, *cos_sin, self.rope.rope_dim, self.rope.neox)
+            native.rope(k, *cos_sin, self.rope.rope_dim, self.rope.neox)
+            if self.l2_eps is not None:
+                native.rmsnorm(q, None, self.l2_eps, q)
+                native.rmsnorm(k, None, self.l2_eps, k)
+        elif self.temperature is not None:
+            q.mul_(query_temperature(batch.positions, *self.temperature)[:, None, None])
 
     def attend_decode_native(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
                              v_cache: torch.Tensor) -> torch.Tensor:
@@ -76,8 +90,9 @@ class ChunkedAttention(Attention):
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
-    """[T] float32 factor of each query: 1 + scale * ln(floor((pos + 1) / floor) + 1)."""
-    return torch.log1p(torch.floor((positions.float() + 1.0) / floor)) * scale + 1.0
+    """[T] float32 factor of each query: 1 + scale * ln(floor((pos + 1) / floor) + 1), computed in
+    float64 in the order native/step.c computes it (so both round to the same float)."""
+    return (torch.log1p(torch.floor((positions.double() + 1.0) / floor)) * scale + 1.0).float()
 
 
 def _l2(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -103,26 +118,4 @@ def attend_chunked(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache
     return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
 
 
-class InputScaledMoE(MoE):
-    """Routed experts whose router weight scales their input; plus the shared expert."""
-
-    unfused_why = "experts scaled at their input (llama4) run per call"
-
-    @property
-    def fusable(self) -> bool:
-        return False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, expert_ids = self.router(x)  # [T, K], [T, K]
-        T, K = expert_ids.shape
-        # each pick a token of its own (row t*K + j), its input x[t] * its weight: one routed call
-        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
-        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
-        y = self.experts(picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1)  # [T, K, D]
-        out = y[:, 0]
-        for j in range(1, K):  # the picks' sum in pick order
-            out = out + y[:, j]
-        return out if self.shared is None else out + self.shared(x)
-
-
-__all__ = ["ChunkedAttention", "InputScaledMoE", "attend_chunked", "query_temperature"]
+__all__ = ["ChunkedAttention", "attend_chunked", "query_temperature"]

@@ -26,10 +26,10 @@ from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
-from .chunked import ChunkedAttention, InputScaledMoE
+from .chunked import ChunkedAttention
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
 from .deltanet import DeltaNetWeights, GatedAttention, GatedDeltaNet
-from .expert_act import ClampedSwiGLU
+from .expert_act import ClampedSwiGLU, InputScaled
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .moe import Lookahead, MoE, RoutedExperts, Router
@@ -265,8 +265,9 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory,
         I, (alpha, limit) = hp.n_ff_exp, arch.swiglu_clamp or (1.0, float("inf"))
         expert_fn = ClampedSwiGLU(w.get(MT.FFN_GATE_EXP, i, (E, I), "bias"), w.get(MT.FFN_UP_EXP, i, (E, I), "bias"),
                                   w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
-    return (InputScaledMoE if arch.expert_input_scaled else MoE)(
-        router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid, shard), shared)
+    elif arch.expert_input_scaled:
+        expert_fn = InputScaled()
+    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid, shard), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:

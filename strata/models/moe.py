@@ -134,8 +134,11 @@ class RoutedExperts(nn.Module):
         self.memory, self.layer = memory, layer
         self.compute = compute if compute is not None and memory.packed else None
         self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
-        self.expert_fn = expert_fn  # ClampedSwiGLU (gpt-oss) or None: plain SwiGLU
-        self.hybrid = hybrid if expert_fn is None else None  # others go through the memory alone
+        self.expert_fn = expert_fn  # ClampedSwiGLU (gpt-oss), InputScaled (Llama 4) or None: plain SwiGLU
+        self.input_scaled = expert_fn is not None and expert_fn.input_scaled
+        # hybrid compute runs plain SwiGLU (input-scaled: its assignments as tokens of their own);
+        # other functions go through the memory alone
+        self.hybrid = hybrid if expert_fn is None or self.input_scaled else None
         if shard is not None and (hybrid is not None or shard.n_experts != n_experts):
             raise ValueError(f"layer {layer}: an expert shard of {shard.n_experts} experts for {n_experts} experts"
                              f"{' with hybrid compute' if hybrid is not None else ''}")
@@ -164,13 +167,21 @@ class RoutedExperts(nn.Module):
         t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
         if self.hybrid is not None:
-            out = self.hybrid(self.memory, self.layer, x, weights, expert_ids)
+            out = self._hybrid(x, weights, expert_ids)
         elif self.compute is not None:
             out = self._packed(x, weights, expert_ids)
         else:
             out = self._float(x, weights, expert_ids)
         self._seconds[0] += time.perf_counter() - t0
         return out if self.shard is None else self.shard.combine(out)
+
+    def _hybrid(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        if not self.input_scaled:
+            return self.hybrid(self.memory, self.layer, x, weights, expert_ids)
+        T, K = expert_ids.shape  # each assignment a token of its own (row t*K + j), its input scaled
+        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
+        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
+        return self.hybrid(self.memory, self.layer, picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1).sum(1)
 
     def _float(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         K = expert_ids.shape[1]
@@ -260,15 +271,20 @@ def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans
                   expert_fn=None) -> None:
     """Acquire `expert_ids` of `layer` as float weights, run each as one SwiGLU GEMM (or
     `expert_fn(x, gate, up, down, e)`) over its assignments order[lo:hi] (indices into the T*K
-    routing; token = index // K), add the results weighted by w_flat [T*K] into out [T, D], release."""
+    routing; token = index // K), add the results weighted by w_flat [T*K] into out [T, D] (an
+    input-scaled function: the weights scale the inputs and the results add as they are), release."""
     acquired = memory.acquire(layer, expert_ids)
+    scaled = expert_fn is not None and expert_fn.input_scaled
     try:
         for (lo, hi), w, e in zip(spans, acquired, expert_ids):
             picks = order[lo:hi]  # [Te] indices into T*K
             tokens = picks // K  # [Te]
-            y = swiglu(x[tokens], w.gate, w.up, w.down) if expert_fn is None else \
-                expert_fn(x[tokens], w.gate, w.up, w.down, e)  # [Te, D]
-            out.index_add_(0, tokens, y * w_flat[picks, None])
+            xe, we = x[tokens], w_flat[picks, None]  # [Te, D], [Te, 1]
+            if scaled:  # the weight scales the input; the output is added as it is
+                xe, we = xe * we.to(x.dtype), None
+            y = swiglu(xe, w.gate, w.up, w.down) if expert_fn is None else \
+                expert_fn(xe, w.gate, w.up, w.down, e)  # [Te, D]
+            out.index_add_(0, tokens, y if we is None else y * we)
     finally:  # an interrupted step must not leave the experts held
         memory.release(layer, expert_ids)
 

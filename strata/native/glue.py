@@ -62,7 +62,8 @@ def _rows(t: Any, what: str, ndim: int) -> tuple[Any, int]:
 
 def rmsnorm(x: Any, weight: Any, eps: float, out: Any) -> Any:
     """out = weight * x / sqrt(mean(x^2) + eps) over the last dim of x [T, D] or [T, H, hd]
-    (per head: Qwen3's q/k norm); weight [D] or [hd]; out like x (token stride free), or x itself.
+    (per head: Qwen3's q/k norm); weight [D] or [hd], or None (no weight: Llama 4's L2 q/k norm);
+    out like x (token stride free), or x itself.
     Returns out."""
     if _F32 is None:
         _init()
@@ -70,11 +71,13 @@ def rmsnorm(x: Any, weight: Any, eps: float, out: Any) -> Any:
     nd = len(shape)
     xp, xs = _rows(x, "rmsnorm x", 3 if nd == 3 else 2)
     op, os_ = _rows(out, "rmsnorm out", nd)
-    if out.shape != shape or weight.shape != shape[-1:]:
-        raise ValueError(f"rmsnorm: x {tuple(shape)}, weight {tuple(weight.shape)}, out {tuple(out.shape)} "
+    if out.shape != shape or (weight is not None and weight.shape != shape[-1:]):
+        raise ValueError(f"rmsnorm: x {tuple(shape)}, weight {None if weight is None else tuple(weight.shape)}, "
+                         f"out {tuple(out.shape)} "
                          f"(expected weight [{shape[-1]}] and out shaped like x)")
     status = lib.strata_glue_rmsnorm(xp, xs, shape[0], shape[1] if nd == 3 else 1, shape[-1],
-                                     _flat(weight, "rmsnorm weight", _F32, "float *"), eps, op, os_)
+                                     ffi.NULL if weight is None else _flat(weight, "rmsnorm weight", _F32, "float *"),
+                                     eps, op, os_)
     if status:
         check(status, f"rmsnorm of {tuple(shape)} (strides {x.stride()})")
     return out

@@ -193,18 +193,20 @@ class MoeParts(NamedTuple):
 
 
 class MoeAct:
-    """An expert function other than plain SwiGLU for the fused MoE calls: gpt-oss's clamped SwiGLU
-    with per-expert biases (strata.h `strata_moe_act`),
+    """An expert function other than plain SwiGLU for the fused MoE calls (strata.h
+    `strata_moe_act`): gpt-oss's clamped SwiGLU with per-expert biases (`clamped`),
 
         g = min(gate_e x + b_gate[e], limit), u = clamp(up_e x + b_up[e], -limit, limit)
         y = down_e ((u + 1) * g * sigmoid(alpha * g)) + b_down[e]
 
-    b_gate, b_up float32 [E, F] and b_down [E, D] (None: no bias), held alive here. A call also
-    needs each of its experts' ids e (rows of the tables): `MoeCall(..., act=, ids=)`, or
-    `moe_swiglu(..., act=, ids=)`."""
+    b_gate, b_up float32 [E, F] and b_down [E, D] (None: no bias), held alive here; or Llama 4's
+    input-scaled SwiGLU (`MoeAct.input_scaled()`): each assignment's input is x * its router weight
+    and its output is added with weight 1. A call also needs each of its experts' ids e (rows of
+    the tables): `MoeCall(..., act=, ids=)`, or `moe_swiglu(..., act=, ids=)`."""
 
-    def __init__(self, b_gate: Any, b_up: Any, b_down: Any, alpha: float, limit: float):
-        if not limit > 0 or not math.isfinite(alpha):
+    def __init__(self, b_gate: Any, b_up: Any, b_down: Any, alpha: float, limit: float, clamped: bool = True,
+                 input_scaled: bool = False):
+        if clamped and (not limit > 0 or not math.isfinite(alpha)):
             raise ValueError(f"clamped SwiGLU needs limit > 0 and a finite alpha, found limit {limit}, alpha {alpha}")
         tables = [None if b is None else np.ascontiguousarray(np.asarray(b, dtype=np.float32)) for b in
                   (b_gate, b_up, b_down)]
@@ -213,12 +215,19 @@ class MoeAct:
                 (tables[0] is not None and tables[1] is not None and tables[0].shape != tables[1].shape):
             raise ValueError(f"expert bias tables must be [E, F], [E, F] and [E, D], found {shapes}")
         self.tables, self.alpha, self.limit = tables, float(alpha), float(limit)
+        self.clamped, self.input_scaled = bool(clamped), bool(input_scaled)
         self.n_ids = shapes[0][0] if shapes else 2**31 - 1
         self.n_ff = None if tables[0] is None else tables[0].shape[1]
         self.n_embd = None if tables[2] is None else tables[2].shape[1]
         ptrs = [ffi.NULL if t is None else ffi.cast("const float *", t.ctypes.data) for t in tables]
         self.c = ffi.new("strata_moe_act *", {"b_gate": ptrs[0], "b_up": ptrs[1], "b_down": ptrs[2],
-                                              "n_ids": self.n_ids, "alpha": self.alpha, "limit": self.limit})
+                                              "n_ids": self.n_ids, "alpha": self.alpha, "limit": self.limit,
+                                              "clamped": int(self.clamped), "input_scaled": int(self.input_scaled)})
+
+    @classmethod
+    def scaled_input(cls) -> MoeAct:
+        """Llama 4's experts: SwiGLU of x * weight, added with weight 1."""
+        return cls(None, None, None, 0.0, 0.0, clamped=False, input_scaled=True)
 
     def check(self, parts: MoeParts) -> None:
         if self.n_ff not in (None, parts.n_ff) or self.n_embd not in (None, parts.n_embd):
@@ -345,8 +354,9 @@ class MoeCall:
             raise ValueError(f"MoE reduce: experts {first}..{first + n} of {self.max_experts}"
                              f"{'' if self._rows is not None else ' before any rows call'}")
         a0, a1 = int(self._off[first]), int(self._off[first + n])
+        weights = ffi.NULL if self.act is not None and self.act.input_scaled else self._w  # NULL: weight 1
         check(lib.strata_moe_reduce(self._rows_ptr, self._rows.nbytes, self._tok,
-                                    self._w, a0, a1 - a0, self.n_assign, n_tokens, self.n_embd, self._out,
+                                    weights, a0, a1 - a0, self.n_assign, n_tokens, self.n_embd, self._out,
                                     self._out_bytes), f"MoE reduce of assignments {a0}..{a1}, {n_tokens} tokens")
 
     def _run(self, rows: bool, pool: ComputePool | None, parts: MoeParts, index: list[int], first: int,

@@ -57,7 +57,9 @@ class DecodeAttn:
     kv_lora, q_lora, nope, v_dim, wkv_a, wq_a, k_b and v_b (type, bytes), q_a_norm, kv_a_norm
     (qkv is then wq, or wq_b with a query LoRA; o is [D, H v_dim]). `q_gate` (qwen3next's gated
     attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
-    multiplied by sigmoid(gate) before o. The tensors are kept alive by this object."""
+    multiplied by sigmoid(gate) before o. Llama 4: `chunk` > 0 attends within the query's chunk,
+    `qk_l2_eps` normalises q and k per head after RoPE (no weight), `temperature` (floor, scale)
+    scales a global layer's queries. The tensors are kept alive by this object."""
 
     def __init__(self, *, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int, neox: bool,
                  norm_eps: float, attn_scale: float, attn_norm: Any, ffn_norm: Any, qkv: tuple[Any, Any],
@@ -65,14 +67,21 @@ class DecodeAttn:
                  qk_norm_per_head: bool = True, router: Any = None, n_used: int = 0, gating: str = "softmax",
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
-                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False):
+                 n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
+                 chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
                       selection_bias, mla)
-        if window < 0:
-            raise ValueError(f"decode step: window must be >= 0, found {window}")
+        if window < 0 or chunk < 0:
+            raise ValueError(f"decode step: window and chunk must be >= 0, found {window} and {chunk}")
+        if (chunk or qk_l2_eps is not None or temperature is not None) and mla is not None:
+            raise ValueError("decode step: chunked attention, the L2 q/k norm and the query temperature go with "
+                             "grouped-query attention")
+        floor, t_scale = temperature if temperature is not None else (0, 0.0)
+        if temperature is not None and floor < 1:
+            raise ValueError(f"decode step: the query temperature's floor must be >= 1, found {floor}")
         qn = None if q_norm is None else (head_dim if qk_norm_per_head else hq)
         kn = None if k_norm is None else (head_dim if qk_norm_per_head else hkv)
         self.c = ffi.new("strata_attn_layer *", {
@@ -84,7 +93,9 @@ class DecodeAttn:
             "wo": ffi.cast("void *", o[1].data_ptr()), "wqkv_bytes": qkv[1].numel(), "wo_bytes": o[1].numel(),
             "bqkv": _f32(bqkv, "qkv bias", hq + 2 * hkv), "q_norm": _f32(q_norm, "q_norm", qn),
             "k_norm": _f32(k_norm, "k_norm", kn), "sinks": _f32(sinks, "sinks", n_head), "window": int(window),
-            "bo": _f32(bo, "output bias", D), "q_gate": 1 if q_gate else 0,
+            "bo": _f32(bo, "output bias", D), "q_gate": 1 if q_gate else 0, "chunk": int(chunk),
+            "qk_l2": 0 if qk_l2_eps is None else 1, "qk_l2_eps": 0.0 if qk_l2_eps is None else qk_l2_eps,
+            "temp_floor": int(floor), "temp_scale": float(t_scale),
             **_routing(D, router, n_used, gating, norm_weights, weights_scale, router_bias, selection_bias, n_groups,
                        n_groups_used, group_top)})
         if mla is not None:  # latent attention: see strata.h strata_attn_layer

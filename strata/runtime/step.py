@@ -20,6 +20,7 @@ import torch
 from strata import native
 
 from strata.models.batch import Batch
+from strata.models.chunked import ChunkedAttention
 from strata.models.deltanet import GatedAttention, GatedDeltaNet
 from strata.models.layers import FeedForward, SharedExpert
 from strata.models.mla import MLAttention
@@ -50,8 +51,10 @@ class FusedDecode:
         moe = block.ffn if isinstance(block.ffn, MoE) else None
         router = moe.router if moe is not None else None
         self.block, self.compute, self.moe = block, compute, moe
+        chunked = isinstance(att, ChunkedAttention)
         common = dict(
-            n_embd=w.wo.shape[0], n_head=att.n_head, rope_dim=att.rope.rope_dim, neox=att.rope.neox,
+            n_embd=w.wo.shape[0], n_head=att.n_head, rope_dim=0 if chunked and att.nope else att.rope.rope_dim,
+            neox=att.rope.neox,
             norm_eps=block.attention_norm.eps, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
             o=(w.wo.type, w.wo._data_t), **_router_args(router))
         if isinstance(att, MLAttention):
@@ -75,7 +78,9 @@ class FusedDecode:
                 qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias,
                 q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
                 qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo),
-                q_gate=isinstance(att, GatedAttention))
+                q_gate=isinstance(att, GatedAttention), **(dict(
+                    chunk=att.chunk, qk_l2_eps=None if att.nope else att.l2_eps, temperature=att.temperature)
+                    if chunked else {}))
         self._grow(capacity)
 
     @staticmethod

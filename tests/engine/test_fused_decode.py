@@ -74,8 +74,8 @@ def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
     with strata.load(tiny.gguf(None), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
         _has_program(tiny, m)
         prog = m.runner.program
-        first, last = prog.model_layers[0], prog.model_layers[-1]
-        prog.fixed[0][1][::2] = -1  # half the first layer's experts "not in place"
+        first, last = prog.model_layers[prog.moe[0]], prog.model_layers[prog.moe[-1]]  # MoE layers
+        prog.fixed[prog.moe[0]][1][::2] = -1  # half the first MoE layer's experts "not in place"
         acquired, served = [], []
         acquire, served_fixed = m.memory.acquire_packed, m.memory.served_fixed
         m.memory.acquire_packed = lambda layer, ids: (acquired.append(layer), acquire(layer, ids))[1]
@@ -384,3 +384,64 @@ def test_native_deltanet_step_refuses_bad_arguments():
         with pytest.raises(NativeError, match="decode program"):
             prog.native.run(*args, slots=torch.tensor([n_slots]))
         assert torch.equal(ssm, before)
+
+
+# -- Llama 4: chunked local attention, NoPE layers with the query temperature, the L2 q/k norm,
+# input-scaled experts, dense layers between MoE ones ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def llama4():
+    from tests.fixtures.tiny import zoo
+    return zoo().get("llama4")
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_llama4_fused_decode_and_program_equal_the_per_call_path(llama4, outtype):
+    """Every block fused (local layers with their chunk window and L2 norm, the global layer with
+    its temperature and no RoPE; experts scaled at their input in the fused call), the program over
+    them all: the per-call path's bytes, one sequence and three at different positions, past
+    several chunks (the tiny model's chunk is 8 positions, its temperature floor 4)."""
+    with strata.load(llama4.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        layers = [s.layer.c for s in m.runner.steps]
+        assert [c.chunk for c in layers] == [8, 8, 8, 0] and [c.temp_floor for c in layers] == [0, 0, 0, 4]
+        assert [c.qk_l2 for c in layers] == [1, 1, 1, 0] and layers[3].rope_dim == 0
+        test_fused_decode_equals_the_per_call_path(llama4, outtype)
+
+
+def test_llama4_program_hands_layers_to_the_memory(llama4):
+    test_program_hands_layers_with_missing_experts_to_the_memory(llama4)
+
+
+def test_llama4_program_under_evicting_memory(llama4):
+    test_program_under_evicting_memory_equals_the_per_block_path(llama4)
+
+
+def test_llama4_fused_decode_under_tiered_memory_equals_direct(llama4):
+    test_fused_decode_under_tiered_memory_equals_direct(llama4)
+
+
+def test_llama4_native_step_refuses_bad_fields(llama4):
+    """The Llama 4 fields are checked: a negative chunk, an L2 flag other than 0/1, a NaN
+    temperature scale, and any of them beside latent attention are errors, not reads."""
+    with strata.load(llama4.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
+                     memory="direct") as m:
+        step, c = m.runner.steps[3], m.transformer.compute  # the global layer: temperature, no RoPE
+        layer = step.layer
+        layer.bind_cache(*m.cache.layer(3))
+        x = torch.zeros((1, layer.n_embd))
+        cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
+        run = lambda: layer.run(c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
+        run()
+        for field, bad in (("chunk", -1), ("qk_l2", 2), ("temp_scale", float("nan")), ("kv_lora", 16)):
+            good = getattr(layer.c, field)
+            setattr(layer.c, field, bad)
+            with pytest.raises(NativeError):
+                run()
+            setattr(layer.c, field, good)
+        run()
+    with pytest.raises(ValueError, match="chunk"):
+        native.DecodeAttn(n_embd=8, n_head=1, n_head_kv=1, head_dim=8, rope_dim=8, neox=False, norm_eps=1e-5,
+                          attn_scale=1.0, attn_norm=torch.ones(8), ffn_norm=torch.ones(8),
+                          qkv=("f32", torch.zeros(3 * 64 * 4, dtype=torch.uint8)),
+                          o=("f32", torch.zeros(64 * 4, dtype=torch.uint8)), chunk=-1)

@@ -1,15 +1,17 @@
 """Llama 4 (`llama4`) against transformers' Llama4ForCausalLM on the bar of the other families,
 on a tiny model whose chunks (8 positions) are shorter than the prompts and whose NoPE layer's
 query temperature (scale 1.0) changes every 4 positions; and what only it has: each of chunks, temperature,
-L2 qk-norm and input-scaled experts matters, every path (float, packed per-call, the memories,
-batching) gives the same, and the runtime plan says why decode runs per call."""
+L2 qk-norm and input-scaled experts matters, every path (float, packed per-call, the fused decode
+step and the decode program, the memories, batching) gives the same."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import strata
-from strata.models.chunked import ChunkedAttention, InputScaledMoE
+from strata.models.chunked import ChunkedAttention
+from strata.models.expert_act import InputScaled
+from strata.models.moe import MoE
 from tests.fixtures.tiny import zoo
 
 from .helpers import (REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode,
@@ -41,9 +43,11 @@ def test_layers_are_as_transformers_builds_them(tiny):
     assert (hp.attn_chunk, hp.attn_temperature_length, hp.attn_temperature_scale) == (8, 4, 1.0)
     assert [not n for n in hp.nope_layers] == [bool(r) for r in cfg.no_rope_layers] and hp.qk_l2_norm
     blocks = Bare(tiny.gguf("f32")).model.blocks
-    assert [isinstance(b.ffn, InputScaledMoE) for b in blocks] == [i in cfg.moe_layers for i in range(4)]
+    moe = [isinstance(b.ffn, MoE) for b in blocks]
+    assert moe == [i in cfg.moe_layers for i in range(4)]
     assert [b.attention.chunk for b in blocks] == [8, 8, 8, 0]
-    assert all(b.ffn.shared is not None for b in blocks if isinstance(b.ffn, InputScaledMoE))
+    assert all(isinstance(b.ffn.experts.expert_fn, InputScaled) and b.ffn.experts.input_scaled
+               and b.ffn.shared is not None for b, m in zip(blocks, moe) if m)
 
 
 @pytest.mark.parametrize("change", ["no chunks", "no temperature", "no qk-norm", "scaled outputs"])
@@ -60,8 +64,8 @@ def test_each_feature_matters(tiny, change):
             a.temperature = None
         elif change == "no qk-norm":
             a.l2_eps = None
-        elif isinstance(b.ffn, InputScaledMoE):
-            b.ffn.__class__ = strata.models.moe.MoE
+        elif isinstance(b.ffn, MoE):  # the router's weights scale the outputs instead
+            b.ffn.experts.expert_fn, b.ffn.experts.input_scaled = None, False
     assert rel_err(bare.forward(ids, 0), tiny.hf_logits(ids)) > 10 * REL_TOL
 
 
@@ -70,9 +74,10 @@ def test_a_batch_of_two_equals_each_alone(tiny):
 
 
 def test_packed_compute_every_memory_and_the_plan(tiny):
-    """Packed compute equals float on the f32 file in every memory; decode runs per call (the fused
-    step and the decode program lack chunked attention and input-scaled experts) and the plan
-    says so; the default file picks float's tokens."""
+    """Packed compute equals float on the f32 file in every memory; decode runs fused (the decode
+    program where the experts stay in place) and picks float's tokens; the default file picks
+    float's tokens."""
+    from strata import runtime
     ids = tiny.prompt_ids(40)
     with _load(tiny.gguf("f32")) as ref:
         want = ref.logits(ids)
@@ -81,8 +86,9 @@ def test_packed_compute_every_memory_and_the_plan(tiny):
     for memory in ("direct", "paged", "tiered"):
         with _load(tiny.gguf("f32"), "packed", memory) as m:
             assert rel_err(m.logits(ids), want) < 1e-5, memory
-            assert m.plan.decode == "packed per-call" and "chunked local attention" in m.plan.decode_why
-            assert all(step is None for step in (m.runner.steps or [])) and m.runner.program is None
+            assert m.plan.decode in (runtime.PROGRAM, runtime.FUSED), (memory, m.plan)
+            assert all(step is not None for step in m.runner.steps)
+            assert (m.runner.program is not None) == (m.plan.decode == runtime.PROGRAM)
             assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
     with _load(tiny.gguf(None)) as ref, _load(tiny.gguf(None), "packed") as direct, \
             _load(tiny.gguf(None), "packed", "tiered") as tiered:
@@ -106,26 +112,26 @@ def test_generate_batch_equals_each_alone(tiny):
 
 def test_chunked_attention_in_packed_compute_is_the_module_attention(tiny):
     blocks = Bare(tiny.gguf("f32")).model.blocks
-    assert all(isinstance(b.attention, ChunkedAttention) and not b.attention.fusable for b in blocks)
+    assert all(isinstance(b.attention, ChunkedAttention) for b in blocks)
 
 
 @pytest.mark.parametrize("compute", ["float", "packed"])
-def test_input_scaled_picks_run_as_one_routed_call(tiny, compute):
-    """Top-k above 1 (the tiny model uses 2 of its 4 experts here): the k picks of every token run
-    in one routed call, as tokens of their own, and give each pick's own call's sum."""
+def test_input_scaled_experts_scale_each_assignments_input(tiny, compute):
+    """Top-k above 1 (the tiny model uses 2 of its 4 experts here): one routed call computes every
+    assignment's expert on x times its router weight and adds the results unweighted: each pick's
+    own plain-SwiGLU call on its scaled input, summed."""
     with strata.load(tiny.gguf("q8_0"), compute=compute, threads=1, n_ctx=64, max_batch=1) as m:
-        moe = next(b.ffn for b in m.transformer.blocks if isinstance(b.ffn, InputScaledMoE))
+        moe = next(b.ffn for b in m.transformer.blocks if isinstance(b.ffn, MoE))
         moe.router.k = 2
-        calls = []
-        run = moe.experts.forward
-        moe.experts.forward = lambda *a: calls.append(a[2].shape) or run(*a)
         x = torch.randn(5, moe.router.weight.shape[1], generator=torch.Generator().manual_seed(1))
         got = moe(x)
-        assert calls == [(10, 1)]
         weights, ids = moe.router(x)
         ones = torch.ones((5, 1), dtype=weights.dtype)
-        want = sum(run(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
+        experts = moe.experts
+        experts.expert_fn, experts.input_scaled = None, False  # plain SwiGLU, weighted outputs
+        want = sum(experts(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
         assert rel_err(got, want + moe.shared(x)) < 1e-6
+        assert rel_err(got, experts(x, weights, ids) + moe.shared(x)) > 1e-3  # the weights at the outputs differ
 
 
 def test_packed_decode_attends_in_the_native_call(tiny, monkeypatch):
