@@ -158,11 +158,17 @@ INLINE int q8_has_min(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
 
 INLINE void q4_0_rows4(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y);
 INLINE void q4_0_rows8(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, float *y);
+INLINE void q4_0_rows8_tok(int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                           float *y, int64_t ys);
 
 INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
                     const uint8_t *a, int64_t arb, float *y, int64_t ys) {
     if (fmt == FMT_Q4_0 && nr == 8 && nt == 1) {
         q4_0_rows8(k, w, wrb, a, y);  /* y: 8 consecutive rows of one token */
+        return;
+    }
+    if (fmt == FMT_Q4_0 && nr == 8) {
+        q4_0_rows8_tok(nt, k, w, wrb, a, arb, y, ys);  /* y: 8 consecutive rows of nt <= 4 tokens */
         return;
     }
     if (fmt == FMT_Q4_0 && nr == 4 && nt == 1) {
@@ -259,6 +265,44 @@ INLINE void q4_0_rows8(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *
     _mm256_storeu_ps(y, acc);
 }
 
+/* Prefill over 8 rows of Q4_0 and nt <= 4 tokens: q4_0_rows8's arithmetic for each token, with the
+ * 8 rows' codes unpacked and their scales converted once per block for all nt tokens, so each
+ * (row, token, block) costs about two multiply-adds of codes and a share of the fold, and the float
+ * conversion, scale and accumulation run once per 8 rows (the row-at-a-time tile does them per
+ * row). Each token's result is q4_0_rows8's bytes. */
+INLINE void q4_0_rows8_tok(int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                           float *y, int64_t ys) {
+    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8), low = _mm256_set1_epi8(15);
+    const int64_t w4 = 4 * wrb;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * (int64_t)sizeof(strata_block_q4_0);
+        __m256i lo[4], hi[4];
+        for (int r = 0; r < 4; r++) {
+            const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + r * wrb + w4 + 2), (const __m128i *)(p + r * wrb + 2));
+            lo[r] = _mm256_and_si256(q, low);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        }
+        uint16_t hh[8];
+        for (int r = 0; r < 8; r++) memcpy(&hh[r], p + r * wrb, 2);
+        const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hh));
+        for (int t = 0; t < nt; t++) {
+            const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ab->q));
+            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ab->q + 16)));
+            const __m256i bias = _mm256_add_epi16(_mm256_maddubs_epi16(eight, alo), _mm256_maddubs_epi16(eight, ahi));
+            __m256i s[4];
+            for (int r = 0; r < 4; r++) {
+                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], alo), _mm256_maddubs_epi16(hi[r], ahi));
+                s[r] = _mm256_madd_epi16(_mm256_sub_epi16(s16, bias), ones);
+            }
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(wd, _mm256_set1_ps(ab->d)), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
 #define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
 #define TILE_Q4_1(nr, nt, ...) q8_tile(FMT_Q4_1, sizeof(strata_block_q4_1), nr, nt, __VA_ARGS__)
@@ -266,7 +310,7 @@ INLINE void q4_0_rows8(int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *
 #define TILE_Q5_1(nr, nt, ...) q8_tile(FMT_Q5_1, sizeof(strata_block_q5_1), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
 DEFINE_DRIVER(q8_0, TILE_Q8_0, 1, 8, 4)
-DEFINE_DRIVER(q4_0, TILE_Q4_0, 1, 8, 8)
+DEFINE_DRIVER(q4_0, TILE_Q4_0, 8, 4, 8)
 DEFINE_DRIVER(q4_1, TILE_Q4_1, 1, 8, 4)
 DEFINE_DRIVER(q5_0, TILE_Q5_0, 1, 8, 4)
 DEFINE_DRIVER(q5_1, TILE_Q5_1, 1, 8, 4)

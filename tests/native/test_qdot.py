@@ -228,6 +228,22 @@ def test_avx2_matches_scalar(t, case):
     assert (err <= tol).all(), f"{t.name}: avx2 differs from scalar by {err.max()} (bound {tol.max()})"
 
 
+@AVX2
+@pytest.mark.parametrize("n_tok", [4, 5, 7, 8, 13])
+def test_avx2_q4_0_prefill_rows_are_each_tokens_decode_bytes(n_tok):
+    """Q4_0's prefill tile (8 rows by up to 4 tokens, codes unpacked once per block for all of them)
+    gives each token the bytes of that token's decode product (8 rows, one token), so a token's
+    logits do not depend on the batch it is computed in."""
+    rng = np.random.default_rng(n_tok)
+    n_rows, row_len = 24, 5 * 32
+    w = make_weights(T.Q4_0, n_rows, row_len, rng)
+    x = make_tokens(n_tok, row_len, rng)
+    together = native.qdot_rows(T.Q4_0, w, n_rows, row_len, x, impl="avx2")
+    for t in range(n_tok):
+        alone = native.qdot_rows(T.Q4_0, w, n_rows, row_len, x[t:t + 1], impl="avx2")
+        assert np.array_equal(together[t:t + 1].view(np.uint32), alone.view(np.uint32)), t
+
+
 def test_torch_input_gives_torch_output():
     rng = np.random.default_rng(1)
     w = make_weights(T.Q8_0, 3, 64, rng)
