@@ -14,6 +14,7 @@
 #include "strata.h"
 #include "kernels.h"
 #include "quantize.h"
+#include "pool.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -505,11 +506,37 @@ int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_se
                                          window, out, out_stride, impl);
 }
 
-int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
-                                  int64_t n_head_kv, int64_t head_dim, const void *k_cache, const void *v_cache,
-                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
-                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
-                                  int64_t window, float *out, int64_t out_stride, int impl) {
+/* One decode attention's heads as pool items (item b * n_head + h: sequence b, head h). */
+typedef struct {
+    void (*head_fn)(const attn_head *);
+    const float *q, *sinks;
+    const uint8_t *kc, *vc;
+    const int64_t *block_table, *n_ctx;
+    float *out;
+    int64_t q_stride, out_stride, table_stride, n_head, group, head_dim, block_size, block_bytes, window, cap;
+    kv_format f;
+    float scale;
+} attn_job;
+
+static void attn_items(void *ctx, int64_t first, int64_t count) {
+    const attn_job *J = ctx;
+    for (int64_t i = first; i < first + count; i++) {
+        const int64_t b = i / J->n_head, h = i % J->n_head, n = J->n_ctx[b];
+        const int64_t at = (h / J->group) * J->block_size * J->f.row_bytes;  /* the kv head's rows in a block */
+        const attn_head a = {J->q + b * J->q_stride + h * J->head_dim, J->kc + at, J->vc + at,
+                             J->block_table + b * J->table_stride, J->out + b * J->out_stride + h * J->head_dim, n,
+                             J->head_dim, J->block_size, J->block_bytes, J->f.row_bytes, J->scale,
+                             J->window && n > J->window ? n - J->window : 0, J->sinks ? J->sinks + h : NULL,
+                             J->f.to_f32, J->f.row_blocks, J->cap};
+        J->head_fn(&a);
+    }
+}
+
+int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq,
+                              int64_t n_head, int64_t n_head_kv, int64_t head_dim, const void *k_cache,
+                              const void *v_cache, int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                              int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                              int64_t window, float *out, int64_t out_stride, int impl) {
     int64_t block_bytes, cache_bytes, width, last, max_ctx;
     kv_format f;
     int st = strata_resolve_impl(impl, &impl);
@@ -525,30 +552,41 @@ int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_str
         !mul_ok(n_seq - 1, q_stride > out_stride ? q_stride : out_stride, &last) ||
         !mul_ok(n_seq, table_stride, &last) || !mul_ok(table_stride, block_size, &max_ctx))
         return STRATA_E_SIZE;
+    int64_t positions = 0;  /* positions read over all sequences: the work */
     for (int64_t b = 0; b < n_seq; b++) {  /* every length and every block read, before any work */
         if (n_ctx[b] < 1 || n_ctx[b] > max_ctx) return STRATA_E_SIZE;
         const int64_t *table = block_table + b * table_stride;
         for (int64_t i = 0; i < (n_ctx[b] + block_size - 1) / block_size; i++)
             if (table[i] < 0 || table[i] >= n_blocks) return STRATA_E_SIZE;
+        positions += window && n_ctx[b] > window ? window : n_ctx[b];
     }
-    void (*head_fn)(const attn_head *) = attn_head_ref;
+    attn_job J = {.head_fn = attn_head_ref, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
+                  .vc = (const uint8_t *)v_cache, .block_table = block_table, .n_ctx = n_ctx, .out = out,
+                  .q_stride = q_stride, .out_stride = out_stride, .table_stride = table_stride, .n_head = n_head,
+                  .group = n_head / n_head_kv, .head_dim = head_dim, .block_size = block_size,
+                  .block_bytes = block_bytes, .window = window, .f = f, .scale = scale};
 #ifdef GLUE_X86
-    if (impl != STRATA_IMPL_SCALAR) head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
+    if (impl != STRATA_IMPL_SCALAR) J.head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
 #endif
     /* Rows per conversion: a multiple of 4, so the AVX2 scores group rows as over float32 rows. */
-    const int64_t cap = GLUE_KV_BUF / head_dim >= 4 ? GLUE_KV_BUF / head_dim / 4 * 4 : GLUE_KV_BUF / head_dim;
-    const int64_t group = n_head / n_head_kv;  /* query heads per kv head */
-    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
-    for (int64_t b = 0; b < n_seq; b++)
-        for (int64_t h = 0; h < n_head; h++) {
-            const int64_t at = (h / group) * block_size * f.row_bytes;  /* the kv head's rows in a block */
-            const attn_head a = {q + b * q_stride + h * head_dim, kc + at, vc + at, block_table + b * table_stride,
-                                 out + b * out_stride + h * head_dim, n_ctx[b], head_dim, block_size, block_bytes,
-                                 f.row_bytes, scale, window && n_ctx[b] > window ? n_ctx[b] - window : 0,
-                                 sinks ? sinks + h : NULL, f.to_f32, f.row_blocks, cap};
-            head_fn(&a);
-        }
+    J.cap = GLUE_KV_BUF / head_dim >= 4 ? GLUE_KV_BUF / head_dim / 4 * 4 : GLUE_KV_BUF / head_dim;
+    /* Each head is computed whole by one thread, so the bytes do not depend on the split; the pool
+     * only where the work outweighs waking it (256 K position-features over every head). */
+    const int64_t items = n_seq * n_head;
+    int64_t work;
+    const int pooled = pool && items > 1 && mul_ok(positions, width, &work) && work >= (1 << 18);
+    strata_pool_run(pooled ? pool : NULL, items, 1, attn_items, &J);
     return STRATA_OK;
+}
+
+int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, const void *k_cache, const void *v_cache,
+                                  int64_t n_blocks, int64_t block_size, const int64_t *block_table,
+                                  int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
+                                  int64_t window, float *out, int64_t out_stride, int impl) {
+    return strata_attn_decode_pooled(NULL, kv_type, q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache, v_cache,
+                                     n_blocks, block_size, block_table, table_stride, n_ctx, scale, sinks, window, out,
+                                     out_stride, impl);
 }
 
 /* ======================================================================================

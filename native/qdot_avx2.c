@@ -274,9 +274,12 @@ INLINE void q4_0_rows8_tok(int nt, int64_t k, const uint8_t *w, int64_t wrb, con
                            float *y, int64_t ys) {
     const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8), low = _mm256_set1_epi8(15);
     const int64_t w4 = 4 * wrb;
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < k / STRATA_QK; b++) {
         const uint8_t *p = w + b * (int64_t)sizeof(strata_block_q4_0);
+        if (nt < 4)  /* decode of a few tokens: the rows stream from memory, fetch ahead as rows8 does */
+            fetch_next_tile(w, 8 * wrb, b * 8 * (int64_t)sizeof(strata_block_q4_0), 8 * (int64_t)sizeof(strata_block_q4_0), ahead_end);
         __m256i lo[4], hi[4];
         for (int r = 0; r < 4; r++) {
             const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + r * wrb + w4 + 2), (const __m128i *)(p + r * wrb + 2));

@@ -42,7 +42,8 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
  * or more the driver walks GR rows x GT tokens at a time (1 x 8 for quantized weights: their
  * activation rows are small and the unpacking is shared by 8 tokens; 4 x 2 for float weights,
  * whose float32 activation rows would not stay in L1 for 8 tokens); with fewer (decode) DR rows one token at
- * a time (DR = 4: independent accumulators for the short Q8 blocks), or, for DR = 1, one row with
+ * a time (DR = 4: independent accumulators for the short Q8 blocks; where GR = DR, the row group's
+ * tile over all of them: Q4_0's 8 rows unpacked once for 2 or 3 tokens), or, for DR = 1, one row with
  * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
 #define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
     void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
@@ -51,7 +52,8 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
         int64_t r = 0;                                                                                   \
         if (n_tok < 4 && DR > 1) {                                                                       \
             for (; r + DR <= n_rows; r += DR)                                                            \
-                for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
+                if (GR == DR) TILE(DR, (int)n_tok, k, w + r * wrb, wrb, a, arb, y + r, ys);             \
+                else for (int64_t t = 0; t < n_tok; t++) TILE(DR, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
             for (; DR > 4 && r + 4 <= n_rows; r += 4)                                                    \
                 for (int64_t t = 0; t < n_tok; t++) TILE(4, 1, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys); \
         } else if (n_tok < 4) {                                                                          \

@@ -197,12 +197,12 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     if (st != STRATA_OK) return st;
     if (L->chunk)  /* Llama 4's local layers: each sequence within its own chunk (one call each, as per call) */
         for (int64_t b = 0; b < n_seq && st == STRATA_OK; b++)
-            st = strata_glue_attn_decode_typed(L->kv_type, q + b * n_qkv, n_qkv, 1, H, Hkv, hd, L->k_cache, L->v_cache,
+            st = strata_attn_decode_pooled(pool, L->kv_type, q + b * n_qkv, n_qkv, 1, H, Hkv, hd, L->k_cache, L->v_cache,
                                                L->n_blocks, L->block_size, block_table + b * table_stride,
                                                table_stride, n_ctx + b, L->attn_scale, L->sinks,
                                                (n_ctx[b] - 1) % L->chunk + 1, att + b * hq, hq, impl);
     else
-        st = strata_glue_attn_decode_typed(L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache,
+        st = strata_attn_decode_pooled(pool, L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache,
                                            L->n_blocks, L->block_size, block_table, table_stride, n_ctx,
                                            L->attn_scale, L->sinks, L->window, att, hq, impl);
     if (st != STRATA_OK || !L->q_gate) return st;
@@ -248,7 +248,7 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     for (int64_t t = 0; t < n_seq; t++)
         for (int64_t h = 0; h < H; h++)
             memcpy(query + (t * H + h) * n_lat + Lk, q + t * n_q + h * hd + L->nope, (size_t)R * sizeof(float));
-    st = strata_glue_attn_decode_typed(L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
+    st = strata_attn_decode_pooled(pool, L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
                                        L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
                                        NULL, 0, lat_att, H * n_lat, impl);
     if (st == STRATA_OK)  /* att[t, h] = v_b[h] @ the latent part of the attention's output */

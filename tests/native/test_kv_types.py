@@ -129,3 +129,33 @@ def test_torch_write_and_native_write_give_the_same_q8_0_blocks():
     batch.write(a, x)
     native.kv_write(x, x, b, b.clone(), batch.token_blocks, batch.token_offsets)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0", "f16"])
+def test_attn_decode_on_a_pool_is_the_serial_calls_bytes(kv_type, impl):
+    """The fused step's decode attention spreads (sequence, head) pairs over the compute pool when
+    the work is large (here 8 heads of 128 over up to 700 positions: pooled) and computes each head
+    whole on one thread: the bytes of the serial call, with and without a window and sinks; and
+    small work (one short sequence) runs serially, also the same bytes."""
+    H, Hkv, hd, starts = 8, 2, 128, (15, 300, 700)
+    if kv_type == "f32":
+        k_pool, v_pool, batch, _, _ = _quantized_pool("f16", starts, Hkv, hd, seed=9)
+        k_pool, v_pool = read_values(k_pool, torch.float32), read_values(v_pool, torch.float32)
+    else:
+        k_pool, v_pool, batch, _, _ = _quantized_pool(kv_type, starts, Hkv, hd, seed=9)
+    B = len(starts)
+    q = torch.randn(B, H, hd, generator=_gen(3))
+    n_ctx, sinks = batch.positions + 1, torch.randn(H, generator=_gen(4))
+    with native.ComputePool(2) as pool:
+        for kw in ({}, {"window": 128, "sinks": sinks}):
+            serial, pooled = torch.empty(B, H * hd), torch.empty(B, H * hd)
+            native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, serial, impl=impl, **kw)
+            native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, pooled, impl=impl, pool=pool,
+                               **kw)
+            assert torch.equal(serial, pooled), kw
+        one, one_pooled = torch.empty(1, H * hd), torch.empty(1, H * hd)
+        for out, p in ((one, None), (one_pooled, pool)):
+            native.attn_decode(q[:1], k_pool, v_pool, batch.block_table[:1], n_ctx[:1], hd ** -0.5, out, impl=impl,
+                               pool=p)
+        assert torch.equal(one, one_pooled)
