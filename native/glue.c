@@ -593,8 +593,35 @@ int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_str
  * Small float32 products (the router's logits)
  * ====================================================================================== */
 
-int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
-                       float *y, int impl) {
+/* The rows of a float32 product as pool items: item i is rows [4 m i, 4 m (i + 1)) for every token
+ * (whole groups of 4, as scores_avx2 takes them, so the bytes do not depend on the split). */
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t x_stride, n_tokens, n, n_rows, chunk;
+    int impl;
+} matvec_job;
+
+static void matvec_items(void *ctx, int64_t first, int64_t count) {
+    const matvec_job *J = ctx;
+    for (int64_t i = first; i < first + count; i++) {
+        const int64_t r0 = i * J->chunk, r1 = r0 + J->chunk < J->n_rows ? r0 + J->chunk : J->n_rows;
+        for (int64_t t = 0; t < J->n_tokens; t++) {
+            const float *xt = J->x + t * J->x_stride;
+            float *yt = J->y + t * J->n_rows;
+#ifdef GLUE_X86
+            if (J->impl != STRATA_IMPL_SCALAR) {
+                scores_avx2(xt, J->w + r0 * J->n, r1 - r0, J->n, 1.0f, yt + r0);
+                continue;
+            }
+#endif
+            for (int64_t r = r0; r < r1; r++) yt[r] = dot_ref(xt, J->w + r * J->n, J->n);
+        }
+    }
+}
+
+int strata_matvec_pooled(strata_pool *pool, const float *x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                         const float *w, int64_t n_rows, float *y, int impl) {
     int64_t last;
     if (n_tokens < 0 || n < 0 || n_rows < 0) return STRATA_E_ARG;
     int st = strata_resolve_impl(impl, &impl);
@@ -604,16 +631,17 @@ int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64
     if (x_stride < n || !mul_ok(n_tokens - 1, x_stride, &last) || !mul_ok(n_rows, n, &last) ||
         !mul_ok(n_tokens, n_rows, &last))
         return STRATA_E_SIZE;
-    for (int64_t t = 0; t < n_tokens; t++) {
-#ifdef GLUE_X86
-        if (impl != STRATA_IMPL_SCALAR) {
-            scores_avx2(x + t * x_stride, w, n_rows, n, 1.0f, y + t * n_rows);
-            continue;
-        }
-#endif
-        for (int64_t r = 0; r < n_rows; r++) y[t * n_rows + r] = dot_ref(x + t * x_stride, w + r * n, n);
-    }
+    /* The pool where the product's reads outweigh waking it (64 K weights): two items per thread. */
+    const int64_t threads = pool && n_rows * n >= (1 << 16) ? strata_pool_threads(pool) : 1;
+    const int64_t groups = (n_rows + 3) / 4, per = (groups + 2 * threads - 1) / (2 * threads);
+    matvec_job J = {x, w, y, x_stride, n_tokens, n, n_rows, 4 * per, impl};
+    strata_pool_run(threads > 1 ? pool : NULL, (n_rows + J.chunk - 1) / J.chunk, 1, matvec_items, &J);
     return STRATA_OK;
+}
+
+int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
+                       float *y, int impl) {
+    return strata_matvec_pooled(NULL, x, x_stride, n_tokens, n, w, n_rows, y, impl);
 }
 
 /* ======================================================================================

@@ -259,14 +259,14 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
 }
 
 /* The FFN's input xn = ffn_norm(x) and, for an MoE layer (router given), its routing and grouping. */
-static int ffn_input(int64_t n_seq, int64_t D, const float *ffn_norm, float eps, const float *router, int64_t E,
+static int ffn_input(strata_pool *pool, int64_t n_seq, int64_t D, const float *ffn_norm, float eps, const float *router, int64_t E,
                      int64_t n_used, int32_t gating, int32_t norm_weights, float scale, const float *router_bias,
                      const float *selection_bias, int64_t n_groups, int64_t n_groups_used, int32_t group_top,
                      const float *x, float *xn, float *logits, int64_t *expert_ids, float *weights,
                      strata_route_groups *groups, int impl) {
     int st = strata_glue_rmsnorm(x, D, n_seq, 1, D, ffn_norm, eps, xn, D);
     if (st != STRATA_OK || !router) return st;
-    st = strata_glue_matvec(xn, D, n_seq, D, router, E, logits, impl);
+    st = strata_matvec_pooled(pool, xn, D, n_seq, D, router, E, logits, impl);
     if (st == STRATA_OK && router_bias)
         for (int64_t b = 0; b < n_seq; b++)
             for (int64_t e = 0; e < E; e++) logits[b * E + e] += router_bias[e];
@@ -336,7 +336,7 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
             for (int64_t i = 0; i < D; i++) proj[b * D + i] += L->bo[i];
     for (int64_t i = 0; i < n_seq * D; i++) x[i] += proj[i];
 
-    return ffn_input(n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
+    return ffn_input(pool, n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
                      L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
                      L->n_groups_used, L->group_top, x, xn, logits, expert_ids, weights, groups, impl);
 }
@@ -470,7 +470,7 @@ int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *L, in
                            n_seq * D * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     for (int64_t i = 0; i < n_seq * D; i++) x[i] += out[i];
-    return ffn_input(n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
+    return ffn_input(pool, n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
                      L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
                      L->n_groups_used, L->group_top, x, xn, (float *)(s + S.logits), expert_ids, weights, groups,
                      impl);

@@ -471,6 +471,11 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
 int strata_glue_matvec(const float *x, int64_t x_stride, int64_t n_tokens, int64_t n, const float *w, int64_t n_rows,
                        float *y, int impl);
 
+/* strata_glue_matvec with its rows (in whole groups of 4) spread over `pool` (NULL: the calling
+ * thread) when the product is large enough: the same bytes. The fused step's router. */
+int strata_matvec_pooled(strata_pool *pool, const float *x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                         const float *w, int64_t n_rows, float *y, int impl);
+
 enum strata_gating {
     STRATA_GATING_SOFTMAX = 0,
     STRATA_GATING_SIGMOID = 1,

@@ -198,10 +198,11 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
     return out
 
 
-def matvec(x: Any, w: Any, out: Any, impl: str = "auto") -> Any:
+def matvec(x: Any, w: Any, out: Any, impl: str = "auto", pool: Any = None) -> Any:
     """out[T, N] = x[T, n] @ w[N, n]^T in float32 (the router's logits from an F32 router
     weight); x's token stride is free, w and out contiguous. Equal to F.linear within float
-    rounding (another summation order). Returns out."""
+    rounding (another summation order). `pool` (a ComputePool): the rows spread over its threads
+    when the product is large enough (the same bytes). Returns out."""
     if _F32 is None:
         _init()
     xp, xs = _rows(x, "matvec x", 2)
@@ -210,7 +211,8 @@ def matvec(x: Any, w: Any, out: Any, impl: str = "auto") -> Any:
     if len(wshape) != 2 or wshape[1] != n or out.shape != (T, wshape[0]):
         raise ValueError(f"matvec: x {tuple(x.shape)}, w {tuple(wshape)}, out {tuple(out.shape)} "
                          f"(expected w [N, {n}] and out [{T}, N])")
-    status = lib.strata_glue_matvec(xp, xs, T, n, _flat(w, "matvec w", _F32, "float *"), wshape[0],
+    status = lib.strata_matvec_pooled(ffi.NULL if pool is None else pool.ptr, xp, xs, T, n,
+                                      _flat(w, "matvec w", _F32, "float *"), wshape[0],
                                     _flat(out, "matvec out", _F32, "float *"),
                                     IMPLS[impl] if impl in IMPLS else impl_code(impl))
     if status:

@@ -385,6 +385,21 @@ def test_matvec_matches_linear(impl, T, n, N):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * math.sqrt(n))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("T,n,N", [(1, 1024, 64), (3, 1024, 67), (2, 1024, 3), (1, 16, 64)])
+def test_matvec_on_a_pool_is_the_serial_calls_bytes(impl, T, n, N):
+    """The fused step's router product spreads its rows (whole groups of 4) over the pool when it is
+    large (N x n >= 64 K: pooled here but for the last two), the tail rows included: the serial
+    call's bytes."""
+    g = _gen(N + T)
+    x, w = torch.randn(T, n, generator=g), torch.randn(N, n, generator=g)
+    serial, pooled = torch.empty(T, N), torch.empty(T, N)
+    native.matvec(x, w, serial, impl=impl)
+    with native.ComputePool(2) as pool:
+        native.matvec(x, w, pooled, impl=impl, pool=pool)
+    assert torch.equal(serial, pooled)
+
+
 def test_matvec_then_route_equals_router():
     x, w = torch.randn(2, 256, generator=_gen(5)), torch.randn(32, 256, generator=_gen(6))
     want_w, want_ids = Router(w, 4, "softmax", True, 1.0)(x)
