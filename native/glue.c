@@ -513,7 +513,7 @@ typedef struct {
     const uint8_t *kc, *vc;
     const int64_t *block_table, *n_ctx;
     float *out;
-    int64_t q_stride, out_stride, table_stride, n_head, group, head_dim, block_size, block_bytes, window, cap;
+    int64_t q_stride, out_stride, table_stride, n_head, group, head_dim, block_size, block_bytes, window, chunk, cap;
     kv_format f;
     float scale;
 } attn_job;
@@ -523,10 +523,11 @@ static void attn_items(void *ctx, int64_t first, int64_t count) {
     for (int64_t i = first; i < first + count; i++) {
         const int64_t b = i / J->n_head, h = i % J->n_head, n = J->n_ctx[b];
         const int64_t at = (h / J->group) * J->block_size * J->f.row_bytes;  /* the kv head's rows in a block */
+        const int64_t start = J->chunk ? (n - 1) / J->chunk * J->chunk : J->window && n > J->window ? n - J->window : 0;
         const attn_head a = {J->q + b * J->q_stride + h * J->head_dim, J->kc + at, J->vc + at,
                              J->block_table + b * J->table_stride, J->out + b * J->out_stride + h * J->head_dim, n,
-                             J->head_dim, J->block_size, J->block_bytes, J->f.row_bytes, J->scale,
-                             J->window && n > J->window ? n - J->window : 0, J->sinks ? J->sinks + h : NULL,
+                             J->head_dim, J->block_size, J->block_bytes, J->f.row_bytes, J->scale, start,
+                             J->sinks ? J->sinks + h : NULL,
                              J->f.to_f32, J->f.row_blocks, J->cap};
         J->head_fn(&a);
     }
@@ -536,7 +537,7 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
                               int64_t n_head, int64_t n_head_kv, int64_t head_dim, const void *k_cache,
                               const void *v_cache, int64_t n_blocks, int64_t block_size, const int64_t *block_table,
                               int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
-                              int64_t window, float *out, int64_t out_stride, int impl) {
+                              int64_t window, int64_t chunk, float *out, int64_t out_stride, int impl) {
     int64_t block_bytes, cache_bytes, width, last, max_ctx;
     kv_format f;
     int st = strata_resolve_impl(impl, &impl);
@@ -544,7 +545,8 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
     if (f.to_f32 && head_dim > GLUE_KV_BUF / 4) return STRATA_E_SIZE;
     if ((st = cache_shape(n_blocks, n_head_kv, block_size, f.row_bytes, &block_bytes, &cache_bytes))) return st;
     block_bytes *= n_head_kv;  /* cache_shape gave one head's P rows */
-    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale) || window < 0)
+    if (n_seq < 0 || n_head < 1 || n_head % n_head_kv || table_stride < 1 || !isfinite(scale) || window < 0 ||
+        chunk < 0 || (window && chunk))
         return STRATA_E_ARG;
     if (n_seq == 0) return STRATA_OK;
     if (!q || !k_cache || !v_cache || !block_table || !n_ctx || !out) return STRATA_E_ARG;
@@ -558,13 +560,13 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
         const int64_t *table = block_table + b * table_stride;
         for (int64_t i = 0; i < (n_ctx[b] + block_size - 1) / block_size; i++)
             if (table[i] < 0 || table[i] >= n_blocks) return STRATA_E_SIZE;
-        positions += window && n_ctx[b] > window ? window : n_ctx[b];
+        positions += chunk ? (n_ctx[b] - 1) % chunk + 1 : window && n_ctx[b] > window ? window : n_ctx[b];
     }
     attn_job J = {.head_fn = attn_head_ref, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
                   .vc = (const uint8_t *)v_cache, .block_table = block_table, .n_ctx = n_ctx, .out = out,
                   .q_stride = q_stride, .out_stride = out_stride, .table_stride = table_stride, .n_head = n_head,
                   .group = n_head / n_head_kv, .head_dim = head_dim, .block_size = block_size,
-                  .block_bytes = block_bytes, .window = window, .f = f, .scale = scale};
+                  .block_bytes = block_bytes, .window = window, .chunk = chunk, .f = f, .scale = scale};
 #ifdef GLUE_X86
     if (impl != STRATA_IMPL_SCALAR) J.head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
 #endif
@@ -585,8 +587,8 @@ int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_str
                                   int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
                                   int64_t window, float *out, int64_t out_stride, int impl) {
     return strata_attn_decode_pooled(NULL, kv_type, q, q_stride, n_seq, n_head, n_head_kv, head_dim, k_cache, v_cache,
-                                     n_blocks, block_size, block_table, table_stride, n_ctx, scale, sinks, window, out,
-                                     out_stride, impl);
+                                     n_blocks, block_size, block_table, table_stride, n_ctx, scale, sinks, window, 0,
+                                     out, out_stride, impl);
 }
 
 /* ======================================================================================
@@ -631,10 +633,11 @@ int strata_matvec_pooled(strata_pool *pool, const float *x, int64_t x_stride, in
     if (x_stride < n || !mul_ok(n_tokens - 1, x_stride, &last) || !mul_ok(n_rows, n, &last) ||
         !mul_ok(n_tokens, n_rows, &last))
         return STRATA_E_SIZE;
-    /* The pool where the product's reads outweigh waking it (64 K weights): two items per thread. */
+    /* The pool where the product's reads outweigh waking it (64 K weights): two items per thread;
+     * else one item of every row. */
     const int64_t threads = pool && n_rows * n >= (1 << 16) ? strata_pool_threads(pool) : 1;
     const int64_t groups = (n_rows + 3) / 4, per = (groups + 2 * threads - 1) / (2 * threads);
-    matvec_job J = {x, w, y, x_stride, n_tokens, n, n_rows, 4 * per, impl};
+    matvec_job J = {x, w, y, x_stride, n_tokens, n, n_rows, threads > 1 ? 4 * per : n_rows, impl};
     strata_pool_run(threads > 1 ? pool : NULL, (n_rows + J.chunk - 1) / J.chunk, 1, matvec_items, &J);
     return STRATA_OK;
 }

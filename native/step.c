@@ -116,7 +116,7 @@ static int layer_ok(const strata_attn_layer *L) {
         !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
         (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)) ||
-        L->chunk < 0 || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
+        L->chunk < 0 || (L->chunk && L->window) || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
         (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora))
         return STRATA_E_ARG;
     if (latent(L)) {
@@ -195,16 +195,9 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
                                     L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
-    if (L->chunk)  /* Llama 4's local layers: each sequence within its own chunk (one call each, as per call) */
-        for (int64_t b = 0; b < n_seq && st == STRATA_OK; b++)
-            st = strata_attn_decode_pooled(pool, L->kv_type, q + b * n_qkv, n_qkv, 1, H, Hkv, hd, L->k_cache, L->v_cache,
-                                               L->n_blocks, L->block_size, block_table + b * table_stride,
-                                               table_stride, n_ctx + b, L->attn_scale, L->sinks,
-                                               (n_ctx[b] - 1) % L->chunk + 1, att + b * hq, hq, impl);
-    else
-        st = strata_attn_decode_pooled(pool, L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache,
-                                           L->n_blocks, L->block_size, block_table, table_stride, n_ctx,
-                                           L->attn_scale, L->sinks, L->window, att, hq, impl);
+    st = strata_attn_decode_pooled(pool, L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
+                                   L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
+                                   L->window, L->chunk, att, hq, impl);
     if (st != STRATA_OK || !L->q_gate) return st;
     return strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
 }
@@ -249,8 +242,8 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
         for (int64_t h = 0; h < H; h++)
             memcpy(query + (t * H + h) * n_lat + Lk, q + t * n_q + h * hd + L->nope, (size_t)R * sizeof(float));
     st = strata_attn_decode_pooled(pool, L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
-                                       L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
-                                       NULL, 0, lat_att, H * n_lat, impl);
+                                   L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
+                                   NULL, 0, 0, lat_att, H * n_lat, impl);
     if (st == STRATA_OK)  /* att[t, h] = v_b[h] @ the latent part of the attention's output */
         st = strata_matmul_heads(pool, L->v_b_type, L->v_b, L->v_b_bytes, H, L->v_dim, Lk, lat_att, fb * H * n_lat,
                                  H * n_lat, n_lat, n_seq, att, fb * H * L->v_dim, H * L->v_dim, L->v_dim, act,

@@ -457,12 +457,14 @@ int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_str
 
 /* strata_glue_attn_decode_typed with its (sequence, head) pairs spread over `pool` (NULL: the
  * calling thread) when the work is large enough: each head is computed whole by one thread, so
- * the bytes are the serial call's. The fused decode step's attention. */
+ * the bytes are the serial call's. `chunk` > 0 (Llama 4's local layers; window 0): each query
+ * attends within its own chunk, positions chunk * floor((n_ctx - 1) / chunk) .. n_ctx - 1, the
+ * bytes of a window of (n_ctx - 1) % chunk + 1. The fused decode step's attention. */
 int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq,
                               int64_t n_head, int64_t n_head_kv, int64_t head_dim, const void *k_cache,
                               const void *v_cache, int64_t n_blocks, int64_t block_size, const int64_t *block_table,
                               int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
-                              int64_t window, float *out, int64_t out_stride, int impl);
+                              int64_t window, int64_t chunk, float *out, int64_t out_stride, int impl);
 
 /* y[t, r] = x[t] . w[r] for x [T, n] (token t at x + t * x_stride), w [n_rows, n] and y
  * [T, n_rows] contiguous: float32 products for small matrices kept in F32, the router's logits.

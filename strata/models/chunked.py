@@ -76,17 +76,10 @@ class ChunkedAttention(Attention):
     def attend_decode_native(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
                              v_cache: torch.Tensor) -> torch.Tensor:
         """One new token per sequence in the native decode attention (float32 on the CPU): a global
-        layer over every position, a local one over its own chunk, the window from the chunk's first
-        position (one call per sequence: their windows differ). q [B, H, hd] -> [B, H*hd]."""
-        q = q.float()
+        layer over every position, a local one within its own chunk. q [B, H, hd] -> [B, H*hd]."""
         out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
-        n_ctx, scale = batch.positions + 1, self.head_dim ** -0.5
-        if self.chunk == 0:
-            return native.attn_decode(q, k_cache, v_cache, batch.block_table, n_ctx, scale, out)
-        for b, pos in enumerate(batch.positions.tolist()):
-            native.attn_decode(q[b:b + 1], k_cache, v_cache, batch.block_table[b:b + 1], n_ctx[b:b + 1], scale,
-                               out[b:b + 1], window=pos % self.chunk + 1)
-        return out
+        return native.attn_decode(q.float(), k_cache, v_cache, batch.block_table, batch.positions + 1,
+                                  self.head_dim ** -0.5, out, chunk=self.chunk)
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:

@@ -159,7 +159,7 @@ def _elem_bytes(kv_type: int) -> int:
 
 
 def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any, scale: float, out: Any,
-                impl: str = "auto", sinks: Any = None, window: int = 0, pool: Any = None) -> Any:
+                impl: str = "auto", sinks: Any = None, window: int = 0, pool: Any = None, chunk: int = 0) -> Any:
     """Decode attention over a paged cache: out[b] [H*hd] = softmax(scale q[b] K^T) V over positions
     0..n_ctx[b]-1 of sequence b, position j in block block_table[b, j // P] at offset j % P, head h
     reading kv head h // (H / Hkv). q [B, H, hd] (token stride free), caches [N, Hkv, P, hd],
@@ -167,7 +167,8 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
     free). A contiguous cache [S, Hkv, C, hd] is P = C with block_table = slots[:, None].
     gpt-oss: `window` > 0 attends only the last `window` positions; `sinks` float32 [H] adds one
     logit per head to its softmax (a column with no value). `impl`: 'auto', 'scalar', 'avx2' or
-    'avx512'. `pool` (a ComputePool): the (sequence, head) pairs spread over its threads when the
+    'avx512'. `chunk` > 0 (Llama 4's local layers; no window): each query attends within its own
+    chunk of `chunk` positions. `pool` (a ComputePool): the (sequence, head) pairs spread over its threads when the
     work is large enough, each head whole on one thread (the same bytes). Returns out."""
     if _F32 is None:
         _init()
@@ -188,13 +189,12 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
         raise ValueError(f"attn_decode: sinks {tuple(sinks.shape)} must hold one logit per head ({H})")
     sp = ffi.NULL if sinks is None else _flat(sinks, "attn_decode sinks", _F32, "float *")
     status = lib.strata_attn_decode_pooled(ffi.NULL if pool is None else pool.ptr, kv_type, qp, qs, B, H, Hkv, hd,
-                                           kcp, vcp, N, P,
-                                               _flat(block_table, "attn_decode block_table", _I64, "int64_t *"), M,
-                                               _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, sp,
-                                               int(window), op, os_, IMPLS[impl] if impl in IMPLS else impl_code(impl))
+                                           kcp, vcp, N, P, _flat(block_table, "attn_decode block_table", _I64, "int64_t *"),
+                                           M, _flat(n_ctx, "attn_decode n_ctx", _I64, "int64_t *"), scale, sp, int(window),
+                                           int(chunk), op, os_, IMPLS[impl] if impl in IMPLS else impl_code(impl))
     if status:
         check(status, f"decode attention of q {tuple(q.shape)} over caches {tuple(cshape)} "
-                      f"(H must be a multiple of Hkv; n_ctx in [1, {M * P}]; blocks in [0, {N}); window {window} >= 0)")
+                      f"(H must be a multiple of Hkv; n_ctx in [1, {M * P}]; blocks in [0, {N}); window {window} and chunk {chunk} >= 0, not both)")
     return out
 
 

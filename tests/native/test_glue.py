@@ -225,6 +225,32 @@ def test_attn_decode_sinks_and_window_match_the_torch_path(impl, window):
         native.attn_decode(q, k_pool, v_pool, batch.block_table, batch.positions + 1, scale, out, window=-1)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attn_decode_chunks_match_the_torch_path(impl):
+    """Llama 4's local layers: each query within its own chunk of 8 positions (positions at, just
+    past and well past chunk boundaries), equal to the torch path the float compute uses
+    (`attend_chunked`) and, bit for bit, to each sequence's own call with the window from its
+    chunk's start; a window with a chunk is refused."""
+    from strata.models.chunked import attend_chunked
+    H, Hkv, hd, starts, chunk = 4, 2, 32, (0, 7, 8, 9, 299), 8
+    B = len(starts)
+    k_cache, v_cache = _cache(S=B, Hkv=Hkv, hd=hd, seed=3)
+    (k_pool, tables), (v_pool, _) = _paged(k_cache, starts, seed=hd), _paged(v_cache, starts, seed=hd)
+    batch = Batch.make(tables, starts, [1] * B, 16)
+    q, n_ctx = torch.randn(B, H, hd, generator=_gen(4)), batch.positions + 1
+    out = torch.empty(B, H * hd)
+    native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, out, impl=impl, chunk=chunk)
+    want = attend_chunked(q, batch, k_pool, v_pool, chunk)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    for b, start in enumerate(starts):
+        alone = torch.empty(1, H * hd)
+        native.attn_decode(q[b:b + 1], k_pool, v_pool, batch.block_table[b:b + 1], n_ctx[b:b + 1], hd ** -0.5, alone,
+                           impl=impl, window=start % chunk + 1)
+        assert torch.equal(alone, out[b:b + 1]), start
+    with pytest.raises(NativeError, match="not both"):
+        native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, out, window=4, chunk=chunk)
+
+
 def test_attn_decode_refuses_bad_context_and_blocks():
     k_cache, v_cache = _cache(S=2)  # 2 blocks of 512 positions
     q, out = torch.randn(1, 16, 64), torch.empty(1, 16 * 64)
