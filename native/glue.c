@@ -28,6 +28,8 @@
 /* Positions scored per pass of decode attention: scores live on the stack; a longer context
  * runs in passes joined by the usual online-softmax rescaling. */
 #define GLUE_ATTN_CHUNK 256
+/* Query heads of one kv head taken through the cache together (their scores on the stack). */
+#define GLUE_ATTN_GROUP 8
 /* Router probabilities live on the stack: at most this many experts. */
 #define GLUE_MAX_EXPERTS 4096
 
@@ -441,47 +443,62 @@ static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t
     }
 }
 
-static void attn_head_avx2(const attn_head *a) {
-    float s[GLUE_ATTN_CHUNK], buf[GLUE_KV_BUF];
-    float m = -INFINITY, l = 0.0f;
-    memset(a->out, 0, (size_t)a->hd * sizeof(float));
+/* Heads a..a+G-1 (consecutive query heads of one sequence reading the same kv head: q, out and
+ * sink step by one head) in one pass over their rows, so each run of keys and values is read (and
+ * converted) once for the group and stays in L1 for the others. Each head's sums are the one-head
+ * kernel's, in the same order: the bytes do not depend on how heads are grouped. */
+static void attn_heads_avx2(const attn_head *a, int64_t G) {
+    float s[GLUE_ATTN_GROUP][GLUE_ATTN_CHUNK], buf[GLUE_KV_BUF], m[GLUE_ATTN_GROUP], l[GLUE_ATTN_GROUP];
+    const int64_t hd = a->hd;
+    for (int64_t g = 0; g < G; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+        memset(a->out + g * hd, 0, (size_t)hd * sizeof(float));
+    }
     for (int64_t j0 = a->start; j0 < a->n_ctx; j0 += GLUE_ATTN_CHUNK) {
         const int64_t nj = a->n_ctx - j0 < GLUE_ATTN_CHUNK ? a->n_ctx - j0 : GLUE_ATTN_CHUNK;
         /* Runs of rows inside one block; with blocks of a multiple of 4 positions that divide the
          * chunk, the runs group rows four by four as one contiguous region would. */
         for (int64_t j = j0, n; j < j0 + nj; j += n) {
             n = run_len(a, j, j0 + nj);
-            scores_avx2(a->q, rows_f32(a, a->k, j, n, buf), n, a->hd, a->scale, s + (j - j0));
+            const float *k = rows_f32(a, a->k, j, n, buf);
+            for (int64_t g = 0; g < G; g++) scores_avx2(a->q + g * hd, k, n, hd, a->scale, s[g] + (j - j0));
         }
-        float cm = -INFINITY;
-        for (int64_t j = 0; j < nj; j++) cm = s[j] > cm ? s[j] : cm;
-        if (cm > m) {
-            if (l > 0.0f) {
-                const float f = expf(m - cm);
-                l *= f;
-                scale_avx2(a->out, f, a->hd);
+        for (int64_t g = 0; g < G; g++) {
+            float cm = -INFINITY, *sg = s[g];
+            for (int64_t j = 0; j < nj; j++) cm = sg[j] > cm ? sg[j] : cm;
+            if (cm > m[g]) {
+                if (l[g] > 0.0f) {
+                    const float f = expf(m[g] - cm);
+                    l[g] *= f;
+                    scale_avx2(a->out + g * hd, f, hd);
+                }
+                m[g] = cm;
             }
-            m = cm;
-        }
-        int64_t j = 0;
-        __m256 lv = _mm256_setzero_ps();
-        for (; j + 8 <= nj; j += 8) {
-            const __m256 p = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m)));
-            _mm256_storeu_ps(s + j, p);
-            lv = _mm256_add_ps(lv, p);
-        }
-        l += hsum256(lv);
-        for (; j < nj; j++) {
-            s[j] = expf(s[j] - m);
-            l += s[j];
+            int64_t j = 0;
+            __m256 lv = _mm256_setzero_ps();
+            for (; j + 8 <= nj; j += 8) {
+                const __m256 p = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(m[g])));
+                _mm256_storeu_ps(sg + j, p);
+                lv = _mm256_add_ps(lv, p);
+            }
+            l[g] += hsum256(lv);
+            for (; j < nj; j++) {
+                sg[j] = expf(sg[j] - m[g]);
+                l[g] += sg[j];
+            }
         }
         for (int64_t j = j0, n; j < j0 + nj; j += n) {  /* the same sums in the same order, run by run */
             n = run_len(a, j, j0 + nj);
-            weighted_sum_avx2(s + (j - j0), rows_f32(a, a->v, j, n, buf), n, a->hd, a->out);
+            const float *v = rows_f32(a, a->v, j, n, buf);
+            for (int64_t g = 0; g < G; g++) weighted_sum_avx2(s[g] + (j - j0), v, n, hd, a->out + g * hd);
         }
     }
-    fold_sink(a, &m, &l, a->out);
-    scale_avx2(a->out, 1.0f / l, a->hd);
+    for (int64_t g = 0; g < G; g++) {
+        attn_head h = *a;
+        h.out += g * hd, h.sink = a->sink ? a->sink + g : NULL;
+        fold_sink(&h, &m[g], &l[g], h.out);
+        scale_avx2(h.out, 1.0f / l[g], hd);
+    }
 }
 
 #pragma GCC pop_options
@@ -506,9 +523,19 @@ int strata_glue_attn_decode_sinks(const float *q, int64_t q_stride, int64_t n_se
                                          window, out, out_stride, impl);
 }
 
-/* One decode attention's heads as pool items (item b * n_head + h: sequence b, head h). */
+/* The reference kernel one head at a time. */
+static void attn_heads_ref(const attn_head *a, int64_t G) {
+    for (int64_t g = 0; g < G; g++) {
+        attn_head h = *a;
+        h.q += g * a->hd, h.out += g * a->hd, h.sink = a->sink ? a->sink + g : NULL;
+        attn_head_ref(&h);
+    }
+}
+
+/* One decode attention's heads as pool items (item b * n_head + h: sequence b, head h). A range of
+ * items runs its heads that share a kv head together, up to GLUE_ATTN_GROUP at once. */
 typedef struct {
-    void (*head_fn)(const attn_head *);
+    void (*heads_fn)(const attn_head *, int64_t);
     const float *q, *sinks;
     const uint8_t *kc, *vc;
     const int64_t *block_table, *n_ctx;
@@ -520,8 +547,11 @@ typedef struct {
 
 static void attn_items(void *ctx, int64_t first, int64_t count) {
     const attn_job *J = ctx;
-    for (int64_t i = first; i < first + count; i++) {
+    for (int64_t i = first, G; i < first + count; i += G) {
         const int64_t b = i / J->n_head, h = i % J->n_head, n = J->n_ctx[b];
+        const int64_t end = (h / J->group + 1) * J->group, left = first + count - i;  /* this kv head's last + 1 */
+        G = end - h < left ? end - h : left;
+        G = G < GLUE_ATTN_GROUP ? G : GLUE_ATTN_GROUP;
         const int64_t at = (h / J->group) * J->block_size * J->f.row_bytes;  /* the kv head's rows in a block */
         const int64_t start = J->chunk ? (n - 1) / J->chunk * J->chunk : J->window && n > J->window ? n - J->window : 0;
         const attn_head a = {J->q + b * J->q_stride + h * J->head_dim, J->kc + at, J->vc + at,
@@ -529,7 +559,7 @@ static void attn_items(void *ctx, int64_t first, int64_t count) {
                              J->head_dim, J->block_size, J->block_bytes, J->f.row_bytes, J->scale, start,
                              J->sinks ? J->sinks + h : NULL,
                              J->f.to_f32, J->f.row_blocks, J->cap};
-        J->head_fn(&a);
+        J->heads_fn(&a, G);
     }
 }
 
@@ -562,13 +592,13 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
             if (table[i] < 0 || table[i] >= n_blocks) return STRATA_E_SIZE;
         positions += chunk ? (n_ctx[b] - 1) % chunk + 1 : window && n_ctx[b] > window ? window : n_ctx[b];
     }
-    attn_job J = {.head_fn = attn_head_ref, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
+    attn_job J = {.heads_fn = attn_heads_ref, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
                   .vc = (const uint8_t *)v_cache, .block_table = block_table, .n_ctx = n_ctx, .out = out,
                   .q_stride = q_stride, .out_stride = out_stride, .table_stride = table_stride, .n_head = n_head,
                   .group = n_head / n_head_kv, .head_dim = head_dim, .block_size = block_size,
                   .block_bytes = block_bytes, .window = window, .chunk = chunk, .f = f, .scale = scale};
 #ifdef GLUE_X86
-    if (impl != STRATA_IMPL_SCALAR) J.head_fn = attn_head_avx2;  /* AVX-512 runs the AVX2 kernel */
+    if (impl != STRATA_IMPL_SCALAR) J.heads_fn = attn_heads_avx2;  /* AVX-512 runs the AVX2 kernel */
 #endif
     /* Rows per conversion: a multiple of 4, so the AVX2 scores group rows as over float32 rows. */
     J.cap = GLUE_KV_BUF / head_dim >= 4 ? GLUE_KV_BUF / head_dim / 4 * 4 : GLUE_KV_BUF / head_dim;

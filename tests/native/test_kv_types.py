@@ -159,3 +159,35 @@ def test_attn_decode_on_a_pool_is_the_serial_calls_bytes(kv_type, impl):
             native.attn_decode(q[:1], k_pool, v_pool, batch.block_table[:1], n_ctx[:1], hd ** -0.5, out, impl=impl,
                                pool=p)
         assert torch.equal(one, one_pooled)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
+def test_attn_decode_heads_grouped_or_alone_give_the_same_bytes(kv_type, impl):
+    """Query heads that share a kv head go through the cache together (in groups of at most 8, and
+    a pool's range may cut a group): each head's bytes equal the head computed alone, serially and
+    on pools of 2 and 3 threads (ranges that cut the 12 heads of one kv head mid-group)."""
+    H, Hkv, hd, starts = 12, 1, 64, (700, 40)
+    k_pool, v_pool, batch, k32, v32 = _quantized_pool("f16" if kv_type == "f32" else kv_type, starts, Hkv, hd, seed=21)
+    if kv_type == "f32":
+        k_pool, v_pool = k32, v32
+    B = len(starts)
+    q = torch.randn(B, H, hd, generator=_gen(5))
+    n_ctx, sinks = batch.positions + 1, torch.randn(H, generator=_gen(6))
+    for kw in ({}, {"window": 100, "sinks": sinks}):
+        alone = torch.empty(B, H * hd)
+        for h in range(H):
+            one = torch.empty(B, hd)
+            head_kw = dict(kw, sinks=sinks[h:h + 1]) if "sinks" in kw else kw
+            native.attn_decode(q[:, h:h + 1].contiguous(), k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, one,
+                               impl=impl, **head_kw)
+            alone[:, h * hd:(h + 1) * hd] = one
+        for threads in (None, 2, 3):
+            out = torch.empty(B, H * hd)
+            if threads is None:
+                native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, out, impl=impl, **kw)
+            else:
+                with native.ComputePool(threads) as pool:
+                    native.attn_decode(q, k_pool, v_pool, batch.block_table, n_ctx, hd ** -0.5, out, impl=impl,
+                                       pool=pool, **kw)
+            assert torch.equal(out, alone), (kw, threads)
