@@ -162,6 +162,39 @@ def test_attn_decode_on_a_pool_is_the_serial_calls_bytes(kv_type, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_attn_decode_one_long_sequence_split_over_a_pool_is_the_serial_calls_bytes(kv_type, impl):
+    """A sequence with fewer kv heads than threads spreads its positions over the pool (pieces whose
+    partial softmaxes are merged in position order afterwards): the bytes of the serial call, which
+    merges the same pieces as it goes, for lengths around the piece sizes, with a window and sinks,
+    and with Llama 4's chunks; each also equals the same sequence batched with another (the split
+    depends on a sequence's own length only)."""
+    H, Hkv, hd, starts = 4, 1, 128, (1500, 31, 32, 33, 530, 4100)
+    if kv_type == "f32":
+        k_pool, v_pool, batch, _, _ = _quantized_pool("f16", starts, Hkv, hd, seed=13)
+        k_pool, v_pool = read_values(k_pool, torch.float32), read_values(v_pool, torch.float32)
+    else:
+        k_pool, v_pool, batch, _, _ = _quantized_pool(kv_type, starts, Hkv, hd, seed=13)
+    q = torch.randn(len(starts), H, hd, generator=_gen(7))
+    n_ctx, sinks = batch.positions + 1, torch.randn(H, generator=_gen(8))
+    with native.ComputePool(2) as two, native.ComputePool(3) as three:
+        for kw in ({}, {"window": 300, "sinks": sinks}, {"chunk": 256}):
+            pair = torch.empty(2, H * hd)
+            native.attn_decode(q[[0, 4]], k_pool, v_pool, batch.block_table[[0, 4]], n_ctx[[0, 4]], hd ** -0.5, pair,
+                               impl=impl, pool=three, **kw)
+            for b in range(len(starts)):
+                outs = []
+                for p in (None, two, three):
+                    out = torch.empty(1, H * hd)
+                    native.attn_decode(q[b:b + 1], k_pool, v_pool, batch.block_table[b:b + 1], n_ctx[b:b + 1],
+                                       hd ** -0.5, out, impl=impl, pool=p, **kw)
+                    outs.append(out)
+                assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), (kw, starts[b])
+                if b in (0, 4):
+                    assert torch.equal(outs[0][0], pair[0 if b == 0 else 1]), (kw, starts[b])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
 def test_attn_decode_heads_grouped_or_alone_give_the_same_bytes(kv_type, impl):
     """Query heads that share a kv head go through the cache together (in groups of at most 8, and
