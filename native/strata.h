@@ -455,9 +455,10 @@ int strata_glue_attn_decode_typed(int32_t kv_type, const float *q, int64_t q_str
                                   int64_t table_stride, const int64_t *n_ctx, float scale, const float *sinks,
                                   int64_t window, float *out, int64_t out_stride, int impl);
 
-/* strata_glue_attn_decode_typed with its (sequence, head) pairs spread over `pool` (NULL: the
- * calling thread) when the work is large enough: each head is computed whole by one thread, so
- * the bytes are the serial call's. `chunk` > 0 (Llama 4's local layers; window 0): each query
+/* strata_glue_attn_decode_typed on `pool` (NULL: the calling thread) when the work is large
+ * enough: (sequence, head) pairs spread over the threads, or, for sequences with fewer kv heads
+ * than threads, their positions (attn.c's pieces, merged in position order as the serial call
+ * merges them), so the bytes are the serial call's. `chunk` > 0 (Llama 4's local layers; window 0): each query
  * attends within its own chunk, positions chunk * floor((n_ctx - 1) / chunk) .. n_ctx - 1, the
  * bytes of a window of (n_ctx - 1) % chunk + 1. The fused decode step's attention. */
 int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq,
