@@ -96,6 +96,7 @@ class ExpertPolicy:
         self._counts = np.zeros((n_layers, n_experts), dtype=np.float64)  # [L, E] decayed uses
         self._steps = np.zeros(n_layers, dtype=np.float64)  # [L] decayed steps
         self._hints = np.zeros((n_layers, n_experts), dtype=np.float64)  # [L, E] P(needed next step)
+        self._layers_checked = b""  # the bytes of the last layers record_layers checked
         self._keep = np.empty(int(self.budgets.max()), dtype=np.float64)  # scratch for victim search
 
     # ---- queries -------------------------------------------------------------------------------
@@ -159,9 +160,12 @@ class ExpertPolicy:
         """`record` of several distinct layers' steps at once (expert_ids [len(layers), T, K]), with
         the same counts to the bit."""
         layers = np.asarray(layers, dtype=np.int64)
-        distinct = len(set(layers.tolist())) == layers.size
-        if layers.size and (layers.min() < 0 or layers.max() >= self.n_layers or not distinct):
-            raise StrataError(f"layers {layers.tolist()}: expected distinct layers in 0..{self.n_layers - 1}")
+        key = layers.tobytes()
+        if key != self._layers_checked:  # a decode program passes the same layers step after step
+            distinct = len(set(layers.tolist())) == layers.size
+            if layers.size and (layers.min() < 0 or layers.max() >= self.n_layers or not distinct):
+                raise StrataError(f"layers {layers.tolist()}: expected distinct layers in 0..{self.n_layers - 1}")
+            self._layers_checked = key
         ids = self._experts(expert_ids)
         if ids.ndim != 3 or ids.shape[0] != layers.size:
             raise StrataError(f"expert ids of shape {list(ids.shape)}: expected [{layers.size}, T, K]")

@@ -81,6 +81,11 @@ class Batch:
         return [0, *accumulate(self.lengths)][:-1]
 
     @property
+    def upto(self) -> int:
+        """The largest position of the batch + 1."""
+        return max(s + n for s, n in zip(self.starts, self.lengths))
+
+    @property
     def is_decode(self) -> bool:
         """One new token per sequence: attention for all sequences runs as one batched call."""
         return all(n == 1 for n in self.lengths)

@@ -88,10 +88,21 @@ class Rope:
         self.inv_freq = inv_freq.to(device)  # [R/2], R = rope_dim
         self.neox = hp.rope_type == "neox"
         self.rope_dim = hp.rope_dim
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, R/2]
-        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                upto: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, R/2] (times the scale) of `positions` [T] in `dtype`: rows of a table kept per
+        dtype, computed once for positions 0..2^k-1 (grown when a position reaches past it), so a decode
+        step indexes rather than computes, and a position's values never depend on the positions asked
+        with it. `upto`: the largest position + 1, when the caller knows it (else read from positions)."""
+        upto = int(positions.max()) + 1 if upto is None else upto
+        table = self._tables.get(dtype)
+        if table is None or table[0].shape[0] < upto:
+            n = 1 << max(upto - 1, 255).bit_length()  # a power of two >= upto, at least 256
+            angles = torch.arange(n, device=self.inv_freq.device).float()[:, None] * self.inv_freq[None, :]
+            table = self._tables[dtype] = ((angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype))
+        return table[0][positions], table[1][positions]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, hd] rotated by cos/sin [T, R/2]; features past R pass through."""

@@ -84,7 +84,7 @@ class Transformer(nn.Module):
              else self.embedding.rows(tokens))  # [T, D]
         if self.lookahead is not None:
             self.lookahead(x)
-        cos_sin = self.rope.cos_sin(batch.positions, x.dtype)  # [T, R/2] each
+        cos_sin = self.rope.cos_sin(batch.positions, x.dtype, batch.upto)  # [T, R/2] each
         x = (layers or self.run_blocks)(x, batch, cos_sin, cache)  # [T, D]
         if not all_logits:
             x = x[batch.last]  # [B, D]
@@ -101,7 +101,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             rope = block.attention.rope
             if id(rope) not in tables:
-                tables[id(rope)] = rope.cos_sin(batch.positions, x.dtype)
+                tables[id(rope)] = rope.cos_sin(batch.positions, x.dtype, batch.upto)
             step = block if steps is None or steps[i] is None else steps[i]
             x = step(x, batch, tables[id(rope)], cache.layer(i))  # [T, D]
         return x
