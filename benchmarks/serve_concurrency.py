@@ -2,7 +2,7 @@
 `llama-server` on the same file with the same threads.
 
     python benchmarks/serve_concurrency.py MODEL.gguf [--clients 1 4 8] [--max-tokens 48] [--rounds 2]
-        [--threads 2] [--prompt-words 100] [--no-repeat] [--llama-server [PATH]]
+        [--threads 2] [--prompt-words 100] [--no-repeat] [--llama-server [PATH]] [--trials N]
         [-- any further strata serve option, e.g. --device cuda]
 
 For each server (Strata, then llama-server when `--llama-server` is given) one process is started
@@ -15,7 +15,10 @@ the very same prompts again ("repeated": what a prompt cache serves; llama-serve
 default, as is Strata's prefix cache). Per row: total generated tokens / wall time, the median
 time to first token and the median gap between tokens. `--llama-server` alone uses (and, the
 first time, builds with benchmarks/build_llama_server.sh) .ci-cache/llama-server-build; a PATH
-names a binary. A last table gives Strata / llama-server per row (> 1: Strata faster for tok/s,
+names a binary. `--trials N` (with --llama-server) keeps both servers up and lets them take turns
+N times per row (which one goes first alternates, each trial with new prompts), then compares the
+medians over the trials: on a host whose speed drifts by a third within minutes, back-to-back
+turns see the same drift. A last table gives Strata / llama-server per row (> 1: Strata faster for tok/s,
 < 1: Strata faster for times). Same machine, one run: compare only inside it.
 Standard library only. Not a unit test.
 """
@@ -153,17 +156,48 @@ def run_clients(url: str, n_clients: int, rounds: int, max_tokens: int, prompts:
             "inter_token_median_s": round(statistics.median(gaps), 5) if gaps else None}
 
 
-def bench(name: str, url: str, args: argparse.Namespace) -> list[dict]:
-    """Every client count: fresh prompts, then (unless --no-repeat) the same prompts again."""
+def bench_rows(name: str, url: str, args: argparse.Namespace, n: int, tag: str, **extra) -> list[dict]:
+    """One client count: fresh prompts (tagged `tag`), then (unless --no-repeat) the same prompts again."""
     rows = []
-    for n in args.clients:
-        prompts = prompts_for(f"{n}", n * args.rounds, args.prompt_words)
-        kinds = ["fresh"] if args.no_repeat else ["fresh", "repeated"]
-        for kind in kinds:
-            row = {"server": name, "prompts": kind, **run_clients(url, n, args.rounds, args.max_tokens, prompts)}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    prompts = prompts_for(tag, n * args.rounds, args.prompt_words)
+    for kind in ["fresh"] if args.no_repeat else ["fresh", "repeated"]:
+        row = {"server": name, "prompts": kind, **extra, **run_clients(url, n, args.rounds, args.max_tokens, prompts)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
+
+
+def bench(name: str, url: str, args: argparse.Namespace) -> list[dict]:
+    """Every client count, one server."""
+    return [row for n in args.clients for row in bench_rows(name, url, args, n, f"{n}")]
+
+
+def bench_trials(urls: dict[str, str], args: argparse.Namespace) -> list[dict]:
+    """--trials: both servers up at once; for each client count, `trials` rounds of the rows, the
+    servers taking turns (which goes first alternates), each trial with prompts of its own. A noisy
+    host then moves both servers' figures alike; the medians over trials are compared."""
+    rows, names = [], list(urls)
+    for n in args.clients:
+        for t in range(args.trials):
+            for name in names if t % 2 == 0 else names[::-1]:
+                rows += bench_rows(name, urls[name], args, n, f"{n}.{t}", trial=t)
+    return rows
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """Per server and row, the median over trials of each figure (trials kept as a count)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["clients"], r["prompts"]), []).append(r)
+    out = []
+    for (server, clients, prompts), rs in groups.items():
+        row = {"server": server, "prompts": prompts, "clients": clients, "trials": len(rs)}
+        for k in ("tokens_per_s", "ttft_median_s", "inter_token_median_s"):
+            values = [r[k] for r in rs if r[k] is not None]
+            row[k] = round(statistics.median(values), 5) if values else None
+        print(json.dumps({"median_over_trials": True, **row}), flush=True)
+        out.append(row)
+    return out
 
 
 def ratios(rows: list[dict]) -> None:
@@ -193,6 +227,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-repeat", action="store_true", help="fresh prompts only")
     p.add_argument("--llama-server", nargs="?", const="build", default=None, metavar="PATH",
                    help="also run llama-server (PATH, or built into .ci-cache/llama-server-build)")
+    p.add_argument("--trials", type=int, default=1,
+                   help="with --llama-server: run both servers at once, take turns TRIALS times per row and "
+                        "compare the medians (for a noisy host)")
     p.add_argument("--ready-timeout", type=float, default=600)
     args = p.parse_args(argv)
     args.strata_extra = extra
@@ -206,10 +243,20 @@ def main() -> int:
         binary = llama_server_binary(args.llama_server)
         servers.append(("llama-server", lambda port: llama_command(args, port, binary)))
     rows = []
-    for name, command in servers:
-        port = free_port()
-        with running(name, command(port), port, args.ready_timeout) as url:
-            rows += bench(name, url, args)
+    if args.trials > 1:
+        if len(servers) < 2:
+            raise SystemExit("serve_concurrency: --trials compares two servers: give --llama-server too")
+        with contextlib.ExitStack() as stack:
+            urls = {}
+            for name, command in servers:
+                port = free_port()
+                urls[name] = stack.enter_context(running(name, command(port), port, args.ready_timeout))
+            rows = medians(bench_trials(urls, args))
+    else:
+        for name, command in servers:
+            port = free_port()
+            with running(name, command(port), port, args.ready_timeout) as url:
+                rows += bench(name, url, args)
     ratios(rows)
     return 0
 
