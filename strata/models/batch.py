@@ -62,13 +62,13 @@ class Batch:
         token_blocks = [t[p // P] for t, s, n in zip(tables, starts, lengths) for p in range(s, s + n)]
         width = max(need)
         ends = list(accumulate(lengths))
-
-        def tensor(values):
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        return cls(tables, tuple(starts), tuple(lengths), P, tensor(positions), tensor(token_blocks),
-                   tensor([p % P for p in positions]), tensor([e - 1 for e in ends]),
-                   tensor([list(t) + [0] * (width - len(t)) for t in tables]),
+        T, B = len(positions), len(tables)
+        # One tensor made at once (a decode step builds a batch per token), then its parts as views.
+        flat = torch.tensor([*positions, *token_blocks, *(p % P for p in positions), *(e - 1 for e in ends),
+                             *(b for t in tables for b in (*t, *(0,) * (width - len(t))))],
+                            dtype=torch.long, device=device)
+        return cls(tables, tuple(starts), tuple(lengths), P, flat[:T], flat[T:2 * T], flat[2 * T:3 * T],
+                   flat[3 * T:3 * T + B], flat[3 * T + B:].view(B, width),
                    None if slots is None else tuple(slots))
 
     @cached_property

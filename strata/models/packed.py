@@ -88,13 +88,8 @@ class PackedMatrix:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [T] dequantized to float32 [T, K]."""
-        n, k = self.shape
-        out = torch.empty((ids.numel(), k), dtype=torch.float32)
-        for i, r in enumerate(ids.tolist()):
-            if not 0 <= r < n:
-                raise IndexError(f"row {r} of a {n}-row {self.type.name} matrix")
-            native.dequantize_into(self.type, self.data[r * self.row_bytes:(r + 1) * self.row_bytes], out[i])
-        return out
+        out = torch.empty((ids.numel(), self.shape[1]), dtype=torch.float32)
+        return native.dequantize_rows(self.type, self.data, ids.tolist(), out)
 
     def __repr__(self) -> str:
         return f"PackedMatrix({self.type.name}, {list(self.shape)})"

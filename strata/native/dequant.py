@@ -79,6 +79,28 @@ def dequantize_into(t: Any, src: Any, out: Any, *, n_threads: int = 1, impl: str
     return out
 
 
+def dequantize_rows(t: Any, src: Any, ids: Any, out: Any, *, impl: str = "auto") -> Any:
+    """Rows `ids` (ints) of the packed matrix `src` of type `t`, whose rows are `out`'s row length
+    long, dequantized into float32 `out` [len(ids), row] (CPU torch or numpy), row i from row
+    ids[i]: an embedding lookup, one native call per row and no view per row. Returns out."""
+    t = ggml_type(t)
+    if t not in DEQUANT_TYPES:
+        raise ValueError(f"dequantization of {t.name} is not supported")
+    src_ptr, src_bytes = src_view(src)
+    dst_ptr, dst_bytes, out_code, shape, desc = _out_view(out)
+    if out_code != lib.STRATA_OUT_F32 or len(shape) != 2 or shape[0] != len(ids):
+        raise ValueError(f"dequantize_rows: output {desc} must be float32 [{len(ids)}, row]")
+    row_len, _, row_bytes = row_geometry(t, (1, shape[1]), f"output {desc}")
+    n_rows, code = src_bytes // row_bytes, impl_code(impl)
+    base, dst = ffi.cast("const uint8_t *", src_ptr), ffi.cast("uint8_t *", dst_ptr)
+    for i, r in enumerate(ids):
+        if not 0 <= r < n_rows:
+            raise IndexError(f"row {r} of a {n_rows}-row {t.name} matrix")
+        check(lib.strata_dequant(int(t), base + r * row_bytes, row_bytes, dst + i * row_len * 4, row_len * 4,
+                                 out_code, 1, row_len, 1, code), f"dequantize row {r} of {t.name} into {desc}")
+    return out
+
+
 def dequantize(t: Any, src: Any, shape: tuple[int, ...] | int, *, dtype: Any = np.float32,
                n_threads: int = 1, impl: str = "auto") -> np.ndarray:
     """Dequantize into a new numpy array of `shape` (row-major, last dimension = row length)."""
@@ -99,4 +121,4 @@ def convert_f32_into(src: np.ndarray, out: Any, *, impl: str = "auto") -> Any:
     return out
 
 
-__all__ = ["convert_f32_into", "dequantize", "dequantize_into", "has_kernel", "row_geometry"]
+__all__ = ["convert_f32_into", "dequantize", "dequantize_into", "dequantize_rows", "has_kernel", "row_geometry"]

@@ -333,3 +333,21 @@ def test_formats_without_avx2_kernel_report_scalar_fallback():
     assert all(native.has_kernel(t, "scalar") for t in DEQUANT_TYPES)
     assert not native.has_kernel(T.Q4_1, "avx2")
     assert native.has_kernel(T.Q4_K, "avx2")
+
+
+@pytest.mark.parametrize("name", ["F32", "Q8_0", "Q4_K", "IQ4_XS"])
+def test_dequantize_rows_is_the_whole_matrix_rows(name):
+    """An embedding lookup (rows by index, repeated and out of order) equals the same rows of the
+    whole matrix dequantized; a row past the matrix or an output of the wrong shape is refused."""
+    from strata.quant import random_blocks
+    t, rows, k = GGMLType[name], 9, 512
+    data = random_blocks(t, rows * k // block_size(t)[0], np.random.default_rng(3)).view(np.uint8).reshape(-1)
+    whole = native.dequantize(t, data, (rows, k))
+    ids = [4, 0, 8, 4]
+    out = torch.empty(len(ids), k)
+    native.dequantize_rows(t, torch.from_numpy(data.copy()), ids, out)
+    assert np.array_equal(out.numpy(), whole[ids], equal_nan=True)
+    with pytest.raises(IndexError, match="row 9 of a 9-row"):
+        native.dequantize_rows(t, data, [9], torch.empty(1, k))
+    with pytest.raises(ValueError, match="float32"):
+        native.dequantize_rows(t, data, [1, 2], torch.empty(1, k))
