@@ -13,7 +13,10 @@ request generates exactly --max-tokens): first "fresh" prompts the server has ne
 starts with its own tag, so no two share more than a token or two), then, unless --no-repeat,
 the very same prompts again ("repeated": what a prompt cache serves; llama-server's is on by
 default, as is Strata's prefix cache). Per row: total generated tokens / wall time, the median
-time to first token and the median gap between tokens. `--llama-server` alone uses (and, the
+time to first token, and the median over requests of the token interval (the server's own
+per-token decode time where it reports one, as llama-server does, else a request's time from its
+first text to its last event over its tokens less one; `one_request` says why not the gaps
+between text events, which are kept as text_event_gap_median_s). `--llama-server` alone uses (and, the
 first time, builds with benchmarks/build_llama_server.sh) .ci-cache/llama-server-build; a PATH
 names a binary. `--trials N` (with --llama-server) keeps both servers up and lets them take turns
 N times per row (which one goes first alternates, each trial with new prompts), then compares the
@@ -109,13 +112,19 @@ def running(name: str, command: list[str], port: int, timeout: float):
 
 
 def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed completion: tokens generated, time to first text, gaps between text events.
-    The token count is the usage's where the server sends one, else the number of text events."""
+    """One streamed completion: tokens generated, time to first text, gaps between text events,
+    and the token interval: (last event - first text) / (tokens - 1). The token count is the
+    usage's where the server sends one, else the number of text events. Text events are not
+    tokens: a token whose text is a control token or part of a UTF-8 character may send none (and
+    llama-server sends none for control tokens, Strata spells them), so the gaps between events
+    compare servers badly on a synthetic vocabulary. The interval is the server's own figure where
+    it reports one (llama-server's timings.predicted_per_token_ms: its decode alone, no streaming),
+    else measured here (Strata: its first text is its first token; the streaming is counted in)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    t0, times, tokens = time.perf_counter(), [], None
+    t0, times, tokens, end, reported = time.perf_counter(), [], None, None, None
     try:
         response = urllib.request.urlopen(request, timeout=3600)
     except urllib.error.HTTPError as exc:  # say what the server refused
@@ -125,14 +134,17 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            event = json.loads(line[6:])
+            event, end = json.loads(line[6:]), time.perf_counter()
             if event.get("choices") and event["choices"][0].get("text"):
-                times.append(time.perf_counter())
+                times.append(end)
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
+            if (event.get("timings") or {}).get("predicted_per_token_ms") is not None:
+                reported = event["timings"]["predicted_per_token_ms"] / 1000
     gaps = [b - a for a, b in zip(times, times[1:])]
-    return {"tokens": len(times) if tokens is None else tokens, "ttft": times[0] - t0 if times else None,
-            "gaps": gaps}
+    tokens = len(times) if tokens is None else tokens
+    interval = reported if reported is not None else (end - times[0]) / (tokens - 1) if times and tokens > 1 else None
+    return {"tokens": tokens, "ttft": times[0] - t0 if times else None, "gaps": gaps, "interval": interval}
 
 
 def prompts_for(tag: str, n: int, words: int) -> list[str]:
@@ -150,10 +162,12 @@ def run_clients(url: str, n_clients: int, rounds: int, max_tokens: int, prompts:
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     gaps = [g for r in results for g in r["gaps"]]
+    intervals = [r["interval"] for r in results if r["interval"] is not None]
     return {"clients": n_clients, "requests": len(results), "generated_tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 2),
             "ttft_median_s": round(statistics.median(r["ttft"] for r in results if r["ttft"] is not None), 4),
-            "inter_token_median_s": round(statistics.median(gaps), 5) if gaps else None}
+            "inter_token_median_s": round(statistics.median(intervals), 5) if intervals else None,
+            "text_event_gap_median_s": round(statistics.median(gaps), 5) if gaps else None}
 
 
 def bench_rows(name: str, url: str, args: argparse.Namespace, n: int, tag: str, **extra) -> list[dict]:
@@ -192,7 +206,7 @@ def medians(rows: list[dict]) -> list[dict]:
     out = []
     for (server, clients, prompts), rs in groups.items():
         row = {"server": server, "prompts": prompts, "clients": clients, "trials": len(rs)}
-        for k in ("tokens_per_s", "ttft_median_s", "inter_token_median_s"):
+        for k in ("tokens_per_s", "ttft_median_s", "inter_token_median_s", "text_event_gap_median_s"):
             values = [r[k] for r in rs if r[k] is not None]
             row[k] = round(statistics.median(values), 5) if values else None
         print(json.dumps({"median_over_trials": True, **row}), flush=True)
