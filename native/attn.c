@@ -323,14 +323,18 @@ static void merge_items(void *ctx, int64_t first, int64_t count) {
 }
 
 /* Spread each sequence's pieces over the pool (partials in a buffer, then merged) when its kv heads
- * alone would leave threads idle; 0 when it does not pay or the buffer cannot be had. */
-static int attn_split(strata_pool *pool, attn_job *J, int64_t n_seq) {
+ * alone would leave threads idle and the partials are small beside the cache they summarise (at
+ * most 1/8 of the values read: not so for latent attention's 128 heads of 576 on one latent row);
+ * 0 when it does not pay or the buffer cannot be had. */
+static int attn_split(strata_pool *pool, attn_job *J, int64_t n_seq, int64_t positions) {
     const int64_t threads = strata_pool_threads(pool);
     if (threads < 2 || n_seq * J->n_head_kv >= 2 * threads) return 0;
-    int64_t items = 0, floats;
+    int64_t items = 0, floats, values;
     for (int64_t b = 0; b < n_seq; b++) items += J->n_head_kv * seq_pieces(J, b);
     J->part_floats = J->group * (J->head_dim + 2);
-    if (items <= n_seq * J->n_head_kv || !mul_ok(items, J->part_floats, &floats)) return 0;
+    if (items <= n_seq * J->n_head_kv || !mul_ok(items, J->part_floats, &floats) ||
+        !mul_ok(positions, J->n_head_kv * J->head_dim, &values) || floats > values / 8)
+        return 0;
     int64_t *first_item = malloc((size_t)(n_seq + 1) * sizeof(int64_t));
     float *part = malloc((size_t)floats * sizeof(float));
     if (first_item && part) {
@@ -389,7 +393,7 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
     /* The pool only where the work outweighs waking it (256 K position-features over every head). */
     int64_t work;
     const int pooled = pool && mul_ok(positions, width, &work) && work >= (1 << 18);
-    if (pooled && attn_split(pool, &J, n_seq)) return STRATA_OK;
+    if (pooled && attn_split(pool, &J, n_seq, positions)) return STRATA_OK;
     strata_pool_run(pooled && n_seq * n_head > 1 ? pool : NULL, n_seq * n_head, 1, attn_items, &J);
     return STRATA_OK;
 }
