@@ -76,37 +76,54 @@ static inline const float *rows_f32(const attn_head *a, const uint8_t *base, int
     return buf;
 }
 
-/* A piece kernel: positions [j0, j0 + nj) of heads a..a+G-1 into m[g], l[g] and o + g * os. */
-typedef void (*piece_fn)(const attn_head *a, int64_t G, int64_t j0, int64_t nj, float *m, float *l, float *o,
-                         int64_t os);
+/* A piece's three kernels, reference or AVX2: scores s[j] = scale q . k[j] for n key rows; the
+ * softmax numerators in place, s[j] = e^(s[j] - max), returning their sum and the max; and
+ * out += sum_j p[j] v[j] over n value rows. */
+typedef struct {
+    void (*scores)(const float *q, const float *k, int64_t n, int64_t hd, float scale, float *s);
+    float (*exp_sum)(float *s, int64_t n, float *max);
+    void (*weighted_sum)(const float *p, const float *v, int64_t n, int64_t hd, float *out);
+} attn_ops;
 
-static void piece_ref(const attn_head *a, int64_t G, int64_t j0, int64_t nj, float *m, float *l, float *o,
-                      int64_t os) {
+static void scores_ref(const float *q, const float *k, int64_t n, int64_t hd, float scale, float *s) {
+    for (int64_t r = 0; r < n; r++) s[r] = dot_ref(q, k + r * hd, hd) * scale;
+}
+
+static float exp_sum_ref(float *s, int64_t n, float *max) {
+    float cm = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) cm = s[j] > cm ? s[j] : cm;
+    for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - cm);
+    *max = cm;
+    return sum;
+}
+
+static void weighted_sum_ref(const float *p, const float *restrict v, int64_t n, int64_t hd, float *restrict out) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < hd; i++) out[i] += p[r] * v[r * hd + i];
+}
+
+static const attn_ops OPS_REF = {scores_ref, exp_sum_ref, weighted_sum_ref};
+
+/* Positions [j0, j0 + nj) of heads a..a+G-1 into m[g], l[g] and o + g * os. Runs of rows inside
+ * one block, each read (and converted) once for the G heads; with blocks of a multiple of 4
+ * positions, the AVX2 scores group rows four by four as one contiguous region would. */
+static void run_piece(const attn_ops *ops, const attn_head *a, int64_t G, int64_t j0, int64_t nj, float *m,
+                      float *l, float *o, int64_t os) {
     float s[ATTN_GROUP][ATTN_PIECE_MAX], buf[ATTN_KV_BUF];
     const int64_t hd = a->hd;
     for (int64_t j = j0, n; j < j0 + nj; j += n) {
         n = run_len(a, j, j0 + nj);
         const float *k = rows_f32(a, a->k, j, n, buf);
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t r = 0; r < n; r++) s[g][j - j0 + r] = dot_ref(a->q + g * hd, k + r * hd, hd) * a->scale;
+        for (int64_t g = 0; g < G; g++) ops->scores(a->q + g * hd, k, n, hd, a->scale, s[g] + (j - j0));
     }
     for (int64_t g = 0; g < G; g++) {
-        float cm = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < nj; j++) cm = s[g][j] > cm ? s[g][j] : cm;
-        for (int64_t j = 0; j < nj; j++) sum += s[g][j] = expf(s[g][j] - cm);
-        m[g] = cm, l[g] = sum;
+        l[g] = ops->exp_sum(s[g], nj, &m[g]);
         memset(o + g * os, 0, (size_t)hd * sizeof(float));
     }
     for (int64_t j = j0, n; j < j0 + nj; j += n) {
         n = run_len(a, j, j0 + nj);
         const float *v = rows_f32(a, a->v, j, n, buf);
-        for (int64_t g = 0; g < G; g++) {
-            float *restrict og = o + g * os;
-            for (int64_t r = 0; r < n; r++) {
-                const float p = s[g][j - j0 + r], *restrict vr = v + r * hd;
-                for (int64_t i = 0; i < hd; i++) og[i] += p * vr[i];
-            }
-        }
+        for (int64_t g = 0; g < G; g++) ops->weighted_sum(s[g] + (j - j0), v, n, hd, o + g * os);
     }
 }
 
@@ -160,38 +177,23 @@ static void weighted_sum_avx2(const float *p, const float *v, int64_t n, int64_t
     }
 }
 
-static void piece_avx2(const attn_head *a, int64_t G, int64_t j0, int64_t nj, float *m, float *l, float *o,
-                       int64_t os) {
-    float s[ATTN_GROUP][ATTN_PIECE_MAX], buf[ATTN_KV_BUF];
-    const int64_t hd = a->hd;
-    /* Runs of rows inside one block; with blocks of a multiple of 4 positions, the runs group rows
-     * four by four as one contiguous region would. */
-    for (int64_t j = j0, n; j < j0 + nj; j += n) {
-        n = run_len(a, j, j0 + nj);
-        const float *k = rows_f32(a, a->k, j, n, buf);
-        for (int64_t g = 0; g < G; g++) scores_avx2(a->q + g * hd, k, n, hd, a->scale, s[g] + (j - j0));
+static float exp_sum_avx2(float *s, int64_t n, float *max) {
+    float cm = -INFINITY;
+    for (int64_t j = 0; j < n; j++) cm = s[j] > cm ? s[j] : cm;
+    int64_t j = 0;
+    __m256 lv = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 p = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(cm)));
+        _mm256_storeu_ps(s + j, p);
+        lv = _mm256_add_ps(lv, p);
     }
-    for (int64_t g = 0; g < G; g++) {
-        float cm = -INFINITY, *sg = s[g];
-        for (int64_t j = 0; j < nj; j++) cm = sg[j] > cm ? sg[j] : cm;
-        int64_t j = 0;
-        __m256 lv = _mm256_setzero_ps();
-        for (; j + 8 <= nj; j += 8) {
-            const __m256 p = exp256_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sg + j), _mm256_set1_ps(cm)));
-            _mm256_storeu_ps(sg + j, p);
-            lv = _mm256_add_ps(lv, p);
-        }
-        float sum = hsum256(lv);
-        for (; j < nj; j++) sum += sg[j] = expf(sg[j] - cm);
-        m[g] = cm, l[g] = sum;
-        memset(o + g * os, 0, (size_t)hd * sizeof(float));
-    }
-    for (int64_t j = j0, n; j < j0 + nj; j += n) {
-        n = run_len(a, j, j0 + nj);
-        const float *v = rows_f32(a, a->v, j, n, buf);
-        for (int64_t g = 0; g < G; g++) weighted_sum_avx2(s[g] + (j - j0), v, n, hd, o + g * os);
-    }
+    float sum = hsum256(lv);
+    for (; j < n; j++) sum += s[j] = expf(s[j] - cm);
+    *max = cm;
+    return sum;
 }
+
+static const attn_ops OPS_AVX2 = {scores_avx2, exp_sum_avx2, weighted_sum_avx2};
 
 #pragma GCC pop_options
 #endif
@@ -229,7 +231,7 @@ static void finish_head(const float *sink, float M, float L, float *O, int64_t h
 
 /* One decode attention's job: the cache, the queries, the kernel, and (pooled split) the partials. */
 typedef struct {
-    piece_fn piece;
+    const attn_ops *ops;
     const float *q, *sinks;
     const uint8_t *kc, *vc;
     const int64_t *block_table, *n_ctx;
@@ -274,7 +276,7 @@ static void attn_items(void *ctx, int64_t first, int64_t count) {
         for (int64_t j0 = a.start; j0 < a.n_ctx; j0 += P) {
             const int first_piece = j0 == a.start;
             float *dst = first_piece ? a.out : o;  /* the first piece straight into the output */
-            J->piece(&a, G, j0, a.n_ctx - j0 < P ? a.n_ctx - j0 : P, m, l, dst, hd);
+            run_piece(J->ops, &a, G, j0, a.n_ctx - j0 < P ? a.n_ctx - j0 : P, m, l, dst, hd);
             for (int64_t g = 0; g < G; g++)
                 merge_piece(&M[g], &L[g], a.out + g * hd, m[g], l[g], dst + g * hd, hd, first_piece);
         }
@@ -302,7 +304,7 @@ static void piece_items(void *ctx, int64_t first, int64_t count) {
             const int64_t G = J->group - g < ATTN_GROUP ? J->group - g : ATTN_GROUP;
             attn_head sub = a;
             sub.q += g * hd;
-            J->piece(&sub, G, j0, nj, part + g, part + J->group + g, part + 2 * J->group + g * hd, hd);
+            run_piece(J->ops, &sub, G, j0, nj, part + g, part + J->group + g, part + 2 * J->group + g * hd, hd);
         }
     }
 }
@@ -329,24 +331,27 @@ static void merge_items(void *ctx, int64_t first, int64_t count) {
 static int attn_split(strata_pool *pool, attn_job *J, int64_t n_seq, int64_t positions) {
     const int64_t threads = strata_pool_threads(pool);
     if (threads < 2 || n_seq * J->n_head_kv >= 2 * threads) return 0;
-    int64_t items = 0, floats, values;
-    for (int64_t b = 0; b < n_seq; b++) items += J->n_head_kv * seq_pieces(J, b);
-    J->part_floats = J->group * (J->head_dim + 2);
-    if (items <= n_seq * J->n_head_kv || !mul_ok(items, J->part_floats, &floats) ||
-        !mul_ok(positions, J->n_head_kv * J->head_dim, &values) || floats > values / 8)
-        return 0;
     int64_t *first_item = malloc((size_t)(n_seq + 1) * sizeof(int64_t));
-    float *part = malloc((size_t)floats * sizeof(float));
-    if (first_item && part) {
-        first_item[0] = 0;
-        for (int64_t b = 0; b < n_seq; b++) first_item[b + 1] = first_item[b] + J->n_head_kv * seq_pieces(J, b);
+    if (!first_item) return 0;
+    first_item[0] = 0;
+    for (int64_t b = 0; b < n_seq; b++) first_item[b + 1] = first_item[b] + J->n_head_kv * seq_pieces(J, b);
+    const int64_t items = first_item[n_seq];
+    int64_t floats, values;
+    J->part_floats = J->group * (J->head_dim + 2);
+    float *part = NULL;
+    int split = 0;
+    if (items > n_seq * J->n_head_kv && mul_ok(items, J->part_floats, &floats) &&
+        mul_ok(positions, J->n_head_kv * J->head_dim, &values) && floats <= values / 8)
+        part = malloc((size_t)floats * sizeof(float));
+    if (part) {
+        split = 1;
         J->first_item = first_item, J->part = part;
         strata_pool_run(pool, items, 1, piece_items, J);
         strata_pool_run(pool, n_seq * J->n_head, 1, merge_items, J);
     }
     free(first_item);
     free(part);
-    return first_item && part;
+    return split;
 }
 
 int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q, int64_t q_stride, int64_t n_seq,
@@ -379,14 +384,14 @@ int strata_attn_decode_pooled(strata_pool *pool, int32_t kv_type, const float *q
             if (table[i] < 0 || table[i] >= n_blocks) return STRATA_E_SIZE;
         positions += chunk ? (n_ctx[b] - 1) % chunk + 1 : window && n_ctx[b] > window ? window : n_ctx[b];
     }
-    attn_job J = {.piece = piece_ref, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
+    attn_job J = {.ops = &OPS_REF, .q = q, .sinks = sinks, .kc = (const uint8_t *)k_cache,
                   .vc = (const uint8_t *)v_cache, .block_table = block_table, .n_ctx = n_ctx, .out = out,
                   .q_stride = q_stride, .out_stride = out_stride, .table_stride = table_stride, .n_head = n_head,
                   .n_head_kv = n_head_kv, .group = n_head / n_head_kv, .head_dim = head_dim,
                   .block_size = block_size, .block_bytes = block_bytes, .window = window, .chunk = chunk,
                   .row_bytes = f.row_bytes, .row_blocks = f.row_blocks, .to_f32 = f.to_f32, .scale = scale};
 #ifdef GLUE_X86
-    if (impl != STRATA_IMPL_SCALAR) J.piece = piece_avx2;  /* AVX-512 runs the AVX2 kernel */
+    if (impl != STRATA_IMPL_SCALAR) J.ops = &OPS_AVX2;  /* AVX-512 runs the AVX2 kernels */
 #endif
     /* Rows per conversion: a multiple of 4, so the AVX2 scores group rows as over float32 rows. */
     J.cap = ATTN_KV_BUF / head_dim >= 4 ? ATTN_KV_BUF / head_dim / 4 * 4 : ATTN_KV_BUF / head_dim;

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from strata.errors import StrataError
@@ -189,6 +190,7 @@ class ExpertLayers:
         self.layers = [int(layer) for layer in layers]
         self.where = where  # named in errors: the model file's path
         self._index = {layer: i for i, layer in enumerate(self.layers)}
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}  # indices() of each run of layers asked for
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -207,6 +209,15 @@ class ExpertLayers:
 
     def layer(self, li: int) -> int:
         return self.layers[li]
+
+    def indices(self, layers: Sequence[int]) -> np.ndarray:
+        """`index` of each of `layers`, int64, kept per run of layers (a decode program records the
+        same run step after step); the array is shared: do not write to it."""
+        key = tuple(layers)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self._rows[key] = np.array([self.index(layer) for layer in key], dtype=np.int64)
+        return rows
 
 
 __all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "HybridHost", "LayerError", "PackedExperts", "check_acquire"]

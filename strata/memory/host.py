@@ -144,7 +144,6 @@ class HostTier:
                  machine: Machine | None = None) -> None:
         self.model, self.compact = model, compact
         self.layers = ExpertLayers(model.expert_layers, model.path)
-        self._layer_rows: dict[tuple[int, ...], np.ndarray] = {}  # record_layers' runs of layers, as rows
         if not len(self.layers):
             raise ValueError(f"{model.path}: the model has no routed experts: nothing for a host tier to hold")
         self.top_k = top_k or model.hparams.n_experts_used
@@ -318,12 +317,8 @@ class HostTier:
 
     def record_layers(self, layers: Sequence[int], expert_ids: np.ndarray) -> None:
         """`record` of several layers at once (expert_ids [len(layers), T, K])."""
-        key = tuple(layers)
-        rows = self._layer_rows.get(key)
-        if rows is None:  # the same runs of layers step after step
-            rows = self._layer_rows[key] = np.array([self._index(layer) for layer in layers], dtype=np.int64)
         with self._lock:
-            self.policy.record_layers(rows, expert_ids)
+            self.policy.record_layers(self.layers.indices(layers), expert_ids)
 
     def seed_counts(self, counts: np.ndarray, n_tokens: int) -> None:
         """Initial routing statistics for the policy (`ExpertPolicy.seed_counts`), [L, E]."""

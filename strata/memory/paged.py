@@ -80,7 +80,6 @@ class PagedExpertMemory(ExpertMemory):
         self.model_file = model_file
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.layers = ExpertLayers(model_file.expert_layers, model_file.path)
-        self._layer_rows: dict[tuple[int, ...], np.ndarray] = {}  # served_fixed_layers' runs of layers, as rows
         self.n_experts = model_file.hparams.n_experts
         budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
         self.stand_in_mode = check_stand_in_mode(stand_in_mode or DEFAULT_STAND_IN_MODE)
@@ -260,10 +259,7 @@ class PagedExpertMemory(ExpertMemory):
         self.stats.requests[li] += n_used
 
     def served_fixed_layers(self, layers: Sequence[int], expert_ids: torch.Tensor, n_used: Sequence[int]) -> None:
-        key = tuple(layers)
-        lis = self._layer_rows.get(key)
-        if lis is None:  # the program asks for the same runs of layers step after step
-            lis = self._layer_rows[key] = np.array([self.layers.index(layer) for layer in layers], dtype=np.int64)
+        lis = self.layers.indices(layers)
         ids = expert_ids.detach().to("cpu", torch.int64).numpy()  # [len(layers), T, K]
         self.host.record_layers(layers, ids)
         self.stats.record_routing_layers(lis, ids)

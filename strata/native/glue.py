@@ -168,8 +168,9 @@ def attn_decode(q: Any, k_cache: Any, v_cache: Any, block_table: Any, n_ctx: Any
     gpt-oss: `window` > 0 attends only the last `window` positions; `sinks` float32 [H] adds one
     logit per head to its softmax (a column with no value). `impl`: 'auto', 'scalar', 'avx2' or
     'avx512'. `chunk` > 0 (Llama 4's local layers; no window): each query attends within its own
-    chunk of `chunk` positions. `pool` (a ComputePool): the (sequence, head) pairs, or a lone sequence's positions, spread
-    over its threads when the work is large enough (the same bytes as without). Returns out."""
+    chunk of `chunk` positions. `pool` (a ComputePool): the (sequence, head) pairs, or a lone
+    sequence's positions, spread over its threads when the work is large enough (the same bytes as
+    without). Returns out."""
     if _F32 is None:
         _init()
     kcp, kv_type = _cache(k_cache, "attn_decode k_cache")
