@@ -31,8 +31,10 @@ DEFAULT_EXPERTS_TYPE = "q4_k"
 
 #: Prefetch depth when none is asked for, per device type (strata.memory.budget says why the CPU's is 0).
 DEFAULT_PREFETCH_DEPTH = {"cpu": 0, "cuda": 2}
-#: Tokens one engine step processes at most (running decodes plus chunks of prompts).
-MAX_STEP_TOKENS = 512
+#: Tokens one engine step processes at most (running decodes plus chunks of prompts): llama-server's
+#: --batch-size and vLLM's max_num_batched_tokens. Prompts that arrive close together are prefilled
+#: in one step, up to this many tokens, and start streaming together.
+MAX_STEP_TOKENS = 2048
 #: KV-cache positions per sequence when n_ctx is not given (capped by the model's).
 DEFAULT_CTX = 4096
 #: Positions per KV-cache block.

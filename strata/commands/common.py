@@ -29,7 +29,11 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     g = p.add_argument_group("batching and KV cache")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
                    help="tokens one engine step processes at most: running decodes plus chunks of prompts being "
-                        f"prefilled, so a long prompt does not stall running streams (default {MAX_STEP_TOKENS})")
+                        "prefilled; prompts that arrive close together are prefilled in one step up to this many "
+                        f"(default {MAX_STEP_TOKENS}, llama-server's --batch-size)")
+    g.add_argument("--decoding-step-tokens", type=int, default=None, metavar="N",
+                   help="the same while sequences decode, if smaller: the longest pause a prompt being prefilled puts "
+                        "in running streams (default: --max-step-tokens)")
     g.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help=f"KV cache blocks of {KV_BLOCK_SIZE} positions shared by all sequences (default: enough for every "
                         "sequence of the batch at --ctx)")
@@ -167,7 +171,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 #: The flags of the options `strata.load` and SamplingParams take, by field name: errors name the flag.
-FLAGS = {"n_ctx": "--ctx", "threads": "--threads", "max_step_tokens": "--max-step-tokens", "kv_blocks": "--kv-blocks",
+FLAGS = {"n_ctx": "--ctx", "threads": "--threads", "max_step_tokens": "--max-step-tokens",
+         "decoding_step_tokens": "--decoding-step-tokens", "kv_blocks": "--kv-blocks",
          "memory": "--memory", "device_mem": "--device-mem", "host_mem": "--host-mem",
          "prefetch_depth": "--prefetch-depth", "slot_form": "--slot-form", "hybrid": "--hybrid",
          "miss_stand_in": "--miss-stand-in", "stand_in_mode": "--stand-in-mode",
@@ -200,6 +205,7 @@ def check_model_args(args: argparse.Namespace) -> None:
     from strata.engine.config import check_engine
 
     check_engine({"n_ctx": args.ctx, "threads": args.threads, "max_step_tokens": getattr(args, "max_step_tokens", None),
+                  "decoding_step_tokens": getattr(args, "decoding_step_tokens", None),
                   "kv_blocks": getattr(args, "kv_blocks", None)}, FLAGS)
     memory_config(args)
 
@@ -281,7 +287,7 @@ def load_model(args: argparse.Namespace, max_batch: int = 1, ep=None):
 
 def load_kwargs(args: argparse.Namespace) -> dict:
     """`strata.load`'s keyword arguments from the shared model and memory options."""
-    engine = {k: getattr(args, k) for k in ("max_step_tokens", "kv_blocks", "kv_type", "cache_ram")
+    engine = {k: getattr(args, k) for k in ("max_step_tokens", "decoding_step_tokens", "kv_blocks", "kv_type", "cache_ram")
               if getattr(args, k, None) is not None}
     template = chat_template(args)
     if template is not None:

@@ -86,14 +86,15 @@ class Model:
     def __init__(self, model_file: ModelFile, runner: Runner, memory: ExpertMemory, cache: KVCache,
                  tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype, n_threads: int,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None,
-                 sampling: SamplingParams | None = None, chat_template: str | None = None, agree=None):
+                 sampling: SamplingParams | None = None, chat_template: str | None = None, agree=None,
+                 decoding_step_tokens: int | None = None):
         self.sampling = sampling or SamplingParams()  # generate's default
         self._template_override = chat_template  # replaces the file's tokenizer.chat_template
         self.model_file, self.runner, self.memory, self.cache = model_file, runner, memory, cache
         self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
         self.engine = Engine(runner, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting,
-                             agree=agree)
+                             agree=agree, decoding_step_tokens=decoding_step_tokens)
         self._ids = itertools.count()
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
@@ -396,6 +397,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
          threads: int | None = None, n_ctx: int | None = None, max_batch: int = DEFAULT_SLOTS,
          memory: MemoryConfig | MemoryFactory | str | None = None, compute: str | None = None,
          sampling: SamplingParams | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
+         decoding_step_tokens: int | None = None,
          kv_blocks: int | None = None, max_waiting: int | None = None, chat_template: str | None = None,
          prefix_cache: bool = True, cache_ram: int | str | None = None, kv_type: str | None = DEFAULT_KV_TYPE,
          expert_parallel: Any = None, **memory_options: Any) -> Model:
@@ -408,7 +410,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     The KV cache is paged: a pool of `kv_blocks` blocks of 16 positions (default: enough for
     max_batch sequences of n_ctx positions) that sequences take as they grow and give back as
     they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
-    chunks of prompts being prefilled). max_waiting: requests that may wait for a place in the
+    chunks of prompts being prefilled; prompts that arrive close together are prefilled in one
+    step, up to this many); decoding_step_tokens: the same while sequences decode, if smaller (the
+    longest pause a prompt puts in running streams; None: max_step_tokens). max_waiting: requests that may wait for a place in the
     batch (None: unbounded; past it `Engine.add` raises EngineFull). prefix_cache: share the KV
     blocks of a prompt prefix computed before (a system prompt, the earlier turns of a chat)
     across requests by content hash, so they are not prefilled again (`strata.engine.kv_cache`).
@@ -439,7 +443,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     dt = resolve_dtype(dtype, dev)
     mem_config, memory_why = memory_config_for(memory, memory_options, mode)
     check_engine(dict(threads=threads, n_ctx=n_ctx, max_batch=max_batch, max_step_tokens=max_step_tokens,
-                      kv_blocks=kv_blocks, max_waiting=max_waiting))
+                      decoding_step_tokens=decoding_step_tokens, kv_blocks=kv_blocks, max_waiting=max_waiting))
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise StrataArgumentError(f"sampling: expected a SamplingParams, found {sampling!r:.80}")
     if chat_template is not None and not isinstance(chat_template, str):
@@ -476,7 +480,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         cache = kv_cache(mf, dev, dt, ctx, max_batch, pool, kv, prefix_cache, kv_type)
         model = Model(mf, runner, mem, cache, tokenizer, dev, dt, n_threads, max_step_tokens, max_waiting,
                       sampling=sampling, chat_template=chat_template,
-                      agree=None if expert_parallel is None else expert_parallel.agree)
+                      agree=None if expert_parallel is None else expert_parallel.agree,
+                      decoding_step_tokens=decoding_step_tokens)
         if expert_parallel is not None:
             expert_parallel.ready()  # every rank loaded: from here the steps' timeout holds
         return model

@@ -6,11 +6,14 @@ Every step `schedule()` returns (sequence, new tokens) pairs:
    needs a new KV block when the pool has none preempts the youngest running sequence (itself,
    when it is the youngest): that one gives back all its blocks and returns to the front of the
    waiting queue, to be prefilled again (prompt and output so far) when blocks are free;
-2. what is left of the step's token budget (`max_step_tokens`) goes to prompt chunks: first the
+2. what is left of the step's token budget goes to prompt chunks: first the
    running sequences still prefilling, then waiting sequences admitted in order while fewer than
    `max_batch` run. A chunk takes what fits the budget and the free blocks (keeping one block per
    other running sequence in hand, so decodes do not preempt at once); a waiting sequence that
-   gets nothing stays waiting.
+   gets nothing stays waiting. The budget is `max_step_tokens` (by default 2048, llama-server's and
+   vLLM's batch: prompts that arrive close together are prefilled in one step and stream together),
+   or while sequences decode `decoding_step_tokens` if given: a smaller one bounds the pause a
+   prompt puts in running streams, at the price of more requests whose streams pause.
 
 A waiting sequence is first matched against the prefix cache (`BlockTables.match`): the blocks
 of its longest cached prefix join its table and its prefill starts after them (always leaving
@@ -23,8 +26,9 @@ computed `fork` puts it in the running batch with the prompt's blocks shared (th
 one copied) and the same logits to sample its first token from; one that finds no room then (a
 slot, a place in the batch, a block for the copy) waits at the front of the queue as any other.
 
-So running decodes keep their pace while a long prompt is prefilled beside them, a few hundred
-tokens per step. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
+So running decodes go on while a long prompt is prefilled beside them, a chunk per step. The
+budget moves time between a request's first token and its pace, hardly its end: every step
+carries every decode, and a prompt token costs about the same in a step of 128 or 2048. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
 
 Plain Python over `BlockTables` and `Sequence`s (no tensors, no model): tested with a fake model.
 Must not: run the model or sample (the engine does).
@@ -48,7 +52,7 @@ class EngineFull(StrataError):
 
 class Scheduler:
     def __init__(self, blocks: BlockTables, max_batch: int | None = None, max_step_tokens: int = MAX_STEP_TOKENS,
-                 max_waiting: int | None = None):
+                 max_waiting: int | None = None, decoding_step_tokens: int | None = None):
         self.blocks = blocks
         self.max_batch = blocks.n_slots if max_batch is None else max_batch
         if not 1 <= self.max_batch <= blocks.n_slots:
@@ -57,9 +61,12 @@ class Scheduler:
         if max_step_tokens < self.max_batch:
             raise StrataArgumentError(f"max_step_tokens: expected at least max_batch={self.max_batch} (every running "
                                       f"sequence decodes one token per step), found {max_step_tokens}")
+        if decoding_step_tokens is not None and decoding_step_tokens < 1:
+            raise StrataArgumentError(f"decoding_step_tokens: expected at least 1, found {decoding_step_tokens}")
         if max_waiting is not None and max_waiting < 0:
             raise StrataArgumentError(f"max_waiting: expected >= 0 or None (unbounded), found {max_waiting}")
         self.max_step_tokens, self.max_waiting = max_step_tokens, max_waiting
+        self.decoding_step_tokens = min(decoding_step_tokens or max_step_tokens, max_step_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the youngest last
         self.n_preempted = 0  # preemptions since start
@@ -117,7 +124,7 @@ class Scheduler:
         """This step's work: (sequence, its new tokens), decodes first. Blocks for them are reserved."""
         for _ in range(len(self.running) + 1):
             work = self._decodes()
-            budget = self.max_step_tokens - len(work)
+            budget = (self.decoding_step_tokens if work else self.max_step_tokens) - len(work)
             work += self._prefills(budget)
             if work or not self.running:
                 return work

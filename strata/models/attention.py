@@ -142,16 +142,32 @@ def attend_sinks(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache: 
     for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
         k, v = batch.read(k_cache, b, q.dtype), batch.read(v_cache, b, q.dtype)  # [Hkv, L, hd]
         k, v = k.repeat_interleave(H // k.shape[0], dim=0), v.repeat_interleave(H // v.shape[0], dim=0)  # [H, L, hd]
-        scores = (q[off:off + n].transpose(0, 1).float() @ k.float().transpose(1, 2)) * scale  # [H, n, L]
-        rows = torch.arange(start, start + n, device=q.device)[:, None]  # [n, 1]
-        cols = torch.arange(start + n, device=q.device)[None, :]  # [1, L]
-        keep = (cols <= rows) & ((cols > rows - window) if window > 0 else True)  # [n, L]
-        scores = scores.masked_fill(~keep, float("-inf"))
-        if sinks is not None:
-            scores = torch.cat((scores, sinks.float()[:, None, None].expand(H, n, 1)), dim=-1)  # [H, n, L+1]
-        probs = scores.softmax(dim=-1)[..., :start + n]  # [H, n, L]
-        outs.append((probs.to(v.dtype) @ v).transpose(0, 1).flatten(1))  # [n, H*hd]
+        for i, j in query_pieces(start, n, H):  # queries start+i .. start+j-1 see keys 0 .. start+j-1
+            L = start + j
+            scores = (q[off + i:off + j].transpose(0, 1).float() @ k[:, :L].float().transpose(1, 2)) * scale
+            rows = torch.arange(start + i, L, device=q.device)[:, None]  # [m, 1]
+            cols = torch.arange(L, device=q.device)[None, :]  # [1, L]
+            keep = (cols <= rows) & ((cols > rows - window) if window > 0 else True)  # [m, L]
+            scores = scores.masked_fill(~keep, float("-inf"))  # [H, m, L]
+            if sinks is not None:
+                scores = torch.cat((scores, sinks.float()[:, None, None].expand(H, j - i, 1)), dim=-1)  # [H, m, L+1]
+            probs = scores.softmax(dim=-1)[..., :L]  # [H, m, L]
+            outs.append((probs.to(v.dtype) @ v[:, :L]).transpose(0, 1).flatten(1))  # [m, H*hd]
     return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
+
+
+#: Score elements (heads x queries x keys) one prefill attention call that forms its scores
+#: (`attend_sinks`, latent attention's unequal key and value widths) holds at once: 64 Mi floats,
+#: 256 MB. A longer step's queries go in pieces; each query's softmax is its own, so the pieces'
+#: outputs stack to the whole's.
+SCORE_ELEMENTS = 1 << 26
+
+
+def query_pieces(start: int, n: int, heads: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """Ranges [i, j) of a sequence's n new queries (positions start + i ...) whose scores over
+    the keys they see (start + j of them) stay within `budget` elements, one row at least."""
+    rows = max(1, (budget or SCORE_ELEMENTS) // (heads * (start + n)))
+    return [(i, min(i + rows, n)) for i in range(0, n, rows)]
 
 
 def _bias(y: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -163,4 +179,4 @@ def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start + n, device=device)[None, :] <= rows  # [n, L]
 
 
-__all__ = ["Attention", "AttentionWeights", "attend_sinks"]
+__all__ = ["Attention", "AttentionWeights", "SCORE_ELEMENTS", "attend_sinks", "query_pieces"]

@@ -28,6 +28,7 @@ from torch import nn
 from strata import native
 
 from .batch import Batch
+from .attention import query_pieces
 from .layers import RMSNorm, Weight, linear
 from .packed import PackedMatrix
 from .rope import Rope
@@ -128,12 +129,14 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
     outs = []
     for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
         keys = batch.read(cache, b, query.dtype)  # [1, Lk, L+R]
-        q = query[off:off + n].transpose(0, 1)  # [H, n, L+R]
-        rows = torch.arange(start, start + n, device=q.device)[:, None]
-        mask = torch.arange(start + n, device=q.device)[None, :] <= rows  # [n, Lk]
-        out = F.scaled_dot_product_attention(q[None], keys[None], keys[None, ..., :L], attn_mask=mask,
-                                             scale=scale, enable_gqa=True)  # [1, H, n, L]
-        outs.append(out[0].transpose(0, 1))  # [n, H, L]
+        # unequal key and value widths: torch forms the scores, so long steps go in pieces of queries
+        for i, j in query_pieces(start, n, query.shape[1]):
+            q, k = query[off + i:off + j].transpose(0, 1), keys[:, :start + j]  # [H, m, L+R], [1, start+j, L+R]
+            rows = torch.arange(start + i, start + j, device=q.device)[:, None]
+            mask = torch.arange(start + j, device=q.device)[None, :] <= rows  # [m, start+j]
+            out = F.scaled_dot_product_attention(q[None], k[None], k[None, ..., :L], attn_mask=mask,
+                                                 scale=scale, enable_gqa=True)  # [1, H, m, L]
+            outs.append(out[0].transpose(0, 1))  # [m, H, L]
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 

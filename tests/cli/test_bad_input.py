@@ -28,6 +28,7 @@ def _one_error(code: int, err: str, *names: str) -> str:
     (["--top-k", "-1"], "--top-k"), (["--min-p", "1.5"], "--min-p"), (["--repeat-penalty", "0"], "--repeat-penalty"),
     (["--repeat-penalty", "-1"], "--repeat-penalty"), (["--seed", str(2**70)], "--seed"), (["--seed", "-1"], "--seed"),
     (["--ctx", "0"], "--ctx"), (["--ctx", "1"], "--ctx"), (["--threads", "0"], "--threads"),
+    (["--decoding-step-tokens", "0"], "--decoding-step-tokens"),
 ])
 def test_generate_refuses_bad_values_by_flag(cli, qwen3, args, flag):
     code, out, err = cli("generate", qwen3.gguf(None), "-p", "Hello", *args)

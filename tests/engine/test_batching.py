@@ -27,9 +27,10 @@ def _seq(i: int, ids: list[int], max_tokens: int) -> Sequence:
 
 def test_a_long_prompt_beside_four_decoding_streams_does_not_stall_them():
     """The bound: between two tokens of a running stream lies one engine step, carrying at most
-    max_step_tokens - 4 = 508 tokens of the new prompt's prefill (not its 1500)."""
+    decoding_step_tokens - 4 = 508 tokens of the new prompt's prefill (not its 1500)."""
     tiny = zoo().get("qwen3moe")
-    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=2048, max_batch=5, memory="direct") as m:
+    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=2048, max_batch=5, memory="direct",
+                     decoding_step_tokens=512) as m:
         V, engine = m.tokenizer.vocab_size, m.engine
         streams = [_seq(i, _ids(V, 6 + i, seed=i), max_tokens=30) for i in range(4)]
         for s in streams:
@@ -202,11 +203,3 @@ def test_a_prompt_chunk_after_cached_positions_equals_the_whole_prompt():
             chunked = torch.cat(parts)
             assert (chunked - whole).abs().max() <= 1e-4 * whole.abs().max(), key
 
-
-def test_the_default_step_fits_one_window_of_packed_expert_compute():
-    """Packed compute runs a layer's experts over at most DEFAULT_MAX_TOKENS tokens per window, and
-    acquires them once per window: a default step must fit one window for 'once per step'."""
-    from strata.engine import MAX_STEP_TOKENS
-    from strata.models.packed import DEFAULT_MAX_TOKENS
-
-    assert MAX_STEP_TOKENS <= DEFAULT_MAX_TOKENS

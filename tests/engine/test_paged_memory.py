@@ -141,3 +141,22 @@ def test_a_budget_for_every_expert_reads_through_the_page_cache(tiny):
         assert torch.equal(whole.logits(ids), direct.logits(ids))
         assert whole.memory_stats().totals()["bytes_disk"] > 0
 
+
+
+def test_a_step_wider_than_a_window_reads_as_steps_of_a_window_would(tiny):
+    """Packed compute takes a layer's experts over DEFAULT_MAX_TOKENS tokens per window, each
+    window acquiring what it routes to. A 1100-token prompt in one step of 2048 (three windows)
+    reads from the file exactly what it reads in steps of 512: with 2 slots per layer for 4
+    experts, every expert of every layer once per window."""
+    from strata.models.packed import DEFAULT_MAX_TOKENS
+    path = tiny.gguf(None)
+    with open_model(path) as mf:
+        n_layers, n_experts, vocab = len(mf.expert_layers), mf.hparams.n_experts, mf.hparams.vocab_size
+    prompt = [(i * 37 + 11) % vocab for i in range(1100)]
+    reads = []
+    for step in (2048, DEFAULT_MAX_TOKENS):
+        with strata.load(path, threads=1, n_ctx=1104, max_batch=1, memory="paged", host_mem=_budget(path, 2),
+                         max_step_tokens=step) as m:
+            m.generate(prompt, temperature=0, max_tokens=1, stop_token_ids=())
+            reads.append(m.memory_stats().totals()["disk_reads"])
+    assert n_experts > 2 and reads == [3 * n_layers * n_experts] * 2

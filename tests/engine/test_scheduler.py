@@ -155,12 +155,29 @@ def test_sixteen_sequences_together_give_their_outputs_alone():
     assert bt.n_free_blocks == bt.n_blocks and bt.n_free == 16 and sched.n_preempted == 0
 
 
+def test_prompts_that_arrive_together_are_prefilled_in_one_step_and_stream_together():
+    """By default a step takes 2048 tokens (llama-server's and vLLM's batch): four prompts of 400
+    are one step, and all four sample their first token after it. decoding_step_tokens bounds
+    only the steps beside decodes, so they arrive together the same way."""
+    for decoding in (None, 512):
+        bt = BlockTables(n_slots=4, n_ctx=1024, block_size=P)
+        sched = Scheduler(bt, decoding_step_tokens=decoding)
+        assert sched.max_step_tokens == 2048
+        seqs = [_seq(i, 400) for i in range(4)]
+        for s in seqs:
+            sched.add(s)
+        steps = []
+        _drive(sched, FakeModel(bt), steps)
+        assert steps[0] == ([(i, 400) for i in range(4)], [0, 1, 2, 3])
+        assert [s.output_ids for s in seqs] == [_alone(400, i) for i in range(4)]
+
+
 def test_a_long_prompt_does_not_stall_running_decodes():
     """Four streams decode; a 1500-token prompt arrives. Every step still carries one token of
     each stream: the longest gap between two of their tokens is one step, with at most
-    max_step_tokens - 4 prompt tokens of prefill work in it (the whole prompt would be 1500)."""
+    decoding_step_tokens - 4 prompt tokens of prefill work in it (the whole prompt would be 1500)."""
     bt = BlockTables(n_slots=5, n_ctx=2048, block_size=P)
-    sched = Scheduler(bt, max_step_tokens=512)
+    sched = Scheduler(bt, max_step_tokens=2048, decoding_step_tokens=512)
     streams = [_seq(i, 8 + i, max_tokens=40) for i in range(4)]
     for s in streams:
         sched.add(s)
@@ -250,3 +267,6 @@ def test_scheduler_arguments_are_checked():
         Scheduler(bt, max_batch=5)
     with pytest.raises(StrataArgumentError, match="max_waiting"):
         Scheduler(bt, max_waiting=-1)
+    with pytest.raises(StrataArgumentError, match="decoding_step_tokens"):
+        Scheduler(bt, decoding_step_tokens=0)
+    assert Scheduler(bt, max_step_tokens=64, decoding_step_tokens=512).decoding_step_tokens == 64

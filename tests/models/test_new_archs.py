@@ -320,3 +320,33 @@ def test_minimax_m2_loads_its_norms_rotary_and_router_from_the_file():
         assert not w.qk_norm_per_head and block.attention.rope.rope_dim == cfg.rotary_dim
         assert torch.equal(w.k_norm.weight, layer.self_attn.k_norm.weight.detach())  # [Hkv*hd]
         assert torch.equal(block.ffn.router.selection_bias, layer.mlp.e_score_correction_bias)
+
+
+@pytest.mark.parametrize("key", ["deepseek3", "gptoss"])
+def test_prefill_attention_in_pieces_of_queries_equals_the_whole(key, monkeypatch):
+    """Prefill attention that forms its scores (latent attention's unequal widths, gpt-oss's sinks
+    and window) takes a long step's queries in pieces within SCORE_ELEMENTS: with room for one
+    query's scores at a time, a first chunk and a second one after it give the logits of the
+    whole step within float rounding."""
+    from strata.models import attention
+    ids = zoo().get(key).prompt_ids(24)
+    path = zoo().get(key).gguf("f32")
+    whole = Bare(path)
+    want = [whole.forward(ids[:14], 0), whole.forward(ids[14:], 14)]
+    pieces = []
+    real = attention.query_pieces
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        pieces.append(len(out))
+        return out
+    monkeypatch.setattr(attention, "SCORE_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "query_pieces", counted)
+    if key == "deepseek3":
+        from strata.models import mla
+        monkeypatch.setattr(mla, "query_pieces", counted)
+    split = Bare(path)
+    got = [split.forward(ids[:14], 0), split.forward(ids[14:], 14)]
+    assert pieces and max(pieces) == 14  # one query per piece
+    for a, b in zip(want, got):
+        assert rel_err(b, a) < 1e-5
