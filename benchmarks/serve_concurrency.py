@@ -13,10 +13,11 @@ request generates exactly --max-tokens): first "fresh" prompts the server has ne
 starts with its own tag, so no two share more than a token or two), then, unless --no-repeat,
 the very same prompts again ("repeated": what a prompt cache serves; llama-server's is on by
 default, as is Strata's prefix cache). Per row: total generated tokens / wall time, the median
-time to first token, and the median over requests of the token interval (the server's own
-per-token decode time where it reports one, as llama-server does, else a request's time from its
-first text to its last event over its tokens less one; `one_request` says why not the gaps
-between text events, which are kept as text_event_gap_median_s). `--llama-server` alone uses (and, the
+time to first token, and the median over requests of the token interval: the server's own
+`timings.predicted_per_token_ms` (llama-server's, which Strata reports the same way: the span from
+the first generated token to the last over the tokens after the first), else a request's time
+from its first text to its last event over its tokens less one (`one_request` says why not the
+gaps between text events, which are kept as text_event_gap_median_s). `--llama-server` alone uses (and, the
 first time, builds with benchmarks/build_llama_server.sh) .ci-cache/llama-server-build; a PATH
 names a binary. `--trials N` (with --llama-server) keeps both servers up and lets them take turns
 N times per row (which one goes first alternates, each trial with new prompts), then compares the
@@ -118,8 +119,8 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
     tokens: a token whose text is a control token or part of a UTF-8 character may send none (and
     llama-server sends none for control tokens, Strata spells them), so the gaps between events
     compare servers badly on a synthetic vocabulary. The interval is the server's own figure where
-    it reports one (llama-server's timings.predicted_per_token_ms: its decode alone, no streaming),
-    else measured here (Strata: its first text is its first token; the streaming is counted in)."""
+    it reports one (timings.predicted_per_token_ms, llama-server's and Strata's: decode alone, no
+    streaming), else measured here (the streaming counted in)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),

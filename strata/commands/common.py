@@ -29,8 +29,8 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     g = p.add_argument_group("batching and KV cache")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
                    help="tokens one engine step processes at most: running decodes plus chunks of prompts being "
-                        "prefilled; prompts that arrive close together are prefilled in one step up to this many "
-                        f"(default {MAX_STEP_TOKENS}, llama-server's --batch-size)")
+                        "prefilled; prompts that arrive close together are prefilled in one step up to this many, "
+                        f"as llama-server's --batch-size (default {MAX_STEP_TOKENS})")
     g.add_argument("--decoding-step-tokens", type=int, default=None, metavar="N",
                    help="the same while sequences decode, if smaller: the longest pause a prompt being prefilled puts "
                         "in running streams (default: --max-step-tokens)")

@@ -6,7 +6,8 @@ Chat answers are `chat.completion` / `chat.completion.chunk` objects, completion
 then one chunk per piece of new text (whole UTF-8 characters: the tokenizer's stream decoder
 holds back a split character) with the log-probabilities of its tokens when asked, split by the
 choice's own `OutputStream` into `content`, `reasoning_content` and `tool_calls` deltas, a chunk
-with each choice's finish reason (`tool_calls` when that choice called tools), with
+with each choice's finish reason (`tool_calls` when that choice called tools) and llama-server's
+`timings` of that choice (a whole answer carries its first choice's), with
 `stream_options.include_usage` a last chunk with empty `choices` and the usage totals, then
 `data: [DONE]`. An error after the stream began is one `data: {"error": ...}` event, then `[DONE]`.
 
@@ -71,8 +72,11 @@ class Reply:
                 out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
             else:
                 out.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": finish_reason(c.last)})
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": out,
-                "usage": usage([c.last for c in choices])}
+        whole = {**self._head("chat.completion" if self.chat else "text_completion"), "choices": out,
+                 "usage": usage([c.last for c in choices])}
+        if choices[0].last.timings is not None:  # llama-server's, of the first choice
+            whole["timings"] = choices[0].last.timings
+        return whole
 
     def output(self, index: int) -> OutputStream | None:
         """Choice `index`'s OutputStream (None: its text goes out as it is)."""
@@ -194,7 +198,10 @@ async def stream(reply: Reply, events: Events, n: int, on_error: Callable[[Any],
             lasts[event.index] = event
             output = reply.output(event.index)
             called = output is not None and output.called
-            yield sse(reply.chunk(event.index, finish="tool_calls" if called else finish_reason(event)))
+            last = reply.chunk(event.index, finish="tool_calls" if called else finish_reason(event))
+            if event.timings is not None:  # as llama-server's last chunk carries them
+                last["timings"] = event.timings
+            yield sse(last)
     else:
         if reply.req.include_usage:
             yield sse(reply.usage_chunk([lasts[i] for i in range(n)]))

@@ -47,7 +47,25 @@ class Event:
     prompt_tokens: int = 0  # usage, on the last event
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache served, on the last event
+    timings: dict[str, Any] | None = None  # llama-server's timings of the sequence, on the last event
     error: APIError | None = None
+
+
+
+def timings(ticket: Ticket, cached: int, generated: int) -> dict[str, Any]:
+    """llama-server's `timings` of a finished sequence, measured on the engine thread: the prompt
+    from the request's arrival to its first token (the queue included), the tokens after it from
+    the first to the last (predicted_per_token_ms: the mean interval between generated tokens)."""
+    prompt_n = len(ticket.seq.prompt_ids) - cached
+    prompt_ms = (ticket.first_token - ticket.arrived) * 1e3
+    predicted_ms = (ticket.last_token - ticket.first_token) * 1e3
+    steps = generated - 1
+    return {"cache_n": cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": generated, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / steps if steps > 0 else 0.0,
+            "predicted_per_second": steps * 1e3 / predicted_ms if steps > 0 and predicted_ms > 0 else 0.0}
 
 
 class Ticket:
@@ -59,6 +77,7 @@ class Ticket:
         self.seq, self.loop, self.index = seq, loop, index
         self.events: asyncio.Queue[Event] = asyncio.Queue() if events is None else events
         self.arrived = time.perf_counter()
+        self.first_token: float | None = None  # when its prompt was processed (engine thread)
         self.last_token: float | None = None  # when its previous token came (engine thread)
         self.n_reported = 0  # output tokens already counted (engine thread)
         self.n_logprobs = 0  # log-probability records already sent (engine thread)
@@ -225,6 +244,7 @@ class EngineWorker:
             m.prompt_tokens.inc(len(seq.prompt_ids))
             m.prompt_tokens_cached.inc(getattr(seq, "n_prompt_cached", None) or 0)
             m.ttft.observe(now - ticket.arrived)
+            ticket.first_token = now
         elif new > 0:
             m.itl.observe(now - ticket.last_token)
         if new > 0:
@@ -238,6 +258,8 @@ class EngineWorker:
         self._active.pop(ticket.seq.seq_id, None)
         event.prompt_tokens, event.completion_tokens = len(ticket.seq.prompt_ids), len(ticket.seq.output_ids)
         event.cached_tokens = getattr(ticket.seq, "n_prompt_cached", None) or 0
+        if finished and ticket.first_token is not None:
+            event.timings = timings(ticket, event.cached_tokens, event.completion_tokens)
         if finished:
             self.metrics.requests_finished.labels(event.finish_reason).inc()
             self.metrics.e2e.observe(time.perf_counter() - ticket.arrived)

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import ROOT, start
@@ -80,6 +81,25 @@ def test_completions_text_and_token_ids(client, tiny_model):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
     assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].usage.prompt_tokens == len(ids)
 
+
+def test_timings_as_llama_server_reports_them(client):
+    """The whole answer and the stream's finish chunk carry llama-server's `timings`: prompt and
+    cached tokens, the generated count, and the mean interval between generated tokens (the span
+    from the first to the last over the tokens after the first), within what the client saw."""
+    body = dict(model="tiny", prompt="The cache holds", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**body).model_extra["timings"]
+    t0 = time.perf_counter()
+    chunks = list(client.completions.create(stream=True, **body))
+    span = (time.perf_counter() - t0) * 1e3
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(last) == 1 and all("timings" not in (c.model_extra or {}) for c in chunks if c is not last[0])
+    streamed = last[0].model_extra["timings"]
+    for t in (whole, streamed):
+        assert t["predicted_n"] == 8 and t["cache_n"] + t["prompt_n"] > 0
+        assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / 7)
+        assert t["predicted_per_second"] == pytest.approx(7e3 / t["predicted_ms"])
+    assert streamed["cache_n"] > 0  # the same prompt again: served from the prefix cache
+    assert 0 < streamed["prompt_ms"] + streamed["predicted_ms"] < span
 
 def test_stop_string_and_seeded_sampling(client):
     base = client.completions.create(model="tiny", prompt="abc", max_tokens=16, temperature=0,
