@@ -312,3 +312,32 @@ def test_loads_nobody_waits_for_are_reaped_when_a_layer_is_full(model):
         assert host.reap(layer) == 0
         got = host.wait(host.load(layer, 2))  # a finished, unpinned load is evicted to make room
         assert got is not None and host.is_ready(layer, 2)
+
+
+def test_the_pool_asks_for_huge_pages_where_the_kernel_offers_them(monkeypatch):
+    """With transparent huge pages in "madvise" (or "always") mode the pool is backed by 2 MiB
+    pages once written (one page table entry per 2 MiB of experts); STRATA_HUGE_PAGES=0 leaves
+    the kernel's default, which in "madvise" mode is 4 KiB pages."""
+    from pathlib import Path
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or "[never]" in mode.read_text():
+        pytest.skip("transparent huge pages are off on this machine")
+
+    def huge_kib(pool) -> int:
+        start = pool.ctypes.data
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+        for i, line in enumerate(lines):
+            lo, _, hi = line.split(" ", 1)[0].partition("-")
+            if hi and int(lo, 16) <= start < int(hi, 16):
+                field = next(x for x in lines[i + 1:] if x.startswith("AnonHugePages:"))
+                return int(field.split()[1])
+        raise AssertionError("the pool's mapping is not in /proc/self/smaps")
+
+    pool = host_module._allocate(16 << 20, pinned=False)
+    pool[:] = 1
+    assert huge_kib(pool) >= 2048
+    if "[madvise]" in mode.read_text():
+        monkeypatch.setattr(host_module, "HUGE_PAGES", False)
+        plain = host_module._allocate(16 << 20, pinned=False)
+        plain[:] = 1
+        assert huge_kib(plain) == 0
