@@ -28,7 +28,8 @@ slot, a place in the batch, a block for the copy) waits at the front of the queu
 
 So running decodes go on while a long prompt is prefilled beside them, a chunk per step. The
 budget moves time between a request's first token and its pace, hardly its end: every step
-carries every decode, and a prompt token costs about the same in a step of 128 or 2048. `add` refuses a sequence (EngineFull) when `max_waiting` already wait.
+carries every decode, and a prompt token costs about the same in a step of 128 or 2048.
+`add` refuses a sequence (EngineFull) when `max_waiting` already wait.
 
 Plain Python over `BlockTables` and `Sequence`s (no tensors, no model): tested with a fake model.
 Must not: run the model or sample (the engine does).

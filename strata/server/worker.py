@@ -58,7 +58,6 @@ class Event:
     error: APIError | None = None
 
 
-
 def timings(ticket: Ticket, cached: int, generated: int) -> dict[str, Any]:
     """llama-server's `timings` of a finished sequence, measured on the engine thread: the prompt
     from the request's arrival to its first token (the queue included), the tokens after it from
