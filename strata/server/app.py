@@ -281,39 +281,31 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     model, worker = state.ready()
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
+    ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
+    if req.kind == "chat":
+        req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
+    queue: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
+    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i) for i in range(req.n)])
+    seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
+    tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
     submitted: list[Ticket] = []
-    with worker.preparing():  # an idle engine lets requests being prepared join its first step
-        ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
-        if req.kind == "chat":
-            req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
-        queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
-        seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i) for i in range(req.n)])
-        seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
-        tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
-        watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
-        reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))
-
-        def abandon() -> None:
-            for ticket in submitted:
-                worker.cancel(ticket)
-            watcher.cancel()
-        try:
-            for ticket in tickets:
-                worker.submit(ticket)  # 503 when full: the ones submitted are cancelled
-                submitted.append(ticket)
-        except BaseException:
-            abandon()
-            raise
+    watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
+    reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))
     try:
+        for ticket in tickets:
+            worker.submit(ticket)  # 503 when full: the ones submitted are cancelled below
+            submitted.append(ticket)
         events = await _admitted(queue, req.n)  # admitted by the engine, or refused
         if req.stream:
             return StreamingResponse(_streaming(reply, events, req.n, submitted, worker, watcher, state),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return JSONResponse(reply.whole(await collect(events, req.n)))
     except BaseException:
-        abandon()
+        for ticket in submitted:
+            worker.cancel(ticket)
+        watcher.cancel()
         raise
     finally:
         if not req.stream:

@@ -2,9 +2,7 @@
 
 Requests reach it as `Ticket`s through a thread-safe inbox; before every step it drains the
 inbox (new sequences join the batch, cancelled ones leave it), then steps while anything runs
-and sleeps on the inbox when nothing does; woken from its sleep, it first takes the requests still
-being prepared (`preparing`: templates and tokens, at most GATHER_S), so requests that arrive
-together prefill in one step and stream together. Each step's new text goes back to its request's
+and sleeps on the inbox when nothing does. Each step's new text goes back to its request's
 asyncio queue with `loop.call_soon_threadsafe`, so the HTTP side never touches the engine.
 A cancel (the client disconnected) is applied before the next step: the sequence and its KV
 memory are freed within one step. Admission control: at most `max_running + max_queue`
@@ -20,7 +18,6 @@ Must not parse or format HTTP: tickets carry sequences in and `Event`s out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
@@ -36,10 +33,6 @@ from .errors import APIError
 from .metrics import ServerMetrics
 
 log = logging.getLogger("strata.server")
-
-#: How long an idle engine given work waits at most for requests still being prepared (their
-#: templates and tokens) to join its first step.
-GATHER_S = 0.1
 
 
 @dataclass
@@ -108,7 +101,6 @@ class EngineWorker:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._n_open = 0  # tickets submitted and not yet closed
-        self._n_preparing = 0  # requests parsed and not yet submitted (`preparing`)
         self._active: dict[int, Ticket] = {}  # engine thread only: seq_id -> ticket
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
@@ -137,19 +129,6 @@ class EngineWorker:
             self._n_open += 1
         self._inbox.put(("add", ticket))
 
-    @contextlib.contextmanager
-    def preparing(self):
-        """Around a request's preparation (template, tokens, sequences) up to its submission: an
-        idle engine given work waits for requests being prepared (at most GATHER_S), so requests
-        that arrive together start in one step and stream together."""
-        with self._lock:
-            self._n_preparing += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._n_preparing -= 1
-
     def cancel(self, ticket: Ticket) -> None:
         """End the ticket's sequence before the next step (a no-op once it has finished)."""
         self._inbox.put(("cancel", ticket))
@@ -160,10 +139,7 @@ class EngineWorker:
         try:
             while not self._stopping:
                 try:
-                    idle = not self.engine.busy
-                    self._drain(block=idle)
-                    if idle:
-                        self._gather()
+                    self._drain(block=not self.engine.busy)
                     if self.engine.busy and not self._stopping:
                         self._step()
                 except Exception as e:
@@ -175,19 +151,6 @@ class EngineWorker:
                 self._gauges()
         finally:
             self._fail_all(APIError(503, "the server is shutting down", code="shutting_down"), drain=True)
-
-    def _gather(self) -> None:
-        """Work came to an idle engine: take the requests still being prepared as they are
-        submitted, for at most GATHER_S, so the first step prefills them together."""
-        deadline = time.perf_counter() + GATHER_S
-        while self._n_preparing > 0 and not self._stopping:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return
-            try:
-                self._handle(*self._inbox.get(timeout=min(left, 0.002)))
-            except queue.Empty:
-                pass
 
     def _drain(self, block: bool) -> None:
         if block and self._tick is not None:  # idle: a heartbeat each tick_s until something arrives

@@ -192,35 +192,3 @@ def test_admission_counts_open_requests():
             engine.gate.release()
 
     run_worker(body, max_queue=1)
-
-
-def test_an_idle_engine_waits_for_requests_being_prepared():
-    """Two requests arrive together; the second is still being prepared (its template and tokens)
-    when the first is submitted: the idle engine waits for it, and both run from the first step.
-    One that is never submitted delays the step by GATHER_S, no more."""
-    from strata.server import worker as worker_module
-
-    async def body(worker, engine):
-        loop = asyncio.get_running_loop()
-        a, b = Ticket(seq(0), loop), Ticket(seq(1), loop)
-        second = threading.Event()
-
-        def prepare_b():
-            with worker.preparing():
-                second.set()
-                threading.Event().wait(0.03)  # tokenizing
-                worker.submit(b)
-        with worker.preparing():
-            threading.Thread(target=prepare_b).start()
-            second.wait(5)
-            worker.submit(a)
-        await asyncio.gather(events(a), events(b))
-        assert engine.steps[0] == [0, 1]
-        t0 = loop.time()
-        with worker.preparing():  # a request given up while being prepared: never submitted
-            c = Ticket(seq(2), loop)
-            worker.submit(c)
-            await events(c)
-        assert worker_module.GATHER_S * 0.9 <= loop.time() - t0 < 50 * worker_module.GATHER_S
-
-    run_worker(body)
