@@ -243,7 +243,10 @@ async def _json_body(request: Request) -> Any:
 def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int) -> Sequence:
     params = req.sampling.for_choice(choice)
     stops = stop_conditions(params, model.stop_token_ids, model.n_ctx - len(ids))
-    return Sequence(next(state.ids), ids, params, stops, model.tokenizer.stream(), model.grammar_vocab(params))
+    # A completion's text leaves out control tokens, as llama-server's does (without --special); a
+    # chat's keeps them for the template family's parsers, which read their markup.
+    text = model.tokenizer.stream(skip_special=req.kind != "chat")
+    return Sequence(next(state.ids), ids, params, stops, text, model.grammar_vocab(params))
 
 
 async def _watch_disconnect(request: Request, worker: EngineWorker, tickets: list[Ticket]) -> None:

@@ -77,6 +77,19 @@ def test_logit_bias_forces_a_token_and_bad_ids_are_400(client, tiny_model):
     assert info.value.body["param"] == "logit_bias" and "vocabulary" in info.value.body["message"]
 
 
+def test_completion_text_leaves_out_control_tokens_as_llama_server_does(client, tiny_model):
+    """A control token (here the end-of-text token, forced past ignore_eos) is counted and has
+    log-probabilities but no text in a completion, whole or streamed."""
+    eos = tiny_model.tokenizer.special.eos
+    assert tiny_model.tokenizer.is_special(eos) and tiny_model.detokenize([eos])
+    options = dict(model="m", prompt="hi", max_tokens=4, temperature=0, logit_bias={str(eos): 100},
+                   extra_body=IGNORE_EOS)
+    done = client.completions.create(logprobs=1, **options)
+    assert done.usage.completion_tokens == 4 and len(done.choices[0].logprobs.tokens) == 4
+    assert done.choices[0].text == ""
+    chunks = list(client.completions.create(stream=True, **options))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ""
+
 def test_n_choices_whole_and_streamed(client):
     options = dict(model="m", prompt="once upon", max_tokens=10, temperature=1.0, seed=42, extra_body=IGNORE_EOS)
     done = client.completions.create(n=3, **options)
