@@ -412,10 +412,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     they end. max_step_tokens: tokens one engine step processes at most (running decodes plus
     chunks of prompts being prefilled; prompts that arrive close together are prefilled in one
     step, up to this many); decoding_step_tokens: the same while sequences decode, if smaller (the
-    longest pause a prompt puts in running streams; None: max_step_tokens). max_waiting: requests that may wait for a place in the
-    batch (None: unbounded; past it `Engine.add` raises EngineFull). prefix_cache: share the KV
-    blocks of a prompt prefix computed before (a system prompt, the earlier turns of a chat)
-    across requests by content hash, so they are not prefilled again (`strata.engine.kv_cache`).
+    longest pause a prompt puts in running streams; None: max_step_tokens). max_waiting: requests
+    that may wait for a place in the batch (None: unbounded; past it `Engine.add` raises
+    EngineFull). prefix_cache: share the KV blocks of a prompt prefix computed before (a system
+    prompt, the earlier turns of a chat) across requests by content hash, so they are not
+    prefilled again (`strata.engine.kv_cache`).
     cache_ram: room for the prefix cache beyond the sequences' blocks, added to the pool, so prompts
     stay cached while other requests run (llama-server's --cache-ram): bytes or a size ("2G"),
     "auto" (8 GiB, at most an eighth of the available RAM, on the CPU; none on CUDA), or None/0.

@@ -31,10 +31,10 @@ class Engine:
     """Continuous batching over a model and its paged KV cache.
 
     max_batch: sequences running at once (default: the cache's slots); max_step_tokens: tokens one
-    step processes at most (decodes plus prompt chunks), decoding_step_tokens while sequences decode
-    (`Scheduler`); max_waiting: sequences that may wait
-    (None: unbounded; past it `add` raises EngineFull); agree: the picks of a step -> the picks
-    every rank keeps (expert parallelism: rank 0's, so the ranks' sequences cannot diverge)."""
+    step processes at most (decodes plus prompt chunks), decoding_step_tokens while sequences
+    decode (`Scheduler`); max_waiting: sequences that may wait (None: unbounded; past it `add`
+    raises EngineFull); agree: the picks of a step -> the picks every rank keeps (expert
+    parallelism: rank 0's, so the ranks' sequences cannot diverge)."""
 
     def __init__(self, model: Runner, cache: KVCache, device: torch.device, max_batch: int | None = None,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None, agree=None,

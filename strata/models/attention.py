@@ -127,7 +127,7 @@ class Attention(nn.Module):
         for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
             k, v = batch.read(k_cache, b, q.dtype), batch.read(v_cache, b, q.dtype)  # [Hkv, L, hd]
             q_seq = q[off:off + n].transpose(0, 1)  # [H, n, hd]
-            mask = None if start == 0 else _causal_mask(start, n, q.device)
+            mask = None if start == 0 else causal_mask(start, n, q.device)
             out = F.scaled_dot_product_attention(q_seq[None], k[None], v[None], attn_mask=mask,
                                                  is_causal=start == 0, enable_gqa=True)  # [1, H, n, hd]
             outs.append(out[0].transpose(0, 1).flatten(1))  # [n, H*hd]
@@ -174,9 +174,9 @@ def _bias(y: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return y if b is None else y + b
 
 
-def _causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
+def causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
     rows = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
     return torch.arange(start + n, device=device)[None, :] <= rows  # [n, L]
 
 
-__all__ = ["Attention", "AttentionWeights", "SCORE_ELEMENTS", "attend_sinks", "query_pieces"]
+__all__ = ["Attention", "AttentionWeights", "SCORE_ELEMENTS", "attend_sinks", "causal_mask", "query_pieces"]

@@ -27,8 +27,8 @@ from torch import nn
 
 from strata import native
 
+from .attention import causal_mask, query_pieces
 from .batch import Batch
-from .attention import query_pieces
 from .layers import RMSNorm, Weight, linear
 from .packed import PackedMatrix
 from .rope import Rope
@@ -132,8 +132,7 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
         # unequal key and value widths: torch forms the scores, so long steps go in pieces of queries
         for i, j in query_pieces(start, n, query.shape[1]):
             q, k = query[off + i:off + j].transpose(0, 1), keys[:, :start + j]  # [H, m, L+R], [1, start+j, L+R]
-            rows = torch.arange(start + i, start + j, device=q.device)[:, None]
-            mask = torch.arange(start + j, device=q.device)[None, :] <= rows  # [m, start+j]
+            mask = causal_mask(start + i, j - i, q.device)  # [m, start+j]
             out = F.scaled_dot_product_attention(q[None], k[None], k[None, ..., :L], attn_mask=mask,
                                                  scale=scale, enable_gqa=True)  # [1, H, m, L]
             outs.append(out[0].transpose(0, 1))  # [m, H, L]

@@ -257,9 +257,9 @@ class EngineWorker:
         self._active.pop(ticket.seq.seq_id, None)
         event.prompt_tokens, event.completion_tokens = len(ticket.seq.prompt_ids), len(ticket.seq.output_ids)
         event.cached_tokens = getattr(ticket.seq, "n_prompt_cached", None) or 0
-        if finished and ticket.first_token is not None:
-            event.timings = timings(ticket, event.cached_tokens, event.completion_tokens)
         if finished:
+            if ticket.first_token is not None:
+                event.timings = timings(ticket, event.cached_tokens, event.completion_tokens)
             self.metrics.requests_finished.labels(event.finish_reason).inc()
             self.metrics.e2e.observe(time.perf_counter() - ticket.arrived)
         with self._lock:
