@@ -16,8 +16,8 @@ Tolerances, per element (a wrong index, sign or tail gives errors of order one):
 - attention: the softmax weights within 1e-5 relative (summation order, AVX2's polynomial exp):
   |o - o_scalar| <= 2e-5 (|o| + max|v|) per element.
 - decode program: several layers of the above compound, and a value rounded to the other 8-bit
-  step moves what follows; per step, every logit within 1e-4 of its row's logit range (measured
-  on AVX2: under 2e-7), and the same top token.
+  step moves what follows; per step, every logit within 1e-2 of its row's logit range, all but
+  two sequence steps within 1e-4 (measured on AVX2: under 2e-7), and the same top token.
 Families the CPU lacks skip with the reason; the thread counts change no bytes within a family.
 """
 from __future__ import annotations
@@ -348,6 +348,14 @@ def _program_logits(model, prompts: list[list[int]], feed: list[list[int]], impl
     return out
 
 
+# Decode program bounds, of each logit's row range: the tight one holds where every 8-bit rounding
+# went the same way (measured: under 2e-7); a value rounded to the neighbouring step (which family
+# ran the prefill decides which values sit near a boundary) moves its row by about a step's share
+# of one product (measured: 1.2e-3 on deepseek3, the prefill on AVX-512), so a few sequence steps
+# may pass the tight bound, none the flip bound; a wrong index or sign moves rows by order one.
+TIGHT_BOUND, FLIP_BOUND = 1e-4, 1e-2
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("key", ["qwen3moe", "gptoss", "deepseek3"])
 def test_decode_program_of_each_family_matches_scalar(family, key, monkeypatch):
@@ -364,7 +372,10 @@ def test_decode_program_of_each_family_matches_scalar(family, key, monkeypatch):
         assert m.runner.program is not None and m.plan.decode == PROGRAM, (key, m.plan)
         ref = _program_logits(m, prompts, feed, "scalar", monkeypatch)
         got = _program_logits(m, prompts, feed, family, monkeypatch)
+    flipped = 0
     for i, (a, b) in enumerate(zip(got, ref)):
         span = b.max(-1, keepdims=True) - b.min(-1, keepdims=True)                 # [B, 1]
-        assert_within(a, b, 1e-4 * span * np.ones_like(b), f"{key} {family} step {i}")
+        assert_within(a, b, FLIP_BOUND * span * np.ones_like(b), f"{key} {family} step {i}")
+        flipped += int((np.abs(a - b) > TIGHT_BOUND * span).any(-1).sum())
         assert (a.argmax(-1) == b.argmax(-1)).all(), f"{key} {family} step {i}: top token"
+    assert flipped <= 2, f"{key} {family}: {flipped} of {len(got) * len(prompts)} sequence steps past the tight bound"
