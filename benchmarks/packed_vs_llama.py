@@ -21,7 +21,8 @@ quiet machine: llama.cpp's OpenMP threads spin while they wait, so on oversubscr
 figures collapse (medium decoded at 2 tok/s, not 64-83, with a load average of 7 on 2 cores).
 Each shape's report also says which ISA each engine ran: llama.cpp's `llama_print_system_info()`
 features, Strata's default kernel family and, per ggml type in the file (with its share of the
-file's tensor bytes), the family of the packed kernel its table hands out (native.type_support).
+file's tensor bytes), the family of the packed kernel its table hands out (native.type_support:
+for prefill, and for decode where the table picks another).
 
 Requantized files: a shape `BASE@FTYPE` (e.g. `medium@IQ2_XS`) is BASE's file requantized by
 llama.cpp's own quantizer (`llama_cpp.llama_model_quantize`, the code `llama-quantize` runs,
@@ -241,7 +242,8 @@ def strata_isa(path: Path) -> dict:
     from strata import native
 
     return {"default": native.default_impl(),
-            "types": {name: {"share": share, "runs": native.type_support(name).runs}
+            "types": {name: {"share": share, "runs": native.type_support(name).runs,
+                             "decode_runs": native.type_support(name).decode_runs}
                       for name, share in file_types(path).items()}}
 
 

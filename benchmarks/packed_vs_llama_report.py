@@ -34,6 +34,14 @@ def format_in_ram(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _kernel(t: dict) -> str:
+    """'avx512', 'no packed kernel', or 'avx512 (decode avx2)' where decode runs another family."""
+    if not t["runs"]:
+        return "no packed kernel"
+    decode = t.get("decode_runs")
+    return t["runs"] if decode in (None, t["runs"]) else f"{t['runs']} (decode {decode})"
+
+
 def _isa_lines(s: dict) -> list[str]:
     """Which ISA each engine ran on one shape's file."""
     lines = []
@@ -41,8 +49,7 @@ def _isa_lines(s: dict) -> list[str]:
         lines.append(f"{'':<13} {'llama.cpp ISA':<18} {s['llama']['isa']}")
     if "isa" in s["strata"]:
         isa = s["strata"]["isa"]
-        kernels = ", ".join(f"{name} {100 * t['share']:.0f}% {t['runs'] or 'no packed kernel'}"
-                            for name, t in isa["types"].items())
+        kernels = ", ".join(f"{name} {100 * t['share']:.0f}% {_kernel(t)}" for name, t in isa["types"].items())
         lines.append(f"{'':<13} {'strata ISA':<18} {isa['default']}; per type (share of bytes, kernel): {kernels}")
     return lines
 

@@ -114,10 +114,11 @@ static void act_row(const strata_qdot_kernels *k, const float *x, uint8_t *a, in
 static void tile_rows(const strata_qdot_kernels *k, int64_t row_len, const uint8_t *w, int64_t w_row_bytes,
                       int64_t r0, int64_t r1, int64_t ahead, const uint8_t *a, int64_t a_row_bytes,
                       int64_t n_tok, float *y, int64_t y_stride) {
+    const strata_qdot_tile_fn tile = strata_qdot_tile_for(k, n_tok);
     strata_qdot_ahead_end = w + ahead * w_row_bytes;
     for (int64_t r = r0; r < r1; r += MM_ROW_BLOCK) {
         const int64_t n = r1 - r < MM_ROW_BLOCK ? r1 - r : MM_ROW_BLOCK;
-        k->tile(row_len, w + r * w_row_bytes, w_row_bytes, n, a, a_row_bytes, n_tok, y + (r - r0), y_stride);
+        tile(row_len, w + r * w_row_bytes, w_row_bytes, n, a, a_row_bytes, n_tok, y + (r - r0), y_stride);
     }
 }
 

@@ -17,7 +17,16 @@ enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
 typedef struct {
     int type, act;
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
+    int decode_avx2;   /* 1: on AVX-512 machines decode runs the AVX2 tile (measured faster, see below) */
 } qdot_row;
+
+/* Where AVX-512 decodes with the AVX2 tile: decode reads the weights once, so its rate is the
+ * memory's, and these AVX2 tiles (8-row Q4_0 aside, the fetch of the next tile ahead) held more
+ * of it. Measured on an AMD EPYC (Zen 4, AVX-512 VNNI/BF16), 2 threads, `python
+ * benchmarks/qdot_rate.py --impls avx2 avx512`, decode from DRAM GB/s AVX2 vs AVX-512 tiles:
+ * Q8_0 31.4 vs 22.2, Q4_K 23.6 vs 13.6, Q6_K 29.7 vs 8.7, MXFP4 16.1 vs 14.4 (prefill, where the
+ * AVX-512 tiles are ahead, keeps them: 83 vs 70, 54 vs 36, 73 vs 60, 35 vs 28). */
+#define AVX2_DECODE 1
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -29,13 +38,13 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}},
     {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
     {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
-    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
+    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, AVX2_DECODE},
     {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
     {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}},
-    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE},
+    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE},
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2 ones. */
     {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}},
@@ -65,6 +74,14 @@ static void *pick(void *const *cols, int col) {
     return NULL;
 }
 
+static const int COL_IMPL[N_COLS] = {STRATA_IMPL_SCALAR, STRATA_IMPL_AVX2, STRATA_IMPL_AVX512};
+
+/* The family (STRATA_IMPL_*) of the kernel pick hands out for `row` from column `col` down. */
+static int family_of(const qdot_row *row, int col) {
+    while (col > 0 && !row->tile[col]) col--;
+    return COL_IMPL[col];
+}
+
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     int col;
     if (impl == STRATA_IMPL_SCALAR) col = COL_REF;
@@ -80,6 +97,10 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->act = row->act;
         out->block_elems = f->block_elems;
         out->tile = (strata_qdot_tile_fn)pick((void *const *)row->tile, col);
+        out->tile_family = family_of(row, col);
+        const int dcol = col == COL_AVX512 && row->decode_avx2 ? COL_AVX2 : col;
+        out->decode = (strata_qdot_tile_fn)pick((void *const *)row->tile, dcol);
+        out->decode_family = family_of(row, dcol);
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);
         return STRATA_OK;
     }
@@ -92,6 +113,12 @@ int strata_qdot_has_kernel(int ggml_type, int impl) {
     for (size_t i = 0; col >= 0 && i < sizeof(TILES) / sizeof(TILES[0]); i++)
         if (TILES[i].type == ggml_type) return TILES[i].tile[col] != NULL;
     return 0;
+}
+
+int strata_qdot_kernel_family(int ggml_type, int impl, int decode) {
+    strata_qdot_kernels k;
+    if (strata_qdot_find(ggml_type, impl, &k) != STRATA_OK) return -1;
+    return decode ? k.decode_family : k.tile_family;
 }
 
 int64_t strata_qact_row_bytes(int act, int64_t k) {
@@ -174,6 +201,6 @@ int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_ro
         a = scratch;
     }
     strata_qdot_ahead_end = (const uint8_t *)w + n_rows * w_row;
-    k.tile(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
+    strata_qdot_tile_for(&k, n_tokens)(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
     return STRATA_OK;
 }

@@ -57,8 +57,19 @@ typedef struct {
     int act;                /* STRATA_ACT_* */
     int64_t block_elems;    /* of the weight format (the activation block is 32, 256 or 1) */
     strata_qact_fn qact;    /* NULL for STRATA_ACT_F32 */
-    strata_qdot_tile_fn tile;
+    strata_qdot_tile_fn tile;    /* STRATA_QDOT_DECODE_TOKENS tokens or more (prefill) */
+    strata_qdot_tile_fn decode;  /* fewer tokens: tile, or the family below's where it is faster */
+    int tile_family, decode_family;  /* STRATA_IMPL_* of the two */
 } strata_qdot_kernels;
+
+/* Calls of fewer tokens than this are decode: bound by reading the weights, they run the table's
+ * decode kernel (strata_qdot_kernels.decode). */
+#define STRATA_QDOT_DECODE_TOKENS 4
+
+/* The kernel of a call of n_tok tokens. */
+static inline strata_qdot_tile_fn strata_qdot_tile_for(const strata_qdot_kernels *k, int64_t n_tok) {
+    return n_tok < STRATA_QDOT_DECODE_TOKENS ? k->decode : k->tile;
+}
 
 /* Kernels for `weight_type` in family `impl` (a resolved STRATA_IMPL_*): a family without its own
  * kernel for a format gives the next family down (avx512 -> avx2 -> scalar). STRATA_E_TYPE when

@@ -92,15 +92,7 @@ INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
 #define PF_AHEAD 2048
 #endif
 
-/* Decode tiles read their rows block by block, all rows in step, so a tile of nr rows streams
- * through nr * row bytes at once. Each step fetches the matching `step` bytes of the next tile
- * (`tile` bytes on, the tile's footprint): a lookahead of one tile, long enough to hide DRAM latency
- * and short enough not to run far past the rows this thread works on (ahead_end). */
-INLINE void fetch_next_tile(const uint8_t *w, int64_t tile, int64_t at, int64_t step, const uint8_t *ahead_end) {
-    const uint8_t *pf = w + tile + at;
-    if (pf >= ahead_end) return;
-    for (int64_t o = 0; o < step; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
-}
+#include "qdot_prefetch.h"
 
 #endif /* x86 */
 

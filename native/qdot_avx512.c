@@ -33,6 +33,7 @@
 #include <immintrin.h>
 
 #define INLINE static inline __attribute__((always_inline))
+#include "qdot_prefetch.h"
 
 /* ---- shared helpers ---- */
 
@@ -90,8 +91,9 @@ INLINE void store_tile(int nr, int nt, __m512 acc[4][4], float *y, int64_t ys) {
 /* TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. Decode
  * (fewer than 4 tokens) runs 4-row tiles token by token; prefill 2 x 4 tiles, so each unpacked
  * weight block serves 4 tokens. */
-#define DEFINE_DRIVER(name, TILE)                                                                        \
-    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,  \
+#define DEFINE_DRIVER(name, TILE) DEFINE_DRIVER_AS(, name, TILE)
+#define DEFINE_DRIVER_AS(storage, name, TILE)                                                            \
+    storage void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,  \
                                      const uint8_t *restrict a, int64_t arb, int64_t n_tok,              \
                                      float *restrict y, int64_t ys) {                                    \
         int64_t r = 0;                                                                                   \
@@ -209,11 +211,80 @@ INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_
     store_tile(nr, nt, acc, y, ys);
 }
 
+/* ---- Q4_0 over 8 rows at a time, 256-bit VNNI ----
+ *
+ * Two rows per ymm: row r's 16 code bytes in the low half, row r + 4's in the high half, so one AND
+ * gives both rows' low-nibble codes (against the activation's first 16 values, broadcast to both
+ * halves) and a shift and AND their high-nibble codes (against the last 16). Each int32 lane starts
+ * at -8 * (its four activation bytes, both halves), computed once per block and token, so two
+ * VPDPBUSD leave sum((q - 8) * a) over the lane's bytes exactly; three horizontal adds put one
+ * block sum per row in row order, and the 8 rows' fp16 scales convert in one instruction. 256-bit
+ * vectors: on Zen 4 a zmm operation costs two ymm ones, and the 8-row tile has no use for more
+ * lanes. Decode fetches the next tile ahead (qdot_prefetch.h), as the AVX2 tile does. */
+
+INLINE __m256 q4_0_scales8(const uint8_t *p, int64_t wrb) {
+    uint16_t hh[8];
+    for (int r = 0; r < 8; r++) memcpy(&hh[r], p + r * wrb, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hh));
+}
+
+/* The rows' code nibbles of one block, low and high, two rows per vector (see above). */
+INLINE void q4_0_codes8(const uint8_t *p, int64_t wrb, __m256i lo[4], __m256i hi[4]) {
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int r = 0; r < 4; r++) {
+        const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + (r + 4) * wrb + 2), (const __m128i *)(p + r * wrb + 2));
+        lo[r] = _mm256_and_si256(q, low);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+    }
+}
+
+/* sum((q - 8) * a) of one block for the 8 rows, in row order, from their unpacked codes. */
+INLINE __m256i q4_0_dot8(const __m256i lo[4], const __m256i hi[4], const strata_block_act_q8 *ab) {
+    const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ab->q));
+    const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ab->q + 16)));
+    const __m256i eight = _mm256_set1_epi8(8), zero = _mm256_setzero_si256();
+    const __m256i start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, alo), eight, ahi));
+    __m256i s[4];
+    for (int r = 0; r < 4; r++) s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(start, lo[r], alo), hi[r], ahi);
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+}
+
+/* 8 rows x nt (1..4) tokens over the whole row: y[t * ys + r]. */
+INLINE void q4_0_rows8(int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                       float *y, int64_t ys) {
+    const int64_t bs = (int64_t)sizeof(strata_block_q4_0);
+    const uint8_t *ahead_end = strata_qdot_ahead_end;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * bs;
+        if (nt < 4) fetch_next_tile(w, 8 * wrb, b * 8 * bs, 8 * bs, ahead_end);
+        __m256i lo[4], hi[4];
+        q4_0_codes8(p, wrb, lo, hi);
+        const __m256 wd = q4_0_scales8(p, wrb);
+        for (int t = 0; t < nt; t++) {
+            const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_dot8(lo, hi, ab)), _mm256_mul_ps(wd, _mm256_set1_ps(ab->d)),
+                                     acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ys, acc[t]);
+}
+
 #define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
 #define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
 #define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q4_0, TILE_Q4_0)
+DEFINE_DRIVER_AS(static, q4_0_rest, TILE_Q4_0)
 DEFINE_DRIVER(q8_0, TILE_Q8_0)
+
+/* Q4_0: 8-row tiles of up to 4 tokens, the rows left over (fewer than 8) by the general driver. */
+void strata_qdot_q4_0_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                             const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    int64_t r = 0;
+    for (; r + 8 <= n_rows; r += 8)
+        for (int64_t t = 0; t < n_tok; t += 4)
+            q4_0_rows8(n_tok - t < 4 ? (int)(n_tok - t) : 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);
+    if (r < n_rows) strata_qdot_q4_0_rest_avx512(k, w + r * wrb, wrb, n_rows - r, a, arb, n_tok, y + r, ys);
+}
 DEFINE_DRIVER(mxfp4, TILE_MXFP4)
 
 /* ---- K-quants against STRATA_ACT_Q8K: one block (256) per step, 64 codes per zmm ---- */

@@ -106,6 +106,12 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
  * not read. */
 int strata_qdot_has_kernel(int ggml_type, int impl);
 
+/* The family (STRATA_IMPL_*) whose tile kernel a call of family `impl` runs for `ggml_type`:
+ * decode != 0 for calls of fewer than 4 tokens (an AVX-512 call may decode with an AVX2 tile,
+ * where the kernel table says it is faster), else prefill. -1 for a format without kernels or a
+ * bad impl. */
+int strata_qdot_kernel_family(int ggml_type, int impl, int decode);
+
 /* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
 int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);
 

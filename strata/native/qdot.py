@@ -30,6 +30,16 @@ def has_qdot_kernel(t: Any, impl: str) -> bool:
     return bool(lib.strata_qdot_has_kernel(int(ggml_type(t)), impl_code(impl)))
 
 
+def kernel_family(t: Any, impl: str, decode: bool) -> str:
+    """The family whose tile a call of family `impl` runs for type `t`: for decode (fewer than 4
+    tokens; an AVX-512 call may decode with the AVX2 tile, where the kernel table measured it
+    faster) or prefill."""
+    code = lib.strata_qdot_kernel_family(int(ggml_type(t)), impl_code(impl), int(decode))
+    if code < 0:
+        raise ValueError(f"{ggml_type(t).name}: no packed kernel for {impl!r}")
+    return next(name for name in ("scalar", "avx2", "avx512") if impl_code(name) == code)
+
+
 def scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:
     """Bytes of rounded activations `qdot_rows` keeps for n_tokens rows of row_len values."""
     t = ggml_type(t)

@@ -26,12 +26,15 @@ class TypeSupport:
     dequant: it dequantizes the type (float path, embedding rows, norms);
     packed: it multiplies from the packed blocks (packed compute: experts and weight matrices);
     families: the kernel families with a packed kernel of their own, narrowest first;
-    runs: the family whose packed kernel runs on this machine by default (None: no packed kernel)."""
+    runs: the family whose packed kernel runs on this machine by default (None: no packed kernel);
+    decode_runs: the same for decode (calls of fewer than 4 tokens): an AVX-512 machine decodes
+    some types with their AVX2 tile, where the kernel table measured it faster."""
     type: GGMLType
     dequant: bool
     packed: bool
     families: tuple[str, ...]
     runs: str | None
+    decode_runs: str | None = None
 
     def verdict(self) -> str:
         """One line: 'IQ2_XXS: dequantize yes; packed compute yes (scalar kernels)'."""
@@ -49,7 +52,10 @@ def type_support(t: int | str | GGMLType) -> TypeSupport:
     packed = bool(own)
     here = FAMILIES[:FAMILIES.index(default_impl()) + 1]
     runs = next((f for f in reversed(here) if f in own), None)
-    return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), packed, own, runs)
+    decode = lib.strata_qdot_kernel_family(int(t), impl_code(runs), 1) if runs else -1
+    decode_runs = next((f for f in FAMILIES if impl_code(f) == decode), None)
+    return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), packed, own, runs,
+                       decode_runs)
 
 
 def supported_types(packed: bool = False) -> tuple[GGMLType, ...]:

@@ -92,6 +92,27 @@ def test_avx512_qdot_matches_scalar(t, n_tok, scales):
 
 
 @needs_avx512
+@pytest.mark.parametrize("t", list(FORMATS), ids=lambda t: t.name)
+def test_avx512_calls_run_the_tiles_the_table_names(t):
+    """Decode (1-3 tokens) runs the family the kernel table names for AVX-512 decode (its own, or
+    the AVX2 tile where that measured faster): the same bytes as a call of that family; prefill runs
+    AVX-512's own."""
+    from strata.native.qdot import kernel_family
+    rng = np.random.default_rng(int(t))
+    n_rows, row_len = 21, 8 * FORMATS[t]
+    w = weights(t, n_rows, row_len, 0.02, rng)
+    assert kernel_family(t, "avx512", decode=False) == "avx512"
+    decode = kernel_family(t, "avx512", decode=True)
+    assert decode in ("avx2", "avx512")
+    assert kernel_family(t, "avx2", decode=True) == "avx2" and kernel_family(t, "scalar", decode=True) == "scalar"
+    for n_tok in (1, 2, 3):
+        x = activations(n_tok, row_len, 1.0, rng)
+        got = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
+        assert got.tobytes() == native.qdot_rows(t, w, n_rows, row_len, x, impl=decode).tobytes(), (t.name, n_tok)
+    assert native.type_support(t).decode_runs == (decode if native.default_impl() == "avx512" else "avx2")
+
+
+@needs_avx512
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
 def test_avx512_activation_blocks_are_bytes_of_scalar(t):
     rng = np.random.default_rng(int(t))
