@@ -39,14 +39,15 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
     {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
     {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, AVX2_DECODE},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
     {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
     {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
     {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE},
     {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE},
     {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE},
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
-     * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2 ones. */
+     * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2
+     * ones, IQ4_NL aside (the 8-row VNNI tiles of the 4-bit formats, qdot_avx512.c). */
     {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}},
     {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, strata_qdot_iq2_xs_avx2, NULL}},
     {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, strata_qdot_iq2_s_avx2, NULL}},
@@ -57,7 +58,7 @@ static const qdot_row TILES[] = {
     {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}},
     {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}},
     {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, NULL}},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, strata_qdot_iq4_nl_avx512}},
     {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}},
 };
 

@@ -1,13 +1,13 @@
 /*
  * AVX-512 twins (F, BW, VL, VNNI) of the quantized matrix kernels of qdot_ref.c: the activation
- * quantizers and the tile kernels of Q4_0, Q8_0, MXFP4 (activation Q8), Q4_K, Q5_K, Q6_K
+ * quantizers and the tile kernels of Q4_0, Q8_0, MXFP4, IQ4_NL (activation Q8), Q4_K, Q5_K, Q6_K
  * (activation Q8K), F16 and BF16 (activation F32). Interface, activation formats and the
  * tolerance contract: qdot.h. Block layouts: common.h.
  *
  * Integer parts are exact. VPDPBUSD multiplies unsigned bytes (its second operand) by signed
  * bytes (its third) and adds groups of four into int32 lanes. Every weight code is made unsigned
  * by an offset C (Q4_0: the stored nibble, C = 8; Q8_0: w + 128 via xor 0x80; MXFP4: the doubled
- * E2M1 value + 12) and C * sum(a), itself a VPDPBUSD of the bytes C with the activation, is
+ * E2M1 value + 12; IQ4_NL: the code-book value + 128) and C * sum(a), itself a VPDPBUSD of the bytes C with the activation, is
  * subtracted: sum((w + C) * a) - C * sum(a) = sum(w * a), every term inside int32. The K-quants
  * multiply codes and activations pairwise into int16 (VPMADDUBSW: at most 2 * 63 * 127, no
  * saturation) and weight those pairs by the sub-block scale with VPDPWSSD into int32 lanes. The
@@ -20,7 +20,8 @@
  *
  * Outputs are computed in tiles of rows x tokens (DEFINE_DRIVER): a weight block is unpacked once
  * per tile and used for each of its tokens; each output keeps a 16-lane float accumulator that is
- * reduced once at the end.
+ * reduced once at the end. The 4-bit formats of one scale per 32 (Q4_0, MXFP4, IQ4_NL) have tiles
+ * of 8 rows instead, in 256-bit vectors (DEFINE_NIB_DRIVER).
  *
  * The ISA is enabled for this translation unit only; strata_qdot_find hands these kernels out
  * only for STRATA_IMPL_AVX512, which strata_resolve_impl grants only when the CPU and the OS
@@ -34,6 +35,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #include "qdot_prefetch.h"
+#include "iq_tables.h"
 
 /* ---- shared helpers ---- */
 
@@ -42,38 +44,12 @@ INLINE float half_scale(uint16_t h) { return _cvtsh_ss(h); }
 /* The 32 bytes at p in the low half of a zmm, zeros above (a block without a partner). */
 INLINE __m512i low_half(__m256i v) { return _mm512_zextsi256_si512(v); }
 
-/* a[0].q and a[1].q (two Q8 activation blocks) arranged as the nibble layout of two Q4_0/MXFP4
- * blocks: [a0 0..15, a1 0..15, a0 16..31, a1 16..31]. The int32 lanes of a product then belong
- * to block 0 in 128-bit lanes 0 and 2 and to block 1 in lanes 1 and 3 (mask PAIR_NIBBLE_HI). */
-INLINE __m512i act_pair_nibble_order(const strata_block_act_q8 *a) {
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[0].q)),
-                                         _mm256_loadu_si256((const __m256i *)a[1].q), 1);
-    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-}
-#define PAIR_NIBBLE_HI ((__mmask16)0xf0f0)
-
 /* a[0].q and a[1].q back to back: int32 lanes 0-7 are block 0, 8-15 block 1 (mask PAIR_FLAT_HI). */
 INLINE __m512i act_pair_flat(const strata_block_act_q8 *a) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a[0].q)),
                               _mm256_loadu_si256((const __m256i *)a[1].q), 1);
 }
 #define PAIR_FLAT_HI ((__mmask16)0xff00)
-
-/* The 32 nibbles of two 16-byte code arrays as bytes: [lo(p0), lo(p1), hi(p0), hi(p1)]
- * (lo: low nibbles = elements 0..15 of a block, hi: elements 16..31). */
-INLINE __m512i nibbles_pair(const uint8_t *p0, const uint8_t *p1) {
-    const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
-                                              _mm_loadu_si128((const __m128i *)p1), 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(x), _mm256_srli_epi16(x, 4), 1);
-    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-}
-
-/* The 32 nibbles of one 16-byte code array as bytes in element order (low nibbles first). */
-INLINE __m256i nibbles_one(const uint8_t *p) {
-    const __m128i x = _mm_loadu_si128((const __m128i *)p);
-    const __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
-    return _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
-}
 
 /* Tiles of nr weight rows x nt tokens: the accumulators of one output each, reduced at the end. */
 #define ZERO_ACC(acc) \
@@ -91,9 +67,8 @@ INLINE void store_tile(int nr, int nt, __m512 acc[4][4], float *y, int64_t ys) {
 /* TILE(nr, nt, k, w, wrb, a, arb, y, ys) computes an nr x nt tile over the whole row. Decode
  * (fewer than 4 tokens) runs 4-row tiles token by token; prefill 2 x 4 tiles, so each unpacked
  * weight block serves 4 tokens. */
-#define DEFINE_DRIVER(name, TILE) DEFINE_DRIVER_AS(, name, TILE)
-#define DEFINE_DRIVER_AS(storage, name, TILE)                                                            \
-    storage void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,  \
+#define DEFINE_DRIVER(name, TILE)                                                                        \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,  \
                                      const uint8_t *restrict a, int64_t arb, int64_t n_tok,              \
                                      float *restrict y, int64_t ys) {                                    \
         int64_t r = 0;                                                                                   \
@@ -113,70 +88,42 @@ INLINE void store_tile(int nr, int nt, __m512 acc[4][4], float *y, int64_t ys) {
         }                                                                                                \
     }
 
-/* ---- Formats against STRATA_ACT_Q8: Q4_0, Q8_0, MXFP4, two blocks per zmm ---- */
+/* ---- Q8_0 against STRATA_ACT_Q8, two blocks per zmm ---- */
 
-enum { FMT_Q4_0, FMT_Q8_0, FMT_MXFP4 };
+#define MXFP4_OFFSET 12   /* the doubled E2M1 values are -12..12 (MXFP4: the nibble formats below) */
 
-#define MXFP4_OFFSET 12   /* the doubled E2M1 values are -12..12 */
-
-/* The offset C that makes a format's codes unsigned (see the file comment). */
-INLINE int q8_offset(int fmt) { return fmt == FMT_Q4_0 ? 8 : fmt == FMT_Q8_0 ? 128 : MXFP4_OFFSET; }
-
-INLINE float q8_scale(int fmt, const uint8_t *p) {
-    if (fmt == FMT_MXFP4) return strata_e8m0_half(p[0]);
+INLINE float q8_0_scale(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return half_scale(h);
 }
 
-/* Codes + C of the blocks at p0 and p1, in the order of act_pair_flat (Q8_0) or
- * act_pair_nibble_order (Q4_0, MXFP4). */
-INLINE __m512i q8_codes_pair(int fmt, const uint8_t *p0, const uint8_t *p1) {
-    switch (fmt) {
-    case FMT_Q8_0: {
-        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
-                                             _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
-        return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
-    }
-    case FMT_Q4_0:
-        return nibbles_pair(p0 + 2, p1 + 2);
-    default: {
-        const __m512i lut = _mm512_broadcast_i32x4(
-            _mm_add_epi8(_mm_loadu_si128((const __m128i *)strata_e2m1_doubled), _mm_set1_epi8(MXFP4_OFFSET)));
-        return _mm512_shuffle_epi8(lut, nibbles_pair(p0 + 1, p1 + 1));
-    }
-    }
+/* Codes + 128 of the blocks at p0 and p1, in the order of act_pair_flat. */
+INLINE __m512i q8_codes_pair(const uint8_t *p0, const uint8_t *p1) {
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
+                                         _mm256_loadu_si256((const __m256i *)(p1 + 2)), 1);
+    return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
 }
 
-/* Codes + C of one block at p in element order, in the low half (zeros above). */
-INLINE __m512i q8_codes_one(int fmt, const uint8_t *p) {
-    switch (fmt) {
-    case FMT_Q8_0:
-        return low_half(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)));
-    case FMT_Q4_0:
-        return low_half(nibbles_one(p + 2));
-    default: {
-        const __m256i lut = _mm256_broadcastsi128_si256(
-            _mm_add_epi8(_mm_loadu_si128((const __m128i *)strata_e2m1_doubled), _mm_set1_epi8(MXFP4_OFFSET)));
-        return low_half(_mm256_shuffle_epi8(lut, nibbles_one(p + 1)));
-    }
-    }
+/* Codes + 128 of one block at p in element order, in the low half (zeros above). */
+INLINE __m512i q8_codes_one(const uint8_t *p) {
+    return low_half(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)));
 }
 
-/* One step of a Q8 tile over blocks b (and b + 1 when pair): per token, the activation bytes,
- * C * sum(a) per int32 lane and the activation scales; per row, the codes and weight scales;
- * then sum((w + C) * a) - C * sum(a) = sum(w * a) exactly, converted and scaled once. */
-INLINE void q8_step(int fmt, int pair, int64_t bs, int nr, int nt, int64_t b, const uint8_t *w, int64_t wrb,
-                    const uint8_t *a, int64_t arb, __m512 acc[4][4]) {
-    const __mmask16 hi = fmt == FMT_Q8_0 ? PAIR_FLAT_HI : PAIR_NIBBLE_HI;
-    const __m512i zero = _mm512_setzero_si512(), c = _mm512_set1_epi8((char)q8_offset(fmt));
+/* One step of a Q8_0 tile over blocks b (and b + 1 when pair): per token, the activation bytes,
+ * 128 * sum(a) per int32 lane and the activation scales; per row, the codes and weight scales;
+ * then sum((w + 128) * a) - 128 * sum(a) = sum(w * a), exactly, converted and scaled once. */
+INLINE void q8_step(int pair, int nr, int nt, int64_t b, const uint8_t *w, int64_t wrb, const uint8_t *a,
+                    int64_t arb, __m512 acc[4][4]) {
+    const int64_t bs = (int64_t)sizeof(strata_block_q8_0);
+    const __m512i zero = _mm512_setzero_si512(), c = _mm512_set1_epi8((char)0x80);
     __m512i av[4], corr[4];
     __m512 ad[4];
     for (int t = 0; t < nt; t++) {
         const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
         if (pair) {
-            av[t] = fmt == FMT_Q8_0 ? act_pair_flat(ab) : act_pair_nibble_order(ab);
-            ad[t] = _mm512_mask_blend_ps(hi, _mm512_set1_ps(ab[0].d), _mm512_set1_ps(ab[1].d));
+            av[t] = act_pair_flat(ab);
+            ad[t] = _mm512_mask_blend_ps(PAIR_FLAT_HI, _mm512_set1_ps(ab[0].d), _mm512_set1_ps(ab[1].d));
         } else {
             av[t] = low_half(_mm256_loadu_si256((const __m256i *)ab->q));
             ad[t] = _mm512_set1_ps(ab->d);
@@ -189,10 +136,10 @@ INLINE void q8_step(int fmt, int pair, int64_t bs, int nr, int nt, int64_t b, co
             _mm_prefetch((const char *)(p + PF_AHEAD), _MM_HINT_T0);
             _mm_prefetch((const char *)(p + PF_AHEAD + 64), _MM_HINT_T0);
         }
-        const __m512i u = pair ? q8_codes_pair(fmt, p, p + bs) : q8_codes_one(fmt, p);
-        const __m512 wd = pair ? _mm512_mask_blend_ps(hi, _mm512_set1_ps(q8_scale(fmt, p)),
-                                                      _mm512_set1_ps(q8_scale(fmt, p + bs)))
-                               : _mm512_set1_ps(q8_scale(fmt, p));
+        const __m512i u = pair ? q8_codes_pair(p, p + bs) : q8_codes_one(p);
+        const __m512 wd = pair ? _mm512_mask_blend_ps(PAIR_FLAT_HI, _mm512_set1_ps(q8_0_scale(p)),
+                                                      _mm512_set1_ps(q8_0_scale(p + bs)))
+                               : _mm512_set1_ps(q8_0_scale(p));
         for (int t = 0; t < nt; t++) {
             const __m512i sumi = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u, av[t]), corr[t]);
             acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(wd, ad[t]), acc[r][t]);
@@ -200,92 +147,154 @@ INLINE void q8_step(int fmt, int pair, int64_t bs, int nr, int nt, int64_t b, co
     }
 }
 
-INLINE void q8_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb,
-                    const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+INLINE void q8_0_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                      float *y, int64_t ys) {
     __m512 acc[4][4];
     ZERO_ACC(acc)
     const int64_t nb = k / STRATA_QK;
     int64_t b = 0;
-    for (; b + 1 < nb; b += 2) q8_step(fmt, 1, bs, nr, nt, b, w, wrb, a, arb, acc);
-    if (b < nb) q8_step(fmt, 0, bs, nr, nt, b, w, wrb, a, arb, acc);
+    for (; b + 1 < nb; b += 2) q8_step(1, nr, nt, b, w, wrb, a, arb, acc);
+    if (b < nb) q8_step(0, nr, nt, b, w, wrb, a, arb, acc);
     store_tile(nr, nt, acc, y, ys);
 }
 
-/* ---- Q4_0 over 8 rows at a time, 256-bit VNNI ----
- *
- * Two rows per ymm: row r's 16 code bytes in the low half, row r + 4's in the high half, so one AND
- * gives both rows' low-nibble codes (against the activation's first 16 values, broadcast to both
- * halves) and a shift and AND their high-nibble codes (against the last 16). Each int32 lane starts
- * at -8 * (its four activation bytes, both halves), computed once per block and token, so two
- * VPDPBUSD leave sum((q - 8) * a) over the lane's bytes exactly; three horizontal adds put one
- * block sum per row in row order, and the 8 rows' fp16 scales convert in one instruction. 256-bit
- * vectors: on Zen 4 a zmm operation costs two ymm ones, and the 8-row tile has no use for more
- * lanes. Decode fetches the next tile ahead (qdot_prefetch.h), as the AVX2 tile does. */
+#define TILE_Q8_0(nr, nt, ...) q8_0_tile(nr, nt, __VA_ARGS__)
+DEFINE_DRIVER(q8_0, TILE_Q8_0)
 
-INLINE __m256 q4_0_scales8(const uint8_t *p, int64_t wrb) {
+/* ---- Nibble formats (Q4_0, MXFP4, IQ4_NL) over 8 rows at a time, 256-bit VNNI ----
+ *
+ * A block is a scale and 16 bytes of 4-bit codes (low nibbles: elements 0-15). Two rows per ymm:
+ * row r's 16 code bytes in the low half, row r + 4's in the high half, so one AND gives both rows'
+ * low-nibble codes (against the activation's first 16 values, broadcast to both halves) and a
+ * shift and AND their high-nibble codes (against the last 16); MXFP4 and IQ4_NL then look their
+ * values up (VPSHUFB) in a table already offset by C, so every code is unsigned (Q4_0: the nibble,
+ * C = 8; MXFP4: the doubled E2M1 value + 12; IQ4_NL: the code-book value + 128). Each int32 lane
+ * starts at -C * (its four activation bytes, both halves), computed once per block and token, so
+ * two VPDPBUSD leave sum(value * a) over the lane's bytes exactly; three horizontal adds put one
+ * block sum per row in row order, and the 8 rows' scales convert together. 256-bit vectors: on
+ * Zen 4 a zmm operation costs two ymm ones, and the 8-row tile has no use for more lanes. Decode
+ * fetches the next tile ahead (qdot_prefetch.h), as the AVX2 tiles do. */
+
+enum { NIB_Q4_0, NIB_MXFP4, NIB_IQ4_NL };
+
+INLINE int64_t nib_block_bytes(int fmt) {
+    return fmt == NIB_MXFP4 ? (int64_t)sizeof(strata_block_mxfp4) : (int64_t)sizeof(strata_block_q4_0);
+}
+
+/* The 8 rows' block scales (MXFP4's halved: its values are doubled). */
+INLINE __m256 nib_scales8(int fmt, const uint8_t *p, int64_t wrb) {
+    if (fmt == NIB_MXFP4) {
+        float d[8];
+        for (int r = 0; r < 8; r++) d[r] = strata_e8m0_half(p[r * wrb]);
+        return _mm256_loadu_ps(d);
+    }
     uint16_t hh[8];
     for (int r = 0; r < 8; r++) memcpy(&hh[r], p + r * wrb, 2);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hh));
 }
 
-/* The rows' code nibbles of one block, low and high, two rows per vector (see above). */
-INLINE void q4_0_codes8(const uint8_t *p, int64_t wrb, __m256i lo[4], __m256i hi[4]) {
+/* The value table + C of a format, in both 128-bit halves (unused for Q4_0). */
+INLINE __m256i nib_table(int fmt) {
+    const int8_t *values = fmt == NIB_MXFP4 ? strata_e2m1_doubled : strata_kvalues_iq4nl;
+    const __m128i c = _mm_set1_epi8((char)(fmt == NIB_MXFP4 ? MXFP4_OFFSET : 128));
+    return _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_loadu_si128((const __m128i *)values), c));
+}
+
+INLINE int nib_offset(int fmt) { return fmt == NIB_Q4_0 ? 8 : fmt == NIB_MXFP4 ? MXFP4_OFFSET : 128; }
+
+/* The rows' unsigned codes of one block, low and high elements, two rows per vector (see above). */
+INLINE void nib_codes8(int fmt, const uint8_t *p, int64_t wrb, __m256i lo[4], __m256i hi[4]) {
     const __m256i low = _mm256_set1_epi8(15);
+    const int at = fmt == NIB_MXFP4 ? 1 : 2;
     for (int r = 0; r < 4; r++) {
-        const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + (r + 4) * wrb + 2), (const __m128i *)(p + r * wrb + 2));
+        const __m256i q = _mm256_loadu2_m128i((const __m128i *)(p + (r + 4) * wrb + at), (const __m128i *)(p + r * wrb + at));
         lo[r] = _mm256_and_si256(q, low);
         hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if (fmt != NIB_Q4_0) {
+            lo[r] = _mm256_shuffle_epi8(nib_table(fmt), lo[r]);
+            hi[r] = _mm256_shuffle_epi8(nib_table(fmt), hi[r]);
+        }
     }
 }
 
-/* sum((q - 8) * a) of one block for the 8 rows, in row order, from their unpacked codes. */
-INLINE __m256i q4_0_dot8(const __m256i lo[4], const __m256i hi[4], const strata_block_act_q8 *ab) {
+/* sum(value * a) of one block for the 8 rows, in row order, from their unsigned codes. */
+INLINE __m256i nib_dot8(int fmt, const __m256i lo[4], const __m256i hi[4], const strata_block_act_q8 *ab) {
     const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ab->q));
     const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ab->q + 16)));
-    const __m256i eight = _mm256_set1_epi8(8), zero = _mm256_setzero_si256();
-    const __m256i start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, alo), eight, ahi));
+    const __m256i c = _mm256_set1_epi8((char)nib_offset(fmt)), zero = _mm256_setzero_si256();
+    const __m256i start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, c, alo), c, ahi));
     __m256i s[4];
     for (int r = 0; r < 4; r++) s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(start, lo[r], alo), hi[r], ahi);
     return _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
 }
 
 /* 8 rows x nt (1..4) tokens over the whole row: y[t * ys + r]. */
-INLINE void q4_0_rows8(int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
-                       float *y, int64_t ys) {
-    const int64_t bs = (int64_t)sizeof(strata_block_q4_0);
+INLINE void nib_rows8(int fmt, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a, int64_t arb,
+                      float *y, int64_t ys) {
+    const int64_t bs = nib_block_bytes(fmt);
     const uint8_t *ahead_end = strata_qdot_ahead_end;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < k / STRATA_QK; b++) {
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_next_tile(w, 8 * wrb, b * 8 * bs, 8 * bs, ahead_end);
         __m256i lo[4], hi[4];
-        q4_0_codes8(p, wrb, lo, hi);
-        const __m256 wd = q4_0_scales8(p, wrb);
+        nib_codes8(fmt, p, wrb, lo, hi);
+        const __m256 wd = nib_scales8(fmt, p, wrb);
         for (int t = 0; t < nt; t++) {
             const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_dot8(lo, hi, ab)), _mm256_mul_ps(wd, _mm256_set1_ps(ab->d)),
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib_dot8(fmt, lo, hi, ab)), _mm256_mul_ps(wd, _mm256_set1_ps(ab->d)),
                                      acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + t * ys, acc[t]);
 }
 
-#define TILE_Q4_0(nr, nt, ...) q8_tile(FMT_Q4_0, sizeof(strata_block_q4_0), nr, nt, __VA_ARGS__)
-#define TILE_Q8_0(nr, nt, ...) q8_tile(FMT_Q8_0, sizeof(strata_block_q8_0), nr, nt, __VA_ARGS__)
-#define TILE_MXFP4(nr, nt, ...) q8_tile(FMT_MXFP4, sizeof(strata_block_mxfp4), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER_AS(static, q4_0_rest, TILE_Q4_0)
-DEFINE_DRIVER(q8_0, TILE_Q8_0)
-
-/* Q4_0: 8-row tiles of up to 4 tokens, the rows left over (fewer than 8) by the general driver. */
-void strata_qdot_q4_0_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                             const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    int64_t r = 0;
-    for (; r + 8 <= n_rows; r += 8)
-        for (int64_t t = 0; t < n_tok; t += 4)
-            q4_0_rows8(n_tok - t < 4 ? (int)(n_tok - t) : 4, k, w + r * wrb, wrb, a + t * arb, arb, y + t * ys + r, ys);
-    if (r < n_rows) strata_qdot_q4_0_rest_avx512(k, w + r * wrb, wrb, n_rows - r, a, arb, n_tok, y + r, ys);
+/* One row x nt tokens: the rows left over by the 8-row tiles (the 8-row tile's arithmetic on a
+ * single row, in the low lanes). */
+INLINE void nib_row1(int fmt, int nt, int64_t k, const uint8_t *w, const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    const int64_t bs = nib_block_bytes(fmt);
+    const int at = fmt == NIB_MXFP4 ? 1 : 2;
+    const __m256i low = _mm256_set1_epi8(15), c = _mm256_set1_epi8((char)nib_offset(fmt)), zero = _mm256_setzero_si256();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < k / STRATA_QK; b++) {
+        const uint8_t *p = w + b * bs;
+        const __m128i q = _mm_loadu_si128((const __m128i *)(p + at));
+        __m256i u = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), low);
+        if (fmt != NIB_Q4_0) u = _mm256_shuffle_epi8(nib_table(fmt), u);
+        const float wd = fmt == NIB_MXFP4 ? strata_e8m0_half(p[0]) : q8_0_scale(p);
+        for (int t = 0; t < nt; t++) {
+            const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
+            const __m256i av = _mm256_loadu_si256((const __m256i *)ab->q);
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c, av)), u, av);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(wd * ab->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        y[t * ys] = _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+    }
 }
-DEFINE_DRIVER(mxfp4, TILE_MXFP4)
+
+/* A nibble format's driver: 8-row tiles of up to 4 tokens, then the rows left over one by one. */
+#define DEFINE_NIB_DRIVER(name, FMT)                                                                              \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,           \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y,    \
+                                     int64_t ys) {                                                                \
+        int64_t r = 0;                                                                                            \
+        for (; r + 8 <= n_rows; r += 8)                                                                           \
+            for (int64_t t = 0; t < n_tok; t += 4)                                                                \
+                nib_rows8(FMT, n_tok - t < 4 ? (int)(n_tok - t) : 4, k, w + r * wrb, wrb, a + t * arb, arb,       \
+                          y + t * ys + r, ys);                                                                    \
+        for (; r < n_rows; r++)                                                                                   \
+            for (int64_t t = 0; t < n_tok; t += 4)                                                                \
+                nib_row1(FMT, n_tok - t < 4 ? (int)(n_tok - t) : 4, k, w + r * wrb, a + t * arb, arb, y + t * ys + r, ys); \
+    }
+DEFINE_NIB_DRIVER(q4_0, NIB_Q4_0)
+DEFINE_NIB_DRIVER(mxfp4, NIB_MXFP4)
+DEFINE_NIB_DRIVER(iq4_nl, NIB_IQ4_NL)
+
+
 
 /* ---- K-quants against STRATA_ACT_Q8K: one block (256) per step, 64 codes per zmm ---- */
 
@@ -514,5 +523,5 @@ void strata_qact_q8k_avx512(const float *restrict x, void *restrict a, int64_t k
                                      float *restrict y, int64_t ys) {                                      \
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
-FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
+FALLBACK(f16) FALLBACK(bf16) FALLBACK(q4_0) FALLBACK(q8_0) FALLBACK(mxfp4) FALLBACK(iq4_nl) FALLBACK(q4_k) FALLBACK(q5_k) FALLBACK(q6_k)
 #endif

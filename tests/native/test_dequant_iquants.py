@@ -94,6 +94,10 @@ def test_type_support_reports_the_native_tables():
         assert s.dequant and s.packed and s.families[0] == "scalar" and s.runs is not None, s
     for t in IQ_TYPES:
         s = native.type_support(t.name.lower())
+        if t == T.IQ4_NL:  # AVX-512 tiles of its own too (test_qdot_avx512.py)
+            assert s.families == ("scalar", "avx2", "avx512") and s.runs == native.default_impl(), s
+            assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
+            continue
         if "avx2" in s.families:  # the grid i-quants' AVX2 kernels (test_qdot_iq_grid_avx2.py)
             assert s.families == ("scalar", "avx2") and s.runs == ("scalar" if native.default_impl() == "scalar" else "avx2"), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2 kernels)"
