@@ -3,7 +3,7 @@ weights read per second at decode (one token) in cache and from DRAM, the DRAM r
 a bare read of the same bytes by as many threads, and prefill against decode per token.
 
     python benchmarks/qdot_rate.py [--types Q4_0 Q4_K IQ4_NL ...] [--impls scalar avx2] [--threads 2]
-                                   [--dram-mib 256] [--prefill-tokens 64] [--rounds 15]
+                                   [--dram-mib 256] [--prefill-tokens 64] [--rounds 15] [--alternate N]
 
 Per type, through the pooled `native.matmul_into` on random packed weights:
   cache    1 token by a 2048 x 2048 matrix (at most 4.5 MB: the L3)
@@ -12,6 +12,10 @@ Per type, through the pooled `native.matmul_into` on random packed weights:
            on the same matrix over prefill's
   bare read: torch's sum of the DRAM matrix's bytes as int64 with the same thread count, measured
            right before each DRAM figure (the share is of the better of the two bare reads around it)
+--alternate N compares the families instead (e.g. `--impls avx2 avx512 --alternate 3`): each case's
+best over N rounds that run every family in turn, and the ratio last / first. An AVX-512 call runs
+the AVX2 tile where the kernel table says so (native/qdot.c); STRATA_AVX512_OWN_TILES=1 makes it run
+AVX-512's own everywhere, the measurement that table records.
 Each figure is the best of --rounds short rounds (a shared machine is noisy: compare only inside
 one run, and rerun for a range). GB/s count packed weight bytes; prefill's count them once per
 token. Not a test.
@@ -91,6 +95,20 @@ def measure(pool, threads: int, m: dict[str, Matrix], impl: str, a: argparse.Nam
             f"{prefill:6.1f} GB/s, x{prefill / decode:5.1f} decode per token")
 
 
+def alternate(pool, threads: int, m: dict[str, Matrix], impls: list[str], a: argparse.Namespace) -> str:
+    """One line comparing families: each case's best GB/s over --alternate rounds in which every
+    family runs in turn (a noisy machine's drift then reaches every family alike)."""
+    best: dict[tuple[str, str], float] = {}
+    for _ in range(a.alternate):
+        for impl in impls:
+            for key in ("cache", "dram", "prefill"):
+                rate = m[key].w.numel() * m[key].x.shape[0] / best_seconds(lambda: m[key].run(pool, impl), 5) / 1e9
+                best[impl, key] = max(best.get((impl, key), 0.0), rate)
+    cells = [f"{key} " + " ".join(f"{impl} {best[impl, key]:5.1f}" for impl in impls)
+             + f" ({best[impls[-1], key] / best[impls[0], key]:.2f}x)" for key in ("cache", "dram", "prefill")]
+    return f"{threads}T {m['dram'].name:7} " + " | ".join(cells)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--types", nargs="+", default=DEFAULT_TYPES)
@@ -99,12 +117,17 @@ def main() -> int:
     p.add_argument("--dram-mib", type=int, default=256)
     p.add_argument("--prefill-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--alternate", type=int, default=0, metavar="N",
+                   help="compare the families instead: N rounds, each running every family in turn")
     a = p.parse_args()
     rng = np.random.default_rng(0)
     for threads in a.threads:
         with native.ComputePool(threads) as pool:
             for name in a.types:
                 m = matrices(name, a, rng)
+                if a.alternate:
+                    print(alternate(pool, threads, m, a.impls, a), flush=True)
+                    continue
                 for impl in a.impls:
                     print(measure(pool, threads, m, impl, a), flush=True)
     return 0

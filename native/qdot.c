@@ -10,6 +10,8 @@
 #include "qdot.h"
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Column of the kernel tables: scalar, AVX2, AVX-512. */
 enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
@@ -17,16 +19,25 @@ enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
 typedef struct {
     int type, act;
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
-    int decode_avx2;   /* 1: on AVX-512 machines decode runs the AVX2 tile (measured faster, see below) */
+    int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL: phases an AVX-512 call runs with the AVX2 tile */
 } qdot_row;
 
-/* Where AVX-512 decodes with the AVX2 tile: decode reads the weights once, so its rate is the
- * memory's, and these AVX2 tiles (8-row Q4_0 aside, the fetch of the next tile ahead) held more
- * of it. Measured on an AMD EPYC (Zen 4, AVX-512 VNNI/BF16), 2 threads, `python
- * benchmarks/qdot_rate.py --impls avx2 avx512`, decode from DRAM GB/s AVX2 vs AVX-512 tiles:
- * Q8_0 31.4 vs 22.2, Q4_K 23.6 vs 13.6, Q6_K 29.7 vs 8.7, MXFP4 16.1 vs 14.4 (prefill, where the
- * AVX-512 tiles are ahead, keeps them: 83 vs 70, 54 vs 36, 73 vs 60, 35 vs 28). */
+/* Where an AVX-512 call runs the AVX2 tile, by measurement: AMD EPYC (Zen 4, AVX-512 VNNI/BF16),
+ * 2 threads, `STRATA_AVX512_OWN_TILES=1 python benchmarks/qdot_rate.py --impls avx2 avx512
+ * --alternate 3`, GB/s of weights, AVX2 vs AVX-512 tile, two runs where they were close:
+ *            decode from DRAM               prefill (64 tokens)
+ *   Q8_0     35.4 vs 23.9                   77.5 vs 89.1                 -> AVX2 decode
+ *   MXFP4    22.0 vs 21.3, 21.1 vs 19.0     36.2 vs 58.4                 -> AVX2 decode
+ *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both
+ *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   -> AVX2 both
+ *   Q6_K     36.5 vs 11.0                   61.4 vs 95.6                 -> AVX2 decode
+ * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), IQ4_NL (25.7 vs 21.7, 53.7
+ * vs 34.5), F16 and BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's,
+ * but decode is most of what float matrices do). Decode reads the weights once, so its rate is the
+ * memory's, and the AVX2 tiles' fetch of the next tile ahead holds more of it than the zmm tiles'
+ * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
 #define AVX2_DECODE 1
+#define AVX2_PREFILL 2
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -39,11 +50,11 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
     {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
     {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, AVX2_DECODE},
     {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
     {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE | AVX2_PREFILL},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE | AVX2_PREFILL},
     {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE},
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2
@@ -83,6 +94,16 @@ static int family_of(const qdot_row *row, int col) {
     return COL_IMPL[col];
 }
 
+/* STRATA_AVX512_OWN_TILES set (not "" or "0"): AVX-512 calls run AVX-512's own tiles everywhere. */
+static int own_tiles(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        const char *v = getenv("STRATA_AVX512_OWN_TILES");
+        cached = v && *v && strcmp(v, "0") != 0;
+    }
+    return cached;
+}
+
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     int col;
     if (impl == STRATA_IMPL_SCALAR) col = COL_REF;
@@ -97,9 +118,10 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->weight_type = weight_type;
         out->act = row->act;
         out->block_elems = f->block_elems;
-        out->tile = (strata_qdot_tile_fn)pick((void *const *)row->tile, col);
-        out->tile_family = family_of(row, col);
-        const int dcol = col == COL_AVX512 && row->decode_avx2 ? COL_AVX2 : col;
+        const int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
+        const int tcol = on_avx2 & AVX2_PREFILL ? COL_AVX2 : col, dcol = on_avx2 & AVX2_DECODE ? COL_AVX2 : col;
+        out->tile = (strata_qdot_tile_fn)pick((void *const *)row->tile, tcol);
+        out->tile_family = family_of(row, tcol);
         out->decode = (strata_qdot_tile_fn)pick((void *const *)row->tile, dcol);
         out->decode_family = family_of(row, dcol);
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);

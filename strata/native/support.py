@@ -26,9 +26,9 @@ class TypeSupport:
     dequant: it dequantizes the type (float path, embedding rows, norms);
     packed: it multiplies from the packed blocks (packed compute: experts and weight matrices);
     families: the kernel families with a packed kernel of their own, narrowest first;
-    runs: the family whose packed kernel runs on this machine by default (None: no packed kernel);
-    decode_runs: the same for decode (calls of fewer than 4 tokens): an AVX-512 machine decodes
-    some types with their AVX2 tile, where the kernel table measured it faster."""
+    runs: the family whose packed kernel runs prefill on this machine by default (None: no packed
+    kernel; an AVX-512 machine runs some types' AVX2 tiles, where the kernel table measured them faster);
+    decode_runs: the same for decode (calls of fewer than 4 tokens)."""
     type: GGMLType
     dequant: bool
     packed: bool
@@ -50,12 +50,14 @@ def type_support(t: int | str | GGMLType) -> TypeSupport:
     t = ggml_type(t)
     own = tuple(f for f in FAMILIES if lib.strata_qdot_has_kernel(int(t), impl_code(f)))
     packed = bool(own)
-    here = FAMILIES[:FAMILIES.index(default_impl()) + 1]
-    runs = next((f for f in reversed(here) if f in own), None)
-    decode = lib.strata_qdot_kernel_family(int(t), impl_code(runs), 1) if runs else -1
-    decode_runs = next((f for f in FAMILIES if impl_code(f) == decode), None)
+    runs, decode_runs = (_family(lib.strata_qdot_kernel_family(int(t), impl_code(default_impl()), d)) for d in (0, 1))
     return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), packed, own, runs,
                        decode_runs)
+
+
+def _family(code: int) -> str | None:
+    """The name of a STRATA_IMPL_* code (None for -1: no packed kernel)."""
+    return next((f for f in FAMILIES if impl_code(f) == code), None)
 
 
 def supported_types(packed: bool = False) -> tuple[GGMLType, ...]:

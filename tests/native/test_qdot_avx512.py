@@ -94,22 +94,36 @@ def test_avx512_qdot_matches_scalar(t, n_tok, scales):
 @needs_avx512
 @pytest.mark.parametrize("t", list(FORMATS), ids=lambda t: t.name)
 def test_avx512_calls_run_the_tiles_the_table_names(t):
-    """Decode (1-3 tokens) runs the family the kernel table names for AVX-512 decode (its own, or
-    the AVX2 tile where that measured faster): the same bytes as a call of that family; prefill runs
-    AVX-512's own."""
+    """Decode (1-3 tokens) and prefill (4 and more) run the families the kernel table names for
+    AVX-512 (its own, or the AVX2 tile where that measured faster): the same bytes as a call of
+    that family."""
     from strata.native.qdot import kernel_family
     rng = np.random.default_rng(int(t))
     n_rows, row_len = 21, 8 * FORMATS[t]
     w = weights(t, n_rows, row_len, 0.02, rng)
-    assert kernel_family(t, "avx512", decode=False) == "avx512"
-    decode = kernel_family(t, "avx512", decode=True)
-    assert decode in ("avx2", "avx512")
-    assert kernel_family(t, "avx2", decode=True) == "avx2" and kernel_family(t, "scalar", decode=True) == "scalar"
-    for n_tok in (1, 2, 3):
+    families = {phase: kernel_family(t, "avx512", decode=phase == "decode") for phase in ("decode", "prefill")}
+    assert set(families.values()) <= {"avx2", "avx512"}, families
+    assert kernel_family(t, "avx2", decode=True) == "avx2" and kernel_family(t, "scalar", decode=False) == "scalar"
+    for n_tok in (1, 2, 3, 4, 9):
         x = activations(n_tok, row_len, 1.0, rng)
+        family = families["decode" if n_tok < 4 else "prefill"]
         got = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
-        assert got.tobytes() == native.qdot_rows(t, w, n_rows, row_len, x, impl=decode).tobytes(), (t.name, n_tok)
-    assert native.type_support(t).decode_runs == (decode if native.default_impl() == "avx512" else "avx2")
+        assert got.tobytes() == native.qdot_rows(t, w, n_rows, row_len, x, impl=family).tobytes(), (t.name, n_tok)
+    support = native.type_support(t)
+    if native.default_impl() == "avx512":
+        assert (support.decode_runs, support.runs) == (families["decode"], families["prefill"])
+
+
+@needs_avx512
+def test_avx512_own_tiles_override_the_table():
+    """STRATA_AVX512_OWN_TILES=1 (for measuring the table): every AVX-512 call runs its own tiles."""
+    code = ("from strata.native.qdot import kernel_family as f; "
+            "print(f('Q4_K', 'avx512', True), f('Q4_K', 'avx512', False), f('Q8_0', 'avx512', True))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    own = subprocess.run([sys.executable, "-c", code], env={**env, "STRATA_AVX512_OWN_TILES": "1"},
+                         capture_output=True, text=True, check=True)
+    assert plain.stdout.split() == ["avx2", "avx2", "avx2"] and own.stdout.split() == ["avx512"] * 3
 
 
 @needs_avx512
