@@ -27,12 +27,11 @@ typedef struct {
  * --alternate 3`, GB/s of weights, AVX2 vs AVX-512 tile, two runs where they were close:
  *            decode from DRAM               prefill (64 tokens)
  *   Q8_0     35.4 vs 23.9                   77.5 vs 89.1                 -> AVX2 decode
- *   MXFP4    22.0 vs 21.3, 21.1 vs 19.0     36.2 vs 58.4                 -> AVX2 decode
  *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both
  *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   -> AVX2 both
  *   Q6_K     36.5 vs 11.0                   61.4 vs 95.6                 -> AVX2 decode
- * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), IQ4_NL (25.7 vs 21.7, 53.7
- * vs 34.5), F16 and BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's,
+ * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), MXFP4 (decode 26.1 vs 25.4,
+ * in cache 28.8 vs 20.0, prefill 65.8 vs 36.6), IQ4_NL (25.7 vs 21.7, 53.7 vs 34.5), F16 and BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's,
  * but decode is most of what float matrices do). Decode reads the weights once, so its rate is the
  * memory's, and the AVX2 tiles' fetch of the next tile ahead holds more of it than the zmm tiles'
  * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
@@ -50,7 +49,7 @@ static const qdot_row TILES[] = {
     {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
     {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
     {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, AVX2_DECODE},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
     {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
     {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
     {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE | AVX2_PREFILL},

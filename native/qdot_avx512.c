@@ -183,14 +183,17 @@ INLINE int64_t nib_block_bytes(int fmt) {
 
 /* The 8 rows' block scales (MXFP4's halved: its values are doubled). */
 INLINE __m256 nib_scales8(int fmt, const uint8_t *p, int64_t wrb) {
-    if (fmt == NIB_MXFP4) {
-        float d[8];
-        for (int r = 0; r < 8; r++) d[r] = strata_e8m0_half(p[r * wrb]);
-        return _mm256_loadu_ps(d);
+    if (fmt == NIB_MXFP4) {   /* strata_e8m0_half on 8 lanes: 2^(e - 128), subnormal below e = 2 */
+        const __m256i e = _mm256_setr_epi32(p[0], p[wrb], p[2 * wrb], p[3 * wrb], p[4 * wrb], p[5 * wrb], p[6 * wrb],
+                                            p[7 * wrb]);
+        const __m256i one = _mm256_set1_epi32(1), normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+        const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        return _mm256_castsi256_ps(_mm256_mask_blend_epi32(_mm256_cmplt_epu32_mask(e, _mm256_set1_epi32(2)), normal, sub));
     }
-    uint16_t hh[8];
-    for (int r = 0; r < 8; r++) memcpy(&hh[r], p + r * wrb, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hh));
+    uint16_t h[8];
+    for (int r = 0; r < 8; r++) memcpy(&h[r], p + r * wrb, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
 }
 
 /* The value table + C of a format, in both 128-bit halves (unused for Q4_0). */
