@@ -20,6 +20,7 @@ typedef struct {
     int type, act;
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
     int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL: phases an AVX-512 call runs with the AVX2 tile */
+    strata_qdot_tile_fn evex;   /* the AVX2 tile built for AVX-512 machines (qdot_avx2_common.h) */
 } qdot_row;
 
 /* Where an AVX-512 call runs the AVX2 tile, by measurement: AMD EPYC (Zen 4, AVX-512 VNNI/BF16),
@@ -40,36 +41,38 @@ typedef struct {
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
+const uint8_t *strata_qdot_ahead(void) { return strata_qdot_ahead_end; }
+
 static const qdot_row TILES[] = {
-    {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}},
-    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}},
-    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, strata_qdot_bf16_avx512}},
-    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, strata_qdot_q4_0_avx512}},
-    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}},
-    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}},
-    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}},
-    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}},
-    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}},
-    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE | AVX2_PREFILL},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE | AVX2_PREFILL},
-    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE},
+    {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}, 0, strata_qdot_f32_evex},
+    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}, 0, strata_qdot_f16_evex},
+    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, strata_qdot_bf16_avx512}, 0, strata_qdot_bf16_evex},
+    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, strata_qdot_q4_0_avx512}, 0, strata_qdot_q4_0_evex},
+    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}, 0, strata_qdot_q4_1_evex},
+    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}, 0, strata_qdot_q5_0_evex},
+    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}, 0, strata_qdot_q5_1_evex},
+    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE, strata_qdot_q8_0_evex},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, 0, strata_qdot_mxfp4_evex},
+    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}, 0, strata_qdot_q2_k_evex},
+    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}, 0, strata_qdot_q3_k_evex},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE | AVX2_PREFILL, strata_qdot_q4_k_evex},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE | AVX2_PREFILL, strata_qdot_q5_k_evex},
+    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE, strata_qdot_q6_k_evex},
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2
      * ones, IQ4_NL aside (the 8-row VNNI tiles of the 4-bit formats, qdot_avx512.c). */
-    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}},
-    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, strata_qdot_iq2_xs_avx2, NULL}},
-    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, strata_qdot_iq2_s_avx2, NULL}},
-    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {strata_qdot_iq3_xxs_ref, strata_qdot_iq3_xxs_avx2, NULL}},
-    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, strata_qdot_iq3_s_avx2, NULL}},
-    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, strata_qdot_iq1_s_avx2, NULL}},
-    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, strata_qdot_iq1_m_avx2, NULL}},
-    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}},
-    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}},
-    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, strata_qdot_iq4_nl_avx512}},
-    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}},
+    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}, 0, strata_qdot_iq2_xxs_evex},
+    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, strata_qdot_iq2_xs_avx2, NULL}, 0, strata_qdot_iq2_xs_evex},
+    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, strata_qdot_iq2_s_avx2, NULL}, 0, strata_qdot_iq2_s_evex},
+    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {strata_qdot_iq3_xxs_ref, strata_qdot_iq3_xxs_avx2, NULL}, 0, strata_qdot_iq3_xxs_evex},
+    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, strata_qdot_iq3_s_avx2, NULL}, 0, strata_qdot_iq3_s_evex},
+    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, strata_qdot_iq1_s_avx2, NULL}, 0, strata_qdot_iq1_s_evex},
+    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, strata_qdot_iq1_m_avx2, NULL}, 0, strata_qdot_iq1_m_evex},
+    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}, 0, strata_qdot_iq4_xs_evex},
+    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}, 0, strata_qdot_tq1_0_evex},
+    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}, 0, strata_qdot_tq2_0_evex},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, strata_qdot_iq4_nl_avx512}, 0, strata_qdot_iq4_nl_evex},
+    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}, 0, strata_qdot_nvfp4_evex},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */
@@ -91,6 +94,19 @@ static const int COL_IMPL[N_COLS] = {STRATA_IMPL_SCALAR, STRATA_IMPL_AVX2, STRAT
 static int family_of(const qdot_row *row, int col) {
     while (col > 0 && !row->tile[col]) col--;
     return COL_IMPL[col];
+}
+
+/* The kernel of one phase for column `col` and its family: an AVX-512 call runs the AVX2 source
+ * (its build for AVX-512 machines, row->evex: the same bytes) where the format has no AVX-512 tile
+ * of its own or the table says the AVX2 tile is faster for the phase (`avx2`). */
+static void phase_kernel(const qdot_row *row, int col, int avx2, strata_qdot_tile_fn *fn, int *family) {
+    if (col == COL_AVX512 && row->evex && (avx2 || !row->tile[COL_AVX512])) {
+        *fn = row->evex;
+        *family = STRATA_IMPL_AVX2;
+        return;
+    }
+    *fn = (strata_qdot_tile_fn)pick((void *const *)row->tile, col);
+    *family = family_of(row, col);
 }
 
 /* STRATA_AVX512_OWN_TILES set (not "" or "0"): AVX-512 calls run AVX-512's own tiles everywhere. */
@@ -118,11 +134,8 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->act = row->act;
         out->block_elems = f->block_elems;
         const int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
-        const int tcol = on_avx2 & AVX2_PREFILL ? COL_AVX2 : col, dcol = on_avx2 & AVX2_DECODE ? COL_AVX2 : col;
-        out->tile = (strata_qdot_tile_fn)pick((void *const *)row->tile, tcol);
-        out->tile_family = family_of(row, tcol);
-        out->decode = (strata_qdot_tile_fn)pick((void *const *)row->tile, dcol);
-        out->decode_family = family_of(row, dcol);
+        phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
+        phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);
         return STRATA_OK;
     }

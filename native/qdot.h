@@ -51,6 +51,7 @@ typedef void (*strata_qdot_tile_fn)(int64_t k, const uint8_t *restrict w, int64_
 /* End of the run of weight rows the calling thread is working through (set before tile calls):
  * the decode kernels fetch ahead into the rows to come, never past it. */
 extern _Thread_local const uint8_t *strata_qdot_ahead_end;
+const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds of the AVX2 tiles) */
 
 typedef struct {
     int weight_type;        /* ggml type id */
@@ -173,6 +174,34 @@ STRATA_DECLARE_QTILE(iq4_xs, avx2)
 STRATA_DECLARE_QTILE(tq1_0, avx2)
 STRATA_DECLARE_QTILE(tq2_0, avx2)
 STRATA_DECLARE_QTILE(nvfp4, avx2)
+
+/* qdot_*_evex.c: the AVX2 sources built for AVX-512 machines */
+STRATA_DECLARE_QTILE(f32, evex)
+STRATA_DECLARE_QTILE(f16, evex)
+STRATA_DECLARE_QTILE(bf16, evex)
+STRATA_DECLARE_QTILE(q4_0, evex)
+STRATA_DECLARE_QTILE(q4_1, evex)
+STRATA_DECLARE_QTILE(q5_0, evex)
+STRATA_DECLARE_QTILE(q5_1, evex)
+STRATA_DECLARE_QTILE(q8_0, evex)
+STRATA_DECLARE_QTILE(mxfp4, evex)
+STRATA_DECLARE_QTILE(q2_k, evex)
+STRATA_DECLARE_QTILE(q3_k, evex)
+STRATA_DECLARE_QTILE(q4_k, evex)
+STRATA_DECLARE_QTILE(q5_k, evex)
+STRATA_DECLARE_QTILE(q6_k, evex)
+STRATA_DECLARE_QTILE(iq2_xxs, evex)
+STRATA_DECLARE_QTILE(iq2_xs, evex)
+STRATA_DECLARE_QTILE(iq2_s, evex)
+STRATA_DECLARE_QTILE(iq3_xxs, evex)
+STRATA_DECLARE_QTILE(iq3_s, evex)
+STRATA_DECLARE_QTILE(iq1_s, evex)
+STRATA_DECLARE_QTILE(iq1_m, evex)
+STRATA_DECLARE_QTILE(iq4_nl, evex)
+STRATA_DECLARE_QTILE(iq4_xs, evex)
+STRATA_DECLARE_QTILE(tq1_0, evex)
+STRATA_DECLARE_QTILE(tq2_0, evex)
+STRATA_DECLARE_QTILE(nvfp4, evex)
 
 STRATA_DECLARE_QTILE(f16, avx512)
 STRATA_DECLARE_QTILE(bf16, avx512)

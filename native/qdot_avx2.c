@@ -24,7 +24,11 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#ifdef STRATA_QDOT_EVEX
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "qdot_avx2_common.h"
 
 
@@ -76,6 +80,7 @@ INLINE __m256i sum4_i8(__m256i q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
 }
 
+#ifndef STRATA_QDOT_EVEX   /* AVX-512 machines run their own quantizers (qdot_avx512.c) */
 void strata_qact_q8_avx2(const float *restrict x, void *restrict out, int64_t k) {
     strata_block_act_q8 *a = out;
     for (int64_t b = 0; b < k / STRATA_QK; b++, x += STRATA_QK) {
@@ -98,6 +103,7 @@ void strata_qact_q8k_avx2(const float *restrict x, void *restrict out, int64_t k
         }
     }
 }
+#endif
 
 
 /* ---- Formats against STRATA_ACT_Q8: signed 8-bit codes, one scale per 32 ---- */
@@ -478,7 +484,7 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
                 for (int t = 0; t < nt; t++) {
                     const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                     const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sc));
+                    isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(q, av), sc);
                 }
             }
             for (int t = 0; t < nt; t++)
@@ -549,8 +555,10 @@ DEFINE_DRIVER(bf16, TILE_BF16, 4, 2, 4)
 
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 
+#ifndef STRATA_QDOT_EVEX
 void strata_qact_q8_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8_ref(x, a, k); }
 void strata_qact_q8k_avx2(const float *restrict x, void *restrict a, int64_t k) { strata_qact_q8k_ref(x, a, k); }
+#endif
 STRATA_AVX2_FALLBACK(f32) STRATA_AVX2_FALLBACK(f16) STRATA_AVX2_FALLBACK(bf16) STRATA_AVX2_FALLBACK(q4_0) STRATA_AVX2_FALLBACK(q4_1) STRATA_AVX2_FALLBACK(q5_0) STRATA_AVX2_FALLBACK(q5_1) STRATA_AVX2_FALLBACK(q8_0) STRATA_AVX2_FALLBACK(mxfp4)
 STRATA_AVX2_FALLBACK(q2_k) STRATA_AVX2_FALLBACK(q3_k) STRATA_AVX2_FALLBACK(q4_k) STRATA_AVX2_FALLBACK(q5_k) STRATA_AVX2_FALLBACK(q6_k)
 #endif

@@ -8,6 +8,19 @@
 #define STRATA_QDOT_AVX2_COMMON_H
 #include "qdot.h"
 
+/* The AVX2 sources are compiled twice: as themselves (names _avx2) and, with STRATA_QDOT_EVEX
+ * defined (qdot_*_evex.c), for AVX-512 machines (names _evex): AVX-512 F/BW/VL/VNNI enabled, so
+ * the compiler has 32 vector registers and EVEX encodings, and the few spots written for it use
+ * 256-bit VNNI. The integer sums are exact either way, so both builds give the same bytes. */
+#ifdef STRATA_QDOT_EVEX
+#define QDOT_AVX2_NAME(name) strata_qdot_##name##_evex
+/* gcc may load a thread-local's offset straight into a vector register where AVX-512 is on, a form
+ * the linker cannot relax when the library is linked into an executable: read it through qdot.c. */
+#define strata_qdot_ahead_end (strata_qdot_ahead())
+#else
+#define QDOT_AVX2_NAME(name) strata_qdot_##name##_avx2
+#endif
+
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -20,6 +33,16 @@ INLINE float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* acc + madd(p16, w16): int16 pairs multiplied and added into int32 lanes. One VPDPWSSD in the
+ * build for AVX-512 machines; the same integers either way (no saturation in either). */
+INLINE __m256i madd_acc(__m256i acc, __m256i p16, __m256i w16) {
+#ifdef STRATA_QDOT_EVEX
+    return _mm256_dpwssd_epi32(acc, p16, w16);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, w16));
+#endif
 }
 
 INLINE uint32_t load_u32(const uint8_t *p) {
@@ -46,7 +69,7 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
  * tile over all of them: Q4_0's 8 rows unpacked once for 2 or 3 tokens), or, for DR = 1, one row with
  * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
 #define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+    void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,         \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \
         int64_t r = 0;                                                                                   \
@@ -98,7 +121,7 @@ INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
 
 /* On other CPUs the AVX2 names exist so the library links; qdot.c never hands them out. */
 #define STRATA_AVX2_FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+    void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,           \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
                                    float *restrict y, int64_t ys) {                                        \
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \

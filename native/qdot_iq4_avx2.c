@@ -31,7 +31,11 @@
 #include <stddef.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#ifdef STRATA_QDOT_EVEX
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "qdot_avx2_common.h"
 
 
@@ -235,7 +239,7 @@ INLINE void iq4_xs_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb
                 for (int t = 0; t < nt; t++) {
                     const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                     const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * j));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), sc));
+                    isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(qa, _mm256_sign_epi8(av, q)), sc);
                 }
             }
             const float wd = half_at((const uint8_t *)wb + offsetof(strata_block_iq4_xs, d));

@@ -39,7 +39,11 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#ifdef STRATA_QDOT_EVEX
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #include "qdot_avx2_common.h"
 
 
@@ -353,7 +357,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ch.q, av), ch.sc));
+                isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(ch.q, av), ch.sc);
             }
         }
         const float wd = iq_d(fmt, p);
@@ -385,7 +389,7 @@ INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wr
 }
 
 #define DEFINE_IQ_DRIVER(name, fmt, wtype)                                                                 \
-    void strata_qdot_##name##_avx2(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+    void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,           \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                  \
                                    float *restrict y, int64_t ys) {                                        \
         iq_rows(fmt, (int64_t)sizeof(wtype), k, w, wrb, n_rows, a, arb, n_tok, y, ys);                     \

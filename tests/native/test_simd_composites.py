@@ -98,6 +98,22 @@ def test_matmul_of_each_family_matches_scalar(pools, t, family):
             assert_within(got, ref, product_bound(t, w, n_rows, row_len, x), f"{t.name} {family} {n_rows}x{n_tokens}")
 
 
+@pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU (or OS) without AVX-512 F/BW/VL/VNNI")
+@pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
+def test_avx512_calls_give_the_bytes_of_the_family_the_table_names(t):
+    """Every packed type, decode and prefill: an AVX-512 call gives the bytes of the family the
+    kernel table names for the phase: its own tiles, or the AVX2 source built for AVX-512 machines
+    (VNNI in place of madd + add: the same integers, so the AVX2 build's very bytes)."""
+    from strata.native.qdot import kernel_family
+    row_len = row_len_of(t, 9)
+    w = weights(t, 19, row_len, seed=int(t))
+    for n_tokens in (1, 3, 4, 11):
+        family = kernel_family(t, "avx512", decode=n_tokens < 4)
+        x = tm.activations(n_tokens, row_len, seed=n_tokens)
+        got = native.qdot_rows(t, w, 19, row_len, x, impl="avx512")
+        assert got.tobytes() == native.qdot_rows(t, w, 19, row_len, x, impl=family).tobytes(), (t.name, n_tokens, family)
+
+
 # ---- the per-head products ----
 
 @pytest.mark.parametrize("family", FAMILIES)
