@@ -73,10 +73,10 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     int64_t n_qkv, n_att, o_in, act = 0, a;
     widths(L, &n_qkv, &n_att, &o_in);
     /* The products' activation rows: q|k|v (or q, q_b), o, and for latent attention q_a and kv_a. */
-    const int32_t types[4] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type};
-    const int64_t lens[4] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D};
-    for (int i = 0; i < (latent(L) ? 4 : 2); i++) {
-        if (i == 2 && !L->q_lora) continue;
+    const int32_t types[5] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type, L->v_type};
+    const int64_t lens[5] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D, D};
+    for (int i = 0; i < 5; i++) {
+        if ((i == 2 && !L->q_lora) || ((i == 2 || i == 3) && !latent(L)) || (i == 4 && !L->wv)) continue;
         int st = strata_matmul_scratch_bytes(types[i], n_seq, lens[i], &a);
         if (st != STRATA_OK) return st;
         act = a > act ? a : act;
@@ -117,7 +117,8 @@ static int layer_ok(const strata_attn_layer *L) {
         (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
         (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)) ||
         L->chunk < 0 || (L->chunk && L->window) || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
-        (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora))
+        (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora) ||
+        (L->wv && (L->kv_lora || L->wv_bytes < 0)))
         return STRATA_E_ARG;
     if (latent(L)) {
         int64_t n;
@@ -153,15 +154,37 @@ static void split_gates(float *qkv, int64_t n_qkv, int64_t n_seq, int64_t H, int
     }
 }
 
+/* qkv [n_seq, n_qkv] = xa @ Wqkv^T: one product, or with V in a type of its own (L->wv) the q|k
+ * product into qkv as [n_seq, n_qk] rows and V's into `spare` [n_seq, hkv] (the attention's output
+ * buffer, free until the attention), then every row moved to its place, the last one first (a row's
+ * new place starts at or after its old one and ends before the next row's new place). */
+static int qkv_product(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const float *xa, float *qkv,
+                       int64_t n_qk, int64_t n_qkv, int64_t hkv, float *spare, void *act, int64_t act_bytes, int impl) {
+    const int64_t D = L->n_embd;
+    if (!L->wv)
+        return strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
+                             n_seq * n_qkv * 4, act, act_bytes, impl);
+    int st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qk, D, xa, n_seq * D * 4, n_seq, qkv,
+                           n_seq * n_qk * 4, act, act_bytes, impl);
+    if (st == STRATA_OK)
+        st = strata_matmul(pool, L->v_type, L->wv, L->wv_bytes, hkv, D, xa, n_seq * D * 4, n_seq, spare,
+                           n_seq * hkv * 4, act, act_bytes, impl);
+    if (st != STRATA_OK) return st;
+    for (int64_t b = n_seq - 1; b >= 0; b--) {
+        memmove(qkv + b * n_qkv, qkv + b * n_qk, (size_t)n_qk * 4);
+        memcpy(qkv + b * n_qkv + n_qk, spare + b * hkv, (size_t)hkv * 4);
+    }
+    return STRATA_OK;
+}
+
 /* Grouped-query attention of the new tokens into att [n_seq, H hd]. */
 static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *qkv,
                     float *att, float *gate, const int64_t *n_ctx, const int64_t *blk, const int64_t *off,
                     void *act, int64_t act_bytes, int impl) {
-    const int64_t D = L->n_embd, H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
+    const int64_t H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
     const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + 2 * hkv;
-    int st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
-                           n_seq * n_qkv * 4, act, act_bytes, impl);
+    int st = qkv_product(pool, L, n_seq, xa, qkv, n_q + hkv, n_qkv, hkv, att, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bqkv)
         for (int64_t b = 0; b < n_seq; b++)

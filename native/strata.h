@@ -577,6 +577,12 @@ typedef struct {
     float qk_l2_eps;
     int64_t temp_floor;
     double temp_scale;
+    /* V in a type of its own (NULL: v is in wqkv): wv [Hkv hd, D] of type v_type, and wqkv then
+     * holds the query (and gate) and key rows only. Files quantized by llama.cpp's mixes (Q4_K_M,
+     * IQ4_XS, ...) give attn_v more bits than attn_q and attn_k. Grouped-query attention only. */
+    int32_t v_type;
+    const void *wv;
+    int64_t wv_bytes;
 } strata_attn_layer;
 
 /* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):

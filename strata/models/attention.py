@@ -35,7 +35,8 @@ class AttentionWeights:
     q_norm: RMSNorm | None = None  # over hd (per head) or H*hd (full width)
     k_norm: RMSNorm | None = None  # over hd (per head) or Hkv*hd (full width)
     qk_norm_per_head: bool = True
-    wqkv: Weight | None = None  # [(H + 2 Hkv)*hd, D]: wq, wk, wv stacked (one product), when set
+    wqkv: Weight | None = None  # [(H + 2 Hkv)*hd, D]: wq, wk, wv stacked (one product), when set;
+    # [(H + Hkv)*hd, D], wq and wk only, when wv is set too (a v of another type: llama.cpp's mixes)
     bo: torch.Tensor | None = None  # [D] output projection bias (gpt-oss)
     sinks: torch.Tensor | None = None  # [H] sink logits: one more softmax column per head, then dropped (gpt-oss)
 
@@ -97,7 +98,11 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]
-        if w.wqkv is not None:
+        if w.wqkv is not None and w.wv is not None:  # q|k stacked, v of another type
+            hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+            q, k = linear(x, w.wqkv).split([hq, hkv], dim=-1)
+            q, k, v = _bias(q, w.bq), _bias(k, w.bk), linear(x, w.wv, w.bv)
+        elif w.wqkv is not None:
             hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
             q, k, v = linear(x, w.wqkv).split([hq, hkv, hkv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd]
             q, k, v = _bias(q, w.bq), _bias(k, w.bk), _bias(v, w.bv)

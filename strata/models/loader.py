@@ -207,6 +207,18 @@ def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedA
     return GatedAttention(weights, H, Hkv, hd, rope, i, native=w.native)
 
 
+def _stack_qkv(weights: AttentionWeights) -> None:
+    """Packed q, k and v stacked by rows into one product (wqkv); where v has a type of its own
+    (llama.cpp's Q4_K_M, IQ4_XS, ... mixes give attn_v more bits), q and k alone, v kept apart."""
+    q, k, v = weights.wq, weights.wk, weights.wv
+    if not all(isinstance(m, PackedMatrix) for m in (q, k, v)) or q.type != k.type:
+        return
+    if v.type == q.type:
+        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat([q, k, v]), None, None, None
+    else:
+        weights.wqkv, weights.wq, weights.wk = PackedMatrix.concat([q, k]), None, None
+
+
 def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
     if arch.mla:
         return _mla_attention(w, hp, i, rope)
@@ -224,9 +236,7 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
         weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))
         weights.qk_norm_per_head = per_head
-    qkv = [weights.wq, weights.wk, weights.wv]
-    if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
-        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
+    _stack_qkv(weights)
     if arch.attn_out_bias:
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:

@@ -68,12 +68,15 @@ class DecodeAttn:
                  norm_weights: bool = False, weights_scale: float = 1.0, sinks: Any = None, window: int = 0,
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
-                 chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None):
+                 chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None,
+                 v: tuple[Any, Any] | None = None):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
+        if v is not None and mla is not None:
+            raise ValueError("decode step: a v of its own type goes with grouped-query attention")
         self._keep = (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias,
-                      selection_bias, mla)
+                      selection_bias, mla, v)
         if window < 0 or chunk < 0:
             raise ValueError(f"decode step: window and chunk must be >= 0, found {window} and {chunk}")
         if (chunk or qk_l2_eps is not None or temperature is not None) and mla is not None:
@@ -96,6 +99,8 @@ class DecodeAttn:
             "bo": _f32(bo, "output bias", D), "q_gate": 1 if q_gate else 0, "chunk": int(chunk),
             "qk_l2": 0 if qk_l2_eps is None else 1, "qk_l2_eps": 0.0 if qk_l2_eps is None else qk_l2_eps,
             "temp_floor": int(floor), "temp_scale": float(t_scale),
+            **({} if v is None else {"v_type": int(ggml_type(v[0])), "wv": ffi.cast("void *", v[1].data_ptr()),
+                                     "wv_bytes": v[1].numel()}),
             **_routing(D, router, n_used, gating, norm_weights, weights_scale, router_bias, selection_bias, n_groups,
                        n_groups_used, group_top)})
         if mla is not None:  # latent attention: see strata.h strata_attn_layer

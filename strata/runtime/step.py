@@ -75,7 +75,7 @@ class FusedDecode:
                                   for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hkv))]).float().contiguous()
             self.layer = native.DecodeAttn(
                 **common, n_head_kv=att.n_head_kv, head_dim=att.head_dim, attn_scale=att.head_dim ** -0.5,
-                qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias,
+                qkv=(w.wqkv.type, w.wqkv._data_t), bqkv=bias, v=None if w.wv is None else (w.wv.type, w.wv._data_t),
                 q_norm=None if w.q_norm is None else w.q_norm.weight, k_norm=None if w.k_norm is None else w.k_norm.weight,
                 qk_norm_per_head=w.qk_norm_per_head, sinks=_f32(w.sinks), window=att.window, bo=_f32(w.bo),
                 q_gate=isinstance(att, GatedAttention), **(dict(
@@ -103,7 +103,7 @@ class FusedDecode:
                     (w.wq is None) == (w.wq_b is None) or any(n is not None and n.eps != eps for n in (w.q_a_norm, w.kv_a_norm)):
                 return False
         elif compute is None or not isinstance(w.wqkv, PackedMatrix) or not isinstance(w.wo, PackedMatrix) or \
-                (w.q_norm is not None and w.q_norm.eps != eps):
+                (w.wv is not None and not isinstance(w.wv, PackedMatrix)) or (w.q_norm is not None and w.q_norm.eps != eps):
             return False
         if isinstance(block.ffn, MoE):
             e, r = block.ffn.experts, block.ffn.router
