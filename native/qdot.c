@@ -31,9 +31,10 @@ typedef struct {
  *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both
  *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   -> AVX2 both
  *   Q6_K     36.5 vs 11.0                   61.4 vs 95.6                 -> AVX2 decode
- * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), MXFP4 (decode 26.1 vs 25.4,
- * in cache 28.8 vs 20.0, prefill 65.8 vs 36.6), IQ4_NL (25.7 vs 21.7, 53.7 vs 34.5), F16 and BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's,
- * but decode is most of what float matrices do). Decode reads the weights once, so its rate is the
+ * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), MXFP4 (decode 26.1 vs
+ * 25.4, in cache 28.8 vs 20.0, prefill 65.8 vs 36.6), IQ4_NL (25.7 vs 21.7, 53.7 vs 34.5), F16 and
+ * BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's, but decode is most
+ * of what float matrices do). Decode reads the weights once, so its rate is the
  * memory's, and the AVX2 tiles' fetch of the next tile ahead holds more of it than the zmm tiles'
  * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
 #define AVX2_DECODE 1
@@ -43,36 +44,44 @@ _Thread_local const uint8_t *strata_qdot_ahead_end;
 
 const uint8_t *strata_qdot_ahead(void) { return strata_qdot_ahead_end; }
 
+/* One row: type, activation format, kernel name, whether AVX-512 has a tile of its own (OWN or
+ * NONE), the phases an AVX-512 call runs with the AVX2 tile. */
+#define OWN(name) strata_qdot_##name##_avx512
+#define NONE(name) NULL
+#define ROW(T, ACT, name, avx512, on_avx2)                                                                   \
+    {STRATA_T_##T, STRATA_ACT_##ACT, {strata_qdot_##name##_ref, strata_qdot_##name##_avx2, avx512(name)},   \
+     on_avx2, strata_qdot_##name##_evex}
+
 static const qdot_row TILES[] = {
-    {STRATA_T_F32, STRATA_ACT_F32, {strata_qdot_f32_ref, strata_qdot_f32_avx2, NULL}, 0, strata_qdot_f32_evex},
-    {STRATA_T_F16, STRATA_ACT_F32, {strata_qdot_f16_ref, strata_qdot_f16_avx2, strata_qdot_f16_avx512}, 0, strata_qdot_f16_evex},
-    {STRATA_T_BF16, STRATA_ACT_F32, {strata_qdot_bf16_ref, strata_qdot_bf16_avx2, strata_qdot_bf16_avx512}, 0, strata_qdot_bf16_evex},
-    {STRATA_T_Q4_0, STRATA_ACT_Q8, {strata_qdot_q4_0_ref, strata_qdot_q4_0_avx2, strata_qdot_q4_0_avx512}, 0, strata_qdot_q4_0_evex},
-    {STRATA_T_Q4_1, STRATA_ACT_Q8, {strata_qdot_q4_1_ref, strata_qdot_q4_1_avx2, NULL}, 0, strata_qdot_q4_1_evex},
-    {STRATA_T_Q5_0, STRATA_ACT_Q8, {strata_qdot_q5_0_ref, strata_qdot_q5_0_avx2, NULL}, 0, strata_qdot_q5_0_evex},
-    {STRATA_T_Q5_1, STRATA_ACT_Q8, {strata_qdot_q5_1_ref, strata_qdot_q5_1_avx2, NULL}, 0, strata_qdot_q5_1_evex},
-    {STRATA_T_Q8_0, STRATA_ACT_Q8, {strata_qdot_q8_0_ref, strata_qdot_q8_0_avx2, strata_qdot_q8_0_avx512}, AVX2_DECODE, strata_qdot_q8_0_evex},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {strata_qdot_mxfp4_ref, strata_qdot_mxfp4_avx2, strata_qdot_mxfp4_avx512}, 0, strata_qdot_mxfp4_evex},
-    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {strata_qdot_q2_k_ref, strata_qdot_q2_k_avx2, NULL}, 0, strata_qdot_q2_k_evex},
-    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {strata_qdot_q3_k_ref, strata_qdot_q3_k_avx2, NULL}, 0, strata_qdot_q3_k_evex},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {strata_qdot_q4_k_ref, strata_qdot_q4_k_avx2, strata_qdot_q4_k_avx512}, AVX2_DECODE | AVX2_PREFILL, strata_qdot_q4_k_evex},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {strata_qdot_q5_k_ref, strata_qdot_q5_k_avx2, strata_qdot_q5_k_avx512}, AVX2_DECODE | AVX2_PREFILL, strata_qdot_q5_k_evex},
-    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {strata_qdot_q6_k_ref, strata_qdot_q6_k_avx2, strata_qdot_q6_k_avx512}, AVX2_DECODE, strata_qdot_q6_k_evex},
+    ROW(F32, F32, f32, NONE, 0),
+    ROW(F16, F32, f16, OWN, 0),
+    ROW(BF16, F32, bf16, OWN, 0),
+    ROW(Q4_0, Q8, q4_0, OWN, 0),
+    ROW(Q4_1, Q8, q4_1, NONE, 0),
+    ROW(Q5_0, Q8, q5_0, NONE, 0),
+    ROW(Q5_1, Q8, q5_1, NONE, 0),
+    ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
+    ROW(MXFP4, Q8, mxfp4, OWN, 0),
+    ROW(Q2_K, Q8K, q2_k, NONE, 0),
+    ROW(Q3_K, Q8K, q3_k, NONE, 0),
+    ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL),
+    ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL),
+    ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
-     * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 runs the AVX2
-     * ones, IQ4_NL aside (the 8-row VNNI tiles of the 4-bit formats, qdot_avx512.c). */
-    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {strata_qdot_iq2_xxs_ref, strata_qdot_iq2_xxs_avx2, NULL}, 0, strata_qdot_iq2_xxs_evex},
-    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {strata_qdot_iq2_xs_ref, strata_qdot_iq2_xs_avx2, NULL}, 0, strata_qdot_iq2_xs_evex},
-    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {strata_qdot_iq2_s_ref, strata_qdot_iq2_s_avx2, NULL}, 0, strata_qdot_iq2_s_evex},
-    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {strata_qdot_iq3_xxs_ref, strata_qdot_iq3_xxs_avx2, NULL}, 0, strata_qdot_iq3_xxs_evex},
-    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {strata_qdot_iq3_s_ref, strata_qdot_iq3_s_avx2, NULL}, 0, strata_qdot_iq3_s_evex},
-    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {strata_qdot_iq1_s_ref, strata_qdot_iq1_s_avx2, NULL}, 0, strata_qdot_iq1_s_evex},
-    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {strata_qdot_iq1_m_ref, strata_qdot_iq1_m_avx2, NULL}, 0, strata_qdot_iq1_m_evex},
-    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {strata_qdot_iq4_xs_ref, strata_qdot_iq4_xs_avx2, NULL}, 0, strata_qdot_iq4_xs_evex},
-    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {strata_qdot_tq1_0_ref, strata_qdot_tq1_0_avx2, NULL}, 0, strata_qdot_tq1_0_evex},
-    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {strata_qdot_tq2_0_ref, strata_qdot_tq2_0_avx2, NULL}, 0, strata_qdot_tq2_0_evex},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {strata_qdot_iq4_nl_ref, strata_qdot_iq4_nl_avx2, strata_qdot_iq4_nl_avx512}, 0, strata_qdot_iq4_nl_evex},
-    {STRATA_T_NVFP4, STRATA_ACT_Q8, {strata_qdot_nvfp4_ref, strata_qdot_nvfp4_avx2, NULL}, 0, strata_qdot_nvfp4_evex},
+     * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run
+     * their AVX-512 builds (qdot_*_evex.c), IQ4_NL its own 8-row tiles (qdot_nib_avx512.c). */
+    ROW(IQ2_XXS, Q8K, iq2_xxs, NONE, 0),
+    ROW(IQ2_XS, Q8K, iq2_xs, NONE, 0),
+    ROW(IQ2_S, Q8K, iq2_s, NONE, 0),
+    ROW(IQ3_XXS, Q8K, iq3_xxs, NONE, 0),
+    ROW(IQ3_S, Q8K, iq3_s, NONE, 0),
+    ROW(IQ1_S, Q8K, iq1_s, NONE, 0),
+    ROW(IQ1_M, Q8K, iq1_m, NONE, 0),
+    ROW(IQ4_XS, Q8K, iq4_xs, NONE, 0),
+    ROW(TQ1_0, Q8K, tq1_0, NONE, 0),
+    ROW(TQ2_0, Q8K, tq2_0, NONE, 0),
+    ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
+    ROW(NVFP4, Q8, nvfp4, NONE, 0),
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */
