@@ -201,9 +201,7 @@ def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedA
         wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
         wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
         q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
-    qkv = [weights.wq, weights.wk, weights.wv]
-    if all(isinstance(m, PackedMatrix) for m in qkv) and len({m.type for m in qkv}) == 1:
-        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat(qkv), None, None, None
+    _stack_qkv(weights)
     return GatedAttention(weights, H, Hkv, hd, rope, i, native=w.native)
 
 

@@ -447,12 +447,12 @@ def test_llama4_native_step_refuses_bad_fields(llama4):
                           o=("f32", torch.zeros(64 * 4, dtype=torch.uint8)), chunk=-1)
 
 
-@pytest.mark.parametrize("key", ["qwen3moe", "qwen2moe"])
+@pytest.mark.parametrize("key", ["qwen3moe", "qwen2moe", "qwen35moe"])
 def test_a_v_of_its_own_type_keeps_the_fused_step_and_the_program(key, tmp_path):
     """llama.cpp's quantization mixes (Q4_K_M, IQ4_XS, ...) give attn_v another type than attn_q and
     attn_k: q and k stack alone, v is its own product in the fused step (its rows moved into place
-    beside q|k, qkv bias and q/k norms included), and the decode program still runs: the per-call
-    path's bytes, one sequence and three."""
+    beside q|k; qkv bias, q/k norms and qwen35moe's query gates included), and the decode program
+    still runs: the per-call path's bytes, one sequence and three."""
     from gguf import MODEL_TENSOR as MT
 
     from converters import TypePolicy, convert
@@ -466,14 +466,16 @@ def test_a_v_of_its_own_type_keeps_the_fused_step_and_the_program(key, tmp_path)
 
     tiny, path = zoo().get(key), tmp_path / f"{key}-v-f16.gguf"
     convert(tiny.hf_dir, path, VOfItsOwn.from_args(), name=f"tiny-{key}", n_threads=2)  # q8_0 attention
-    with open_model(path) as mf:
-        types = {n.split(".")[-2]: t.ggml_type for n, t in mf.tensors.items() if n.startswith("blk.0.attn_")}
+    with open_model(path) as mf:  # the first attention layer (qwen35moe's first ones are DeltaNet)
+        layer = min(int(n.split(".")[1]) for n in mf.tensors if n.endswith(".attn_v.weight"))
+        types = {n.split(".")[-2]: t.ggml_type for n, t in mf.tensors.items() if n.startswith(f"blk.{layer}.attn_")}
     assert types["attn_v"] == GGMLType.F16 and types["attn_q"] == types["attn_k"] == GGMLType.Q8_0, types
     with strata.load(path, threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct") as m:
-        att = m.transformer.blocks[0].attention
+        att = m.transformer.blocks[layer].attention
         w, hd = att.w, att.head_dim
         assert w.wv is not None and w.wv.type == GGMLType.F16 and w.wqkv is not None and w.wqkv.type == GGMLType.Q8_0
-        assert w.wqkv.shape[0] == (att.n_head + att.n_head_kv) * hd and w.wv.shape[0] == att.n_head_kv * hd
+        gates = att.n_head if key == "qwen35moe" else 0  # the query's output gates, rows beside q's
+        assert w.wqkv.shape[0] == (att.n_head + gates + att.n_head_kv) * hd and w.wv.shape[0] == att.n_head_kv * hd
         assert all(s is not None for s in m.runner.steps)
         _has_program(tiny, m)
         _check_fused_equals_per_call(tiny, m)
