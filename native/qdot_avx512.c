@@ -2,15 +2,14 @@
  * AVX-512 twins (F, BW, VL, VNNI) of the quantized matrix kernels of qdot_ref.c: the activation
  * quantizers and the tile kernels of Q8_0 (activation Q8), Q4_K, Q5_K, Q6_K (activation Q8K), F16
  * and BF16 (activation F32); the 4-bit formats of one scale per 32 (Q4_0, MXFP4, IQ4_NL) are in
- * qdot_nib_avx512.c. Interface, activation formats and the
- * tolerance contract: qdot.h. Block layouts: common.h.
+ * qdot_nib_avx512.c. Interface, activation formats and the tolerance contract: qdot.h. Block
+ * layouts: common.h.
  *
  * Integer parts are exact. VPDPBUSD multiplies unsigned bytes (its second operand) by signed
- * bytes (its third) and adds groups of four into int32 lanes. Every weight code is made unsigned
- * by an offset C (Q4_0: the stored nibble, C = 8; Q8_0: w + 128 via xor 0x80; MXFP4: the doubled
- * E2M1 value + 12; IQ4_NL: the code-book value + 128) and C * sum(a), itself a VPDPBUSD of the bytes C with the activation, is
- * subtracted: sum((w + C) * a) - C * sum(a) = sum(w * a), every term inside int32. The K-quants
- * multiply codes and activations pairwise into int16 (VPMADDUBSW: at most 2 * 63 * 127, no
+ * bytes (its third) and adds groups of four into int32 lanes. Q8_0's codes are made unsigned by an
+ * offset C = 128 (w + 128 via xor 0x80) and C * sum(a), itself a VPDPBUSD of the bytes C with the
+ * activation, is subtracted: sum((w + C) * a) - C * sum(a) = sum(w * a), every term inside int32.
+ * The K-quants multiply codes and activations pairwise into int16 (VPMADDUBSW: at most 2 * 63 * 127, no
  * saturation) and weight those pairs by the sub-block scale with VPDPWSSD into int32 lanes. The
  * lanes of one block (or block pair) are then converted to float and scaled once per block, so
  * the float result differs from the scalar one only in the order the per-block terms are added.

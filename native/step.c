@@ -72,11 +72,13 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     const int64_t D = L->n_embd;
     int64_t n_qkv, n_att, o_in, act = 0, a;
     widths(L, &n_qkv, &n_att, &o_in);
-    /* The products' activation rows: q|k|v (or q, q_b), o, and for latent attention q_a and kv_a. */
+    /* The products' activation rows: q|k|v (or q, q_b), o, for latent attention q_a and kv_a, and a
+     * v of its own type. */
     const int32_t types[5] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type, L->v_type};
     const int64_t lens[5] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D, D};
+    const int used[5] = {1, 1, latent(L) && L->q_lora, latent(L), L->wv != NULL};
     for (int i = 0; i < 5; i++) {
-        if ((i == 2 && !L->q_lora) || ((i == 2 || i == 3) && !latent(L)) || (i == 4 && !L->wv)) continue;
+        if (!used[i]) continue;
         int st = strata_matmul_scratch_bytes(types[i], n_seq, lens[i], &a);
         if (st != STRATA_OK) return st;
         act = a > act ? a : act;

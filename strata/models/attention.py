@@ -98,14 +98,15 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]
-        if w.wqkv is not None and w.wv is not None:  # q|k stacked, v of another type
+        if w.wqkv is not None:  # q, k (and v, unless it has a type of its own) stacked
             hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-            q, k = linear(x, w.wqkv).split([hq, hkv], dim=-1)
-            q, k, v = _bias(q, w.bq), _bias(k, w.bk), linear(x, w.wv, w.bv)
-        elif w.wqkv is not None:
-            hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-            q, k, v = linear(x, w.wqkv).split([hq, hkv, hkv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd]
-            q, k, v = _bias(q, w.bq), _bias(k, w.bk), _bias(v, w.bv)
+            if w.wv is None:
+                q, k, v = linear(x, w.wqkv).split([hq, hkv, hkv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd]
+                v = _bias(v, w.bv)
+            else:
+                q, k = linear(x, w.wqkv).split([hq, hkv], dim=-1)
+                v = linear(x, w.wv, w.bv)
+            q, k = _bias(q, w.bq), _bias(k, w.bk)
         else:
             q, k, v = linear(x, w.wq, w.bq), linear(x, w.wk, w.bk), linear(x, w.wv, w.bv)  # [T, H*hd], ...
         q, k, v = q.view(T, self.n_head, -1), k.view(T, self.n_head_kv, -1), v.view(T, self.n_head_kv, -1)

@@ -168,11 +168,10 @@ class GatedAttention(Attention):
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         w, T, H, hd, Hkv = self.w, x.shape[0], self.n_head, self.head_dim, self.n_head_kv
-        if w.wqkv is not None and w.wv is not None:  # packed: q (with the gates) and k stacked, v of another type
-            qg, k = linear(x, w.wqkv).split([2 * H * hd, Hkv * hd], dim=-1)
-            v = linear(x, w.wv)
-        elif w.wqkv is not None:  # packed: q (with the gates), k and v stacked, one product
+        if w.wqkv is not None and w.wv is None:  # packed: q (with the gates), k and v stacked, one product
             qg, k, v = linear(x, w.wqkv).split([2 * H * hd, Hkv * hd, Hkv * hd], dim=-1)
+        elif w.wqkv is not None:  # packed: q (with the gates) and k stacked, v of a type of its own
+            (qg, k), v = linear(x, w.wqkv).split([2 * H * hd, Hkv * hd], dim=-1), linear(x, w.wv)
         else:
             qg, k, v = linear(x, w.wq), linear(x, w.wk), linear(x, w.wv)
         q, gate = qg.reshape(T, H, 2, hd).unbind(2)  # [T, H, hd] each

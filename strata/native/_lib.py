@@ -56,10 +56,15 @@ def cpu_has_avx512() -> bool:
     return bool(lib.strata_cpu_has_avx512())
 
 
+def impl_name(code: int) -> str | None:
+    """The name of a STRATA_IMPL_* code ('scalar', 'avx2', 'avx512'); None for any other (-1: none)."""
+    return _IMPL_NAMES.get(code)
+
+
 def default_impl() -> str:
     """What 'auto' resolves to here: 'avx512', 'avx2' or 'scalar', the widest the CPU runs unless
     STRATA_FORCE_SCALAR (scalar) or STRATA_FORCE_AVX2 (at most avx2) is set."""
-    return _IMPL_NAMES[lib.strata_impl_default()]
+    return impl_name(lib.strata_impl_default())
 
 
 def default_threads() -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from strata.quant import ggml_type
 
-from ._lib import _is_tensor, check, f32_view, ffi, impl_code, lib, src_view
+from ._lib import _is_tensor, check, f32_view, ffi, impl_code, impl_name, lib, src_view
 from .dequant import row_geometry
 
 
@@ -34,10 +34,10 @@ def kernel_family(t: Any, impl: str, decode: bool) -> str:
     """The family whose tile a call of family `impl` runs for type `t`: for decode (fewer than 4
     tokens; an AVX-512 call may decode with the AVX2 tile, where the kernel table measured it
     faster) or prefill."""
-    code = lib.strata_qdot_kernel_family(int(ggml_type(t)), impl_code(impl), int(decode))
-    if code < 0:
+    name = impl_name(lib.strata_qdot_kernel_family(int(ggml_type(t)), impl_code(impl), int(decode)))
+    if name is None:
         raise ValueError(f"{ggml_type(t).name}: no packed kernel for {impl!r}")
-    return next(name for name in ("scalar", "avx2", "avx512") if impl_code(name) == code)
+    return name
 
 
 def scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:

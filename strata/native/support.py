@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from strata.quant import GGMLType, ggml_type
 
-from ._lib import default_impl, impl_code, lib
+from ._lib import default_impl, impl_code, impl_name, lib
 
 #: Kernel families, narrowest first (a family without its own kernel runs the next one down).
 FAMILIES = ("scalar", "avx2", "avx512")
@@ -50,14 +50,10 @@ def type_support(t: int | str | GGMLType) -> TypeSupport:
     t = ggml_type(t)
     own = tuple(f for f in FAMILIES if lib.strata_qdot_has_kernel(int(t), impl_code(f)))
     packed = bool(own)
-    runs, decode_runs = (_family(lib.strata_qdot_kernel_family(int(t), impl_code(default_impl()), d)) for d in (0, 1))
+    runs, decode_runs = (impl_name(lib.strata_qdot_kernel_family(int(t), impl_code(default_impl()), d)) for d in (0, 1))
     return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), packed, own, runs,
                        decode_runs)
 
-
-def _family(code: int) -> str | None:
-    """The name of a STRATA_IMPL_* code (None for -1: no packed kernel)."""
-    return next((f for f in FAMILIES if impl_code(f) == code), None)
 
 
 def supported_types(packed: bool = False) -> tuple[GGMLType, ...]:
