@@ -116,6 +116,21 @@ static int env_flag(const char *name) {
     return v && v[0] && strcmp(v, "0") != 0;
 }
 
+int strata_cpu_splits_512(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    cached = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned r[4];
+    cpuid(0, 0, r);
+    const int amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;   /* "AuthenticAMD" */
+    cpuid(1, 0, r);
+    const unsigned base = (r[0] >> 8) & 0xfu, ext = (r[0] >> 20) & 0xffu;
+    cached = amd && base + (base == 0xfu ? ext : 0u) == 0x19u;
+#endif
+    return cached;
+}
+
 int strata_impl_default(void) {
     if (env_flag("STRATA_FORCE_SCALAR")) return STRATA_IMPL_SCALAR;
     if (!env_flag("STRATA_FORCE_AVX2") && strata_cpu_has_avx512()) return STRATA_IMPL_AVX512;

@@ -19,7 +19,7 @@ enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
 typedef struct {
     int type, act;
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
-    int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL: phases an AVX-512 call runs with the AVX2 tile */
+    int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL | AVX2_PREFILL_SPLIT: phases an AVX-512 call runs with the AVX2 tile */
     strata_qdot_tile_fn evex;   /* the AVX2 tile built for AVX-512 machines (qdot_avx2_common.h) */
 } qdot_row;
 
@@ -28,8 +28,8 @@ typedef struct {
  * --alternate 3`, GB/s of weights, AVX2 vs AVX-512 tile, two runs where they were close:
  *            decode from DRAM               prefill (64 tokens)
  *   Q8_0     35.4 vs 23.9                   77.5 vs 89.1                 -> AVX2 decode
- *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both
- *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   -> AVX2 both
+ *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both (prefill:
+ *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   ->   on a split datapath)
  *   Q6_K     36.5 vs 11.0                   61.4 vs 95.6                 -> AVX2 decode
  * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), MXFP4 (decode 26.1 vs
  * 25.4, in cache 28.8 vs 20.0, prefill 65.8 vs 36.6), IQ4_NL (25.7 vs 21.7, 53.7 vs 34.5), F16 and
@@ -39,6 +39,11 @@ typedef struct {
  * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
 #define AVX2_DECODE 1
 #define AVX2_PREFILL 2
+/* Prefill runs the AVX2 tile only where 512-bit operations are split in two halves (Zen 4,
+ * strata_cpu_splits_512). On an Intel Xeon (AVX-512 VNNI/BF16/FP16, AMX; benchmarks/RESULTS.md)
+ * the zmm tiles prefill faster: Q4_K 27.2 vs 18.5 and 26.4 vs 22.1, Q5_K 28.2 vs 23.6 and 30.9 vs
+ * 27.9 GB/s (AVX-512 vs AVX2); the decode column there agrees with Zen 4's. */
+#define AVX2_PREFILL_SPLIT 4
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -64,8 +69,8 @@ static const qdot_row TILES[] = {
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
     ROW(Q2_K, Q8K, q2_k, NONE, 0),
     ROW(Q3_K, Q8K, q3_k, NONE, 0),
-    ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL),
-    ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL),
+    ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
+    ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run
@@ -142,7 +147,8 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->weight_type = weight_type;
         out->act = row->act;
         out->block_elems = f->block_elems;
-        const int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
+        int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
+        if ((on_avx2 & AVX2_PREFILL_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_PREFILL;
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);

@@ -56,6 +56,11 @@ def cpu_has_avx512() -> bool:
     return bool(lib.strata_cpu_has_avx512())
 
 
+def cpu_splits_512() -> bool:
+    """True when this CPU runs 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4)."""
+    return bool(lib.strata_cpu_splits_512())
+
+
 def impl_name(code: int) -> str | None:
     """The name of a STRATA_IMPL_* code ('scalar', 'avx2', 'avx512'); None for any other (-1: none)."""
     return _IMPL_NAMES.get(code)
@@ -163,5 +168,5 @@ def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[A
 
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "default_impl", "default_threads",
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_splits_512", "default_impl", "default_threads",
            "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

@@ -123,7 +123,20 @@ def test_avx512_own_tiles_override_the_table():
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     own = subprocess.run([sys.executable, "-c", code], env={**env, "STRATA_AVX512_OWN_TILES": "1"},
                          capture_output=True, text=True, check=True)
-    assert plain.stdout.split() == ["avx2", "avx2", "avx2"] and own.stdout.split() == ["avx512"] * 3
+    q4k_prefill = "avx2" if native.cpu_splits_512() else "avx512"
+    assert plain.stdout.split() == ["avx2", q4k_prefill, "avx2"] and own.stdout.split() == ["avx512"] * 3
+
+
+def test_a_split_512_bit_datapath_is_told_by_vendor_and_family():
+    """The prefill choice of Q4_K/Q5_K follows strata_cpu_splits_512: AMD family 19h (Zen 4) as
+    /proc/cpuinfo tells it."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        pytest.skip("no /proc/cpuinfo to check against")
+    fields = dict(line.split(":", 1) for line in info.read_text().splitlines()[:12] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    expected = fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+    assert native.cpu_splits_512() == expected, fields.get("vendor_id")
 
 
 @needs_avx512
