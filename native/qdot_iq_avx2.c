@@ -7,8 +7,9 @@
  * made once and used for every token of the tile:
  *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3) grid
  *       rows gathered by scalar loads and 64-bit (32-bit) inserts;
- *   s   the 32 signs as bytes (+1 or -1): from the 7-bit ksigns indices by vector arithmetic
- *       (IQ2_XXS, IQ2_XS, IQ3_XXS: ksigns_vec), or spread from the block's sign bits (IQ2_S, IQ3_S);
+ *   s   the 32 signs as bytes (+1 or -1), spread from 4 bytes of sign bits (sign_bits): the block's
+ *       own (IQ2_S, IQ3_S), or, for the formats that store 7-bit ksigns indices (IQ2_XXS, IQ2_XS,
+ *       IQ3_XXS), bits made for the whole block at once by vector arithmetic (iq_signs);
  *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31), picked
  *       by one shuffle from a vector of the block's weights made once per block (pick_weight).
  * Grid indices whose high bits lie elsewhere in the block (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
@@ -29,7 +30,11 @@
  * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
  * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
  * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
- * are one shift and mask each from a register already). Open: IQ1_S's 8-token prefill tile went
+ * are one shift and mask each from a register already). Making the ksigns
+ * sign bits per block (iq_signs) instead of per chunk: 1.04-1.07x IQ2_XS decode, the same for IQ2_XXS
+ * and IQ3_XXS within this Intel machine's noise (one thread, in cache, alternating builds; measured
+ * the same way against llama.cpp's vec_dot kernels, these decode kernels run at 0.86-1.4x its speed
+ * per block). Open: IQ1_S's 8-token prefill tile went
  * from 6.9 to 8.1 ns per block and token with these changes (its sub-block weights are not the cause).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
@@ -152,23 +157,53 @@ INLINE void iq_indices(int fmt, const uint8_t *p, uint16_t *ix) {
                     _mm256_setr_epi16(256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16, 256, 16, 1, 16), ix);
 }
 
-/* Sign bytes (+1, -1) of 4 groups of 8 from four 7-bit ksigns indices, one in the low bits of each
- * 64-bit lane of v (bits above are ignored). Bits 0-6 are spread to bytes 0-6 as masks (byte 7 gets
- * 0); the 8th sign is the parity of the 7 (ksigns has even parity): psadbw sums each group's mask
- * bytes into 255 x (number of negatives), whose bit 0 shifted to bit 63 makes byte 7 negative. No
- * table loads: 8 vector instructions per 32 values. */
-INLINE __m256i ksigns_vec(__m256i v) {
-    const __m256i spread = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1,
-                                                                   0, 0, 0, 0, 0, 0, 0, -1, 8, 8, 8, 8, 8, 8, 8, -1));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    const __m256i odd = _mm256_slli_epi64(_mm256_sad_epu8(neg, _mm256_setzero_si256()), 63);
-    return _mm256_or_si256(_mm256_or_si256(neg, odd), _mm256_set1_epi8(1));
+/* The 8 sign bits of 16 groups of 8 values from their 7-bit ksigns indices, one in the low byte of each
+ * 16-bit lane of v (the high byte 0): the 8th sign is the parity of the 7 (ksigns has even parity),
+ * read from a 16-entry table by one shuffle of the index's two nibbles xor-ed (bit 7 of that byte
+ * is 0, so the shuffle never zeroes it; the high byte reads entry 0, which is 0). */
+INLINE __m256i ksigns_parity(__m256i v) {
+    const __m256i odd = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                                         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+    return _mm256_or_si256(v, _mm256_shuffle_epi8(odd, _mm256_xor_si256(v, _mm256_srli_epi16(v, 4))));
 }
 
-/* The four ksigns indices at bit offsets shifts[l] of the 8 bytes at p, read by a broadcast load. */
-INLINE __m256i ksigns_at(const uint8_t *p, __m256i shifts) {
-    return ksigns_vec(_mm256_srlv_epi64(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)), shifts));
+/* 16 ksigns indices packed 4 to a u32 (bits 0-6, 7-13, 14-20, 21-27: IQ2_XXS's and IQ3_XXS's aux),
+ * two u32s per 128-bit lane of v at the bytes `sel` names, spread one per 16-bit lane: each lane
+ * gets the two bytes its field spans, shifted left by `mul` so the field starts at bit 8. */
+INLINE __m256i ksigns_fields(__m256i v, __m256i sel) {
+    const __m256i mul = _mm256_setr_epi16(256, 2, 4, 8, 256, 2, 4, 8, 256, 2, 4, 8, 256, 2, 4, 8);
+    return _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, sel), mul), 8),
+                            _mm256_set1_epi16(0x7F));
+}
+
+/* The block's 32 groups' sign bits (group g's in byte g, bit j: value j negative), made once per
+ * block for the formats that store ksigns indices, so that a chunk's signs cost what IQ2_S's and
+ * IQ3_S's stored sign bits do (sign_bits). packus puts two vectors' lanes in the order lo0 lo1 hi0
+ * hi1. */
+INLINE void iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
+    __m256i f0, f1;
+    if (fmt == FMT_IQ2_XS) {  /* bits 9-15 of each u16 of qs */
+        const uint8_t *qs = ((const strata_block_iq2_xs *)p)->qs;
+        f0 = ksigns_parity(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 9));
+        f1 = ksigns_parity(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(qs + 32)), 9));
+    } else if (fmt == FMT_IQ2_XXS) {  /* the u32 at bytes 4-7 of each chunk's 8 (chunks 0-3, 4-7) */
+        const uint8_t *qs = ((const strata_block_iq2_xxs *)p)->qs;
+        const __m256i sel = _mm256_setr_epi8(4, 5, 4, 5, 5, 6, 6, 7, 12, 13, 12, 13, 13, 14, 14, 15,
+                                             4, 5, 4, 5, 5, 6, 6, 7, 12, 13, 12, 13, 13, 14, 14, 15);
+        f0 = ksigns_parity(ksigns_fields(_mm256_loadu_si256((const __m256i *)qs), sel));
+        f1 = ksigns_parity(ksigns_fields(_mm256_loadu_si256((const __m256i *)(qs + 32)), sel));
+    } else if (fmt == FMT_IQ3_XXS) {  /* aux's u32s: chunks 0, 1 | 4, 5 first, then 2, 3 | 6, 7 */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)((const strata_block_iq3_xxs *)p)->aux);
+        f0 = ksigns_parity(ksigns_fields(v, _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 4, 5, 4, 5, 5, 6, 6, 7,
+                                                             0, 1, 0, 1, 1, 2, 2, 3, 4, 5, 4, 5, 5, 6, 6, 7)));
+        f1 = ksigns_parity(ksigns_fields(v, _mm256_setr_epi8(8, 9, 8, 9, 9, 10, 10, 11, 12, 13, 12, 13, 13, 14, 14, 15,
+                                                             8, 9, 8, 9, 9, 10, 10, 11, 12, 13, 12, 13, 13, 14, 14, 15)));
+        _mm256_store_si256((__m256i *)sg, _mm256_packus_epi16(f0, f1));  /* already 0-1 2-3 4-5 6-7 */
+        return;
+    } else {
+        return;
+    }
+    _mm256_store_si256((__m256i *)sg, _mm256_permute4x64_epi64(_mm256_packus_epi16(f0, f1), 0xD8));
 }
 
 /* Sign bytes from 32 sign bits (bit j set: value j negative). */
@@ -254,13 +289,13 @@ INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
-INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_t *ix, chunk *ch) {
+INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_t *ix, const uint8_t *sg, chunk *ch) {
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = ksigns_at(idx, _mm256_setr_epi64x(32, 39, 46, 53));
+        ch->s = sign_bits(u32(sg + 4 * c));
         ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
@@ -269,7 +304,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        ch->s = ksigns_at(b->qs + 8 * c, _mm256_setr_epi64x(9, 25, 41, 57));
+        ch->s = sign_bits(u32(sg + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -284,7 +319,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = ksigns_vec(_mm256_srlv_epi64(_mm256_set1_epi32((int)u32(b->aux + 4 * c)), _mm256_setr_epi64x(0, 7, 14, 21)));
+        ch->s = sign_bits(u32(sg + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -348,12 +383,14 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         const __m256i wv = iq_weights(fmt, p);
         uint16_t ix[64] __attribute__((aligned(32)));
         iq_indices(fmt, p, ix);
+        uint8_t sg[32] __attribute__((aligned(32)));
+        iq_signs(fmt, p, sg);
         __m256i isum[8];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
-            iq_chunk(fmt, p, c, wv, ix, &ch);
+            iq_chunk(fmt, p, c, wv, ix, sg, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
