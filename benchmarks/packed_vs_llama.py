@@ -20,7 +20,8 @@ so load from other processes can favour either: compare only figures from one ru
 quiet machine: llama.cpp's OpenMP threads spin while they wait, so on oversubscribed cores its
 figures collapse (medium decoded at 2 tok/s, not 64-83, with a load average of 7 on 2 cores).
 Each shape's report also says which ISA each engine ran: llama.cpp's `llama_print_system_info()`
-features, Strata's default kernel family and, per ggml type in the file (with its share of the
+features (with "(AMX denied)" on AMX CPUs, where its AMX kernel crashes in this build and the child
+runs it as on a CPU without AMX, repacked rows kept: benchmarks/llama_amx.py), Strata's default kernel family and, per ggml type in the file (with its share of the
 file's tensor bytes), the family of the packed kernel its table hands out (native.type_support:
 for prefill, and for decode where the table picks another).
 
@@ -77,6 +78,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.llama_amx import deny_amx  # noqa: E402
 from benchmarks.packed_vs_llama_report import format_in_ram, format_out_of_ram, human_size  # noqa: E402
 from benchmarks.synthetic_moe import SHAPES, write, write_converted  # noqa: E402
 from tests.interop.llama_quantize import llama_quantize  # noqa: E402
@@ -169,6 +171,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def child_llama(a: argparse.Namespace) -> dict:
+    amx_denied = deny_amx()  # before llama.cpp starts: its AMX kernel crashes in this build (llama_amx.py)
     import numpy as np
     from llama_cpp import Llama
 
@@ -222,7 +225,7 @@ def child_llama(a: argparse.Namespace) -> dict:
                                                                     "seconds": seconds},
                 "self_peak_rss_kib": _peak_rss_kib()}
     prefill(), decode(a.n)  # warm-up: page the file in (mapped pages), start the thread pool
-    return {"engine": "llama.cpp", "load_s": load_s, "isa": llama_isa(),
+    return {"engine": "llama.cpp", "load_s": load_s, "isa": llama_isa() + (" (AMX denied)" if amx_denied else ""),
             "prefill_tok_s": spread([prefill() for _ in range(a.reps)]),
             "decode_tok_s": spread([decode(a.n) for _ in range(a.reps)])}
 

@@ -1,0 +1,62 @@
+"""The benchmarks' llama.cpp helpers: the AMX denial (benchmarks/llama_amx.py) refuses exactly the AMX
+permission request and nothing else; the kernel comparison (benchmarks/qdot_vs_ggml.py) computes the
+same product as Strata through ggml's own graph."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = textwrap.dedent("""
+    import ctypes, sys
+    sys.path.insert(0, sys.argv[1])
+    from benchmarks.llama_amx import ARCH_REQ_XCOMP_PERM, deny_amx
+    libc = ctypes.CDLL(None, use_errno=True)
+    denied = deny_amx()
+    request = libc.syscall(158, ARCH_REQ_XCOMP_PERM, 18)  # XFEATURE_XTILEDATA
+    errno = ctypes.get_errno()
+    other = libc.syscall(158, 0x1003, ctypes.byref(ctypes.c_ulong()))  # ARCH_GET_FS: still allowed
+    print(denied, request, errno, other)
+""")
+
+
+def test_amx_request_refused_and_nothing_else():
+    from benchmarks.llama_amx import cpu_has_amx
+
+    if not cpu_has_amx():
+        pytest.skip("this CPU has no AMX: deny_amx() does nothing here")
+    out = subprocess.run([sys.executable, "-c", PROBE, str(ROOT)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "-1", "1", "0"]  # refused with EPERM; ARCH_GET_FS allowed
+
+
+def test_amx_asked_for_is_left_alone(monkeypatch):
+    from benchmarks import llama_amx
+
+    monkeypatch.setattr(llama_amx, "cpu_has_amx", lambda: True)
+    monkeypatch.setenv("STRATA_BENCH_LLAMA_AMX", "1")
+    assert llama_amx.amx_wanted() and not llama_amx.deny_amx()  # returns before installing anything
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("name", ["IQ2_XS", "Q4_K", "Q8_0"])
+def test_kernel_comparison_computes_the_same_product(name):
+    pytest.importorskip("llama_cpp")
+    import argparse
+
+    import numpy as np
+
+    from benchmarks.qdot_vs_ggml import compare, ggml_libs
+    from strata import native
+
+    a = argparse.Namespace(rows=64, k=512, alternate=1)
+    with native.ComputePool(1) as pool:
+        line = compare(ggml_libs(), pool, 1, name, 3, a, np.random.default_rng(1))
+    diff = float(line.rsplit("differ by ", 1)[1].rstrip(")"))
+    assert diff < 2e-3, line  # both quantize the activations to 8 bits: the same product to rounding
