@@ -44,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.llama_amx import deny_amx  # noqa: E402
 LLAMA_SERVER = ROOT / ".ci-cache" / "llama-server-build" / "bin" / "llama-server"
 WORDS = ("the weather over the northern hills turned cold and every traveller on the old road looked for "
          "shelter in the villages where bread and soup were shared by the fire").split()
@@ -99,7 +101,9 @@ def running(name: str, command: list[str], port: int, timeout: float):
     """The server started, ready and warmed up; its URL. Stopped on the way out."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     log = tempfile.NamedTemporaryFile("w", prefix=f"{name}-", suffix=".log", delete=False)
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # llama-server as on a CPU without AMX where its AMX kernel crashes (benchmarks/llama_amx.py)
+    preexec = deny_amx if name == "llama-server" else None
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, timeout, name)
