@@ -116,6 +116,7 @@ static void tile_rows(const strata_qdot_kernels *k, int64_t row_len, const uint8
                       int64_t n_tok, float *y, int64_t y_stride) {
     const strata_qdot_tile_fn tile = strata_qdot_tile_for(k, n_tok);
     strata_qdot_ahead_end = w + ahead * w_row_bytes;
+    strata_qdot_new_acts();  /* a prefill tile re-lays these activations once, not per row block */
     for (int64_t r = r0; r < r1; r += MM_ROW_BLOCK) {
         const int64_t n = r1 - r < MM_ROW_BLOCK ? r1 - r : MM_ROW_BLOCK;
         tile(row_len, w + r * w_row_bytes, w_row_bytes, n, a, a_row_bytes, n_tok, y + (r - r0), y_stride);

@@ -49,6 +49,43 @@ _Thread_local const uint8_t *strata_qdot_ahead_end;
 
 const uint8_t *strata_qdot_ahead(void) { return strata_qdot_ahead_end; }
 
+/* The calling thread's buffer of activations re-laid for a prefill tile (qdot_iq_vnni.c), with
+ * what it holds: made from `a` (n_tok tokens of k values, arb bytes apart) since the activations
+ * last changed (strata_qdot_new_acts). Thread-locals are kept here, not in the AVX-512 files (see
+ * strata_qdot_ahead). */
+static _Thread_local struct {
+    uint8_t *buf;
+    size_t cap;
+    uint64_t serial;
+    const uint8_t *a;
+    int64_t n_tok, k, arb;
+} relaid;
+static _Thread_local uint64_t act_serial = 1;
+
+void strata_qdot_new_acts(void) { act_serial++; }
+
+uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid) {
+    if (relaid.serial == act_serial && relaid.a == a && relaid.n_tok == n_tok && relaid.k == k && relaid.arb == arb &&
+        relaid.cap >= bytes) {
+        *valid = 1;
+        return relaid.buf;
+    }
+    *valid = 0;
+    if (relaid.cap < bytes) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+        free(relaid.buf);
+        relaid.buf = p;
+        relaid.cap = bytes;
+    }
+    relaid.serial = act_serial;
+    relaid.a = a;
+    relaid.n_tok = n_tok;
+    relaid.k = k;
+    relaid.arb = arb;
+    return relaid.buf;
+}
+
 /* One row: type, activation format, kernel name, whether AVX-512 has a tile of its own (OWN or
  * NONE), the phases an AVX-512 call runs with the AVX2 tile. */
 #define OWN(name) strata_qdot_##name##_avx512
@@ -74,14 +111,16 @@ static const qdot_row TILES[] = {
     ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run
-     * their AVX-512 builds (qdot_*_evex.c), IQ4_NL its own 8-row tiles (qdot_nib_avx512.c). */
-    ROW(IQ2_XXS, Q8K, iq2_xxs, NONE, 0),
-    ROW(IQ2_XS, Q8K, iq2_xs, NONE, 0),
-    ROW(IQ2_S, Q8K, iq2_s, NONE, 0),
-    ROW(IQ3_XXS, Q8K, iq3_xxs, NONE, 0),
-    ROW(IQ3_S, Q8K, iq3_s, NONE, 0),
-    ROW(IQ1_S, Q8K, iq1_s, NONE, 0),
-    ROW(IQ1_M, Q8K, iq1_m, NONE, 0),
+     * their AVX-512 builds (qdot_*_evex.c), IQ4_NL its own 8-row tiles (qdot_nib_avx512.c), the
+     * grid i-quants' prefill VNNI tiles over unpacked bytes (qdot_iq_vnni.c; decode stays on the
+     * AVX2 build, which reads each block once and has no tokens to share it with). */
+    ROW(IQ2_XXS, Q8K, iq2_xxs, OWN, AVX2_DECODE),
+    ROW(IQ2_XS, Q8K, iq2_xs, OWN, AVX2_DECODE),
+    ROW(IQ2_S, Q8K, iq2_s, OWN, AVX2_DECODE),
+    ROW(IQ3_XXS, Q8K, iq3_xxs, OWN, AVX2_DECODE),
+    ROW(IQ3_S, Q8K, iq3_s, OWN, AVX2_DECODE),
+    ROW(IQ1_S, Q8K, iq1_s, OWN, AVX2_DECODE),
+    ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE),
     ROW(IQ4_XS, Q8K, iq4_xs, NONE, 0),
     ROW(TQ1_0, Q8K, tq1_0, NONE, 0),
     ROW(TQ2_0, Q8K, tq2_0, NONE, 0),
@@ -251,6 +290,7 @@ int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_ro
         a = scratch;
     }
     strata_qdot_ahead_end = (const uint8_t *)w + n_rows * w_row;
+    strata_qdot_new_acts();
     strata_qdot_tile_for(&k, n_tokens)(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
     return STRATA_OK;
 }

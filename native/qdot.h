@@ -53,6 +53,14 @@ typedef void (*strata_qdot_tile_fn)(int64_t k, const uint8_t *restrict w, int64_
 extern _Thread_local const uint8_t *strata_qdot_ahead_end;
 const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds of the AVX2 tiles) */
 
+/* Activations handed to tile calls from now on may differ from before: called by whoever quantized
+ * them, before the tile calls that read them. A prefill tile that re-lays activations
+ * (qdot_iq_vnni.c) keeps its layout per thread until then: strata_qdot_relaid gives the calling
+ * thread's buffer of at least `bytes` (64-byte aligned; NULL if it cannot be had) and sets *valid
+ * when it already holds the layout of these activations. */
+void strata_qdot_new_acts(void);
+uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid);
+
 typedef struct {
     int weight_type;        /* ggml type id */
     int act;                /* STRATA_ACT_* */
@@ -212,5 +220,13 @@ STRATA_DECLARE_QTILE(iq4_nl, avx512)
 STRATA_DECLARE_QTILE(q4_k, avx512)
 STRATA_DECLARE_QTILE(q5_k, avx512)
 STRATA_DECLARE_QTILE(q6_k, avx512)
+/* qdot_iq_vnni.c: the grid i-quants' VNNI prefill tiles */
+STRATA_DECLARE_QTILE(iq2_xxs, avx512)
+STRATA_DECLARE_QTILE(iq2_xs, avx512)
+STRATA_DECLARE_QTILE(iq2_s, avx512)
+STRATA_DECLARE_QTILE(iq3_xxs, avx512)
+STRATA_DECLARE_QTILE(iq3_s, avx512)
+STRATA_DECLARE_QTILE(iq1_s, avx512)
+STRATA_DECLARE_QTILE(iq1_m, avx512)
 
 #endif

@@ -98,7 +98,13 @@ def test_type_support_reports_the_native_tables():
             assert s.families == ("scalar", "avx2", "avx512") and s.runs == native.default_impl(), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
             continue
-        if "avx2" in s.families:  # the grid i-quants' AVX2 kernels (test_qdot_iq_grid_avx2.py)
+        if "avx512" in s.families:  # the grid i-quants: AVX2 tiles, AVX-512 VNNI prefill (test_qdot_iq_vnni.py)
+            assert s.families == ("scalar", "avx2", "avx512"), s
+            assert (s.runs, s.decode_runs) == {"avx512": ("avx512", "avx2")}.get(native.default_impl(),
+                                                                                (native.default_impl(),) * 2), s
+            assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
+            continue
+        if "avx2" in s.families:  # the code-book and ternary formats' AVX2 kernels (test_qdot_iq4_avx2.py)
             assert s.families == ("scalar", "avx2") and s.runs == ("scalar" if native.default_impl() == "scalar" else "avx2"), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2 kernels)"
             continue

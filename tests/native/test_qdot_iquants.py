@@ -19,6 +19,7 @@ from tests.native.test_qdot import (CASE_IDS, CASES, EXTREME_HALVES, IMPLS, asse
                                     numpy_qact, qdot_case)
 
 T = GGMLType
+GRID_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ3_S, T.IQ2_S, T.IQ1_S, T.IQ1_M)
 # Element magnitudes ~0.03 from random codes: the d each type needs (its grids and scales differ).
 SCALES = {T.IQ1_S: 0.01, T.IQ1_M: 0.01, T.IQ2_XXS: 0.0015, T.IQ2_XS: 0.0015, T.IQ2_S: 0.0015,
           T.IQ3_XXS: 0.0005, T.IQ3_S: 0.0005, T.IQ4_NL: 0.001, T.IQ4_XS: 0.0001, T.TQ1_0: 0.05,
@@ -75,7 +76,8 @@ def test_every_family_runs_the_scalar_kernel():
     rng = np.random.default_rng(5)
     for t in IQ_TYPES:
         assert native.has_qdot_kernel(t, "scalar")
-        assert native.has_qdot_kernel(t, "avx512") == (t == T.IQ4_NL), t.name  # test_qdot_avx512.py
+        # IQ4_NL's 8-row tiles (test_qdot_avx512.py), the grid i-quants' VNNI prefill (test_qdot_iq_vnni.py)
+        assert native.has_qdot_kernel(t, "avx512") == (t == T.IQ4_NL or t in GRID_TYPES), t.name
         if native.has_qdot_kernel(t, "avx2"):
             continue  # its own AVX2 kernel: test_qdot_iq_grid_avx2.py, test_qdot_iq4_avx2.py
         row_len = 2 * 256

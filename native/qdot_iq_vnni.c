@@ -1,0 +1,215 @@
+/*
+ * AVX-512 VNNI prefill tiles of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+ * IQ1_M) against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer formulation: qdot_iq.c.
+ *
+ * The AVX2 tiles (qdot_iq_avx2.c) spend four or five instructions per 32 values and token once a
+ * chunk is built (sign the activations, VPMADDUBSW, VPMADDWD, add). Here a weight block is unpacked
+ * once into bytes, value + 128 (the chunk builders of qdot_iq_chunks.h give magnitudes and signs;
+ * IQ1's 8 g + delta are made signed the same way), and VPDPBUSD multiplies four of one row's bytes,
+ * broadcast, by the same four activation bytes of 16 tokens at once: the activations are re-laid
+ * once per call and thread (strata_qdot_relaid) with the 16 tokens across the lanes, 4 bytes each.
+ * The +128 comes off exactly with the activation blocks' sums of 16 (times 128, laid beside them),
+ * so each 16-value sub-block's integer sum is the scalar one; sub-block weights multiply it, and
+ * the block's integer total is scaled as qdot_iq.c scales it, ((wd * ad) * factor) * isum, and added
+ * block after block with no fused multiply-add: the result equals the scalar tile's bit for bit.
+ *
+ * Tokens go 16 to a group; a last group of 8-15 runs padded (its empty lanes add 0), fewer than 8
+ * left over go to the AVX2 tiles' AVX-512 build, as do calls of fewer than 8 tokens. Rows go 4 at a
+ * time (four broadcasts per activation load), groups 8 at a time so that their re-laid
+ * activations stay in L2 while a block of 4 rows passes over them.
+ *
+ * The ISA is enabled for this translation unit only; qdot.c hands these tiles out only for
+ * STRATA_IMPL_AVX512 (prefill; decode runs the AVX2 tiles' AVX-512 build).
+ */
+#include "iq_tables.h"
+#include "qdot.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define STRATA_QDOT_EVEX 1
+#include "qdot_avx2_common.h"
+#include "qdot_iq_chunks.h"
+
+#define GROUP 16                 /* tokens per zmm */
+#define ROWS 4                   /* rows per pass over a group's activations */
+#define GROUPS_PER_PASS 8        /* groups per pass over a block of rows */
+#define RELAID_A 4096            /* a block's 64 quads x 16 tokens x 4 bytes */
+#define RELAID_BLOCK (RELAID_A + 16 * GROUP * 4 + GROUP * 4)   /* + 128 x block sums, + scales */
+
+/* Tokens t0 .. t0 + nt - 1 (nt <= 16) of the activations at a, block by block, into the layout
+ * above: quad j of token t at byte 64 j + 4 t; 128 x sum of sub-block s at int32 16 s + t; d at
+ * float t. Lanes past nt hold zeros. */
+static void relay_group(const uint8_t *a, int64_t arb, int nt, int64_t nb, uint8_t *dst) {
+    memset(dst, 0, (size_t)(nb * RELAID_BLOCK));
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *q = dst + b * RELAID_BLOCK;
+        int32_t *bias = (int32_t *)(q + RELAID_A);
+        float *d = (float *)(q + RELAID_A + 16 * GROUP * 4);
+        for (int t = 0; t < nt; t++) {
+            const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+            for (int j = 0; j < 64; j++) memcpy(q + 64 * j + 4 * t, ab->q + 4 * j, 4);
+            for (int s = 0; s < 16; s++) bias[GROUP * s + t] = 128 * ab->bsums[s];
+            d[t] = ab->d;
+        }
+    }
+}
+
+/* One block of up to 4 rows unpacked: bytes value + 128, sub-block weights per 16 values, wd. */
+typedef struct {
+    uint8_t u[ROWS][256] __attribute__((aligned(64)));
+    int32_t sc[ROWS][16];
+    float wd[ROWS];
+} unpacked;
+
+INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
+    const __m256i wv = iq_weights(fmt, p);
+    uint16_t ix[64] __attribute__((aligned(32)));
+    uint8_t sg[32] __attribute__((aligned(32)));
+    iq_indices(fmt, p, ix);
+    iq_signs(fmt, p, sg);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        chunk ch;
+        iq_chunk(fmt, p, c, wv, ix, sg, &ch);
+        const __m256i v = _mm256_sign_epi8(ch.q, ch.s);
+        _mm256_store_si256((__m256i *)(up->u[r] + 32 * c), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+        up->sc[r][2 * c] = _mm256_extract_epi16(ch.sc, 0);
+        up->sc[r][2 * c + 1] = _mm256_extract_epi16(ch.sc, 8);
+    }
+    up->wd[r] = iq_d(fmt, p);
+}
+
+/* out[r][g0 + h] += block b's products of the 4 unpacked rows with groups g0 .. g0 + NG - 1 (NG 1
+ * or 2; two give 8 independent accumulators, so VPDPBUSD's latency does not set the pace, and each
+ * broadcast serves 32 tokens). */
+INLINE void block_groups_n(int fmt, int NG, const unpacked *up, const uint8_t *relaid, int64_t nb, int64_t b,
+                           int g0, __m512 out[ROWS][GROUPS_PER_PASS]) {
+    const __m512 factor = _mm512_set1_ps(iq_factor(fmt));
+    /* 16-value sub-blocks per weight: 2 where both halves of a chunk share one (one multiply per 32) */
+    const int per = fmt == FMT_IQ2_XS || fmt == FMT_IQ2_S || fmt == FMT_IQ1_M ? 1 : 2;
+    const uint8_t *q[2];
+    for (int h = 0; h < NG; h++) q[h] = relaid + ((int64_t)(g0 + h) * nb + b) * RELAID_BLOCK;
+    __m512i isum[2][ROWS];
+    for (int h = 0; h < NG; h++)
+        for (int r = 0; r < ROWS; r++) isum[h][r] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; s += per) {
+        __m512i acc[2][ROWS];
+        for (int h = 0; h < NG; h++)
+            for (int r = 0; r < ROWS; r++) acc[h][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 4 * s; j < 4 * (s + per); j++) {
+            __m512i av[2];
+            for (int h = 0; h < NG; h++) av[h] = _mm512_load_si512((const void *)(q[h] + 64 * j));
+            for (int r = 0; r < ROWS; r++) {
+                int32_t w4;
+                memcpy(&w4, up->u[r] + 4 * j, 4);
+                const __m512i wb = _mm512_set1_epi32(w4);
+                for (int h = 0; h < NG; h++) acc[h][r] = _mm512_dpbusd_epi32(acc[h][r], wb, av[h]);
+            }
+        }
+        for (int h = 0; h < NG; h++) {
+            const int32_t *bias = (const int32_t *)(q[h] + RELAID_A);
+            __m512i bs = _mm512_load_si512((const void *)(bias + GROUP * s));
+            if (per == 2) bs = _mm512_add_epi32(bs, _mm512_load_si512((const void *)(bias + GROUP * (s + 1))));
+            for (int r = 0; r < ROWS; r++)
+                isum[h][r] = _mm512_add_epi32(isum[h][r], _mm512_mullo_epi32(_mm512_sub_epi32(acc[h][r], bs),
+                                                                             _mm512_set1_epi32(up->sc[r][s])));
+        }
+    }
+    for (int h = 0; h < NG; h++) {
+        const __m512 ad = _mm512_load_ps((const void *)(q[h] + RELAID_A + 16 * GROUP * 4));
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 scale = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(up->wd[r]), ad), factor);
+            out[r][g0 + h] = _mm512_add_ps(out[r][g0 + h], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[h][r]), scale));
+        }
+    }
+}
+
+INLINE void block_groups(int fmt, const unpacked *up, const uint8_t *relaid, int64_t nb, int64_t b, int ng,
+                         __m512 out[ROWS][GROUPS_PER_PASS]) {
+    int g = 0;
+    for (; g + 2 <= ng; g += 2) block_groups_n(fmt, 2, up, relaid, nb, b, g, out);
+    if (g < ng) block_groups_n(fmt, 1, up, relaid, nb, b, g, out);
+}
+
+/* Rows [0, n_rows) against the n_groups groups re-laid at `relaid` (n_tok tokens in all). */
+INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
+                      const uint8_t *relaid, int64_t n_groups, int64_t n_tok, float *y, int64_t ys) {
+    const int64_t nb = k / STRATA_QK_K;
+    unpacked up;
+    for (int64_t g0 = 0; g0 < n_groups; g0 += GROUPS_PER_PASS) {
+        const int ng = (int)(n_groups - g0 < GROUPS_PER_PASS ? n_groups - g0 : GROUPS_PER_PASS);
+        const uint8_t *rg = relaid + g0 * nb * RELAID_BLOCK;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
+            const int nr = (int)(n_rows - r0 < ROWS ? n_rows - r0 : ROWS);
+            __m512 out[ROWS][GROUPS_PER_PASS];
+            for (int r = 0; r < ROWS; r++)
+                for (int g = 0; g < ng; g++) out[r][g] = _mm512_setzero_ps();
+            for (int r = nr; r < ROWS; r++) {  /* rows past the end: weights 0, never stored */
+                memset(up.u[r], 0x80, sizeof(up.u[r]));
+                memset(up.sc[r], 0, sizeof(up.sc[r]));
+                up.wd[r] = 0.0f;
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                for (int r = 0; r < nr; r++) unpack_row(fmt, w + (r0 + r) * wrb + b * bs, &up, r);
+                block_groups(fmt, &up, rg, nb, b, ng, out);
+            }
+            for (int r = 0; r < nr; r++)
+                for (int g = 0; g < ng; g++) {
+                    float v[GROUP] __attribute__((aligned(64)));
+                    _mm512_store_ps(v, out[r][g]);
+                    const int64_t t0 = (g0 + g) * GROUP;
+                    for (int64_t t = t0; t < t0 + GROUP && t < n_tok; t++) y[t * ys + r0 + r] = v[t - t0];
+                }
+        }
+    }
+}
+
+/* The tile: groups of 16 tokens by VNNI (a last group of 8-15 padded), the rest by `rest`. */
+INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, const uint8_t *w, int64_t wrb,
+                    int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
+    const int64_t n_vnni = n_tok % GROUP >= 8 ? n_tok : n_tok - n_tok % GROUP;
+    const int64_t n_groups = (n_vnni + GROUP - 1) / GROUP, nb = k / STRATA_QK_K;
+    uint8_t *relaid = NULL;
+    if (n_vnni > 0 && nb > 0) {
+        int valid = 0;
+        relaid = strata_qdot_relaid(a, n_vnni, k, arb, (size_t)(n_groups * nb * RELAID_BLOCK), &valid);
+        if (relaid && !valid)
+            for (int64_t g = 0; g < n_groups; g++)
+                relay_group(a + g * GROUP * arb, arb, (int)(n_vnni - g * GROUP < GROUP ? n_vnni - g * GROUP : GROUP),
+                            nb, relaid + g * nb * RELAID_BLOCK);
+    }
+    if (!relaid) {  /* no tokens for it, or no memory for the layout: the AVX2 tiles do it all */
+        rest(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        return;
+    }
+    vnni_rows(fmt, bs, k, w, wrb, n_rows, relaid, n_groups, n_vnni, y, ys);
+    if (n_tok > n_vnni) rest(k, w, wrb, n_rows, a + n_vnni * arb, arb, n_tok - n_vnni, y + n_vnni * ys, ys);
+}
+
+#define DEFINE_VNNI_TILE(name, fmt, wtype)                                                                 \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
+                                     float *restrict y, int64_t ys) {                                      \
+        iq_vnni(fmt, (int64_t)sizeof(wtype), strata_qdot_##name##_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys); \
+    }
+
+DEFINE_VNNI_TILE(iq2_xxs, FMT_IQ2_XXS, strata_block_iq2_xxs)
+DEFINE_VNNI_TILE(iq2_xs, FMT_IQ2_XS, strata_block_iq2_xs)
+DEFINE_VNNI_TILE(iq2_s, FMT_IQ2_S, strata_block_iq2_s)
+DEFINE_VNNI_TILE(iq3_xxs, FMT_IQ3_XXS, strata_block_iq3_xxs)
+DEFINE_VNNI_TILE(iq3_s, FMT_IQ3_S, strata_block_iq3_s)
+DEFINE_VNNI_TILE(iq1_s, FMT_IQ1_S, strata_block_iq1_s)
+DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
+
+#else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
+       * which strata_resolve_impl refuses here */
+
+#define FALLBACK(name)                                                                                     \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
+                                     float *restrict y, int64_t ys) {                                      \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+FALLBACK(iq2_xxs) FALLBACK(iq2_xs) FALLBACK(iq2_s) FALLBACK(iq3_xxs) FALLBACK(iq3_s) FALLBACK(iq1_s) FALLBACK(iq1_m)
+#endif

@@ -1,0 +1,84 @@
+"""AVX-512 VNNI prefill tiles of the grid i-quants (native/qdot_iq_vnni.c) against their scalar twins.
+
+Tokens in groups of 16 (and a last group of 8-15, padded) go through VNNI, whose block sums are
+the scalar ones and whose float steps are the scalar tile's in the same order: those outputs equal
+the scalar kernels bit for bit. Fewer than 8 tokens left over run the AVX2 tiles' AVX-512 build,
+held within twice the rounding bound (test_qdot_iq_grid_avx2.py's). The activations are re-laid once
+per call and thread and kept until the next call: the pooled product with several threads and
+row blocks, and two products in a row from the same activation buffer with new contents, must
+equal single-threaded scalar calls. Decode (1-3 tokens) stays on the AVX2 build.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scalar
+from tests.native.test_qdot_iquants import make_weights
+
+T = GGMLType
+pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI)")
+
+# (rows, blocks per row, tokens): every token count here goes through VNNI whole
+ALL_VNNI = [(1, 1, 8), (5, 2, 16), (7, 3, 12), (9, 1, 32), (3, 2, 47), (6, 4, 40), (17, 1, 64)]
+# and here some tokens are left to the AVX2 build (remainders 1-7)
+MIXED = [(5, 2, 17), (4, 1, 23), (3, 3, 39), (6, 2, 4), (2, 1, 7)]
+
+
+def bits(y) -> np.ndarray:
+    return np.asarray(y, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("shape", ALL_VNNI, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_vnni_tiles_equal_scalar_bit_for_bit(t, shape):
+    n_rows, n_blocks, n_tok = shape
+    rng = np.random.default_rng(int(t) * 31 + n_rows + n_tok)
+    w = make_weights(t, n_rows, n_blocks * 256, rng)
+    x = make_tokens(n_tok, n_blocks * 256, rng)
+    ys = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="scalar")
+    yv = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="avx512")
+    assert np.array_equal(bits(ys), bits(yv)), f"{t.name} {shape}: {np.abs(ys - yv).max()}"
+
+
+@pytest.mark.parametrize("shape", MIXED, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_leftover_tokens_within_the_bound(t, shape):
+    n_rows, n_blocks, n_tok = shape
+    rng = np.random.default_rng(int(t) * 37 + n_rows + n_tok)
+    w = make_weights(t, n_rows, n_blocks * 256, rng)
+    x = make_tokens(n_tok, n_blocks * 256, rng)
+    assert_close_to_scalar(t, w, n_rows, x, f"shape {shape}", impl="avx512")
+    yv = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="avx512")
+    ys = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="scalar")
+    vnni = n_tok if n_tok % 16 >= 8 else n_tok - n_tok % 16
+    assert np.array_equal(bits(ys[:vnni]), bits(yv[:vnni])), t.name  # the VNNI tokens still exact
+
+
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_pooled_and_repeated_products_reuse_no_stale_layout(t):
+    """Several threads, many 16-row blocks, two calls from the same buffers with new contents."""
+    rng = np.random.default_rng(int(t))
+    n_rows, k, n_tok = 70, 512, 24
+    w = torch.from_numpy(make_weights(t, n_rows, k, rng))
+    x = torch.empty(n_tok, k)
+    out = torch.empty(n_tok, n_rows)
+    scratch = torch.empty(native.matmul_scratch_bytes(t, n_tok, k), dtype=torch.uint8)
+    for threads in (1, 3):
+        with native.ComputePool(threads) as pool:
+            for _ in range(2):  # the same x, out and scratch buffers, new values each time
+                x.copy_(torch.from_numpy(make_tokens(n_tok, k, rng)))
+                native.matmul_into(pool, t, w, n_rows, k, x, out, scratch, impl="avx512")
+                ref = native.qdot_rows(t, w.numpy(), n_rows, k, x.numpy(), impl="scalar")
+                assert np.array_equal(bits(out.numpy()), bits(ref)), (t.name, threads)
+
+
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_prefill_runs_vnni_and_decode_the_avx2_build(t):
+    assert kernel_family(t, "avx512", decode=False) == "avx512"
+    assert kernel_family(t, "avx512", decode=True) == "avx2"
