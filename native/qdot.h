@@ -220,7 +220,7 @@ STRATA_DECLARE_QTILE(iq4_nl, avx512)
 STRATA_DECLARE_QTILE(q4_k, avx512)
 STRATA_DECLARE_QTILE(q5_k, avx512)
 STRATA_DECLARE_QTILE(q6_k, avx512)
-/* qdot_iq_vnni.c: the grid i-quants' VNNI prefill tiles */
+/* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)
 STRATA_DECLARE_QTILE(iq2_xs, avx512)
 STRATA_DECLARE_QTILE(iq2_s, avx512)
@@ -228,5 +228,6 @@ STRATA_DECLARE_QTILE(iq3_xxs, avx512)
 STRATA_DECLARE_QTILE(iq3_s, avx512)
 STRATA_DECLARE_QTILE(iq1_s, avx512)
 STRATA_DECLARE_QTILE(iq1_m, avx512)
+STRATA_DECLARE_QTILE(iq4_xs, avx512)
 
 #endif

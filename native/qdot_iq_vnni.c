@@ -1,6 +1,6 @@
 /*
  * AVX-512 VNNI prefill tiles of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
- * IQ1_M) against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer formulation: qdot_iq.c.
+ * IQ1_M) and IQ4_XS against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer formulation: qdot_iq.c.
  *
  * The AVX2 tiles (qdot_iq_avx2.c) spend four or five instructions per 32 values and token once a
  * chunk is built (sign the activations, VPMADDUBSW, VPMADDWD, add). Here a weight block is unpacked
@@ -61,7 +61,34 @@ typedef struct {
     float wd[ROWS];
 } unpacked;
 
+/* IQ4_XS (a format of its own, not a grid: qdot_iq4_avx2.c has its AVX2 tiles): code-book values
+ * looked up by nibble, an ls - 32 per 32 values, factor 1. */
+#define FMT_IQ4_XS_VNNI 100
+
+INLINE void unpack_iq4_xs(const uint8_t *p, unpacked *up, int r) {
+    const strata_block_iq4_xs *b = (const strata_block_iq4_xs *)p;
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_xor_si128(
+        _mm_loadu_si128((const __m128i *)strata_kvalues_iq4nl), _mm_set1_epi8((char)0x80)));  /* value + 128 */
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int ib = 0; ib < 8; ib += 2) {  /* sub-blocks ib, ib + 1: their 16 code bytes in the two lanes */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 16 * ib));
+        const __m256i lo = _mm256_shuffle_epi8(book, _mm256_and_si256(v, low4));
+        const __m256i hi = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+        _mm256_store_si256((__m256i *)(up->u[r] + 32 * ib), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_store_si256((__m256i *)(up->u[r] + 32 * ib + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    for (int ib = 0; ib < 8; ib++) {
+        const int ls = (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | ((b->scales_h >> (2 * ib)) & 3) << 4) - 32;
+        up->sc[r][2 * ib] = up->sc[r][2 * ib + 1] = ls;
+    }
+    up->wd[r] = _cvtsh_ss(b->d);
+}
+
 INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
+    if (fmt == FMT_IQ4_XS_VNNI) {
+        unpack_iq4_xs(p, up, r);
+        return;
+    }
     const __m256i wv = iq_weights(fmt, p);
     uint16_t ix[64] __attribute__((aligned(32)));
     uint8_t sg[32] __attribute__((aligned(32)));
@@ -84,7 +111,7 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
  * broadcast serves 32 tokens). */
 INLINE void block_groups_n(int fmt, int NG, const unpacked *up, const uint8_t *relaid, int64_t nb, int64_t b,
                            int g0, __m512 out[ROWS][GROUPS_PER_PASS]) {
-    const __m512 factor = _mm512_set1_ps(iq_factor(fmt));
+    const __m512 factor = _mm512_set1_ps(fmt == FMT_IQ4_XS_VNNI ? 1.0f : iq_factor(fmt));
     /* 16-value sub-blocks per weight: 2 where both halves of a chunk share one (one multiply per 32) */
     const int per = fmt == FMT_IQ2_XS || fmt == FMT_IQ2_S || fmt == FMT_IQ1_M ? 1 : 2;
     const uint8_t *q[2];
@@ -201,6 +228,7 @@ DEFINE_VNNI_TILE(iq3_xxs, FMT_IQ3_XXS, strata_block_iq3_xxs)
 DEFINE_VNNI_TILE(iq3_s, FMT_IQ3_S, strata_block_iq3_s)
 DEFINE_VNNI_TILE(iq1_s, FMT_IQ1_S, strata_block_iq1_s)
 DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
+DEFINE_VNNI_TILE(iq4_xs, FMT_IQ4_XS_VNNI, strata_block_iq4_xs)
 
 #else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
        * which strata_resolve_impl refuses here */
@@ -211,5 +239,5 @@ DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
                                      float *restrict y, int64_t ys) {                                      \
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
-FALLBACK(iq2_xxs) FALLBACK(iq2_xs) FALLBACK(iq2_s) FALLBACK(iq3_xxs) FALLBACK(iq3_s) FALLBACK(iq1_s) FALLBACK(iq1_m)
+FALLBACK(iq2_xxs) FALLBACK(iq2_xs) FALLBACK(iq2_s) FALLBACK(iq3_xxs) FALLBACK(iq3_s) FALLBACK(iq1_s) FALLBACK(iq1_m) FALLBACK(iq4_xs)
 #endif

@@ -1,4 +1,5 @@
-"""AVX-512 VNNI prefill tiles of the grid i-quants (native/qdot_iq_vnni.c) against their scalar twins.
+"""AVX-512 VNNI prefill tiles of the grid i-quants and IQ4_XS (native/qdot_iq_vnni.c) against their
+scalar twins.
 
 Tokens in groups of 16 (and a last group of 8-15, padded) go through VNNI, whose block sums are
 the scalar ones and whose float steps are the scalar tile's in the same order: those outputs equal
@@ -22,6 +23,7 @@ from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scal
 from tests.native.test_qdot_iquants import make_weights
 
 T = GGMLType
+VNNI_TYPES = (*GRID_TYPES, T.IQ4_XS)
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI)")
 
 # (rows, blocks per row, tokens): every token count here goes through VNNI whole
@@ -35,7 +37,7 @@ def bits(y) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", ALL_VNNI, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
-@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_vnni_tiles_equal_scalar_bit_for_bit(t, shape):
     n_rows, n_blocks, n_tok = shape
     rng = np.random.default_rng(int(t) * 31 + n_rows + n_tok)
@@ -47,7 +49,7 @@ def test_vnni_tiles_equal_scalar_bit_for_bit(t, shape):
 
 
 @pytest.mark.parametrize("shape", MIXED, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
-@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_leftover_tokens_within_the_bound(t, shape):
     n_rows, n_blocks, n_tok = shape
     rng = np.random.default_rng(int(t) * 37 + n_rows + n_tok)
@@ -60,7 +62,7 @@ def test_leftover_tokens_within_the_bound(t, shape):
     assert np.array_equal(bits(ys[:vnni]), bits(yv[:vnni])), t.name  # the VNNI tokens still exact
 
 
-@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_pooled_and_repeated_products_reuse_no_stale_layout(t):
     """Several threads, many 16-row blocks, two calls from the same buffers with new contents."""
     rng = np.random.default_rng(int(t))
@@ -78,7 +80,7 @@ def test_pooled_and_repeated_products_reuse_no_stale_layout(t):
                 assert np.array_equal(bits(out.numpy()), bits(ref)), (t.name, threads)
 
 
-@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_prefill_runs_vnni_and_decode_the_avx2_build(t):
     assert kernel_family(t, "avx512", decode=False) == "avx512"
     assert kernel_family(t, "avx512", decode=True) == "avx2"
