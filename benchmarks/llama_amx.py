@@ -59,3 +59,21 @@ def deny_amx() -> bool:
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
     return libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
+
+
+def open_without_extra_buffers():
+    """From now on llama-cpp-python opens models without llama.cpp's extra buffer types (its AMX and
+    repacked-row copies: `use_extra_bufts`, llama-cli's `--no-repack`); returns a function that
+    undoes it. For the tests on AMX CPUs (tests/conftest.py) and llama.cpp inside a memory limit,
+    where the anonymous repacked copies cannot fit (packed_vs_llama.py --out-of-ram)."""
+    import llama_cpp.llama_cpp as lib
+
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+    return lambda: setattr(lib, "llama_model_default_params", default)

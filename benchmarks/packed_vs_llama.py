@@ -78,7 +78,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.llama_amx import deny_amx  # noqa: E402
+from benchmarks.llama_amx import deny_amx, open_without_extra_buffers  # noqa: E402
 from benchmarks.packed_vs_llama_report import format_in_ram, format_out_of_ram, human_size  # noqa: E402
 from benchmarks.synthetic_moe import SHAPES, write, write_converted  # noqa: E402
 from tests.interop.llama_quantize import llama_quantize  # noqa: E402
@@ -176,15 +176,7 @@ def child_llama(a: argparse.Namespace) -> dict:
     from llama_cpp import Llama
 
     if a.out_of_ram:  # no repacking into anonymous copies: in a memory limit they are killed (FACTS.md)
-        import llama_cpp.llama_cpp as lib
-
-        default = lib.llama_model_default_params
-
-        def without_repack():
-            params = default()
-            params.use_extra_bufts = False
-            return params
-        lib.llama_model_default_params = without_repack
+        open_without_extra_buffers()
     t0 = time.perf_counter()
     llm = Llama(model_path=str(a.file), n_threads=a.threads, n_threads_batch=a.threads, n_ctx=a.n_ctx,
                 n_batch=max(a.prompt, DECODE_PROMPT), logits_all=False, verbose=False)

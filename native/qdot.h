@@ -220,6 +220,15 @@ STRATA_DECLARE_QTILE(iq4_nl, avx512)
 STRATA_DECLARE_QTILE(q4_k, avx512)
 STRATA_DECLARE_QTILE(q5_k, avx512)
 STRATA_DECLARE_QTILE(q6_k, avx512)
+/* Builds for CPUs other than x86: an AVX-512 kernel's name, running the scalar tile (qdot.c never
+ * hands it out there: strata_resolve_impl refuses AVX512). */
+#define STRATA_AVX512_FALLBACK(name)                                                                       \
+    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
+                                     float *restrict y, int64_t ys) {                                      \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
+
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)
 STRATA_DECLARE_QTILE(iq2_xs, avx512)

@@ -233,11 +233,5 @@ DEFINE_VNNI_TILE(iq4_xs, FMT_IQ4_XS_VNNI, strata_block_iq4_xs)
 #else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
        * which strata_resolve_impl refuses here */
 
-#define FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
-                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
-                                     float *restrict y, int64_t ys) {                                      \
-        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
-    }
-FALLBACK(iq2_xxs) FALLBACK(iq2_xs) FALLBACK(iq2_s) FALLBACK(iq3_xxs) FALLBACK(iq3_s) FALLBACK(iq1_s) FALLBACK(iq1_m) FALLBACK(iq4_xs)
+STRATA_AVX512_FALLBACK(iq2_xxs) STRATA_AVX512_FALLBACK(iq2_xs) STRATA_AVX512_FALLBACK(iq2_s) STRATA_AVX512_FALLBACK(iq3_xxs) STRATA_AVX512_FALLBACK(iq3_s) STRATA_AVX512_FALLBACK(iq1_s) STRATA_AVX512_FALLBACK(iq1_m) STRATA_AVX512_FALLBACK(iq4_xs)
 #endif

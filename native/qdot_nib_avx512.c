@@ -162,11 +162,5 @@ DEFINE_NIB_DRIVER(iq4_nl, NIB_IQ4_NL)
 #else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
        * which strata_resolve_impl refuses here */
 
-#define FALLBACK(name)                                                                                     \
-    void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
-                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
-                                     float *restrict y, int64_t ys) {                                      \
-        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
-    }
-FALLBACK(q4_0) FALLBACK(mxfp4) FALLBACK(iq4_nl)
+STRATA_AVX512_FALLBACK(q4_0) STRATA_AVX512_FALLBACK(mxfp4) STRATA_AVX512_FALLBACK(iq4_nl)
 #endif
