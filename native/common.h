@@ -104,6 +104,12 @@ _Static_assert(sizeof(strata_block_tq1_0) == 54, "TQ1_0 block size");
 _Static_assert(sizeof(strata_block_tq2_0) == 66, "TQ2_0 block size");
 _Static_assert(sizeof(strata_block_nvfp4) == 36, "NVFP4 block size");
 
+
+/* IQ4_XS: sub-block k's (32 values) signed scale, ls - 32 with ls 4 bits from scales_l and 2 from scales_h. */
+static inline int strata_iq4_xs_scale(const strata_block_iq4_xs *b, int k) {
+    return (((b->scales_l[k / 2] >> (4 * (k % 2))) & 15) | ((b->scales_h >> (2 * k)) & 3) << 4) - 32;
+}
+
 /* ggml type ids (gguf.GGMLQuantizationType). */
 enum {
     STRATA_T_F32 = 0, STRATA_T_F16 = 1, STRATA_T_Q4_0 = 2, STRATA_T_Q4_1 = 3,

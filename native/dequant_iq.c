@@ -141,7 +141,7 @@ static void block_iq4_nl(const strata_block_iq4_nl *b, float *y) {
 static void block_iq4_xs(const strata_block_iq4_xs *b, float *y) {
     const float d = strata_half_to_f32(b->d);
     for (int k = 0; k < 8; k++, y += 32) {
-        const int ls = (((b->scales_l[k / 2] >> (4 * (k % 2))) & 15) | ((b->scales_h >> (2 * k)) & 3) << 4) - 32;
+        const int ls = strata_iq4_xs_scale(b, k);
         const float dl = d * (float)ls;
         const uint8_t *qs = b->qs + 16 * k;
         for (int j = 0; j < 16; j++) {

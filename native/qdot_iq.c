@@ -167,7 +167,7 @@ static float block_iq4_xs(const uint8_t *wb, const strata_block_act_q8k *a) {
     const strata_block_iq4_xs *b = (const strata_block_iq4_xs *)wb;
     int32_t isum = 0;
     for (int k = 0; k < 8; k++) {
-        const int ls = (((b->scales_l[k / 2] >> (4 * (k % 2))) & 15) | ((b->scales_h >> (2 * k)) & 3) << 4) - 32;
+        const int ls = strata_iq4_xs_scale(b, k);
         isum += ls * iq4_dot32(b->qs + 16 * k, a->q + 32 * k);
     }
     return (strata_half_to_f32(b->d) * a->d) * (float)isum;

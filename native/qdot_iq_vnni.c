@@ -78,7 +78,7 @@ INLINE void unpack_iq4_xs(const uint8_t *p, unpacked *up, int r) {
         _mm256_store_si256((__m256i *)(up->u[r] + 32 * ib + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
     }
     for (int ib = 0; ib < 8; ib++) {
-        const int ls = (((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | ((b->scales_h >> (2 * ib)) & 3) << 4) - 32;
+        const int ls = strata_iq4_xs_scale(b, ib);
         up->sc[r][2 * ib] = up->sc[r][2 * ib + 1] = ls;
     }
     up->wd[r] = _cvtsh_ss(b->d);
