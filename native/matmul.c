@@ -102,8 +102,11 @@ static int64_t participants(strata_pool *pool, int64_t work) {
     return fit < 2 ? 1 : fit < n ? fit : n;
 }
 
-/* Round (or copy, for float kernels) one row of K values into activation format. */
+/* Round (or copy, for float kernels) one row of K values into activation format. Every write of
+ * activations tells the tiles first (strata_qdot_new_acts): a prefill tile that re-lays them keeps
+ * its layout only until then. */
 static void act_row(const strata_qdot_kernels *k, const float *x, uint8_t *a, int64_t row_len) {
+    strata_qdot_new_acts();
     if (k->qact) k->qact(x, a, row_len);
     else memcpy(a, x, (size_t)row_len * sizeof(float));
 }
@@ -116,7 +119,6 @@ static void tile_rows(const strata_qdot_kernels *k, int64_t row_len, const uint8
                       int64_t n_tok, float *y, int64_t y_stride) {
     const strata_qdot_tile_fn tile = strata_qdot_tile_for(k, n_tok);
     strata_qdot_ahead_end = w + ahead * w_row_bytes;
-    strata_qdot_new_acts();  /* a prefill tile re-lays these activations once, not per row block */
     for (int64_t r = r0; r < r1; r += MM_ROW_BLOCK) {
         const int64_t n = r1 - r < MM_ROW_BLOCK ? r1 - r : MM_ROW_BLOCK;
         tile(row_len, w + r * w_row_bytes, w_row_bytes, n, a, a_row_bytes, n_tok, y + (r - r0), y_stride);
@@ -161,7 +163,7 @@ static void matmul_run(void *ctx, int64_t first, int64_t count) {
     (void)count;
     if (j->k->act != STRATA_ACT_F32) {
         for (int64_t t; (t = claim(&j->next_tok)) < j->n_tokens; finish(&j->done_tok))
-            j->k->qact(j->x + t * j->row_len, j->act + t * j->a_row_bytes, j->row_len);
+            act_row(j->k, j->x + t * j->row_len, j->act + t * j->a_row_bytes, j->row_len);
         wait_done(&j->done_tok, j->n_tokens);
     }
     for (int64_t i = 0; i < j->n_spans; i++) {
@@ -503,7 +505,7 @@ static void moe_gate_up_item(moe_job *J, int64_t item) {
     /* acq_rel: the last finisher sees every other block's h of this expert. */
     if (atomic_fetch_add_explicit(&J->done[i], 1, memory_order_acq_rel) == J->n_ff_items - 1 && J->hq != (uint8_t *)J->h)
         for (int64_t t = 0; t < n_tok; t++)
-            J->down.k.qact(J->h + (u0 + t) * F, J->hq + (u0 + t) * J->down.a_row_bytes, F);
+            act_row(&J->down.k, J->h + (u0 + t) * F, J->hq + (u0 + t) * J->down.a_row_bytes, F);
 }
 
 /* Phase C: one chunk of embedding rows (output columns). */

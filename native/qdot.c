@@ -3,12 +3,14 @@
  * each family) and the single-threaded test entry points of strata.h (strata_qdot_rows and its
  * helpers). The kernels live in qdot_ref.c, qdot_avx2.c (and qdot_avx512.c); the pooled public
  * matmul and the fused MoE call are built on strata_qdot_find elsewhere. This file is compiled
- * without ISA extensions and allocates nothing.
+ * without ISA extensions; it allocates only the per-thread buffer of re-laid activations.
  */
 #include "strata.h"
 #include "kernels.h"
 #include "qdot.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +52,11 @@ _Thread_local const uint8_t *strata_qdot_ahead_end;
 const uint8_t *strata_qdot_ahead(void) { return strata_qdot_ahead_end; }
 
 /* The calling thread's buffer of activations re-laid for a prefill tile (qdot_iq_vnni.c), with
- * what it holds: made from `a` (n_tok tokens of k values, arb bytes apart) since the activations
- * last changed (strata_qdot_new_acts). Thread-locals are kept here, not in the AVX-512 files (see
- * strata_qdot_ahead). */
+ * what it holds: made from `a` (n_tok tokens of k values, arb bytes apart) while the activation
+ * serial was `serial`. Every write of activations anywhere bumps the one process-wide serial
+ * (strata_qdot_new_acts), so a layout is reused only while no activations have changed since it
+ * was made: gate and up of an expert, and every row block a thread takes of them, re-lay once.
+ * Thread-locals are kept here, not in the AVX-512 files (see strata_qdot_ahead). */
 static _Thread_local struct {
     uint8_t *buf;
     size_t cap;
@@ -60,12 +64,20 @@ static _Thread_local struct {
     const uint8_t *a;
     int64_t n_tok, k, arb;
 } relaid;
-static _Thread_local uint64_t act_serial = 1;
+static atomic_uint_fast64_t act_serial = 1;
 
-void strata_qdot_new_acts(void) { act_serial++; }
+/* Frees a thread's buffer when the thread exits (pool workers come and go with their pools). */
+static pthread_key_t relaid_key;
+static pthread_once_t relaid_once = PTHREAD_ONCE_INIT;
+static int relaid_key_ok;
+
+static void relaid_key_make(void) { relaid_key_ok = pthread_key_create(&relaid_key, free) == 0; }
+
+void strata_qdot_new_acts(void) { atomic_fetch_add(&act_serial, 1); }
 
 uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid) {
-    if (relaid.serial == act_serial && relaid.a == a && relaid.n_tok == n_tok && relaid.k == k && relaid.arb == arb &&
+    const uint64_t serial = atomic_load(&act_serial);   /* read before the activations are */
+    if (relaid.serial == serial && relaid.a == a && relaid.n_tok == n_tok && relaid.k == k && relaid.arb == arb &&
         relaid.cap >= bytes) {
         *valid = 1;
         return relaid.buf;
@@ -73,12 +85,17 @@ uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t 
     *valid = 0;
     if (relaid.cap < bytes) {
         void *p = NULL;
-        if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+        pthread_once(&relaid_once, relaid_key_make);
+        if (!relaid_key_ok || posix_memalign(&p, 64, bytes) != 0) return NULL;
+        if (pthread_setspecific(relaid_key, p) != 0) {
+            free(p);
+            return NULL;
+        }
         free(relaid.buf);
         relaid.buf = p;
         relaid.cap = bytes;
     }
-    relaid.serial = act_serial;
+    relaid.serial = serial;
     relaid.a = a;
     relaid.n_tok = n_tok;
     relaid.k = k;
@@ -288,11 +305,11 @@ int strata_qdot_rows(int ggml_type, const void *w, int64_t w_bytes, int64_t n_ro
     }
     const uint8_t *a = (const uint8_t *)x;
     if (k.act != STRATA_ACT_F32) {
+        strata_qdot_new_acts();
         for (int64_t t = 0; t < n_tokens; t++) k.qact(x + t * row_len, (uint8_t *)scratch + t * a_row, row_len);
         a = scratch;
     }
     strata_qdot_ahead_end = (const uint8_t *)w + n_rows * w_row;
-    strata_qdot_new_acts();
     strata_qdot_tile_for(&k, n_tokens)(row_len, w, w_row, n_rows, a, a_row, n_tokens, y, n_rows);
     return STRATA_OK;
 }

@@ -36,21 +36,58 @@
 #define RELAID_A 4096            /* a block's 64 quads x 16 tokens x 4 bytes */
 #define RELAID_BLOCK (RELAID_A + 16 * GROUP * 4 + GROUP * 4)   /* + 128 x block sums, + scales */
 
+/* r[j] <- column j of the 16 x 16 int32 matrix whose row i is r[i]: 4 x 4 blocks transposed
+ * within each 128-bit lane (two unpack stages), then the lanes across the four vectors of each
+ * column position (two lane shuffles). */
+INLINE void transpose16_epi32(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {  /* r[4 i + c], lane L: rows 4 i .. 4 i + 3 of column 4 L + c */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i ab_even = _mm512_shuffle_i32x4(r[c], r[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i ab_odd = _mm512_shuffle_i32x4(r[c], r[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i cd_even = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512i cd_odd = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
+        t[c] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(2, 0, 2, 0));       /* column c */
+        t[4 + c] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(2, 0, 2, 0));     /* 4 + c */
+        t[8 + c] = _mm512_shuffle_i32x4(ab_even, cd_even, _MM_SHUFFLE(3, 1, 3, 1));   /* 8 + c */
+        t[12 + c] = _mm512_shuffle_i32x4(ab_odd, cd_odd, _MM_SHUFFLE(3, 1, 3, 1));    /* 12 + c */
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
 /* Tokens t0 .. t0 + nt - 1 (nt <= 16) of the activations at a, block by block, into the layout
  * above: quad j of token t at byte 64 j + 4 t; 128 x sum of sub-block s at int32 16 s + t; d at
- * float t. Lanes past nt hold zeros. */
+ * float t. Lanes past nt hold zeros. Each 16 tokens x 16 quads (and the 16 x 16 block sums) is
+ * one transpose of 16 vectors. */
 static void relay_group(const uint8_t *a, int64_t arb, int nt, int64_t nb, uint8_t *dst) {
-    memset(dst, 0, (size_t)(nb * RELAID_BLOCK));
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *q = dst + b * RELAID_BLOCK;
         int32_t *bias = (int32_t *)(q + RELAID_A);
         float *d = (float *)(q + RELAID_A + 16 * GROUP * 4);
-        for (int t = 0; t < nt; t++) {
-            const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
-            for (int j = 0; j < 64; j++) memcpy(q + 64 * j + 4 * t, ab->q + 4 * j, 4);
-            for (int s = 0; s < 16; s++) bias[GROUP * s + t] = 128 * ab->bsums[s];
-            d[t] = ab->d;
+        const strata_block_act_q8k *ab[GROUP];
+        for (int t = 0; t < nt; t++) ab[t] = (const strata_block_act_q8k *)(a + t * arb) + b;
+        __m512i r[16];
+        for (int c = 0; c < 4; c++) {
+            for (int t = 0; t < GROUP; t++)
+                r[t] = t < nt ? _mm512_loadu_si512((const void *)(ab[t]->q + 64 * c)) : _mm512_setzero_si512();
+            transpose16_epi32(r);
+            for (int j = 0; j < 16; j++) _mm512_store_si512((void *)(q + 64 * (16 * c + j)), r[j]);
         }
+        for (int t = 0; t < GROUP; t++)
+            r[t] = t < nt ? _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)ab[t]->bsums)), 7)
+                          : _mm512_setzero_si512();
+        transpose16_epi32(r);
+        for (int s = 0; s < 16; s++) _mm512_store_si512((void *)(bias + GROUP * s), r[s]);
+        for (int t = 0; t < GROUP; t++) d[t] = t < nt ? ab[t]->d : 0.0f;
     }
 }
 

@@ -220,6 +220,8 @@ MOE_SHAPES = [  # gate, up, down, n_embd D, n_ff F
     (T.Q8_0, T.Q4_K, T.F16, 256, 64),         # gate and up round x differently; float down
     (T.MXFP4, T.MXFP4, T.BF16, 64, 32),
     (T.F32, T.F16, T.Q5_K, 32, 256),
+    (T.IQ4_XS, T.IQ4_XS, T.IQ3_S, 256, 256),  # prefill: gate and up share re-laid activations (VNNI)
+    (T.IQ2_XS, T.IQ3_XXS, T.IQ2_S, 512, 256),
 ]
 
 
