@@ -2,7 +2,7 @@
 interleaved: the kernel-level half of `packed_vs_llama.py`, free of everything else a model does.
 
     python benchmarks/qdot_vs_ggml.py [--types IQ2_XS IQ3_S ...] [--threads 1 2] [--tokens 1 64]
-                                      [--rows 1024] [--k 4096] [--alternate 5]
+                                      [--rows 1024] [--k 4096] [--alternate 5] [--repack]
 
 Per type, token count and thread count: one random packed matrix [rows, k] of the type
 (benchmarks/qdot_rate.py's Matrix) and random activations. Strata multiplies through
@@ -14,10 +14,13 @@ in which the two run in turn (5 timed calls each), as GB/s of packed weights per
 ratio Strata / llama.cpp; the two outputs are compared (largest difference relative to the largest
 output) so that both compute the same product.
 
-What this does not measure: llama.cpp's repacked rows (REPACK: Q4_0, Q4_K, IQ4_NL, Q8_0 are copied
-into interleaved rows at load by llama.cpp proper, not by a bare ggml graph) and its AMX kernels;
-`packed_vs_llama.py` runs llama.cpp as users do. For the other types (the grid i-quants, IQ4_XS,
-Q2_K, Q3_K, Q5_K, Q6_K, TQ*) this is the code llama.cpp runs. Not a test.
+llama.cpp proper copies some types into interleaved rows at load (its CPU_REPACK buffer type; on
+x86: Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX-512). By default the ggml tensor holds
+the file's rows as they are; `--repack` puts it in that buffer type instead (ggml repacks the bytes
+as they are set, as when llama.cpp loads a file), so the figure is llama.cpp's repacked kernel
+against Strata's kernel on the file's rows: what an interleaved copy buys. AMX kernels are not
+measured. For the types llama.cpp does not repack (the grid i-quants, IQ4_XS, Q3_K, Q5_K, Q6_K, TQ*
+on x86) the plain graph is the code llama.cpp runs. Not a test.
 """
 from __future__ import annotations
 
@@ -57,26 +60,62 @@ def ggml_libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     for name, res, args in [("ggml_init", vp, [_InitParams]), ("ggml_free", None, [vp]),
                             ("ggml_new_tensor_2d", vp, [vp, ctypes.c_int, i64, i64]),
                             ("ggml_mul_mat", vp, [vp, vp, vp]), ("ggml_new_graph", vp, [vp]),
-                            ("ggml_build_forward_expand", None, [vp, vp]), ("ggml_get_data", vp, [vp])]:
+                            ("ggml_build_forward_expand", None, [vp, vp]), ("ggml_get_data", vp, [vp]),
+                            ("ggml_backend_reg_dev_get", vp, [vp, ctypes.c_size_t]),
+                            ("ggml_backend_reg_get_proc_address", vp, [vp, ctypes.c_char_p]),
+                            ("ggml_backend_buft_name", ctypes.c_char_p, [vp]),
+                            ("ggml_backend_alloc_ctx_tensors_from_buft", vp, [vp, vp]),
+                            ("ggml_backend_buffer_set_usage", None, [vp, ctypes.c_int]),
+                            ("ggml_backend_buffer_free", None, [vp]),
+                            ("ggml_backend_tensor_set", None, [vp, vp, ctypes.c_size_t, ctypes.c_size_t])]:
         fn = getattr(base, name)
         fn.restype, fn.argtypes = res, args
+    cpu.ggml_backend_cpu_reg.restype, cpu.ggml_backend_cpu_reg.argtypes = vp, []
     cpu.ggml_graph_plan.restype, cpu.ggml_graph_plan.argtypes = _Cplan, [vp, ctypes.c_int, vp]
     cpu.ggml_graph_compute.restype, cpu.ggml_graph_compute.argtypes = ctypes.c_int, [vp, ctypes.POINTER(_Cplan)]
     cpu.ggml_cpu_init()
     return base, cpu
 
 
-class GgmlMatmul:
-    """m's product computed by ggml: y = x @ w.T with w in a ggml tensor of m's bytes."""
+def repack_buffer_type(libs: tuple[ctypes.CDLL, ctypes.CDLL]) -> int:
+    """ggml's CPU_REPACK buffer type (one of the CPU device's extra buffer types)."""
+    base, cpu = libs
+    reg = cpu.ggml_backend_cpu_reg()
+    dev = base.ggml_backend_reg_dev_get(reg, 0)
+    get = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not get:
+        raise RuntimeError("this ggml has no extra buffer types")
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(dev)
+    names = []
+    for i in range(16):
+        if not bufts[i]:
+            break
+        names.append(base.ggml_backend_buft_name(bufts[i]).decode())
+        if names[-1] == "CPU_REPACK":
+            return bufts[i]
+    raise RuntimeError(f"no CPU_REPACK buffer type in this ggml (extra buffer types: {names})")
 
-    def __init__(self, libs: tuple[ctypes.CDLL, ctypes.CDLL], m: Matrix, threads: int):
+
+class GgmlMatmul:
+    """m's product computed by ggml: y = x @ w.T with w in a ggml tensor of m's bytes (in the
+    buffer type `buft` when given: CPU_REPACK interleaves the rows as the bytes are set)."""
+
+    def __init__(self, libs: tuple[ctypes.CDLL, ctypes.CDLL], m: Matrix, threads: int, buft: int | None = None):
         self.base, self.cpu = libs
         n_tok = m.x.shape[0]
         size = m.w.numel() + 4 * (m.x.numel() + m.y.numel()) + (16 << 20)
         self.ctx = self.base.ggml_init(_InitParams(size, None, False))
-        w = self.base.ggml_new_tensor_2d(self.ctx, int(ggml_type(m.name)), m.k, m.n)
+        self.w_ctx = self.w_buf = None
+        if buft is None:
+            w = self.base.ggml_new_tensor_2d(self.ctx, int(ggml_type(m.name)), m.k, m.n)
+            ctypes.memmove(self.base.ggml_get_data(w), m.w.data_ptr(), m.w.numel())
+        else:
+            self.w_ctx = self.base.ggml_init(_InitParams(1 << 20, None, True))
+            w = self.base.ggml_new_tensor_2d(self.w_ctx, int(ggml_type(m.name)), m.k, m.n)
+            self.w_buf = self.base.ggml_backend_alloc_ctx_tensors_from_buft(self.w_ctx, buft)
+            self.base.ggml_backend_buffer_set_usage(self.w_buf, 1)  # GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+            self.base.ggml_backend_tensor_set(w, m.w.data_ptr(), 0, m.w.numel())
         x = self.base.ggml_new_tensor_2d(self.ctx, 0, m.k, n_tok)  # GGML_TYPE_F32
-        ctypes.memmove(self.base.ggml_get_data(w), m.w.data_ptr(), m.w.numel())
         ctypes.memmove(self.base.ggml_get_data(x), m.x.data_ptr(), 4 * m.x.numel())
         self.out = self.base.ggml_mul_mat(self.ctx, w, x)
         self.graph = self.base.ggml_new_graph(self.ctx)
@@ -96,11 +135,14 @@ class GgmlMatmul:
 
     def close(self) -> None:
         self.base.ggml_free(self.ctx)
+        if self.w_ctx:
+            self.base.ggml_backend_buffer_free(self.w_buf)
+            self.base.ggml_free(self.w_ctx)
 
 
 def compare(libs, pool, threads: int, name: str, n_tok: int, a: argparse.Namespace, rng) -> str:
     m = Matrix(name, a.rows, a.k, n_tok, rng)
-    g = GgmlMatmul(libs, m, threads)
+    g = GgmlMatmul(libs, m, threads, repack_buffer_type(libs) if a.repack else None)
     try:
         m.run(pool, native.default_impl())
         g.run()
@@ -125,9 +167,13 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=1024)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--alternate", type=int, default=5, metavar="N")
+    p.add_argument("--repack", action="store_true",
+                   help="llama.cpp's weights in its CPU_REPACK buffer (interleaved rows, as llama.cpp loads them); "
+                        "only for the types it repacks on this CPU")
     a = p.parse_args()
     libs, rng = ggml_libs(), np.random.default_rng(0)
-    print(f"strata kernels: {native.default_impl()}; matrix {a.rows} x {a.k}", flush=True)
+    print(f"strata kernels: {native.default_impl()}; matrix {a.rows} x {a.k}; llama.cpp's weights "
+          f"{'repacked (CPU_REPACK)' if a.repack else 'as in the file'}", flush=True)
     for threads in a.threads:
         with native.ComputePool(threads) as pool:
             for name in a.types:
