@@ -84,7 +84,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
             iq_chunk(fmt, p, c, wv, ix, sg, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
-                const __m256i av = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)), ch.s);
+                const __m256i av = apply_signs(fmt, &ch, _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)));
                 isum[t] = madd_acc(isum[t], _mm256_maddubs_epi16(ch.q, av), ch.sc);
             }
         }

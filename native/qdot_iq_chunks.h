@@ -10,8 +10,27 @@
 
 enum { FMT_IQ2_XXS, FMT_IQ2_XS, FMT_IQ2_S, FMT_IQ3_XXS, FMT_IQ3_S, FMT_IQ1_S, FMT_IQ1_M };
 
-/* One chunk of 32 values: magnitudes, sign bytes, int16 sub-block weights (see above). */
-typedef struct { __m256i q, s, sc; } chunk;
+/* One chunk of 32 values: magnitudes, signs, int16 sub-block weights (see above). The signs are
+ * bytes +1 / -1 for VPSIGNB; where AVX-512 BW is on, the formats of mask_signs keep them as a 32-bit
+ * mask instead (bit j: value j negative) that a masked subtract applies, one instruction in place
+ * of the five that spread bits to bytes. Measured on the Intel machine (one thread, decode, two
+ * builds alternating in one process): IQ2_XXS 1.22x, IQ3_XXS 1.14x, IQ2_XS and IQ3_S 1.06-1.08x;
+ * IQ2_S 0.87x, IQ1_S 0.94x and IQ1_M 0.74x, so those keep the bytes. */
+typedef struct {
+    __m256i q, sc, s;
+#ifdef STRATA_QDOT_EVEX
+    __mmask32 neg;
+#endif
+} chunk;
+
+INLINE int mask_signs(int fmt) {
+#ifdef STRATA_QDOT_EVEX
+    return fmt == FMT_IQ2_XXS || fmt == FMT_IQ2_XS || fmt == FMT_IQ3_XXS || fmt == FMT_IQ3_S;
+#else
+    (void)fmt;
+    return 0;
+#endif
+}
 
 INLINE uint64_t u64(const void *p) {
     uint64_t v;
@@ -171,6 +190,27 @@ INLINE __m256i sign_bits(uint32_t bits) {
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
 }
 
+/* The chunk's signs from 32 sign bits (bit j set: value j negative). */
+INLINE void set_signs(int fmt, chunk *ch, uint32_t bits) {
+#ifdef STRATA_QDOT_EVEX
+    if (mask_signs(fmt)) {
+        ch->neg = (__mmask32)bits;
+        return;
+    }
+#endif
+    (void)fmt;
+    ch->s = sign_bits(bits);
+}
+
+/* v with the chunk's signs applied (a byte of v that is -128 stays -128 either way). */
+INLINE __m256i apply_signs(int fmt, const chunk *ch, __m256i v) {
+#ifdef STRATA_QDOT_EVEX
+    if (mask_signs(fmt)) return _mm256_mask_sub_epi8(v, ch->neg, _mm256_setzero_si256(), v);
+#endif
+    (void)fmt;
+    return _mm256_sign_epi8(v, ch->s);
+}
+
 /* Weights 2 lo + 1 for values 0-15 and 2 hi + 1 for 16-31. */
 INLINE __m256i weights2(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
@@ -251,7 +291,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        ch->s = sign_bits(u32(sg + 4 * c));
+        set_signs(fmt, ch, u32(sg + 4 * c));
         ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
@@ -260,7 +300,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        ch->s = sign_bits(u32(sg + 4 * c));
+        set_signs(fmt, ch, u32(sg + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -268,21 +308,21 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const strata_block_iq2_s *b = (const strata_block_iq2_s *)p;
         ix += 4 * c;
         ch->q = rows8(strata_iq2s_grid[ix[0]], strata_iq2s_grid[ix[1]], strata_iq2s_grid[ix[2]], strata_iq2s_grid[ix[3]]);
-        ch->s = sign_bits(u32(b->signs + 4 * c));
+        set_signs(fmt, ch, u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
         ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        ch->s = sign_bits(u32(sg + 4 * c));
+        set_signs(fmt, ch, u32(sg + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_S: {  /* 8 + 1 index bits, a sign bit per value, a 4-bit ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
         ch->q = rows4_ix(strata_iq3s_grid, ix + 8 * c);
-        ch->s = sign_bits(u32(b->signs + 4 * c));
+        set_signs(fmt, ch, u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
