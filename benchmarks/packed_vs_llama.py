@@ -1,6 +1,6 @@
 """Benchmark: Strata beside llama.cpp on the same synthetic GGUF files, same threads, one run.
 
-    python benchmarks/packed_vs_llama.py [--shapes medium,mixtral] [--threads 2] [-n 32] [--reps 3]
+    python benchmarks/packed_vs_llama.py [--shapes medium,mixtral] [--threads 2] [-n 32] [--reps 3] [--rounds 1]
         [--prompt 64] [--strata-args '{"compute": "packed"}'] [--workdir /tmp/strata-bench] [--json]
     python benchmarks/packed_vs_llama.py --out-of-ram [--shape large] [--ratio 2.6] [-n 16] [--warmup 4]
         [--compute-bound] [--with-llama [--llama-cap-s 240]]
@@ -15,8 +15,10 @@ child process with the same thread count, measure
   decode:  `n` tokens one at a time after an 8-token prompt (llama.cpp: `eval` of one token, the
            next token the argmax; Strata: greedy `generate`), `reps` times;
 after one untimed warm-up of each. Prints tok/s as mean +- standard deviation (min-max) and the
-ratios Strata / llama.cpp of the means. The children run one after the other, not interleaved,
-so load from other processes can favour either: compare only figures from one run, and run on a
+ratios Strata / llama.cpp of the means. The children run one after the other, so load from other
+processes and a machine whose speed drifts can favour either: `--rounds N` runs N pairs of
+children per shape, alternating which engine goes first, and gives the median of the pairs'
+ratios (and each pair's). Compare only figures from one run, and run on a
 quiet machine: llama.cpp's OpenMP threads spin while they wait, so on oversubscribed cores its
 figures collapse (medium decoded at 2 tok/s, not 64-83, with a load average of 7 on 2 cores).
 Each shape's report also says which ISA each engine ran: llama.cpp's `llama_print_system_info()`
@@ -320,19 +322,43 @@ def run_child(engine: str, path: Path, a: argparse.Namespace, group: Path | None
 
 # -- the two figures ---------------------------------------------------------------------------
 
+def merged(children: list[dict]) -> dict:
+    """One engine's children of several rounds as one result: the first child's fields, every
+    child's runs pooled (a failed child's error if any failed)."""
+    failed = [c for c in children if "error" in c]
+    if failed:
+        return failed[0]
+    out = dict(children[0])
+    for what in ("prefill_tok_s", "decode_tok_s"):
+        if all(what in c for c in children):
+            out[what] = spread([v for c in children for v in c[what]["runs"]])
+    return out
+
+
 def in_ram(a: argparse.Namespace) -> dict:
+    """Per shape, `a.rounds` rounds of one llama.cpp child and one Strata child (llama.cpp first in
+    even rounds, Strata first in odd ones). A shared machine's speed drifts over minutes, so each
+    ratio is the median over rounds of that round's Strata / llama.cpp means (two children run
+    back to back), not a ratio of means pooled over the whole run."""
     shapes = []
     for shape in a.shapes.split(","):
         path = shape_file(a.workdir, shape)
+        rounds = []
+        for r in range(a.rounds):
+            order = ("llama", "strata") if r % 2 == 0 else ("strata", "llama")
+            rounds.append({engine: run_child(engine, path, a) for engine in order})
         row = {"shape": shape, "spec": SHAPES[shape.partition("@")[0]], "file": str(path),
-               "file_bytes": path.stat().st_size,
-               "llama": run_child("llama", path, a), "strata": run_child("strata", path, a)}
+               "file_bytes": path.stat().st_size, "llama": merged([rd["llama"] for rd in rounds]),
+               "strata": merged([rd["strata"] for rd in rounds])}
         for what in ("decode_tok_s", "prefill_tok_s"):
-            if what in row["llama"] and what in row["strata"]:
-                row[f"{what.split('_')[0]}_ratio"] = row["strata"][what]["mean"] / row["llama"][what]["mean"]
+            per_round = [rd["strata"][what]["mean"] / rd["llama"][what]["mean"] for rd in rounds
+                         if what in rd["llama"] and what in rd["strata"]]
+            if len(per_round) == len(rounds):
+                row[f"{what.split('_')[0]}_ratio"] = statistics.median(per_round)
+                row[f"{what.split('_')[0]}_ratio_rounds"] = per_round
         shapes.append(row)
-    return {"mode": "in-ram", "threads": a.threads, "n": a.n, "reps": a.reps, "prompt": a.prompt,
-            "strata_args": json.loads(a.strata_args), "shapes": shapes}
+    return {"mode": "in-ram", "threads": a.threads, "n": a.n, "reps": a.reps, "rounds": a.rounds,
+            "prompt": a.prompt, "strata_args": json.loads(a.strata_args), "shapes": shapes}
 
 
 def out_of_ram(a: argparse.Namespace) -> dict:
@@ -422,6 +448,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("-n", type=int, default=None, help="decode tokens per run (default 32; out of RAM 16)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="in RAM: rounds of one child per engine, alternating which goes first; ratios are "
+                        "the median of the rounds' ratios")
     p.add_argument("--prompt", type=int, default=64, help="prefill prompt tokens")
     p.add_argument("--warmup", type=int, default=4, help="out of RAM: decode tokens before measuring")
     p.add_argument("--n-ctx", type=int, default=None)

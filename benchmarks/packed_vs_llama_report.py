@@ -17,7 +17,7 @@ def _rate(r: dict | None) -> str:
 
 def format_in_ram(r: dict) -> str:
     lines = [f"threads {r['threads']}; prefill {r['prompt']} tokens x {r['reps']}, decode {r['n']} tokens x "
-             f"{r['reps']}; strata.load args {json.dumps(r['strata_args'])}",
+             f"{r['reps']}, {r.get('rounds', 1)} round(s) per engine; strata.load args {json.dumps(r['strata_args'])}",
              f"{'shape':<13} {'engine':<18} {'prefill tok/s: mean +- std (min-max)':<40} decode tok/s"]
     for s in r["shapes"]:
         head = f"{s['shape']:<13}"
@@ -30,6 +30,10 @@ def format_in_ram(r: dict) -> str:
         if "decode_ratio" in s:
             lines.append(f"{'':<13} {'strata/llama.cpp':<18} {s['prefill_ratio']:8.2f}x{'':<31} "
                          f"{s['decode_ratio']:8.2f}x")
+            if len(s.get("decode_ratio_rounds", [])) > 1:  # the median above; each round's own
+                rounds = lambda key: " ".join(f"{x:.2f}" for x in s[key])  # noqa: E731
+                lines.append(f"{'':<13} {'  per round':<18} {rounds('prefill_ratio_rounds'):<40} "
+                             f"{rounds('decode_ratio_rounds')}")
         lines += _isa_lines(s)
     return "\n".join(lines)
 
