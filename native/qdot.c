@@ -121,15 +121,15 @@ static const qdot_row TILES[] = {
     ROW(Q5_1, Q8, q5_1, NONE, 0),
     ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
-    ROW(Q2_K, Q8K, q2_k, NONE, 0),
-    ROW(Q3_K, Q8K, q3_k, NONE, 0),
+    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),   /* prefill: qdot_iq_vnni.c's tiles */
+    ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run
      * their AVX-512 builds (qdot_*_evex.c), IQ4_NL its own 8-row tiles (qdot_nib_avx512.c), the
-     * grid i-quants' and IQ4_XS's prefill VNNI tiles over unpacked bytes (qdot_iq_vnni.c; decode stays on the
+     * grid i-quants', IQ4_XS's (and Q2_K's, Q3_K's) prefill VNNI tiles over unpacked bytes (qdot_iq_vnni.c; decode stays on the
      * AVX2 build, which reads each block once and has no tokens to share it with; so does prefill
      * where 512-bit operations are split, unmeasured there: on Zen 4 llama.cpp's tiled VNNI path,
      * the same kind of kernel, prefilled the IQ4_XS file at 0.88x of the AVX2 build's rate). */

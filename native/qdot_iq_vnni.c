@@ -1,6 +1,10 @@
 /*
  * AVX-512 VNNI prefill tiles of the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
- * IQ1_M) and IQ4_XS against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer formulation: qdot_iq.c.
+ * IQ1_M), IQ4_XS, Q2_K and Q3_K against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer
+ * formulation: qdot_iq.c (Q2_K, Q3_K: qdot_ref.c). Q2_K's mins add one more term per block: the
+ * sum of its sub-block mins times the activations' block sums, subtracted with dmin as the scalar
+ * tile does; Q2_K and Q3_K at 16 and 64 tokens ran 1.45-1.86x and 1.8-2.5x their AVX2 tiles'
+ * rate on the Intel machine (benchmarks/ab_builds.py).
  *
  * The AVX2 tiles (qdot_iq_avx2.c) spend four or five instructions per 32 values and token once a
  * chunk is built (sign the activations, VPMADDUBSW, VPMADDWD, add). Here a weight block is unpacked
@@ -14,7 +18,8 @@
  * block after block with no fused multiply-add: the result equals the scalar tile's bit for bit.
  *
  * Tokens go 16 to a group; a last group of 8-15 runs padded (its empty lanes add 0), fewer than 8
- * left over go to the AVX2 tiles' AVX-512 build, as do calls of fewer than 8 tokens. Rows go 4 at a
+ * left over go to the AVX2 tiles' AVX-512 build, as do calls of fewer than 8 tokens. Q2_K and Q3_K,
+ * whose AVX2 tiles build a chunk cheaply, pad only a last group of 12-15 (pad_min). Rows go 4 at a
  * time (four broadcasts per activation load), groups 8 at a time so that their re-laid
  * activations stay in L2 while a block of 4 rows passes over them.
  *
@@ -95,7 +100,8 @@ static void relay_group(const uint8_t *a, int64_t arb, int nt, int64_t nb, uint8
 typedef struct {
     uint8_t u[ROWS][256] __attribute__((aligned(64)));
     int32_t sc[ROWS][16];
-    float wd[ROWS];
+    int32_t mn[ROWS][16];   /* Q2_K's sub-block mins */
+    float wd[ROWS], wmin[ROWS];
 } unpacked;
 
 /* IQ4_XS (a format of its own, not a grid: qdot_iq4_avx2.c has its AVX2 tiles): code-book values
@@ -121,9 +127,63 @@ INLINE void unpack_iq4_xs(const uint8_t *p, unpacked *up, int r) {
     up->wd[r] = _cvtsh_ss(b->d);
 }
 
+/* Q2_K and Q3_K (qdot_ref.c's formulas): element 128 h + 32 m + l of a block is bits 2 m, 2 m + 1
+ * of qs[32 h + l]; sub-block s = 8 h + 2 m + l / 16. Q2_K's values are those codes (0-3) with a
+ * scale and a min per sub-block, the mins' term subtracted with the block sums; Q3_K's are the
+ * codes less 4 where bit 4 h + m of hmask[l] is clear, with a 6-bit scale - 32. */
+#define FMT_Q2_K_VNNI 101
+#define FMT_Q3_K_VNNI 102
+
+INLINE void unpack_k2(const uint8_t *qs, const uint8_t *hmask, unpacked *up, int r) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hv = hmask ? _mm256_loadu_si256((const __m256i *)hmask) : _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+        for (int m = 0; m < 4; m++) {
+            __m256i u = _mm256_and_si256(_mm256_srli_epi16(v, 2 * m), three);
+            if (hmask) {  /* q - 4 + 4 * bit, + 128 */
+                const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(hv, 4 * h + m), one);
+                u = _mm256_add_epi8(_mm256_add_epi8(u, _mm256_slli_epi16(bit, 2)), _mm256_set1_epi8(124));
+            } else {
+                u = _mm256_or_si256(u, _mm256_set1_epi8((char)0x80));
+            }
+            _mm256_store_si256((__m256i *)(up->u[r] + 128 * h + 32 * m), u);
+        }
+    }
+}
+
+INLINE void unpack_q2_k(const uint8_t *p, unpacked *up, int r) {
+    const strata_block_q2_k *b = (const strata_block_q2_k *)p;
+    unpack_k2(b->qs, NULL, up, r);
+    for (int s = 0; s < 16; s++) {
+        up->sc[r][s] = b->scales[s] & 0xf;
+        up->mn[r][s] = b->scales[s] >> 4;
+    }
+    up->wd[r] = _cvtsh_ss(b->d);
+    up->wmin[r] = _cvtsh_ss(b->dmin);
+}
+
+INLINE void unpack_q3_k(const uint8_t *p, unpacked *up, int r) {
+    const strata_block_q3_k *b = (const strata_block_q3_k *)p;
+    unpack_k2(b->qs, b->hmask, up, r);
+    for (int s = 0; s < 16; s++) {
+        const int lo = (b->scales[s % 8] >> (4 * (s / 8))) & 0xf, hi = (b->scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        up->sc[r][s] = (lo | hi << 4) - 32;
+    }
+    up->wd[r] = _cvtsh_ss(b->d);
+}
+
 INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
     if (fmt == FMT_IQ4_XS_VNNI) {
         unpack_iq4_xs(p, up, r);
+        return;
+    }
+    if (fmt == FMT_Q2_K_VNNI) {
+        unpack_q2_k(p, up, r);
+        return;
+    }
+    if (fmt == FMT_Q3_K_VNNI) {
+        unpack_q3_k(p, up, r);
         return;
     }
     const __m256i wv = iq_weights(fmt, p);
@@ -148,9 +208,10 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
  * broadcast serves 32 tokens). */
 INLINE void block_groups_n(int fmt, int NG, const unpacked *up, const uint8_t *relaid, int64_t nb, int64_t b,
                            int g0, __m512 out[ROWS][GROUPS_PER_PASS]) {
-    const __m512 factor = _mm512_set1_ps(fmt == FMT_IQ4_XS_VNNI ? 1.0f : iq_factor(fmt));
+    const int kq = fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI;
+    const __m512 factor = _mm512_set1_ps(fmt == FMT_IQ4_XS_VNNI || kq ? 1.0f : iq_factor(fmt));
     /* 16-value sub-blocks per weight: 2 where both halves of a chunk share one (one multiply per 32) */
-    const int per = fmt == FMT_IQ2_XS || fmt == FMT_IQ2_S || fmt == FMT_IQ1_M ? 1 : 2;
+    const int per = fmt == FMT_IQ2_XS || fmt == FMT_IQ2_S || fmt == FMT_IQ1_M || kq ? 1 : 2;
     const uint8_t *q[2];
     for (int h = 0; h < NG; h++) q[h] = relaid + ((int64_t)(g0 + h) * nb + b) * RELAID_BLOCK;
     __m512i isum[2][ROWS];
@@ -182,9 +243,23 @@ INLINE void block_groups_n(int fmt, int NG, const unpacked *up, const uint8_t *r
     }
     for (int h = 0; h < NG; h++) {
         const __m512 ad = _mm512_load_ps((const void *)(q[h] + RELAID_A + 16 * GROUP * 4));
+        __m512i msum[ROWS];   /* Q2_K: sum_s mn_s * bsum_s, from the 128 x bsum laid beside the codes */
+        if (fmt == FMT_Q2_K_VNNI) {
+            const int32_t *bias = (const int32_t *)(q[h] + RELAID_A);
+            for (int r = 0; r < ROWS; r++) msum[r] = _mm512_setzero_si512();
+            for (int s = 0; s < 16; s++) {
+                const __m512i bs = _mm512_load_si512((const void *)(bias + GROUP * s));
+                for (int r = 0; r < ROWS; r++)
+                    msum[r] = _mm512_add_epi32(msum[r], _mm512_mullo_epi32(bs, _mm512_set1_epi32(up->mn[r][s])));
+            }
+        }
         for (int r = 0; r < ROWS; r++) {
             const __m512 scale = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(up->wd[r]), ad), factor);
-            out[r][g0 + h] = _mm512_add_ps(out[r][g0 + h], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[h][r]), scale));
+            __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[h][r]), scale);
+            if (fmt == FMT_Q2_K_VNNI)  /* d * isum - dmin * msum, as qdot_ref.c forms it */
+                term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(msum[r], 7)),
+                                                         _mm512_mul_ps(_mm512_set1_ps(up->wmin[r]), ad)));
+            out[r][g0 + h] = _mm512_add_ps(out[r][g0 + h], term);
         }
     }
 }
@@ -212,7 +287,8 @@ INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
             for (int r = nr; r < ROWS; r++) {  /* rows past the end: weights 0, never stored */
                 memset(up.u[r], 0x80, sizeof(up.u[r]));
                 memset(up.sc[r], 0, sizeof(up.sc[r]));
-                up.wd[r] = 0.0f;
+                memset(up.mn[r], 0, sizeof(up.mn[r]));
+                up.wd[r] = up.wmin[r] = 0.0f;
             }
             for (int64_t b = 0; b < nb; b++) {
                 for (int r = 0; r < nr; r++) unpack_row(fmt, w + (r0 + r) * wrb + b * bs, &up, r);
@@ -229,10 +305,15 @@ INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
     }
 }
 
-/* The tile: groups of 16 tokens by VNNI (a last group of 8-15 padded), the rest by `rest`. */
+/* Fewest tokens of a last group worth running padded: measured on the Intel machine (one thread,
+ * 256 x 4096, benchmarks/ab_builds.py), 8 tokens padded to 16 took Q2_K 1.28x and Q3_K 1.16-1.23x
+ * the AVX2 tile's time, where 16 tokens took 0.71x and 0.61x of it (break-even near 11). */
+INLINE int pad_min(int fmt) { return fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI ? 12 : 8; }
+
+/* The tile: groups of 16 tokens by VNNI (a last group of pad_min-15 padded), the rest by `rest`. */
 INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, const uint8_t *w, int64_t wrb,
                     int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
-    const int64_t n_vnni = n_tok % GROUP >= 8 ? n_tok : n_tok - n_tok % GROUP;
+    const int64_t n_vnni = n_tok % GROUP >= pad_min(fmt) ? n_tok : n_tok - n_tok % GROUP;
     const int64_t n_groups = (n_vnni + GROUP - 1) / GROUP, nb = k / STRATA_QK_K;
     uint8_t *relaid = NULL;
     if (n_vnni > 0 && nb > 0) {
@@ -266,9 +347,12 @@ DEFINE_VNNI_TILE(iq3_s, FMT_IQ3_S, strata_block_iq3_s)
 DEFINE_VNNI_TILE(iq1_s, FMT_IQ1_S, strata_block_iq1_s)
 DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
 DEFINE_VNNI_TILE(iq4_xs, FMT_IQ4_XS_VNNI, strata_block_iq4_xs)
+DEFINE_VNNI_TILE(q2_k, FMT_Q2_K_VNNI, strata_block_q2_k)
+DEFINE_VNNI_TILE(q3_k, FMT_Q3_K_VNNI, strata_block_q3_k)
 
 #else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
        * which strata_resolve_impl refuses here */
 
 STRATA_AVX512_FALLBACK(iq2_xxs) STRATA_AVX512_FALLBACK(iq2_xs) STRATA_AVX512_FALLBACK(iq2_s) STRATA_AVX512_FALLBACK(iq3_xxs) STRATA_AVX512_FALLBACK(iq3_s) STRATA_AVX512_FALLBACK(iq1_s) STRATA_AVX512_FALLBACK(iq1_m) STRATA_AVX512_FALLBACK(iq4_xs)
+STRATA_AVX512_FALLBACK(q2_k) STRATA_AVX512_FALLBACK(q3_k)
 #endif

@@ -222,6 +222,7 @@ MOE_SHAPES = [  # gate, up, down, n_embd D, n_ff F
     (T.F32, T.F16, T.Q5_K, 32, 256),
     (T.IQ4_XS, T.IQ4_XS, T.IQ3_S, 256, 256),  # prefill: gate and up share re-laid activations (VNNI)
     (T.IQ2_XS, T.IQ3_XXS, T.IQ2_S, 512, 256),
+    (T.Q2_K, T.Q3_K, T.Q2_K, 256, 512),         # and the K-quants' VNNI prefill tiles
 ]
 
 

@@ -271,7 +271,7 @@ def test_default_impl_follows_detection_and_overrides():
 
 def test_avx512_tile_kernels_of_its_own():
     own = {t for t in qd.ALL_TYPES if native.has_qdot_kernel(t, "avx512")}
-    assert own == {T.F16, T.BF16, T.Q4_0, T.Q8_0, T.MXFP4, T.Q4_K, T.Q5_K, T.Q6_K}, own
+    assert own == {T.F16, T.BF16, T.Q4_0, T.Q8_0, T.MXFP4, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}, own
 
 
 def test_avx512_reports_the_avx2_dequant_kernels():

@@ -1,7 +1,8 @@
-"""AVX-512 VNNI prefill tiles of the grid i-quants and IQ4_XS (native/qdot_iq_vnni.c) against their
-scalar twins.
+"""AVX-512 VNNI prefill tiles of the grid i-quants, IQ4_XS, Q2_K and Q3_K (native/qdot_iq_vnni.c)
+against their scalar twins.
 
-Tokens in groups of 16 (and a last group of 8-15, padded) go through VNNI, whose block sums are
+Tokens in groups of 16 (and a last group of 8-15, padded; 12-15 for Q2_K and Q3_K) go through
+VNNI, whose block sums are
 the scalar ones and whose float steps are the scalar tile's in the same order: those outputs equal
 the scalar kernels bit for bit. Fewer than 8 tokens left over run the AVX2 tiles' AVX-512 build,
 held within twice the rounding bound (test_qdot_iq_grid_avx2.py's). The activations are re-laid once
@@ -25,10 +26,32 @@ from strata.native.qdot import kernel_family
 from strata.quant import GGMLType
 from tests.native.test_qdot import make_tokens
 from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scalar
-from tests.native.test_qdot_iquants import make_weights
+from strata.quant import HALF_SCALE_OFFSETS, random_blocks
+from tests.native.test_qdot import EXTREME_HALVES
+from tests.native.test_qdot_iquants import SCALES, make_weights as make_iq_weights
 
 T = GGMLType
-VNNI_TYPES = (*GRID_TYPES, T.IQ4_XS)
+K_TYPES = (T.Q2_K, T.Q3_K)
+VNNI_TYPES = (*GRID_TYPES, T.IQ4_XS, *K_TYPES)
+
+
+def make_weights(t, n_rows: int, row_len: int, rng: np.random.Generator) -> np.ndarray:
+    """[n_rows, row bytes] of valid random blocks (the i-quants' maker; Q2_K and Q3_K: ~30% of the
+    blocks with an extreme d or dmin)."""
+    if t in SCALES:
+        return make_iq_weights(t, n_rows, row_len, rng)
+    n_blocks = n_rows * row_len // 256
+    blocks = np.frombuffer(random_blocks(t, n_blocks, rng, 0.001), np.uint8).reshape(n_blocks, -1).copy()
+    picked = np.flatnonzero(rng.random(n_blocks) < 0.3)
+    for off in HALF_SCALE_OFFSETS[t]:
+        blocks[picked, off:off + 2] = rng.choice(EXTREME_HALVES, len(picked)).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(n_rows, -1)
+
+
+def vnni_tokens(t, n_tok: int) -> int:
+    """How many of n_tok tokens the VNNI tile takes (qdot_iq_vnni.c's pad_min), the rest left to
+    the AVX2 build."""
+    return n_tok if n_tok % 16 >= (12 if t in K_TYPES else 8) else n_tok - n_tok % 16
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI)")
 # Where 512-bit operations are split (Zen 4) the table prefills with the AVX2 build: the tests that
@@ -57,7 +80,9 @@ def test_vnni_tiles_equal_scalar_bit_for_bit(t, shape):
     x = make_tokens(n_tok, n_blocks * 256, rng)
     ys = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="scalar")
     yv = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="avx512")
-    assert np.array_equal(bits(ys), bits(yv)), f"{t.name} {shape}: {np.abs(ys - yv).max()}"
+    vnni = vnni_tokens(t, n_tok)  # all of them, but for Q2_K/Q3_K's 8-11 left over
+    assert np.array_equal(bits(ys[:vnni]), bits(yv[:vnni])), f"{t.name} {shape}: {np.abs(ys - yv).max()}"
+    assert_close_to_scalar(t, w, n_rows, x, f"shape {shape}", impl="avx512")
 
 
 @reaches_vnni
@@ -71,7 +96,7 @@ def test_leftover_tokens_within_the_bound(t, shape):
     assert_close_to_scalar(t, w, n_rows, x, f"shape {shape}", impl="avx512")
     yv = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="avx512")
     ys = native.qdot_rows(t, w, n_rows, n_blocks * 256, x, impl="scalar")
-    vnni = n_tok if n_tok % 16 >= 8 else n_tok - n_tok % 16
+    vnni = vnni_tokens(t, n_tok)
     assert np.array_equal(bits(ys[:vnni]), bits(yv[:vnni])), t.name  # the VNNI tokens still exact
 
 
@@ -80,7 +105,7 @@ def test_leftover_tokens_within_the_bound(t, shape):
 def test_pooled_and_repeated_products_reuse_no_stale_layout(t):
     """Several threads, many 16-row blocks, two calls from the same buffers with new contents."""
     rng = np.random.default_rng(int(t))
-    n_rows, k, n_tok = 70, 512, 24
+    n_rows, k, n_tok = 70, 512, 28  # all through VNNI, a last group of 12 padded
     w = torch.from_numpy(make_weights(t, n_rows, k, rng))
     x = torch.empty(n_tok, k)
     out = torch.empty(n_tok, n_rows)
@@ -106,11 +131,11 @@ import numpy as np
 from strata import native
 from strata.quant import GGMLType as T
 from tests.native.test_qdot import make_tokens
-from tests.native.test_qdot_iquants import make_weights
+from tests.native.test_qdot_iq_vnni import make_weights
 rng = np.random.default_rng(3)
-for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ3_S, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.IQ4_XS):
+for t in (T.IQ2_XXS, T.IQ3_XXS, T.IQ2_XS, T.IQ3_S, T.IQ2_S, T.IQ1_S, T.IQ1_M, T.IQ4_XS, T.Q2_K, T.Q3_K):
     assert native.type_support(t).runs == "avx512", t.name
-    for n_rows, n_blocks, n_tok in ((5, 2, 16), (3, 1, 27)):
+    for n_rows, n_blocks, n_tok in ((5, 2, 16), (3, 1, 28)):
         w, x = make_weights(t, n_rows, 256 * n_blocks, rng), make_tokens(n_tok, 256 * n_blocks, rng)
         ys = native.qdot_rows(t, w, n_rows, 256 * n_blocks, x, impl="scalar")
         yv = native.qdot_rows(t, w, n_rows, 256 * n_blocks, x, impl="avx512")
