@@ -45,8 +45,11 @@ def test_amx_asked_for_is_left_alone(monkeypatch):
 
 
 @pytest.mark.interop
-@pytest.mark.parametrize("name", ["IQ2_XS", "Q4_K", "Q8_0"])
-def test_kernel_comparison_computes_the_same_product(name):
+@pytest.mark.parametrize("name,repack", [("IQ2_XS", False), ("Q4_K", False), ("Q8_0", False), ("Q4_0", True),
+                                         ("Q4_K", True)])
+def test_kernel_comparison_computes_the_same_product(name, repack):
+    """qdot_vs_ggml's two engines compute one product, llama.cpp's weights as in the file or
+    repacked into interleaved rows (its CPU_REPACK buffer, --repack)."""
     pytest.importorskip("llama_cpp")
     import argparse
 
@@ -55,7 +58,7 @@ def test_kernel_comparison_computes_the_same_product(name):
     from benchmarks.qdot_vs_ggml import compare, ggml_libs
     from strata import native
 
-    a = argparse.Namespace(rows=64, k=512, alternate=1)
+    a = argparse.Namespace(rows=64, k=512, alternate=1, repack=repack)
     with native.ComputePool(1) as pool:
         line = compare(ggml_libs(), pool, 1, name, 3, a, np.random.default_rng(1))
     diff = float(line.rsplit("differ by ", 1)[1].rstrip(")"))
