@@ -110,6 +110,12 @@ static inline int strata_iq4_xs_scale(const strata_block_iq4_xs *b, int k) {
     return (((b->scales_l[k / 2] >> (4 * (k % 2))) & 15) | ((b->scales_h >> (2 * k)) & 3) << 4) - 32;
 }
 
+/* Q3_K: sub-block s's (16 values) signed scale, sc - 32: the low 4 bits of sc are nibble s / 8 of
+ * scales[s % 8], the high 2 bits are bits 2 (s / 4) of scales[8 + s % 4]. */
+static inline int strata_q3_k_scale(const uint8_t scales[12], int s) {
+    return (((scales[s % 8] >> (4 * (s / 8))) & 0xf) | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+}
+
 /* ggml type ids (gguf.GGMLQuantizationType). */
 enum {
     STRATA_T_F32 = 0, STRATA_T_F16 = 1, STRATA_T_Q4_0 = 2, STRATA_T_Q4_1 = 3,

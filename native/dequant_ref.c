@@ -133,16 +133,10 @@ static void block_q2_k(const strata_block_q2_k *b, float *y) {
  *      (s / 8) of scales[s % 8], high 2 bits are bits 2 * (s / 4) of scales[8 + s % 4].
  *      x = (d * (sc - 32)) * (q2 - 4 * !h), q2 as in Q2_K, h = bit (i / 32) of hmask[i % 32] ---- */
 
-static int q3_k_scale(const uint8_t s[12], int sub) {
-    const int lo = (s[sub % 8] >> (4 * (sub / 8))) & 0xf;
-    const int hi = (s[8 + sub % 4] >> (2 * (sub / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 static void block_q3_k(const strata_block_q3_k *b, float *y) {
     const float d = strata_half_to_f32(b->d);
     for (int s = 0; s < 16; s++) {
-        const float dl = d * (float)q3_k_scale(b->scales, s);
+        const float dl = d * (float)strata_q3_k_scale(b->scales, s);
         const uint8_t *qs = k_2bit_bytes(b->qs, s), *hm = b->hmask + 16 * (s % 2);
         const int shift = k_2bit_shift(s), hbit = s / 2;
         for (int l = 0; l < 16; l++) {

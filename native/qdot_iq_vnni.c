@@ -166,10 +166,7 @@ INLINE void unpack_q2_k(const uint8_t *p, unpacked *up, int r) {
 INLINE void unpack_q3_k(const uint8_t *p, unpacked *up, int r) {
     const strata_block_q3_k *b = (const strata_block_q3_k *)p;
     unpack_k2(b->qs, b->hmask, up, r);
-    for (int s = 0; s < 16; s++) {
-        const int lo = (b->scales[s % 8] >> (4 * (s / 8))) & 0xf, hi = (b->scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-        up->sc[r][s] = (lo | hi << 4) - 32;
-    }
+    for (int s = 0; s < 16; s++) up->sc[r][s] = strata_q3_k_scale(b->scales, s);
     up->wd[r] = _cvtsh_ss(b->d);
 }
 

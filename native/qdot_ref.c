@@ -170,8 +170,7 @@ static float block_q3_k(const uint8_t *wb, const strata_block_act_q8k *a) {
         k_2bit_codes(b->qs, s, q);
         const uint8_t *hm = b->hmask + 16 * (s % 2);
         for (int l = 0; l < 16; l++) q[l] = (int8_t)(q[l] - ((((hm[l] >> (s / 2)) & 1) ^ 1) << 2));
-        const int lo = (b->scales[s % 8] >> (4 * (s / 8))) & 0xf, hi = (b->scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-        isum += ((lo | hi << 4) - 32) * dot32(q, a->q + 16 * s, 16);
+        isum += strata_q3_k_scale(b->scales, s) * dot32(q, a->q + 16 * s, 16);
     }
     return (strata_half_to_f32(b->d) * a->d) * (float)isum;
 }
