@@ -482,6 +482,8 @@ def main() -> int:
         a.shapes = ",".join(f"{'tiny' if a.small else 'medium'}@{f}" for f in IQUANT_FTYPES)
     a.shape = a.shape or ("small" if a.small else "large")
     a.n = a.n or (8 if a.small else 16 if a.out_of_ram else 32)
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: at least one round per engine")
     a.reps = 2 if a.small and a.reps == 3 else a.reps
     # The small out-of-RAM file (0.23 GB) cannot hold Python in a cgroup 2.6x smaller: the cgroup
     # gets a floor and the budgets stay small, so the tiers still read experts from the disk.

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT_DIR = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT_DIR))
 from benchmarks.qdot_rate import Matrix, best_seconds  # noqa: E402
 from strata import native  # noqa: E402
 from strata.quant import ggml_type  # noqa: E402
@@ -75,6 +76,20 @@ def ggml_libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     cpu.ggml_graph_compute.restype, cpu.ggml_graph_compute.argtypes = ctypes.c_int, [vp, ctypes.POINTER(_Cplan)]
     cpu.ggml_cpu_init()
     return base, cpu
+
+
+def repack_refusal(name: str, rows: int) -> str | None:
+    """Why llama.cpp would not repack a [rows, k] matrix of type `name` on this CPU (its
+    ggml_repack_get_optimal_repack_type on x86), or None. ggml's repacking buffer dereferences the
+    repack it did not find, so such a matrix must never reach it."""
+    repacked = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"} if native.cpu_has_avx2() else set()
+    if native.cpu_has_avx512():
+        repacked.add("Q2_K")
+    if name not in repacked:
+        return f"--repack: llama.cpp does not repack {name} on this CPU (it repacks: {', '.join(sorted(repacked)) or 'none'})"
+    if rows % 8:
+        return f"--repack: llama.cpp repacks whole groups of 8 rows; --rows {rows} is not a multiple of 8"
+    return None
 
 
 def repack_buffer_type(libs: tuple[ctypes.CDLL, ctypes.CDLL]) -> int:
@@ -141,6 +156,8 @@ class GgmlMatmul:
 
 
 def compare(libs, pool, threads: int, name: str, n_tok: int, a: argparse.Namespace, rng) -> str:
+    if a.repack and (why := repack_refusal(name, a.rows)):
+        raise ValueError(why)
     m = Matrix(name, a.rows, a.k, n_tok, rng)
     g = GgmlMatmul(libs, m, threads, repack_buffer_type(libs) if a.repack else None)
     try:
@@ -171,6 +188,9 @@ def main() -> int:
                    help="llama.cpp's weights in its CPU_REPACK buffer (interleaved rows, as llama.cpp loads them); "
                         "only for the types it repacks on this CPU")
     a = p.parse_args()
+    for name in a.types if a.repack else ():
+        if why := repack_refusal(name, a.rows):
+            p.error(why)
     libs, rng = ggml_libs(), np.random.default_rng(0)
     print(f"strata kernels: {native.default_impl()}; matrix {a.rows} x {a.k}; llama.cpp's weights "
           f"{'repacked (CPU_REPACK)' if a.repack else 'as in the file'}", flush=True)

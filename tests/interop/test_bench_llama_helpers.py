@@ -63,3 +63,41 @@ def test_kernel_comparison_computes_the_same_product(name, repack):
         line = compare(ggml_libs(), pool, 1, name, 3, a, np.random.default_rng(1))
     diff = float(line.rsplit("differ by ", 1)[1].rstrip(")"))
     assert diff < 2e-3, line  # both quantize the activations to 8 bits: the same product to rounding
+
+
+def test_kernel_comparison_refuses_a_type_llama_cpp_does_not_repack():
+    """ggml's repacking buffer would crash on it: a one-line refusal instead, from the call and the CLI."""
+    pytest.importorskip("llama_cpp")
+    import argparse
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from benchmarks.qdot_vs_ggml import ROOT_DIR, compare
+
+    a = argparse.Namespace(rows=64, k=512, alternate=1, repack=True)
+    with pytest.raises(ValueError, match="does not repack IQ2_XS"):
+        compare(None, None, 1, "IQ2_XS", 3, a, np.random.default_rng(1))
+    done = subprocess.run([sys.executable, "benchmarks/qdot_vs_ggml.py", "--types", "Q4_0", "--rows", "60",
+                           "--repack"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not a multiple of 8" in done.stderr, done.stderr[-500:]
+
+
+def test_rounds_pool_the_runs_and_refuse_zero():
+    """packed_vs_llama --rounds: each engine's children pooled (a failed child's error wins); 0 refused."""
+    import subprocess
+    import sys
+
+    from benchmarks.packed_vs_llama import ROOT, merged
+
+    runs = lambda *v: {"mean": sum(v) / len(v), "runs": list(v)}  # noqa: E731
+    a = {"engine": "strata", "decode_tok_s": runs(10.0, 12.0), "prefill_tok_s": runs(50.0)}
+    b = {"engine": "strata", "decode_tok_s": runs(14.0), "prefill_tok_s": runs(70.0)}
+    both = merged([a, b])
+    assert both["decode_tok_s"]["runs"] == [10.0, 12.0, 14.0] and both["decode_tok_s"]["mean"] == 12.0
+    assert both["prefill_tok_s"]["min"] == 50.0 and both["prefill_tok_s"]["max"] == 70.0
+    assert merged([a, {"engine": "strata", "error": "killed"}]) == {"engine": "strata", "error": "killed"}
+    done = subprocess.run([sys.executable, "benchmarks/packed_vs_llama.py", "--rounds", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds 0" in done.stderr, done.stderr[-500:]
