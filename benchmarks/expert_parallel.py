@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.packed_vs_llama import cold_copy, model_file, prompt_ids  # noqa: E402
+from benchmarks.bench_files import cold_copy, model_file, prompt_ids  # noqa: E402
 from benchmarks.tiered_cgroup import CGROUP_V1  # noqa: E402
 
 DECODE_PROMPT = 8

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.packed_vs_llama import cold_copy  # noqa: E402
+from benchmarks.bench_files import cold_copy  # noqa: E402
 from benchmarks.tiered_cgroup import CGROUP_V1, _cgroup  # noqa: E402
 
 

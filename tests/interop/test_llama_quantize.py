@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from benchmarks.packed_vs_llama import file_types, ones_imatrix  # noqa: E402
+from benchmarks.bench_files import file_types, ones_imatrix  # noqa: E402
 from tests.fixtures.tiny import zoo  # noqa: E402
 from tests.interop.llama_quantize import llama_quantize  # noqa: E402
 
