@@ -38,7 +38,8 @@ from .errors import APIError
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import GenerationRequest, constrained, parse_chat, parse_completion, prompt_ids
 from .responses import Events, Reply, collect, stream
-from .tools import detect
+from .reasoning import CLOSE, OPEN
+from .tools import FAMILIES, detect
 from .tools.stream import OutputStream, output_stream
 from .web import add_routes as add_web_routes
 from .worker import EngineWorker, Ticket
@@ -240,12 +241,14 @@ async def _json_body(request: Request) -> Any:
     return decode_body(body)
 
 
-def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int) -> Sequence:
+def _sequence(state: ServerState, req: GenerationRequest, ids: list[int], model: Any, choice: int,
+              family: str | None) -> Sequence:
     params = req.sampling.for_choice(choice)
     stops = stop_conditions(params, model.stop_token_ids, model.n_ctx - len(ids))
-    # A completion's text leaves out control tokens, as llama-server's does (without --special); a
-    # chat's keeps them for the template family's parsers, which read their markup.
-    text = model.tokenizer.stream(skip_special=req.kind != "chat")
+    # Text leaves out control tokens, as llama-server's does (without --special); a chat's keeps
+    # those spelling the markup its tool-call family's parser and the reasoning split read.
+    keep = model.tokenizer.control_ids((*FAMILIES[family].markup, OPEN, CLOSE)) if family else frozenset()
+    text = model.tokenizer.stream(skip_special=True, keep=keep)
     return Sequence(next(state.ids), ids, params, stops, text, model.grammar_vocab(params))
 
 
@@ -285,12 +288,13 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
     ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
-    if req.kind == "chat":
-        req.sampling = constrained(req, state.config.tool_call_format or detect(model.chat_template.source))
+    family = state.config.tool_call_format or detect(model.chat_template.source) if req.kind == "chat" else None
+    if family:
+        req.sampling = constrained(req, family)
     queue: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
-    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i) for i in range(req.n)])
+    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i, family) for i in range(req.n)])
     seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
     tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
     submitted: list[Ticket] = []

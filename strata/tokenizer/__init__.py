@@ -75,6 +75,7 @@ class Tokenizer:
         #: Ids that end generation (EOS, EOT, EOM and the tokens llama.cpp reads as such by their text).
         self.eog_ids = eog_ids or frozenset(i for i in (special.eos, special.eot, special.eom) if i is not None)
         self.token_bytes = token_bytes(tokens, types, self.byte_level)
+        self._control_ids: dict[frozenset[str], frozenset[int]] = {}
 
     # -- construction --------------------------------------------------------------------------
 
@@ -151,9 +152,21 @@ class Tokenizer:
             data = data[1:]  # the space the tokenizer prefixed to the text
         return data.decode("utf-8", errors="replace")
 
-    def stream(self, skip_special: bool = False) -> StreamDecoder:
-        """An incremental decoder for tokens that continue a text (no prefix-space removal)."""
-        return StreamDecoder(self, skip_special)
+    def stream(self, skip_special: bool = False, keep: frozenset[int] = frozenset()) -> StreamDecoder:
+        """An incremental decoder for tokens that continue a text (no prefix-space removal);
+        `skip_special` leaves out control tokens except the ids in `keep`."""
+        return StreamDecoder(self, skip_special, keep)
+
+    def control_ids(self, texts: Iterable[str]) -> frozenset[int]:
+        """The control tokens whose text is one of `texts` (markup a parser reads from the text),
+        looked up once per set of texts."""
+        key = frozenset(texts)
+        found = self._control_ids.get(key)
+        if found is None:
+            found = self._control_ids[key] = frozenset(
+                i for i, (text, kind) in enumerate(zip(self.tokens, self.types))
+                if kind == TokenType.CONTROL and text in key)
+        return found
 
 
 def token_bytes(tokens: list[str], types: list[int], byte_level: bool) -> list[bytes]:
@@ -193,12 +206,12 @@ class StreamDecoder:
     """Token ids in, text out as soon as it is whole: a character split across tokens is held
     back until its last byte arrives."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
-        self.tokenizer, self.skip_special = tokenizer, skip_special
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False, keep: frozenset[int] = frozenset()):
+        self.tokenizer, self.skip_special, self.keep = tokenizer, skip_special, keep
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        if self.skip_special and self.tokenizer.is_special(token_id):
+        if self.skip_special and token_id not in self.keep and self.tokenizer.is_special(token_id):
             return ""
         return self._utf8.decode(self.tokenizer.token_bytes[token_id])
 

@@ -89,6 +89,12 @@ def test_completion_text_leaves_out_control_tokens_as_llama_server_does(client, 
     assert done.choices[0].text == ""
     chunks = list(client.completions.create(stream=True, **options))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == ""
+    chat = dict(model="m", messages=MESSAGES, max_tokens=4, temperature=0, logit_bias={str(eos): 100},
+                extra_body=IGNORE_EOS)
+    answer = client.chat.completions.create(**chat)  # a chat's too: the control token is no markup
+    assert answer.usage.completion_tokens == 4 and answer.choices[0].message.content == ""
+    chunks = list(client.chat.completions.create(stream=True, **chat))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
 
 def test_n_choices_whole_and_streamed(client):
     options = dict(model="m", prompt="once upon", max_tokens=10, temperature=1.0, seed=42, extra_body=IGNORE_EOS)

@@ -69,6 +69,9 @@ class Parser:
 
     name = ""
     starts: tuple[str, ...] = ()  # markers that open the tool-call part of a reply
+    #: Every marker the parser reads: a chat's text keeps the control tokens spelling one of them
+    #: and leaves out the others, as llama-server keeps a format's "preserved tokens".
+    markup: tuple[str, ...] = ()
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         raise NotImplementedError
@@ -87,7 +90,7 @@ class TagBlockParser(Parser):
     content (Hermes, GLM, Qwen3-Coder); subclasses read one block's body in `call`."""
 
     open, close = "<tool_call>", "</tool_call>"
-    starts = (open,)
+    starts = markup = (open, close)
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)

@@ -17,6 +17,7 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 
 class HarmonyParser(Parser):
     name = "harmony"
+    markup = ("<|channel|>", "<|constrain|>", MESSAGE, *ENDS)
 
     def __init__(self, inline_reasoning: bool = False):
         self.inline_reasoning = inline_reasoning  # the analysis channel kept in the content

@@ -12,6 +12,7 @@ TAG = "<|python_tag|>"
 
 class Llama3Parser(Parser):
     name = "llama3"
+    markup = (TAG,)
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         body = text.strip().removeprefix(TAG).strip()

@@ -62,6 +62,7 @@ class DeepSeekParser(MarkedParser):
     name = "deepseek"
     starts = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
     open, sep, close = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+    markup = (*starts, sep, close, "<｜tool▁calls▁end｜>")
 
     def call_name(self, head: str, rest: str, start: int) -> tuple[str, int]:
         if head.strip() != "function":
@@ -83,6 +84,7 @@ class KimiParser(MarkedParser):
     name = "kimi"
     starts = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
     open, sep, close = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+    markup = (*starts, sep, close, "<|tool_calls_section_end|>")
 
     def call_name(self, head: str, rest: str, start: int) -> tuple[str, int]:
         name = head.strip().removeprefix("functions.")  # functions.NAME:INDEX
@@ -93,6 +95,7 @@ class MistralParser(MarkedParser):
     name = "mistral"
     starts = ("[TOOL_CALLS]",)
     open, sep, close = "[TOOL_CALLS]", "[ARGS]", None
+    markup = (open, sep)
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)

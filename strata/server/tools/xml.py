@@ -41,6 +41,7 @@ class PairsParser(TagBlockParser):
 
 class GLMParser(PairsParser):
     name = "glm"
+    markup = (*TagBlockParser.markup, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     pair = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
     def call_name(self, body: str, done: bool) -> str | None:
@@ -51,6 +52,7 @@ class GLMParser(PairsParser):
 
 class QwenCoderParser(PairsParser):
     name = "qwen3-coder"
+    markup = (*TagBlockParser.markup, "</function>", "</parameter>")
     pair = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
     def call_name(self, body: str, done: bool) -> str | None:
