@@ -28,7 +28,7 @@ def _require_compiler():
 
 
 #: Headers that form the cdef, in order (calib.h, deltanet.h: entry points kept apart from strata.h).
-HEADERS = ("strata.h", "calib.h", "deltanet.h")
+HEADERS = ("strata.h", "calib.h", "deltanet.h", "exchange.h")
 
 
 def _cdef():

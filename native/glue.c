@@ -363,6 +363,13 @@ int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_ex
 int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
                       int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
                       float *weights_sorted, int64_t *n_used) {
+    return strata_glue_group_owned(expert_ids, weights, n_tokens, k, n_experts, NULL, used, offsets, token_ids,
+                                   weights_sorted, n_used);
+}
+
+int strata_glue_group_owned(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
+                            int64_t n_experts, const uint8_t *owned, int32_t *used, int64_t *offsets,
+                            int32_t *token_ids, float *weights_sorted, int64_t *n_used) {
     int64_t n_assign;
     if (n_tokens < 0 || k < 1 || n_experts < 1 || n_experts > INT32_MAX || !mul_ok(n_tokens, k, &n_assign) ||
         n_tokens > INT32_MAX)
@@ -374,9 +381,11 @@ int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n
     /* Counting sort, stable. offsets[e + 1] = count of e; the running sums make offsets[e] the
      * start of e, which the scatter advances to e's end (= the start of e + 1). */
     memset(offsets, 0, (size_t)(n_experts + 1) * sizeof(int64_t));
-    for (int64_t a = 0; a < n_assign; a++) offsets[expert_ids[a] + 1]++;
+    for (int64_t a = 0; a < n_assign; a++) offsets[expert_ids[a] + 1] += !owned || owned[expert_ids[a]];
     for (int64_t e = 0; e < n_experts; e++) offsets[e + 1] += offsets[e];
+    const int64_t n_kept = offsets[n_experts];
     for (int64_t a = 0; a < n_assign; a++) {
+        if (owned && !owned[expert_ids[a]]) continue;
         const int64_t at = offsets[expert_ids[a]]++;
         token_ids[at] = (int32_t)(a / k);
         weights_sorted[at] = weights[a];
@@ -392,7 +401,7 @@ int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n
             prev = end;
         }
     }
-    offsets[n] = n_assign;
+    offsets[n] = n_kept;
     *n_used = n;
     return STRATA_OK;
 }

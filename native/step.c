@@ -292,8 +292,8 @@ static int ffn_input(strata_pool *pool, int64_t n_seq, int64_t D, const float *f
         st = strata_glue_route_groups(logits, n_seq, E, n_used, gating, norm_weights != 0, scale, selection_bias,
                                       n_groups, n_groups_used, group_top, expert_ids, weights);
     if (st != STRATA_OK || !groups) return st;
-    return strata_glue_group(expert_ids, weights, n_seq, n_used, E, groups->used, groups->offsets,
-                             groups->token_ids, groups->weights_sorted, &groups->n_used);
+    return strata_glue_group_owned(expert_ids, weights, n_seq, n_used, E, groups->owned, groups->used,
+                                   groups->offsets, groups->token_ids, groups->weights_sorted, &groups->n_used);
 }
 
 int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,

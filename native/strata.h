@@ -517,6 +517,11 @@ int strata_glue_route_groups(const float *logits, int64_t n_tokens, int64_t n_ex
  * owns sorted entries offsets[j]..offsets[j+1]-1, token_ids and weights_sorted [T*k] the token
  * and weight of each sorted entry. used holds n_experts entries, offsets n_experts + 1 (its whole
  * length is scratch). STRATA_E_SIZE for an id outside [0, n_experts). */
+/* The same grouping of only the assignments to experts e with owned[e] != 0 (owned [n_experts];
+ * NULL: all): the groups, and their entries, that strata_glue_group gives those experts. */
+int strata_glue_group_owned(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
+                            int64_t n_experts, const uint8_t *owned, int32_t *used, int64_t *offsets,
+                            int32_t *token_ids, float *weights_sorted, int64_t *n_used);
 int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n_tokens, int64_t k,
                       int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
                       float *weights_sorted, int64_t *n_used);
@@ -597,6 +602,8 @@ typedef struct {
     int32_t *token_ids;
     float *weights_sorted;
     int64_t n_used;
+    const uint8_t *owned;  /* [n_experts] or NULL: only assignments to experts with owned[e] != 0 are
+                            * grouped (an expert-parallel rank's shard; strata_glue_group_owned) */
 } strata_route_groups;
 
 /* Scratch bytes strata_decode_attn needs for `n_seq` sequences of `layer`. */

@@ -3,7 +3,9 @@
 SPMD: every rank runs the same engine on the same requests; each computes attention, routers and
 shared experts for every token and only its shard of the routed experts (`strata.models.shard`).
 Per MoE layer one all-gather brings every rank's partial sum [T, D] and each rank adds them in rank
-order (0, 1, ...): the same bytes on every rank, whatever the timing. That order is not the one
+order (0, 1, ...): the same bytes on every rank, whatever the timing. Ranks that all run on one
+machine exchange them through shared memory instead (`shared.SharedSums`, set up in `ready`: the
+same additions, without gloo's ~1 ms per call). That order is not the one
 process's (which adds a token's experts in ascending expert order), so logits agree with one
 process to float rounding (tests/distributed bound them), not bit for bit. Each step the ranks keep
 rank 0's sampled tokens (`agree`), so they cannot diverge. A collective that waits longer than
@@ -28,11 +30,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 from strata.models.shard import ExpertShard
 
 from .plan import ShardPlan, file_checksum, shard_plan
+from .shared import SharedSums
 
 class GroupError(StrataError):
     """A collective failed: a rank died or did not answer in time. The group cannot go on (`fatal`:
@@ -57,6 +61,7 @@ class NetCounters:
     rank 0's broadcasts of each step's tokens (control bytes: the pickled payload sent or received)."""
 
     calls: int = 0
+    shared_calls: int = 0  # of the calls, those through shared memory (ranks on one machine)
     rows: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -78,6 +83,7 @@ class ExpertParallel:
         self.steps = steps
         self.net = NetCounters()
         self.broken = False  # a collective failed: the group cannot go on, nor be torn down cleanly
+        self.shared: SharedSums | None = None  # the partial sums' shared segment (ready: ranks on one machine)
 
     @staticmethod
     def from_env(replicate_hot: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> ExpertParallel:
@@ -142,21 +148,41 @@ class ExpertParallel:
         then hold each other to the step timeout only."""
         with self._failing("waiting for every rank to load", STARTUP_TIMEOUT_S):
             dist.barrier()
+            if self.shared is None:
+                self.shared = SharedSums.open(self)
 
     def combine(self, partial: torch.Tensor) -> torch.Tensor:
         """[T, D] partial sums of every rank, added in rank order: the same tensor on every rank."""
         t0 = time.perf_counter()
-        parts = [torch.empty_like(partial) for _ in range(self.world_size)]
-        with self._failing("a MoE layer's all-gather"):
-            dist.all_gather(parts, partial.contiguous(), group=self.steps)
-        out = parts[0]
-        for p in parts[1:]:
-            out = out + p
-        n, peers = partial.numel() * partial.element_size(), self.world_size - 1
         net = self.net
+        shared = self.shared
+        if shared is not None and partial.dtype == torch.float32 and partial.device.type == "cpu" \
+                and partial.numel() <= shared.slot_floats:
+            out = self._shared_sum(shared, partial.contiguous())
+            net.shared_calls += 1
+        else:
+            parts = [torch.empty_like(partial) for _ in range(self.world_size)]
+            with self._failing("a MoE layer's all-gather"):
+                dist.all_gather(parts, partial.contiguous(), group=self.steps)
+            out = parts[0]
+            for p in parts[1:]:
+                out = out + p
+        n, peers = partial.numel() * partial.element_size(), self.world_size - 1
         net.collective_s += time.perf_counter() - t0
         net.calls, net.rows = net.calls + 1, net.rows + partial.shape[0]
         net.bytes_sent, net.bytes_received = net.bytes_sent + peers * n, net.bytes_received + peers * n
+        return out
+
+    def _shared_sum(self, shared: SharedSums, partial: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(partial)
+        shared.seq += 1
+        try:
+            shared.exchange.sum(shared.seq, partial, out, self.timeout_s)
+        except native.ExchangeError as e:
+            self.broken = True
+            _BROKEN.append(self.rank)
+            raise GroupError(f"expert parallelism: rank {self.rank} of {self.world_size}: a MoE layer's exchange "
+                             f"failed (another rank died or did not answer within {self.timeout_s:g} s): {e}") from None
         return out
 
     def agree(self, picks: list) -> list:
@@ -204,6 +230,9 @@ class ExpertParallel:
     def close(self) -> None:
         """Leave the group. A broken one is left as it is: tearing it down waits on (or aborts in) the
         transfers still pending to a rank that hangs; `exit_if_broken` ends such a process."""
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
         if dist.is_initialized() and not self.broken:
             dist.destroy_process_group()
 

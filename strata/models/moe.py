@@ -212,15 +212,16 @@ class RoutedExperts(nn.Module):
     def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
         T, K = expert_ids.shape
         E = self.n_experts
-        if self.shard is not None:  # other ranks' assignments to bucket E, dropped after the grouping
+        sole = None if self.shard is None else self.shard.sole  # this rank's experts alone grouped
+        if self.shard is not None and sole is None:  # other ranks' assignments to bucket E, dropped after the grouping
             expert_ids, E = self.shard.others_to(expert_ids, E), E + 1
         used = torch.empty(E, dtype=torch.int32)
         offsets = torch.empty(E + 1, dtype=torch.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
         token_ids = torch.empty(T * K, dtype=torch.int32)
         router_w = torch.empty(T * K, dtype=torch.float32)
         n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
-                                          token_ids, router_w)
-        if self.shard is not None and n_used and int(used[n_used - 1]) == self.n_experts:
+                                          token_ids, router_w, sole)
+        if self.shard is not None and sole is None and n_used and int(used[n_used - 1]) == self.n_experts:
             n_used -= 1
         self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
 

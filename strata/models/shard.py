@@ -23,6 +23,9 @@ class ExpertShard:
         # owners padded by repeating their first rank: only columns < n_owners[e] are ever read
         self.owners = torch.tensor([list(r) + [r[0]] * (width - len(r)) for r in owners], dtype=torch.int64)  # [E, R]
         self.n_owners = torch.tensor([len(r) for r in owners], dtype=torch.int64)  # [E]
+        #: [E] uint8: the experts whose every assignment this rank computes, when no expert is
+        #: replicated (the grouping then keeps them alone: native group_assignments' `owned`); else None
+        self.sole = self.owned.to(torch.uint8).contiguous() if int(self.n_owners.max()) == 1 else None
 
     @property
     def owned(self) -> torch.Tensor:

@@ -23,7 +23,7 @@ from strata.quant import GGMLType, block_size
 
 from ._lib import IMPLS, check, ffi, impl_code, lib
 
-_F32 = _I64 = _I32 = None  # torch dtypes, looked up at the first call (torch only when a caller uses it)
+_F32 = _I64 = _I32 = _U8 = None  # torch dtypes, looked up at the first call (torch only when a caller uses it)
 _KV_TYPES: dict = {}  # KV cache tensor dtype -> ggml type of its rows
 _Q8_0 = int(GGMLType.Q8_0)
 _QK, _Q8_0_BYTES = block_size(GGMLType.Q8_0)  # values and bytes per block
@@ -31,9 +31,9 @@ _cell = threading.local()  # one int64_t out-cell per thread, for group_assignme
 
 
 def _init() -> None:
-    global _F32, _I64, _I32, _KV_TYPES
+    global _F32, _I64, _I32, _U8, _KV_TYPES
     import torch
-    _F32, _I64, _I32 = torch.float32, torch.int64, torch.int32
+    _F32, _I64, _I32, _U8 = torch.float32, torch.int64, torch.int32, torch.uint8
     _KV_TYPES = {torch.float32: int(GGMLType.F32), torch.float16: int(GGMLType.F16), torch.bfloat16: int(GGMLType.BF16), torch.uint8: _Q8_0}
 
 
@@ -256,12 +256,14 @@ def route(logits: Any, k: int, gating: str, norm: bool, scale: float, expert_ids
 
 
 def group_assignments(expert_ids: Any, weights: Any, n_experts: int, used: Any, offsets: Any, token_ids: Any,
-                      weights_sorted: Any) -> int:
+                      weights_sorted: Any, owned: Any = None) -> int:
     """Sort the T*K assignments of expert_ids int64 [T, K] (weights float32 [T, K]) by expert,
     stably: returns n, the number of experts used; used int32 [E] gets them ascending in [0, n),
     offsets int64 [E+1] their bounds in [0, n] (used[j] owns entries offsets[j]..offsets[j+1]-1),
     token_ids int32 and weights_sorted float32 [T*K] each entry's token and weight. The same
-    values as numpy's stable argsort / unique / order // K in RoutedExperts._packed_tokens."""
+    values as numpy's stable argsort / unique / order // K in RoutedExperts._packed_tokens.
+    owned (uint8 [E], or None: all): only the assignments to experts with owned[e] != 0 are
+    grouped (an expert-parallel rank's), as they would be among all."""
     if _F32 is None:
         _init()
     ip = _flat(expert_ids, "group expert_ids", _I64, "int64_t *")
@@ -274,11 +276,14 @@ def group_assignments(expert_ids: Any, weights: Any, n_experts: int, used: Any, 
     cell = getattr(_cell, "n", None)
     if cell is None:
         cell = _cell.n = ffi.new("int64_t *")
-    status = lib.strata_glue_group(ip, _flat(weights, "group weights", _F32, "float *"), T, K, n_experts,
-                                   _flat(used, "group used", _I32, "int32_t *"),
-                                   _flat(offsets, "group offsets", _I64, "int64_t *"),
-                                   _flat(token_ids, "group token_ids", _I32, "int32_t *"),
-                                   _flat(weights_sorted, "group weights_sorted", _F32, "float *"), cell)
+    if owned is not None and tuple(owned.shape) != (n_experts,):
+        raise ValueError(f"group_assignments: owned {tuple(owned.shape)}: expected [{n_experts}]")
+    mask = ffi.NULL if owned is None else _flat(owned, "group owned", _U8, "uint8_t *")
+    status = lib.strata_glue_group_owned(ip, _flat(weights, "group weights", _F32, "float *"), T, K, n_experts, mask,
+                                         _flat(used, "group used", _I32, "int32_t *"),
+                                         _flat(offsets, "group offsets", _I64, "int64_t *"),
+                                         _flat(token_ids, "group token_ids", _I32, "int32_t *"),
+                                         _flat(weights_sorted, "group weights_sorted", _F32, "float *"), cell)
     if status:
         check(status, f"group_assignments of expert ids {tuple(expert_ids.shape)} (ids must lie in [0, {n_experts}))")
     return int(cell[0])

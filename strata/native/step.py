@@ -285,6 +285,16 @@ class StepOutputs:
             "offsets": ffi.cast("int64_t *", self.offsets.data_ptr()),
             "token_ids": ffi.cast("int32_t *", self.token_ids.data_ptr()),
             "weights_sorted": ffi.cast("float *", self.weights_sorted.data_ptr())})
+        self._owned = None
+
+    def group_only(self, owned) -> None:
+        """Group only the assignments to experts with owned[e] != 0 (uint8 [E], kept alive here; an
+        expert-parallel rank's experts), or all again (None)."""
+        if owned is not None and (owned.dtype.itemsize != 1 or tuple(owned.shape) != (self.layer_experts,)
+                                  or not owned.is_contiguous()):
+            raise ValueError(f"group_only: owned {owned.dtype} {tuple(owned.shape)}: expected uint8 [{self.layer_experts}]")
+        self._owned = owned
+        self.groups.owned = ffi.NULL if owned is None else ffi.cast("uint8_t *", owned.data_ptr())
 
 
 __all__ = ["DecodeAttn", "DecodeDeltaNet", "StepOutputs"]

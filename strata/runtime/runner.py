@@ -29,11 +29,9 @@ from .step import FusedDecode
 
 
 def arch_caps(model: Transformer) -> ArchCaps:
-    """What `model`'s blocks allow the fused step and the decode program (expert parallelism: neither,
-    the ranks' partial sums are combined in the model's own MoE layers)."""
-    if any(getattr(getattr(b.ffn, "experts", None), "shard", None) is not None for b in model.blocks):
-        why = "expert parallelism: the model's MoE layers combine the ranks' partial sums"
-        return ArchCaps(len(model.blocks), 0, why, why)
+    """What `model`'s blocks allow the fused step and the decode program (expert parallelism: the
+    fused step, block by block, whose MoE layers combine the ranks' partial sums between two native
+    calls; not the program, which runs every layer in one)."""
     eligible = [FusedDecode.eligible(b, model.compute) for b in model.blocks]
     n, k = len(eligible), sum(eligible)
     first = None if k == n else eligible.index(False)
@@ -41,6 +39,9 @@ def arch_caps(model: Transformer) -> ArchCaps:
                                       or getattr(model.blocks[first].ffn, "unfused_why", None))
     generic = "a matrix not packed, attention or routing the fused step lacks, or float experts"
     unfused = None if first is None else f"block {first} has no fused form ({why or generic})"
+    if any(getattr(getattr(b.ffn, "experts", None), "shard", None) is not None for b in model.blocks):
+        return ArchCaps(n, k, unfused, "expert parallelism: the MoE layers combine the ranks' partial sums "
+                                       "between native calls")
     return ArchCaps(n, k, unfused, DecodeProgram.takes(model, eligible))
 
 

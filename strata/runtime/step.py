@@ -118,6 +118,9 @@ class FusedDecode:
         if self.moe is not None:
             self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                            self.layer.n_experts)
+            shard = self.moe.experts.shard
+            if shard is not None and shard.sole is not None:  # expert parallelism: this rank's experts grouped alone
+                out.group_only(shard.sole)
         self._views: dict[int, tuple] = {}  # batch size -> (xn, expert_ids, routed) views
 
     def views(self, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,7 +145,18 @@ class FusedDecode:
         xn, expert_ids, routed = self.views(B)
         if self.moe is None:
             return x.add_(block.ffn(xn))
-        return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
+        shard = self.moe.experts.shard
+        if shard is None:
+            return add_moe(self.moe, self.moe_call, x, xn, routed, expert_ids, n_used, self.out.used)
+        # expert parallelism: this rank's assignments (grouped alone by the native step, or with
+        # replicated experts through the per-call path's choice of replica), then the ranks' sum
+        if shard.sole is not None:
+            routed.zero_()
+            self.moe.experts.add_bound(self.moe_call, expert_ids, n_used, self.out.used, B)
+            routed.copy_(shard.combine(routed))
+        else:
+            routed.copy_(self.moe.experts(xn, self.out.weights[:B], expert_ids))
+        return add_moe(self.moe, None, x, xn, routed, expert_ids, n_used, self.out.used)
 
     def attention_half(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                        kv: tuple[torch.Tensor, torch.Tensor]) -> int:
@@ -185,14 +199,16 @@ class FusedDeltaNet(FusedDecode):
         return self.layer.run(self.compute.pool, batch.slot_ids, batch.positions, x, self.out, self.compute.scratch)
 
 
-def add_moe(moe: MoE, call: native.MoeCall, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,
+def add_moe(moe: MoE, call: native.MoeCall | None, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,
             expert_ids: torch.Tensor, n_used: int, used: torch.Tensor) -> torch.Tensor:
     """x [B, D] += the MoE of xn [B, D] whose routing (expert_ids [B, K], n_used distinct experts,
     grouped in `used` and the buffers `call` is bound to) is already computed: the routed experts
-    into `routed` [B, D] through the expert memory, then the shared expert, then the residual, in
-    the decode program's order (so every path gives the same bytes). Returns x."""
-    routed.zero_()
-    moe.experts.add_bound(call, expert_ids, n_used, used, x.shape[0])
+    into `routed` [B, D] through the expert memory (call None: `routed` holds them already), then
+    the shared expert, then the residual, in the decode program's order (so every path gives the
+    same bytes). Returns x."""
+    if call is not None:
+        routed.zero_()
+        moe.experts.add_bound(call, expert_ids, n_used, used, x.shape[0])
     shared = moe.shared
     if shared is not None and shared.packed is not None:
         shared.add_packed(xn, routed)

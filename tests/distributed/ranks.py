@@ -47,10 +47,10 @@ def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, s
 
 
 def run_ranks(world: int, model: Path, tmp: Path, memory: str, compute: str, timeout: float = 300,
-              mode: str = "run") -> list[dict]:
-    """Each rank's results (the worker's "run" or "chunked" mode)."""
+              mode: str = "run", **extra: str) -> list[dict]:
+    """Each rank's results (the worker's "run" or "chunked" mode); `extra`: environment variables."""
     outs = [tmp / f"rank{r}.json" for r in range(world)]
-    procs = launch(world, [str(model), str(tmp / "rank{}.json"), memory, compute, mode])
+    procs = launch(world, [str(model), str(tmp / "rank{}.json"), memory, compute, mode], **extra)
     # each worker writes to its own file: the name's {} is its rank
     codes = wait_all(procs, timeout)
     assert all(c == 0 for c, _ in codes), [e[-2000:] for _, e in codes]

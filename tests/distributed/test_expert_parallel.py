@@ -5,6 +5,8 @@ the ranks' partial sums are added in rank order, one process adds a token's expe
 order); a rank that dies or hangs is an error on rank 0, not a hang; different files are refused."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -44,6 +46,9 @@ def test_chunked_prefill_ranks_equal_one_process(memory, compute, tmp_path):
 
 
 def _check_equal(ref: dict, ranks: list[dict], path, world: int) -> None:
+    for got in ranks:  # the fused decode step runs the ranks' packed decode, the per-call path's bytes
+        assert got["plan"] == ref["plan"].replace("program", "fused step")
+        assert got["decode_logprobs"][0] == got["decode_logprobs"][1]
     for got in ranks:  # every rank holds the same tokens and logits
         assert got["greedy"] == ref["greedy"]
         assert got["batch"] == ref["batch"]
@@ -63,6 +68,22 @@ def check_net_bytes(path, ranks: list[dict], world: int) -> None:
         assert net["rows"] == L * r["tokens"] and net["calls"] % L == 0 and net["calls"] > 0
         assert net["bytes_sent"] == net["bytes_received"] == r["tokens"] * L * D * 4 * (world - 1)
         assert net["collective_s"] > 0 and net["control_bytes"] > 0
+        assert net["shared_calls"] == (0 if os.environ.get("STRATA_EP_SHM") == "0" else net["calls"])  # one machine
+
+
+def test_shared_memory_sums_equal_gloo_all_gathers(tmp_path):
+    """The ranks' partial sums through shared memory (one machine: the default) and through gloo
+    (STRATA_EP_SHM=0) give the same logits and tokens, bit for bit."""
+    path = zoo().get("qwen3moe").gguf(None)
+    for sub in ("shm", "gloo"):
+        (tmp_path / sub).mkdir()
+    shared = run_ranks(2, path, tmp_path / "shm", "paged", "packed")
+    gloo = run_ranks(2, path, tmp_path / "gloo", "paged", "packed", STRATA_EP_SHM="0")
+    assert [r["net"]["shared_calls"] > 0 for r in shared] == [True, True]
+    assert [r["net"]["shared_calls"] for r in gloo] == [0, 0]
+    for a, b in zip(shared, gloo):
+        assert (a["logits"], a["greedy"], a["batch"], a["decode_logprobs"]) == \
+            (b["logits"], b["greedy"], b["batch"], b["decode_logprobs"])
 
 
 def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> list[tuple[int, str]]:

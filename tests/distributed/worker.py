@@ -69,10 +69,27 @@ def from_flags(path: str, memory: str, compute: str) -> tuple:
 
 
 def results(model) -> dict:
-    """Greedy path, a batch of two, and the prompt's logits (the same calls as one process makes)."""
+    """Greedy path, a batch of two, and the prompt's logits (the same calls as one process makes);
+    the decode runner of the plan, and a greedy decode's log-probabilities through it and through
+    the per-call path (every rank swaps its runner at the same point)."""
+    from strata.runtime import FLOAT, PACKED
+
     greedy = model.generate(PROMPT, temperature=0, max_tokens=10, stop_token_ids=()).token_ids
     batch = [c.token_ids for c in model.generate_batch([PROMPT, OTHER], temperature=0, max_tokens=6, stop_token_ids=())]
-    return {"greedy": greedy, "batch": batch, "logits": model.logits(PROMPT).tolist()}
+    decode = [_decode_logprobs(model)]
+    runner = model.engine.model
+    model.engine.model = runner.with_decode(FLOAT if runner.plan.decode == FLOAT else PACKED)
+    try:
+        decode.append(_decode_logprobs(model))
+    finally:
+        model.engine.model = runner
+    return {"greedy": greedy, "batch": batch, "logits": model.logits(PROMPT).tolist(), "plan": model.plan.decode,
+            "decode_logprobs": decode}
+
+
+def _decode_logprobs(model) -> list[float]:
+    done = model.generate(OTHER, temperature=0, max_tokens=6, logprobs=1, stop_token_ids=())
+    return [lp.logprob for lp in done.logprobs]
 
 
 def main() -> int:

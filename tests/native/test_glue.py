@@ -386,6 +386,28 @@ def test_group_assignments_bit_identical_to_numpy(T, E, K):
     assert weights_sorted.numpy().tobytes() == w_weights.tobytes()
 
 
+@pytest.mark.parametrize("T,E,K", [(1, 64, 8), (37, 16, 4), (300, 128, 8)])
+def test_group_assignments_of_owned_experts_are_their_groups_among_all(T, E, K):
+    """An expert-parallel rank's grouping (owned): the groups, entries and weights the numpy grouping
+    gives those experts when every other rank's assignment goes to a bucket past the last expert."""
+    g = _gen(T + 3 * E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    weights = torch.rand(T, K, generator=g)
+    owned = (torch.rand(E, generator=g) < 0.5).to(torch.uint8)
+    used, offsets = torch.empty(E, dtype=torch.int32), torch.empty(E + 1, dtype=torch.int64)
+    token_ids, weights_sorted = torch.empty(T * K, dtype=torch.int32), torch.empty(T * K)
+    n = native.group_assignments(ids, weights, E, used, offsets, token_ids, weights_sorted, owned)
+    bucketed = torch.where(owned.bool()[ids], ids, E).numpy()
+    w_used, w_offsets, w_tokens, w_weights = _numpy_grouping(bucketed, weights.numpy())
+    keep = int((w_used < E).sum())
+    m = int(w_offsets[keep])  # the owned entries come first, the bucket's last
+    assert n == keep and np.array_equal(used[:n].numpy(), w_used[:keep])
+    assert np.array_equal(offsets[:n + 1].numpy(), w_offsets[:keep + 1])
+    assert np.array_equal(token_ids[:m].numpy(), w_tokens[:m]) and weights_sorted[:m].numpy().tobytes() == w_weights[:m].tobytes()
+    with pytest.raises(ValueError, match="owned"):
+        native.group_assignments(ids, weights, E, used, offsets, token_ids, weights_sorted, owned[:-1])
+
+
 def test_group_assignments_refuses_ids_out_of_range():
     used, offsets = torch.empty(4, dtype=torch.int32), torch.empty(5, dtype=torch.int64)
     token_ids, ws = torch.empty(2, dtype=torch.int32), torch.empty(2)
