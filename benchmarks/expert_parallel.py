@@ -12,8 +12,11 @@ each after an 8-token prompt and `warmup` tokens, `n` tokens timed:
       the experts (`strata.distributed`'s shard plan), 1 thread each, pinned to its own core
       (sched_setaffinity);
   (c) the same two in RAM: no cgroup, experts read in place from the file (memory "direct"), its
-      pages cached first: what the all-gathers cost on one machine; and `rounds` bare all-gathers
-      of one token's row between two ranks pinned as in (b): the collective's latency alone.
+      pages cached first: what the exchanges cost on one machine; and `rounds` bare all-gathers
+      of one token's row between two ranks pinned as in (b), then as many exchanges of it
+      through shared memory: the collective's latency alone.
+The ranks of (b) and (c) share one machine, so they add their partial sums through shared
+memory (strata/distributed/shared.py); STRATA_EP_SHM=0 in the environment makes them use gloo.
 (a) and (b) read a cold copy of the file (`dd` with O_DIRECT; its pages dropped again with
 posix_fadvise before each run), whose O_DIRECT sequential read rate is measured first. Each run
 reports, per rank: decode tok/s, expert bytes read from the disk per token, bytes over the network
@@ -68,6 +71,7 @@ def child_allgather(a: argparse.Namespace) -> dict:
     row = torch.randn(1, D)
     parts = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     rank = dist.get_rank()
+    shared = None
     try:
         for _ in range(50):
             dist.all_gather(parts, row)
@@ -75,10 +79,25 @@ def child_allgather(a: argparse.Namespace) -> dict:
         for _ in range(a.rounds):
             dist.all_gather(parts, row)
         seconds = time.perf_counter() - t
+        from strata.distributed.group import ExpertParallel
+        from strata.distributed.shared import SharedSums
+
+        shared, out = SharedSums.open(ExpertParallel(rank, dist.get_world_size())), torch.empty_like(row)
+        shared_s = None
+        if shared is not None:  # the same exchange through shared memory (the ranks' default on one machine)
+            for seq in range(1, 51):
+                shared.exchange.sum(seq, row, out, 60.0)
+            t = time.perf_counter()
+            for seq in range(51, 51 + a.rounds):
+                shared.exchange.sum(seq, row, out, 60.0)
+            shared_s = time.perf_counter() - t
     finally:
+        if shared is not None:
+            shared.close()
         dist.destroy_process_group()
-    return {"rank": rank, "row_bytes": 4 * D,
-            "ms_per_allgather": 1e3 * seconds / a.rounds, "cpus": sorted(os.sched_getaffinity(0))}
+    return {"rank": rank, "row_bytes": 4 * D, "ms_per_allgather": 1e3 * seconds / a.rounds,
+            "ms_per_shared_sum": None if shared_s is None else 1e3 * shared_s / a.rounds,
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 def child(a: argparse.Namespace) -> dict:
@@ -270,7 +289,7 @@ def format_report(r: dict) -> str:
         lines.append(f"  {r['cgroups']}")
     if "read_bytes_per_s" in r:
         lines.append(f"  cold copy: O_DIRECT sequential read {r['read_bytes_per_s'] / 1e9:.2f} GB/s")
-    lines.append(f"  {'run':<20} {'rank':>4} {'tok/s':>7} {'disk MiB/tok':>12} {'net KiB/tok':>12} "
+    lines.append(f"  {'run':<20} {'rank':>4} {'tok/s':>7} {'disk MiB/tok':>12} {'sums KiB/tok':>12} "
                  f"{'compute':>8} {'disk wait':>9} {'collective':>10} {'rest':>6}  (ms per token)")
     for name, run in r["runs"].items():
         if "error" in run:
@@ -279,15 +298,19 @@ def format_report(r: dict) -> str:
         for x in run["ranks"]:
             ms = x["ms_per_token"]
             net = (x["net_bytes_sent_per_token"] + x["net_bytes_received_per_token"]) / 1024
+            via = " (shared memory)" if x.get("shared_share") == 1 else ""
             lines.append(f"  {name:<20} {x['rank']:>4} {x['tok_s']:>7.2f} {x['disk_bytes_per_token'] / 2**20:>12.2f} "
                          f"{net:>12.1f} {ms['compute']:>8.1f} {ms['disk_wait']:>9.1f} {ms['collective']:>10.1f} "
-                         f"{ms['rest']:>6.1f}")
+                         f"{ms['rest']:>6.1f}{via}")
     ag = r.get("allgather", {})
     if "ranks" in ag:
         x, layers = ag["ranks"][0], r["n_layers"]
         lines.append(f"  bare all-gather of one row ({x['row_bytes']} bytes) between the two pinned ranks: "
                      f"{x['ms_per_allgather']:.3f} ms; x {layers} MoE layers = {x['ms_per_allgather'] * layers:.1f} ms "
                      f"per token")
+        if x.get("ms_per_shared_sum") is not None:
+            lines.append(f"  the same through shared memory (the ranks' default on one machine): "
+                         f"{x['ms_per_shared_sum'] * 1e3:.1f} us; x {layers} = {x['ms_per_shared_sum'] * layers:.2f} ms")
     elif ag:
         lines.append(f"  bare all-gather FAILED: {ag['error']}")
     for where, what in (("cgroup", "out of RAM (cgroups)"), ("ram", "in RAM")):

@@ -1,6 +1,7 @@
-"""What one rank of an expert-parallel group did: decode rate, bytes read from its disk, bytes over
-the network, and where its forward passes' time went (compute, waiting for the disk, the MoE
-layers' all-gathers).
+"""What one rank of an expert-parallel group did: decode rate, bytes read from its disk, bytes
+exchanged with the other ranks (over the network, or through shared memory for `shared_share` of
+the MoE layers' exchanges when every rank runs on one machine), and where its forward passes' time
+went (compute, waiting for the disk, the MoE layers' exchanges).
 
     before = snapshot(model, ep)          # cumulative counters (ep None: one process)
     ... decode n tokens in s seconds ...
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_NET = ("bytes_sent", "bytes_received", "collective_s", "control_bytes", "calls")
+_NET = ("bytes_sent", "bytes_received", "collective_s", "control_bytes", "calls", "shared_calls")
 
 
 def snapshot(model, ep=None) -> dict[str, Any]:
@@ -42,6 +43,7 @@ def figures(before: dict[str, Any], after: dict[str, Any], tokens: int, seconds:
             "disk_bytes_per_token": d["bytes_disk"] / n,
             "net_bytes_sent_per_token": d["bytes_sent"] / n, "net_bytes_received_per_token": d["bytes_received"] / n,
             "control_bytes_per_token": d["control_bytes"] / n, "collectives_per_token": d["calls"] / n,
+            "shared_share": d["shared_calls"] / d["calls"] if d["calls"] else 0.0,
             "ms_per_token": {"compute": 1e3 * compute / n, "disk_wait": 1e3 * d["wait_s"] / n,
                              "collective": 1e3 * d["collective_s"] / n,
                              "rest": 1e3 * max(seconds - d["forward_s"], 0.0) / n}}

@@ -69,7 +69,8 @@ def _print_ranks(args: argparse.Namespace, ranks: list[dict] | None) -> None:
     for r in ranks:
         ms = r["ms_per_token"]
         print(f"rank {r['rank']}/{r['world_size']}: decode {r['tok_s']:.2f} tok/s; per processed token "
-              f"({r['tokens']}): disk {r['disk_bytes_per_token'] / 1024:.1f} KiB, network "
+              f"({r['tokens']}): disk {r['disk_bytes_per_token'] / 1024:.1f} KiB, "
+              f"{'shared memory' if r['shared_share'] == 1 else 'network'} "
               f"{r['net_bytes_sent_per_token'] / 1024:.1f} KiB sent + {r['net_bytes_received_per_token'] / 1024:.1f} "
               f"KiB received, time (ms): compute {ms['compute']:.2f}, "
               f"disk wait {ms['disk_wait']:.2f}, collective {ms['collective']:.2f}", file=sys.stderr)
