@@ -6,6 +6,7 @@ order); a rank that dies or hangs is an error on rank 0, not a hang; different f
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -86,11 +87,11 @@ def test_shared_memory_sums_equal_gloo_all_gathers(tmp_path):
             (b["logits"], b["greedy"], b["batch"], b["decode_logprobs"])
 
 
-def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> list[tuple[int, str]]:
+def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20", shm: str = "1") -> list[tuple[int, str]]:
     path = zoo().get("qwen3moe").gguf(None)
     model = f"{path},{zoo().get('olmoe').gguf(None)}" if mode == "mismatch" else str(path)
     procs = launch(world, [model, str(tmp_path / "rank{}.json"), "direct", "packed", mode],
-                   STRATA_EP_TIMEOUT=timeout_s)
+                   STRATA_EP_TIMEOUT=timeout_s, STRATA_EP_SHM=shm)
     try:
         return wait_all(procs[:1], timeout=240) + [(None, "")] * (world - 1)
     finally:  # the other ranks (one asleep for an hour in "hang") never outlive the test
@@ -100,13 +101,17 @@ def _failing_run(tmp_path, mode: str, world: int = 2, timeout_s: str = "20") -> 
             p.wait()
 
 
-def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path):
-    (code, err), *_ = _failing_run(tmp_path, "die")
+@pytest.mark.parametrize("shm", ["1", "0"])  # the sums through shared memory (one machine's default), or gloo
+def test_a_rank_that_dies_is_an_error_on_rank_0(tmp_path, shm):
+    t0 = time.monotonic()
+    (code, err), *_ = _failing_run(tmp_path, "die", timeout_s="60", shm=shm)
     assert code == 1 and "error: expert parallelism: rank 0 of 2:" in err and "died or did not answer" in err
+    assert time.monotonic() - t0 < 55  # noticed, not waited out (a killed peer's end is seen either way)
 
 
-def test_a_rank_that_hangs_is_an_error_on_rank_0_within_the_timeout(tmp_path):
-    (code, err), *_ = _failing_run(tmp_path, "hang", timeout_s="5")
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_a_rank_that_hangs_is_an_error_on_rank_0_within_the_timeout(tmp_path, shm):
+    (code, err), *_ = _failing_run(tmp_path, "hang", timeout_s="5", shm=shm)
     assert code == 1 and "did not answer within 5 s" in err, err[-3000:]
 
 
