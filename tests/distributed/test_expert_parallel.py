@@ -1,8 +1,11 @@
-"""Expert parallelism over gloo on loopback, 2 and 3 ranks as subprocesses: the greedy path, a
-batch of two prompts and the logits equal one process's (also with prompts prefilled in chunks, and
-for llama4's dense and MoE layers in turn) (logits within EP_REL_TOL of their range:
-the ranks' partial sums are added in rank order, one process adds a token's experts in expert
-order); a rank that dies or hangs is an error on rank 0, not a hang; different files are refused."""
+"""Expert parallelism over gloo on loopback, 2 and 3 ranks as subprocesses, for every family Strata
+reads: the greedy path, a batch of two prompts and the logits equal one process's (also with prompts
+prefilled in chunks, and for llama4's dense and MoE layers in turn) (logits within EP_REL_TOL of
+their range: the ranks' partial sums are added in rank order, one process adds a token's experts in
+expert order); the ranks' fused decode equals their per-call path bit for bit; the partial sums
+through shared memory (ranks on one machine: the default here) equal gloo's all-gathers bit for
+bit; a rank that dies or hangs is an error on rank 0, not a hang, either way; different files are
+refused."""
 from __future__ import annotations
 
 import os
@@ -23,7 +26,11 @@ from .worker import CHUNK, PROMPT, results
 EP_REL_TOL = 1e-5
 CASES = [("qwen3moe", "direct", "float", 2), ("qwen3moe", "direct", "packed", 3), ("qwen3moe", "paged", "packed", 2),
          ("deepseek2", "direct", "float", 3), ("deepseek2", "paged", "packed", 2), ("llama4", "direct", "float", 2),
-         ("llama4", "paged", "packed", 2)]
+         ("llama4", "paged", "packed", 2),
+         # every other family Strata reads, packed (the fused decode step's MoE under expert parallelism)
+         ("mixtral", "paged", "packed", 2), ("qwen2moe", "direct", "packed", 2), ("olmoe", "paged", "packed", 3),
+         ("deepseek3", "direct", "packed", 2), ("gptoss", "paged", "packed", 2), ("glm4moe", "direct", "packed", 2),
+         ("minimax", "paged", "packed", 2), ("qwen3next", "direct", "packed", 2), ("qwen35moe", "paged", "packed", 2)]
 
 
 def single(path, memory: str, compute: str, **engine) -> dict:
@@ -47,9 +54,15 @@ def test_chunked_prefill_ranks_equal_one_process(memory, compute, tmp_path):
 
 
 def _check_equal(ref: dict, ranks: list[dict], path, world: int) -> None:
-    for got in ranks:  # the fused decode step runs the ranks' packed decode, the per-call path's bytes
+    fused, per_call = ref["decode_logprobs"]
+    for got in ranks:  # the fused decode step runs the ranks' packed decode, agreeing with their per-call
+        # path as one process's paths agree: bit for bit, or (DeepSeek-V3's latent attention with a
+        # query LoRA, whose fused step orders its products otherwise) to float rounding
         assert got["plan"] == ref["plan"].replace("program", "fused step")
-        assert got["decode_logprobs"][0] == got["decode_logprobs"][1]
+        if fused == per_call:
+            assert got["decode_logprobs"][0] == got["decode_logprobs"][1]
+        else:
+            assert got["decode_logprobs"][0] == pytest.approx(got["decode_logprobs"][1], rel=1e-5, abs=1e-5)
     for got in ranks:  # every rank holds the same tokens and logits
         assert got["greedy"] == ref["greedy"]
         assert got["batch"] == ref["batch"]
