@@ -7,8 +7,9 @@ compute per token. Ranks that find the same host (name and boot id) map one file
 instead (native/exchange.c: each writes its slot, publishes a sequence number and waits for the
 others'; the sum is added in rank order, so the bytes are the all-gather's). The group still
 does everything else (start-up, the broadcasts of sampled tokens, heartbeats); ranks on several
-machines, a partial sum larger than a slot, or `STRATA_EP_SHM=0` use gloo. The file is unlinked
-once every rank has mapped it: nothing is left behind, whatever becomes of the processes.
+machines, a partial sum larger than a slot, a /dev/shm without room for the segment (its pages are
+reserved when it is made) or `STRATA_EP_SHM=0` use gloo. The file is unlinked once every rank has
+mapped it: nothing is left behind, whatever becomes of the processes.
 """
 from __future__ import annotations
 
@@ -44,9 +45,13 @@ class SharedSums:
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
-            if create:
-                os.ftruncate(fd, size)
+            if create:  # every page reserved now: a full /dev/shm is a fallback to gloo, not a SIGBUS later
+                os.posix_fallocate(fd, 0, size)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            if create:
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         self.exchange = native.Exchange(self._map, world, rank, slot_floats, os.getpid())
