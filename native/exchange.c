@@ -88,7 +88,7 @@ static int await_all(uint8_t *seg, int world, int64_t seq, double timeout_s, int
     if (missing < 0) return STRATA_OK;
     const double start = now_s();
     double next_check = start + 0.02;
-    for (long round = 0;; round++) {
+    for (;;) {
         missing = first_missing(seg, world, seq);
         if (missing < 0) return STRATA_OK;
         const double t = now_s();
