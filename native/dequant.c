@@ -52,7 +52,7 @@ static const strata_dequant_kernels *find_kernels(int type) {
 
 /* ---- CPU detection: the only process-wide state, computed once. ---- */
 
-static int cpu_avx2 = -1, cpu_avx512 = -1;
+static int cpu_avx2 = -1, cpu_avx512 = -1, cpu_vbmi = -1;
 
 #if defined(__x86_64__) || defined(__i386__)
 static void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
@@ -100,6 +100,19 @@ static int detect_avx512(void) {
 #endif
 }
 
+/* AVX-512 VBMI and GFNI (CPUID.7.0:ECX bits 1 and 8) on top of the AVX-512 set: byte permutes across
+ * the whole zmm, VPMULTISHIFTQB and GF2P8AFFINEQB (Ice Lake and later Intel cores, Zen 4). */
+static int detect_vbmi(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!strata_cpu_has_avx512()) return 0;
+    unsigned r[4];
+    cpuid(7, 0, r);
+    return (r[2] & 0x102u) == 0x102u;
+#else
+    return 0;
+#endif
+}
+
 int strata_cpu_has_avx2(void) {
     if (cpu_avx2 < 0) cpu_avx2 = detect_avx2();
     return cpu_avx2;
@@ -114,6 +127,11 @@ int strata_cpu_has_avx512(void) {
 static int env_flag(const char *name) {
     const char *v = getenv(name);
     return v && v[0] && strcmp(v, "0") != 0;
+}
+
+int strata_cpu_has_avx512_vbmi(void) {
+    if (cpu_vbmi < 0) cpu_vbmi = detect_vbmi();
+    return cpu_vbmi;
 }
 
 int strata_cpu_splits_512(void) {

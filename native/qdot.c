@@ -147,6 +147,17 @@ static const qdot_row TILES[] = {
     ROW(NVFP4, Q8, nvfp4, NONE, 0),
 };
 
+/* Decode tiles of AVX-512 VBMI machines (qdot_iq_vbmi.c: the grids looked up in registers), taken
+ * in place of the AVX2 build's decode for STRATA_IMPL_AVX512 where the CPU has VBMI, unless
+ * STRATA_VBMI=0 (for measuring). */
+static const struct {
+    int type;
+    strata_qdot_tile_fn decode;
+} VBMI_DECODE[] = {
+    {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_vbmi},
+    {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_vbmi},
+};
+
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */
 static const strata_qact_fn QACT[2][N_COLS] = {
     [STRATA_ACT_Q8] = {strata_qact_q8_ref, strata_qact_q8_avx2, strata_qact_q8_avx512},
@@ -191,6 +202,18 @@ static int own_tiles(void) {
     return cached;
 }
 
+/* The VBMI decode tile of `type` where this CPU and the environment allow it, else NULL. */
+static strata_qdot_tile_fn vbmi_decode(int type) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("STRATA_VBMI");
+        on = strata_cpu_has_avx512_vbmi() && !(v && strcmp(v, "0") == 0);
+    }
+    for (size_t i = 0; on && i < sizeof(VBMI_DECODE) / sizeof(VBMI_DECODE[0]); i++)
+        if (VBMI_DECODE[i].type == type) return VBMI_DECODE[i].decode;
+    return NULL;
+}
+
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     int col;
     if (impl == STRATA_IMPL_SCALAR) col = COL_REF;
@@ -209,6 +232,11 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         if ((on_avx2 & AVX2_PREFILL_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_PREFILL;
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
+        const strata_qdot_tile_fn vbmi = col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;
+        if (vbmi) {
+            out->decode = vbmi;
+            out->decode_family = STRATA_IMPL_AVX512;
+        }
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);
         return STRATA_OK;
     }

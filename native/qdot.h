@@ -229,6 +229,10 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
 
+/* qdot_iq_vbmi.c: decode tiles of grid i-quants on AVX-512 VBMI machines */
+STRATA_DECLARE_QTILE(iq2_xxs, vbmi)
+STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
+
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)
 STRATA_DECLARE_QTILE(iq2_xs, avx512)

@@ -56,6 +56,11 @@ def cpu_has_avx512() -> bool:
     return bool(lib.strata_cpu_has_avx512())
 
 
+def cpu_has_avx512_vbmi() -> bool:
+    """True when this CPU also has AVX-512 VBMI and GFNI (the grid i-quants' in-register decode tiles)."""
+    return bool(lib.strata_cpu_has_avx512_vbmi())
+
+
 def cpu_splits_512() -> bool:
     """True when this CPU runs 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4)."""
     return bool(lib.strata_cpu_splits_512())
@@ -168,5 +173,5 @@ def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[A
 
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_splits_512", "default_impl", "default_threads",
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_splits_512", "default_impl", "default_threads",
            "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

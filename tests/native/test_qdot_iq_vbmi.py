@@ -1,0 +1,120 @@
+"""AVX-512 VBMI decode tiles of the grid i-quants (native/qdot_iq_vbmi.c) against their scalar
+twins (native/qdot_iq.c).
+
+These tiles compute each weight block's integer dot product exactly (grid rows from code tables
+held in registers, signs from the ksigns fields with their parity made by GF2P8AFFINEQB) and add
+the per-block float terms in another order than the scalar tile: the result is held within the
+rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens) of an AVX-512 call reach
+them through the kernel table where the CPU has VBMI and GFNI; STRATA_VBMI=0 gives the AVX2 build
+back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to hold them
+all, not only random ones).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType, block_size
+from tests.native import test_matmul as tm
+from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_iq_grid_avx2 import _uniform_blocks, assert_close_to_scalar
+from tests.native.test_qdot_iquants import make_weights
+
+T = GGMLType
+ROOT = Path(__file__).resolve().parents[2]
+#: The types with a VBMI decode tile (qdot.c's VBMI_DECODE).
+VBMI_TYPES = (T.IQ2_XXS, T.IQ3_XXS)
+pytestmark = pytest.mark.skipif(not native.cpu_has_avx512_vbmi(),
+                                reason="CPU has no AVX-512 VBMI and GFNI (the tiles run nowhere else)")
+SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3)]
+
+
+def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
+    """Blocks that between them use every grid row, every 7-bit ksigns index (in every one of the
+    four places of an aux word) and every ls, with random halves d."""
+    elems, nbytes = block_size(t)
+    n_blocks = 16
+    blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
+    blocks[:, 0:2] = np.frombuffer(np.float16(rng.uniform(0.5, 2.0, n_blocks)).tobytes(), np.uint8).reshape(-1, 2)
+    n_aux = n_blocks * 8
+    signs = (np.arange(4 * n_aux) * 37 % 128).reshape(n_aux, 4).astype(np.uint32)   # 37 odd: all 128 in every place
+    ls = (np.arange(n_aux) % 16).astype(np.uint32)
+    aux = (signs[:, 0] | signs[:, 1] << 7 | signs[:, 2] << 14 | signs[:, 3] << 21 | ls << 28).astype("<u4")
+    aux = aux.view(np.uint8).reshape(n_blocks, 8, 4)
+    if t == T.IQ2_XXS:   # 8 x (4 grid indices, u32 aux)
+        qs = blocks[:, 2:66].reshape(n_blocks, 8, 8)
+        qs[:, :, :4] = (np.arange(n_blocks * 32) % 256).astype(np.uint8).reshape(n_blocks, 8, 4)
+        qs[:, :, 4:] = aux
+        blocks[:, 2:66] = qs.reshape(n_blocks, 64)
+    elif t == T.IQ3_XXS:   # 64 grid indices, 8 u32 aux
+        blocks[:, 2:66] = (np.arange(n_blocks * 64) % 256).astype(np.uint8).reshape(n_blocks, 64)
+        blocks[:, 66:98] = aux.reshape(n_blocks, 32)
+    else:
+        raise AssertionError(t)
+    return blocks
+
+
+def test_decode_runs_the_vbmi_tiles():
+    for t in VBMI_TYPES:
+        assert kernel_family(t, "avx512", decode=True) == "avx512", t.name
+
+
+def test_strata_vbmi_0_gives_the_avx2_build_back():
+    code = ("from strata.native.qdot import kernel_family\nfrom strata.quant import GGMLType as T\n"
+            f"print(' '.join(kernel_family(T[n], 'avx512', decode=True) for n in {[t.name for t in VBMI_TYPES]!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "STRATA_VBMI": "0"}, check=True).stdout.split()
+    assert out == ["avx2"] * len(VBMI_TYPES)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_vbmi_matches_scalar(t, shape):
+    n_rows, n_blocks, n_tok = shape
+    rng = np.random.default_rng(int(t) * 100 + n_rows * 7 + n_tok)
+    row_len = n_blocks * 256
+    w = make_weights(t, n_rows, row_len, rng)
+    assert_close_to_scalar(t, w, n_rows, make_tokens(n_tok, row_len, rng), f"shape {shape}", impl="avx512")
+
+
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_every_grid_row_sign_index_and_scale(t):
+    rng = np.random.default_rng(int(t) + 5)
+    w = every_code_blocks(t, rng).reshape(4, -1)   # 4 rows of 4 blocks
+    for n_tok in (1, 2, 3):
+        assert_close_to_scalar(t, w, 4, make_tokens(n_tok, 4 * 256, rng), f"{n_tok} tokens", impl="avx512")
+    # one block at a time too: each block's sum alone, so no error hides behind another block's
+    one = w.reshape(16, -1)
+    x = make_tokens(1, 256, rng)
+    assert_close_to_scalar(t, one, 16, x, "single blocks", impl="avx512")
+
+
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_largest_codes_and_activations_do_not_saturate(t):
+    row_len = 2 * 256
+    w = np.concatenate([_uniform_blocks(t, 2, 0xFF), _uniform_blocks(t, 2, 0x00)]).reshape(2, -1)
+    x = np.stack([np.full(row_len, 1.0, np.float32), np.full(row_len, -2.0, np.float32),
+                  np.where(np.arange(row_len) % 3, 1.0, -1.0).astype(np.float32)])
+    for n_tok in (1, 2, 3):
+        assert_close_to_scalar(t, w, 2, x[:n_tok], f"extreme codes, {n_tok} tokens", impl="avx512")
+
+
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_pooled_matmul_equals_the_single_threaded_tiles(pools, t):  # noqa: F811
+    row_len = 3 * 256
+    for n_tokens in (1, 2, 3):
+        for n_rows in (1, 17, 601):
+            w = make_weights(t, n_rows, row_len, np.random.default_rng(n_rows))
+            x = tm.activations(n_tokens, row_len, seed=n_tokens)
+            want = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
+            for n in (None, 1, 2, 3):
+                got = tm.matmul(pools[n], t, w.reshape(-1), n_rows, x, impl="avx512")
+                assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (t.name, n_rows, n_tokens, n)
