@@ -154,8 +154,8 @@ static const struct {
     int type;
     strata_qdot_tile_fn decode;
 } VBMI_DECODE[] = {
-    {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_vbmi},
     {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_vbmi},
+    {STRATA_T_IQ3_S, strata_qdot_iq3_s_vbmi},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

@@ -31,32 +31,35 @@ from tests.native.test_qdot_iquants import make_weights
 T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
 #: The types with a VBMI decode tile (qdot.c's VBMI_DECODE).
-VBMI_TYPES = (T.IQ2_XXS, T.IQ3_XXS)
+VBMI_TYPES = (T.IQ3_XXS, T.IQ3_S)
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512_vbmi(),
                                 reason="CPU has no AVX-512 VBMI and GFNI (the tiles run nowhere else)")
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3)]
 
 
 def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
-    """Blocks that between them use every grid row, every 7-bit ksigns index (in every one of the
-    four places of an aux word) and every ls, with random halves d."""
-    elems, nbytes = block_size(t)
+    """Blocks that between them use every grid row, every 7-bit ksigns index (in every place it
+    can take) and every ls, with random halves d and random bytes elsewhere (IQ3_S's signs)."""
+    _, nbytes = block_size(t)
     n_blocks = 16
     blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     blocks[:, 0:2] = np.frombuffer(np.float16(rng.uniform(0.5, 2.0, n_blocks)).tobytes(), np.uint8).reshape(-1, 2)
-    n_aux = n_blocks * 8
-    signs = (np.arange(4 * n_aux) * 37 % 128).reshape(n_aux, 4).astype(np.uint32)   # 37 odd: all 128 in every place
-    ls = (np.arange(n_aux) % 16).astype(np.uint32)
-    aux = (signs[:, 0] | signs[:, 1] << 7 | signs[:, 2] << 14 | signs[:, 3] << 21 | ls << 28).astype("<u4")
-    aux = aux.view(np.uint8).reshape(n_blocks, 8, 4)
-    if t == T.IQ2_XXS:   # 8 x (4 grid indices, u32 aux)
-        qs = blocks[:, 2:66].reshape(n_blocks, 8, 8)
-        qs[:, :, :4] = (np.arange(n_blocks * 32) % 256).astype(np.uint8).reshape(n_blocks, 8, 4)
-        qs[:, :, 4:] = aux
-        blocks[:, 2:66] = qs.reshape(n_blocks, 64)
-    elif t == T.IQ3_XXS:   # 64 grid indices, 8 u32 aux
-        blocks[:, 2:66] = (np.arange(n_blocks * 64) % 256).astype(np.uint8).reshape(n_blocks, 64)
-        blocks[:, 66:98] = aux.reshape(n_blocks, 32)
+    rows = np.arange(n_blocks * 64)   # 1024 grid rows in order: every one of 256 (512), several times
+    signs = (np.arange(n_blocks * 32) * 37 % 128).astype(np.uint32)   # 37 odd: all 128 in every place
+    if t == T.IQ3_XXS:   # 64 grid indices, then a u32 aux per 32 values: 4 ksigns, ls
+        n_aux = n_blocks * 8
+        f = signs.reshape(n_aux, 4)
+        ls = (np.arange(n_aux) % 16).astype(np.uint32)
+        aux = (f[:, 0] | f[:, 1] << 7 | f[:, 2] << 14 | f[:, 3] << 21 | ls << 28).astype("<u4")
+        blocks[:, 2:66] = (rows % 256).astype(np.uint8).reshape(n_blocks, 64)
+        blocks[:, 66:98] = aux.view(np.uint8).reshape(n_blocks, 32)
+    elif t == T.IQ3_S:   # 64 low bytes, 64 ninth bits in qh, 32 sign bytes, a nibble ls per 32 values
+        idx = rows % 512
+        blocks[:, 2:66] = (idx % 256).astype(np.uint8).reshape(n_blocks, 64)
+        blocks[:, 66:74] = np.packbits((idx >> 8).astype(np.uint8).reshape(n_blocks, 8, 8), axis=2,
+                                       bitorder="little").reshape(n_blocks, 8)
+        nib = np.arange(n_blocks * 8) % 16
+        blocks[:, 106:110] = (nib[0::2] | nib[1::2] << 4).astype(np.uint8).reshape(n_blocks, 4)
     else:
         raise AssertionError(t)
     return blocks
