@@ -132,7 +132,9 @@ static const qdot_row TILES[] = {
      * grid i-quants', IQ4_XS's (and Q2_K's, Q3_K's) prefill VNNI tiles over unpacked bytes (qdot_iq_vnni.c; decode stays on the
      * AVX2 build, which reads each block once and has no tokens to share it with; so does prefill
      * where 512-bit operations are split, unmeasured there: on Zen 4 llama.cpp's tiled VNNI path,
-     * the same kind of kernel, prefilled the IQ4_XS file at 0.88x of the AVX2 build's rate). */
+     * the same kind of kernel, prefilled the IQ4_XS file at 0.88x of the AVX2 build's rate).
+     * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S decode with gather tiles of their own where the CPU
+     * has VBMI, GFNI and fast gathers (VBMI_DECODE). */
     ROW(IQ2_XXS, Q8K, iq2_xxs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(IQ2_XS, Q8K, iq2_xs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(IQ2_S, Q8K, iq2_s, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
@@ -147,13 +149,16 @@ static const qdot_row TILES[] = {
     ROW(NVFP4, Q8, nvfp4, NONE, 0),
 };
 
-/* Decode tiles of AVX-512 VBMI machines (qdot_iq_vbmi.c: the grids looked up in registers), taken
- * in place of the AVX2 build's decode for STRATA_IMPL_AVX512 where the CPU has VBMI, unless
- * STRATA_VBMI=0 (for measuring). */
+/* Decode tiles of the grid i-quants on AVX-512 machines with VBMI, GFNI and fast gathers
+ * (qdot_iq_vbmi.c: each 64 values' grid rows in one gather), taken in place of the AVX2 build's
+ * decode for STRATA_IMPL_AVX512, unless STRATA_VBMI=0 (for measuring). */
 static const struct {
     int type;
     strata_qdot_tile_fn decode;
 } VBMI_DECODE[] = {
+    {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_vbmi},
+    {STRATA_T_IQ2_XS, strata_qdot_iq2_xs_vbmi},
+    {STRATA_T_IQ2_S, strata_qdot_iq2_s_vbmi},
     {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_vbmi},
     {STRATA_T_IQ3_S, strata_qdot_iq3_s_vbmi},
 };
@@ -207,7 +212,7 @@ static strata_qdot_tile_fn vbmi_decode(int type) {
     static int on = -1;
     if (on < 0) {
         const char *v = getenv("STRATA_VBMI");
-        on = strata_cpu_has_avx512_vbmi() && !(v && strcmp(v, "0") == 0);
+        on = strata_cpu_has_avx512_vbmi() && strata_cpu_fast_gathers() && !(v && strcmp(v, "0") == 0);
     }
     for (size_t i = 0; on && i < sizeof(VBMI_DECODE) / sizeof(VBMI_DECODE[0]); i++)
         if (VBMI_DECODE[i].type == type) return VBMI_DECODE[i].decode;

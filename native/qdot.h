@@ -231,6 +231,9 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
 
 /* qdot_iq_vbmi.c: decode tiles of grid i-quants on AVX-512 VBMI machines */
 STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
+STRATA_DECLARE_QTILE(iq2_xxs, vbmi)
+STRATA_DECLARE_QTILE(iq2_xs, vbmi)
+STRATA_DECLARE_QTILE(iq2_s, vbmi)
 STRATA_DECLARE_QTILE(iq3_s, vbmi)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */

@@ -1,36 +1,38 @@
 /*
- * AVX-512 VBMI decode tiles of the grid i-quants IQ3_XXS and IQ3_S (interface: qdot.h; the formats'
- * integer formulation: qdot_iq.c; block layouts: common.h; grids: iq_tables.h).
+ * AVX-512 decode tiles of the grid i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by gathers
+ * (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts: common.h; grids:
+ * iq_tables.h).
  *
  * The AVX2 tiles (qdot_iq_avx2.c) build a chunk of 32 values from its grid rows by scalar loads
- * and inserts, and decode, which has one token to share a chunk with, is bound by that, not by
- * memory; IQ3's rows hold 4 values, so a chunk takes 8 rows. Here the grids stay in registers.
- * Every row of these grids is made of 8 levels, so a row is a code of 3 bits per value, 12 bits,
- * and the code table is two byte tables (its low and high bytes) of 256 entries (IQ3_XXS, 4 zmm)
- * or 512 (IQ3_S, 8 zmm). Per block of 256 values:
- *   - one load of the block's 64 index bytes is the index vector: VPERMI2B looks up 64 indices in
- *     128 entries, and blends by the index's bit 7 (and IQ3_S's bit 8, stored apart in qh, which
- *     is a mask as it lies) give all 64 low (high) code bytes;
- *   - per 64 values: VPERMT2B puts each two rows' code bytes in a qword, VPMULTISHIFTQB moves value
- *     j's code to the low bits of byte j, and VPERMB through a 64-entry table of levels (indexed by
- *     the low 6 bits, the code's and whatever lies above them) gives the magnitudes;
- *   - signs: IQ3_S's are stored as bits; IQ3_XXS's 7-bit ksigns indices are moved to bytes by
- *     VPMULTISHIFTQB and given their eighth bit, the parity of the seven (the ksigns table's rule),
- *     by one GF2P8AFFINEQB; each 64 values' sign bits are a mask (KMOVQ from memory) that a masked
- *     subtract applies to the activations;
- *   - the 4-bit sub-block scales become (2 ls + 1) * 0x10001, a dword per 32 values kept on the
- *     stack, and two dword broadcasts from there (one masked) put each 64 values' two weights over
- *     their int16 lanes.
+ * and inserts, and decode, which has one token to share a chunk with, is bound by those inserts
+ * (the shuffle port), not by memory. Here each 64 values' grid rows come in one VPGATHERQQ (8 rows
+ * of 8 values, IQ2) or VPGATHERDD (16 rows of 4 values, IQ3) of their indices, whose loads keep
+ * off that port. Per block of 256 values:
+ *   - row indices: IQ2_XS's u16s and the others' index bytes zero-extended from memory (IQ2_XS masked
+ *     to 9 bits; IQ3_S's 9th bits, stored apart in qh, added under a 16-bit mask loaded from qh;
+ *     IQ2_S's 9th and 10th bits, two per row in qh, shifted into place);
+ *     IQ2_XXS's index bytes, which share their qwords with the aux words, picked by one VPERMB;
+ *   - signs: IQ2_S's and IQ3_S's are stored as bits; the 7-bit ksigns indices of the others are moved to bytes
+ *     (VPMULTISHIFTQB, or a shift of IQ2_XS's u16s) and given their eighth bit, the parity of the
+ *     seven (the ksigns table's rule), by one GF2P8AFFINEQB, then put in row order (IQ2: VPERMB);
+ *     each 64 values' sign bits are a mask (KMOVQ from memory) that a masked subtract applies to
+ *     the activations;
+ *   - the 4-bit sub-block scales become (2 ls + 1) * 0x10001, a dword per sub-block on the stack,
+ *     spread over each 64 values' int16 lanes by two dword broadcasts (one masked; one weight per
+ *     32 values) or a VPERMD (IQ2_XS, IQ2_S: one per 16).
  * Per token and 64 values: VPMADDUBSW (magnitudes <= 62 against |a| <= 127: pair sums < 2^15) and
  * VPDPWSSD with the weights, into one int32 accumulator per block: the block's integer sum is the
  * scalar one, converted per lane and added with one FMA scaled by (wd * ad) * factor as qdot_iq.c
- * forms it, so the result equals the scalar tile's up to the order of the float additions. The
- * byte permutes all need one port (port 5 on Intel cores); broadcasts and multiplies keep off it.
+ * forms it, so the result equals the scalar tile's up to the order of the float additions.
  *
- * Measured on the Intel machine (one thread, in cache, the tile against the AVX2 build's in one
- * process, ns per block): IQ3_XXS 20-22 against 24-43, IQ3_S 24-29 against 36-47. IQ2_XXS and
- * IQ2_XS (rows of 8 values: a chunk is only 4 rows, which the AVX2 build gathers cheaply) ran the
- * same way at 0.8-1.2x of their AVX2 build and stay there.
+ * Measured on the Intel machine (Xeon with AVX-512 VBMI/GFNI, AMX; one thread, in cache, against
+ * the AVX2 build's tiles in the same process, ns per block): IQ2_XXS 17.7 vs 21.3, IQ2_XS 16.6 vs
+ * 19.5, IQ3_XXS 19.4-20 vs 25-26, IQ3_S 21.4-21.6 vs 39-44. An earlier version looked the grids up
+ * in registers instead (code tables of 2-3 bits per value, VPERMI2B, VPMULTISHIFTQB and a levels
+ * VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
+ * (the permutes all need the one shuffle port). Gathers are slow where the microcode mitigates
+ * Gather Data Sampling (Intel cores up to Ice Lake and Tiger Lake) and unmeasured on Zen 4, so
+ * qdot.c takes these tiles only where strata_cpu_fast_gathers says so.
  *
  * Rows one at a time, every token of the call per block (these serve calls of fewer than
  * STRATA_QDOT_DECODE_TOKENS tokens; any count works), the rows to come fetched ahead as the AVX2
@@ -49,90 +51,43 @@
 #define MAX_TOK 8                 /* tokens per pass over a row */
 #define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
 
-enum { IQ3_XXS, IQ3_S, N_FMT };
-
-/* The code tables: low and high bytes of each grid row's code (value j's level index at bits
- * 3 j), and the levels (entry i: level i % 8, 64 entries for VPERMB). Made once when the library
- * loads, from iq_tables.h's grids. */
-typedef struct {
-    uint8_t lo[512], hi[512], levels[64];
-} code_table;
-static code_table codes[N_FMT] __attribute__((aligned(64)));
-
-/* Codes of `n` grid rows of 4 values; the levels are the grid's 8 distinct values, ascending. */
-static void make_codes(code_table *t, const uint8_t (*grid)[4], int n) {
-    uint8_t lv[8];
-    int n_lv = 0;
-    for (int i = 0; i < 4 * n; i++) {
-        int j = 0;
-        while (j < n_lv && lv[j] != grid[i / 4][i % 4]) j++;
-        if (j == n_lv && n_lv < 8) lv[n_lv++] = grid[i / 4][i % 4];
-    }
-    for (int a = 1; a < n_lv; a++)
-        for (int b = a; b > 0 && lv[b - 1] > lv[b]; b--) {
-            const uint8_t s = lv[b];
-            lv[b] = lv[b - 1];
-            lv[b - 1] = s;
-        }
-    for (int r = 0; r < n; r++) {
-        unsigned code = 0;
-        for (int j = 0; j < 4; j++) {
-            int c = 0;
-            while (c < n_lv - 1 && lv[c] != grid[r][j]) c++;
-            code |= (unsigned)c << (3 * j);
-        }
-        t->lo[r] = (uint8_t)code;
-        t->hi[r] = (uint8_t)(code >> 8);
-    }
-    for (int i = 0; i < 64; i++) t->levels[i] = i % 8 < n_lv ? lv[i % 8] : 0;
-}
-
-__attribute__((constructor)) static void make_tables(void) {
-    make_codes(&codes[IQ3_XXS], strata_iq3xxs_grid, 256);
-    make_codes(&codes[IQ3_S], strata_iq3s_grid, 512);
-}
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
 
 INLINE __m512i bytes64(const void *b) { return _mm512_loadu_si512(b); }
 
-/* A byte table of 512 entries (the first 4 zmm enough for 256), looked up by 64 indices at once:
- * bits 0-6 of each index byte, bit 7 from `b7`, bit 8 from `b8` (where `wide`). */
-INLINE __m512i lookup(const __m512i *t, int wide, __m512i idx, __mmask64 b7, __mmask64 b8) {
-    const __m512i low = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(t[0], idx, t[1]),
-                                               _mm512_permutex2var_epi8(t[2], idx, t[3]));
-    if (!wide) return low;
-    const __m512i high = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(t[4], idx, t[5]),
-                                                _mm512_permutex2var_epi8(t[6], idx, t[7]));
-    return _mm512_mask_blend_epi8(b8, low, high);
-}
-
-/* A format's constants: code tables, levels and the control vectors named in the header. Values
- * 64 z .. 64 z + 63 are rows 16 z .. 16 z + 15, two to a qword (bytes lo0 hi0 lo1 hi1). */
+/* A format's control vectors (named in the header). */
 typedef struct {
-    __m512i lo[8], hi[8], levels;
-    __m512i place[4];   /* VPERMT2B: code bytes of 64 values' rows into their qwords */
-    __m512i shift;      /* VPMULTISHIFTQB: value j's code to byte j's low bits */
-    __m512i sign_at;    /* VPMULTISHIFTQB: IQ3_XXS's ksigns fields to bytes (two aux dwords a qword) */
+    __m512i sign_at;    /* VPMULTISHIFTQB: the ksigns fields to bytes (IQ2_XXS: one aux dword in the
+                           high half of each qword; IQ3_XXS: two aux dwords a qword) */
+    __m512i pack;       /* VPERMB: IQ2's sign bytes in row order */
+    __m512i scale_at;   /* VPMULTISHIFTQB: IQ2_XS's 16 scale nibbles to the low bytes of 16 dwords */
+    __m512i spread[4];  /* VPERMD: IQ2_XS's 64 values' four weights over their int32 lanes */
+    __m512i rowsel[4];  /* VPERMB: IQ2_XXS's 8 row indices of 64 values, one to a qword */
 } consts;
 
 static void make_consts(int fmt, consts *k) {
-    uint8_t place[4][64], shift[64], sign_at[64];
-    for (int z = 0; z < 4; z++)
-        for (int i = 0; i < 64; i++)   /* low byte from lo, high from hi */
-            place[z][i] = (uint8_t)((16 * z + 2 * (i / 8) + (i % 8 >= 2)) | (i % 2 ? 64 : 0));
+    uint8_t sign_at[64], pack[64], scale_at[64], rowsel[4][64];
+    int32_t spread[4][16];
+    for (int z = 0; z < 4; z++) {
+        for (int i = 0; i < 64; i++) {
+            const int row = 8 * z + i / 8;   /* IQ2_XXS: index byte 8 (row / 4) + row % 4 */
+            rowsel[z][i] = (uint8_t)(8 * (row / 4) + row % 4);
+        }
+        for (int l = 0; l < 16; l++) spread[z][l] = 4 * z + l / 4;
+    }
     for (int i = 0; i < 64; i++) {
         const int j = i % 8;
-        shift[i] = (uint8_t)(j < 4 ? 3 * j : 16 + 3 * (j - 4));
-        sign_at[i] = (uint8_t)(32 * (j / 4) + 7 * (j % 4));
+        sign_at[i] = (uint8_t)(fmt == IQ2_XXS ? 32 + 7 * (j % 4) : 32 * (j / 4) + 7 * (j % 4));
+        pack[i] = (uint8_t)(fmt == IQ2_XXS ? 8 * (i / 4 % 8) + i % 4 : 2 * (i % 32));
+        scale_at[i] = (uint8_t)(8 * (i / 8) + 4 * (j / 4));   /* dword 2 q: nibble 2 q; 2 q + 1: 2 q + 1 */
     }
-    const code_table *t = &codes[fmt];
-    for (int i = 0; i < 8; i++) {
-        k->lo[i] = bytes64(t->lo + 64 * i);
-        k->hi[i] = bytes64(t->hi + 64 * i);
+    for (int z = 0; z < 4; z++) {
+        k->rowsel[z] = bytes64(rowsel[z]);
+        k->spread[z] = bytes64(spread[z]);
     }
-    k->levels = bytes64(t->levels);
-    for (int z = 0; z < 4; z++) k->place[z] = bytes64(place[z]);
-    k->shift = bytes64(shift);
     k->sign_at = bytes64(sign_at);
+    k->pack = bytes64(pack);
+    k->scale_at = bytes64(scale_at);
 }
 
 /* Every cache line of the block PF_AHEAD bytes on, unless that lies past this thread's rows. */
@@ -146,6 +101,15 @@ INLINE void fetch_ahead(const uint8_t *p, int64_t bs, const uint8_t *ahead_end) 
 /* GF2P8AFFINEQB's matrix for bits 0-6 kept and bit 7 = their parity (row i in byte 7 - i). */
 #define KEEP7_PARITY 0x010204081020407Fll
 
+INLINE __m512i ksigns(__m512i fields) {
+    return _mm512_gf2p8affine_epi64_epi8(fields, _mm512_set1_epi64(KEEP7_PARITY), 0);
+}
+
+/* (2 ls + 1) * 0x10001 per dword: the weight in both int16 halves (ls in the dword's low bits). */
+INLINE __m512i odd_weights(__m512i ls) {
+    return _mm512_add_epi32(_mm512_mullo_epi32(ls, _mm512_set1_epi32(0x20002)), _mm512_set1_epi32(0x10001));
+}
+
 /* A block's 64 values z: magnitudes (mag), int16 sub-block weights (w), and the sign bits of all
  * 256 values (sg, value 8 g + j negative where bit j of byte g is set). */
 typedef struct {
@@ -154,18 +118,62 @@ typedef struct {
     uint32_t sc[16] __attribute__((aligned(64)));
 } unpacked;
 
-INLINE void unpack(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
-    const __m512i idx = bytes64(p + 2);   /* both formats' 64 index bytes follow d */
-    __mmask64 b8 = 0;
+/* The weights of 64 values z where one serves 32 values: dwords `st` (2 z) and `st` (2 z + 1). */
+INLINE __m512i two_weights(const unpacked *u, int st, int z) {
+    return _mm512_mask_mov_epi32(_mm512_set1_epi32((int)u->sc[st * 2 * z]), 0xFF00,
+                                 _mm512_set1_epi32((int)u->sc[st * (2 * z + 1)]));
+}
+
+/* IQ2_XXS, IQ2_XS, IQ2_S: a grid row is 8 values, a qword: 64 values are one VPGATHERQQ of 8 rows. */
+INLINE void unpack_iq2(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
+    const __m512i qs = bytes64(p + 2);
+    if (fmt == IQ2_XXS) {   /* 8 x (4 index bytes, u32 aux: 4 ksigns, ls in bits 28-31) */
+        _mm512_store_si512((void *)u->sg, _mm512_permutexvar_epi8(k->pack, ksigns(_mm512_multishift_epi64_epi8(k->sign_at, qs))));
+        _mm512_store_si512((void *)u->sc, _mm512_add_epi32(_mm512_mul_epu32(_mm512_srli_epi64(qs, 60), _mm512_set1_epi64(0x20002)),
+                                                           _mm512_set1_epi32(0x10001)));   /* dword 2 c: chunk c */
+    } else {   /* a nibble ls per 16 values; IQ2_XS: u16 per row, index bits 0-8, ksigns 9-15; IQ2_S: stored signs */
+        if (fmt == IQ2_XS) _mm512_store_si512((void *)u->sg, _mm512_permutexvar_epi8(k->pack, ksigns(_mm512_srli_epi16(qs, 9))));
+        else _mm512_store_si512((void *)u->sg, _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)((const strata_block_iq2_s *)p)->signs)));
+        uint64_t s8;
+        memcpy(&s8, fmt == IQ2_XS ? ((const strata_block_iq2_xs *)p)->scales : ((const strata_block_iq2_s *)p)->scales, 8);
+        _mm512_store_si512((void *)u->sc, odd_weights(_mm512_and_si512(
+            _mm512_multishift_epi64_epi8(k->scale_at, _mm512_set1_epi64((long long)s8)), _mm512_set1_epi32(15))));
+    }
+    const __m512i wts = _mm512_load_si512((const void *)u->sc);
+#pragma GCC unroll 4
+    for (int z = 0; z < 4; z++) {
+        if (fmt == IQ2_XXS) {
+            const __m512i rows = _mm512_maskz_permutexvar_epi8(0x0101010101010101ull, k->rowsel[z], qs);
+            u->mag[z] = _mm512_i64gather_epi64(rows, (const void *)strata_iq2xxs_grid, 8);
+            u->w[z] = two_weights(u, 2, z);
+        } else if (fmt == IQ2_XS) {
+            const __m512i rows = _mm512_and_si512(_mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)(p + 2 + 16 * z))),
+                                                  _mm512_set1_epi64(511));
+            u->mag[z] = _mm512_i64gather_epi64(rows, (const void *)strata_iq2xs_grid, 8);
+            u->w[z] = _mm512_permutexvar_epi32(k->spread[z], wts);
+        } else {   /* IQ2_S: row 4 c + l's bits 8-9 are bits 2 l, 2 l + 1 of qh[c] */
+            const strata_block_iq2_s *b = (const strata_block_iq2_s *)p;
+            uint16_t qh;
+            memcpy(&qh, b->qh + 2 * z, 2);
+            const __m512i high = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(qh), _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14)),
+                                                  _mm512_set1_epi64(3));
+            const __m512i rows = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * z))),
+                                                 _mm512_slli_epi64(high, 8));
+            u->mag[z] = _mm512_i64gather_epi64(rows, (const void *)strata_iq2s_grid, 8);
+            u->w[z] = _mm512_permutexvar_epi32(k->spread[z], wts);
+        }
+    }
+}
+
+/* IQ3_XXS, IQ3_S: a grid row is 4 values, a dword: 64 values are one VPGATHERDD of 16 rows. */
+INLINE void unpack_iq3(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
     __m512i ls;   /* a dword per 32 values: its ls in the low bits, 0 above */
-    if (fmt == IQ3_XXS) {
+    if (fmt == IQ3_XXS) {   /* 64 index bytes, 8 u32 aux as IQ2_XXS's */
         const __m512i aux = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)((const strata_block_iq3_xxs *)p)->aux));
-        _mm512_store_si512((void *)u->sg, _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(k->sign_at, aux),
-                                                                        _mm512_set1_epi64(KEEP7_PARITY), 0));
+        _mm512_store_si512((void *)u->sg, ksigns(_mm512_multishift_epi64_epi8(k->sign_at, aux)));
         ls = _mm512_srli_epi32(aux, 28);
-    } else {   /* IQ3_S: stored sign bits, the 9th index bits in qh, a nibble per 32 values */
+    } else {   /* 64 index bytes, their 9th bits in qh, stored sign bits, a nibble ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
-        b8 = _load_mask64((__mmask64 *)(uintptr_t)b->qh);
         _mm512_store_si512((void *)u->sg, _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)b->signs)));
         uint32_t s4;
         memcpy(&s4, b->scales, 4);
@@ -173,18 +181,24 @@ INLINE void unpack(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
                                                 _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0)),
                               _mm512_set1_epi32(15));
     }
-    const __mmask64 b7 = _mm512_movepi8_mask(idx);
-    const int wide = fmt == IQ3_S;
-    const __m512i lo = lookup(k->lo, wide, idx, b7, b8), hi = lookup(k->hi, wide, idx, b7, b8);
-    /* (2 ls + 1) * 0x10001: the weight in both int16 halves of its dword */
-    _mm512_store_si512((void *)u->sc, _mm512_add_epi32(_mm512_mullo_epi32(ls, _mm512_set1_epi32(0x20002)),
-                                                       _mm512_set1_epi32(0x10001)));
+    _mm512_store_si512((void *)u->sc, odd_weights(ls));
 #pragma GCC unroll 4
     for (int z = 0; z < 4; z++) {
-        const __m512i code = _mm512_permutex2var_epi8(lo, k->place[z], hi);
-        u->mag[z] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(k->shift, code), k->levels);
-        u->w[z] = _mm512_mask_mov_epi32(_mm512_set1_epi32((int)u->sc[2 * z]), 0xFF00, _mm512_set1_epi32((int)u->sc[2 * z + 1]));
+        __m512i rows = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 2 + 16 * z)));
+        if (fmt == IQ3_S) {
+            const __mmask16 ninth = _load_mask16((__mmask16 *)(uintptr_t)(((const strata_block_iq3_s *)p)->qh + 2 * z));
+            rows = _mm512_mask_add_epi32(rows, ninth, rows, _mm512_set1_epi32(256));
+            u->mag[z] = _mm512_i32gather_epi32(rows, (const void *)strata_iq3s_grid, 4);
+        } else {
+            u->mag[z] = _mm512_i32gather_epi32(rows, (const void *)strata_iq3xxs_grid, 4);
+        }
+        u->w[z] = two_weights(u, 1, z);
     }
+}
+
+INLINE void unpack(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
+    if (fmt == IQ2_XXS || fmt == IQ2_XS || fmt == IQ2_S) unpack_iq2(fmt, k, p, u);
+    else unpack_iq3(fmt, k, p, u);
 }
 
 /* One weight row (k values at w) against nt <= MAX_TOK tokens: y[t * ys]. */
@@ -246,3 +260,6 @@ INLINE void vbmi_rows(int fmt, int64_t bs, float factor, int64_t k, const uint8_
 
 DEFINE_VBMI(iq3_xxs, IQ3_XXS, strata_block_iq3_xxs, 0.25f)
 DEFINE_VBMI(iq3_s, IQ3_S, strata_block_iq3_s, 1.0f)
+DEFINE_VBMI(iq2_xxs, IQ2_XXS, strata_block_iq2_xxs, 0.125f)
+DEFINE_VBMI(iq2_xs, IQ2_XS, strata_block_iq2_xs, 0.125f)
+DEFINE_VBMI(iq2_s, IQ2_S, strata_block_iq2_s, 0.125f)

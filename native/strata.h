@@ -47,9 +47,14 @@ int strata_cpu_has_avx2(void);
  * OS support for the opmask and ZMM state. */
 int strata_cpu_has_avx512(void);
 
-/* 1 when this CPU also has AVX-512 VBMI and GFNI: the grid i-quants' decode then runs in-register grid
- * lookups (native/qdot_iq_vbmi.c). */
+/* 1 when this CPU also has AVX-512 VBMI and GFNI (needed with strata_cpu_fast_gathers by the grid
+ * i-quants' AVX-512 decode tiles, native/qdot_iq_vbmi.c). */
 int strata_cpu_has_avx512_vbmi(void);
+
+/* 1 when this CPU's gathers run at the load ports' rate (the kernel reports it not affected by Gather
+ * Data Sampling, and it does not split 512-bit operations): the grid i-quants' AVX-512 decode tiles
+ * gather their grid rows (native/qdot_iq_vbmi.c). */
+int strata_cpu_fast_gathers(void);
 
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
  * kernel table then prefers some AVX2 tiles for prefill too (native/qdot.c). */

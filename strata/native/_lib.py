@@ -61,6 +61,12 @@ def cpu_has_avx512_vbmi() -> bool:
     return bool(lib.strata_cpu_has_avx512_vbmi())
 
 
+def cpu_fast_gathers() -> bool:
+    """True when this CPU's gathers run at the load ports' rate (not slowed by the Gather Data Sampling
+    mitigation, not a Zen 4): with VBMI and GFNI, the grid i-quants' AVX-512 decode tiles."""
+    return bool(lib.strata_cpu_fast_gathers())
+
+
 def cpu_splits_512() -> bool:
     """True when this CPU runs 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4)."""
     return bool(lib.strata_cpu_splits_512())
@@ -173,5 +179,5 @@ def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[A
 
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_splits_512", "default_impl", "default_threads",
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_splits_512", "default_impl", "default_threads",
            "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

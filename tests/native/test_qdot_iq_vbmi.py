@@ -1,13 +1,13 @@
-"""AVX-512 VBMI decode tiles of the grid i-quants (native/qdot_iq_vbmi.c) against their scalar
-twins (native/qdot_iq.c).
+"""AVX-512 decode tiles of the grid i-quants by gathers (native/qdot_iq_vbmi.c) against their
+scalar twins (native/qdot_iq.c).
 
-These tiles compute each weight block's integer dot product exactly (grid rows from code tables
-held in registers, signs from the ksigns fields with their parity made by GF2P8AFFINEQB) and add
-the per-block float terms in another order than the scalar tile: the result is held within the
-rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens) of an AVX-512 call reach
-them through the kernel table where the CPU has VBMI and GFNI; STRATA_VBMI=0 gives the AVX2 build
-back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to hold them
-all, not only random ones).
+These tiles compute each weight block's integer dot product exactly (each 64 values' grid rows in
+one gather, signs from the ksigns fields with their parity made by GF2P8AFFINEQB or stored as bits)
+and add the per-block float terms in another order than the scalar tile: the result is held within
+the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens) of an AVX-512 call reach
+them through the kernel table where the CPU has VBMI, GFNI and fast gathers; STRATA_VBMI=0 gives the
+AVX2 build back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to
+hold them all, not only random ones).
 """
 from __future__ import annotations
 
@@ -31,9 +31,11 @@ from tests.native.test_qdot_iquants import make_weights
 T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
 #: The types with a VBMI decode tile (qdot.c's VBMI_DECODE).
-VBMI_TYPES = (T.IQ3_XXS, T.IQ3_S)
-pytestmark = pytest.mark.skipif(not native.cpu_has_avx512_vbmi(),
-                                reason="CPU has no AVX-512 VBMI and GFNI (the tiles run nowhere else)")
+VBMI_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
+#: Where the kernel table hands them out (qdot.c's vbmi_decode).
+HAS_TILES = native.cpu_has_avx512_vbmi() and native.cpu_fast_gathers()
+pytestmark = pytest.mark.skipif(not HAS_TILES, reason="CPU has no AVX-512 VBMI and GFNI, or its gathers are slow "
+                                                      "(the tiles run nowhere else)")
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3)]
 
 
@@ -44,15 +46,32 @@ def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
     n_blocks = 16
     blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     blocks[:, 0:2] = np.frombuffer(np.float16(rng.uniform(0.5, 2.0, n_blocks)).tobytes(), np.uint8).reshape(-1, 2)
-    rows = np.arange(n_blocks * 64)   # 1024 grid rows in order: every one of 256 (512), several times
+    rows = np.arange(n_blocks * 64)   # 1024 grid rows in order: every one of 256, 512 or 1024
     signs = (np.arange(n_blocks * 32) * 37 % 128).astype(np.uint32)   # 37 odd: all 128 in every place
-    if t == T.IQ3_XXS:   # 64 grid indices, then a u32 aux per 32 values: 4 ksigns, ls
-        n_aux = n_blocks * 8
-        f = signs.reshape(n_aux, 4)
-        ls = (np.arange(n_aux) % 16).astype(np.uint32)
-        aux = (f[:, 0] | f[:, 1] << 7 | f[:, 2] << 14 | f[:, 3] << 21 | ls << 28).astype("<u4")
+    n_aux = n_blocks * 8   # IQ2_XXS, IQ3_XXS: a u32 aux per 32 values: 4 ksigns, ls
+    f = signs.reshape(n_aux, 4)
+    ls = (np.arange(n_aux) % 16).astype(np.uint32)
+    aux = (f[:, 0] | f[:, 1] << 7 | f[:, 2] << 14 | f[:, 3] << 21 | ls << 28).astype("<u4").view(np.uint8)
+    if t == T.IQ2_XXS:   # 8 x (4 grid indices, u32 aux)
+        qs = np.empty((n_blocks, 8, 8), np.uint8)
+        qs[:, :, :4] = (rows[:n_blocks * 32] % 256).astype(np.uint8).reshape(n_blocks, 8, 4)
+        qs[:, :, 4:] = aux.reshape(n_blocks, 8, 4)
+        blocks[:, 2:66] = qs.reshape(n_blocks, 64)
+    elif t == T.IQ2_XS:   # u16 per 8 values: 9-bit index, ksigns; a nibble ls per 16 values
+        q = (rows[:n_blocks * 32] % 512 | signs << 9).astype("<u2")
+        blocks[:, 2:66] = q.view(np.uint8).reshape(n_blocks, 64)
+        nib = np.arange(n_blocks * 16) % 16
+        blocks[:, 66:74] = (nib[0::2] | nib[1::2] << 4).astype(np.uint8).reshape(n_blocks, 8)
+    elif t == T.IQ2_S:   # 32 low index bytes, 32 sign bytes, 2 high bits per row in qh, a nibble ls per 16
+        idx = rows[:n_blocks * 32] % 1024
+        blocks[:, 2:34] = (idx % 256).astype(np.uint8).reshape(n_blocks, 32)
+        hi = (idx >> 8).reshape(n_blocks, 8, 4)
+        blocks[:, 66:74] = (hi[:, :, 0] | hi[:, :, 1] << 2 | hi[:, :, 2] << 4 | hi[:, :, 3] << 6).astype(np.uint8)
+        nib = np.arange(n_blocks * 16) % 16
+        blocks[:, 74:82] = (nib[0::2] | nib[1::2] << 4).astype(np.uint8).reshape(n_blocks, 8)
+    elif t == T.IQ3_XXS:   # 64 grid indices, then the aux words
         blocks[:, 2:66] = (rows % 256).astype(np.uint8).reshape(n_blocks, 64)
-        blocks[:, 66:98] = aux.view(np.uint8).reshape(n_blocks, 32)
+        blocks[:, 66:98] = aux.reshape(n_blocks, 32)
     elif t == T.IQ3_S:   # 64 low bytes, 64 ninth bits in qh, 32 sign bytes, a nibble ls per 32 values
         idx = rows % 512
         blocks[:, 2:66] = (idx % 256).astype(np.uint8).reshape(n_blocks, 64)

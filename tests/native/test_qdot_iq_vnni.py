@@ -29,7 +29,7 @@ from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scal
 from strata.quant import HALF_SCALE_OFFSETS, random_blocks
 from tests.native.test_qdot import EXTREME_HALVES
 from tests.native.test_qdot_iquants import SCALES, make_weights as make_iq_weights
-from tests.native.test_qdot_iq_vbmi import VBMI_TYPES
+from tests.native.test_qdot_iq_vbmi import HAS_TILES, VBMI_TYPES
 
 T = GGMLType
 K_TYPES = (T.Q2_K, T.Q3_K)
@@ -125,7 +125,7 @@ def test_prefill_runs_vnni_and_decode_the_avx2_build(t):
     # where 512-bit operations are split in two (Zen 4) prefill stays on the AVX2 build (qdot.c)
     assert kernel_family(t, "avx512", decode=False) == ("avx2" if native.cpu_splits_512() else "avx512")
     # decode: the AVX2 build, or the VBMI decode tile of the types that have one (test_qdot_iq_vbmi.py)
-    vbmi = native.cpu_has_avx512_vbmi() and os.environ.get("STRATA_VBMI") != "0" and t in VBMI_TYPES
+    vbmi = HAS_TILES and os.environ.get("STRATA_VBMI") != "0" and t in VBMI_TYPES
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if vbmi else "avx2")
 
 
