@@ -54,11 +54,16 @@ def test_the_grid_types_have_avx2_kernels():
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
 @pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
 def test_avx2_matches_scalar(t, shape):
+    check_shape(t, shape, "avx2")
+
+
+def check_shape(t: GGMLType, shape: tuple[int, int, int], impl: str) -> None:
+    """Random weights (rows, blocks per row) against random tokens: `impl` within the bound."""
     n_rows, n_blocks, n_tok = shape
     rng = np.random.default_rng(int(t) * 100 + n_rows * 7 + n_tok)
     row_len = n_blocks * 256
     w = make_weights(t, n_rows, row_len, rng)
-    assert_close_to_scalar(t, w, n_rows, make_tokens(n_tok, row_len, rng), f"shape {shape}")
+    assert_close_to_scalar(t, w, n_rows, make_tokens(n_tok, row_len, rng), f"shape {shape}", impl=impl)
 
 
 @pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)

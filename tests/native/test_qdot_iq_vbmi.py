@@ -25,7 +25,7 @@ from strata.quant import GGMLType, block_size
 from tests.native import test_matmul as tm
 from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
 from tests.native.test_qdot import make_tokens
-from tests.native.test_qdot_iq_grid_avx2 import _uniform_blocks, assert_close_to_scalar
+from tests.native.test_qdot_iq_grid_avx2 import _uniform_blocks, assert_close_to_scalar, check_shape
 from tests.native.test_qdot_iquants import make_weights
 
 T = GGMLType
@@ -100,11 +100,7 @@ def test_strata_vbmi_0_gives_the_avx2_build_back():
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
 @pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
 def test_vbmi_matches_scalar(t, shape):
-    n_rows, n_blocks, n_tok = shape
-    rng = np.random.default_rng(int(t) * 100 + n_rows * 7 + n_tok)
-    row_len = n_blocks * 256
-    w = make_weights(t, n_rows, row_len, rng)
-    assert_close_to_scalar(t, w, n_rows, make_tokens(n_tok, row_len, rng), f"shape {shape}", impl="avx512")
+    check_shape(t, shape, "avx512")
 
 
 @pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
