@@ -133,7 +133,7 @@ static const qdot_row TILES[] = {
      * AVX2 build, which reads each block once and has no tokens to share it with; so does prefill
      * where 512-bit operations are split, unmeasured there: on Zen 4 llama.cpp's tiled VNNI path,
      * the same kind of kernel, prefilled the IQ4_XS file at 0.88x of the AVX2 build's rate).
-     * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S decode with gather tiles of their own where the CPU
+     * The grid i-quants (IQ1_S to IQ3_S) decode with gather tiles of their own where the CPU
      * has VBMI, GFNI and fast gathers (VBMI_DECODE). */
     ROW(IQ2_XXS, Q8K, iq2_xxs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(IQ2_XS, Q8K, iq2_xs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
@@ -159,6 +159,8 @@ static const struct {
     {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_vbmi},
     {STRATA_T_IQ2_XS, strata_qdot_iq2_xs_vbmi},
     {STRATA_T_IQ2_S, strata_qdot_iq2_s_vbmi},
+    {STRATA_T_IQ1_S, strata_qdot_iq1_s_vbmi},
+    {STRATA_T_IQ1_M, strata_qdot_iq1_m_vbmi},
     {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_vbmi},
     {STRATA_T_IQ3_S, strata_qdot_iq3_s_vbmi},
 };

@@ -234,6 +234,8 @@ STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
 STRATA_DECLARE_QTILE(iq2_xxs, vbmi)
 STRATA_DECLARE_QTILE(iq2_xs, vbmi)
 STRATA_DECLARE_QTILE(iq2_s, vbmi)
+STRATA_DECLARE_QTILE(iq1_s, vbmi)
+STRATA_DECLARE_QTILE(iq1_m, vbmi)
 STRATA_DECLARE_QTILE(iq3_s, vbmi)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */

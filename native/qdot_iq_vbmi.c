@@ -1,33 +1,37 @@
 /*
- * AVX-512 decode tiles of the grid i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by gathers
- * (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts: common.h; grids:
- * iq_tables.h).
+ * AVX-512 decode tiles of the grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+ * by gathers (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts:
+ * common.h; grids: iq_tables.h).
  *
  * The AVX2 tiles (qdot_iq_avx2.c) build a chunk of 32 values from its grid rows by scalar loads
  * and inserts, and decode, which has one token to share a chunk with, is bound by those inserts
  * (the shuffle port), not by memory. Here each 64 values' grid rows come in one VPGATHERQQ (8 rows
- * of 8 values, IQ2) or VPGATHERDD (16 rows of 4 values, IQ3) of their indices, whose loads keep
- * off that port. Per block of 256 values:
+ * of 8 values, IQ1 and IQ2) or VPGATHERDD (16 rows of 4 values, IQ3) of their indices, whose loads
+ * keep off that port. Per block of 256 values:
  *   - row indices: IQ2_XS's u16s and the others' index bytes zero-extended from memory (IQ2_XS masked
  *     to 9 bits; IQ3_S's 9th bits, stored apart in qh, added under a 16-bit mask loaded from qh;
- *     IQ2_S's 9th and 10th bits, two per row in qh, shifted into place);
- *     IQ2_XXS's index bytes, which share their qwords with the aux words, picked by one VPERMB;
- *   - signs: IQ2_S's and IQ3_S's are stored as bits; the 7-bit ksigns indices of the others are moved to bytes
- *     (VPMULTISHIFTQB, or a shift of IQ2_XS's u16s) and given their eighth bit, the parity of the
- *     seven (the ksigns table's rule), by one GF2P8AFFINEQB, then put in row order (IQ2: VPERMB);
+ *     IQ2_S's and IQ1's high bits shifted into place from qh); IQ2_XXS's index bytes, which share
+ *     their qwords with the aux words, picked by one VPERMB;
+ *   - IQ1's rows come from its grid times 8, and each row's delta (+-1) is added: |w| and w's signs
+ *     go on as IQ2's magnitudes and signs (unpack_iq1);
+ *   - signs: IQ2_S's and IQ3_S's are stored as bits; the 7-bit ksigns indices of the others are
+ *     moved to bytes (VPMULTISHIFTQB, or a shift of IQ2_XS's u16s) and given their eighth bit, the
+ *     parity of the seven (the ksigns table's rule), by one GF2P8AFFINEQB, then put in row order
+ *     (IQ2: VPERMB);
  *     each 64 values' sign bits are a mask (KMOVQ from memory) that a masked subtract applies to
  *     the activations;
  *   - the 4-bit sub-block scales become (2 ls + 1) * 0x10001, a dword per sub-block on the stack,
  *     spread over each 64 values' int16 lanes by two dword broadcasts (one masked; one weight per
- *     32 values) or a VPERMD (IQ2_XS, IQ2_S: one per 16).
+ *     32 values) or a VPERMD (IQ2_XS, IQ2_S, IQ1_M: one per 16).
  * Per token and 64 values: VPMADDUBSW (magnitudes <= 62 against |a| <= 127: pair sums < 2^15) and
  * VPDPWSSD with the weights, into one int32 accumulator per block: the block's integer sum is the
  * scalar one, converted per lane and added with one FMA scaled by (wd * ad) * factor as qdot_iq.c
  * forms it, so the result equals the scalar tile's up to the order of the float additions.
  *
  * Measured on the Intel machine (Xeon with AVX-512 VBMI/GFNI, AMX; one thread, in cache, against
- * the AVX2 build's tiles in the same process, ns per block): IQ2_XXS 17.7 vs 21.3, IQ2_XS 16.6 vs
- * 19.5, IQ3_XXS 19.4-20 vs 25-26, IQ3_S 21.4-21.6 vs 39-44. An earlier version looked the grids up
+ * the AVX2 build's tiles in the same process, ns per block): IQ2_XXS 17.1-18.3 vs 20.8-23.5, IQ2_XS
+ * 15.1-16.5 vs 19.8-19.9, IQ2_S 19.0-20.0 vs 28.4-30.6, IQ3_XXS 19.4-20.4 vs 25-29, IQ3_S 21-23 vs
+ * 39-44, IQ1_S 24.6 vs 31.5, IQ1_M 22.0 vs 48.5. An earlier version looked the grids up
  * in registers instead (code tables of 2-3 bits per value, VPERMI2B, VPMULTISHIFTQB and a levels
  * VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
  * (the permutes all need the one shuffle port). Gathers are slow where the microcode mitigates
@@ -51,7 +55,16 @@
 #define MAX_TOK 8                 /* tokens per pass over a row */
 #define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
 
-enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M };
+
+/* IQ1's grid times 8 (values -8, 0, 8), made once when the library loads: a row gathered from it
+ * plus the row's delta (+-1) is IQ1's integer value 8 g +- 1 (qdot_iq.c). */
+static int8_t iq1_grid8[2048][8] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void make_iq1_grid8(void) {
+    for (int r = 0; r < 2048; r++)
+        for (int j = 0; j < 8; j++) iq1_grid8[r][j] = (int8_t)(8 * strata_iq1s_grid[r][j]);
+}
 
 INLINE __m512i bytes64(const void *b) { return _mm512_loadu_si512(b); }
 
@@ -63,10 +76,11 @@ typedef struct {
     __m512i scale_at;   /* VPMULTISHIFTQB: IQ2_XS's 16 scale nibbles to the low bytes of 16 dwords */
     __m512i spread[4];  /* VPERMD: IQ2_XS's 64 values' four weights over their int32 lanes */
     __m512i rowsel[4];  /* VPERMB: IQ2_XXS's 8 row indices of 64 values, one to a qword */
+    __m512i iq1m_at;    /* VPMULTISHIFTQB: IQ1_M's 16 3-bit scales to the low bytes of 16 dwords */
 } consts;
 
 static void make_consts(int fmt, consts *k) {
-    uint8_t sign_at[64], pack[64], scale_at[64], rowsel[4][64];
+    uint8_t sign_at[64], pack[64], scale_at[64], rowsel[4][64], iq1m_at[64];
     int32_t spread[4][16];
     for (int z = 0; z < 4; z++) {
         for (int i = 0; i < 64; i++) {
@@ -80,6 +94,8 @@ static void make_consts(int fmt, consts *k) {
         sign_at[i] = (uint8_t)(fmt == IQ2_XXS ? 32 + 7 * (j % 4) : 32 * (j / 4) + 7 * (j % 4));
         pack[i] = (uint8_t)(fmt == IQ2_XXS ? 8 * (i / 4 % 8) + i % 4 : 2 * (i % 32));
         scale_at[i] = (uint8_t)(8 * (i / 8) + 4 * (j / 4));   /* dword 2 q: nibble 2 q; 2 q + 1: 2 q + 1 */
+        const int sub = 2 * (i / 8) + j / 4;   /* IQ1_M: sub-block sub's 3 bits at 16 (sub / 4) + 3 (sub % 4) */
+        iq1m_at[i] = (uint8_t)(16 * (sub / 4) + 3 * (sub % 4));
     }
     for (int z = 0; z < 4; z++) {
         k->rowsel[z] = bytes64(rowsel[z]);
@@ -88,6 +104,7 @@ static void make_consts(int fmt, consts *k) {
     k->sign_at = bytes64(sign_at);
     k->pack = bytes64(pack);
     k->scale_at = bytes64(scale_at);
+    k->iq1m_at = bytes64(iq1m_at);
 }
 
 /* Every cache line of the block PF_AHEAD bytes on, unless that lies past this thread's rows. */
@@ -196,7 +213,54 @@ INLINE void unpack_iq3(int fmt, const consts *k, const uint8_t *p, unpacked *u) 
     }
 }
 
+/* IQ1_S, IQ1_M: rows of 8 values from the grid times 8 (one VPGATHERQQ per 64 values), plus each
+ * row's delta: w = 8 g +- 1, never 0, goes in as |w| with w's signs as the mask. Row r's index is
+ * qs[r] and 3 high bits; IQ1_S keeps them in qh's u16 per 32 values (bits 3 l .. 3 l + 2 for row
+ * 4 c + l), with ls in bits 12-14 and the delta's sign in bit 15; IQ1_M in a nibble per row (bit 3:
+ * the delta's sign), its 3-bit scales one per 16 values in four u16 (whose top nibbles hold d). */
+INLINE void unpack_iq1(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
+    const uint8_t *qs = fmt == IQ1_S ? ((const strata_block_iq1_s *)p)->qs : ((const strata_block_iq1_m *)p)->qs;
+    __m512i wts;
+    if (fmt == IQ1_S) {
+        const __m512i qh = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_s *)p)->qh)));
+        wts = odd_weights(_mm512_and_si512(_mm512_srli_epi32(qh, 12), _mm512_set1_epi32(7)));   /* dword c: chunk c */
+    } else {
+        uint64_t sc;
+        memcpy(&sc, ((const strata_block_iq1_m *)p)->scales, 8);
+        wts = odd_weights(_mm512_and_si512(_mm512_multishift_epi64_epi8(k->iq1m_at, _mm512_set1_epi64((long long)sc)),
+                                           _mm512_set1_epi32(7)));   /* dword k: 16 values k */
+    }
+    _mm512_store_si512((void *)u->sc, wts);
+#pragma GCC unroll 4
+    for (int z = 0; z < 4; z++) {
+        uint32_t h;   /* IQ1_S: the u16s of chunks 2 z, 2 z + 1; IQ1_M: the nibbles of rows 8 z .. 8 z + 7 */
+        memcpy(&h, (fmt == IQ1_S ? ((const strata_block_iq1_s *)p)->qh : ((const strata_block_iq1_m *)p)->qh) + 4 * z, 4);
+        const __m512i hv = _mm512_set1_epi64(h);
+        __m512i high;
+        __mmask8 neg_delta;
+        if (fmt == IQ1_S) {
+            high = _mm512_srlv_epi64(hv, _mm512_setr_epi64(0, 3, 6, 9, 16, 19, 22, 25));
+            neg_delta = _mm512_test_epi64_mask(hv, _mm512_setr_epi64(0x8000, 0x8000, 0x8000, 0x8000,
+                                                                     0x80000000, 0x80000000, 0x80000000, 0x80000000));
+        } else {
+            high = _mm512_srlv_epi64(hv, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28));
+            neg_delta = _mm512_test_epi64_mask(high, _mm512_set1_epi64(8));
+        }
+        const __m512i rows = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(qs + 8 * z))),
+                                             _mm512_slli_epi64(_mm512_and_si512(high, _mm512_set1_epi64(7)), 8));
+        const __m512i delta = _mm512_mask_mov_epi64(_mm512_set1_epi8(1), neg_delta, _mm512_set1_epi8(-1));
+        const __m512i w = _mm512_add_epi8(_mm512_i64gather_epi64(rows, (const void *)iq1_grid8, 8), delta);
+        _store_mask64((__mmask64 *)(u->sg + 8 * z), _mm512_movepi8_mask(w));
+        u->mag[z] = _mm512_abs_epi8(w);
+        u->w[z] = fmt == IQ1_S ? two_weights(u, 1, z) : _mm512_permutexvar_epi32(k->spread[z], wts);
+    }
+}
+
 INLINE void unpack(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
+    if (fmt == IQ1_S || fmt == IQ1_M) {
+        unpack_iq1(fmt, k, p, u);
+        return;
+    }
     if (fmt == IQ2_XXS || fmt == IQ2_XS || fmt == IQ2_S) unpack_iq2(fmt, k, p, u);
     else unpack_iq3(fmt, k, p, u);
 }
@@ -212,7 +276,8 @@ INLINE void vbmi_tile(int fmt, const consts *kc, int64_t bs, float factor, int n
         fetch_ahead(p, bs, ahead_end);
         unpacked u;
         unpack(fmt, kc, p, &u);
-        const float wd = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
+        const float wd = _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p)->scales)
+                                                : (uint16_t)(p[0] | p[1] << 8));
         for (int t = 0; t < nt; t++) {
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
             __m512i isum = _mm512_setzero_si512();
@@ -263,3 +328,5 @@ DEFINE_VBMI(iq3_s, IQ3_S, strata_block_iq3_s, 1.0f)
 DEFINE_VBMI(iq2_xxs, IQ2_XXS, strata_block_iq2_xxs, 0.125f)
 DEFINE_VBMI(iq2_xs, IQ2_XS, strata_block_iq2_xs, 0.125f)
 DEFINE_VBMI(iq2_s, IQ2_S, strata_block_iq2_s, 0.125f)
+DEFINE_VBMI(iq1_s, IQ1_S, strata_block_iq1_s, 0.125f)
+DEFINE_VBMI(iq1_m, IQ1_M, strata_block_iq1_m, 0.125f)

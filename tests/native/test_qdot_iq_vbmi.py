@@ -31,7 +31,7 @@ from tests.native.test_qdot_iquants import make_weights
 T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
 #: The types with a VBMI decode tile (qdot.c's VBMI_DECODE).
-VBMI_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
+VBMI_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
 #: Where the kernel table hands them out (qdot.c's vbmi_decode).
 HAS_TILES = native.cpu_has_avx512_vbmi() and native.cpu_fast_gathers()
 pytestmark = pytest.mark.skipif(not HAS_TILES, reason="CPU has no AVX-512 VBMI and GFNI, or its gathers are slow "
@@ -43,10 +43,10 @@ def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
     """Blocks that between them use every grid row, every 7-bit ksigns index (in every place it
     can take) and every ls, with random halves d and random bytes elsewhere (IQ3_S's signs)."""
     _, nbytes = block_size(t)
-    n_blocks = 16
+    n_blocks = 64 if t in (T.IQ1_S, T.IQ1_M) else 16   # 32 rows a block: 2048 for IQ1's grid
     blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     blocks[:, 0:2] = np.frombuffer(np.float16(rng.uniform(0.5, 2.0, n_blocks)).tobytes(), np.uint8).reshape(-1, 2)
-    rows = np.arange(n_blocks * 64)   # 1024 grid rows in order: every one of 256, 512 or 1024
+    rows = np.arange(n_blocks * 64)   # grid rows in order: every one of 256, 512, 1024 or 2048
     signs = (np.arange(n_blocks * 32) * 37 % 128).astype(np.uint32)   # 37 odd: all 128 in every place
     n_aux = n_blocks * 8   # IQ2_XXS, IQ3_XXS: a u32 aux per 32 values: 4 ksigns, ls
     f = signs.reshape(n_aux, 4)
@@ -79,6 +79,23 @@ def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
                                        bitorder="little").reshape(n_blocks, 8)
         nib = np.arange(n_blocks * 8) % 16
         blocks[:, 106:110] = (nib[0::2] | nib[1::2] << 4).astype(np.uint8).reshape(n_blocks, 4)
+    elif t == T.IQ1_S:   # 32 low index bytes, then per 32 values a u16: 3 high bits per row, ls, delta sign
+        idx = rows[:n_blocks * 32] % 2048
+        blocks[:, 2:34] = (idx % 256).astype(np.uint8).reshape(n_blocks, 32)
+        hi = (idx >> 8).reshape(n_aux, 4)
+        qh = hi[:, 0] | hi[:, 1] << 3 | hi[:, 2] << 6 | hi[:, 3] << 9 | (np.arange(n_aux) % 8) << 12 | (np.arange(n_aux) // 8 % 2) << 15
+        blocks[:, 34:50] = qh.astype("<u2").view(np.uint8).reshape(n_blocks, 16)
+    elif t == T.IQ1_M:   # 32 low index bytes, a nibble per row (3 high bits, delta sign), 3-bit scales per 16
+        idx = rows[:n_blocks * 32] % 2048
+        blocks[:, 0:32] = (idx % 256).astype(np.uint8).reshape(n_blocks, 32)
+        nib = ((idx >> 8) | (np.arange(n_blocks * 32) // 3 % 2) << 3).reshape(n_blocks, 16, 2)
+        blocks[:, 32:48] = (nib[:, :, 0] | nib[:, :, 1] << 4).astype(np.uint8)
+        sub = (np.arange(n_blocks * 16) % 8).reshape(n_blocks, 4, 4)
+        sc = (sub[:, :, 0] | sub[:, :, 1] << 3 | sub[:, :, 2] << 6 | sub[:, :, 3] << 9).astype(np.uint16)
+        half = np.frombuffer(np.float16(rng.uniform(0.5, 2.0, n_blocks)).tobytes(), "<u2").astype(np.uint16)
+        for m in range(4):   # d's nibbles in the words' top nibbles (strata_iq1_m_half)
+            sc[:, m] |= ((half >> (4 * m)) & 15) << 12
+        blocks[:, 48:56] = sc.astype("<u2").view(np.uint8).reshape(n_blocks, 8)
     else:
         raise AssertionError(t)
     return blocks
@@ -106,13 +123,14 @@ def test_vbmi_matches_scalar(t, shape):
 @pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
 def test_every_grid_row_sign_index_and_scale(t):
     rng = np.random.default_rng(int(t) + 5)
-    w = every_code_blocks(t, rng).reshape(4, -1)   # 4 rows of 4 blocks
+    blocks = every_code_blocks(t, rng)
+    n_blocks = len(blocks)
+    w = blocks.reshape(4, -1)   # 4 rows
+    row_len = n_blocks // 4 * 256
     for n_tok in (1, 2, 3):
-        assert_close_to_scalar(t, w, 4, make_tokens(n_tok, 4 * 256, rng), f"{n_tok} tokens", impl="avx512")
+        assert_close_to_scalar(t, w, 4, make_tokens(n_tok, row_len, rng), f"{n_tok} tokens", impl="avx512")
     # one block at a time too: each block's sum alone, so no error hides behind another block's
-    one = w.reshape(16, -1)
-    x = make_tokens(1, 256, rng)
-    assert_close_to_scalar(t, one, 16, x, "single blocks", impl="avx512")
+    assert_close_to_scalar(t, blocks, n_blocks, make_tokens(1, 256, rng), "single blocks", impl="avx512")
 
 
 @pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
