@@ -79,32 +79,44 @@ typedef struct {
     __m512i iq1m_at;    /* VPMULTISHIFTQB: IQ1_M's 16 3-bit scales to the low bytes of 16 dwords */
 } consts;
 
-static void make_consts(int fmt, consts *k) {
-    uint8_t sign_at[64], pack[64], scale_at[64], rowsel[4][64], iq1m_at[64];
+/* The control vectors' bytes, made once when the library loads ([0]: IQ2_XXS's, [1]: the others'). */
+static struct {
+    uint8_t sign_at[2][64], pack[2][64], scale_at[64], rowsel[4][64], iq1m_at[64];
     int32_t spread[4][16];
+} ctl __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void make_ctl(void) {
     for (int z = 0; z < 4; z++) {
         for (int i = 0; i < 64; i++) {
             const int row = 8 * z + i / 8;   /* IQ2_XXS: index byte 8 (row / 4) + row % 4 */
-            rowsel[z][i] = (uint8_t)(8 * (row / 4) + row % 4);
+            ctl.rowsel[z][i] = (uint8_t)(8 * (row / 4) + row % 4);
         }
-        for (int l = 0; l < 16; l++) spread[z][l] = 4 * z + l / 4;
+        for (int l = 0; l < 16; l++) ctl.spread[z][l] = 4 * z + l / 4;
     }
     for (int i = 0; i < 64; i++) {
         const int j = i % 8;
-        sign_at[i] = (uint8_t)(fmt == IQ2_XXS ? 32 + 7 * (j % 4) : 32 * (j / 4) + 7 * (j % 4));
-        pack[i] = (uint8_t)(fmt == IQ2_XXS ? 8 * (i / 4 % 8) + i % 4 : 2 * (i % 32));
-        scale_at[i] = (uint8_t)(8 * (i / 8) + 4 * (j / 4));   /* dword 2 q: nibble 2 q; 2 q + 1: 2 q + 1 */
+        ctl.sign_at[0][i] = (uint8_t)(32 + 7 * (j % 4));
+        ctl.sign_at[1][i] = (uint8_t)(32 * (j / 4) + 7 * (j % 4));
+        ctl.pack[0][i] = (uint8_t)(8 * (i / 4 % 8) + i % 4);
+        ctl.pack[1][i] = (uint8_t)(2 * (i % 32));
+        ctl.scale_at[i] = (uint8_t)(8 * (i / 8) + 4 * (j / 4));   /* dword 2 q: nibble 2 q; 2 q + 1: 2 q + 1 */
         const int sub = 2 * (i / 8) + j / 4;   /* IQ1_M: sub-block sub's 3 bits at 16 (sub / 4) + 3 (sub % 4) */
-        iq1m_at[i] = (uint8_t)(16 * (sub / 4) + 3 * (sub % 4));
+        ctl.iq1m_at[i] = (uint8_t)(16 * (sub / 4) + 3 * (sub % 4));
     }
+}
+
+/* A call's control vectors: loads of the bytes made at load time (a tile call may cover only a
+ * few dozen blocks, so nothing is computed per call). */
+static void make_consts(int fmt, consts *k) {
+    const int v = fmt != IQ2_XXS;
     for (int z = 0; z < 4; z++) {
-        k->rowsel[z] = bytes64(rowsel[z]);
-        k->spread[z] = bytes64(spread[z]);
+        k->rowsel[z] = bytes64(ctl.rowsel[z]);
+        k->spread[z] = bytes64(ctl.spread[z]);
     }
-    k->sign_at = bytes64(sign_at);
-    k->pack = bytes64(pack);
-    k->scale_at = bytes64(scale_at);
-    k->iq1m_at = bytes64(iq1m_at);
+    k->sign_at = bytes64(ctl.sign_at[v]);
+    k->pack = bytes64(ctl.pack[v]);
+    k->scale_at = bytes64(ctl.scale_at);
+    k->iq1m_at = bytes64(ctl.iq1m_at);
 }
 
 /* Every cache line of the block PF_AHEAD bytes on, unless that lies past this thread's rows. */
