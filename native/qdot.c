@@ -221,6 +221,11 @@ static strata_qdot_tile_fn vbmi_decode(int type) {
     return NULL;
 }
 
+strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise) {
+    const strata_qdot_tile_fn gather = vbmi_decode(type);
+    return gather ? gather : otherwise;
+}
+
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
     int col;
     if (impl == STRATA_IMPL_SCALAR) col = COL_REF;

@@ -229,6 +229,10 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
         strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
     }
 
+/* The tile for calls (or a prefill tile's leftovers) of fewer than 8 tokens of `type` on an AVX-512
+ * call: the gather tile where qdot.c hands those out (qdot_iq_vbmi.c), else `otherwise`. */
+strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise);
+
 /* qdot_iq_vbmi.c: decode tiles of grid i-quants on AVX-512 VBMI machines */
 STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
 STRATA_DECLARE_QTILE(iq2_xxs, vbmi)

@@ -18,7 +18,8 @@
  * block after block with no fused multiply-add: the result equals the scalar tile's bit for bit.
  *
  * Tokens go 16 to a group; a last group of 8-15 runs padded (its empty lanes add 0), fewer than 8
- * left over go to the AVX2 tiles' AVX-512 build, as do calls of fewer than 8 tokens. Q2_K and Q3_K,
+ * left over go to the AVX2 tiles' AVX-512 build (the grid i-quants' gather tiles where they run),
+ * as do calls of fewer than 8 tokens. Q2_K and Q3_K,
  * whose AVX2 tiles build a chunk cheaply, pad only a last group of 12-15 (pad_min). Rows go 4 at a
  * time (four broadcasts per activation load), groups 8 at a time so that their re-laid
  * activations stay in L2 while a block of 4 rows passes over them.
@@ -329,23 +330,28 @@ INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, co
     if (n_tok > n_vnni) rest(k, w, wrb, n_rows, a + n_vnni * arb, arb, n_tok - n_vnni, y + n_vnni * ys, ys);
 }
 
-#define DEFINE_VNNI_TILE(name, fmt, wtype)                                                                 \
+/* The tokens VNNI does not take go to the AVX2 build, or, for the grid i-quants where their gather
+ * tiles run, to those (qdot_iq_vbmi.c: one pass over the weights for up to 8 tokens, where the AVX2
+ * build passes twice over them for 5-7; 1.3-1.6x its speed at 4 tokens, 1.9-2.6x at 6 on the Intel
+ * machine, one thread, in cache). */
+#define DEFINE_VNNI_TILE(name, fmt, wtype, T)                                                              \
     void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
                                      const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                      float *restrict y, int64_t ys) {                                      \
-        iq_vnni(fmt, (int64_t)sizeof(wtype), strata_qdot_##name##_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys); \
+        iq_vnni(fmt, (int64_t)sizeof(wtype), strata_qdot_few_tokens(T, strata_qdot_##name##_evex), k, w, wrb, \
+                n_rows, a, arb, n_tok, y, ys);                                                             \
     }
 
-DEFINE_VNNI_TILE(iq2_xxs, FMT_IQ2_XXS, strata_block_iq2_xxs)
-DEFINE_VNNI_TILE(iq2_xs, FMT_IQ2_XS, strata_block_iq2_xs)
-DEFINE_VNNI_TILE(iq2_s, FMT_IQ2_S, strata_block_iq2_s)
-DEFINE_VNNI_TILE(iq3_xxs, FMT_IQ3_XXS, strata_block_iq3_xxs)
-DEFINE_VNNI_TILE(iq3_s, FMT_IQ3_S, strata_block_iq3_s)
-DEFINE_VNNI_TILE(iq1_s, FMT_IQ1_S, strata_block_iq1_s)
-DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m)
-DEFINE_VNNI_TILE(iq4_xs, FMT_IQ4_XS_VNNI, strata_block_iq4_xs)
-DEFINE_VNNI_TILE(q2_k, FMT_Q2_K_VNNI, strata_block_q2_k)
-DEFINE_VNNI_TILE(q3_k, FMT_Q3_K_VNNI, strata_block_q3_k)
+DEFINE_VNNI_TILE(iq2_xxs, FMT_IQ2_XXS, strata_block_iq2_xxs, STRATA_T_IQ2_XXS)
+DEFINE_VNNI_TILE(iq2_xs, FMT_IQ2_XS, strata_block_iq2_xs, STRATA_T_IQ2_XS)
+DEFINE_VNNI_TILE(iq2_s, FMT_IQ2_S, strata_block_iq2_s, STRATA_T_IQ2_S)
+DEFINE_VNNI_TILE(iq3_xxs, FMT_IQ3_XXS, strata_block_iq3_xxs, STRATA_T_IQ3_XXS)
+DEFINE_VNNI_TILE(iq3_s, FMT_IQ3_S, strata_block_iq3_s, STRATA_T_IQ3_S)
+DEFINE_VNNI_TILE(iq1_s, FMT_IQ1_S, strata_block_iq1_s, STRATA_T_IQ1_S)
+DEFINE_VNNI_TILE(iq1_m, FMT_IQ1_M, strata_block_iq1_m, STRATA_T_IQ1_M)
+DEFINE_VNNI_TILE(iq4_xs, FMT_IQ4_XS_VNNI, strata_block_iq4_xs, STRATA_T_IQ4_XS)
+DEFINE_VNNI_TILE(q2_k, FMT_Q2_K_VNNI, strata_block_q2_k, STRATA_T_Q2_K)
+DEFINE_VNNI_TILE(q3_k, FMT_Q3_K_VNNI, strata_block_q3_k, STRATA_T_Q3_K)
 
 #else /* not x86: the names exist so the library links; qdot.c hands them out only for AVX512,
        * which strata_resolve_impl refuses here */

@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The types with a VBMI decode tile (qdot.c's VBMI_DECODE).
 VBMI_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
 #: Where the kernel table hands them out (qdot.c's vbmi_decode).
-HAS_TILES = native.cpu_has_avx512_vbmi() and native.cpu_fast_gathers()
-pytestmark = pytest.mark.skipif(not HAS_TILES, reason="CPU has no AVX-512 VBMI and GFNI, or its gathers are slow "
-                                                      "(the tiles run nowhere else)")
+HAS_TILES = native.cpu_has_avx512_vbmi() and native.cpu_fast_gathers() and os.environ.get("STRATA_VBMI") != "0"
+pytestmark = pytest.mark.skipif(not HAS_TILES, reason="CPU has no AVX-512 VBMI and GFNI, or its gathers are slow, "
+                                                      "or STRATA_VBMI=0 (the tiles run nowhere else)")
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3)]
 
 
@@ -154,3 +154,20 @@ def test_pooled_matmul_equals_the_single_threaded_tiles(pools, t):  # noqa: F811
             for n in (None, 1, 2, 3):
                 got = tm.matmul(pools[n], t, w.reshape(-1), n_rows, x, impl="avx512")
                 assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (t.name, n_rows, n_tokens, n)
+
+
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_few_tokens_and_prefill_leftovers_run_the_gather_tiles(t):
+    """Calls of 4-7 tokens, and the tokens a prefill's VNNI groups leave over (fewer than 8), run
+    the gather tile too (one pass over the weights): each token's outputs equal a decode call's
+    for it bit for bit (the AVX2 build's lanes would add in another order)."""
+    rng = np.random.default_rng(int(t) + 11)
+    n_rows, row_len = 9, 3 * 256
+    w = make_weights(t, n_rows, row_len, rng)
+    x = make_tokens(16 + 3, row_len, rng)
+    one = np.concatenate([native.qdot_rows(t, w, n_rows, row_len, x[i:i + 1], impl="avx512") for i in range(19)])
+    for n_tok in (4, 5, 7):
+        got = native.qdot_rows(t, w, n_rows, row_len, x[:n_tok], impl="avx512")
+        assert got.view(np.uint32).tobytes() == one[:n_tok].view(np.uint32).tobytes(), (t.name, n_tok)
+    got = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")   # 16 by VNNI, 3 left over
+    assert got[16:].view(np.uint32).tobytes() == one[16:].view(np.uint32).tobytes(), t.name

@@ -125,7 +125,7 @@ def test_prefill_runs_vnni_and_decode_the_avx2_build(t):
     # where 512-bit operations are split in two (Zen 4) prefill stays on the AVX2 build (qdot.c)
     assert kernel_family(t, "avx512", decode=False) == ("avx2" if native.cpu_splits_512() else "avx512")
     # decode: the AVX2 build, or the VBMI decode tile of the types that have one (test_qdot_iq_vbmi.py)
-    vbmi = HAS_TILES and os.environ.get("STRATA_VBMI") != "0" and t in VBMI_TYPES
+    vbmi = HAS_TILES and t in VBMI_TYPES
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if vbmi else "avx2")
 
 
