@@ -16,6 +16,7 @@ import torch
 from strata import native
 from strata.quant import DEQUANT_TYPES, IQ_TYPES, GGMLType, block_size, random_blocks, set_iq1_m_half
 from tests.native.test_dequant import CASE_IDS, CASES, IMPLS, ROOT, SPECIAL_F16, assert_bits_equal
+from tests.native.test_qdot_iq_vbmi import HAS_TILES, VBMI_TYPES
 
 T = GGMLType
 
@@ -101,8 +102,9 @@ def test_type_support_reports_the_native_tables():
         if "avx512" in s.families:  # the grid i-quants: AVX2 tiles, AVX-512 VNNI prefill (test_qdot_iq_vnni.py)
             assert s.families == ("scalar", "avx2", "avx512"), s
             prefill = "avx2" if native.cpu_splits_512() else "avx512"  # Zen 4: the AVX2 build (qdot.c)
-            assert (s.runs, s.decode_runs) == {"avx512": (prefill, "avx2")}.get(native.default_impl(),
-                                                                              (native.default_impl(),) * 2), s
+            decode = "avx512" if HAS_TILES and t in VBMI_TYPES else "avx2"   # the gather tiles (test_qdot_iq_vbmi.py)
+            assert (s.runs, s.decode_runs) == {"avx512": (prefill, decode)}.get(native.default_impl(),
+                                                                                (native.default_impl(),) * 2), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
             continue
         if "avx2" in s.families:  # the code-book and ternary formats' AVX2 kernels (test_qdot_iq4_avx2.py)
