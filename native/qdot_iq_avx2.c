@@ -54,14 +54,6 @@
 
 #include "qdot_iq_chunks.h"
 
-/* Every cache line of the block PF_AHEAD bytes on, unless that lies past this thread's rows. */
-INLINE void fetch_ahead(const uint8_t *p, int64_t bs, const uint8_t *ahead_end) {
-    const uint8_t *pf = p + PF_AHEAD;
-    if (pf + bs > ahead_end) return;
-    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
-    _mm_prefetch((const char *)pf + bs - 1, _MM_HINT_T0);
-}
-
 /* One weight row (k values at w) against nt tokens: y[t * ys]. */
 INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, const uint8_t *a, int64_t arb,
                     float *y, int64_t ys) {
@@ -70,7 +62,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
-        if (nt < 4) fetch_ahead(p, bs, ahead_end);
+        if (nt < 4) fetch_block_ahead(p, bs, ahead_end);
         const __m256i wv = iq_weights(fmt, p);
         uint16_t ix[64] __attribute__((aligned(32)));
         iq_indices(fmt, p, ix);

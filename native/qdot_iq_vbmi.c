@@ -54,6 +54,7 @@
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_TOK 8                 /* tokens per pass over a row */
 #define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
+#include "qdot_prefetch.h"
 
 enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M };
 
@@ -117,14 +118,6 @@ static void make_consts(int fmt, consts *k) {
     k->pack = bytes64(ctl.pack[v]);
     k->scale_at = bytes64(ctl.scale_at);
     k->iq1m_at = bytes64(ctl.iq1m_at);
-}
-
-/* Every cache line of the block PF_AHEAD bytes on, unless that lies past this thread's rows. */
-INLINE void fetch_ahead(const uint8_t *p, int64_t bs, const uint8_t *ahead_end) {
-    const uint8_t *pf = p + PF_AHEAD;
-    if (pf + bs > ahead_end) return;
-    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
-    _mm_prefetch((const char *)pf + bs - 1, _MM_HINT_T0);
 }
 
 /* GF2P8AFFINEQB's matrix for bits 0-6 kept and bit 7 = their parity (row i in byte 7 - i). */
@@ -285,7 +278,7 @@ INLINE void vbmi_tile(int fmt, const consts *kc, int64_t bs, float factor, int n
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
-        fetch_ahead(p, bs, ahead_end);
+        fetch_block_ahead(p, bs, ahead_end);
         unpacked u;
         unpack(fmt, kc, p, &u);
         const float wd = _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p)->scales)
