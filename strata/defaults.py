@@ -35,6 +35,9 @@ DEFAULT_PREFETCH_DEPTH = {"cpu": 0, "cuda": 2}
 #: --batch-size and vLLM's max_num_batched_tokens. Prompts that arrive close together are prefilled
 #: in one step, up to this many tokens, and start streaming together.
 MAX_STEP_TOKENS = 2048
+#: `strata serve --gather-ms`: how long a request that wakes an idle server waits at most for the
+#: requests still on their way, so a burst's prompts are prefilled in one step and decode in step.
+SERVE_GATHER_MS = 50
 #: KV-cache positions per sequence when n_ctx is not given (capped by the model's).
 DEFAULT_CTX = 4096
 #: Positions per KV-cache block.

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from strata.defaults import SERVE_GATHER_MS
 from strata.errors import StrataArgumentError, StrataError
 
 from .common import (add_expert_parallel_args, add_model_args, check_model_args, check_save_routing, expert_parallel,
@@ -34,6 +35,7 @@ def _check(args: argparse.Namespace) -> None:
     check_int("--max-batch", args.max_batch, 1, 4096)
     check_int("--max-queue", args.max_queue, 0, None)
     check_int("--port", args.port, 0, 65535)
+    check_int("--gather-ms", args.gather_ms, 0, 10000)
     if args.api_key is not None and not args.api_key.strip():
         raise StrataArgumentError("--api-key: expected a non-empty key")
     if not Path(args.model).is_file():
@@ -82,7 +84,7 @@ def _serve(args: argparse.Namespace, loader) -> int:
     name = args.alias or Path(args.model).stem
     config = ServerConfig(name, api_key=args.api_key, max_running=args.max_batch, max_queue=args.max_queue,
                           aliases=(Path(args.model).name,), tool_call_format=args.tool_call_format,
-                          reasoning_format=args.reasoning_format, webui=args.webui)
+                          reasoning_format=args.reasoning_format, webui=args.webui, gather_s=args.gather_ms / 1e3)
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -120,6 +122,10 @@ def add_parser(subparsers) -> None:
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests accepted beyond those running; more are refused with 503 (default "
                         f"{DEFAULT_MAX_QUEUE})")
+    g.add_argument("--gather-ms", type=int, default=SERVE_GATHER_MS, metavar="MS",
+                   help="when a request wakes an idle server, wait up to MS ms for the requests still on their way "
+                        "(read, not yet tokenized) so a burst's prompts are prefilled in one step and decode in "
+                        f"step (default {SERVE_GATHER_MS}; 0: start at once)")
     g.add_argument("--tool-call-format", default=None, choices=TOOL_FAMILIES, metavar="FAMILY",
                    help=f"the tool-call syntax read from replies: {', '.join(TOOL_FAMILIES)} (default: the chat "
                         "template's)")

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from strata.defaults import SERVE_GATHER_MS
 from strata.engine import Sequence
 from strata.engine.sequence import stop_conditions
 
@@ -58,6 +59,7 @@ class ServerConfig:
     tool_call_format: str | None = None  # the tool-call family (strata.server.tools.FAMILIES); None: the template's
     reasoning_format: str = "auto"  # "auto": reasoning as reasoning_content; "none": inline in the content
     webui: bool = True  # the chat and memory pages at / and /memory (strata.server.web)
+    gather_s: float = SERVE_GATHER_MS / 1e3  # how long an idle engine waits for a burst's requests on their way
 
 
 class ServerState:
@@ -94,8 +96,9 @@ class ServerState:
             if self.on_load_error is not None:
                 self.on_load_error(e)
             return
+        # on_fatal: the server stops (a rank of the expert-parallel group was lost)
         worker = EngineWorker(model, self.metrics, self.config.max_running, self.config.max_queue,
-                              on_fatal=self.on_load_error)  # the server stops (a rank of the group was lost)
+                              on_fatal=self.on_load_error, gather_s=self.config.gather_s)
         with self._lock:
             if self._closed:  # the server stopped while the model loaded
                 model.close()
@@ -287,24 +290,22 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     model, worker = state.ready()
     req = parse(await _json_body(request))
     _check_model(req.model, state.config)
-    ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
-    family = state.config.tool_call_format or detect(model.chat_template.source) if req.kind == "chat" else None
-    if family:
-        req.sampling = constrained(req, family)
-    queue: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
-    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i, family) for i in range(req.n)])
-    seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
-    tickets = [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
-    submitted: list[Ticket] = []
-    watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
-    reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))
+    with worker.incoming():  # an idle engine waits (briefly) for requests on their way, to start them together
+        tickets = await _tickets(state, req, model)
+        reply = Reply(req, state.config.model_name, model.tokenizer.token_bytes, _outputs(req, model, state.config))
+        submitted: list[Ticket] = []
+        watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
+        try:
+            for ticket in tickets:
+                worker.submit(ticket)  # 503 when full: the ones submitted are cancelled below
+                submitted.append(ticket)
+        except BaseException:
+            for ticket in submitted:
+                worker.cancel(ticket)
+            watcher.cancel()
+            raise
     try:
-        for ticket in tickets:
-            worker.submit(ticket)  # 503 when full: the ones submitted are cancelled below
-            submitted.append(ticket)
-        events = await _admitted(queue, req.n)  # admitted by the engine, or refused
+        events = await _admitted(tickets[0].events, req.n)  # admitted by the engine, or refused
         if req.stream:
             return StreamingResponse(_streaming(reply, events, req.n, submitted, worker, watcher, state),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -317,6 +318,20 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
     finally:
         if not req.stream:
             watcher.cancel()
+
+
+async def _tickets(state: ServerState, req: GenerationRequest, model: Any) -> list[Ticket]:
+    """The request's n sequences (choices 1.. forking from choice 0), as tickets sharing one event queue."""
+    ids = await run_in_threadpool(prompt_ids, req, model)  # templates and long prompts off the event loop
+    family = state.config.tool_call_format or detect(model.chat_template.source) if req.kind == "chat" else None
+    if family:
+        req.sampling = constrained(req, family)
+    queue: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    # off the event loop: a constrained sequence may wait for the grammar vocabulary's first build
+    seqs = await run_in_threadpool(lambda: [_sequence(state, req, ids, model, i, family) for i in range(req.n)])
+    seqs[1:] = [s.fork_from(seqs[0]) for s in seqs[1:]]
+    return [Ticket(seq, loop, i, queue) for i, seq in enumerate(seqs)]
 
 
 def _outputs(req: GenerationRequest, model: Any, config: ServerConfig) -> list[OutputStream]:

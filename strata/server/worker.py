@@ -8,6 +8,11 @@ A cancel (the client disconnected) is applied before the next step: the sequence
 memory are freed within one step. Admission control: at most `max_running + max_queue`
 requests are open at once; more are refused with 503 before they reach the engine, as is a
 sequence the engine itself refuses as full (`strata.engine.EngineFull`, where it exists).
+Requests that arrive together start together: when a request wakes an idle engine, the thread
+first gathers the requests still on their way (`incoming`: read, not yet submitted; and any that
+come within `GATHER_QUIET_S` of the last) for at most `gather_s` (`strata serve --gather-ms`), so a burst of prompts is
+prefilled in one step (each expert read once for all of them) and their streams decode in step,
+rather than the first prompt's stream pausing for the others' prefill a step later.
 Expert parallelism: when the model's runner has a `tick` (rank 0's `LeadRunner`), the idle thread
 calls it every `tick_s` (the ranks' heartbeat); an error marked `fatal` (a rank died or hangs)
 fails every open request with 503, refuses new ones with 503 and calls `on_fatal` (the server
@@ -18,6 +23,7 @@ Must not parse or format HTTP: tickets carry sequences in and `Event`s out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import strata.engine
+from strata.defaults import SERVE_GATHER_MS
 from strata.engine import Sequence
 from strata.errors import StrataError
 
@@ -33,6 +40,7 @@ from .errors import APIError
 from .metrics import ServerMetrics
 
 log = logging.getLogger("strata.server")
+GATHER_QUIET_S = 0.003  # a burst has ended when nothing came for this long and none is incoming
 
 
 @dataclass
@@ -93,7 +101,8 @@ class Ticket:
 class EngineWorker:
     """Runs `model.engine` on its own thread; `submit` and `cancel` may be called from any thread."""
 
-    def __init__(self, model: Any, metrics: ServerMetrics, max_running: int, max_queue: int, on_fatal=None):
+    def __init__(self, model: Any, metrics: ServerMetrics, max_running: int, max_queue: int, on_fatal=None,
+                 gather_s: float = SERVE_GATHER_MS / 1e3):
         self.model, self.engine, self.metrics, self.on_fatal = model, model.engine, metrics, on_fatal
         self._tick = getattr(getattr(model, "runner", None), "tick", None)  # an idle heartbeat, or None
         self.broken: APIError | None = None  # set once a fatal error has ended the engine
@@ -101,6 +110,8 @@ class EngineWorker:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._n_open = 0  # tickets submitted and not yet closed
+        self._n_incoming = 0  # requests read and on their way to `submit`
+        self.gather_s = gather_s
         self._active: dict[int, Ticket] = {}  # engine thread only: seq_id -> ticket
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
@@ -108,6 +119,10 @@ class EngineWorker:
     @property
     def n_open(self) -> int:
         return self._n_open
+
+    @property
+    def n_incoming(self) -> int:
+        return self._n_incoming
 
     def start(self) -> None:
         self._thread.start()
@@ -117,6 +132,18 @@ class EngineWorker:
         if self._thread.is_alive():
             self._inbox.put(("stop", None))
             self._thread.join(timeout)
+
+    @contextlib.contextmanager
+    def incoming(self):
+        """Around a request's way from its body to its last `submit`: an idle engine waiting to
+        start a burst's prompts together waits for it too (at most `gather_s`)."""
+        with self._lock:
+            self._n_incoming += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._n_incoming -= 1
 
     def submit(self, ticket: Ticket) -> None:
         """Queue `ticket` for the engine; APIError 503 when the queue is full."""
@@ -161,14 +188,33 @@ class EngineWorker:
                 except queue.Empty:
                     self._tick()
             self._handle(*item)
+            self._gather()
             block = False
         try:
             item = self._inbox.get() if block else self._inbox.get_nowait()
             while True:
                 self._handle(*item)
+                if block:
+                    self._gather()
+                    block = False
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _gather(self) -> None:
+        """The engine was idle and a request came: take the ones coming with it (incoming, or
+        arriving within GATHER_QUIET_S of the last), for at most gather_s."""
+        now = time.perf_counter()
+        deadline, quiet = now + self.gather_s, now + GATHER_QUIET_S
+        while now < deadline and (self._n_incoming or now < quiet):
+            try:
+                item = self._inbox.get(timeout=min(deadline, max(quiet, now + 0.001)) - now)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                self._handle(*item)
+                quiet = time.perf_counter() + GATHER_QUIET_S
+            now = time.perf_counter()
 
     def _handle(self, what: str, ticket: Ticket | None) -> None:
         if what == "stop":

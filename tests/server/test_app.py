@@ -196,3 +196,24 @@ def test_n_choices_prefill_the_prompt_once(tiny_path):
         alone = [client.post("/v1/completions", json={**body, "seed": 3 + i}).json()["choices"][0]["text"]
                  for i in range(3)]
         assert texts == alone and len(set(alone)) == 3
+
+
+def test_requests_on_their_way_are_counted_until_submitted(tiny_path):
+    """The count an idle engine gathers on goes back to 0 after every request, answered or refused
+    on its way (a prompt past the context, n beyond the batch), streamed or not."""
+    import strata
+
+    app = create_app(lambda: strata.load(tiny_path, threads=1, max_batch=2, n_ctx=64),
+                     ServerConfig("tiny", max_running=2, max_queue=0))
+    with TestClient(app) as client:
+        _wait_for(client, "/health", 200)
+        worker = app.state.strata.worker
+        ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert ok.status_code == 200
+        long = client.post("/v1/completions", json={"prompt": "hi " * 200, "max_tokens": 2})
+        assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+        many = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "n": 3})
+        assert many.status_code == 503 and many.json()["error"]["code"] == "queue_full"
+        with client.stream("POST", "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True}) as r:
+            assert r.status_code == 200 and "[DONE]" in r.read().decode()
+        assert worker.n_incoming == 0 and worker.n_open == 0

@@ -1,10 +1,12 @@
 """The engine thread with a scripted engine (no model): events in order, a cancel lands before the
 next step, the engine's own refusals (EngineFull, a StrataError) and a failed step answer only
-the requests they concern, and admission control counts open requests."""
+the requests they concern, admission control counts open requests, and a burst of requests that
+wakes an idle engine starts in one step."""
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 
 import pytest
@@ -35,6 +37,7 @@ class ScriptedEngine:
         self.gate: threading.Semaphore | None = None
         self.full = False
         self.fail_next = False
+        self.delay = 0.0  # seconds each step takes
 
     @property
     def busy(self) -> bool:
@@ -53,6 +56,7 @@ class ScriptedEngine:
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("forward failed")
+        time.sleep(self.delay)
         self.running += list(self.waiting)
         self.waiting.clear()
         self.steps.append([s.seq_id for s in self.running])
@@ -104,9 +108,9 @@ def engine_full(monkeypatch):
     monkeypatch.setattr(strata.engine, "EngineFull", EngineFull, raising=False)
 
 
-def run_worker(body, max_queue: int = 8):
+def run_worker(body, max_queue: int = 8, gather_s: float = 0.05):
     model = FakeModel()
-    worker = EngineWorker(model, ServerMetrics(), max_running=2, max_queue=max_queue)
+    worker = EngineWorker(model, ServerMetrics(), max_running=2, max_queue=max_queue, gather_s=gather_s)
     worker.start()
     try:
         return asyncio.run(body(worker, model.engine))
@@ -192,3 +196,87 @@ def test_admission_counts_open_requests():
             engine.gate.release()
 
     run_worker(body, max_queue=1)
+
+
+def _submit_later(worker: EngineWorker, ticket: Ticket, after: float) -> threading.Thread:
+    """`ticket` on its way (incoming) for `after` seconds, then submitted: a request being tokenized."""
+    ready = threading.Event()
+
+    def run():
+        with worker.incoming():
+            ready.set()
+            time.sleep(after)
+            worker.submit(ticket)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+@pytest.mark.parametrize("gather_s", [5.0, 0.0])
+def test_a_burst_that_wakes_the_engine_starts_in_one_step(gather_s):
+    async def body(worker, engine):
+        loop = asyncio.get_running_loop()
+        first, second = Ticket(seq(0), loop), Ticket(seq(1), loop)
+        later = _submit_later(worker, second, 0.3)  # far past the quiet window: only `incoming` holds it
+        worker.submit(first)
+        await asyncio.gather(events(first), events(second))
+        later.join()
+        return engine.steps[0]
+
+    first_step = run_worker(body, gather_s=gather_s)
+    assert first_step == ([0, 1] if gather_s else [0])
+
+
+def test_a_lone_request_does_not_wait_out_the_gathering():
+    async def body(worker, engine):
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        ticket = Ticket(seq(0), loop)
+        worker.submit(ticket)
+        await events(ticket)
+        return time.perf_counter() - t0
+
+    assert run_worker(body, gather_s=30.0) < 10  # nothing was on its way: no wait for the 30 s
+
+
+def test_gathering_ends_after_gather_s_and_skips_a_busy_engine():
+    """A request stuck on its way holds an idle engine back at most gather_s; one that arrives
+    while sequences run starts at the next step, not held for the stuck one."""
+    async def body(worker, engine):
+        loop = asyncio.get_running_loop()
+        release, counted = threading.Event(), threading.Event()
+        stuck = Ticket(seq(9), loop)
+
+        def on_its_way():
+            with worker.incoming():
+                counted.set()
+                release.wait(30)
+            worker.submit(stuck)
+
+        thread = threading.Thread(target=on_its_way)
+        thread.start()
+        assert counted.wait(10)
+        t0 = time.perf_counter()
+        running = Ticket(seq(0, max_tokens=1000), loop)
+        worker.submit(running)
+        assert (await running.events.get()).kind == "added"
+        assert (await running.events.get()).text == "a"  # after the gathering gave up on the stuck one
+        waited = time.perf_counter() - t0
+        engine.delay = 0.005
+        t1 = time.perf_counter()
+        extra = Ticket(seq(1), loop)
+        worker.submit(extra)  # the engine is busy: no gathering, though the stuck one is still incoming
+        assert (await extra.events.get()).kind == "added"
+        assert (await extra.events.get()).text == "a"
+        joined = time.perf_counter() - t1
+        release.set()
+        thread.join()
+        worker.cancel(running)
+        await asyncio.gather(events(stuck), events(extra))
+        return waited, joined
+
+    waited, joined = run_worker(body, gather_s=0.5)
+    assert 0.5 <= waited < 10
+    assert joined < 0.25
