@@ -12,8 +12,9 @@
  *     to 9 bits; IQ3_S's 9th bits, stored apart in qh, added under a 16-bit mask loaded from qh;
  *     IQ2_S's and IQ1's high bits shifted into place from qh); IQ2_XXS's index bytes, which share
  *     their qwords with the aux words, picked by one VPERMB;
- *   - IQ1's rows come from its grid times 8, and each row's delta (+-1) is added: |w| and w's signs
- *     go on as IQ2's magnitudes and signs (unpack_iq1);
+ *   - IQ1's rows come from its grid times 8 plus 9, and each row's delta (+-1) is added: w + 9 in
+ *     [0, 18] multiplies the activations as an unsigned byte, with no signs, and 9 * (the sum of
+ *     the activations: their bsums) * weight is taken off per 16 values (unpack_iq1);
  *   - signs: IQ2_S's and IQ3_S's are stored as bits; the 7-bit ksigns indices of the others are
  *     moved to bytes (VPMULTISHIFTQB, or a shift of IQ2_XS's u16s) and given their eighth bit, the
  *     parity of the seven (the ksigns table's rule), by one GF2P8AFFINEQB, then put in row order
@@ -31,7 +32,9 @@
  * Measured on the Intel machine (Xeon with AVX-512 VBMI/GFNI, AMX; one thread, in cache, against
  * the AVX2 build's tiles in the same process, ns per block): IQ2_XXS 17.1-18.3 vs 20.8-23.5, IQ2_XS
  * 15.1-16.5 vs 19.8-19.9, IQ2_S 19.0-20.0 vs 28.4-30.6, IQ3_XXS 19.4-20.4 vs 25-29, IQ3_S 21-23 vs
- * 39-44, IQ1_S 24.6 vs 31.5, IQ1_M 22.0 vs 48.5. An earlier version looked the grids up
+ * 39-44, IQ1_S 24.6 vs 31.5, IQ1_M 22.0 vs 48.5; IQ1 as unsigned w + 9 (no signs to apply per token)
+ * then took 0.89-0.91 of the time of IQ1 as |w| and signs (benchmarks/ab_builds.py, decode, 300
+ * calls each, alternating; outputs differ only in the order of float additions). An earlier version looked the grids up
  * in registers instead (code tables of 2-3 bits per value, VPERMI2B, VPMULTISHIFTQB and a levels
  * VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
  * (the permutes all need the one shuffle port). Gathers are slow where the microcode mitigates
@@ -58,13 +61,15 @@
 
 enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M };
 
-/* IQ1's grid times 8 (values -8, 0, 8), made once when the library loads: a row gathered from it
- * plus the row's delta (+-1) is IQ1's integer value 8 g +- 1 (qdot_iq.c). */
-static int8_t iq1_grid8[2048][8] __attribute__((aligned(64)));
+/* IQ1's grid times 8, plus 9 (values 1, 9, 17), made once when the library loads: a row gathered
+ * from it plus the row's delta (+-1) is IQ1's integer value 8 g +- 1 (qdot_iq.c) plus 9, in
+ * [0, 18]: an unsigned byte, multiplied with the activations as they are; 9 * the sum of the
+ * activations (their bsums) is taken off per block. */
+static uint8_t iq1_grid_u[2048][8] __attribute__((aligned(64)));
 
-__attribute__((constructor)) static void make_iq1_grid8(void) {
+__attribute__((constructor)) static void make_iq1_grid_u(void) {
     for (int r = 0; r < 2048; r++)
-        for (int j = 0; j < 8; j++) iq1_grid8[r][j] = (int8_t)(8 * strata_iq1s_grid[r][j]);
+        for (int j = 0; j < 8; j++) iq1_grid_u[r][j] = (uint8_t)(8 * strata_iq1s_grid[r][j] + 9);
 }
 
 INLINE __m512i bytes64(const void *b) { return _mm512_loadu_si512(b); }
@@ -136,6 +141,7 @@ INLINE __m512i odd_weights(__m512i ls) {
  * 256 values (sg, value 8 g + j negative where bit j of byte g is set). */
 typedef struct {
     __m512i mag[4], w[4];
+    __m256i corr;   /* IQ1: -9 * the weight of each 16 values, int16 (mag is w + 9, no signs) */
     uint8_t sg[64] __attribute__((aligned(64)));
     uint32_t sc[16] __attribute__((aligned(64)));
 } unpacked;
@@ -218,8 +224,9 @@ INLINE void unpack_iq3(int fmt, const consts *k, const uint8_t *p, unpacked *u) 
     }
 }
 
-/* IQ1_S, IQ1_M: rows of 8 values from the grid times 8 (one VPGATHERQQ per 64 values), plus each
- * row's delta: w = 8 g +- 1, never 0, goes in as |w| with w's signs as the mask. Row r's index is
+/* IQ1_S, IQ1_M: rows of 8 values from the grid times 8 plus 9 (one VPGATHERQQ per 64 values), plus
+ * each row's delta: w + 9 = 8 g + 9 +- 1 in [0, 18] goes in as an unsigned magnitude with no signs,
+ * and corr takes 9 * (sum of a) * weight off per 16 values (the activations' bsums). Row r's index is
  * qs[r] and 3 high bits; IQ1_S keeps them in qh's u16 per 32 values (bits 3 l .. 3 l + 2 for row
  * 4 c + l), with ls in bits 12-14 and the delta's sign in bit 15; IQ1_M in a nibble per row (bit 3:
  * the delta's sign), its 3-bit scales one per 16 values in four u16 (whose top nibbles hold d). */
@@ -229,11 +236,13 @@ INLINE void unpack_iq1(int fmt, const consts *k, const uint8_t *p, unpacked *u) 
     if (fmt == IQ1_S) {
         const __m512i qh = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_s *)p)->qh)));
         wts = odd_weights(_mm512_and_si512(_mm512_srli_epi32(qh, 12), _mm512_set1_epi32(7)));   /* dword c: chunk c */
+        u->corr = _mm256_mullo_epi16(_mm512_castsi512_si256(wts), _mm256_set1_epi16(-9));   /* w_c twice per 32 values */
     } else {
         uint64_t sc;
         memcpy(&sc, ((const strata_block_iq1_m *)p)->scales, 8);
         wts = odd_weights(_mm512_and_si512(_mm512_multishift_epi64_epi8(k->iq1m_at, _mm512_set1_epi64((long long)sc)),
                                            _mm512_set1_epi32(7)));   /* dword k: 16 values k */
+        u->corr = _mm256_mullo_epi16(_mm512_cvtepi32_epi16(wts), _mm256_set1_epi16(-9));
     }
     _mm512_store_si512((void *)u->sc, wts);
 #pragma GCC unroll 4
@@ -254,9 +263,7 @@ INLINE void unpack_iq1(int fmt, const consts *k, const uint8_t *p, unpacked *u) 
         const __m512i rows = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(qs + 8 * z))),
                                              _mm512_slli_epi64(_mm512_and_si512(high, _mm512_set1_epi64(7)), 8));
         const __m512i delta = _mm512_mask_mov_epi64(_mm512_set1_epi8(1), neg_delta, _mm512_set1_epi8(-1));
-        const __m512i w = _mm512_add_epi8(_mm512_i64gather_epi64(rows, (const void *)iq1_grid8, 8), delta);
-        _store_mask64((__mmask64 *)(u->sg + 8 * z), _mm512_movepi8_mask(w));
-        u->mag[z] = _mm512_abs_epi8(w);
+        u->mag[z] = _mm512_add_epi8(_mm512_i64gather_epi64(rows, (const void *)iq1_grid_u, 8), delta);
         u->w[z] = fmt == IQ1_S ? two_weights(u, 1, z) : _mm512_permutexvar_epi32(k->spread[z], wts);
     }
 }
@@ -286,6 +293,14 @@ INLINE void vbmi_tile(int fmt, const consts *kc, int64_t bs, float factor, int n
         for (int t = 0; t < nt; t++) {
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
             __m512i isum = _mm512_setzero_si512();
+            if (fmt == IQ1_S || fmt == IQ1_M) {   /* unsigned magnitudes, no signs; the + 9 taken off */
+                isum = _mm512_zextsi256_si512(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), u.corr));
+#pragma GCC unroll 4
+                for (int z = 0; z < 4; z++)
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.mag[z], _mm512_loadu_si512((const void *)(ab->q + 64 * z))), u.w[z]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(wd * ab->d * factor), acc[t]);
+                continue;
+            }
 #pragma GCC unroll 4
             for (int z = 0; z < 4; z++) {   /* the mask loaded from memory (KMOVQ k, m64), not moved from a GPR */
                 const __mmask64 neg = _load_mask64((__mmask64 *)(u.sg + 8 * z));
