@@ -32,11 +32,11 @@
  * Measured on the Intel machine (Xeon with AVX-512 VBMI/GFNI, AMX; one thread, in cache, against
  * the AVX2 build's tiles in the same process, ns per block): IQ2_XXS 17.1-18.3 vs 20.8-23.5, IQ2_XS
  * 15.1-16.5 vs 19.8-19.9, IQ2_S 19.0-20.0 vs 28.4-30.6, IQ3_XXS 19.4-20.4 vs 25-29, IQ3_S 21-23 vs
- * 39-44, IQ1_S 24.6 vs 31.5, IQ1_M 22.0 vs 48.5; IQ1 as unsigned w + 9 (no signs to apply per token)
- * then took 0.89-0.91 of the time of IQ1 as |w| and signs (benchmarks/ab_builds.py, decode, 300
- * calls each, alternating; outputs differ only in the order of float additions). An earlier version looked the grids up
- * in registers instead (code tables of 2-3 bits per value, VPERMI2B, VPMULTISHIFTQB and a levels
- * VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
+ * 39-44, IQ1_S 24.6 vs 31.5, IQ1_M 22.0 vs 48.5; IQ1 as unsigned w + 9 (no signs to apply per
+ * token) then took 0.89-0.91 of the time of IQ1 as |w| and signs (benchmarks/ab_builds.py, decode,
+ * 300 calls each, alternating; outputs differ only in the order of float additions). An earlier
+ * version looked the grids up in registers instead (code tables of 2-3 bits per value, VPERMI2B,
+ * VPMULTISHIFTQB and a levels VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
  * (the permutes all need the one shuffle port). Gathers are slow where the microcode mitigates
  * Gather Data Sampling (Intel cores up to Ice Lake and Tiger Lake) and unmeasured on Zen 4, so
  * qdot.c takes these tiles only where strata_cpu_fast_gathers says so.
@@ -281,6 +281,7 @@ INLINE void unpack(int fmt, const consts *k, const uint8_t *p, unpacked *u) {
 INLINE void vbmi_tile(int fmt, const consts *kc, int64_t bs, float factor, int nt, int64_t k, const uint8_t *w,
                       const uint8_t *a, int64_t arb, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();   /* not the thread-local itself: qdot_avx2_common.h */
+    const int iq1 = fmt == IQ1_S || fmt == IQ1_M;   /* unsigned magnitudes, no signs; the + 9 taken off */
     __m512 acc[MAX_TOK];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
@@ -292,20 +293,13 @@ INLINE void vbmi_tile(int fmt, const consts *kc, int64_t bs, float factor, int n
                                                 : (uint16_t)(p[0] | p[1] << 8));
         for (int t = 0; t < nt; t++) {
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
-            __m512i isum = _mm512_setzero_si512();
-            if (fmt == IQ1_S || fmt == IQ1_M) {   /* unsigned magnitudes, no signs; the + 9 taken off */
-                isum = _mm512_zextsi256_si512(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), u.corr));
-#pragma GCC unroll 4
-                for (int z = 0; z < 4; z++)
-                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.mag[z], _mm512_loadu_si512((const void *)(ab->q + 64 * z))), u.w[z]);
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(wd * ab->d * factor), acc[t]);
-                continue;
-            }
+            __m512i isum = iq1 ? _mm512_zextsi256_si512(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab->bsums), u.corr))
+                               : _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int z = 0; z < 4; z++) {   /* the mask loaded from memory (KMOVQ k, m64), not moved from a GPR */
-                const __mmask64 neg = _load_mask64((__mmask64 *)(u.sg + 8 * z));
                 const __m512i av = _mm512_loadu_si512((const void *)(ab->q + 64 * z));
-                const __m512i sa = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                const __m512i sa = iq1 ? av : _mm512_mask_sub_epi8(av, _load_mask64((__mmask64 *)(u.sg + 8 * z)),
+                                                                   _mm512_setzero_si512(), av);
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(u.mag[z], sa), u.w[z]);
             }
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(wd * ab->d * factor), acc[t]);

@@ -10,9 +10,10 @@ requests are open at once; more are refused with 503 before they reach the engin
 sequence the engine itself refuses as full (`strata.engine.EngineFull`, where it exists).
 Requests that arrive together start together: when a request wakes an idle engine, the thread
 first gathers the requests still on their way (`incoming`: read, not yet submitted; and any that
-come within `GATHER_QUIET_S` of the last) for at most `gather_s` (`strata serve --gather-ms`), so a burst of prompts is
-prefilled in one step (each expert read once for all of them) and their streams decode in step,
-rather than the first prompt's stream pausing for the others' prefill a step later.
+come within `GATHER_QUIET_S` of the last) for at most `gather_s` (`strata serve --gather-ms`), so
+a burst of prompts is prefilled in one step (each expert read once for all of them) and their
+streams decode in step, rather than the first prompt's stream pausing for the others' prefill a
+step later.
 Expert parallelism: when the model's runner has a `tick` (rank 0's `LeadRunner`), the idle thread
 calls it every `tick_s` (the ranks' heartbeat); an error marked `fatal` (a rank died or hangs)
 fails every open request with 503, refuses new ones with 503 and calls `on_fatal` (the server
@@ -180,33 +181,33 @@ class EngineWorker:
             self._fail_all(APIError(503, "the server is shutting down", code="shutting_down"), drain=True)
 
     def _drain(self, block: bool) -> None:
-        if block and self._tick is not None:  # idle: a heartbeat each tick_s until something arrives
-            while True:
-                try:
-                    item = self._inbox.get(timeout=self.model.runner.tick_s)
-                    break
-                except queue.Empty:
-                    self._tick()
-            self._handle(*item)
+        """Handle what the inbox holds; with `block` (the engine is idle) first wait for something,
+        then gather the requests that come with it."""
+        if block:
+            self._handle(*self._wait())
             self._gather()
-            block = False
         try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
             while True:
-                self._handle(*item)
-                if block:
-                    self._gather()
-                    block = False
-                item = self._inbox.get_nowait()
+                self._handle(*self._inbox.get_nowait())
         except queue.Empty:
             pass
+
+    def _wait(self) -> tuple:
+        """The inbox's next item; with a heartbeat (`tick`), one each tick_s until it comes."""
+        if self._tick is None:
+            return self._inbox.get()
+        while True:
+            try:
+                return self._inbox.get(timeout=self.model.runner.tick_s)
+            except queue.Empty:
+                self._tick()
 
     def _gather(self) -> None:
         """The engine was idle and a request came: take the ones coming with it (incoming, or
         arriving within GATHER_QUIET_S of the last), for at most gather_s."""
         now = time.perf_counter()
         deadline, quiet = now + self.gather_s, now + GATHER_QUIET_S
-        while now < deadline and (self._n_incoming or now < quiet):
+        while now < deadline and not self._stopping and (self._n_incoming or now < quiet):
             try:
                 item = self._inbox.get(timeout=min(deadline, max(quiet, now + 0.001)) - now)
             except queue.Empty:

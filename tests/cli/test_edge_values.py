@@ -23,7 +23,8 @@ def _cases(model: str, text: str) -> list[list[str]]:
               bench + ["--batch", "0"], bench + ["--ctx", HUGE]]
     cases += [ppl + ["--ctx", "0"], ppl + ["--ctx", "-1"], ppl + ["--ctx", HUGE]]
     cases += [["serve", model, "--port", "-1"], ["serve", model, "--port", "70000"], ["serve", model, "--max-batch", "0"],
-              ["serve", model, "--max-queue", "-1"], ["serve", model, "--ctx", "0"]]
+              ["serve", model, "--max-queue", "-1"], ["serve", model, "--ctx", "0"],
+              ["serve", model, "--gather-ms", "-1"], ["serve", model, "--gather-ms", HUGE]]
     cases += [["chat", model, "--temperature", "-1"], ["chat", model, "--ctx", "-1"], ["chat", model, "-n", "-1"]]
     cases += [["inspect", model, "--placement", "--ctx", "0"], ["inspect", model, "--placement", "--ctx", "-1"]]
     return cases

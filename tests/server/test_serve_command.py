@@ -17,6 +17,8 @@ def test_bad_options(capsys, tiny_path, tmp_path):
     assert "--max-batch: expected an integer >= 1 and <= 4096, found 0" in capsys.readouterr().err
     assert main(["serve", str(tiny_path), "--max-queue", "-1"]) == 1
     assert "--max-queue" in capsys.readouterr().err
+    assert main(["serve", str(tiny_path), "--gather-ms", "-1"]) == 1
+    assert "--gather-ms: expected an integer >= 0 and <= 10000, found -1" in capsys.readouterr().err
 
 
 def test_a_model_that_fails_to_load_ends_the_server(tmp_path):
