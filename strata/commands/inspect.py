@@ -105,7 +105,7 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     """Where experts would start and where reads would come from, for the budgets in `args`, in
     the expert memory `strata.load` would build for them: the paged memory's one pool of RAM slots
     (packed compute on the CPU), else the tiered memory's device and host slots."""
-    from strata.engine.api import resolve_compute, resolve_device, resolve_dtype
+    from strata.engine.resolve import resolve_compute, resolve_device, resolve_dtype
     from strata.engine.build import memory_config_for, ram_budget, reserved_bytes
     from strata.engine.kv_cache import KVCache, kv_type_name
     from strata.memory.machine import Machine
@@ -183,7 +183,7 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
 
 def run_verdict(args: argparse.Namespace, model) -> dict[str, Any]:
     """Whether the file runs with the compute path `strata generate` would take (or --compute)."""
-    from strata.engine.api import resolve_compute, resolve_device
+    from strata.engine.resolve import resolve_compute, resolve_device
     from strata.engine.verdict import verdict
 
     device = resolve_device(getattr(args, "device", "cpu"))

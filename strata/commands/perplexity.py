@@ -66,6 +66,8 @@ def _load_base(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.batch_size is not None and args.batch_size < 1:
+        raise StrataError(f"--batch-size {args.batch_size}: expected a positive number of tokens per forward pass")
     if args.save_logits:
         _check_output(args.save_logits)
     base = _load_base(args.kl_divergence) if args.kl_divergence else None
@@ -85,7 +87,7 @@ def _run(args: argparse.Namespace, model, text: str, base: dict | None) -> int:
     progress = Progress(json_out=args.json)
     if not args.json:
         print(f"perplexity: {len(tokens)} tokens in chunks of {n_ctx}", file=sys.stderr)
-    result = model.perplexity(tokens, n_ctx=n_ctx, keep_logits=keep, on_chunk=progress)
+    result = model.perplexity(tokens, n_ctx=n_ctx, keep_logits=keep, on_chunk=progress, batch_size=args.batch_size)
     progress.close()
     report = {"model": str(model.path), "n_tokens": len(tokens), **result.to_dict()}
     if args.save_logits:
@@ -162,6 +164,9 @@ def add_parser(subparsers) -> None:
     add_model_args(p)
     p.add_argument("-f", "--file", required=True, help="UTF-8 text file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("-b", "--batch-size", type=int, default=None, metavar="N",
+                   help="tokens per forward pass (default: a whole chunk at once); 1 scores one token at a time, "
+                        "so the expert memory (misses, stand-ins) meets the experts as decoding does")
     p.add_argument("--save-logits", metavar="PATH", help="save the scored logits for a later --kl-divergence")
     p.add_argument("--kl-divergence", metavar="BASE", help="compare with logits saved by --save-logits")
     add_save_routing_arg(p)

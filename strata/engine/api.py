@@ -12,6 +12,7 @@ Must not: touch weights, files or kernels directly (models, memory and native do
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import time
@@ -34,7 +35,7 @@ from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
 
 from .build import MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for, prefix_cache_blocks
-from .config import MemoryConfig, check_engine
+from .config import MemoryConfig, check_engine, check_int
 from .engine import Engine
 from .kv_cache import KVCache, blocks_for
 from .scheduler import MAX_STEP_TOKENS
@@ -44,37 +45,9 @@ from .sampling import FIELDS, SamplingParams
 from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
 from .verdict import check_runs
+from .resolve import resolve_compute, resolve_device, resolve_dtype
 
-DTYPES = {"float32": torch.float32, "f32": torch.float32, "float16": torch.float16, "f16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 DEFAULT_SLOTS = 4  # sequences decoded together at most
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' as a torch.device, or a StrataError saying what is wrong."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise StrataError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise StrataError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise StrataError(f"device {device!r}: no CUDA GPU is available to this torch ({torch.__version__})")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise StrataError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """The compute dtype: float32 on the CPU and bfloat16 on CUDA unless one is given."""
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype.lower() in DTYPES:
-        return DTYPES[dtype.lower()]
-    raise StrataError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
 
 
 class Model:
@@ -185,24 +158,31 @@ class Model:
 
     # -- logits --------------------------------------------------------------------------------
 
-    def logits(self, token_ids: Seq[int]) -> torch.Tensor:
-        """Logits [T, V] (float32, CPU) of every position of `token_ids`, as one fresh sequence."""
+    def logits(self, token_ids: Seq[int], batch_size: int | None = None) -> torch.Tensor:
+        """Logits [T, V] (float32, CPU) of every position of `token_ids`, as one fresh sequence,
+        `batch_size` tokens per forward pass (None: all at once; 1: one at a time, as decoding)."""
         ids = self.check_token_ids(token_ids, "logits")
         if not 0 < len(ids) <= self.n_ctx:
             raise StrataError(f"logits of {len(ids)} tokens: expected 1 to n_ctx={self.n_ctx} tokens")
-        slot = self.cache.allocate()
+        step = len(ids) if batch_size is None else check_int("batch_size", batch_size, 1, None)
+        slot, out = self.cache.allocate(), []
         try:
-            batch = self.cache.batch([slot], [0], [len(ids)], self.device)
-            tokens = torch.tensor(ids, dtype=torch.long, device=self.device)
-            return self.runner(tokens, batch, self.cache, all_logits=True).cpu()
+            for start in range(0, len(ids), step):
+                piece = ids[start:start + step]
+                batch = self.cache.batch([slot], [start], [len(piece)], self.device)
+                tokens = torch.tensor(piece, dtype=torch.long, device=self.device)
+                out.append(self.runner(tokens, batch, self.cache, all_logits=True).cpu())
+            return torch.cat(out)
         finally:
             self.cache.free(slot)
 
     def perplexity(self, token_ids: Seq[int], n_ctx: int | None = None, keep_logits: bool = False,
-                   on_chunk: Callable[[ChunkDone], None] | None = None) -> PerplexityResult:
+                   on_chunk: Callable[[ChunkDone], None] | None = None,
+                   batch_size: int | None = None) -> PerplexityResult:
         """Perplexity of `token_ids` in chunks of `n_ctx` tokens, scored as llama.cpp's tool does;
-        `on_chunk(ChunkDone)` after each chunk (the running PPL, for progress)."""
-        return perplexity(self.logits, self.check_token_ids(token_ids, "perplexity"), n_ctx or self.n_ctx,
+        `on_chunk(ChunkDone)` after each chunk (the running PPL, for progress); `batch_size`: as `logits`'."""
+        return perplexity(functools.partial(self.logits, batch_size=batch_size),
+                          self.check_token_ids(token_ids, "perplexity"), n_ctx or self.n_ctx,
                           self.tokenizer.special.bos if self.tokenizer.special.add_bos else None, keep_logits, on_chunk)
 
     # -- generation ----------------------------------------------------------------------------
@@ -375,22 +355,6 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def resolve_compute(compute: str | None, device: torch.device, dtype: str | torch.dtype | None) -> str:
-    """'packed' or 'float'. Default: packed on the CPU (the native kernels compute from the file's
-    blocks) unless a dtype other than float32 is asked for; float on CUDA."""
-    if compute in (None, "auto"):
-        wants_float32 = dtype is None or resolve_dtype(dtype, device) == torch.float32
-        return "packed" if device.type == "cpu" and wants_float32 else "float"
-    if compute not in ("packed", "float"):
-        raise StrataError(f"unknown compute {compute!r}: expected 'auto', 'packed' or 'float'")
-    if compute == "packed" and device.type != "cpu":
-        raise StrataError(f"compute 'packed' runs on the CPU; on {device} use 'float'")
-    if compute == "packed" and dtype is not None and resolve_dtype(dtype, device) != torch.float32:
-        raise StrataError(f"compute 'packed' computes in float32 (activations rounded to 8-bit blocks); "
-                          f"dtype {dtype} needs compute 'float'")
-    return compute
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,

@@ -21,7 +21,7 @@ def _cases(model: str, text: str) -> list[list[str]]:
               gen + ["--prefetch-depth", "-1"]]
     cases += [bench + ["-p", "0"], bench + ["-n", "0"], bench + ["-p", "-3"], bench + ["--reps", "0"],
               bench + ["--batch", "0"], bench + ["--ctx", HUGE]]
-    cases += [ppl + ["--ctx", "0"], ppl + ["--ctx", "-1"], ppl + ["--ctx", HUGE]]
+    cases += [ppl + ["--ctx", "0"], ppl + ["--ctx", "-1"], ppl + ["--ctx", HUGE], ppl + ["-b", "0"], ppl + ["-b", "-2"]]
     cases += [["serve", model, "--port", "-1"], ["serve", model, "--port", "70000"], ["serve", model, "--max-batch", "0"],
               ["serve", model, "--max-queue", "-1"], ["serve", model, "--ctx", "0"],
               ["serve", model, "--gather-ms", "-1"], ["serve", model, "--gather-ms", HUGE]]

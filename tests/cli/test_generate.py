@@ -47,6 +47,19 @@ def test_perplexity_save_logits_and_kl_divergence(cli, qwen3, tmp_path):
     assert code == 0 and "Final estimate: PPL = " in out and "top-1 agreement" in out
 
 
+def test_perplexity_batch_size(cli, qwen3, tmp_path):
+    """-b 1 scores one token per pass: the API's figure with batch_size=1, close to one pass's."""
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(corpus(80, seed=5)), encoding="utf-8")
+    args = ("perplexity", qwen3.gguf("q8_0"), "-f", text, "--ctx", "32", "--json", "--threads", "1")
+    (code, whole, _), (code1, one, _) = cli(*args), cli(*args, "-b", "1")
+    a, b = json.loads(whole), json.loads(one)
+    assert code == code1 == 0 and b["n_scored"] == a["n_scored"] > 0
+    assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-3)
+    with strata.load(qwen3.gguf("q8_0"), threads=1, n_ctx=32) as m:
+        assert b["ppl"] == pytest.approx(m.perplexity(m.tokenize(text.read_text()), 32, batch_size=1).ppl, rel=1e-9)
+
+
 def _one_error_line(code: int, err: str, needle: str) -> None:
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and lines[0].startswith("strata: error: ") and needle in lines[0], err
