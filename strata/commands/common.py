@@ -85,8 +85,9 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
                         "runtime quantizes and multiplies: q2_k, q4_k, q6_k, q8_0), counted in --host-mem, and "
                         "compute a miss from it instead of waiting for its read (default: off)")
     g.add_argument("--stand-in-mode", choices=("background", "instead"), default=None,
-                   help="with --miss-stand-in: background (default) still reads the missed expert, without "
-                        "waiting, so its next use hits; instead: never reads it")
+                   help="with --miss-stand-in: background (default) reads a missed expert without waiting "
+                        "for it when a slot is free or it is used more often than the expert it would replace "
+                        "(the slots follow the hottest experts); instead: only into a free slot")
     g.add_argument("--hybrid", action="store_true", default=None,
                    help="cuda: compute missed experts that host RAM holds on the CPU (native kernels) while the "
                         "GPU runs the others, when measured costs say that beats copying them")

@@ -203,6 +203,17 @@ class HostTier:
             slot, evicted = self.policy.admit(li, expert)
             return self._start(layer, expert, slot, evicted, prefetch=False)
 
+    def load_over(self, layer: int, expert: int, value: float) -> HostLoad | None:
+        """`load`, but a miss takes only a free slot or one whose expert's keep value is below
+        `value` (`ExpertPolicy.admit_over`); None when refused."""
+        with self._lock:
+            li = self._index(layer)
+            found = self._resident(layer, li, expert)
+            if found is not None:
+                return found
+            admitted = self.policy.admit_over(li, expert, value)
+            return None if admitted is None else self._start(layer, expert, *admitted, prefetch=False)
+
     def prefetch(self, layer: int, expert: int, prob: float = 1.0) -> HostLoad | None:
         """Load a predicted expert (needed with probability `prob`) if the policy finds it a slot
         without displacing anything worth more; None when refused. Resident: returns its load."""

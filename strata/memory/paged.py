@@ -20,8 +20,10 @@ experts are all in their slots, handing the others back to the memory.
 
 Miss stand-ins (`miss_stand_in="q2_k"`, `strata.memory.standin`): a low-bit copy of every expert,
 built at load and taken from the budget; a miss is then computed from its stand-in at once. In
-"background" mode the full expert's read is queued without waiting for it (so its next use hits);
-those reads finish by the layer's next acquire or the next `check_fixed` (before a decode program
+"background" mode the full expert's read is queued without waiting for it (so its next use hits)
+when a slot is free or the expert is used more often (decayed use rate) than the one it would
+evict: with the stand-ins taking most of the budget, reading every miss would evict experts
+about to be used again and read several times the bytes of no stand-ins at all. Those reads finish by the layer's next acquire or the next `check_fixed` (before a decode program
 step), which keeps the page table exact for the program. In "instead" mode a miss is read (in the
 background) only into a free slot: once a layer's slots are full nothing is read or evicted.
 
@@ -39,6 +41,7 @@ import torch
 from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
+from strata.units import format_bytes
 
 from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
 from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
@@ -46,7 +49,7 @@ from .host import HostLoad, HostTier
 from .machine import Machine
 from .placement import estimate, warn_if_slow
 from .policy import PoolExhaustedError
-from .standin import DEFAULT_STAND_IN_MODE, StandIns, check_stand_in_mode, stand_in_type
+from .standin import DEFAULT_STAND_IN_MODE, StandIns, check_stand_in_mode, stand_in_bytes, stand_in_type
 from .startup import place_initial
 from .stats import MemoryStats, Residency
 
@@ -83,10 +86,12 @@ class PagedExpertMemory(ExpertMemory):
         self.n_experts = model_file.hparams.n_experts
         budget = parse_bytes(host_mem, "host memory budget (--host-mem)")
         self.stand_in_mode = check_stand_in_mode(stand_in_mode or DEFAULT_STAND_IN_MODE)
-        self.stand_ins = None if miss_stand_in is None else StandIns(model_file, stand_in_type(miss_stand_in),
-                                                                     self.layers, pager_threads)
-        if self.stand_ins is not None and isinstance(budget, int):
-            budget = _slots_budget(budget, self.stand_ins)
+        self.stand_ins = None
+        if miss_stand_in is not None:
+            t = stand_in_type(miss_stand_in)
+            if isinstance(budget, int):  # checked before minutes of building and gigabytes of copies
+                budget = _slots_budget(model_file, budget, t, stand_in_bytes(model_file, t, self.layers))
+            self.stand_ins = StandIns(model_file, t, self.layers, pager_threads)
         self._background: set[int] = set()  # layers with reads in flight nobody waits for (stand-in misses)
         if direct is None and isinstance(budget, int) and budget >= host_budget_for_slots(model_file, self.n_experts):
             # Every expert gets a slot and none is ever evicted: the pool is the model's RAM, so
@@ -178,20 +183,20 @@ class PagedExpertMemory(ExpertMemory):
                              [e if s < 0 else -1 for e, s in zip(ids, slots)])
 
     def _background_loads(self, layer: int, misses: list[tuple[int, int]]) -> list[tuple[int, int, HostLoad]]:
-        """Stand-ins serve `misses` (position, expert): in "background" mode queue their reads,
-        waited for by nobody in this acquire (a layer whose slots are all busy skips the rest); in
-        "instead" mode only into free slots (nothing evicted: the slots fill once, then stay)."""
+        """Stand-ins serve `misses` (position, expert); queue the reads of those worth a slot,
+        waited for by nobody in this acquire: in "background" mode a missed expert takes a free
+        slot or the slot of an expert used less often than itself (the slots follow the hottest
+        experts; a miss never evicts a hotter one), in "instead" mode only a free slot (the slots
+        fill once, then stay)."""
         loads = []
         li = self.layers.index(layer)
-        policy = self.host.policy
+        rates = self.host.policy.use_rate(li) if self.stand_in_mode == "background" else None
         for i, e in misses:
-            if self.stand_in_mode == "instead" and (policy.page_table[li] >= 0).sum() >= policy.budgets[li]:
-                break
             try:
-                load = self.host.load(layer, e)
+                load = self.host.load_over(layer, e, 0.0 if rates is None else float(rates[e]))
             except PoolExhaustedError:
                 break
-            if not load.hit:
+            if load is not None and not load.hit:
                 loads.append((i, e, load))
         if loads:
             self._background.add(layer)
@@ -279,13 +284,16 @@ class PagedExpertMemory(ExpertMemory):
 
 
 
-def _slots_budget(budget: int, stand_ins: StandIns) -> int:
-    """What the stand-ins leave of the budget for the slots (they are counted in it)."""
-    left = budget - stand_ins.nbytes
-    if left <= 0:
-        raise StrataError(f"host memory budget {budget} bytes: the {stand_ins.type.name} miss stand-ins take "
-                          f"{stand_ins.nbytes} bytes of it and leave nothing for the experts' slots")
-    return left
+def _slots_budget(model_file: ModelFile, budget: int, t, size: int) -> int:
+    """What stand-ins of `size` bytes of type `t` leave of the budget for the slots (they are
+    counted in it), or a one-line error when that is less than each layer's top-k slots."""
+    need = host_budget_for_slots(model_file, model_file.hparams.n_experts_used)
+    if budget - size < need:
+        raise StrataError(f"host memory budget {budget} bytes ({format_bytes(budget)}) is too small for "
+                          f"{model_file.path.name} with {t.name} miss stand-ins: they take {format_bytes(size)} and "
+                          f"each layer's top-{model_file.hparams.n_experts_used} slots need {format_bytes(need)} more; "
+                          f"give at least {format_bytes(size + need)} or leave out --miss-stand-in")
+    return budget - size
 
 
 __all__ = ["PagedExpertMemory"]

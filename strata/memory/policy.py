@@ -229,12 +229,17 @@ class ExpertPolicy:
     def admit_prefetch(self, layer: int, expert: int, prob: float) -> tuple[int, int | None] | None:
         """Like `admit` for a predicted expert (needed with probability `prob`), but only into a
         free slot or over a victim worth less than prob / prefetch_margin; None when refused."""
+        return self.admit_over(layer, expert, prob / self.config.prefetch_margin)
+
+    def admit_over(self, layer: int, expert: int, value: float) -> tuple[int, int | None] | None:
+        """Like `admit`, but only into a free slot or over a victim whose keep value is below
+        `value`; None when refused (nothing changed)."""
         layer, expert = self._layer(layer), self._expert(expert)
         self._check_absent(layer, expert)
         slot = self._free_slot(layer)
         if slot is None:
             slot, keep = self._victim(layer)
-            if slot is None or keep * self.config.prefetch_margin >= prob:
+            if slot is None or keep >= value:
                 return None
         return slot, self._install(layer, expert, slot)
 

@@ -9,8 +9,9 @@ routed expert of the file is dequantized and quantized again into `TYPE` (Q2_K: 
 weight, against 4.5 for Q4_K), or copied when the file already stores it so. The
 paged memory counts these bytes in its budget and, on a miss, hands the expert's stand-in to the
 compute instead of making it wait for the full expert's read (HOBBIT's idea): in "background"
-mode the full expert is still read, without waiting, so its next use hits; in "instead" mode it
-is read only into a free slot (the slots fill once and then stay: no eviction, no more reads).
+mode the full expert is still read, without waiting, so its next use hits, when a slot is free or
+it is used more often than the expert it would evict; in "instead" mode it is read only into a
+free slot (the slots fill once and then stay: no eviction, no more reads).
 
 Only types the native runtime both quantizes and multiplies packed are stand-in types.
 Must not compute: it moves and converts bytes (the native quantizers do the arithmetic).
@@ -98,6 +99,16 @@ class StandIns:
         return native.MoePart(out.reshape(-1), self.type, n_rows, row_len)
 
 
+def stand_in_bytes(model_file: ModelFile, t: GGMLType, layers) -> int:
+    """Bytes the stand-ins of `layers` in type `t` take, from the file's shapes (nothing built)."""
+    n = 0
+    for layer in layers:
+        for part in PARTS:
+            n_rows, row_len = check_rows(model_file, t, layer, part)
+            n += model_file.hparams.n_experts * n_rows * row_bytes(t, row_len)
+    return n
+
+
 def check_rows(model_file: ModelFile, t: GGMLType, layer: int, part: str) -> tuple[int, int]:
     """(rows, row length) of `part`'s expert matrices in `layer`, or a StandInError when their rows
     are not whole blocks of `t`."""
@@ -128,4 +139,4 @@ def requantized(model_file: ModelFile, t: GGMLType, layer: int, part: str, n_thr
 
 
 __all__ = ["DEFAULT_STAND_IN_MODE", "STAND_IN_MODES", "StandInError", "StandIns", "check_rows", "check_stand_in_mode",
-           "requantized", "stand_in_type", "stand_in_types"]
+           "requantized", "stand_in_bytes", "stand_in_type", "stand_in_types"]

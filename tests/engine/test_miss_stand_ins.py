@@ -17,6 +17,7 @@ from strata.gguf import PARTS, open_model
 from strata.memory.budget import host_budget_for_slots
 from strata.memory.policy import READY
 from strata.quant import GGMLType, row_bytes
+from strata.units import format_bytes
 from tests.fixtures.tiny import zoo
 
 T = GGMLType
@@ -88,11 +89,28 @@ def test_budget_counts_the_stand_ins(tiny):
         t = m.memory_stats().totals()
         assert t["stand_in_bytes"] == _stand_in_bytes(path) and t["stand_in_type"] == "Q2_K"
         from strata.commands.tiers import format_memory_stats
-        from strata.units import format_bytes
         assert f"miss stand-ins: Q2_K copies of every expert in RAM, {format_bytes(_stand_in_bytes(path))}" \
             in format_memory_stats(m.memory_stats(), m.device)
     with pytest.raises(StrataError, match="too small"):  # the stand-ins leave too little for top-k slots
         _load(path, host_mem=_budget(path, 2) + _stand_in_bytes(path) - 4096, miss_stand_in="q2_k")
+
+
+def test_a_budget_too_small_for_the_stand_ins_is_refused_before_building_them(tiny, monkeypatch):
+    """The check comes from the file's shapes: nothing quantized or copied (a budget under a
+    memory limit would otherwise be killed by the copies before the refusal)."""
+    import strata.memory.paged as paged
+
+    path = tiny.gguf(None)
+    built = []
+    monkeypatch.setattr(paged, "StandIns", lambda *a, **k: built.append(a) or pytest.fail("stand-ins built"))
+    need = _budget(path, 2) + _stand_in_bytes(path)
+    for budget in (_stand_in_bytes(path) // 2, need - 4096):
+        with pytest.raises(StrataError) as e:
+            _load(path, host_mem=budget, miss_stand_in="q2_k")
+        msg = str(e.value)
+        assert "too small" in msg and "Q2_K miss stand-ins" in msg and "--miss-stand-in" in msg
+        assert format_bytes(need) in msg and format_bytes(_stand_in_bytes(path)) in msg
+    assert not built
 
 
 def test_stand_in_bytes_are_the_file_experts_requantized(tiny):
@@ -172,6 +190,44 @@ def test_background_mode_reads_the_missed_expert_for_its_next_use(tiny):
         mem.release(layer, [e])
         t = m.memory_stats().totals()
         assert (t["stand_ins"], t["device_hits"], t["disk_reads"]) == (1, 1, 1)
+
+
+def test_background_mode_never_evicts_a_hotter_expert_for_a_miss(tiny):
+    """A full layer: a miss of an expert used less often than every resident one is served by its
+    stand-in and not read; once it is used more often than one of them, its read evicts that one."""
+    path = tiny.gguf(None)
+    with _load(path, host_mem=_budget(path, 2) + _stand_in_bytes(path), miss_stand_in="q2_k") as m:
+        mem, layer = m.memory, m.memory.layers.layer(0)
+        li, policy = mem.layers.index(layer), m.memory.host.policy
+        resident = [int(e) for e in np.flatnonzero(mem.page_table[li] >= 0)]
+        for e in range(mem.n_experts):  # fill the layer's two slots
+            if len(resident) == 2:
+                break
+            if e not in resident:
+                mem.start_packed(layer, [e])
+                mem.release(layer, [e])
+                mem.check_fixed()
+                resident.append(e)
+        cold, hot = (e for e in range(mem.n_experts) if e not in resident)
+        for _ in range(40):
+            policy.record(li, np.array(resident))
+        reads = m.memory_stats().totals()["disk_reads"]
+        for e in (cold, cold):
+            mem.observe(layer, torch.tensor([[e]]))
+            held = mem.start_packed(layer, [e])
+            assert held.stand_in_index == [e]
+            mem.release(layer, [e])
+            mem.check_fixed()
+        assert m.memory_stats().totals()["disk_reads"] == reads and sorted(resident) == \
+            sorted(int(e) for e in np.flatnonzero(mem.page_table[li] >= 0))
+        for _ in range(300):
+            policy.record(li, np.array([resident[0], hot]))  # resident[1] cools down, hot heats up
+        held = mem.start_packed(layer, [hot])
+        assert held.stand_in_index == [hot]
+        mem.release(layer, [hot])
+        mem.check_fixed()
+        assert m.memory_stats().totals()["disk_reads"] == reads + 1
+        assert mem.page_table[li, hot] >= 0 and mem.page_table[li, resident[1]] < 0 and mem.page_table[li, resident[0]] >= 0
 
 
 def test_decoding_with_stand_ins_runs_the_program_and_counts_them(tiny):

@@ -208,6 +208,25 @@ def test_prefetch_displaces_only_colder_experts():
     assert evicted in (0, 1) and policy.slot_state[slot] == LOADING
 
 
+def test_admit_over_takes_a_free_slot_or_a_colder_victim_only():
+    policy = _policy(2)
+    assert policy.admit_over(0, 4, 0.0) is not None  # a free slot: taken whatever the value
+    policy.complete(0, 4)
+    _load(policy, 0, 1)
+    for _ in range(50):
+        policy.record(0, np.array([4, 1]))  # keep values near 1
+    before = policy.page_table.copy()
+    rate = float(policy.use_rate(0)[1])
+    assert policy.admit_over(0, 6, rate) is None  # not above the coldest: refused, nothing changed
+    assert (policy.page_table == before).all()
+    for _ in range(300):
+        policy.record(0, np.array([4, 6]))  # 1 cools down, 6 heats up
+    policy.pin(0, 4)
+    slot, evicted = policy.admit_over(0, 6, float(policy.use_rate(0)[6]))
+    assert evicted == 1 and policy.slot_state[slot] == LOADING and policy.lookup(0, 1) is None
+    assert policy.admit_over(0, 7, 1e9) is None  # left: one pinned, one loading; neither is a victim
+
+
 def test_seeded_counts_give_the_initial_placement():
     counts = np.zeros((2, 8))
     counts[0, [5, 2, 7]] = [30, 20, 10]
