@@ -283,7 +283,6 @@ class PagedExpertMemory(ExpertMemory):
         self.host.close()
 
 
-
 def _slots_budget(model_file: ModelFile, budget: int, t, size: int) -> int:
     """What stand-ins of `size` bytes of type `t` leave of the budget for the slots (they are
     counted in it), or a one-line error when that is less than each layer's top-k slots."""
