@@ -143,7 +143,7 @@ static const qdot_row TILES[] = {
     ROW(IQ1_S, Q8K, iq1_s, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(TQ1_0, Q8K, tq1_0, NONE, 0),
+    ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
     ROW(TQ2_0, Q8K, tq2_0, NONE, 0),
     ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
     ROW(NVFP4, Q8, nvfp4, NONE, 0),

@@ -254,4 +254,7 @@ STRATA_DECLARE_QTILE(iq4_xs, avx512)
 STRATA_DECLARE_QTILE(q2_k, avx512)
 STRATA_DECLARE_QTILE(q3_k, avx512)
 
+/* qdot_iq4_avx2_evex.c: TQ1_0 on 512-bit vectors */
+STRATA_DECLARE_QTILE(tq1_0, avx512)
+
 #endif

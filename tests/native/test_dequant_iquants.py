@@ -99,6 +99,11 @@ def test_type_support_reports_the_native_tables():
             assert s.families == ("scalar", "avx2", "avx512") and s.runs == native.default_impl(), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
             continue
+        if t == T.TQ1_0 and "avx512" in s.families:  # AVX-512 decode of its own, prefill the AVX2 build
+            assert s.families == ("scalar", "avx2", "avx512"), s   # (test_qdot_tq1_avx512.py)
+            assert (s.runs, s.decode_runs) == {"avx512": ("avx2", "avx512")}.get(native.default_impl(),
+                                                                               (native.default_impl(),) * 2), s
+            continue
         if "avx512" in s.families:  # the grid i-quants: AVX2 tiles, AVX-512 VNNI prefill (test_qdot_iq_vnni.py)
             assert s.families == ("scalar", "avx2", "avx512"), s
             prefill = "avx2" if native.cpu_splits_512() else "avx512"  # Zen 4: the AVX2 build (qdot.c)

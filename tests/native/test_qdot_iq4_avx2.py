@@ -62,9 +62,9 @@ def exact_tokens(t: GGMLType, n_tok: int, row_len: int, rng: np.random.Generator
 def test_the_types_have_avx2_kernels():
     for t in TYPES:
         assert native.has_qdot_kernel(t, "avx2"), t.name
-        # AVX-512 runs the AVX2 kernels, but for IQ4_NL's own 8-row VNNI tiles (test_qdot_avx512.py)
-        # and IQ4_XS's VNNI prefill tiles (test_qdot_iq_vnni.py)
-        assert native.has_qdot_kernel(t, "avx512") == (t in (T.IQ4_NL, T.IQ4_XS)), t.name
+        # AVX-512 runs the AVX2 kernels, but for IQ4_NL's own 8-row VNNI tiles (test_qdot_avx512.py),
+        # IQ4_XS's VNNI prefill tiles (test_qdot_iq_vnni.py) and TQ1_0's decode (test_qdot_tq1_avx512.py)
+        assert native.has_qdot_kernel(t, "avx512") == (t in (T.IQ4_NL, T.IQ4_XS, T.TQ1_0)), t.name
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)

@@ -76,8 +76,9 @@ def test_every_family_runs_the_scalar_kernel():
     rng = np.random.default_rng(5)
     for t in IQ_TYPES:
         assert native.has_qdot_kernel(t, "scalar")
-        # IQ4_NL's 8-row tiles (test_qdot_avx512.py), the grid i-quants' and IQ4_XS's VNNI prefill (test_qdot_iq_vnni.py)
-        assert native.has_qdot_kernel(t, "avx512") == (t in (T.IQ4_NL, T.IQ4_XS) or t in GRID_TYPES), t.name
+        # IQ4_NL's 8-row tiles (test_qdot_avx512.py), the grid i-quants' and IQ4_XS's VNNI prefill
+        # (test_qdot_iq_vnni.py), TQ1_0's decode (test_qdot_tq1_avx512.py)
+        assert native.has_qdot_kernel(t, "avx512") == (t in (T.IQ4_NL, T.IQ4_XS, T.TQ1_0) or t in GRID_TYPES), t.name
         if native.has_qdot_kernel(t, "avx2"):
             continue  # its own AVX2 kernel: test_qdot_iq_grid_avx2.py, test_qdot_iq4_avx2.py
         row_len = 2 * 256

@@ -1,0 +1,80 @@
+"""TQ1_0's own AVX-512 tile (native/qdot_iq4_avx2.c, EVEX build: digits made 64 at a time, one
+VPDPBUSD per power) against the scalar twin: decode on AVX-512 machines runs it, prefill the AVX2
+tile's build; bit for bit when every float step is exact, within twice the rounding bound on random
+weights, across the tile's seams (16-row passes, 16-block re-laid chunks, 4-token groups: the last
+through STRATA_AVX512_OWN_TILES, which hands it every token count). Skipped without AVX-512."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_iq4_avx2 import exact_tokens, exact_weights, rounding_tol
+from tests.native.test_qdot_iquants import make_weights
+
+T = GGMLType.TQ1_0
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU (or OS) without AVX-512 F/BW/VL/VNNI")
+
+# (rows, blocks per row): one block; odd rows below and above a 16-row pass; a row longer than a
+# 16-block chunk (one chunk and a part), and exactly two chunks
+SHAPES = ((1, 1), (5, 3), (17, 2), (33, 5), (3, 17), (19, 32), (2, 37))
+
+
+def test_decode_runs_the_avx512_tile_and_prefill_the_avx2_build():
+    assert native.has_qdot_kernel(T, "avx512")
+    assert kernel_family(T, "avx512", decode=True) == "avx512"
+    assert kernel_family(T, "avx512", decode=False) == "avx2"
+
+
+@pytest.mark.parametrize("n_tok", (1, 2, 3))
+def test_bit_for_bit_when_the_floats_are_exact(n_tok):
+    rng = np.random.default_rng(n_tok)
+    for n_rows, n_blocks in SHAPES:
+        row_len = 256 * n_blocks
+        w, x = exact_weights(T, n_rows, row_len, rng), exact_tokens(T, n_tok, row_len, rng)
+        ys = native.qdot_rows(T, w, n_rows, row_len, x, impl="scalar")
+        yv = native.qdot_rows(T, w, n_rows, row_len, x, impl="avx512")
+        assert np.array_equal(yv.view(np.uint32), ys.view(np.uint32)), (n_rows, n_blocks, n_tok)
+
+
+@pytest.mark.parametrize("n_tok", (1, 2, 3))
+def test_within_the_rounding_bound_on_random_weights(n_tok):
+    rng = np.random.default_rng(10 + n_tok)
+    for n_rows, n_blocks in SHAPES:
+        row_len = 256 * n_blocks
+        w, x = make_weights(T, n_rows, row_len, rng), make_tokens(n_tok, row_len, rng)
+        ys = native.qdot_rows(T, w, n_rows, row_len, x, impl="scalar")
+        yv = native.qdot_rows(T, w, n_rows, row_len, x, impl="avx512")
+        tol = rounding_tol(T, w, x, n_rows, row_len)
+        assert np.isfinite(yv).all() and (np.abs(yv.astype(np.float64) - ys) <= tol).all(), (n_rows, n_blocks, n_tok)
+
+
+def test_every_token_count_through_own_tiles(tmp_path):
+    """STRATA_AVX512_OWN_TILES=1: the tile takes 1..13 tokens (groups of 4 and what is left)."""
+    rng = np.random.default_rng(7)
+    n_rows, row_len = 21, 256 * 18
+    w, x = make_weights(T, n_rows, row_len, rng), make_tokens(13, row_len, rng)
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np; from strata import native; from strata.quant import GGMLType; "
+            "from strata.native.qdot import kernel_family; d = sys.argv[1]; "
+            "w, x = np.load(d + '/w.npy'), np.load(d + '/x.npy'); "
+            "assert kernel_family(GGMLType.TQ1_0, 'avx512', False) == 'avx512'; "
+            f"np.save(d + '/y.npy', np.stack([native.qdot_rows(GGMLType.TQ1_0, w, {n_rows}, {row_len}, x[:n], "
+            "impl='avx512')[-1] for n in range(1, 14)]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STRATA_AVX512_OWN_TILES": "1"}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, check=True, capture_output=True, text=True)
+    got = np.load(tmp_path / "y.npy")  # [13, rows]: each count's last token
+    for n in range(1, 14):
+        ys = native.qdot_rows(T, w, n_rows, row_len, x[:n], impl="scalar")
+        tol = rounding_tol(T, w, x[:n], n_rows, row_len)
+        assert (np.abs(got[n - 1].astype(np.float64) - ys[-1]) <= tol[-1]).all(), n
