@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_files import model_file  # noqa: E402
-from benchmarks.packed_vs_llama import strata_decode  # noqa: E402
+from benchmarks.packed_vs_llama import _peak_rss_kib, strata_decode  # noqa: E402
 from benchmarks.tiered_cgroup import CGROUP_V1  # noqa: E402
 
 #: Bytes a process needs beside the expert budget and the resident weights (Python, torch, the
@@ -79,11 +79,6 @@ def child(a: argparse.Namespace) -> dict:
         return {"load_s": load_s, "decode": run, "ppl": scored.ppl, "score_tok_s": len(ids) / score_s,
                 "slots_per_layer": slots, "n_experts": model.hparams.n_experts, "memory": repr(model.memory),
                 "peak_rss_kib": _peak_rss_kib()}
-
-
-def _peak_rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
 
 
 # -- the parent -----------------------------------------------------------------------------------

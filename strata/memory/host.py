@@ -195,38 +195,32 @@ class HostTier:
         """Make (layer, expert) resident: a hit returns a finished load, a load in flight is
         returned as is, a miss takes a slot from the policy and queues its three reads. Raises
         PoolExhaustedError when every slot of the layer is pinned or loading."""
-        with self._lock:
-            li = self._index(layer)
-            found = self._resident(layer, li, expert)
-            if found is not None:
-                return found
-            slot, evicted = self.policy.admit(li, expert)
-            return self._start(layer, expert, slot, evicted, prefetch=False)
+        return self._load(layer, expert, self.policy.admit)
 
     def load_over(self, layer: int, expert: int, value: float) -> HostLoad | None:
         """`load`, but a miss takes only a free slot or one whose expert's keep value is below
         `value` (`ExpertPolicy.admit_over`); None when refused."""
-        with self._lock:
-            li = self._index(layer)
-            found = self._resident(layer, li, expert)
-            if found is not None:
-                return found
-            admitted = self.policy.admit_over(li, expert, value)
-            return None if admitted is None else self._start(layer, expert, *admitted, prefetch=False)
+        return self._load(layer, expert, lambda li, e: self.policy.admit_over(li, e, value))
 
     def prefetch(self, layer: int, expert: int, prob: float = 1.0) -> HostLoad | None:
         """Load a predicted expert (needed with probability `prob`) if the policy finds it a slot
         without displacing anything worth more; None when refused. Resident: returns its load."""
+        return self._load(layer, expert, lambda li, e: self.policy.admit_prefetch(li, e, prob), prefetch=True)
+
+    def _load(self, layer: int, expert: int, admit, prefetch: bool = False) -> HostLoad | None:
+        """The resident load of (layer, expert), else a new one into the slot `admit(layer index,
+        expert)` reserves ((slot, evicted) or None: refused, nothing changed)."""
         with self._lock:
             li = self._index(layer)
             found = self._resident(layer, li, expert)
             if found is not None:
                 return found
-            admitted = self.policy.admit_prefetch(li, expert, prob)
+            admitted = admit(li, expert)
             if admitted is None:
-                self.counters["refused_prefetches"] += 1
+                if prefetch:
+                    self.counters["refused_prefetches"] += 1
                 return None
-            return self._start(layer, expert, *admitted, prefetch=True)
+            return self._start(layer, expert, *admitted, prefetch=prefetch)
 
     def wait(self, load: HostLoad, *, pin: bool = False, timeout: float | None = None) -> HostExpert:
         """Wait for `load`'s reads and return the expert's views; `pin=True` pins it in the same
