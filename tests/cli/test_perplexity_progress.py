@@ -56,9 +56,9 @@ def test_each_chunk_is_printed_as_it_is_done(qwen3, text, capsys, monkeypatch):
     """The running value of chunk 1 is on stdout before chunk 2 is computed, not all at the end."""
     real, before = strata.engine.Model.logits, []
 
-    def spy(self, ids):
+    def spy(self, ids, batch_size=None):
         before.append(capsys.readouterr())
-        return real(self, ids)
+        return real(self, ids, batch_size)
 
     monkeypatch.setattr(strata.engine.Model, "logits", spy)
     code = main(["perplexity", str(qwen3.gguf("f32")), "-f", str(text), "--ctx", str(N_CTX), "--threads", "1"])
