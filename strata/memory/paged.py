@@ -23,7 +23,8 @@ built at load and taken from the budget; a miss is then computed from its stand-
 "background" mode the full expert's read is queued without waiting for it (so its next use hits)
 when a slot is free or the expert is used more often (decayed use rate) than the one it would
 evict: with the stand-ins taking most of the budget, reading every miss would evict experts
-about to be used again and read several times the bytes of no stand-ins at all. Those reads finish by the layer's next acquire or the next `check_fixed` (before a decode program
+about to be used again and read several times the bytes of no stand-ins at all. Those reads
+finish by the layer's next acquire or the next `check_fixed` (before a decode program
 step), which keeps the page table exact for the program. In "instead" mode a miss is read (in the
 background) only into a free slot: once a layer's slots are full nothing is read or evicted.
 
