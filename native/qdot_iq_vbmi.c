@@ -50,16 +50,11 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")
-#include <immintrin.h>
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
-#define MAX_TOK 8                 /* tokens per pass over a row */
-#define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
-#include "qdot_prefetch.h"
-
-enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M };
+/* The tables below are made by constructors, which run when the library loads, on every CPU: they
+ * come before the ISA is enabled, so the compiler keeps them to the baseline instruction set
+ * (tests/native/test_load_baseline.py checks every function the library runs at load). */
 
 /* IQ1's grid times 8, plus 9 (values 1, 9, 17), made once when the library loads: a row gathered
  * from it plus the row's delta (+-1) is IQ1's integer value 8 g +- 1 (qdot_iq.c) plus 9, in
@@ -71,19 +66,6 @@ __attribute__((constructor)) static void make_iq1_grid_u(void) {
     for (int r = 0; r < 2048; r++)
         for (int j = 0; j < 8; j++) iq1_grid_u[r][j] = (uint8_t)(8 * strata_iq1s_grid[r][j] + 9);
 }
-
-INLINE __m512i bytes64(const void *b) { return _mm512_loadu_si512(b); }
-
-/* A format's control vectors (named in the header). */
-typedef struct {
-    __m512i sign_at;    /* VPMULTISHIFTQB: the ksigns fields to bytes (IQ2_XXS: one aux dword in the
-                           high half of each qword; IQ3_XXS: two aux dwords a qword) */
-    __m512i pack;       /* VPERMB: IQ2's sign bytes in row order */
-    __m512i scale_at;   /* VPMULTISHIFTQB: IQ2_XS's 16 scale nibbles to the low bytes of 16 dwords */
-    __m512i spread[4];  /* VPERMD: IQ2_XS's 64 values' four weights over their int32 lanes */
-    __m512i rowsel[4];  /* VPERMB: IQ2_XXS's 8 row indices of 64 values, one to a qword */
-    __m512i iq1m_at;    /* VPMULTISHIFTQB: IQ1_M's 16 3-bit scales to the low bytes of 16 dwords */
-} consts;
 
 /* The control vectors' bytes, made once when the library loads ([0]: IQ2_XXS's, [1]: the others'). */
 static struct {
@@ -110,6 +92,29 @@ __attribute__((constructor)) static void make_ctl(void) {
         ctl.iq1m_at[i] = (uint8_t)(16 * (sub / 4) + 3 * (sub % 4));
     }
 }
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,gfni")
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define MAX_TOK 8                 /* tokens per pass over a row */
+#define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
+#include "qdot_prefetch.h"
+
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M };
+
+INLINE __m512i bytes64(const void *b) { return _mm512_loadu_si512(b); }
+
+/* A format's control vectors (named in the header). */
+typedef struct {
+    __m512i sign_at;    /* VPMULTISHIFTQB: the ksigns fields to bytes (IQ2_XXS: one aux dword in the
+                           high half of each qword; IQ3_XXS: two aux dwords a qword) */
+    __m512i pack;       /* VPERMB: IQ2's sign bytes in row order */
+    __m512i scale_at;   /* VPMULTISHIFTQB: IQ2_XS's 16 scale nibbles to the low bytes of 16 dwords */
+    __m512i spread[4];  /* VPERMD: IQ2_XS's 64 values' four weights over their int32 lanes */
+    __m512i rowsel[4];  /* VPERMB: IQ2_XXS's 8 row indices of 64 values, one to a qword */
+    __m512i iq1m_at;    /* VPMULTISHIFTQB: IQ1_M's 16 3-bit scales to the low bytes of 16 dwords */
+} consts;
 
 /* A call's control vectors: loads of the bytes made at load time (a tile call may cover only a
  * few dozen blocks, so nothing is computed per call). */
