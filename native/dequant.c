@@ -137,7 +137,8 @@ int strata_cpu_has_avx512_vbmi(void) {
 
 /* Gathers run at the load ports' rate: not a CPU whose microcode mitigates Gather Data Sampling
  * (Intel cores up to Ice Lake and Tiger Lake, where that makes a gather several times slower), as
- * the kernel reports it, and not one that splits 512-bit operations (Zen 4, unmeasured). */
+ * the kernel reports it, and not one that splits 512-bit operations (Zen 4: there the gather tiles
+ * decoded at 0.73-0.94x the AVX2 build, native/qdot.c). */
 int strata_cpu_fast_gathers(void) {
     static int cached = -1;
     if (cached >= 0) return cached;

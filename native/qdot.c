@@ -21,7 +21,7 @@ enum { COL_REF = 0, COL_AVX2 = 1, COL_AVX512 = 2, N_COLS = 3 };
 typedef struct {
     int type, act;
     strata_qdot_tile_fn tile[N_COLS];   /* NULL: the family has no kernel of its own for the format */
-    int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL | AVX2_PREFILL_SPLIT: phases an AVX-512 call runs with the AVX2 tile */
+    int avx2_on_avx512;   /* AVX2_DECODE | AVX2_PREFILL | AVX2_*_SPLIT: phases an AVX-512 call runs with the AVX2 tile */
     strata_qdot_tile_fn evex;   /* the AVX2 tile built for AVX-512 machines (qdot_avx2_common.h) */
 } qdot_row;
 
@@ -44,8 +44,14 @@ typedef struct {
 /* Prefill runs the AVX2 tile only where 512-bit operations are split in two halves (Zen 4,
  * strata_cpu_splits_512). On an Intel Xeon (AVX-512 VNNI/BF16/FP16, AMX; benchmarks/RESULTS.md)
  * the zmm tiles prefill faster: Q4_K 27.2 vs 18.5 and 26.4 vs 22.1, Q5_K 28.2 vs 23.6 and 30.9 vs
- * 27.9 GB/s (AVX-512 vs AVX2); the decode column there agrees with Zen 4's. */
+ * 27.9 GB/s (AVX-512 vs AVX2); the decode column there agrees with Zen 4's. Zen 4 again (AMD EPYC
+ * family 19h model 11h, 2026-12-04, the same command, 2 threads, prefill x64): Q4_K 50.6 vs 54.0,
+ * Q5_K 56.5 vs 64.9 GB/s. */
 #define AVX2_PREFILL_SPLIT 4
+/* Decode runs the AVX2 tile only where 512-bit operations are split: TQ1_0's digits in zmm
+ * registers decode from DRAM at 10.3 vs 12.1 GB/s (in cache 9.2 vs 10.1) on that Zen 4, where the
+ * Intel machine ran them 1.06x the AVX2 build (qdot_iq4_avx2.c). */
+#define AVX2_DECODE_SPLIT 8
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -121,29 +127,34 @@ static const qdot_row TILES[] = {
     ROW(Q5_1, Q8, q5_1, NONE, 0),
     ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
-    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),   /* prefill: qdot_iq_vnni.c's tiles */
-    ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
+    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles */
+    ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE),
     ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
     ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run
      * their AVX-512 builds (qdot_*_evex.c), IQ4_NL its own 8-row tiles (qdot_nib_avx512.c), the
-     * grid i-quants', IQ4_XS's (and Q2_K's, Q3_K's) prefill VNNI tiles over unpacked bytes (qdot_iq_vnni.c; decode stays on the
-     * AVX2 build, which reads each block once and has no tokens to share it with; so does prefill
-     * where 512-bit operations are split, unmeasured there: on Zen 4 llama.cpp's tiled VNNI path,
-     * the same kind of kernel, prefilled the IQ4_XS file at 0.88x of the AVX2 build's rate).
-     * The grid i-quants (IQ1_S to IQ3_S) decode with gather tiles of their own where the CPU
-     * has VBMI, GFNI and fast gathers (VBMI_DECODE). */
-    ROW(IQ2_XXS, Q8K, iq2_xxs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ2_XS, Q8K, iq2_xs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ2_S, Q8K, iq2_s, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ3_XXS, Q8K, iq3_xxs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ3_S, Q8K, iq3_s, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ1_S, Q8K, iq1_s, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
+     * grid i-quants', IQ4_XS's (and Q2_K's, Q3_K's) prefill VNNI tiles over unpacked bytes
+     * (qdot_iq_vnni.c; decode stays on the AVX2 build, which reads each block once and has no
+     * tokens to share it with). The VNNI tiles prefill faster where 512-bit operations are split
+     * too: on Zen 4 (2 threads, x64, GB/s, AVX2 build vs VNNI tile, `STRATA_VBMI=1
+     * STRATA_AVX512_OWN_TILES=1 python benchmarks/qdot_rate.py --impls avx2 avx512 --alternate 3`)
+     * IQ2_XXS 19.3 vs 61.4, IQ2_XS 21.3 vs 58.7, IQ2_S 23.8 vs 70.0, IQ3_XXS 28.9 vs 96.6, IQ3_S
+     * 30.5 vs 101.0, IQ1_S 13.7 vs 47.7, IQ1_M 15.2 vs 43.8, IQ4_XS 51.1 vs 144.7, Q2_K 36.2 vs
+     * 62.7, Q3_K 43.7 vs 104.4 (an earlier guess from llama.cpp's tiled path had kept the AVX2 build
+     * there). The grid i-quants (IQ1_S to IQ3_S) decode with gather tiles of their own where the
+     * CPU has VBMI, GFNI and fast gathers (VBMI_DECODE); on that Zen 4 the gathers lost: DRAM
+     * 0.73-0.94x the AVX2 build (IQ1_M 1.06x), so strata_cpu_fast_gathers says no there. */
+    ROW(IQ2_XXS, Q8K, iq2_xxs, OWN, AVX2_DECODE),
+    ROW(IQ2_XS, Q8K, iq2_xs, OWN, AVX2_DECODE),
+    ROW(IQ2_S, Q8K, iq2_s, OWN, AVX2_DECODE),
+    ROW(IQ3_XXS, Q8K, iq3_xxs, OWN, AVX2_DECODE),
+    ROW(IQ3_S, Q8K, iq3_s, OWN, AVX2_DECODE),
+    ROW(IQ1_S, Q8K, iq1_s, OWN, AVX2_DECODE),
+    ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE),
+    ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE),
+    ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL | AVX2_DECODE_SPLIT),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
     ROW(TQ2_0, Q8K, tq2_0, NONE, 0),
     ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
     ROW(NVFP4, Q8, nvfp4, NONE, 0),
@@ -209,12 +220,15 @@ static int own_tiles(void) {
     return cached;
 }
 
-/* The VBMI decode tile of `type` where this CPU and the environment allow it, else NULL. */
+/* The VBMI decode tile of `type` where this CPU and the environment allow it, else NULL.
+ * STRATA_VBMI=0 turns the tiles off, STRATA_VBMI=1 on wherever the CPU has VBMI and GFNI, even with
+ * gathers strata_cpu_fast_gathers calls slow (both for measuring). */
 static strata_qdot_tile_fn vbmi_decode(int type) {
     static int on = -1;
     if (on < 0) {
         const char *v = getenv("STRATA_VBMI");
-        on = strata_cpu_has_avx512_vbmi() && strata_cpu_fast_gathers() && !(v && strcmp(v, "0") == 0);
+        const int forced = v && strcmp(v, "1") == 0, off = v && strcmp(v, "0") == 0;
+        on = strata_cpu_has_avx512_vbmi() && (forced || strata_cpu_fast_gathers()) && !off;
     }
     for (size_t i = 0; on && i < sizeof(VBMI_DECODE) / sizeof(VBMI_DECODE[0]); i++)
         if (VBMI_DECODE[i].type == type) return VBMI_DECODE[i].decode;
@@ -242,6 +256,7 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->block_elems = f->block_elems;
         int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
         if ((on_avx2 & AVX2_PREFILL_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_PREFILL;
+        if ((on_avx2 & AVX2_DECODE_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_DECODE;
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
         const strata_qdot_tile_fn vbmi = col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;

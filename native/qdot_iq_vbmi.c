@@ -38,7 +38,7 @@
  * version looked the grids up in registers instead (code tables of 2-3 bits per value, VPERMI2B,
  * VPMULTISHIFTQB and a levels VPERMB; git history of this file): IQ3 at 21.5 and 26 ns, IQ2 no faster than the AVX2 build
  * (the permutes all need the one shuffle port). Gathers are slow where the microcode mitigates
- * Gather Data Sampling (Intel cores up to Ice Lake and Tiger Lake) and unmeasured on Zen 4, so
+ * Gather Data Sampling (Intel cores up to Ice Lake and Tiger Lake) and lose on Zen 4 (qdot.c), so
  * qdot.c takes these tiles only where strata_cpu_fast_gathers says so.
  *
  * Rows one at a time, every token of the call per block (these serve calls of fewer than

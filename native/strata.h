@@ -57,7 +57,7 @@ int strata_cpu_has_avx512_vbmi(void);
 int strata_cpu_fast_gathers(void);
 
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
- * kernel table then prefers some AVX2 tiles for prefill too (native/qdot.c). */
+ * kernel table then prefers some AVX2 tiles for prefill and decode there (native/qdot.c). */
 int strata_cpu_splits_512(void);
 
 /* The implementation AUTO resolves to in this process (STRATA_IMPL_SCALAR, _AVX2 or _AVX512). */
