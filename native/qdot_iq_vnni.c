@@ -29,6 +29,7 @@
  */
 #include "iq_tables.h"
 #include "qdot.h"
+#include "strata.h"   /* strata_cpu_splits_512 */
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
@@ -305,8 +306,14 @@ INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
 
 /* Fewest tokens of a last group worth running padded: measured on the Intel machine (one thread,
  * 256 x 4096, benchmarks/ab_builds.py), 8 tokens padded to 16 took Q2_K 1.28x and Q3_K 1.16-1.23x
- * the AVX2 tile's time, where 16 tokens took 0.71x and 0.61x of it (break-even near 11). */
-INLINE int pad_min(int fmt) { return fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI ? 12 : 8; }
+ * the AVX2 tile's time, where 16 tokens took 0.71x and 0.61x of it (break-even near 11). Where
+ * 512-bit operations are split (Zen 4) the others' 8 tokens go to the AVX2 build too, whose 8-token
+ * tile passes once over the weights: the padded group took 1.05-1.24x its time there (IQ2_XXS
+ * 0.97x), and 9 tokens (the AVX2 build passing twice) 0.69-0.95x (the same command, old and new
+ * table; a prefill's experts see about 8 tokens each: 64 tokens, top-8 of 64 experts). */
+INLINE int pad_min(int fmt) {
+    return fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI ? 12 : strata_cpu_splits_512() ? 9 : 8;
+}
 
 /* The tile: groups of 16 tokens by VNNI (a last group of pad_min-15 padded), the rest by `rest`. */
 INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, const uint8_t *w, int64_t wrb,
