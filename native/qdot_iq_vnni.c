@@ -17,8 +17,9 @@
  * the block's integer total is scaled as qdot_iq.c scales it, ((wd * ad) * factor) * isum, and added
  * block after block with no fused multiply-add: the result equals the scalar tile's bit for bit.
  *
- * Tokens go 16 to a group; a last group of 8-15 runs padded (its empty lanes add 0), fewer than 8
- * left over go to the AVX2 tiles' AVX-512 build (the grid i-quants' gather tiles where they run),
+ * Tokens go 16 to a group; a last group of 8-15 runs padded (its empty lanes add 0; 9-15 where
+ * 512-bit operations are split, pad_min), fewer left over go to the AVX2 tiles' AVX-512 build (the
+ * grid i-quants' gather tiles where they run),
  * as do calls of fewer than 8 tokens. Q2_K and Q3_K,
  * whose AVX2 tiles build a chunk cheaply, pad only a last group of 12-15 (pad_min). Rows go 4 at a
  * time (four broadcasts per activation load), groups 8 at a time so that their re-laid
