@@ -310,7 +310,7 @@ INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
  * the AVX2 tile's time, where 16 tokens took 0.71x and 0.61x of it (break-even near 11). Where
  * 512-bit operations are split (Zen 4) the others' 8 tokens go to the AVX2 build too, whose 8-token
  * tile passes once over the weights: the padded group took 1.05-1.24x its time there (IQ2_XXS
- * 0.97x), and 9 tokens (the AVX2 build passing twice) 0.69-0.95x (the same command, old and new
+ * 0.97x), and 9 tokens (the AVX2 build passing twice) 0.71-0.99x (the same command, old and new
  * table; a prefill's experts see about 8 tokens each: 64 tokens, top-8 of 64 experts). */
 INLINE int pad_min(int fmt) {
     return fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI ? 12 : strata_cpu_splits_512() ? 9 : 8;
