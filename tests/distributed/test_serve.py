@@ -124,7 +124,7 @@ def test_a_lost_rank_ends_the_server_with_503s(model_path, tmp_path, how):
         with ThreadPoolExecutor(2) as pool:  # one running, one queued behind it (max-batch 1)
             open_requests = [pool.submit(_chat, url, [{"role": "user", "content": f"count {i}"}], 100000)
                              for i in range(2)]
-            time.sleep(2)
+            _wait_decoding_with_one_queued(url, open_requests)
             os.kill(ranks[1].pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             t0 = time.monotonic()
             replies = [f.result(timeout=EP_TIMEOUT + 60) for f in open_requests]
@@ -142,6 +142,25 @@ def test_a_lost_rank_ends_the_server_with_503s(model_path, tmp_path, how):
     assert code == 1 and "strata: error: expert parallelism: rank 0 of 2:" in text, text
     if how == "hang":
         assert f"did not answer within {EP_TIMEOUT} s" in text
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def _wait_decoding_with_one_queued(url: str, requests, timeout: float = 60) -> None:
+    """Until the server decodes one request (tokens generated) with the other waiting behind it. A
+    fixed sleep raced the machine: on a fast one both requests (491 tokens each, to the end of the
+    fixture's 512-token context) were answered before the rank was lost."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert not any(r.done() for r in requests), [r.result().text[:300] for r in requests if r.done()]
+        text = httpx.get(url + "/metrics", timeout=5).text
+        if (_metric(text, "strata:requests_running") == 1 and _metric(text, "strata:requests_waiting") == 1
+                and _metric(text, "strata:generation_tokens_total") > 0):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no request decoding with one waiting after {timeout} s:\n{text}")
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log, timeout: float = 180) -> None:
