@@ -47,11 +47,11 @@ typedef struct {
  * 27.9 GB/s (AVX-512 vs AVX2); the decode column there agrees with Zen 4's. Zen 4 again (AMD EPYC
  * family 19h model 11h, 2026-12-04, the same command, 2 threads, prefill x64): Q4_K 50.6 vs 54.0,
  * Q5_K 56.5 vs 64.9 GB/s. */
-#define AVX2_PREFILL_SPLIT 4
+#define AVX2_PREFILL_SPLIT (AVX2_PREFILL << 2)   /* a *_SPLIT flag is its phase's bit, two places up */
 /* Decode runs the AVX2 tile only where 512-bit operations are split: TQ1_0's digits in zmm
  * registers decode from DRAM at 10.3 vs 12.1 GB/s (in cache 9.2 vs 10.1) on that Zen 4, where the
  * Intel machine ran them 1.06x the AVX2 build (qdot_iq4_avx2.c). */
-#define AVX2_DECODE_SPLIT 8
+#define AVX2_DECODE_SPLIT (AVX2_DECODE << 2)
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -255,8 +255,7 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         out->act = row->act;
         out->block_elems = f->block_elems;
         int on_avx2 = col == COL_AVX512 && !own_tiles() ? row->avx2_on_avx512 : 0;
-        if ((on_avx2 & AVX2_PREFILL_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_PREFILL;
-        if ((on_avx2 & AVX2_DECODE_SPLIT) && strata_cpu_splits_512()) on_avx2 |= AVX2_DECODE;
+        if (strata_cpu_splits_512()) on_avx2 |= on_avx2 >> 2;   /* the *_SPLIT phases join in */
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
         const strata_qdot_tile_fn vbmi = col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;
