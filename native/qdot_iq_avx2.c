@@ -21,9 +21,10 @@
  * FMA into 8 float lanes scaled by (d * ad) * factor exactly as qdot_iq.c forms it, and reduced
  * once per output: the result equals the scalar one up to the order of the float additions.
  *
- * Tiles: one weight row at a time (the gathers are the cost, and rows share nothing); decode (1-3
- * tokens) fetches ahead into the rows to come, never past strata_qdot_ahead_end; prefill takes
- * tokens 8 at a time (then 4, then the last 1-3), so a chunk is gathered once per 8 tokens.
+ * Tiles: calls of 1-4 tokens take one weight row at a time with all their tokens (the gathers are
+ * the cost, and rows share nothing); decode (1-3 tokens) fetches ahead into the rows to come, never
+ * past strata_qdot_ahead_end. Calls of 5 tokens or more (prefill) unpack a window of blocks of 4
+ * rows once into biased signed bytes and run every token over it ("Prefill over unpacked rows").
  * Decode is bound by the instructions that build a chunk (~4-5 per cycle), not by memory. Measured
  * here (Zen 3, one thread, in cache, CPU time, alternating builds), ns per 256-value block before
  * and after the vector signs, per-block weights and indices: IQ2_XXS 21 -> 18, IQ3_XXS 29.5 -> 24,
@@ -34,8 +35,7 @@
  * sign bits per block (iq_signs) instead of per chunk: 1.04-1.07x IQ2_XS decode, the same for IQ2_XXS
  * and IQ3_XXS within this Intel machine's noise (one thread, in cache, alternating builds; measured
  * the same way against llama.cpp's vec_dot kernels, these decode kernels run at 0.86-1.4x its speed
- * per block). Open: IQ1_S's 8-token prefill tile went
- * from 6.9 to 8.1 ns per block and token with these changes (its sub-block weights are not the cause).
+ * per block).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
@@ -54,11 +54,11 @@
 
 #include "qdot_iq_chunks.h"
 
-/* One weight row (k values at w) against nt tokens: y[t * ys]. */
+/* One weight row (k values at w) against nt <= 4 tokens: y[t * ys]. */
 INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, const uint8_t *a, int64_t arb,
                     float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead_end;
-    __m256 acc[8];
+    __m256 acc[4];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
@@ -68,7 +68,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         iq_indices(fmt, p, ix);
         uint8_t sg[32] __attribute__((aligned(32)));
         iq_signs(fmt, p, sg);
-        __m256i isum[8];
+        __m256i isum[4];
         for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
@@ -89,22 +89,138 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int t = 0; t < nt; t++) y[t * ys] = hsum8(acc[t]);
 }
 
-/* Rows one at a time; decode (1-3 tokens) all tokens at once, prefill 8 tokens at a time, then 4,
- * then the last 1-3 together. */
+/* ---- Prefill over unpacked rows ----
+ *
+ * With many tokens the tile above builds every chunk once per 8 tokens and applies its signs per
+ * token. Here a window of UR_BLOCKS blocks of UR_ROWS rows is unpacked once, into each chunk's
+ * signed values plus UR_BIAS as unsigned bytes (|w| <= 62, so w + 64 lies in [2, 126]) and its
+ * weights, and every token of the call runs over the window, one token by UR_ROWS rows at a time:
+ * per chunk one load of the token's 32 activations, then per row VPMADDUBSW (bytes <= 126 against
+ * |a| <= 128: pair sums < 2^15), VPMADDWD and an add. The bias's share, 64 * (the sum of 16
+ * activations: their bsums) * the sub-block's weight, is taken off per block and token by one more
+ * VPMADDWD (cw: -64 times each sub-block's weight, in bsums' order). Each block's integer sum is the
+ * scalar one, as in the tile above; windows add their float sums to y one after another.
+ * Measured on the Intel machine (AVX2 build, one thread, 256 x 4096, benchmarks/ab_builds.py
+ * against the tile above): 0.70-0.89x at 4 tokens (so calls of 4 keep that tile), 1.1-1.3x at
+ * 5-8, 1.43-1.6x at 64. */
+#define UR_BIAS 64
+#define UR_ROWS 4      /* rows per pass over a token's activations */
+#define UR_BLOCKS 8    /* blocks per window: 4 rows of them unpacked take 18 KB (L1) */
+#define UR_MIN_TOKENS 5
+
+typedef struct {
+    __m256i w[8], sc[8];   /* chunk c: its values + UR_BIAS as bytes; its int16 sub-block weights */
+    __m256i cw;            /* -UR_BIAS * the weight of values 16 j .. 16 j + 15, int16 lane j */
+    float d;               /* the block's d times the format's factor (a power of two: exact) */
+} urow_block;
+
+/* v, with the compiler kept from reassociating the sums that made it: left to itself, gcc holds
+ * every chunk's product of a block apart and adds them as a tree at the end, spilling most of them
+ * (1.2-1.3x slower here). */
+INLINE __m256i in_order(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+/* The chunk's signed values (IQ1's are made signed already). */
+INLINE __m256i signed_values(int fmt, const chunk *ch) {
+    return fmt == FMT_IQ1_S || fmt == FMT_IQ1_M ? ch->s : apply_signs(fmt, ch, ch->q);
+}
+
+/* The weights of chunk c's two halves (int16 lanes 0-7: values 0-15; 8-15: values 16-31) as a pair
+ * of int16 (first half low) in every dword of the 128-bit lane that holds dword c (c < 4: the low). */
+INLINE __m256i weight_pair(__m256i sc, int c) {
+    const __m256i swapped = _mm256_permute4x64_epi64(sc, 0x4E);
+    return c < 4 ? _mm256_blend_epi16(sc, swapped, 0xAA) : _mm256_blend_epi16(swapped, sc, 0xAA);
+}
+
+INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
+    const __m256i wv = iq_weights(fmt, p);
+    uint16_t ix[64] __attribute__((aligned(32)));
+    iq_indices(fmt, p, ix);
+    uint8_t sg[32] __attribute__((aligned(32)));
+    iq_signs(fmt, p, sg);
+    __m256i pair[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        chunk ch;
+        iq_chunk(fmt, p, c, wv, ix, sg, &ch);
+        u->w[c] = _mm256_add_epi8(signed_values(fmt, &ch), _mm256_set1_epi8(UR_BIAS));
+        u->sc[c] = ch.sc;
+        pair[c] = weight_pair(ch.sc, c);
+    }
+    __m256i cw = _mm256_blend_epi32(pair[0], pair[1], 0x02);   /* dword c: chunk c's pair */
+    cw = _mm256_blend_epi32(cw, pair[2], 0x04);
+    cw = _mm256_blend_epi32(cw, pair[3], 0x08);
+    cw = _mm256_blend_epi32(cw, pair[4], 0x10);
+    cw = _mm256_blend_epi32(cw, pair[5], 0x20);
+    cw = _mm256_blend_epi32(cw, pair[6], 0x40);
+    cw = _mm256_blend_epi32(cw, pair[7], 0x80);
+    u->cw = _mm256_mullo_epi16(cw, _mm256_set1_epi16(-UR_BIAS));
+    u->d = iq_d(fmt, p) * iq_factor(fmt);
+}
+
+/* Rows u[r * UR_BLOCKS ..], r < NR, of a window of nb blocks (block b0 on) against one token's
+ * activations a: its share of y[r], added to what y holds unless `first`. */
+INLINE void urow_pass(int NR, const urow_block *u, int64_t nb, int64_t b0, const uint8_t *a, float *y, int first) {
+    __m256 acc[UR_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)a + b0 + b;
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)ab->bsums);
+        __m256i isum[UR_ROWS];
+        for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(bsums, u[r * UR_BLOCKS + b].cw);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
+            for (int r = 0; r < NR; r++) {
+                const urow_block *ub = &u[r * UR_BLOCKS + b];
+                isum[r] = in_order(madd_acc(isum[r], _mm256_maddubs_epi16(ub->w[c], av), ub->sc[c]));
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(u[r * UR_BLOCKS + b].d * ab->d), acc[r]);
+    }
+    for (int r = 0; r < NR; r++) y[r] = (first ? 0.0f : y[r]) + hsum8(acc[r]);
+}
+
+/* Rows UR_ROWS at a time (then the last 1-3), each window of blocks unpacked once for every token. */
+INLINE void urow_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
+                      const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
+    urow_block u[UR_ROWS * UR_BLOCKS];
+    const int64_t n_blocks = k / STRATA_QK_K;
+    for (int64_t r = 0; r < n_rows; r += UR_ROWS) {
+        const int nr = n_rows - r < UR_ROWS ? (int)(n_rows - r) : UR_ROWS;
+        for (int64_t b0 = 0; b0 < n_blocks; b0 += UR_BLOCKS) {
+            const int64_t nb = n_blocks - b0 < UR_BLOCKS ? n_blocks - b0 : UR_BLOCKS;
+            for (int i = 0; i < nr; i++)
+                for (int64_t b = 0; b < nb; b++) unpack_urow(fmt, w + (r + i) * wrb + (b0 + b) * bs, &u[i * UR_BLOCKS + b]);
+            for (int64_t t = 0; t < n_tok; t++) {
+                const uint8_t *at = a + t * arb;
+                float *yt = y + t * ys + r;
+                if (nr == 4) urow_pass(4, u, nb, b0, at, yt, b0 == 0);
+                else if (nr == 3) urow_pass(3, u, nb, b0, at, yt, b0 == 0);
+                else if (nr == 2) urow_pass(2, u, nb, b0, at, yt, b0 == 0);
+                else urow_pass(1, u, nb, b0, at, yt, b0 == 0);
+            }
+        }
+    }
+}
+
+/* Calls of UR_MIN_TOKENS tokens or more over unpacked rows; fewer rows one at a time, decode (1-3
+ * tokens) all tokens at once, 4 tokens in one pass. */
 INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
                     const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
+    if (n_tok >= UR_MIN_TOKENS) {
+        urow_rows(fmt, bs, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        return;
+    }
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *wr = w + r * wrb;
-        int64_t t = 0;
-        for (; t + 8 <= n_tok; t += 8) iq_tile(fmt, bs, 8, k, wr, a + t * arb, arb, y + t * ys + r, ys);
-        if (n_tok - t >= 4) {
-            iq_tile(fmt, bs, 4, k, wr, a + t * arb, arb, y + t * ys + r, ys);
-            t += 4;
-        }
-        const int64_t left = n_tok - t;
-        if (left == 3) iq_tile(fmt, bs, 3, k, wr, a + t * arb, arb, y + t * ys + r, ys);
-        else if (left == 2) iq_tile(fmt, bs, 2, k, wr, a + t * arb, arb, y + t * ys + r, ys);
-        else if (left == 1) iq_tile(fmt, bs, 1, k, wr, a + t * arb, arb, y + t * ys + r, ys);
+        if (n_tok == 4) iq_tile(fmt, bs, 4, k, wr, a, arb, y + r, ys);
+        else if (n_tok == 3) iq_tile(fmt, bs, 3, k, wr, a, arb, y + r, ys);
+        else if (n_tok == 2) iq_tile(fmt, bs, 2, k, wr, a, arb, y + r, ys);
+        else if (n_tok == 1) iq_tile(fmt, bs, 1, k, wr, a, arb, y + r, ys);
     }
 }
 

@@ -5,8 +5,9 @@ Both compute each weight block's integer dot product exactly; only the order in 
 per-block float terms are added differs. So, as in test_qdot.py, the AVX2 result is held within
 twice the float-rounding bound of the scalar one: n * 2^-24 * (|A| @ |W|) + n * 2^-140 with A the
 rounded activations, W gguf-py's dequantization and n = blocks per row + 16. Shapes cover odd row
-counts, one block and several per row, every token count 1..33 (the decode tiles of 1-3 tokens and
-the prefill tiles of 8, 4 and the last 1-3); weights carry extreme half scales; saturation-prone
+counts, one block and several per row, every token count 1..33 (the tiles of 1-4 tokens, and the
+prefill over unpacked rows from 5 on: 4 rows at a time and the last 1-3, windows of 8 blocks and a
+last shorter one); weights carry extreme half scales; saturation-prone
 blocks (every code byte 0x00 or 0xFF, so the largest grid values and scales) meet activations of
 +-127 of one sign. Through the pooled `strata_matmul` (1-3 threads) the AVX2 kernels equal the
 single-threaded ones bit for bit.
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.skipif(not native.cpu_has_avx2(), reason="CPU has no AV
 
 # (rows, blocks per row, tokens): odd row counts, 1-5 blocks, decode and prefill token counts.
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (9, 1, 4), (3, 2, 5), (11, 2, 7), (17, 3, 8),
-          (5, 2, 9), (7, 1, 13), (3, 5, 16), (9, 2, 17), (5, 3, 33)]
+          (5, 2, 9), (7, 1, 13), (3, 5, 16), (9, 2, 17), (5, 3, 33), (6, 8, 6), (7, 9, 5), (4, 17, 12),
+          (2, 16, 40)]
 
 
 def assert_close_to_scalar(t: GGMLType, w: np.ndarray, n_rows: int, x: np.ndarray, what: str,
