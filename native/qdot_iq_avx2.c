@@ -14,9 +14,12 @@
  *       by one shuffle from a vector of the block's weights made once per block (pick_weight).
  * Grid indices whose high bits lie elsewhere in the block (IQ2_S, IQ3_S, IQ1_S, IQ1_M) are put
  * together for the whole block by vector first (put_indices), so each costs one load in the chunk.
- * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 (never 0) are
- * made signed first, w = 8 g + delta, and go in as q = |w|, s = w. maddubs' int16 pair sums stay
- * below 2 * 62 * 127 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
+ * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 go in plus 9,
+ * as q = 8 g + 9 +- 1 in [0, 18] from a grid times 8 plus 9 (strata_iq1_grid_u), with no signs, and
+ * each block's isum starts at -9 * sum_j bsums_j * weight_j (iq1_bias): one VPMADDWD per token and
+ * block in place of a VPSIGNB per token and chunk (1.1-1.3x decode on the Intel machine, AVX2
+ * build, benchmarks/ab_builds.py). maddubs' int16 pair sums stay
+ * below 2 * 62 * 128 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
  * integer sum equals the scalar one; the block's lanes are converted to float and added with one
  * FMA into 8 float lanes scaled by (d * ad) * factor exactly as qdot_iq.c forms it, and reduced
  * once per output: the result equals the scalar one up to the order of the float additions.
@@ -69,7 +72,14 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         uint8_t sg[32] __attribute__((aligned(32)));
         iq_signs(fmt, p, sg);
         __m256i isum[4];
-        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        if (is_iq1(fmt)) {   /* their magnitudes are the values + 9: 9 * bsums * weight off */
+            const __m256i bias = iq1_bias(fmt, p, wv);
+            for (int t = 0; t < nt; t++)
+                isum[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)((const strata_block_act_q8k *)(a + t * arb) + b)->bsums),
+                                            bias);
+        } else {
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
@@ -120,11 +130,6 @@ typedef struct {
 INLINE __m256i in_order(__m256i v) {
     __asm__("" : "+x"(v));
     return v;
-}
-
-/* The chunk's signed values (IQ1's are made signed already). */
-INLINE __m256i signed_values(int fmt, const chunk *ch) {
-    return fmt == FMT_IQ1_S || fmt == FMT_IQ1_M ? ch->s : apply_signs(fmt, ch, ch->q);
 }
 
 /* The weights of chunk c's two halves (int16 lanes 0-7: values 0-15; 8-15: values 16-31) as a pair

@@ -202,13 +202,21 @@ INLINE void set_signs(int fmt, chunk *ch, uint32_t bits) {
     ch->s = sign_bits(bits);
 }
 
-/* v with the chunk's signs applied (a byte of v that is -128 stays -128 either way). */
+INLINE int is_iq1(int fmt) { return fmt == FMT_IQ1_S || fmt == FMT_IQ1_M; }
+
+/* v with the chunk's signs applied (a byte of v that is -128 stays -128 either way). IQ1's chunks
+ * have no signs: their magnitudes are the values plus 9 (iq1_values). */
 INLINE __m256i apply_signs(int fmt, const chunk *ch, __m256i v) {
+    if (is_iq1(fmt)) return v;
 #ifdef STRATA_QDOT_EVEX
     if (mask_signs(fmt)) return _mm256_mask_sub_epi8(v, ch->neg, _mm256_setzero_si256(), v);
 #endif
-    (void)fmt;
     return _mm256_sign_epi8(v, ch->s);
+}
+
+/* The chunk's 32 values as signed bytes. */
+INLINE __m256i signed_values(int fmt, const chunk *ch) {
+    return is_iq1(fmt) ? _mm256_sub_epi8(ch->q, _mm256_set1_epi8(9)) : apply_signs(fmt, ch, ch->q);
 }
 
 /* Weights 2 lo + 1 for values 0-15 and 2 hi + 1 for 16-31. */
@@ -276,12 +284,30 @@ INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
     }
 }
 
-/* IQ1: the signed values 8 g + delta of grid rows g (bytes -1, 0, 1) and delta bytes (+-1). */
-INLINE void iq1_values(__m256i g, __m256i delta, chunk *ch) {
-    /* 16-bit shifts carry bits across bytes; the mask keeps each byte's own 8 g. */
-    const __m256i w = _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xF8)), delta);
-    ch->q = _mm256_sign_epi8(w, w);
-    ch->s = w;
+/* IQ1: the values 8 g + delta of grid rows g and delta bytes (+-1), plus 9, as unsigned bytes in
+ * [0, 18] (rows of strata_iq1_grid_u are 8 g + 9): multiplied with the activations as they are, with
+ * no signs to apply per token, and 9 * (the sum of the activations: their bsums) * the sub-block's
+ * weight taken off per block (iq1_bias). */
+INLINE void iq1_values(__m256i g9, __m256i delta, chunk *ch) { ch->q = _mm256_add_epi8(g9, delta); }
+
+/* -9 times the weight of each 16 values of an IQ1 block (int16 lane j: values 16 j .. 16 j + 15, the
+ * order of the activations' bsums): what madd with the bsums gives to take the + 9 off. IQ1_S has
+ * a weight per 32 values, chunk c's in int16 slot c of both halves of wv (weights_iq1_s); IQ1_M one
+ * per 16, 3 bits each: sub-block j's at bit 3 (j % 4) of its scales' u16 j / 4. */
+INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv) {
+    __m256i w;
+    if (fmt == FMT_IQ1_S) {
+        w = _mm256_shuffle_epi8(wv, _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                                     8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15));
+    } else {
+        const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(((const strata_block_iq1_m *)p)->scales)),
+                                              _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                               4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
+        const __m256i at13 = _mm256_mullo_epi16(u, _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16,
+                                                                     8192, 1024, 128, 16, 8192, 1024, 128, 16));
+        w = odd_weights(_mm256_srli_epi16(at13, 13));
+    }
+    return _mm256_mullo_epi16(w, _mm256_set1_epi16(-9));
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
@@ -330,7 +356,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const strata_block_iq1_s *b = (const strata_block_iq1_s *)p;
         const unsigned qh = u16(b->qh + 2 * c);
         ix += 4 * c;
-        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
+        const __m256i g = rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
         iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
         ch->sc = pick_weight(wv, c);
         return;
@@ -339,7 +365,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_
         const strata_block_iq1_m *b = (const strata_block_iq1_m *)p;
         const unsigned h = u16(b->qh + 2 * c);  /* nibble l: group 4 c + l */
         ix += 4 * c;
-        const __m256i g = rows8(strata_iq1s_grid[ix[0]], strata_iq1s_grid[ix[1]], strata_iq1s_grid[ix[2]], strata_iq1s_grid[ix[3]]);
+        const __m256i g = rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
         /* group l's delta sign is bit 4 l + 3 of h: tested in the 16-bit lanes of its 8 bytes */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);

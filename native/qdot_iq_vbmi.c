@@ -60,11 +60,11 @@
  * from it plus the row's delta (+-1) is IQ1's integer value 8 g +- 1 (qdot_iq.c) plus 9, in
  * [0, 18]: an unsigned byte, multiplied with the activations as they are; 9 * the sum of the
  * activations (their bsums) is taken off per block. */
-static uint8_t iq1_grid_u[2048][8] __attribute__((aligned(64)));
+uint8_t strata_iq1_grid_u[2048][8] __attribute__((aligned(64)));   /* qdot.h: the AVX2 tiles read it too */
 
 __attribute__((constructor)) static void make_iq1_grid_u(void) {
     for (int r = 0; r < 2048; r++)
-        for (int j = 0; j < 8; j++) iq1_grid_u[r][j] = (uint8_t)(8 * strata_iq1s_grid[r][j] + 9);
+        for (int j = 0; j < 8; j++) strata_iq1_grid_u[r][j] = (uint8_t)(8 * strata_iq1s_grid[r][j] + 9);
 }
 
 /* The control vectors' bytes, made once when the library loads ([0]: IQ2_XXS's, [1]: the others'). */
@@ -268,7 +268,7 @@ INLINE void unpack_iq1(int fmt, const consts *k, const uint8_t *p, unpacked *u) 
         const __m512i rows = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(qs + 8 * z))),
                                              _mm512_slli_epi64(_mm512_and_si512(high, _mm512_set1_epi64(7)), 8));
         const __m512i delta = _mm512_mask_mov_epi64(_mm512_set1_epi8(1), neg_delta, _mm512_set1_epi8(-1));
-        u->mag[z] = _mm512_add_epi8(_mm512_i64gather_epi64(rows, (const void *)iq1_grid_u, 8), delta);
+        u->mag[z] = _mm512_add_epi8(_mm512_i64gather_epi64(rows, (const void *)strata_iq1_grid_u, 8), delta);
         u->w[z] = fmt == IQ1_S ? two_weights(u, 1, z) : _mm512_permutexvar_epi32(k->spread[z], wts);
     }
 }

@@ -195,7 +195,7 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
     for (int c = 0; c < 8; c++) {
         chunk ch;
         iq_chunk(fmt, p, c, wv, ix, sg, &ch);
-        const __m256i v = apply_signs(fmt, &ch, ch.q);
+        const __m256i v = signed_values(fmt, &ch);
         _mm256_store_si256((__m256i *)(up->u[r] + 32 * c), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
         up->sc[r][2 * c] = _mm256_extract_epi16(ch.sc, 0);
         up->sc[r][2 * c + 1] = _mm256_extract_epi16(ch.sc, 8);
