@@ -41,17 +41,21 @@ typedef struct {
  * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
 #define AVX2_DECODE 1
 #define AVX2_PREFILL 2
-/* Prefill runs the AVX2 tile only where 512-bit operations are split in two halves (Zen 4,
- * strata_cpu_splits_512). On an Intel Xeon (AVX-512 VNNI/BF16/FP16, AMX; benchmarks/RESULTS.md)
- * the zmm tiles prefill faster: Q4_K 27.2 vs 18.5 and 26.4 vs 22.1, Q5_K 28.2 vs 23.6 and 30.9 vs
- * 27.9 GB/s (AVX-512 vs AVX2); the decode column there agrees with Zen 4's. Zen 4 again (AMD EPYC
- * family 19h model 11h, 2026-12-04, the same command, 2 threads, prefill x64): Q4_K 50.6 vs 54.0,
- * Q5_K 56.5 vs 64.9 GB/s. */
-#define AVX2_PREFILL_SPLIT (AVX2_PREFILL << 2)   /* a *_SPLIT flag is its phase's bit, two places up */
+/* Prefill of Q4_K and Q5_K: the AVX2 tile everywhere since it runs over unpacked rows
+ * (qdot_avx2_common.h). Before, it ran only where 512-bit operations are split in two halves (Zen
+ * 4: Q4_K 50.6 vs 54.0, Q5_K 56.5 vs 64.9 GB/s, AVX-512 vs AVX2, 2 threads, prefill x64), the zmm
+ * tiles being faster on the Intel Xeon (Q4_K 27.2 vs 18.5, Q5_K 28.2 vs 23.6). On that Intel
+ * machine the AVX2 build over unpacked rows then took Q4_K to 75.0 GB/s against the zmm tile's 63.1,
+ * Q5_K to 91.4 against 66.8 (`python benchmarks/qdot_rate.py --impls avx2 avx512 --alternate 3`,
+ * table before and after); the old table against the new in one process (`benchmarks/ab_builds.py
+ * --impl avx512`, one thread, 256 x 4096) at 5 / 8 / 16 / 64 tokens: Q4_K 1.10 / 1.05 / 1.15 /
+ * 1.20x, Q5_K 1.29 / 1.14 / 1.27 / 1.38x. Q6_K's AVX2 build over unpacked rows was 1.01-1.17x its zmm
+ * tile there, but on Zen 4 that tile prefilled at 1.56x the AVX2 build before the change (above),
+ * more than the change gained on Intel (1.3-1.45x): it stays on the zmm tile, unmeasured on Zen 4. */
 /* Decode runs the AVX2 tile only where 512-bit operations are split: TQ1_0's digits in zmm
  * registers decode from DRAM at 10.3 vs 12.1 GB/s (in cache 9.2 vs 10.1) on that Zen 4, where the
  * Intel machine ran them 1.06x the AVX2 build (qdot_iq4_avx2.c). */
-#define AVX2_DECODE_SPLIT (AVX2_DECODE << 2)
+#define AVX2_DECODE_SPLIT (AVX2_DECODE << 2)   /* a *_SPLIT flag is its phase's bit, two places up */
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
 
@@ -129,8 +133,8 @@ static const qdot_row TILES[] = {
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
     ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles */
     ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE),
-    ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
-    ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL_SPLIT),
+    ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL),
+    ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL),
     ROW(Q6_K, Q8K, q6_k, OWN, AVX2_DECODE),
     /* i-quants, ternary formats, NVFP4: scalar tiles in qdot_iq.c, AVX2 in qdot_iq_avx2.c (grid
      * i-quants) and qdot_iq4_avx2.c (code-book and ternary formats, NVFP4); AVX-512 machines run

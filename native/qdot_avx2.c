@@ -493,16 +493,46 @@ INLINE void k_tile(int fmt, int64_t bs, int nr, int nt, int64_t k, const uint8_t
     store_tile(nr, nt, acc, y, ys);
 }
 
-#define TILE_Q2_K(nr, nt, ...) k_tile(FMT_Q2_K, sizeof(strata_block_q2_k), nr, nt, __VA_ARGS__)
-#define TILE_Q3_K(nr, nt, ...) k_tile(FMT_Q3_K, sizeof(strata_block_q3_k), nr, nt, __VA_ARGS__)
-#define TILE_Q4_K(nr, nt, ...) k_tile(FMT_Q4_K, sizeof(strata_block_q4_k), nr, nt, __VA_ARGS__)
-#define TILE_Q5_K(nr, nt, ...) k_tile(FMT_Q5_K, sizeof(strata_block_q5_k), nr, nt, __VA_ARGS__)
-#define TILE_Q6_K(nr, nt, ...) k_tile(FMT_Q6_K, sizeof(strata_block_q6_k), nr, nt, __VA_ARGS__)
-DEFINE_DRIVER(q2_k, TILE_Q2_K, 1, 8, 1)
-DEFINE_DRIVER(q3_k, TILE_Q3_K, 1, 8, 1)
-DEFINE_DRIVER(q4_k, TILE_Q4_K, 1, 8, 1)
-DEFINE_DRIVER(q5_k, TILE_Q5_K, 1, 8, 1)
-DEFINE_DRIVER(q6_k, TILE_Q6_K, 1, 8, 1)
+/* Prefill over unpacked rows (qdot_avx2_common.h): chunk c's codes as k_chunk makes them; bw is
+ * Q3_K's and Q6_K's code bias (4, 32) times minus each sub-block's scale (an integer term, as
+ * k_finish takes it off), or the mins of Q2_K, Q4_K and Q5_K (a float term times dmin). The same
+ * integer and float operations as k_tile's per block, so the same result up to the windows' order
+ * of addition. */
+INLINE void k_unpack(int fmt, const uint8_t *p, urow_block *u) {
+    khead hd;
+    k_head(fmt, p, &hd);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) u->q[c] = k_chunk(fmt, p, &hd, c, &u->sc[c]);
+    const int bias = fmt == FMT_Q6_K ? 32 : fmt == FMT_Q3_K ? 4 : 0;
+    u->bw = bias ? _mm256_mullo_epi16(hd.bs_w, _mm256_set1_epi16((short)-bias)) : hd.bs_w;
+    u->d = hd.d;
+    u->dmin = bias ? 0.0f : hd.dmin;
+}
+
+/* Calls of this many tokens or more run over unpacked rows. */
+#define K_UR_MIN_TOKENS 5
+
+#define DEFINE_K_DRIVER(name, fmt, wtype)                                                                  \
+    INLINE void name##_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a,    \
+                            int64_t arb, float *y, int64_t ys) {                                           \
+        k_tile(fmt, sizeof(wtype), nr, nt, k, w, wrb, a, arb, y, ys);                                      \
+    }                                                                                                      \
+    static DEFINE_DRIVER_FN(name##_tiles, name##_tile, 1, 8, 1)                                           \
+    void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,           \
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y,    \
+                              int64_t ys) {                                                                \
+        if (n_tok >= K_UR_MIN_TOKENS)                                                                      \
+            urow_rows(fmt, fmt == FMT_Q3_K || fmt == FMT_Q6_K ? UR_BIAS_INT : UR_BIAS_MIN, k_unpack,       \
+                      (int64_t)sizeof(wtype), k, w, wrb, n_rows, a, arb, n_tok, y, ys);                    \
+        else                                                                                               \
+            name##_tiles(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                         \
+    }
+
+DEFINE_K_DRIVER(q2_k, FMT_Q2_K, strata_block_q2_k)
+DEFINE_K_DRIVER(q3_k, FMT_Q3_K, strata_block_q3_k)
+DEFINE_K_DRIVER(q4_k, FMT_Q4_K, strata_block_q4_k)
+DEFINE_K_DRIVER(q5_k, FMT_Q5_K, strata_block_q5_k)
+DEFINE_K_DRIVER(q6_k, FMT_Q6_K, strata_block_q6_k)
 
 /* ---- Float weights against float32 activation rows: 8 products per FMA, scalar tail ---- */
 

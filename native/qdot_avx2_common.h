@@ -68,8 +68,9 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
  * a time (DR = 4: independent accumulators for the short Q8 blocks; where GR = DR, the row group's
  * tile over all of them: Q4_0's 8 rows unpacked once for 2 or 3 tokens), or, for DR = 1, one row with
  * all its tokens (K-quants: their unpacking is the larger cost, and 4-row tiles spill). */
-#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
-    void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,         \
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR) DEFINE_DRIVER_FN(QDOT_AVX2_NAME(name), TILE, GR, GT, DR)
+#define DEFINE_DRIVER_FN(fn, TILE, GR, GT, DR)                                                           \
+    void fn(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,                           \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \
         int64_t r = 0;                                                                                   \
@@ -106,6 +107,92 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
 INLINE void store_tile(int nr, int nt, __m256 acc[4][8], float *y, int64_t ys) {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) y[t * ys + r] = hsum8(acc[r][t]);
+}
+
+/* ---- Prefill over unpacked rows (formats against STRATA_ACT_Q8K) ----
+ *
+ * A tile that builds each chunk of 32 codes per group of tokens builds it again for every group. Here
+ * a window of UR_BLOCKS blocks of UR_ROWS rows is unpacked once (by the format's `unpack`) into each
+ * chunk's codes as unsigned bytes and its int16 sub-block weights, and every token of the call runs
+ * over the window, one token by UR_ROWS rows at a time: per chunk one load of the token's 32
+ * activations, then per row VPMADDUBSW, VPMADDWD and an add (codes <= 127 against |a| <= 128: int16
+ * pair sums < 2^15). What the codes carry beside the values, per 16 codes, is taken off per block
+ * and token with the activations' bsums by one more VPMADDWD with the block's bw: a bias of the codes
+ * into the integer sum (UR_BIAS_INT: bw is minus the bias times each sub-block's weight), or the
+ * mins times dmin from the float sum (UR_BIAS_MIN: bw the mins). Each block's integer sum is what the
+ * format's scalar kernel forms; windows add their float sums to y one after another. */
+#define UR_ROWS 4      /* rows per pass over a token's activations */
+#define UR_BLOCKS 8    /* blocks per window: 4 rows of them unpacked take 18 KB (L1) */
+
+enum { UR_BIAS_INT, UR_BIAS_MIN };
+
+typedef struct {
+    __m256i q[8], sc[8];   /* chunk c: its 32 codes as unsigned bytes; its int16 sub-block weights */
+    __m256i bw;            /* int16 lane j: what the bsums of values 16 j .. 16 j + 15 are weighed by */
+    float d, dmin;         /* the block's scales, as the format's kernel forms them */
+} urow_block;
+
+/* v, with the compiler kept from reassociating the sums that made it: left to itself, gcc holds
+ * every chunk's product of a block apart and adds them as a tree at the end, spilling most of them
+ * (1.2-1.3x slower here). */
+INLINE __m256i in_order(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+/* Rows u[r * UR_BLOCKS ..], r < NR, of a window of nb blocks (block b0 on) against one token's
+ * activations a: its share of y[r], added to what y holds unless `first`. */
+INLINE void urow_pass(int NR, int kind, const urow_block *u, int64_t nb, int64_t b0, const uint8_t *a, float *y,
+                      int first) {
+    __m256 acc[UR_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)a + b0 + b;
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)ab->bsums);
+        __m256i isum[UR_ROWS];
+        for (int r = 0; r < NR; r++)
+            isum[r] = kind == UR_BIAS_INT ? _mm256_madd_epi16(bsums, u[r * UR_BLOCKS + b].bw) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
+            for (int r = 0; r < NR; r++) {
+                const urow_block *ub = &u[r * UR_BLOCKS + b];
+                isum[r] = in_order(madd_acc(isum[r], _mm256_maddubs_epi16(ub->q[c], av), ub->sc[c]));
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            const urow_block *ub = &u[r * UR_BLOCKS + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(ub->d * ab->d), acc[r]);
+            if (kind == UR_BIAS_MIN)
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, ub->bw)),
+                                          _mm256_set1_ps(ub->dmin * ab->d), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) y[r] = (first ? 0.0f : y[r]) + hsum8(acc[r]);
+}
+
+/* Rows UR_ROWS at a time (then the last 1-3), each window of blocks unpacked once for every token. */
+INLINE void urow_rows(int fmt, int kind, void (*unpack)(int fmt, const uint8_t *p, urow_block *u), int64_t bs,
+                      int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows, const uint8_t *a, int64_t arb,
+                      int64_t n_tok, float *y, int64_t ys) {
+    urow_block u[UR_ROWS * UR_BLOCKS];
+    const int64_t n_blocks = k / STRATA_QK_K;
+    for (int64_t r = 0; r < n_rows; r += UR_ROWS) {
+        const int nr = n_rows - r < UR_ROWS ? (int)(n_rows - r) : UR_ROWS;
+        for (int64_t b0 = 0; b0 < n_blocks; b0 += UR_BLOCKS) {
+            const int64_t nb = n_blocks - b0 < UR_BLOCKS ? n_blocks - b0 : UR_BLOCKS;
+            for (int i = 0; i < nr; i++)
+                for (int64_t b = 0; b < nb; b++) unpack(fmt, w + (r + i) * wrb + (b0 + b) * bs, &u[i * UR_BLOCKS + b]);
+            for (int64_t t = 0; t < n_tok; t++) {
+                const uint8_t *at = a + t * arb;
+                float *yt = y + t * ys + r;
+                if (nr == 4) urow_pass(4, kind, u, nb, b0, at, yt, b0 == 0);
+                else if (nr == 3) urow_pass(3, kind, u, nb, b0, at, yt, b0 == 0);
+                else if (nr == 2) urow_pass(2, kind, u, nb, b0, at, yt, b0 == 0);
+                else urow_pass(1, kind, u, nb, b0, at, yt, b0 == 0);
+            }
+        }
+    }
 }
 
 /* Decode (fewer than 4 tokens) is bound by reading the weights: fetch this far ahead of each row's

@@ -99,38 +99,14 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int t = 0; t < nt; t++) y[t * ys] = hsum8(acc[t]);
 }
 
-/* ---- Prefill over unpacked rows ----
+/* ---- Prefill over unpacked rows (qdot_avx2_common.h) ----
  *
- * With many tokens the tile above builds every chunk once per 8 tokens and applies its signs per
- * token. Here a window of UR_BLOCKS blocks of UR_ROWS rows is unpacked once, into each chunk's
- * signed values plus UR_BIAS as unsigned bytes (|w| <= 62, so w + 64 lies in [2, 126]) and its
- * weights, and every token of the call runs over the window, one token by UR_ROWS rows at a time:
- * per chunk one load of the token's 32 activations, then per row VPMADDUBSW (bytes <= 126 against
- * |a| <= 128: pair sums < 2^15), VPMADDWD and an add. The bias's share, 64 * (the sum of 16
- * activations: their bsums) * the sub-block's weight, is taken off per block and token by one more
- * VPMADDWD (cw: -64 times each sub-block's weight, in bsums' order). Each block's integer sum is the
- * scalar one, as in the tile above; windows add their float sums to y one after another.
- * Measured on the Intel machine (AVX2 build, one thread, 256 x 4096, benchmarks/ab_builds.py
- * against the tile above): 0.70-0.89x at 4 tokens (so calls of 4 keep that tile), 1.1-1.3x at
- * 5-8, 1.43-1.6x at 64. */
+ * A chunk's codes are its signed values plus UR_BIAS (|w| <= 62, so w + 64 lies in [2, 126]); bw is
+ * -64 times each sub-block's weight. Measured on the Intel machine (AVX2 build, one thread, 256 x
+ * 4096, benchmarks/ab_builds.py against the tiles above): 0.70-0.89x at 4 tokens (so calls of 4 keep
+ * them), 1.1-1.3x at 5-7, 0.87-1.15x at 8, 1.17-1.43x at 16, 1.47-1.74x at 64. */
 #define UR_BIAS 64
-#define UR_ROWS 4      /* rows per pass over a token's activations */
-#define UR_BLOCKS 8    /* blocks per window: 4 rows of them unpacked take 18 KB (L1) */
 #define UR_MIN_TOKENS 5
-
-typedef struct {
-    __m256i w[8], sc[8];   /* chunk c: its values + UR_BIAS as bytes; its int16 sub-block weights */
-    __m256i cw;            /* -UR_BIAS * the weight of values 16 j .. 16 j + 15, int16 lane j */
-    float d;               /* the block's d times the format's factor (a power of two: exact) */
-} urow_block;
-
-/* v, with the compiler kept from reassociating the sums that made it: left to itself, gcc holds
- * every chunk's product of a block apart and adds them as a tree at the end, spilling most of them
- * (1.2-1.3x slower here). */
-INLINE __m256i in_order(__m256i v) {
-    __asm__("" : "+x"(v));
-    return v;
-}
 
 /* The weights of chunk c's two halves (int16 lanes 0-7: values 0-15; 8-15: values 16-31) as a pair
  * of int16 (first half low) in every dword of the 128-bit lane that holds dword c (c < 4: the low). */
@@ -150,7 +126,7 @@ INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
     for (int c = 0; c < 8; c++) {
         chunk ch;
         iq_chunk(fmt, p, c, wv, ix, sg, &ch);
-        u->w[c] = _mm256_add_epi8(signed_values(fmt, &ch), _mm256_set1_epi8(UR_BIAS));
+        u->q[c] = _mm256_add_epi8(signed_values(fmt, &ch), _mm256_set1_epi8(UR_BIAS));
         u->sc[c] = ch.sc;
         pair[c] = weight_pair(ch.sc, c);
     }
@@ -161,55 +137,9 @@ INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
     cw = _mm256_blend_epi32(cw, pair[5], 0x20);
     cw = _mm256_blend_epi32(cw, pair[6], 0x40);
     cw = _mm256_blend_epi32(cw, pair[7], 0x80);
-    u->cw = _mm256_mullo_epi16(cw, _mm256_set1_epi16(-UR_BIAS));
-    u->d = iq_d(fmt, p) * iq_factor(fmt);
-}
-
-/* Rows u[r * UR_BLOCKS ..], r < NR, of a window of nb blocks (block b0 on) against one token's
- * activations a: its share of y[r], added to what y holds unless `first`. */
-INLINE void urow_pass(int NR, const urow_block *u, int64_t nb, int64_t b0, const uint8_t *a, float *y, int first) {
-    __m256 acc[UR_ROWS];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)a + b0 + b;
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)ab->bsums);
-        __m256i isum[UR_ROWS];
-        for (int r = 0; r < NR; r++) isum[r] = _mm256_madd_epi16(bsums, u[r * UR_BLOCKS + b].cw);
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            const __m256i av = _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c));
-            for (int r = 0; r < NR; r++) {
-                const urow_block *ub = &u[r * UR_BLOCKS + b];
-                isum[r] = in_order(madd_acc(isum[r], _mm256_maddubs_epi16(ub->w[c], av), ub->sc[c]));
-            }
-        }
-        for (int r = 0; r < NR; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(u[r * UR_BLOCKS + b].d * ab->d), acc[r]);
-    }
-    for (int r = 0; r < NR; r++) y[r] = (first ? 0.0f : y[r]) + hsum8(acc[r]);
-}
-
-/* Rows UR_ROWS at a time (then the last 1-3), each window of blocks unpacked once for every token. */
-INLINE void urow_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
-                      const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
-    urow_block u[UR_ROWS * UR_BLOCKS];
-    const int64_t n_blocks = k / STRATA_QK_K;
-    for (int64_t r = 0; r < n_rows; r += UR_ROWS) {
-        const int nr = n_rows - r < UR_ROWS ? (int)(n_rows - r) : UR_ROWS;
-        for (int64_t b0 = 0; b0 < n_blocks; b0 += UR_BLOCKS) {
-            const int64_t nb = n_blocks - b0 < UR_BLOCKS ? n_blocks - b0 : UR_BLOCKS;
-            for (int i = 0; i < nr; i++)
-                for (int64_t b = 0; b < nb; b++) unpack_urow(fmt, w + (r + i) * wrb + (b0 + b) * bs, &u[i * UR_BLOCKS + b]);
-            for (int64_t t = 0; t < n_tok; t++) {
-                const uint8_t *at = a + t * arb;
-                float *yt = y + t * ys + r;
-                if (nr == 4) urow_pass(4, u, nb, b0, at, yt, b0 == 0);
-                else if (nr == 3) urow_pass(3, u, nb, b0, at, yt, b0 == 0);
-                else if (nr == 2) urow_pass(2, u, nb, b0, at, yt, b0 == 0);
-                else urow_pass(1, u, nb, b0, at, yt, b0 == 0);
-            }
-        }
-    }
+    u->bw = _mm256_mullo_epi16(cw, _mm256_set1_epi16(-UR_BIAS));
+    u->d = iq_d(fmt, p) * iq_factor(fmt);   /* the factor is a power of two: (d * f) * ad = d * ad * f */
+    u->dmin = 0.0f;
 }
 
 /* Calls of UR_MIN_TOKENS tokens or more over unpacked rows; fewer rows one at a time, decode (1-3
@@ -217,7 +147,7 @@ INLINE void urow_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
 INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
                     const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
     if (n_tok >= UR_MIN_TOKENS) {
-        urow_rows(fmt, bs, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        urow_rows(fmt, UR_BIAS_INT, unpack_urow, bs, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
     for (int64_t r = 0; r < n_rows; r++) {

@@ -47,8 +47,10 @@ EXTREME_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x0C00, 0x7BF
 EXTREME_E8M0 = np.array([0, 1, 2, 100, 140], dtype=np.uint8)
 
 # (rows, blocks per row, tokens): rows not a multiple of the kernels' row groups (4, 2), one block
-# and many, T in {1, 2, 3, 4, 7, 13, 64}. Float formats use the "blocks" as a row length (1, 3: tail path).
-CASES = [(5, 1, 1), (13, 3, 1), (7, 1, 2), (3, 2, 3), (6, 3, 7), (9, 2, 13), (33, 2, 64), (4, 5, 4)]
+# and many (9, 17: windows of 8 blocks of the prefill over unpacked rows), T in {1, 2, 3, 4, 5, 7, 9, 13,
+# 64}. Float formats use the "blocks" as a row length (1, 3: tail path).
+CASES = [(5, 1, 1), (13, 3, 1), (7, 1, 2), (3, 2, 3), (6, 3, 7), (9, 2, 13), (33, 2, 64), (4, 5, 4), (6, 9, 5),
+         (7, 17, 9)]
 CASE_IDS = [f"N{n}-B{b}-T{t}" for n, b, t in CASES]
 
 

@@ -123,13 +123,12 @@ def test_avx512_own_tiles_override_the_table():
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     own = subprocess.run([sys.executable, "-c", code], env={**env, "STRATA_AVX512_OWN_TILES": "1"},
                          capture_output=True, text=True, check=True)
-    q4k_prefill = "avx2" if native.cpu_splits_512() else "avx512"
-    assert plain.stdout.split() == ["avx2", q4k_prefill, "avx2"] and own.stdout.split() == ["avx512"] * 3
+    assert plain.stdout.split() == ["avx2", "avx2", "avx2"] and own.stdout.split() == ["avx512"] * 3
 
 
 def test_a_split_512_bit_datapath_is_told_by_vendor_and_family():
-    """The prefill choice of Q4_K/Q5_K follows strata_cpu_splits_512: AMD family 19h (Zen 4) as
-    /proc/cpuinfo tells it."""
+    """The kernel table's *_SPLIT choices (TQ1_0's decode) and the VNNI tiles' last group follow
+    strata_cpu_splits_512: AMD family 19h (Zen 4) as /proc/cpuinfo tells it."""
     info = Path("/proc/cpuinfo")
     if not info.exists():
         pytest.skip("no /proc/cpuinfo to check against")
