@@ -328,10 +328,12 @@ DEFINE_DRIVER(mxfp4, TILE_MXFP4, 1, 8, 4)
 
 /* ---- K-quants against STRATA_ACT_Q8K ----
  *
- * A block is worked through in 8 chunks of 32 codes (unsigned, below 64): chunk c's codes and its
- * int16 scale vector are made and used at once for every token of the tile, so nothing unpacked
- * goes through memory. Per token the 8 chunks' madd results add up in int32; the bsums then give
- * the mins (Q2_K, Q4_K, Q5_K: a float term) or the code bias (Q3_K 4, Q6_K 32: an integer term). */
+ * A block is worked through in 8 chunks of 32 codes (unsigned, below 64). Calls of 1-3 tokens make
+ * chunk c's codes and its int16 scale vector and use them at once for every token of the tile, so
+ * nothing unpacked goes through memory; calls of 4 or more unpack windows of rows once and run every
+ * token over them (k_unpack below). Per token the 8 chunks' madd results add up in int32; the bsums
+ * then give the mins (Q2_K, Q4_K, Q5_K: a float term) or the code bias (Q3_K 4, Q6_K 32: an integer
+ * term). */
 
 enum { FMT_Q2_K, FMT_Q3_K, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K };
 
@@ -509,8 +511,10 @@ INLINE void k_unpack(int fmt, const uint8_t *p, urow_block *u) {
     u->dmin = bias ? 0.0f : hd.dmin;
 }
 
-/* Calls of this many tokens or more run over unpacked rows. */
-#define K_UR_MIN_TOKENS 5
+/* Calls of this many tokens or more (every prefill call) run over unpacked rows: against the 1 x 8
+ * and 1 x 4 tiles (Intel machine, AVX2 build, one thread, 256 x 4096, benchmarks/ab_builds.py)
+ * 1.02-1.31x at 4 tokens, 1.13-1.45x at 5, 1.06-1.27x at 8, 1.14-1.37x at 16, 1.19-1.44x at 64. */
+#define K_UR_MIN_TOKENS 4
 
 #define DEFINE_K_DRIVER(name, fmt, wtype)                                                                  \
     INLINE void name##_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a,    \
