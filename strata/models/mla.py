@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from strata import native
@@ -125,17 +124,26 @@ def _heads(m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
 
 
 def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:
-    """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c."""
-    outs = []
+    """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c.
+
+    One latent row serves every head as key and value, so a piece of queries is two matrix
+    products: every head's query of every token against the keys at once ([m H, L+R] @ [L+R, Lk]),
+    and the probabilities against c. (torch's scaled_dot_product_attention with one kv head for 16
+    took its math path for the unequal key and value widths and expanded the keys to every head
+    first: the DeepSeek-shaped file's 64-token prefill spent 0.99 ms per token in attention with it,
+    0.88 with this; `benchmarks/RESULTS.md`.)"""
+    outs, H = [], query.shape[1]
     for b, (start, n, off) in enumerate(zip(batch.starts, batch.lengths, batch.offsets)):
-        keys = batch.read(cache, b, query.dtype)  # [1, Lk, L+R]
-        # unequal key and value widths: torch forms the scores, so long steps go in pieces of queries
-        for i, j in query_pieces(start, n, query.shape[1]):
-            q, k = query[off + i:off + j].transpose(0, 1), keys[:, :start + j]  # [H, m, L+R], [1, start+j, L+R]
-            mask = causal_mask(start + i, j - i, q.device)  # [m, start+j]
-            out = F.scaled_dot_product_attention(q[None], k[None], k[None, ..., :L], attn_mask=mask,
-                                                 scale=scale, enable_gqa=True)  # [1, H, m, L]
-            outs.append(out[0].transpose(0, 1))  # [m, H, L]
+        keys = batch.read(cache, b, query.dtype)[0]  # [Lk, L+R]
+        # long steps go in pieces of queries (the scores of a piece stay within SCORE_ELEMENTS)
+        for i, j in query_pieces(start, n, H):
+            m, seen = j - i, start + j
+            k = keys[:seen].float()  # [seen, L+R]
+            q = query[off + i:off + j].float().reshape(m * H, -1)  # [m H, L+R]: token-major, heads inside
+            scores = (q @ k.T).mul_(scale).view(m, H, seen)
+            scores = scores.masked_fill_(~causal_mask(start + i, m, q.device)[:, None, :], float("-inf"))
+            probs = scores.softmax(dim=-1).view(m * H, seen)
+            outs.append((probs @ k[:, :L]).view(m, H, L).to(query.dtype))  # [m, H, L]
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
