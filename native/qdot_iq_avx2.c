@@ -66,14 +66,11 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
     for (int64_t b = 0; b < k / STRATA_QK_K; b++) {
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_block_ahead(p, bs, ahead_end);
-        const __m256i wv = iq_weights(fmt, p);
-        uint16_t ix[64] __attribute__((aligned(32)));
-        iq_indices(fmt, p, ix);
-        uint8_t sg[32] __attribute__((aligned(32)));
-        iq_signs(fmt, p, sg);
+        iq_head h;
+        iq_head_of(fmt, p, &h);
         __m256i isum[4];
         if (is_iq1(fmt)) {   /* their magnitudes are the values + 9: 9 * bsums * weight off */
-            const __m256i bias = iq1_bias(fmt, p, wv);
+            const __m256i bias = iq1_bias(fmt, p, h.wv);
             for (int t = 0; t < nt; t++)
                 isum[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)((const strata_block_act_q8k *)(a + t * arb) + b)->bsums),
                                             bias);
@@ -83,7 +80,7 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             chunk ch;
-            iq_chunk(fmt, p, c, wv, ix, sg, &ch);
+            iq_chunk(fmt, p, c, &h, &ch);
             for (int t = 0; t < nt; t++) {
                 const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
                 const __m256i av = apply_signs(fmt, &ch, _mm256_loadu_si256((const __m256i *)(ab->q + 32 * c)));
@@ -116,16 +113,13 @@ INLINE __m256i weight_pair(__m256i sc, int c) {
 }
 
 INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
-    const __m256i wv = iq_weights(fmt, p);
-    uint16_t ix[64] __attribute__((aligned(32)));
-    iq_indices(fmt, p, ix);
-    uint8_t sg[32] __attribute__((aligned(32)));
-    iq_signs(fmt, p, sg);
+    iq_head h;
+    iq_head_of(fmt, p, &h);
     __m256i pair[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
         chunk ch;
-        iq_chunk(fmt, p, c, wv, ix, sg, &ch);
+        iq_chunk(fmt, p, c, &h, &ch);
         u->q[c] = _mm256_add_epi8(signed_values(fmt, &ch), _mm256_set1_epi8(UR_BIAS));
         u->sc[c] = ch.sc;
         pair[c] = weight_pair(ch.sc, c);

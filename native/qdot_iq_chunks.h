@@ -284,6 +284,20 @@ INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
     }
 }
 
+/* What the chunks of a block share, made once per block: its weight vector, 16-bit grid indices
+ * and sign bits (for the formats that need them: iq_weights, iq_indices, iq_signs). */
+typedef struct {
+    __m256i wv;
+    uint16_t ix[64] __attribute__((aligned(32)));
+    uint8_t sg[32] __attribute__((aligned(32)));
+} iq_head;
+
+INLINE void iq_head_of(int fmt, const uint8_t *p, iq_head *h) {
+    h->wv = iq_weights(fmt, p);
+    iq_indices(fmt, p, h->ix);
+    iq_signs(fmt, p, h->sg);
+}
+
 /* IQ1: the values 8 g + delta of grid rows g and delta bytes (+-1), plus 9, as unsigned bytes in
  * [0, 18] (rows of strata_iq1_grid_u are 8 g + 9): multiplied with the activations as they are, with
  * no signs to apply per token, and 9 * (the sum of the activations: their bsums) * the sub-block's
@@ -311,7 +325,10 @@ INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv) {
 }
 
 /* Chunk c (values 32 c .. 32 c + 31) of the block at p. */
-INLINE void iq_chunk(int fmt, const uint8_t *p, int c, __m256i wv, const uint16_t *ix, const uint8_t *sg, chunk *ch) {
+INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *ch) {
+    const __m256i wv = h->wv;
+    const uint16_t *ix = h->ix;
+    const uint8_t *sg = h->sg;
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;

@@ -186,15 +186,12 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
         unpack_q3_k(p, up, r);
         return;
     }
-    const __m256i wv = iq_weights(fmt, p);
-    uint16_t ix[64] __attribute__((aligned(32)));
-    uint8_t sg[32] __attribute__((aligned(32)));
-    iq_indices(fmt, p, ix);
-    iq_signs(fmt, p, sg);
+    iq_head h;
+    iq_head_of(fmt, p, &h);
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
         chunk ch;
-        iq_chunk(fmt, p, c, wv, ix, sg, &ch);
+        iq_chunk(fmt, p, c, &h, &ch);
         const __m256i v = signed_values(fmt, &ch);
         _mm256_store_si256((__m256i *)(up->u[r] + 32 * c), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
         up->sc[r][2 * c] = _mm256_extract_epi16(ch.sc, 0);
