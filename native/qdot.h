@@ -60,10 +60,11 @@ const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds o
  * when it already holds the layout of these activations. */
 void strata_qdot_new_acts(void);
 
+uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid);
+
 /* IQ1's grid times 8, plus 9, made when the library loads on x86 (qdot_iq_vbmi.c): a row of it plus
  * the row's delta (+-1) is IQ1's integer value 8 g +- 1 plus 9, in [0, 18], an unsigned byte. */
 extern uint8_t strata_iq1_grid_u[2048][8];
-uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid);
 
 typedef struct {
     int weight_type;        /* ggml type id */

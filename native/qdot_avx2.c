@@ -516,20 +516,23 @@ INLINE void k_unpack(int fmt, const uint8_t *p, urow_block *u) {
  * 1.02-1.31x at 4 tokens, 1.13-1.45x at 5, 1.06-1.27x at 8, 1.14-1.37x at 16, 1.19-1.44x at 64. */
 #define K_UR_MIN_TOKENS 4
 
+/* Decode (1-3 tokens) a row at a time with all its tokens (their unpacking is the larger cost, and
+ * 4-row tiles spill); 4 tokens or more over unpacked rows. */
 #define DEFINE_K_DRIVER(name, fmt, wtype)                                                                  \
-    INLINE void name##_tile(int nr, int nt, int64_t k, const uint8_t *w, int64_t wrb, const uint8_t *a,    \
-                            int64_t arb, float *y, int64_t ys) {                                           \
-        k_tile(fmt, sizeof(wtype), nr, nt, k, w, wrb, a, arb, y, ys);                                      \
-    }                                                                                                      \
-    static DEFINE_DRIVER_FN(name##_tiles, name##_tile, 1, 8, 1)                                           \
     void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,           \
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y,    \
                               int64_t ys) {                                                                \
-        if (n_tok >= K_UR_MIN_TOKENS)                                                                      \
-            urow_rows(fmt, fmt == FMT_Q3_K || fmt == FMT_Q6_K ? UR_BIAS_INT : UR_BIAS_MIN, k_unpack,       \
-                      (int64_t)sizeof(wtype), k, w, wrb, n_rows, a, arb, n_tok, y, ys);                    \
-        else                                                                                               \
-            name##_tiles(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                         \
+        const int64_t bs = (int64_t)sizeof(wtype);                                                         \
+        if (n_tok >= K_UR_MIN_TOKENS) {                                                                    \
+            urow_rows(fmt, fmt == FMT_Q3_K || fmt == FMT_Q6_K ? UR_BIAS_INT : UR_BIAS_MIN, k_unpack, bs,   \
+                      k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                            \
+            return;                                                                                        \
+        }                                                                                                  \
+        for (int64_t r = 0; r < n_rows; r++) {                                                             \
+            if (n_tok == 1) k_tile(fmt, bs, 1, 1, k, w + r * wrb, wrb, a, arb, y + r, ys);                 \
+            else if (n_tok == 2) k_tile(fmt, bs, 1, 2, k, w + r * wrb, wrb, a, arb, y + r, ys);            \
+            else if (n_tok == 3) k_tile(fmt, bs, 1, 3, k, w + r * wrb, wrb, a, arb, y + r, ys);            \
+        }                                                                                                  \
     }
 
 DEFINE_K_DRIVER(q2_k, FMT_Q2_K, strata_block_q2_k)
