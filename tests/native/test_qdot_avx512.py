@@ -119,7 +119,7 @@ def test_avx512_own_tiles_override_the_table():
     """STRATA_AVX512_OWN_TILES=1 (for measuring the table): every AVX-512 call runs its own tiles."""
     code = ("from strata.native.qdot import kernel_family as f; "
             "print(f('Q4_K', 'avx512', True), f('Q4_K', 'avx512', False), f('Q8_0', 'avx512', True))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     own = subprocess.run([sys.executable, "-c", code], env={**env, "STRATA_AVX512_OWN_TILES": "1"},
                          capture_output=True, text=True, check=True)
@@ -248,10 +248,17 @@ def test_avx512_request_on_a_cpu_without_it_is_refused():
         native.quantize(T.Q4_K, np.ones((1, 256), np.float32), impl="avx512")
 
 
-def default_impl_with(**env: str) -> str:
+def child_env(**env: str) -> dict[str, str]:
+    """This environment for a child Python, less the ISA caps, with the repository ahead of whatever
+    PYTHONPATH already holds (where the packages live in a --target folder, the child needs both)."""
     full = {k: v for k, v in os.environ.items() if k not in ("STRATA_FORCE_SCALAR", "STRATA_FORCE_AVX2")}
-    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
     full.update(env)
+    return full
+
+
+def default_impl_with(**env: str) -> str:
+    full = child_env(**env)
     code = "from strata import native; print(native.default_impl())"
     out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
     return out.stdout.strip()

@@ -12,7 +12,6 @@ equal single-threaded scalar calls. Decode (1-3 tokens) stays on the AVX2 build.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from strata import native
 from strata.native.qdot import kernel_family
 from strata.quant import GGMLType
 from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_avx512 import child_env
 from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scalar
 from strata.quant import HALF_SCALE_OFFSETS, random_blocks
 from tests.native.test_qdot import EXTREME_HALVES
@@ -162,8 +162,7 @@ print("ok")
 
 def test_vnni_tiles_under_own_tiles_on_any_avx512_machine():
     """STRATA_AVX512_OWN_TILES=1 hands out the VNNI tiles for prefill everywhere (Zen 4 too)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_FORCE_AVX2", "STRATA_FORCE_SCALAR")}
-    env.update(PYTHONPATH=str(ROOT), STRATA_AVX512_OWN_TILES="1")
+    env = child_env(STRATA_AVX512_OWN_TILES="1")
     done = subprocess.run([sys.executable, "-c", SUBPROCESS_CHECK], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["ok"], done.stderr[-2000:]

@@ -7,7 +7,6 @@ STRATA_AVX512_OWN_TILES hands the tile every token count on every AVX-512 machin
 test checks it there, so the tile is tested on Zen 4 too. Skipped without AVX-512."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from strata import native
 from strata.native.qdot import kernel_family
 from strata.quant import GGMLType
 from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_avx512 import child_env
 from tests.native.test_qdot_iq4_avx2 import exact_tokens, exact_weights, rounding_tol
 from tests.native.test_qdot_iquants import make_weights
 
@@ -72,7 +72,7 @@ def own_tile_outputs(tmp_path, name: str, w: np.ndarray, x: np.ndarray, n_rows: 
             "assert kernel_family(GGMLType.TQ1_0, 'avx512', True) == 'avx512'; "
             f"np.save(f'{{d}}/{{name}}_y.npy', np.stack([native.qdot_rows(GGMLType.TQ1_0, w, {n_rows}, {row_len}, "
             "x[:n], impl='avx512')[-1] for n in range(1, len(x) + 1)]))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "STRATA_AVX512_OWN_TILES": "1"}
+    env = child_env(STRATA_AVX512_OWN_TILES="1")
     subprocess.run([sys.executable, "-c", code, str(tmp_path), name], env=env, check=True, capture_output=True,
                    text=True)
     return np.load(tmp_path / f"{name}_y.npy")
