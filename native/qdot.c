@@ -61,8 +61,9 @@ _Thread_local const uint8_t *strata_qdot_ahead_end;
 
 const uint8_t *strata_qdot_ahead(void) { return strata_qdot_ahead_end; }
 
-/* The calling thread's buffer of activations re-laid for a prefill tile (qdot_iq_vnni.c), with
- * what it holds: made from `a` (n_tok tokens of k values, arb bytes apart) while the activation
+/* The calling thread's buffers of activations re-laid for a tile, one per layout (STRATA_RELAID_*:
+ * the VNNI prefill tiles', qdot_iq_vnni.c, and the planes decode tile's, qdot_iq_planes.c), with
+ * what each holds: made from `a` (n_tok tokens of k values, arb bytes apart) while the activation
  * serial was `serial`. Every write of activations anywhere bumps the one process-wide serial
  * (strata_qdot_new_acts), so a layout is reused only while no activations have changed since it
  * was made: gate and up of an expert, and every row block a thread takes of them, re-lay once.
@@ -73,44 +74,49 @@ static _Thread_local struct {
     uint64_t serial;
     const uint8_t *a;
     int64_t n_tok, k, arb;
-} relaid;
+} relaid[STRATA_RELAID_LAYOUTS];
 static atomic_uint_fast64_t act_serial = 1;
 
-/* Frees a thread's buffer when the thread exits (pool workers come and go with their pools). */
-static pthread_key_t relaid_key;
+/* Frees a thread's buffers when the thread exits (pool workers come and go with their pools). */
+static pthread_key_t relaid_key[STRATA_RELAID_LAYOUTS];
 static pthread_once_t relaid_once = PTHREAD_ONCE_INIT;
 static int relaid_key_ok;
 
-static void relaid_key_make(void) { relaid_key_ok = pthread_key_create(&relaid_key, free) == 0; }
+static void relaid_key_make(void) {
+    relaid_key_ok = 1;
+    for (int l = 0; l < STRATA_RELAID_LAYOUTS; l++) relaid_key_ok &= pthread_key_create(&relaid_key[l], free) == 0;
+}
 
 void strata_qdot_new_acts(void) { atomic_fetch_add(&act_serial, 1); }
 
-uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid) {
+uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int layout,
+                            int *valid) {
     const uint64_t serial = atomic_load(&act_serial);   /* read before the activations are */
-    if (relaid.serial == serial && relaid.a == a && relaid.n_tok == n_tok && relaid.k == k && relaid.arb == arb &&
-        relaid.cap >= bytes) {
-        *valid = 1;
-        return relaid.buf;
-    }
     *valid = 0;
-    if (relaid.cap < bytes) {
+    if (layout < 0 || layout >= STRATA_RELAID_LAYOUTS) return NULL;
+    __typeof__(relaid[0]) *r = &relaid[layout];
+    if (r->serial == serial && r->a == a && r->n_tok == n_tok && r->k == k && r->arb == arb && r->cap >= bytes) {
+        *valid = 1;
+        return r->buf;
+    }
+    if (r->cap < bytes) {
         void *p = NULL;
         pthread_once(&relaid_once, relaid_key_make);
         if (!relaid_key_ok || posix_memalign(&p, 64, bytes) != 0) return NULL;
-        if (pthread_setspecific(relaid_key, p) != 0) {
+        if (pthread_setspecific(relaid_key[layout], p) != 0) {
             free(p);
             return NULL;
         }
-        free(relaid.buf);
-        relaid.buf = p;
-        relaid.cap = bytes;
+        free(r->buf);
+        r->buf = p;
+        r->cap = bytes;
     }
-    relaid.serial = serial;
-    relaid.a = a;
-    relaid.n_tok = n_tok;
-    relaid.k = k;
-    relaid.arb = arb;
-    return relaid.buf;
+    r->serial = serial;
+    r->a = a;
+    r->n_tok = n_tok;
+    r->k = k;
+    r->arb = arb;
+    return r->buf;
 }
 
 /* One row: type, activation format, kernel name, whether AVX-512 has a tile of its own (OWN or
@@ -180,6 +186,19 @@ static const struct {
     {STRATA_T_IQ3_S, strata_qdot_iq3_s_vbmi},
 };
 
+/* Decode tiles by planes (qdot_iq_planes.c: the grid looked up in registers against re-laid
+ * activations), taken in place of the gather tile and the AVX2 build for STRATA_IMPL_AVX512 where
+ * the CPU has VBMI and GFNI and does not split 512-bit operations (unmeasured on Zen 4, where
+ * VPERMT2B is split too), unless STRATA_PLANES=0; STRATA_PLANES=1 takes them wherever the CPU has
+ * VBMI and GFNI (both for measuring). On the Intel machine IQ2_XXS decoded 1.9-2.0x as fast as by
+ * gathers (one thread, in cache; DRAM figures: benchmarks/RESULTS.md). */
+static const struct {
+    int type;
+    strata_qdot_tile_fn decode;
+} PLANES_DECODE[] = {
+    {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_planes},
+};
+
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */
 static const strata_qact_fn QACT[2][N_COLS] = {
     [STRATA_ACT_Q8] = {strata_qact_q8_ref, strata_qact_q8_avx2, strata_qact_q8_avx512},
@@ -239,9 +258,27 @@ static strata_qdot_tile_fn vbmi_decode(int type) {
     return NULL;
 }
 
-strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise) {
+/* The planes decode tile of `type` where this CPU and the environment allow it, else NULL. */
+static strata_qdot_tile_fn planes_decode(int type) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("STRATA_PLANES");
+        const int forced = v && strcmp(v, "1") == 0, off = v && strcmp(v, "0") == 0;
+        on = strata_cpu_has_avx512_vbmi() && (forced || !strata_cpu_splits_512()) && !off;
+    }
+    for (size_t i = 0; on && i < sizeof(PLANES_DECODE) / sizeof(PLANES_DECODE[0]); i++)
+        if (PLANES_DECODE[i].type == type) return PLANES_DECODE[i].decode;
+    return NULL;
+}
+
+strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise) {
     const strata_qdot_tile_fn gather = vbmi_decode(type);
     return gather ? gather : otherwise;
+}
+
+strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise) {
+    const strata_qdot_tile_fn planes = planes_decode(type);
+    return planes ? planes : strata_qdot_gathers(type, otherwise);
 }
 
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
@@ -262,7 +299,8 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         if (strata_cpu_splits_512()) on_avx2 |= on_avx2 >> 2;   /* the *_SPLIT phases join in */
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
-        const strata_qdot_tile_fn vbmi = col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;
+        const strata_qdot_tile_fn planes = col == COL_AVX512 ? planes_decode(weight_type) : NULL;
+        const strata_qdot_tile_fn vbmi = planes ? planes : col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;
         if (vbmi) {
             out->decode = vbmi;
             out->decode_family = STRATA_IMPL_AVX512;

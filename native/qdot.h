@@ -54,13 +54,16 @@ extern _Thread_local const uint8_t *strata_qdot_ahead_end;
 const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds of the AVX2 tiles) */
 
 /* Activations handed to tile calls from now on may differ from before: called by whoever quantized
- * them, before the tile calls that read them. A prefill tile that re-lays activations
- * (qdot_iq_vnni.c) keeps its layout per thread until then: strata_qdot_relaid gives the calling
- * thread's buffer of at least `bytes` (64-byte aligned; NULL if it cannot be had) and sets *valid
- * when it already holds the layout of these activations. */
+ * them, before the tile calls that read them. A tile that re-lays activations (qdot_iq_vnni.c,
+ * qdot_iq_planes.c) keeps its layout per thread until then: strata_qdot_relaid gives the calling
+ * thread's buffer for `layout` of at least `bytes` (64-byte aligned; NULL if it cannot be had) and
+ * sets *valid when it already holds that layout of these activations. */
 void strata_qdot_new_acts(void);
 
-uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int *valid);
+enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_LAYOUTS };
+
+uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int layout,
+                            int *valid);
 
 /* IQ1's grid times 8, plus 9, made when the library loads on x86 (qdot_iq_vbmi.c): a row of it plus
  * the row's delta (+-1) is IQ1's integer value 8 g +- 1 plus 9, in [0, 18], an unsigned byte. */
@@ -235,8 +238,10 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
     }
 
 /* The tile for calls (or a prefill tile's leftovers) of fewer than 8 tokens of `type` on an AVX-512
- * call: the gather tile where qdot.c hands those out (qdot_iq_vbmi.c), else `otherwise`. */
+ * call: the planes tile where qdot.c hands those out (qdot_iq_planes.c), else the gather tile where
+ * it hands those out (qdot_iq_vbmi.c: strata_qdot_gathers), else `otherwise`. */
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise);
+strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise);
 
 /* qdot_iq_vbmi.c: decode tiles of grid i-quants on AVX-512 VBMI machines */
 STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
@@ -246,6 +251,9 @@ STRATA_DECLARE_QTILE(iq2_s, vbmi)
 STRATA_DECLARE_QTILE(iq1_s, vbmi)
 STRATA_DECLARE_QTILE(iq1_m, vbmi)
 STRATA_DECLARE_QTILE(iq3_s, vbmi)
+
+/* qdot_iq_planes.c: IQ2_XXS's decode tile by planes on AVX-512 VBMI machines */
+STRATA_DECLARE_QTILE(iq2_xxs, planes)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)

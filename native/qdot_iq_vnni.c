@@ -321,7 +321,7 @@ INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, co
     uint8_t *relaid = NULL;
     if (n_vnni > 0 && nb > 0) {
         int valid = 0;
-        relaid = strata_qdot_relaid(a, n_vnni, k, arb, (size_t)(n_groups * nb * RELAID_BLOCK), &valid);
+        relaid = strata_qdot_relaid(a, n_vnni, k, arb, (size_t)(n_groups * nb * RELAID_BLOCK), STRATA_RELAID_VNNI, &valid);
         if (relaid && !valid)
             for (int64_t g = 0; g < n_groups; g++)
                 relay_group(a + g * GROUP * arb, arb, (int)(n_vnni - g * GROUP < GROUP ? n_vnni - g * GROUP : GROUP),

@@ -5,8 +5,9 @@ These tiles compute each weight block's integer dot product exactly (each 64 val
 one gather, signs from the ksigns fields with their parity made by GF2P8AFFINEQB or stored as bits)
 and add the per-block float terms in another order than the scalar tile: the result is held within
 the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens) of an AVX-512 call reach
-them through the kernel table where the CPU has VBMI, GFNI and fast gathers; STRATA_VBMI=0 gives the
-AVX2 build back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to
+them through the kernel table where the CPU has VBMI, GFNI and fast gathers, except IQ2_XXS where its
+planes tile runs instead (test_qdot_iq_planes.py runs this file under STRATA_PLANES=0 for it);
+STRATA_VBMI=0 and STRATA_PLANES=0 give the AVX2 build back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to
 hold them all, not only random ones).
 """
 from __future__ import annotations
@@ -111,7 +112,7 @@ def test_strata_vbmi_0_gives_the_avx2_build_back():
     code = ("from strata.native.qdot import kernel_family\nfrom strata.quant import GGMLType as T\n"
             f"print(' '.join(kernel_family(T[n], 'avx512', decode=True) for n in {[t.name for t in VBMI_TYPES]!r}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "STRATA_VBMI": "0"}, check=True).stdout.split()
+                         env={**os.environ, "STRATA_VBMI": "0", "STRATA_PLANES": "0"}, check=True).stdout.split()
     assert out == ["avx2"] * len(VBMI_TYPES)
 
 

@@ -1,0 +1,122 @@
+"""IQ2_XXS's AVX-512 decode tile by planes (native/qdot_iq_planes.c) against its scalar twin
+(native/qdot_iq.c).
+
+The tile looks the grid up in registers one value position at a time (2-bit codes, turned into the
+values 8, 25, 43 by GF2P8AFFINEQB) against activations it re-lays once per thread and set of
+activations; its integer sums are the scalar tile's, and the float terms are added in another
+order, so results are held within the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls
+(1-3 tokens) of an AVX-512 call, and the 4-7 tokens that a prefill's VNNI groups leave over, reach
+it through the kernel table where the CPU has VBMI and GFNI and does not split 512-bit operations
+(STRATA_PLANES=1: there too; STRATA_PLANES=0: never).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType
+from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_avx512 import child_env
+from tests.native.test_qdot_iq_grid_avx2 import _uniform_blocks, assert_close_to_scalar, check_shape
+from tests.native.test_qdot_iq_vbmi import every_code_blocks
+from tests.native.test_qdot_iquants import make_weights
+
+T = GGMLType
+ROOT = Path(__file__).resolve().parents[2]
+#: Where the kernel table hands the tile out (qdot.c's planes_decode).
+PLANES_ENV = os.environ.get("STRATA_PLANES")
+HAS_PLANES = (native.cpu_has_avx512_vbmi() and (not native.cpu_splits_512() or PLANES_ENV == "1")
+              and PLANES_ENV != "0" and not os.environ.get("STRATA_FORCE_AVX2") and not os.environ.get("STRATA_FORCE_SCALAR"))
+pytestmark = pytest.mark.skipif(not HAS_PLANES, reason="CPU has no AVX-512 VBMI and GFNI, or splits 512-bit operations "
+                                                        "(STRATA_PLANES=1 runs the tile anyway), or STRATA_PLANES=0")
+#: (rows, blocks per row, tokens): odd block counts leave a block without a pair
+SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3), (17, 5, 1), (2, 28, 1)]
+
+
+def table_says(env: dict[str, str]) -> str:
+    code = ("from strata.native.qdot import kernel_family\nfrom strata.quant import GGMLType as T\n"
+            "print(kernel_family(T.IQ2_XXS, 'avx512', decode=True))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=child_env(**env), check=True).stdout.strip()
+
+
+def test_the_table_hands_the_tile_out_for_decode():
+    assert kernel_family(T.IQ2_XXS, "avx512", decode=True) == "avx512"
+    # STRATA_PLANES=0 (with the gather tiles off too) gives the AVX2 build back
+    assert table_says({"STRATA_PLANES": "0", "STRATA_VBMI": "0"}) == "avx2"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
+def test_planes_match_scalar(shape):
+    check_shape(T.IQ2_XXS, shape, "avx512")
+
+
+def test_every_grid_row_sign_index_and_scale():
+    rng = np.random.default_rng(41)
+    blocks = every_code_blocks(T.IQ2_XXS, rng)
+    n_blocks = len(blocks)
+    for n_rows in (4, 2):   # 4 blocks a row, then 8: pairs meet other pairs of indices
+        row_len = n_blocks // n_rows * 256
+        for n_tok in (1, 2, 3):
+            assert_close_to_scalar(T.IQ2_XXS, blocks.reshape(n_rows, -1), n_rows, make_tokens(n_tok, row_len, rng),
+                                   f"{n_rows} rows, {n_tok} tokens", impl="avx512")
+    # one block a row: every block alone (the lone block of a pair), so no error hides behind another
+    assert_close_to_scalar(T.IQ2_XXS, blocks, n_blocks, make_tokens(1, 256, rng), "single blocks", impl="avx512")
+
+
+def test_largest_codes_and_activations_do_not_saturate():
+    row_len = 3 * 256
+    w = np.concatenate([_uniform_blocks(T.IQ2_XXS, 3, 0xFF), _uniform_blocks(T.IQ2_XXS, 3, 0x00)]).reshape(2, -1)
+    x = np.stack([np.full(row_len, 1.0, np.float32), np.full(row_len, -2.0, np.float32),
+                  np.where(np.arange(row_len) % 3, 1.0, -1.0).astype(np.float32)])
+    for n_tok in (1, 2, 3):
+        assert_close_to_scalar(T.IQ2_XXS, w, 2, x[:n_tok], f"extreme codes, {n_tok} tokens", impl="avx512")
+
+
+def test_each_token_alike_in_every_call_and_in_a_prefills_leftovers():
+    """Calls of 1-7 tokens and the 3 tokens a 19-token prefill's VNNI group leaves over: each token's
+    outputs equal a one-token call's bit for bit (the tile sums every token alike)."""
+    rng = np.random.default_rng(7)
+    n_rows, row_len = 9, 3 * 256
+    w = make_weights(T.IQ2_XXS, n_rows, row_len, rng)
+    x = make_tokens(19, row_len, rng)
+    one = np.concatenate([native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x[i:i + 1], impl="avx512") for i in range(19)])
+    for n_tok in range(2, 8):
+        got = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x[:n_tok], impl="avx512")
+        assert got.view(np.uint32).tobytes() == one[:n_tok].view(np.uint32).tobytes(), n_tok
+    got = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x, impl="avx512")
+    assert got[16:].view(np.uint32).tobytes() == one[16:].view(np.uint32).tobytes()
+
+
+def test_new_activations_in_the_same_buffer_are_re_laid(pools):  # noqa: F811
+    """The layout is kept per thread while the activations stay the same: a second matmul into the
+    same scratch with other tokens must see them (every write of activations bumps a serial)."""
+    rng = np.random.default_rng(3)
+    n_rows, row_len = 70, 4 * 256   # 5 row blocks: the layout serves each thread's later blocks
+    w = make_weights(T.IQ2_XXS, n_rows, row_len, rng)
+    scratch = np.empty(native.matmul_scratch_bytes(T.IQ2_XXS, 2, row_len), dtype=np.uint8)
+    for n_threads in (1, 2):
+        for seed in (1, 2, 3):
+            x = make_tokens(2, row_len, np.random.default_rng(seed))
+            y = np.full((2, n_rows), np.nan, dtype=np.float32)
+            got = native.matmul_into(pools[n_threads], T.IQ2_XXS, w, n_rows, row_len, x, y, scratch, impl="avx512")
+            want = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x, impl="avx512")
+            assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_threads, seed)
+
+
+@pytest.mark.skipif(not native.cpu_fast_gathers(), reason="the gather tiles do not run on this CPU")
+def test_the_gather_tile_it_replaces_still_matches_its_scalar_twin():
+    """Under STRATA_PLANES=0 IQ2_XXS decodes with its gather tile again: that file's IQ2_XXS cases."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "IQ2_XXS",
+                           "tests/native/test_qdot_iq_vbmi.py"], cwd=ROOT, env=child_env(STRATA_PLANES="0"),
+                          capture_output=True, text=True, timeout=600)
+    tail = done.stdout[-2000:]
+    assert done.returncode == 0 and " passed" in tail and "skipped" not in tail, tail + done.stderr[-2000:]
