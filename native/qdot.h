@@ -60,7 +60,7 @@ const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds o
  * sets *valid when it already holds that layout of these activations. */
 void strata_qdot_new_acts(void);
 
-enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_LAYOUTS };
+enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_PLANES4, STRATA_RELAID_LAYOUTS };
 
 uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int layout,
                             int *valid);
@@ -252,8 +252,9 @@ STRATA_DECLARE_QTILE(iq1_s, vbmi)
 STRATA_DECLARE_QTILE(iq1_m, vbmi)
 STRATA_DECLARE_QTILE(iq3_s, vbmi)
 
-/* qdot_iq_planes.c: IQ2_XXS's decode tile by planes on AVX-512 VBMI machines */
+/* qdot_iq_planes.c: decode tiles by planes on AVX-512 VBMI machines */
 STRATA_DECLARE_QTILE(iq2_xxs, planes)
+STRATA_DECLARE_QTILE(iq3_xxs, planes)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)

@@ -1,7 +1,8 @@
 /*
- * AVX-512 decode tile of IQ2_XXS by planes: the grid looked up in registers, one value position of
- * 64 grid rows at a time, against activations laid out to match (interface: qdot.h; the format's
- * integer formulation: qdot_iq.c; block layout: common.h; grid: iq_tables.h).
+ * AVX-512 decode tiles of IQ2_XXS and IQ3_XXS by planes: the grid looked up in registers, one value
+ * position of 64 grid rows at a time, against activations laid out to match (interface: qdot.h; the
+ * formats' integer formulation: qdot_iq.c; block layouts: common.h; grids: iq_tables.h). IQ2_XXS is
+ * described here, IQ3_XXS (rows of 4 values, 3-bit codes) where its tile begins below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -28,6 +29,8 @@
  * 4096): 5.9-6.2 ns per block against the gather tile's 11.4-12.0 in the same process; a position
  * per code byte looked up directly (two VPERMT2B per position) took 9.5, codes mapped by VPSHUFB
  * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
+ * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
+ * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.72x, IQ3_XXS 1.43-1.63x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation
@@ -47,6 +50,12 @@ static uint8_t codes[2][256] __attribute__((aligned(64)));
 static uint64_t to_value[4];
 /* VPMULTISHIFTQB: block 0's ksigns fields to bytes 0-3 of each qword, block 1's to bytes 4-7 */
 static uint8_t sign_at[2][64] __attribute__((aligned(64)));
+/* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
+ * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
+ * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
+static uint8_t codes3[2][256] __attribute__((aligned(64)));
+static const uint8_t IQ3_VALUES[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+static const uint8_t IQ3_VALUES_2[16] = {4, 12, 20, 28, 36, 44, 52, 62, 4, 12, 20, 28, 36, 44, 52, 62};
 
 __attribute__((constructor)) static void make_planes_tables(void) {
     for (int h = 0; h < 2; h++)
@@ -57,6 +66,16 @@ __attribute__((constructor)) static void make_planes_tables(void) {
                 v |= (g == 8 ? 0 : g == 25 ? 1 : 2) << (2 * q);
             }
             codes[h][r] = (uint8_t)v;
+        }
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < 256; r++) {
+            int v = 0;
+            for (int f = 0; f < 2; f++) {
+                int c = 0;
+                while (c < 7 && IQ3_VALUES[c] != strata_iq3xxs_grid[r][2 * h + f]) c++;
+                v |= c << (4 * f);
+            }
+            codes3[h][r] = (uint8_t)v;
         }
     for (int q = 0; q < 4; q++) {   /* output bit i: the parity of row (7 - i) AND the input */
         uint64_t m = 0;
@@ -82,6 +101,16 @@ __attribute__((constructor)) static void make_planes_tables(void) {
 #define PAIR_BYTES 512            /* one token's re-laid activations of a pair of blocks */
 #define KEEP7_PARITY 0x010204081020407Fll   /* GF2P8AFFINEQB: bits 0-6 kept, bit 7 their parity */
 
+/* 128-bit lane i of u[0] .. u[3], in that order, stored at x + i * stride (a 4 x 4 transpose). */
+INLINE void lanes_4x4(const __m512i u[4], int8_t *x, int stride) {
+    const __m512i t0 = _mm512_shuffle_i64x2(u[0], u[1], 0x44), t1 = _mm512_shuffle_i64x2(u[0], u[1], 0xEE);
+    const __m512i t2 = _mm512_shuffle_i64x2(u[2], u[3], 0x44), t3 = _mm512_shuffle_i64x2(u[2], u[3], 0xEE);
+    _mm512_store_si512((void *)x, _mm512_shuffle_i64x2(t0, t2, 0x88));
+    _mm512_store_si512((void *)(x + stride), _mm512_shuffle_i64x2(t0, t2, 0xDD));
+    _mm512_store_si512((void *)(x + 2 * stride), _mm512_shuffle_i64x2(t1, t3, 0x88));
+    _mm512_store_si512((void *)(x + 3 * stride), _mm512_shuffle_i64x2(t1, t3, 0xDD));
+}
+
 /* One token's activations of blocks 2 p and 2 p + 1 (the second absent past the row's end: zeros)
  * into the PLANES layout at x: per position j, 64 bytes, lane 8 c + 4 s + l from q[32 c + 8 l + j]
  * of block s. A byte shuffle puts each 64 bytes (chunks 2 m, 2 m + 1) in position order, an
@@ -96,15 +125,8 @@ INLINE void relay_pair(const strata_block_act_q8k *b0, const strata_block_act_q8
         lo[m] = _mm512_unpacklo_epi32(p0, p1);   /* 128-bit lane i: position 2 i, chunks 2 m, 2 m + 1 */
         hi[m] = _mm512_unpackhi_epi32(p0, p1);   /* position 2 i + 1 */
     }
-    for (int odd = 0; odd < 2; odd++) {
-        const __m512i *u = odd ? hi : lo;
-        const __m512i t0 = _mm512_shuffle_i64x2(u[0], u[1], 0x44), t1 = _mm512_shuffle_i64x2(u[0], u[1], 0xEE);
-        const __m512i t2 = _mm512_shuffle_i64x2(u[2], u[3], 0x44), t3 = _mm512_shuffle_i64x2(u[2], u[3], 0xEE);
-        _mm512_store_si512((void *)(x + 64 * (0 + odd)), _mm512_shuffle_i64x2(t0, t2, 0x88));
-        _mm512_store_si512((void *)(x + 64 * (2 + odd)), _mm512_shuffle_i64x2(t0, t2, 0xDD));
-        _mm512_store_si512((void *)(x + 64 * (4 + odd)), _mm512_shuffle_i64x2(t1, t3, 0x88));
-        _mm512_store_si512((void *)(x + 64 * (6 + odd)), _mm512_shuffle_i64x2(t1, t3, 0xDD));
-    }
+    lanes_4x4(lo, x, 128);        /* positions 0, 2, 4, 6 */
+    lanes_4x4(hi, x + 64, 128);   /* 1, 3, 5, 7 */
 }
 
 /* n_tok tokens' activations (arb bytes apart) into the PLANES layout, token t at x + t * tok_bytes. */
@@ -193,7 +215,109 @@ void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wr
         }
     }
 }
-#else /* not x86: the name exists so the library links; qdot.c never hands it out */
+/* ---- IQ3_XXS: rows of 4 values, 64 rows a block ----
+ * Activations (the PLANES4 layout): per block and position j (0-3), 64 bytes, lane r holding value
+ * 4 r + j. Lanes 4 q .. 4 q + 3 are 16 values of chunk q / 2, so VPDPBUSD's dwords each have one
+ * weight. Row r's grid index is qs[r] as it is; its signs are bits 4 (r % 2) .. 4 (r % 2) + 3 of the
+ * ksigns byte of field r / 2 (chunk r / 8's aux, field (r % 8) / 2), which VPERMB copies to lanes r
+ * and VPTESTMB reads with a bit per lane parity. Values 4 .. 52 and 62: 3-bit codes (two to a byte
+ * of codes3) turned into values by VPSHUFB. */
+
+#define BLOCK_BYTES4 256   /* one token's re-laid activations of a block */
+
+static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int8_t *x) {
+    uint8_t order_b[64];
+    for (int i = 0; i < 64; i++) order_b[i] = (uint8_t)(4 * (i % 16) + i / 16);   /* 16 j + r: q[4 r + j] */
+    const __m512i order = _mm512_loadu_si512((const void *)order_b);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb);
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i u[4];
+            for (int m = 0; m < 4; m++)
+                u[m] = _mm512_permutexvar_epi8(order, _mm512_loadu_si512((const void *)(ab[b].q + 64 * m)));
+            lanes_4x4(u, x + (t * nb + b) * BLOCK_BYTES4, 64);
+        }
+    }
+}
+
+INLINE void planes4_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
+                        int64_t tok_bytes, int nt, float *y, int64_t ys) {
+    const uint8_t *ahead_end = strata_qdot_ahead();
+    const int64_t bs = (int64_t)sizeof(strata_block_iq3_xxs);
+    const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES_2));
+    const __m512i chunk_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    uint8_t dup_b[64];
+    for (int i = 0; i < 64; i++) dup_b[i] = (uint8_t)(i / 2);
+    const __m512i dup = _mm512_loadu_si512((const void *)dup_b);
+    __m512 acc[MAX_TOK];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs;
+        fetch_block_ahead(p, bs, ahead_end);
+        const __m512i idx = _mm512_loadu_si512((const void *)(p + 2));
+        const __mmask64 upper = _mm512_movepi8_mask(idx);
+        const __m512i aux = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 66)));
+        const __m512i sg = _mm512_permutexvar_epi8(dup, _mm512_gf2p8affine_epi64_epi8(
+            _mm512_multishift_epi64_epi8(field_at, aux), _mm512_set1_epi64(KEEP7_PARITY), 0));
+        __m512i code[2];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *c = codes3[h];
+            code[h] = _mm512_mask_blend_epi8(
+                upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
+                _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
+        }
+        const __m512i mag[4] = {_mm512_shuffle_epi8(lut, code[0]), _mm512_shuffle_epi8(lut, _mm512_srli_epi16(code[0], 4)),
+                                _mm512_shuffle_epi8(lut, code[1]), _mm512_shuffle_epi8(lut, _mm512_srli_epi16(code[1], 4))};
+        const __m512i wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(_mm512_permutexvar_epi32(chunk_of, aux), 28), 1),
+                                             _mm512_set1_epi32(1));
+        const float wd = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
+        for (int t = 0; t < nt; t++) {
+            const int8_t *xp = x + t * tok_bytes + b * BLOCK_BYTES4;
+            __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {   /* even rows' sign bit j, odd rows' j + 4 */
+                const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_set1_epi16((short)((1 << j) | (1 << (j + 4)) << 8)));
+                const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
+                isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag[j], _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
+            }
+            const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_add_epi32(isum[0], isum[1]), wts)),
+                                     _mm512_set1_ps(wd * ab->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) y[t * ys] = 0.25f * _mm512_reduce_add_ps(acc[t]);
+}
+
+void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    const int64_t nb = k / STRATA_QK_K, tok_bytes = nb * BLOCK_BYTES4;
+    if (nb == 0 || n_tok == 0) {
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < n_rows; r++) y[t * ys + r] = 0.0f;
+        return;
+    }
+    int valid = 0;
+    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_PLANES4, &valid);
+    if (!x) {
+        strata_qdot_gathers(STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_evex)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        return;
+    }
+    if (!valid) relay4(a, arb, n_tok, nb, x);
+    for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
+        const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
+        for (int64_t r = 0; r < n_rows; r++) {
+            if (nt == 1) planes4_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
+            else planes4_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
+        }
+    }
+}
+#else /* not x86: the names exist so the library links; qdot.c never hands them out */
+void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq3_xxs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
 void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                                 const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     strata_qdot_iq2_xxs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);

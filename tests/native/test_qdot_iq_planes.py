@@ -1,9 +1,9 @@
-"""IQ2_XXS's AVX-512 decode tile by planes (native/qdot_iq_planes.c) against its scalar twin
-(native/qdot_iq.c).
+"""The AVX-512 decode tiles by planes (native/qdot_iq_planes.c: IQ2_XXS, IQ3_XXS) against their
+scalar twins (native/qdot_iq.c).
 
-The tile looks the grid up in registers one value position at a time (2-bit codes, turned into the
-values 8, 25, 43 by GF2P8AFFINEQB) against activations it re-lays once per thread and set of
-activations; its integer sums are the scalar tile's, and the float terms are added in another
+The tiles look the grid up in registers one value position at a time (IQ2_XXS: 2-bit codes, turned
+into the values 8, 25, 43 by GF2P8AFFINEQB; IQ3_XXS: 3-bit codes, by VPSHUFB) against activations
+re-laid once per thread and set of activations; their integer sums are the scalar tiles', and the float terms are added in another
 order, so results are held within the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls
 (1-3 tokens) of an AVX-512 call, and the 4-7 tokens that a prefill's VNNI groups leave over, reach
 it through the kernel table where the CPU has VBMI and GFNI and does not split 512-bit operations
@@ -30,6 +30,8 @@ from tests.native.test_qdot_iq_vbmi import every_code_blocks
 from tests.native.test_qdot_iquants import make_weights
 
 T = GGMLType
+#: The types with a planes decode tile (qdot.c's PLANES_DECODE).
+PLANES_TYPES = (T.IQ2_XXS, T.IQ3_XXS)
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the kernel table hands the tile out (qdot.c's planes_decode).
 PLANES_ENV = os.environ.get("STRATA_PLANES")
@@ -41,81 +43,90 @@ pytestmark = pytest.mark.skipif(not HAS_PLANES, reason="CPU has no AVX-512 VBMI 
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3), (17, 5, 1), (2, 28, 1)]
 
 
-def table_says(env: dict[str, str]) -> str:
+def table_says(env: dict[str, str]) -> list[str]:
     code = ("from strata.native.qdot import kernel_family\nfrom strata.quant import GGMLType as T\n"
-            "print(kernel_family(T.IQ2_XXS, 'avx512', decode=True))")
+            f"print(' '.join(kernel_family(T[n], 'avx512', decode=True) for n in {[t.name for t in PLANES_TYPES]!r}))")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=child_env(**env), check=True).stdout.strip()
+                          env=child_env(**env), check=True).stdout.split()
 
 
-def test_the_table_hands_the_tile_out_for_decode():
-    assert kernel_family(T.IQ2_XXS, "avx512", decode=True) == "avx512"
+def test_the_table_hands_the_tiles_out_for_decode():
+    assert [kernel_family(t, "avx512", decode=True) for t in PLANES_TYPES] == ["avx512"] * len(PLANES_TYPES)
     # STRATA_PLANES=0 (with the gather tiles off too) gives the AVX2 build back
-    assert table_says({"STRATA_PLANES": "0", "STRATA_VBMI": "0"}) == "avx2"
+    assert table_says({"STRATA_PLANES": "0", "STRATA_VBMI": "0"}) == ["avx2"] * len(PLANES_TYPES)
 
 
+by_type = pytest.mark.parametrize("t", PLANES_TYPES, ids=lambda t: t.name)
+
+
+@by_type
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
-def test_planes_match_scalar(shape):
-    check_shape(T.IQ2_XXS, shape, "avx512")
+def test_planes_match_scalar(t, shape):
+    check_shape(t, shape, "avx512")
 
 
-def test_every_grid_row_sign_index_and_scale():
+@by_type
+def test_every_grid_row_sign_index_and_scale(t):
     rng = np.random.default_rng(41)
-    blocks = every_code_blocks(T.IQ2_XXS, rng)
+    blocks = every_code_blocks(t, rng)
     n_blocks = len(blocks)
     for n_rows in (4, 2):   # 4 blocks a row, then 8: pairs meet other pairs of indices
         row_len = n_blocks // n_rows * 256
         for n_tok in (1, 2, 3):
-            assert_close_to_scalar(T.IQ2_XXS, blocks.reshape(n_rows, -1), n_rows, make_tokens(n_tok, row_len, rng),
+            assert_close_to_scalar(t, blocks.reshape(n_rows, -1), n_rows, make_tokens(n_tok, row_len, rng),
                                    f"{n_rows} rows, {n_tok} tokens", impl="avx512")
-    # one block a row: every block alone (the lone block of a pair), so no error hides behind another
-    assert_close_to_scalar(T.IQ2_XXS, blocks, n_blocks, make_tokens(1, 256, rng), "single blocks", impl="avx512")
+    # one block a row: every block alone (IQ2_XXS: the lone block of a pair), so no error hides behind another
+    assert_close_to_scalar(t, blocks, n_blocks, make_tokens(1, 256, rng), "single blocks", impl="avx512")
 
 
-def test_largest_codes_and_activations_do_not_saturate():
+@by_type
+def test_largest_codes_and_activations_do_not_saturate(t):
     row_len = 3 * 256
-    w = np.concatenate([_uniform_blocks(T.IQ2_XXS, 3, 0xFF), _uniform_blocks(T.IQ2_XXS, 3, 0x00)]).reshape(2, -1)
+    w = np.concatenate([_uniform_blocks(t, 3, 0xFF), _uniform_blocks(t, 3, 0x00)]).reshape(2, -1)
     x = np.stack([np.full(row_len, 1.0, np.float32), np.full(row_len, -2.0, np.float32),
                   np.where(np.arange(row_len) % 3, 1.0, -1.0).astype(np.float32)])
     for n_tok in (1, 2, 3):
-        assert_close_to_scalar(T.IQ2_XXS, w, 2, x[:n_tok], f"extreme codes, {n_tok} tokens", impl="avx512")
+        assert_close_to_scalar(t, w, 2, x[:n_tok], f"extreme codes, {n_tok} tokens", impl="avx512")
 
 
-def test_each_token_alike_in_every_call_and_in_a_prefills_leftovers():
+@by_type
+def test_each_token_alike_in_every_call_and_in_a_prefills_leftovers(t):
     """Calls of 1-7 tokens and the 3 tokens a 19-token prefill's VNNI group leaves over: each token's
     outputs equal a one-token call's bit for bit (the tile sums every token alike)."""
     rng = np.random.default_rng(7)
     n_rows, row_len = 9, 3 * 256
-    w = make_weights(T.IQ2_XXS, n_rows, row_len, rng)
+    w = make_weights(t, n_rows, row_len, rng)
     x = make_tokens(19, row_len, rng)
-    one = np.concatenate([native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x[i:i + 1], impl="avx512") for i in range(19)])
+    one = np.concatenate([native.qdot_rows(t, w, n_rows, row_len, x[i:i + 1], impl="avx512") for i in range(19)])
     for n_tok in range(2, 8):
-        got = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x[:n_tok], impl="avx512")
+        got = native.qdot_rows(t, w, n_rows, row_len, x[:n_tok], impl="avx512")
         assert got.view(np.uint32).tobytes() == one[:n_tok].view(np.uint32).tobytes(), n_tok
-    got = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x, impl="avx512")
+    got = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
     assert got[16:].view(np.uint32).tobytes() == one[16:].view(np.uint32).tobytes()
 
 
-def test_new_activations_in_the_same_buffer_are_re_laid(pools):  # noqa: F811
+@by_type
+def test_new_activations_in_the_same_buffer_are_re_laid(pools, t):  # noqa: F811
     """The layout is kept per thread while the activations stay the same: a second matmul into the
     same scratch with other tokens must see them (every write of activations bumps a serial)."""
     rng = np.random.default_rng(3)
     n_rows, row_len = 70, 4 * 256   # 5 row blocks: the layout serves each thread's later blocks
-    w = make_weights(T.IQ2_XXS, n_rows, row_len, rng)
-    scratch = np.empty(native.matmul_scratch_bytes(T.IQ2_XXS, 2, row_len), dtype=np.uint8)
+    w = make_weights(t, n_rows, row_len, rng)
+    scratch = np.empty(native.matmul_scratch_bytes(t, 2, row_len), dtype=np.uint8)
     for n_threads in (1, 2):
         for seed in (1, 2, 3):
             x = make_tokens(2, row_len, np.random.default_rng(seed))
             y = np.full((2, n_rows), np.nan, dtype=np.float32)
-            got = native.matmul_into(pools[n_threads], T.IQ2_XXS, w, n_rows, row_len, x, y, scratch, impl="avx512")
-            want = native.qdot_rows(T.IQ2_XXS, w, n_rows, row_len, x, impl="avx512")
+            got = native.matmul_into(pools[n_threads], t, w, n_rows, row_len, x, y, scratch, impl="avx512")
+            want = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
             assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (n_threads, seed)
 
 
 @pytest.mark.skipif(not native.cpu_fast_gathers(), reason="the gather tiles do not run on this CPU")
-def test_the_gather_tile_it_replaces_still_matches_its_scalar_twin():
-    """Under STRATA_PLANES=0 IQ2_XXS decodes with its gather tile again: that file's IQ2_XXS cases."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "IQ2_XXS",
+def test_the_gather_tiles_they_replace_still_match_their_scalar_twins():
+    """Under STRATA_PLANES=0 these types decode with their gather tiles again: that file's cases of them."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                           " or ".join(t.name for t in PLANES_TYPES),
                            "tests/native/test_qdot_iq_vbmi.py"], cwd=ROOT, env=child_env(STRATA_PLANES="0"),
                           capture_output=True, text=True, timeout=600)
     tail = done.stdout[-2000:]

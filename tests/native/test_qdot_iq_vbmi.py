@@ -5,8 +5,8 @@ These tiles compute each weight block's integer dot product exactly (each 64 val
 one gather, signs from the ksigns fields with their parity made by GF2P8AFFINEQB or stored as bits)
 and add the per-block float terms in another order than the scalar tile: the result is held within
 the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens) of an AVX-512 call reach
-them through the kernel table where the CPU has VBMI, GFNI and fast gathers, except IQ2_XXS where its
-planes tile runs instead (test_qdot_iq_planes.py runs this file under STRATA_PLANES=0 for it);
+them through the kernel table where the CPU has VBMI, GFNI and fast gathers, except IQ2_XXS and IQ3_XXS,
+whose planes tiles run instead (test_qdot_iq_planes.py runs this file under STRATA_PLANES=0 for them);
 STRATA_VBMI=0 and STRATA_PLANES=0 give the AVX2 build back. Every grid row, every ksigns index and every sub-block scale is met (blocks made to
 hold them all, not only random ones).
 """
