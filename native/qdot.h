@@ -255,6 +255,7 @@ STRATA_DECLARE_QTILE(iq3_s, vbmi)
 /* qdot_iq_planes.c: decode tiles by planes on AVX-512 VBMI machines */
 STRATA_DECLARE_QTILE(iq2_xxs, planes)
 STRATA_DECLARE_QTILE(iq3_xxs, planes)
+STRATA_DECLARE_QTILE(iq3_s, planes)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)

@@ -1,8 +1,8 @@
 /*
- * AVX-512 decode tiles of IQ2_XXS and IQ3_XXS by planes: the grid looked up in registers, one value
+ * AVX-512 decode tiles of IQ2_XXS, IQ3_XXS and IQ3_S by planes: the grid looked up in registers, one value
  * position of 64 grid rows at a time, against activations laid out to match (interface: qdot.h; the
  * formats' integer formulation: qdot_iq.c; block layouts: common.h; grids: iq_tables.h). IQ2_XXS is
- * described here, IQ3_XXS (rows of 4 values, 3-bit codes) where its tile begins below.
+ * described here, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tile begins below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -30,7 +30,7 @@
  * per code byte looked up directly (two VPERMT2B per position) took 9.5, codes mapped by VPSHUFB
  * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
  * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
- * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.72x, IQ3_XXS 1.43-1.63x.
+ * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.72x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation
@@ -55,6 +55,9 @@ static uint8_t sign_at[2][64] __attribute__((aligned(64)));
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
 static uint8_t codes3[2][256] __attribute__((aligned(64)));
 static const uint8_t IQ3_VALUES[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+/* IQ3_S: the same for its 512 grid rows; its values are 2 c + 1, which GF2P8AFFINEQB makes */
+static uint8_t codes3s[2][512] __attribute__((aligned(64)));
+static uint64_t odd_value[2];   /* GF2P8AFFINEQB's matrix: 2 c (c: bits 4 f .. 4 f + 2), plus 1 as its constant */
 static const uint8_t IQ3_VALUES_2[16] = {4, 12, 20, 28, 36, 44, 52, 62, 4, 12, 20, 28, 36, 44, 52, 62};
 
 __attribute__((constructor)) static void make_planes_tables(void) {
@@ -77,6 +80,14 @@ __attribute__((constructor)) static void make_planes_tables(void) {
             }
             codes3[h][r] = (uint8_t)v;
         }
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < 512; r++)
+            codes3s[h][r] = (uint8_t)((strata_iq3s_grid[r][2 * h] / 2) | (strata_iq3s_grid[r][2 * h + 1] / 2) << 4);
+    for (int f = 0; f < 2; f++) {
+        uint64_t m = 0;
+        for (int i = 1; i < 4; i++) m |= (uint64_t)(1u << (4 * f + i - 1)) << (8 * (7 - i));
+        odd_value[f] = m;
+    }
     for (int q = 0; q < 4; q++) {   /* output bit i: the parity of row (7 - i) AND the input */
         uint64_t m = 0;
         for (int i = 0; i < 8; i++)
@@ -215,13 +226,15 @@ void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wr
         }
     }
 }
-/* ---- IQ3_XXS: rows of 4 values, 64 rows a block ----
+/* ---- IQ3_XXS and IQ3_S: rows of 4 values, 64 rows a block ----
  * Activations (the PLANES4 layout): per block and position j (0-3), 64 bytes, lane r holding value
  * 4 r + j. Lanes 4 q .. 4 q + 3 are 16 values of chunk q / 2, so VPDPBUSD's dwords each have one
  * weight. Row r's grid index is qs[r] as it is; its signs are bits 4 (r % 2) .. 4 (r % 2) + 3 of the
  * ksigns byte of field r / 2 (chunk r / 8's aux, field (r % 8) / 2), which VPERMB copies to lanes r
  * and VPTESTMB reads with a bit per lane parity. Values 4 .. 52 and 62: 3-bit codes (two to a byte
- * of codes3) turned into values by VPSHUFB. */
+ * of codes3) turned into values by VPSHUFB. IQ3_S: 512 grid rows (the ninth index bit of row r is
+ * bit r of qh: a mask that picks between two halves' look-ups), signs stored in the same nibbles,
+ * and values 2 c + 1, which GF2P8AFFINEQB makes from the codes (off the shuffle port). */
 
 #define BLOCK_BYTES4 256   /* one token's re-laid activations of a block */
 
@@ -240,10 +253,20 @@ static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int
     }
 }
 
-INLINE void planes4_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
+enum { IQ3_XXS, IQ3_S };
+
+/* One table's code bytes for 64 rows: idx's low 7 bits pick within 128 rows, `upper` (bit 7) and,
+ * for IQ3_S's 512 rows, `ninth` (bit 8) pick the quarter. */
+INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
+    return _mm512_mask_blend_epi8(
+        upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
+        _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
+}
+
+INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
                         int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
-    const int64_t bs = (int64_t)sizeof(strata_block_iq3_xxs);
+    const int64_t bs = fmt == IQ3_XXS ? (int64_t)sizeof(strata_block_iq3_xxs) : (int64_t)sizeof(strata_block_iq3_s);
     const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES_2));
     const __m512i chunk_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -257,20 +280,31 @@ INLINE void planes4_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t 
         fetch_block_ahead(p, bs, ahead_end);
         const __m512i idx = _mm512_loadu_si512((const void *)(p + 2));
         const __mmask64 upper = _mm512_movepi8_mask(idx);
-        const __m512i aux = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 66)));
-        const __m512i sg = _mm512_permutexvar_epi8(dup, _mm512_gf2p8affine_epi64_epi8(
-            _mm512_multishift_epi64_epi8(field_at, aux), _mm512_set1_epi64(KEEP7_PARITY), 0));
-        __m512i code[2];
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *c = codes3[h];
-            code[h] = _mm512_mask_blend_epi8(
-                upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
-                _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
+        __m512i sg, wts, mag[4];
+        if (fmt == IQ3_XXS) {
+            const __m512i aux = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)((const strata_block_iq3_xxs *)p)->aux));
+            sg = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(field_at, aux), _mm512_set1_epi64(KEEP7_PARITY), 0);
+            wts = _mm512_srli_epi32(_mm512_permutexvar_epi32(chunk_of, aux), 28);
+            const __m512i c0 = look_up(codes3[0], idx, upper), c1 = look_up(codes3[1], idx, upper);
+            mag[0] = _mm512_shuffle_epi8(lut, c0);
+            mag[1] = _mm512_shuffle_epi8(lut, _mm512_srli_epi16(c0, 4));
+            mag[2] = _mm512_shuffle_epi8(lut, c1);
+            mag[3] = _mm512_shuffle_epi8(lut, _mm512_srli_epi16(c1, 4));
+        } else {   /* row r's ninth index bit: bit r of qh; signs stored, bit 4 r + j; a nibble ls per chunk */
+            const strata_block_iq3_s *q = (const strata_block_iq3_s *)p;
+            const __mmask64 ninth = _load_mask64((__mmask64 *)(uintptr_t)q->qh);
+            sg = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q->signs));
+            uint32_t s4;
+            memcpy(&s4, q->scales, 4);
+            wts = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)s4), _mm512_slli_epi32(chunk_of, 2)), _mm512_set1_epi32(15));
+            __m512i c[2];
+            for (int h = 0; h < 2; h++)
+                c[h] = _mm512_mask_blend_epi8(ninth, look_up(codes3s[h], idx, upper), look_up(codes3s[h] + 256, idx, upper));
+            for (int j = 0; j < 4; j++)
+                mag[j] = _mm512_gf2p8affine_epi64_epi8(c[j / 2], _mm512_set1_epi64((long long)odd_value[j % 2]), 1);
         }
-        const __m512i mag[4] = {_mm512_shuffle_epi8(lut, code[0]), _mm512_shuffle_epi8(lut, _mm512_srli_epi16(code[0], 4)),
-                                _mm512_shuffle_epi8(lut, code[1]), _mm512_shuffle_epi8(lut, _mm512_srli_epi16(code[1], 4))};
-        const __m512i wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(_mm512_permutexvar_epi32(chunk_of, aux), 28), 1),
-                                             _mm512_set1_epi32(1));
+        sg = _mm512_permutexvar_epi8(dup, sg);   /* lane r: the sign byte of rows r & ~1, r | 1 */
+        wts = _mm512_add_epi32(_mm512_slli_epi32(wts, 1), _mm512_set1_epi32(1));
         const float wd = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + b * BLOCK_BYTES4;
@@ -286,11 +320,12 @@ INLINE void planes4_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t 
                                      _mm512_set1_ps(wd * ab->d), acc[t]);
         }
     }
-    for (int t = 0; t < nt; t++) y[t * ys] = 0.25f * _mm512_reduce_add_ps(acc[t]);
+    const float factor = fmt == IQ3_XXS ? 0.25f : 1.0f;
+    for (int t = 0; t < nt; t++) y[t * ys] = factor * _mm512_reduce_add_ps(acc[t]);
 }
 
-void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+INLINE void planes4_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
+                         int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
     const int64_t nb = k / STRATA_QK_K, tok_bytes = nb * BLOCK_BYTES4;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)
@@ -299,23 +334,37 @@ void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wr
     }
     int valid = 0;
     int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_PLANES4, &valid);
-    if (!x) {
-        strata_qdot_gathers(STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_evex)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+    if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
+        strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
     if (!valid) relay4(a, arb, n_tok, nb, x);
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
         for (int64_t r = 0; r < n_rows; r++) {
-            if (nt == 1) planes4_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
-            else planes4_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
+            if (nt == 1) planes4_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
+            else planes4_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
         }
     }
+}
+
+void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes4_rows(IQ3_XXS, STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
+void strata_qdot_iq3_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes4_rows(IQ3_S, STRATA_T_IQ3_S, strata_qdot_iq3_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
 void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                                 const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     strata_qdot_iq3_xxs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+void strata_qdot_iq3_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq3_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
