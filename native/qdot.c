@@ -191,9 +191,9 @@ static const struct {
  * the CPU has VBMI and GFNI and does not split 512-bit operations (unmeasured on Zen 4, where
  * VPERMT2B is split too), unless STRATA_PLANES=0; STRATA_PLANES=1 takes them wherever the CPU has
  * VBMI and GFNI (both for measuring). On the Intel machine, against the gather tiles, 1-7 tokens
- * (one thread, qdot_rows over 1024 x 4096): IQ2_XXS 1.29-1.72x, IQ3_XXS 1.43-1.63x, IQ3_S
- * 1.17-1.33x; two threads from DRAM, decode 51-55%, 58% and 57% of the bare read, from 30%, 42% and
- * 38% (benchmarks/qdot_rate.py). */
+ * (one thread, qdot_rows over 1024 x 4096): IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x,
+ * IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x; two threads from DRAM, decode 51-55%, 46%, 40%, 58% and 57% of
+ * the bare read, from 30%, 38%, 40%, 42% and 38% (benchmarks/qdot_rate.py). */
 static const struct {
     int type;
     strata_qdot_tile_fn decode;
@@ -201,6 +201,8 @@ static const struct {
     {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_planes},
     {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_planes},
     {STRATA_T_IQ3_S, strata_qdot_iq3_s_planes},
+    {STRATA_T_IQ2_XS, strata_qdot_iq2_xs_planes},
+    {STRATA_T_IQ2_S, strata_qdot_iq2_s_planes},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

@@ -1,8 +1,9 @@
 /*
- * AVX-512 decode tiles of IQ2_XXS, IQ3_XXS and IQ3_S by planes: the grid looked up in registers, one value
+ * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by planes: the grid looked up in registers, one value
  * position of 64 grid rows at a time, against activations laid out to match (interface: qdot.h; the
  * formats' integer formulation: qdot_iq.c; block layouts: common.h; grids: iq_tables.h). IQ2_XXS is
- * described here, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tile begins below.
+ * described here, IQ2_XS and IQ2_S (the same layout and values, larger grids, a weight per 16 values)
+ * at nibble_weights, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tile begins below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -30,7 +31,8 @@
  * per code byte looked up directly (two VPERMT2B per position) took 9.5, codes mapped by VPSHUFB
  * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
  * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
- * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.72x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
+ * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x (its 1024
+ * rows take 16 VPERMT2B a pair), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation
@@ -46,10 +48,19 @@
  * byte r of codes[h] holds grid row r's positions 4 h .. 4 h + 3 as 2-bit codes (value 8: 0, 25: 1,
  * 43: 2), position 4 h + q in bits 2 q and 2 q + 1. */
 static uint8_t codes[2][256] __attribute__((aligned(64)));
+/* the same for IQ2_XS's 512 grid rows and IQ2_S's 1024 (the same three values) */
+static uint8_t codes_xs[2][512] __attribute__((aligned(64)));
+static uint8_t codes_s[2][1024] __attribute__((aligned(64)));
 /* Per position q of a code byte: GF2P8AFFINEQB's matrix for 8 ^ 17 b0 ^ 35 b1 (b0, b1: its bits) */
 static uint64_t to_value[4];
 /* VPMULTISHIFTQB: block 0's ksigns fields to bytes 0-3 of each qword, block 1's to bytes 4-7 */
 static uint8_t sign_at[2][64] __attribute__((aligned(64)));
+/* VPERMT2B over a pair's IQ2_XS qs: lane 8 c + 4 s + l from row 4 c + l's u16 of block s, its low
+ * byte ([0]) or high byte ([1]) */
+static uint8_t u16_at[2][64] __attribute__((aligned(64)));
+/* IQ2_S: VPERMB of the pair's qh bytes (block 0's, then block 1's) to lane 8 c + 4 s + l: qh_s[c]; the
+ * bit of the lane's row that holds its index bit 8 (bit 9 is the next) */
+static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -60,16 +71,23 @@ static uint8_t codes3s[2][512] __attribute__((aligned(64)));
 static uint64_t odd_value[2];   /* GF2P8AFFINEQB's matrix: 2 c (c: bits 4 f .. 4 f + 2), plus 1 as its constant */
 static const uint8_t IQ3_VALUES_2[16] = {4, 12, 20, 28, 36, 44, 52, 62, 4, 12, 20, 28, 36, 44, 52, 62};
 
-__attribute__((constructor)) static void make_planes_tables(void) {
+/* codes of an IQ2 grid's rows: positions 4 h .. 4 h + 3 of row r in out[h][r] (see codes) */
+static void make_codes2(const uint8_t (*grid)[8], int n_rows, uint8_t *out0, uint8_t *out1) {
     for (int h = 0; h < 2; h++)
-        for (int r = 0; r < 256; r++) {
+        for (int r = 0; r < n_rows; r++) {
             int v = 0;
             for (int q = 0; q < 4; q++) {
-                const int g = strata_iq2xxs_grid[r][4 * h + q];
+                const int g = grid[r][4 * h + q];
                 v |= (g == 8 ? 0 : g == 25 ? 1 : 2) << (2 * q);
             }
-            codes[h][r] = (uint8_t)v;
+            (h ? out1 : out0)[r] = (uint8_t)v;
         }
+}
+
+__attribute__((constructor)) static void make_planes_tables(void) {
+    make_codes2(strata_iq2xxs_grid, 256, codes[0], codes[1]);
+    make_codes2(strata_iq2xs_grid, 512, codes_xs[0], codes_xs[1]);
+    make_codes2(strata_iq2s_grid, 1024, codes_s[0], codes_s[1]);
     for (int h = 0; h < 2; h++)
         for (int r = 0; r < 256; r++) {
             int v = 0;
@@ -95,6 +113,13 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         to_value[q] = m;
     }
     for (int i = 0; i < 64; i++) {
+        const int c = i / 8, sb = i / 4 % 2, l = i % 4;
+        u16_at[0][i] = (uint8_t)(64 * sb + 8 * c + 2 * l);
+        u16_at[1][i] = (uint8_t)(64 * sb + 8 * c + 2 * l + 1);
+        qh_lane[i] = (uint8_t)(8 * sb + c);
+        qh_bit[i] = (uint8_t)(1 << (2 * l));
+    }
+    for (int i = 0; i < 64; i++) {
         const int b = i % 8;
         sign_at[0][i] = (uint8_t)(b < 4 ? 32 + 7 * b : 0);
         sign_at[1][i] = (uint8_t)(b >= 4 ? 32 + 7 * (b - 4) : 0);
@@ -111,6 +136,7 @@ __attribute__((constructor)) static void make_planes_tables(void) {
 
 #define PAIR_BYTES 512            /* one token's re-laid activations of a pair of blocks */
 #define KEEP7_PARITY 0x010204081020407Fll   /* GF2P8AFFINEQB: bits 0-6 kept, bit 7 their parity */
+#define SHIFT1_PARITY 0x02040810204080FEll  /* bits 1-7 to 0-6, bit 7 their parity (IQ2_XS's ksigns) */
 
 /* 128-bit lane i of u[0] .. u[3], in that order, stored at x + i * stride (a 4 x 4 transpose). */
 INLINE void lanes_4x4(const __m512i u[4], int8_t *x, int stride) {
@@ -152,12 +178,43 @@ static void relay(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int8
     }
 }
 
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
+
+/* One table's code bytes of 64 rows out of 256 at c: idx's low 7 bits pick within 128 rows, `upper`
+ * (its bit 7) the half. Larger grids blend such look-ups on their higher index bits. */
+INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
+    return _mm512_mask_blend_epi8(
+        upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
+        _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
+}
+
+/* IQ2_XS and IQ2_S: rows as IQ2_XXS's (the same activations), grids of 512 and 1024 rows looked up as
+ * 256-row quarters blended on the index's bits 8 (and 9: IQ2_S's qh, tested per lane). IQ2_XS's u16 per
+ * row gives the index's low bytes and its high bytes to lanes by one VPERMT2B each; the high byte's bits
+ * 1-7 are the ksigns field, which one GF2P8AFFINEQB shifts down and gives its parity bit. IQ2_S stores
+ * index bytes and sign bytes per row. A weight per 16 values (2 rows): VPMADDUBSW pairs the lanes of
+ * one weight, VPDPWSSD weighs them.
+ *
+ * IQ2_XS's and IQ2_S's weights, a nibble per 16 values (group g, nibble g of 8 scale bytes), of a
+ * pair of blocks as int16 (2 ls + 1): word 4 c + 2 s + k for group 2 c + k of block s, so that the
+ * words VPMADDUBSW makes of lanes 8 c + 4 s + l (rows 4 c + l) meet their group's weight. */
+INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
+    const __m128i low = _mm_set1_epi8(15), v0 = _mm_loadl_epi64((const __m128i *)s0), v1 = _mm_loadl_epi64((const __m128i *)s1);
+    const __m128i g0 = _mm_unpacklo_epi8(_mm_and_si128(v0, low), _mm_and_si128(_mm_srli_epi16(v0, 4), low));
+    const __m128i g1 = _mm_unpacklo_epi8(_mm_and_si128(v1, low), _mm_and_si128(_mm_srli_epi16(v1, 4), low));
+    const __m512i ls = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(g0, g1), _mm_unpacklo_epi16(g0, g1)));
+    return _mm512_add_epi16(_mm512_slli_epi16(ls, 1), _mm512_set1_epi16(1));
+}
+
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. */
-INLINE void planes_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
+INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
                        int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
-    const int64_t bs = (int64_t)sizeof(strata_block_iq2_xxs);
+    const int64_t bs = fmt == IQ2_XXS ? (int64_t)sizeof(strata_block_iq2_xxs)
+                     : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs) : (int64_t)sizeof(strata_block_iq2_s);
     const __m512i sign0 = _mm512_load_si512((const void *)sign_at[0]), sign1 = _mm512_load_si512((const void *)sign_at[1]);
+    const __m512i lo_at = _mm512_load_si512((const void *)u16_at[0]), hi_at = _mm512_load_si512((const void *)u16_at[1]);
+    const __m512i qh_at = _mm512_load_si512((const void *)qh_lane), qh_bits = _mm512_load_si512((const void *)qh_bit);
     const __mmask64 second = 0xF0F0F0F0F0F0F0F0ull;   /* bytes 4-7 of each qword: block 1's lanes */
     __m512 acc[MAX_TOK];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -166,22 +223,43 @@ INLINE void planes_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t a
         const int has1 = 2 * p + 1 < nb;
         const uint8_t *p1 = has1 ? p0 + bs : p0;   /* a lone last block pairs with itself, weighted 0 */
         fetch_block_ahead(p0, 2 * bs, ahead_end);
-        const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
-        const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
-        const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
-        const __m512i sg = _mm512_gf2p8affine_epi64_epi8(
-            _mm512_mask_blend_epi8(second, _mm512_multishift_epi64_epi8(sign0, q0), _mm512_multishift_epi64_epi8(sign1, q1)),
-            _mm512_set1_epi64(KEEP7_PARITY), 0);
-        __m512i code[2];
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *c = codes[h];
-            code[h] = _mm512_mask_blend_epi8(
-                upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
-                _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
+        __m512i sg, code[2], wts;
+        if (fmt == IQ2_XXS) {
+            const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
+            const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
+            const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
+            sg = _mm512_gf2p8affine_epi64_epi8(
+                _mm512_mask_blend_epi8(second, _mm512_multishift_epi64_epi8(sign0, q0), _mm512_multishift_epi64_epi8(sign1, q1)),
+                _mm512_set1_epi64(KEEP7_PARITY), 0);
+            for (int h = 0; h < 2; h++) code[h] = look_up(codes[h], idx, upper);
+            /* chunk c's weight 2 ls + 1 (ls: its aux dword's top nibble) in dword 2 c (block 0), 2 c + 1 */
+            const __m512i ls = _mm512_or_si512(_mm512_srli_epi64(q0, 60), _mm512_slli_epi64(_mm512_srli_epi64(q1, 60), 32));
+            wts = _mm512_add_epi32(_mm512_slli_epi32(ls, 1), _mm512_set1_epi32(1));
+        } else if (fmt == IQ2_XS) {   /* a u16 per row: index bits 0-8, ksigns 9-15 */
+            const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
+            const __m512i idx = _mm512_permutex2var_epi8(q0, lo_at, q1), hi = _mm512_permutex2var_epi8(q0, hi_at, q1);
+            const __mmask64 upper = _mm512_movepi8_mask(idx), ninth = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
+            sg = _mm512_gf2p8affine_epi64_epi8(hi, _mm512_set1_epi64(SHIFT1_PARITY), 0);
+            for (int h = 0; h < 2; h++)
+                code[h] = _mm512_mask_blend_epi8(ninth, look_up(codes_xs[h], idx, upper), look_up(codes_xs[h] + 256, idx, upper));
+            wts = nibble_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales);
+        } else {   /* IQ2_S: index bytes, sign bytes, 2 high index bits per row in qh */
+            const strata_block_iq2_s *b0 = (const strata_block_iq2_s *)p0, *b1 = (const strata_block_iq2_s *)p1;
+            const __m512i idx = _mm512_or_si512(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b0->qs)),
+                                                _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b1->qs)), 32));
+            sg = _mm512_or_si512(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b0->signs)),
+                                 _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b1->signs)), 32));
+            const __m512i qh = _mm512_permutexvar_epi8(qh_at, _mm512_castsi128_si512(_mm_unpacklo_epi64(
+                _mm_loadl_epi64((const __m128i *)b0->qh), _mm_loadl_epi64((const __m128i *)b1->qh))));
+            const __mmask64 upper = _mm512_movepi8_mask(idx), b8 = _mm512_test_epi8_mask(qh, qh_bits),
+                            b9 = _mm512_test_epi8_mask(qh, _mm512_add_epi8(qh_bits, qh_bits));
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *c = codes_s[h];
+                code[h] = _mm512_mask_blend_epi8(b9, _mm512_mask_blend_epi8(b8, look_up(c, idx, upper), look_up(c + 256, idx, upper)),
+                                                 _mm512_mask_blend_epi8(b8, look_up(c + 512, idx, upper), look_up(c + 768, idx, upper)));
+            }
+            wts = nibble_weights(b0->scales, b1->scales);
         }
-        /* chunk c's weight 2 ls + 1 (ls: its aux dword's top nibble) in dword 2 c (block 0), 2 c + 1 */
-        const __m512i ls = _mm512_or_si512(_mm512_srli_epi64(q0, 60), _mm512_slli_epi64(_mm512_srli_epi64(q1, 60), 32));
-        const __m512i wts = _mm512_add_epi32(_mm512_slli_epi32(ls, 1), _mm512_set1_epi32(1));
         const float wd0 = _cvtsh_ss((uint16_t)(p0[0] | p0[1] << 8)), wd1 = has1 ? _cvtsh_ss((uint16_t)(p1[0] | p1[1] << 8)) : 0.0f;
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + p * PAIR_BYTES;
@@ -191,20 +269,22 @@ INLINE void planes_row(int64_t nb, const uint8_t *w, const uint8_t *a, int64_t a
                 const __m512i mag = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
                 const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_set1_epi8((char)(1 << j)));
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
-                isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag, _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
+                const __m512i sa = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
+                if (fmt == IQ2_XXS) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag, sa);
+                else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(mag, sa), wts);   /* weighted here */
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
             const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(wd0 * ab[0].d),
                                                       _mm512_set1_ps(has1 ? wd1 * ab[1].d : 0.0f));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_add_epi32(isum[0], isum[1]), wts)),
-                                     scale, acc[t]);
+            const __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS ? _mm512_mullo_epi32(sum, wts) : sum), scale, acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
 }
 
-void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
+                        int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
     const int64_t nb = k / STRATA_QK_K, tok_bytes = (nb + 1) / 2 * PAIR_BYTES;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)
@@ -214,18 +294,34 @@ void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wr
     int valid = 0;
     int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_PLANES, &valid);
     if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
-        strata_qdot_gathers(STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_evex)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
     if (!valid) relay(a, arb, n_tok, nb, x, tok_bytes);
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
         for (int64_t r = 0; r < n_rows; r++) {
-            if (nt == 1) planes_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
-            else planes_row(nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
+            if (nt == 1) planes_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
+            else planes_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
         }
     }
 }
+
+void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes_rows(IQ2_XXS, STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
+void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes_rows(IQ2_XS, STRATA_T_IQ2_XS, strata_qdot_iq2_xs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
+void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes_rows(IQ2_S, STRATA_T_IQ2_S, strata_qdot_iq2_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
 /* ---- IQ3_XXS and IQ3_S: rows of 4 values, 64 rows a block ----
  * Activations (the PLANES4 layout): per block and position j (0-3), 64 bytes, lane r holding value
  * 4 r + j. Lanes 4 q .. 4 q + 3 are 16 values of chunk q / 2, so VPDPBUSD's dwords each have one
@@ -253,15 +349,6 @@ static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int
     }
 }
 
-enum { IQ3_XXS, IQ3_S };
-
-/* One table's code bytes for 64 rows: idx's low 7 bits pick within 128 rows, `upper` (bit 7) and,
- * for IQ3_S's 512 rows, `ninth` (bit 8) pick the quarter. */
-INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
-    return _mm512_mask_blend_epi8(
-        upper, _mm512_permutex2var_epi8(_mm512_load_si512((const void *)c), idx, _mm512_load_si512((const void *)(c + 64))),
-        _mm512_permutex2var_epi8(_mm512_load_si512((const void *)(c + 128)), idx, _mm512_load_si512((const void *)(c + 192))));
-}
 
 INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
                         int64_t tok_bytes, int nt, float *y, int64_t ys) {
@@ -365,6 +452,14 @@ void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wr
 void strata_qdot_iq3_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     strata_qdot_iq3_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq2_xs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq2_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,

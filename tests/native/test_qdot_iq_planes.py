@@ -31,7 +31,7 @@ from tests.native.test_qdot_iquants import make_weights
 
 T = GGMLType
 #: The types with a planes decode tile (qdot.c's PLANES_DECODE).
-PLANES_TYPES = (T.IQ2_XXS, T.IQ3_XXS, T.IQ3_S)
+PLANES_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the kernel table hands the tile out (qdot.c's planes_decode).
 PLANES_ENV = os.environ.get("STRATA_PLANES")
