@@ -1,9 +1,10 @@
 /*
- * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by planes: the grid looked up in registers, one value
- * position of 64 grid rows at a time, against activations laid out to match (interface: qdot.h; the
- * formats' integer formulation: qdot_iq.c; block layouts: common.h; grids: iq_tables.h). IQ2_XXS is
- * described here, IQ2_XS and IQ2_S (the same layout and values, larger grids, a weight per 16 values)
- * at nibble_weights, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tile begins below.
+ * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by planes: the grid looked up in
+ * registers, one value position of 64 grid rows at a time, against activations laid out to match
+ * (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts: common.h; grids:
+ * iq_tables.h). IQ2_XXS is described here, IQ2_XS and IQ2_S (the same layout and values, larger
+ * grids, a weight per 16 values) at nibble_weights, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes)
+ * where their tiles begin below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -35,8 +36,8 @@
  * rows take 16 VPERMT2B a pair), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
- * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation
- * unit only; qdot.c hands the tile out only after the CPU was seen to have AVX-512 VBMI and GFNI.
+ * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
+ * only; qdot.c hands the tiles out only after the CPU was seen to have AVX-512 VBMI and GFNI.
  */
 #include "iq_tables.h"
 #include "qdot.h"
