@@ -1,10 +1,10 @@
 /*
- * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S by planes: the grid looked up in
- * registers, one value position of 64 grid rows at a time, against activations laid out to match
- * (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts: common.h; grids:
- * iq_tables.h). IQ2_XXS is described here, IQ2_XS and IQ2_S (the same layout and values, larger
- * grids, a weight per 16 values) at nibble_weights, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes)
- * where their tiles begin below.
+ * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ3_XXS and IQ3_S by planes: the grid looked
+ * up in registers (IQ1_S: gathered), one value position of 64 grid rows at a time, against activations
+ * laid out to match (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts:
+ * common.h; grids: iq_tables.h). IQ2_XXS is described here, IQ2_XS and IQ2_S (the same layout and
+ * values, larger grids, a weight per 16 values) at nibble_weights, IQ1_S (its codes gathered) at
+ * iq1_unpack, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tiles begin below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -33,7 +33,8 @@
  * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
  * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
  * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x (its 1024
- * rows take 16 VPERMT2B a pair), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
+ * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x (against the same gathers, with less around
+ * them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
@@ -52,8 +53,13 @@ static uint8_t codes[2][256] __attribute__((aligned(64)));
 /* the same for IQ2_XS's 512 grid rows and IQ2_S's 1024 (the same three values) */
 static uint8_t codes_xs[2][512] __attribute__((aligned(64)));
 static uint8_t codes_s[2][1024] __attribute__((aligned(64)));
+/* IQ1_S: grid row r's 8 values g (-1, 0, 1) as 2-bit codes g + 1, value j in bits 2 j, 2 j + 1 (two
+ * more entries: a dword gathered at row 2047 reads past it) */
+static uint16_t codes1[2048 + 2] __attribute__((aligned(64)));
 /* Per position q of a code byte: GF2P8AFFINEQB's matrix for 8 ^ 17 b0 ^ 35 b1 (b0, b1: its bits) */
 static uint64_t to_value[4];
+/* ... and for 8 times the code (IQ1_S: bits 2 q, 2 q + 1 to bits 3, 4) */
+static uint64_t times_8[4];
 /* VPMULTISHIFTQB: block 0's ksigns fields to bytes 0-3 of each qword, block 1's to bytes 4-7 */
 static uint8_t sign_at[2][64] __attribute__((aligned(64)));
 /* VPERMT2B over a pair's IQ2_XS qs: lane 8 c + 4 s + l from row 4 c + l's u16 of block s, its low
@@ -62,6 +68,14 @@ static uint8_t u16_at[2][64] __attribute__((aligned(64)));
 /* IQ2_S: VPERMB of the pair's qh bytes (block 0's, then block 1's) to lane 8 c + 4 s + l: qh_s[c]; the
  * bit of the lane's row that holds its index bit 8 (bit 9 is the next) */
 static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute__((aligned(64)));
+/* IQ1_S: VPERMB of the pair's qs (block 0's 32 bytes, then block 1's) to lane 8 c + 4 s + l: qs_s[4 c + l];
+ * per gather g (lanes 16 g .. 16 g + 15 as dwords), VPERMW of the pair's qh words (block 0's 8, then
+ * block 1's) to the low word of each dword: qh_s[c]; VPERMT2B of two gathers' dwords to their low
+ * bytes (16 each), then their second bytes; VPERMW of the qh words to dword 2 c + s; VPERMT2D of the
+ * two blocks' 32-value sums of activations to dword 2 c + s */
+static uint8_t iq1_qs_at[64] __attribute__((aligned(64))), iq1_code_at[64] __attribute__((aligned(64)));
+static uint16_t iq1_qh_at[4][32] __attribute__((aligned(64))), iq1_chunk_at[32] __attribute__((aligned(64)));
+static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -107,6 +121,25 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         for (int i = 1; i < 4; i++) m |= (uint64_t)(1u << (4 * f + i - 1)) << (8 * (7 - i));
         odd_value[f] = m;
     }
+    for (int r = 0; r < 2048; r++) {
+        int v = 0;
+        for (int j = 0; j < 8; j++) v |= (strata_iq1s_grid[r][j] + 1) << (2 * j);
+        codes1[r] = (uint16_t)v;
+    }
+    for (int i = 0; i < 64; i++) {
+        const int c = i / 8, sb = i / 4 % 2, l = i % 4, g = i / 16, d = i % 16;
+        iq1_qs_at[i] = (uint8_t)(32 * sb + 4 * c + l);
+        iq1_code_at[i] = (uint8_t)((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + i / 32);
+        iq1_qh_at[g][2 * d] = (uint16_t)(8 * sb + c);   /* lane 16 g + d: c, s of that lane */
+        iq1_qh_at[g][2 * d + 1] = 0;
+    }
+    for (int d = 0; d < 16; d++) {
+        iq1_chunk_at[2 * d] = (uint16_t)(8 * (d % 2) + d / 2);
+        iq1_chunk_at[2 * d + 1] = 0;
+        iq1_sum_at[d] = 16 * (d % 2) + d / 2;
+    }
+    for (int q = 0; q < 4; q++)
+        times_8[q] = (uint64_t)(1u << (2 * q)) << (8 * (7 - 3)) | (uint64_t)(1u << (2 * q + 1)) << (8 * (7 - 4));
     for (int q = 0; q < 4; q++) {   /* output bit i: the parity of row (7 - i) AND the input */
         uint64_t m = 0;
         for (int i = 0; i < 8; i++)
@@ -179,7 +212,7 @@ static void relay(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int8
     }
 }
 
-enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S };
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ3_XXS, IQ3_S };
 
 /* One table's code bytes of 64 rows out of 256 at c: idx's low 7 bits pick within 128 rows, `upper`
  * (its bit 7) the half. Larger grids blend such look-ups on their higher index bits. */
@@ -207,12 +240,55 @@ INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
     return _mm512_add_epi16(_mm512_slli_epi16(ls, 1), _mm512_set1_epi16(1));
 }
 
+/* IQ1_S: rows of 8 values as IQ2's, 2048 grid rows, each 32 values' weight and delta in their qh
+ * u16. Its grid is too large to look up in registers (32 VPERMT2B a pair): each row's 8 codes (16
+ * bits, value g + 1) come from a table of them by VPGATHERDD, 16 rows a gather, and two byte permutes
+ * make the two code bytes of 64 rows. With w = 8 g + delta, a chunk of 32 values sums to
+ * 8 sum (g + 1) a + (delta - 8) sum a: the codes times 8 against the activations as they are, and the
+ * sums of the activations from their bsums (iq1_sums). code: the pair's code bytes; wts: 2 ls + 1 and
+ * delta: its delta - 8, per dword 2 c + s. */
+INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *delta) {
+    const strata_block_iq1_s *b0 = (const strata_block_iq1_s *)p0, *b1 = (const strata_block_iq1_s *)p1;
+    const __m512i qs = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1_qs_at), _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->qs)), _mm256_loadu_si256((const __m256i *)b1->qs), 1));
+    const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1));
+    const __m512i row_bits = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);   /* row l: bits 3 l .. 3 l + 2 */
+    __m512i rows[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512i h = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_qh_at[g]), qh);
+        const __m128i low = g == 0 ? _mm512_castsi512_si128(qs) : g == 1 ? _mm512_extracti32x4_epi32(qs, 1)
+                          : g == 2 ? _mm512_extracti32x4_epi32(qs, 2) : _mm512_extracti32x4_epi32(qs, 3);
+        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi32(low),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, row_bits), _mm512_set1_epi32(7)), 8));
+        rows[g] = _mm512_i32gather_epi32(idx, (const void *)codes1, 2);
+    }
+    const __m512i at = _mm512_load_si512((const void *)iq1_code_at);
+    const __m512i u = _mm512_permutex2var_epi8(rows[0], at, rows[1]), v = _mm512_permutex2var_epi8(rows[2], at, rows[3]);
+    code[0] = _mm512_shuffle_i64x2(u, v, 0x44);   /* values 0-3 of lanes 0-31, then of 32-63 */
+    code[1] = _mm512_shuffle_i64x2(u, v, 0xEE);   /* values 4-7 */
+    const __m512i e = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_chunk_at), qh);
+    *wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), _mm512_set1_epi32(7)), 1),
+                            _mm512_set1_epi32(1));
+    *delta = _mm512_sub_epi32(_mm512_set1_epi32(-7), _mm512_slli_epi32(_mm512_srli_epi32(e, 15), 1));   /* +-1, minus 8 */
+}
+
+/* The sums of each 32 activations of a pair of blocks (the second absent: zeros), dword 2 c + s. */
+INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i s0 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab[0].bsums), ones);
+    const __m256i s1 = has1 ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab[1].bsums), ones) : _mm256_setzero_si256();
+    return _mm512_permutex2var_epi32(_mm512_zextsi256_si512(s0), _mm512_load_si512((const void *)iq1_sum_at),
+                                     _mm512_zextsi256_si512(s1));
+}
+
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. */
 INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
                        int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ2_XXS ? (int64_t)sizeof(strata_block_iq2_xxs)
-                     : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs) : (int64_t)sizeof(strata_block_iq2_s);
+                     : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
+                     : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : (int64_t)sizeof(strata_block_iq2_s);
     const __m512i sign0 = _mm512_load_si512((const void *)sign_at[0]), sign1 = _mm512_load_si512((const void *)sign_at[1]);
     const __m512i lo_at = _mm512_load_si512((const void *)u16_at[0]), hi_at = _mm512_load_si512((const void *)u16_at[1]);
     const __m512i qh_at = _mm512_load_si512((const void *)qh_lane), qh_bits = _mm512_load_si512((const void *)qh_bit);
@@ -224,8 +300,10 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
         const int has1 = 2 * p + 1 < nb;
         const uint8_t *p1 = has1 ? p0 + bs : p0;   /* a lone last block pairs with itself, weighted 0 */
         fetch_block_ahead(p0, 2 * bs, ahead_end);
-        __m512i sg, code[2], wts;
-        if (fmt == IQ2_XXS) {
+        __m512i sg = _mm512_setzero_si512(), code[2], wts, delta = _mm512_setzero_si512();
+        if (fmt == IQ1_S) {
+            iq1_unpack(p0, p1, code, &wts, &delta);
+        } else if (fmt == IQ2_XXS) {
             const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
             const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
             const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
@@ -267,6 +345,11 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
+                if (fmt == IQ1_S) {   /* 8 (g + 1) against the activations as they are */
+                    const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)times_8[j % 4]), 0);
+                    isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], m8, _mm512_load_si512((const void *)(xp + 64 * j)));
+                    continue;
+                }
                 const __m512i mag = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
                 const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_set1_epi8((char)(1 << j)));
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
@@ -277,8 +360,10 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
             const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(wd0 * ab[0].d),
                                                       _mm512_set1_ps(has1 ? wd1 * ab[1].d : 0.0f));
-            const __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS ? _mm512_mullo_epi32(sum, wts) : sum), scale, acc[t]);
+            __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
+            if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(delta, iq1_sums(ab, has1)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, wts) : sum),
+                                     scale, acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
@@ -321,6 +406,11 @@ void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb
 void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     planes_rows(IQ2_S, STRATA_T_IQ2_S, strata_qdot_iq2_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
+void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes_rows(IQ1_S, STRATA_T_IQ1_S, strata_qdot_iq1_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 /* ---- IQ3_XXS and IQ3_S: rows of 4 values, 64 rows a block ----
@@ -461,6 +551,10 @@ void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb
 void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     strata_qdot_iq2_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq1_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
