@@ -190,15 +190,15 @@ static const struct {
  * activations), taken in place of the gather tile and the AVX2 build for STRATA_IMPL_AVX512 where
  * the CPU has VBMI and GFNI and does not split 512-bit operations (unmeasured on Zen 4, where
  * VPERMT2B is split too), unless STRATA_PLANES=0; STRATA_PLANES=1 takes them wherever the CPU has
- * VBMI and GFNI (both for measuring); IQ1_S's gathers its codes, so it also needs fast gathers (or
- * STRATA_PLANES=1). On the Intel machine, against the gather tiles, 1-7 tokens
+ * VBMI and GFNI (both for measuring); IQ1_S's and IQ1_M's gather their codes, so they also need
+ * fast gathers (or STRATA_PLANES=1). On the Intel machine, against the gather tiles, 1-7 tokens
  * (one thread, qdot_rows over 1024 x 4096): IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x,
- * IQ1_S 1.32-1.50x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x; two threads from DRAM, decode 51-55%, 46%, 40%, 58% and 57% of
+ * IQ1_S 1.32-1.50x, IQ1_M 1.05-1.37x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x; two threads from DRAM, decode 51-55%, 46%, 40%, 58% and 57% of
  * the bare read, from 30%, 38%, 40%, 42% and 38% (benchmarks/qdot_rate.py). */
 static const struct {
     int type;
     strata_qdot_tile_fn decode;
-    int gathers;   /* the tile gathers (IQ1_S's codes): only where gathers are fast, as qdot_iq_vbmi.c's */
+    int gathers;   /* the tile gathers (IQ1's codes): only where gathers are fast, as qdot_iq_vbmi.c's */
 } PLANES_DECODE[] = {
     {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_planes, 0},
     {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_planes, 0},
@@ -206,6 +206,7 @@ static const struct {
     {STRATA_T_IQ2_XS, strata_qdot_iq2_xs_planes, 0},
     {STRATA_T_IQ2_S, strata_qdot_iq2_s_planes, 0},
     {STRATA_T_IQ1_S, strata_qdot_iq1_s_planes, 1},
+    {STRATA_T_IQ1_M, strata_qdot_iq1_m_planes, 1},
 };
 
 /* Activation quantizers per STRATA_ACT_* (F32 needs none). */

@@ -259,6 +259,7 @@ STRATA_DECLARE_QTILE(iq3_s, planes)
 STRATA_DECLARE_QTILE(iq2_xs, planes)
 STRATA_DECLARE_QTILE(iq2_s, planes)
 STRATA_DECLARE_QTILE(iq1_s, planes)
+STRATA_DECLARE_QTILE(iq1_m, planes)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)

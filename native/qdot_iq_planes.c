@@ -1,10 +1,10 @@
 /*
- * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ3_XXS and IQ3_S by planes: the grid looked
- * up in registers (IQ1_S: gathered), one value position of 64 grid rows at a time, against activations
+ * AVX-512 decode tiles of IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, IQ3_XXS and IQ3_S by planes: the grid
+ * looked up in registers (IQ1's: gathered), one value position of 64 grid rows at a time, against activations
  * laid out to match (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts:
  * common.h; grids: iq_tables.h). IQ2_XXS is described here, IQ2_XS and IQ2_S (the same layout and
- * values, larger grids, a weight per 16 values) at nibble_weights, IQ1_S (its codes gathered) at
- * iq1_unpack, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tiles begin below.
+ * values, larger grids, a weight per 16 values) at nibble_weights, IQ1_S and IQ1_M (their codes
+ * gathered) at iq1_gather, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tiles begin below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
  * bound by those gathers and the shuffles around them. Here nothing is put back in value order:
@@ -33,8 +33,8 @@
  * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
  * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
  * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x (its 1024
- * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x (against the same gathers, with less around
- * them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
+ * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x and IQ1_M 1.05-1.37x (against the same gathers,
+ * with less around them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
@@ -76,6 +76,9 @@ static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute_
 static uint8_t iq1_qs_at[64] __attribute__((aligned(64))), iq1_code_at[64] __attribute__((aligned(64)));
 static uint16_t iq1_qh_at[4][32] __attribute__((aligned(64))), iq1_chunk_at[32] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
+/* IQ1_M: VPERMB of the pair's qh bytes to lane 8 c + 4 s + l: the byte of row 4 c + l's nibble; the
+ * bit positions of its 16 3-bit ls (VPMULTISHIFTQB over the 8 scale bytes, group k: 16 (k / 4) + 3 (k % 4)) */
+static uint8_t iq1m_qh_at[64] __attribute__((aligned(64))), iq1m_ls_at[16] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -133,6 +136,8 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1_qh_at[g][2 * d] = (uint16_t)(8 * sb + c);   /* lane 16 g + d: c, s of that lane */
         iq1_qh_at[g][2 * d + 1] = 0;
     }
+    for (int i = 0; i < 64; i++) iq1m_qh_at[i] = (uint8_t)(16 * (i / 4 % 2) + 2 * (i / 8) + i % 4 / 2);
+    for (int k = 0; k < 16; k++) iq1m_ls_at[k] = (uint8_t)(16 * (k / 4) + 3 * (k % 4));   /* both qwords hold the 8 bytes */
     for (int d = 0; d < 16; d++) {
         iq1_chunk_at[2 * d] = (uint16_t)(8 * (d % 2) + d / 2);
         iq1_chunk_at[2 * d + 1] = 0;
@@ -212,7 +217,7 @@ static void relay(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int8
     }
 }
 
-enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ3_XXS, IQ3_S };
+enum { IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, IQ3_XXS, IQ3_S };
 
 /* One table's code bytes of 64 rows out of 256 at c: idx's low 7 bits pick within 128 rows, `upper`
  * (its bit 7) the half. Larger grids blend such look-ups on their higher index bits. */
@@ -232,12 +237,60 @@ INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
  * IQ2_XS's and IQ2_S's weights, a nibble per 16 values (group g, nibble g of 8 scale bytes), of a
  * pair of blocks as int16 (2 ls + 1): word 4 c + 2 s + k for group 2 c + k of block s, so that the
  * words VPMADDUBSW makes of lanes 8 c + 4 s + l (rows 4 c + l) meet their group's weight. */
-INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
-    const __m128i low = _mm_set1_epi8(15), v0 = _mm_loadl_epi64((const __m128i *)s0), v1 = _mm_loadl_epi64((const __m128i *)s1);
-    const __m128i g0 = _mm_unpacklo_epi8(_mm_and_si128(v0, low), _mm_and_si128(_mm_srli_epi16(v0, 4), low));
-    const __m128i g1 = _mm_unpacklo_epi8(_mm_and_si128(v1, low), _mm_and_si128(_mm_srli_epi16(v1, 4), low));
+INLINE __m512i group_weights(__m128i g0, __m128i g1) {   /* each block's 16 ls, in group order */
     const __m512i ls = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(g0, g1), _mm_unpacklo_epi16(g0, g1)));
     return _mm512_add_epi16(_mm512_slli_epi16(ls, 1), _mm512_set1_epi16(1));
+}
+
+INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
+    const __m128i low = _mm_set1_epi8(15), v0 = _mm_loadl_epi64((const __m128i *)s0), v1 = _mm_loadl_epi64((const __m128i *)s1);
+    return group_weights(_mm_unpacklo_epi8(_mm_and_si128(v0, low), _mm_and_si128(_mm_srli_epi16(v0, 4), low)),
+                         _mm_unpacklo_epi8(_mm_and_si128(v1, low), _mm_and_si128(_mm_srli_epi16(v1, 4), low)));
+}
+
+/* Quarter g (16 bytes) of a vector. */
+INLINE __m128i quarter(__m512i v, int g) {
+    return g == 0 ? _mm512_castsi512_si128(v) : g == 1 ? _mm512_extracti32x4_epi32(v, 1)
+         : g == 2 ? _mm512_extracti32x4_epi32(v, 2) : _mm512_extracti32x4_epi32(v, 3);
+}
+
+/* IQ1's code bytes of a pair's 64 rows: index low bytes qs (lane order), and per 16 lanes g the high
+ * bits in bits 0-2 of dwords high[g] (above them: anything). */
+INLINE void iq1_gather(__m512i qs, const __m512i high[4], __m512i code[2]) {
+    __m512i rows[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi32(quarter(qs, g)),
+                                            _mm512_slli_epi32(_mm512_and_si512(high[g], _mm512_set1_epi32(7)), 8));
+        rows[g] = _mm512_i32gather_epi32(idx, (const void *)codes1, 2);
+    }
+    const __m512i at = _mm512_load_si512((const void *)iq1_code_at);
+    const __m512i u = _mm512_permutex2var_epi8(rows[0], at, rows[1]), v = _mm512_permutex2var_epi8(rows[2], at, rows[3]);
+    code[0] = _mm512_shuffle_i64x2(u, v, 0x44);   /* values 0-3 of lanes 0-31, then of 32-63 */
+    code[1] = _mm512_shuffle_i64x2(u, v, 0xEE);   /* values 4-7 */
+}
+
+/* IQ1_M: as IQ1_S, but a nibble per row in qh (bits 0-2: its index bits 8-10, bit 3: its delta's
+ * sign) and a 3-bit ls per 16 values. Row r's value plus 9, 8 (g + 1) + 1 + delta in {8 c, 8 c + 2},
+ * goes in as an unsigned byte (dv: 1 + delta per lane), 9 * bsums * weight is taken off per 16 values,
+ * and VPMADDUBSW and VPDPWSSD weigh pairs of rows (wts: int16, as nibble_weights orders them). */
+INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *dv) {
+    const strata_block_iq1_m *b0 = (const strata_block_iq1_m *)p0, *b1 = (const strata_block_iq1_m *)p1;
+    const __m512i qs = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1_qs_at), _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->qs)), _mm256_loadu_si256((const __m256i *)b1->qs), 1));
+    const __m512i qh = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1m_qh_at), _mm512_castsi256_si512(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1)));
+    const __m512i nibble = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);   /* row l: bits 4 (l % 2) .. */
+    __m512i high[4];
+    for (int g = 0; g < 4; g++) high[g] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(quarter(qh, g)), nibble);
+    iq1_gather(qs, high, code);
+    const __mmask64 neg = _mm512_test_epi8_mask(qh, _mm512_set1_epi16((short)0x8008));   /* lane parity: bit 3 or 7 */
+    *dv = _mm512_maskz_mov_epi8(~neg, _mm512_set1_epi8(2));
+    const __m128i at = _mm_load_si128((const __m128i *)iq1m_ls_at), seven = _mm_set1_epi8(7);
+    uint64_t s0, s1;
+    memcpy(&s0, b0->scales, 8);
+    memcpy(&s1, b1->scales, 8);
+    *wts = group_weights(_mm_and_si128(_mm_multishift_epi64_epi8(at, _mm_set1_epi64x((long long)s0)), seven),
+                         _mm_and_si128(_mm_multishift_epi64_epi8(at, _mm_set1_epi64x((long long)s1)), seven));
 }
 
 /* IQ1_S: rows of 8 values as IQ2's, 2048 grid rows, each 32 values' weight and delta in their qh
@@ -254,32 +307,29 @@ INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __
     const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1));
     const __m512i row_bits = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);   /* row l: bits 3 l .. 3 l + 2 */
-    __m512i rows[4];
-    for (int g = 0; g < 4; g++) {
-        const __m512i h = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_qh_at[g]), qh);
-        const __m128i low = g == 0 ? _mm512_castsi512_si128(qs) : g == 1 ? _mm512_extracti32x4_epi32(qs, 1)
-                          : g == 2 ? _mm512_extracti32x4_epi32(qs, 2) : _mm512_extracti32x4_epi32(qs, 3);
-        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi32(low),
-                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, row_bits), _mm512_set1_epi32(7)), 8));
-        rows[g] = _mm512_i32gather_epi32(idx, (const void *)codes1, 2);
-    }
-    const __m512i at = _mm512_load_si512((const void *)iq1_code_at);
-    const __m512i u = _mm512_permutex2var_epi8(rows[0], at, rows[1]), v = _mm512_permutex2var_epi8(rows[2], at, rows[3]);
-    code[0] = _mm512_shuffle_i64x2(u, v, 0x44);   /* values 0-3 of lanes 0-31, then of 32-63 */
-    code[1] = _mm512_shuffle_i64x2(u, v, 0xEE);   /* values 4-7 */
+    __m512i high[4];
+    for (int g = 0; g < 4; g++)
+        high[g] = _mm512_srlv_epi32(_mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_qh_at[g]), qh),
+                                    row_bits);
+    iq1_gather(qs, high, code);
     const __m512i e = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_chunk_at), qh);
     *wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), _mm512_set1_epi32(7)), 1),
                             _mm512_set1_epi32(1));
     *delta = _mm512_sub_epi32(_mm512_set1_epi32(-7), _mm512_slli_epi32(_mm512_srli_epi32(e, 15), 1));   /* +-1, minus 8 */
 }
 
-/* The sums of each 32 activations of a pair of blocks (the second absent: zeros), dword 2 c + s. */
-INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i s0 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab[0].bsums), ones);
-    const __m256i s1 = has1 ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ab[1].bsums), ones) : _mm256_setzero_si256();
+/* The bsums (sums of 16 activations) of a pair of blocks (the second absent: zeros) as int16, word
+ * 4 c + 2 s + k for bsum 2 c + k of block s (nibble_weights' order). */
+INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
+    const __m256i s0 = _mm256_loadu_si256((const __m256i *)ab[0].bsums);
+    const __m256i s1 = has1 ? _mm256_loadu_si256((const __m256i *)ab[1].bsums) : _mm256_setzero_si256();
     return _mm512_permutex2var_epi32(_mm512_zextsi256_si512(s0), _mm512_load_si512((const void *)iq1_sum_at),
                                      _mm512_zextsi256_si512(s1));
+}
+
+/* The sums of each 32 activations of a pair of blocks, dword 2 c + s. */
+INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
+    return _mm512_madd_epi16(iq1_bsums(ab, has1), _mm512_set1_epi16(1));
 }
 
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. */
@@ -288,7 +338,8 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ2_XXS ? (int64_t)sizeof(strata_block_iq2_xxs)
                      : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
-                     : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : (int64_t)sizeof(strata_block_iq2_s);
+                     : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s)
+                     : fmt == IQ1_M ? (int64_t)sizeof(strata_block_iq1_m) : (int64_t)sizeof(strata_block_iq2_s);
     const __m512i sign0 = _mm512_load_si512((const void *)sign_at[0]), sign1 = _mm512_load_si512((const void *)sign_at[1]);
     const __m512i lo_at = _mm512_load_si512((const void *)u16_at[0]), hi_at = _mm512_load_si512((const void *)u16_at[1]);
     const __m512i qh_at = _mm512_load_si512((const void *)qh_lane), qh_bits = _mm512_load_si512((const void *)qh_bit);
@@ -300,9 +351,12 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
         const int has1 = 2 * p + 1 < nb;
         const uint8_t *p1 = has1 ? p0 + bs : p0;   /* a lone last block pairs with itself, weighted 0 */
         fetch_block_ahead(p0, 2 * bs, ahead_end);
-        __m512i sg = _mm512_setzero_si512(), code[2], wts, delta = _mm512_setzero_si512();
+        __m512i sg = _mm512_setzero_si512(), code[2], wts, delta = _mm512_setzero_si512(), dv = _mm512_setzero_si512();
         if (fmt == IQ1_S) {
             iq1_unpack(p0, p1, code, &wts, &delta);
+        } else if (fmt == IQ1_M) {
+            iq1m_unpack(p0, p1, code, &wts, &dv);
+            delta = _mm512_mullo_epi16(wts, _mm512_set1_epi16(-9));   /* 9 * bsums * weight off per 16 values */
         } else if (fmt == IQ2_XXS) {
             const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
             const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
@@ -339,15 +393,20 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             }
             wts = nibble_weights(b0->scales, b1->scales);
         }
-        const float wd0 = _cvtsh_ss((uint16_t)(p0[0] | p0[1] << 8)), wd1 = has1 ? _cvtsh_ss((uint16_t)(p1[0] | p1[1] << 8)) : 0.0f;
+        const float wd0 = _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p0)->scales)
+                                                 : (uint16_t)(p0[0] | p0[1] << 8));
+        const float wd1 = !has1 ? 0.0f : _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p1)->scales)
+                                                                : (uint16_t)(p1[0] | p1[1] << 8));
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + p * PAIR_BYTES;
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
-                if (fmt == IQ1_S) {   /* 8 (g + 1) against the activations as they are */
+                if (fmt == IQ1_S || fmt == IQ1_M) {   /* 8 (g + 1) (+ 1 + delta) against the activations as they are */
                     const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)times_8[j % 4]), 0);
-                    isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], m8, _mm512_load_si512((const void *)(xp + 64 * j)));
+                    const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
+                    if (fmt == IQ1_S) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], m8, av);
+                    else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(_mm512_or_si512(m8, dv), av), wts);
                     continue;
                 }
                 const __m512i mag = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
@@ -362,6 +421,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
                                                       _mm512_set1_ps(has1 ? wd1 * ab[1].d : 0.0f));
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(delta, iq1_sums(ab, has1)));
+            if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), delta));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, wts) : sum),
                                      scale, acc[t]);
         }
@@ -411,6 +471,11 @@ void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb,
 void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     planes_rows(IQ1_S, STRATA_T_IQ1_S, strata_qdot_iq1_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+
+void strata_qdot_iq1_m_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    planes_rows(IQ1_M, STRATA_T_IQ1_M, strata_qdot_iq1_m_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 /* ---- IQ3_XXS and IQ3_S: rows of 4 values, 64 rows a block ----
@@ -555,6 +620,10 @@ void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb,
 void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     strata_qdot_iq1_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+}
+void strata_qdot_iq1_m_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
+                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
+    strata_qdot_iq1_m_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
 }
 
 void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,

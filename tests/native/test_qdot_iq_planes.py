@@ -1,9 +1,9 @@
 """The AVX-512 decode tiles by planes (native/qdot_iq_planes.c: IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S,
-IQ3_XXS, IQ3_S) against their scalar twins (native/qdot_iq.c).
+IQ1_M, IQ3_XXS, IQ3_S) against their scalar twins (native/qdot_iq.c).
 
 The tiles look the grid up in registers one value position at a time (the IQ2s: 2-bit codes, turned
-into the values 8, 25, 43 by GF2P8AFFINEQB; IQ3_XXS: 3-bit codes, by VPSHUFB; IQ1_S gathers its
-codes, where gathers are fast) against activations re-laid once per thread and set of activations;
+into the values 8, 25, 43 by GF2P8AFFINEQB; IQ3_XXS: 3-bit codes, by VPSHUFB; IQ1_S and IQ1_M
+gather their codes, where gathers are fast) against activations re-laid once per thread and set of activations;
 their integer sums are the scalar tiles', and the float terms are added in another order, so
 results are held within the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens)
 of an AVX-512 call, and the 4-7 tokens that a prefill's VNNI groups leave over, reach them through
@@ -34,9 +34,9 @@ T = GGMLType
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the kernel table hands the tiles out (qdot.c's planes_decode).
 PLANES_ENV = os.environ.get("STRATA_PLANES")
-#: The types with a planes decode tile here (qdot.c's PLANES_DECODE; IQ1_S's gathers: fast gathers only).
+#: The types with a planes decode tile here (qdot.c's PLANES_DECODE; IQ1's gather: fast gathers only).
 PLANES_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S) + (
-    (T.IQ1_S,) if native.cpu_fast_gathers() or PLANES_ENV == "1" else ())
+    (T.IQ1_S, T.IQ1_M) if native.cpu_fast_gathers() or PLANES_ENV == "1" else ())
 HAS_PLANES = (native.cpu_has_avx512_vbmi() and (not native.cpu_splits_512() or PLANES_ENV == "1")
               and PLANES_ENV != "0" and not os.environ.get("STRATA_FORCE_AVX2") and not os.environ.get("STRATA_FORCE_SCALAR"))
 pytestmark = pytest.mark.skipif(not HAS_PLANES, reason="CPU has no AVX-512 VBMI and GFNI, or splits 512-bit operations "
