@@ -429,55 +429,6 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
 }
 
-INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
-                        int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
-    const int64_t nb = k / STRATA_QK_K, tok_bytes = (nb + 1) / 2 * PAIR_BYTES;
-    if (nb == 0 || n_tok == 0) {
-        for (int64_t t = 0; t < n_tok; t++)
-            for (int64_t r = 0; r < n_rows; r++) y[t * ys + r] = 0.0f;
-        return;
-    }
-    int valid = 0;
-    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_PLANES, &valid);
-    if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
-        strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-        return;
-    }
-    if (!valid) relay(a, arb, n_tok, nb, x, tok_bytes);
-    for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
-        const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
-        for (int64_t r = 0; r < n_rows; r++) {
-            if (nt == 1) planes_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
-            else planes_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
-        }
-    }
-}
-
-void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes_rows(IQ2_XXS, STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes_rows(IQ2_XS, STRATA_T_IQ2_XS, strata_qdot_iq2_xs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes_rows(IQ2_S, STRATA_T_IQ2_S, strata_qdot_iq2_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes_rows(IQ1_S, STRATA_T_IQ1_S, strata_qdot_iq1_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq1_m_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes_rows(IQ1_M, STRATA_T_IQ1_M, strata_qdot_iq1_m_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
 /* ---- IQ3_XXS and IQ3_S: rows of 4 values, 64 rows a block ----
  * Activations (the PLANES4 layout): per block and position j (0-3), 64 bytes, lane r holding value
  * 4 r + j. Lanes 4 q .. 4 q + 3 are 16 values of chunk q / 2, so VPDPBUSD's dwords each have one
@@ -567,67 +518,62 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
     for (int t = 0; t < nt; t++) y[t * ys] = factor * _mm512_reduce_add_ps(acc[t]);
 }
 
-INLINE void planes4_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
-                         int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
-    const int64_t nb = k / STRATA_QK_K, tok_bytes = nb * BLOCK_BYTES4;
+/* The driver of every planes tile: the activations re-laid (once per thread and set of them) in the
+ * layout of the format's rows, then rows one at a time with up to MAX_TOK tokens. */
+INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
+                        int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
+    const int four = fmt == IQ3_XXS || fmt == IQ3_S;   /* rows of 4 values: the PLANES4 layout */
+    const int64_t nb = k / STRATA_QK_K, tok_bytes = four ? nb * BLOCK_BYTES4 : (nb + 1) / 2 * PAIR_BYTES;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = 0; r < n_rows; r++) y[t * ys + r] = 0.0f;
         return;
     }
     int valid = 0;
-    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_PLANES4, &valid);
+    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes),
+                                             four ? STRATA_RELAID_PLANES4 : STRATA_RELAID_PLANES, &valid);
     if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
         strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
-    if (!valid) relay4(a, arb, n_tok, nb, x);
+    if (!valid) {
+        if (four) relay4(a, arb, n_tok, nb, x);
+        else relay(a, arb, n_tok, nb, x, tok_bytes);
+    }
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
+        const uint8_t *at = a + t * arb;
+        const int8_t *xt = x + t * tok_bytes;
         for (int64_t r = 0; r < n_rows; r++) {
-            if (nt == 1) planes4_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, 1, y + t * ys + r, ys);
-            else planes4_row(fmt, nb, w + r * wrb, a + t * arb, arb, x + t * tok_bytes, tok_bytes, nt, y + t * ys + r, ys);
+            float *yr = y + t * ys + r;
+            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, 1, yr, ys);
+            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, nt, yr, ys);
+            else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, 1, yr, ys);
+            else planes_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, nt, yr, ys);
         }
     }
 }
 
-void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes4_rows(IQ3_XXS, STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq3_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    planes4_rows(IQ3_S, STRATA_T_IQ3_S, strata_qdot_iq3_s_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
+#define DEFINE_PLANES(name, fmt, T)                                                                        \
+    void strata_qdot_##name##_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, \
+                                     int64_t ys) {                                                          \
+        planes_rows(fmt, STRATA_T_##T, strata_qdot_##name##_evex, k, w, wrb, n_rows, a, arb, n_tok, y, ys); \
+    }
 #else /* not x86: the names exist so the library links; qdot.c never hands them out */
-void strata_qdot_iq3_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq3_xxs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-void strata_qdot_iq3_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq3_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-void strata_qdot_iq2_xs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                               const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq2_xs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-void strata_qdot_iq2_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq2_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-void strata_qdot_iq1_s_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq1_s_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-void strata_qdot_iq1_m_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                              const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq1_m_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
-
-void strata_qdot_iq2_xxs_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
-                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
-    strata_qdot_iq2_xxs_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-}
+#define DEFINE_PLANES(name, fmt, T)                                                                        \
+    void strata_qdot_##name##_planes(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,      \
+                                     const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, \
+                                     int64_t ys) {                                                          \
+        strata_qdot_##name##_ref(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                                  \
+    }
 #endif
+
+DEFINE_PLANES(iq2_xxs, IQ2_XXS, IQ2_XXS)
+DEFINE_PLANES(iq2_xs, IQ2_XS, IQ2_XS)
+DEFINE_PLANES(iq2_s, IQ2_S, IQ2_S)
+DEFINE_PLANES(iq1_s, IQ1_S, IQ1_S)
+DEFINE_PLANES(iq1_m, IQ1_M, IQ1_M)
+DEFINE_PLANES(iq3_xxs, IQ3_XXS, IQ3_XXS)
+DEFINE_PLANES(iq3_s, IQ3_S, IQ3_S)
+

@@ -135,14 +135,20 @@ def test_every_grid_row_sign_index_and_scale(t):
     assert_close_to_scalar(t, blocks, n_blocks, make_tokens(1, 256, rng), "single blocks", impl="avx512")
 
 
-@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
-def test_largest_codes_and_activations_do_not_saturate(t):
-    row_len = 2 * 256
-    w = np.concatenate([_uniform_blocks(t, 2, 0xFF), _uniform_blocks(t, 2, 0x00)]).reshape(2, -1)
+def check_extreme_codes(t: GGMLType, n_blocks: int) -> None:
+    """A row of all-ones bytes and a row of zero bytes (largest and smallest codes, every sign) against
+    1-3 tokens of large activations of one sign and of both."""
+    row_len = n_blocks * 256
+    w = np.concatenate([_uniform_blocks(t, n_blocks, 0xFF), _uniform_blocks(t, n_blocks, 0x00)]).reshape(2, -1)
     x = np.stack([np.full(row_len, 1.0, np.float32), np.full(row_len, -2.0, np.float32),
                   np.where(np.arange(row_len) % 3, 1.0, -1.0).astype(np.float32)])
     for n_tok in (1, 2, 3):
         assert_close_to_scalar(t, w, 2, x[:n_tok], f"extreme codes, {n_tok} tokens", impl="avx512")
+
+
+@pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
+def test_largest_codes_and_activations_do_not_saturate(t):
+    check_extreme_codes(t, 2)
 
 
 @pytest.mark.parametrize("t", VBMI_TYPES, ids=lambda t: t.name)
