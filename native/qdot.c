@@ -193,8 +193,9 @@ static const struct {
  * VBMI and GFNI (both for measuring); IQ1_S's and IQ1_M's gather their codes, so they also need
  * fast gathers (or STRATA_PLANES=1). On the Intel machine, against the gather tiles, 1-7 tokens
  * (one thread, qdot_rows over 1024 x 4096): IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x,
- * IQ1_S 1.32-1.50x, IQ1_M 1.05-1.37x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x; two threads from DRAM, decode 51-55%, 46%, 40%, 58% and 57% of
- * the bare read, from 30%, 38%, 40%, 42% and 38% (benchmarks/qdot_rate.py). */
+ * IQ1_S 1.32-1.50x, IQ1_M 1.05-1.37x, IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x; two threads from DRAM
+ * (benchmarks/qdot_rate.py), decode at 52-56%, 44-45%, 38-40%, 29-30%, 28-29%, 58-59% and 56-57% of
+ * the bare read, from 30%, 39%, 38-39%, 21-22%, 26%, 41% and 40-41% (benchmarks/RESULTS.md). */
 static const struct {
     int type;
     strata_qdot_tile_fn decode;
@@ -310,10 +311,9 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
         if (strata_cpu_splits_512()) on_avx2 |= on_avx2 >> 2;   /* the *_SPLIT phases join in */
         phase_kernel(row, col, on_avx2 & AVX2_PREFILL, &out->tile, &out->tile_family);
         phase_kernel(row, col, on_avx2 & AVX2_DECODE, &out->decode, &out->decode_family);
-        const strata_qdot_tile_fn planes = col == COL_AVX512 ? planes_decode(weight_type) : NULL;
-        const strata_qdot_tile_fn vbmi = planes ? planes : col == COL_AVX512 ? vbmi_decode(weight_type) : NULL;
-        if (vbmi) {
-            out->decode = vbmi;
+        const strata_qdot_tile_fn own = col == COL_AVX512 ? strata_qdot_few_tokens(weight_type, NULL) : NULL;
+        if (own) {   /* a planes or gather decode tile */
+            out->decode = own;
             out->decode_family = STRATA_IMPL_AVX512;
         }
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);

@@ -67,9 +67,9 @@ INLINE __m256i nibbles32(const uint8_t *qs) {
  * whose float32 activation rows would not stay in L1 for 8 tokens); with fewer (decode) DR rows one token at
  * a time (DR = 4: independent accumulators for the short Q8 blocks; where GR = DR, the row group's
  * tile over all of them: Q4_0's 8 rows unpacked once for 2 or 3 tokens), or, for DR = 1, one row with
- * all its tokens (IQ4_XS, TQ1_0, TQ2_0: their unpacking is the larger cost; the K-quants' decode does the same,
- * qdot_avx2.c). */
-#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                                        \
+ * all its tokens (IQ4_XS, TQ1_0, TQ2_0: their unpacking is the larger cost; the K-quants' decode does
+ * the same, qdot_avx2.c). */
+#define DEFINE_DRIVER(name, TILE, GR, GT, DR)                                                            \
     void QDOT_AVX2_NAME(name)(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,         \
                                    const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
                                    float *restrict y, int64_t ys) {                                      \

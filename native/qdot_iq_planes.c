@@ -68,12 +68,13 @@ static uint8_t u16_at[2][64] __attribute__((aligned(64)));
 /* IQ2_S: VPERMB of the pair's qh bytes (block 0's, then block 1's) to lane 8 c + 4 s + l: qh_s[c]; the
  * bit of the lane's row that holds its index bit 8 (bit 9 is the next) */
 static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute__((aligned(64)));
-/* IQ1_S: VPERMB of the pair's qs (block 0's 32 bytes, then block 1's) to lane 8 c + 4 s + l: qs_s[4 c + l];
- * per gather g (lanes 16 g .. 16 g + 15 as dwords), VPERMW of the pair's qh words (block 0's 8, then
+/* IQ1_S: per gather g (lanes 16 g .. 16 g + 15 as dwords), VPERMW of the pair's qh words (block 0's 8, then
  * block 1's) to the low word of each dword: qh_s[c]; VPERMT2B of two gathers' dwords to their low
  * bytes (16 each), then their second bytes; VPERMW of the qh words to dword 2 c + s; VPERMT2D of the
  * two blocks' 32-value sums of activations to dword 2 c + s */
-static uint8_t iq1_qs_at[64] __attribute__((aligned(64))), iq1_code_at[64] __attribute__((aligned(64)));
+static uint8_t iq1_code_at[64] __attribute__((aligned(64)));
+/* VPERMB of two blocks' 32 row bytes (pair_bytes) to lane 8 c + 4 s + l: byte 4 c + l of block s */
+static uint8_t pair_at[64] __attribute__((aligned(64)));
 static uint16_t iq1_qh_at[4][32] __attribute__((aligned(64))), iq1_chunk_at[32] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
 /* IQ1_M: VPERMB of the pair's qh bytes to lane 8 c + 4 s + l: the byte of row 4 c + l's nibble; the
@@ -83,11 +84,10 @@ static uint8_t iq1m_qh_at[64] __attribute__((aligned(64))), iq1m_ls_at[16] __att
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
 static uint8_t codes3[2][256] __attribute__((aligned(64)));
-static const uint8_t IQ3_VALUES[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+static const uint8_t IQ3_VALUES[16] = {4, 12, 20, 28, 36, 44, 52, 62, 4, 12, 20, 28, 36, 44, 52, 62};   /* twice: VPSHUFB's 16 */
 /* IQ3_S: the same for its 512 grid rows; its values are 2 c + 1, which GF2P8AFFINEQB makes */
 static uint8_t codes3s[2][512] __attribute__((aligned(64)));
 static uint64_t odd_value[2];   /* GF2P8AFFINEQB's matrix: 2 c (c: bits 4 f .. 4 f + 2), plus 1 as its constant */
-static const uint8_t IQ3_VALUES_2[16] = {4, 12, 20, 28, 36, 44, 52, 62, 4, 12, 20, 28, 36, 44, 52, 62};
 
 /* codes of an IQ2 grid's rows: positions 4 h .. 4 h + 3 of row r in out[h][r] (see codes) */
 static void make_codes2(const uint8_t (*grid)[8], int n_rows, uint8_t *out0, uint8_t *out1) {
@@ -130,8 +130,8 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         codes1[r] = (uint16_t)v;
     }
     for (int i = 0; i < 64; i++) {
-        const int c = i / 8, sb = i / 4 % 2, l = i % 4, g = i / 16, d = i % 16;
-        iq1_qs_at[i] = (uint8_t)(32 * sb + 4 * c + l);
+        const int c = i / 8, sb = i / 4 % 2, g = i / 16, d = i % 16;
+        pair_at[i] = (uint8_t)(32 * sb + 4 * c + i % 4);
         iq1_code_at[i] = (uint8_t)((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + i / 32);
         iq1_qh_at[g][2 * d] = (uint16_t)(8 * sb + c);   /* lane 16 g + d: c, s of that lane */
         iq1_qh_at[g][2 * d + 1] = 0;
@@ -248,6 +248,13 @@ INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
                          _mm_unpacklo_epi8(_mm_and_si128(v1, low), _mm_and_si128(_mm_srli_epi16(v1, 4), low)));
 }
 
+/* A byte per row of a pair of blocks (32 each at r0, r1: IQ2_S's index and sign bytes, IQ1's index
+ * bytes) in lane order: lane 8 c + 4 s + l holds byte 4 c + l of block s. */
+INLINE __m512i pair_bytes(const uint8_t *r0, const uint8_t *r1) {
+    return _mm512_permutexvar_epi8(_mm512_load_si512((const void *)pair_at), _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)), _mm256_loadu_si256((const __m256i *)r1), 1));
+}
+
 /* Quarter g (16 bytes) of a vector. */
 INLINE __m128i quarter(__m512i v, int g) {
     return g == 0 ? _mm512_castsi512_si128(v) : g == 1 ? _mm512_extracti32x4_epi32(v, 1)
@@ -275,8 +282,7 @@ INLINE void iq1_gather(__m512i qs, const __m512i high[4], __m512i code[2]) {
  * and VPMADDUBSW and VPDPWSSD weigh pairs of rows (wts: int16, as nibble_weights orders them). */
 INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *dv) {
     const strata_block_iq1_m *b0 = (const strata_block_iq1_m *)p0, *b1 = (const strata_block_iq1_m *)p1;
-    const __m512i qs = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1_qs_at), _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->qs)), _mm256_loadu_si256((const __m256i *)b1->qs), 1));
+    const __m512i qs = pair_bytes(b0->qs, b1->qs);
     const __m512i qh = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1m_qh_at), _mm512_castsi256_si512(
         _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1)));
     const __m512i nibble = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);   /* row l: bits 4 (l % 2) .. */
@@ -302,8 +308,7 @@ INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], _
  * delta: its delta - 8, per dword 2 c + s. */
 INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *delta) {
     const strata_block_iq1_s *b0 = (const strata_block_iq1_s *)p0, *b1 = (const strata_block_iq1_s *)p1;
-    const __m512i qs = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1_qs_at), _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b0->qs)), _mm256_loadu_si256((const __m256i *)b1->qs), 1));
+    const __m512i qs = pair_bytes(b0->qs, b1->qs);
     const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1));
     const __m512i row_bits = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);   /* row l: bits 3 l .. 3 l + 2 */
@@ -330,6 +335,11 @@ INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
 /* The sums of each 32 activations of a pair of blocks, dword 2 c + s. */
 INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
     return _mm512_madd_epi16(iq1_bsums(ab, has1), _mm512_set1_epi16(1));
+}
+
+/* A block's scale d (IQ1_M keeps it in its scales' top nibbles, the others in their first two bytes). */
+INLINE float block_scale(int fmt, const uint8_t *p) {
+    return _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p)->scales) : (uint16_t)(p[0] | p[1] << 8));
 }
 
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. */
@@ -378,10 +388,8 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             wts = nibble_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales);
         } else {   /* IQ2_S: index bytes, sign bytes, 2 high index bits per row in qh */
             const strata_block_iq2_s *b0 = (const strata_block_iq2_s *)p0, *b1 = (const strata_block_iq2_s *)p1;
-            const __m512i idx = _mm512_or_si512(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b0->qs)),
-                                                _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b1->qs)), 32));
-            sg = _mm512_or_si512(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b0->signs)),
-                                 _mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)b1->signs)), 32));
+            const __m512i idx = pair_bytes(b0->qs, b1->qs);
+            sg = pair_bytes(b0->signs, b1->signs);
             const __m512i qh = _mm512_permutexvar_epi8(qh_at, _mm512_castsi128_si512(_mm_unpacklo_epi64(
                 _mm_loadl_epi64((const __m128i *)b0->qh), _mm_loadl_epi64((const __m128i *)b1->qh))));
             const __mmask64 upper = _mm512_movepi8_mask(idx), b8 = _mm512_test_epi8_mask(qh, qh_bits),
@@ -393,10 +401,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             }
             wts = nibble_weights(b0->scales, b1->scales);
         }
-        const float wd0 = _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p0)->scales)
-                                                 : (uint16_t)(p0[0] | p0[1] << 8));
-        const float wd1 = !has1 ? 0.0f : _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p1)->scales)
-                                                                : (uint16_t)(p1[0] | p1[1] << 8));
+        const float wd0 = block_scale(fmt, p0), wd1 = has1 ? block_scale(fmt, p1) : 0.0f;
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + p * PAIR_BYTES;
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -462,7 +467,7 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
     const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ3_XXS ? (int64_t)sizeof(strata_block_iq3_xxs) : (int64_t)sizeof(strata_block_iq3_s);
     const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES_2));
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES));
     const __m512i chunk_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     uint8_t dup_b[64];
     for (int i = 0; i < 64; i++) dup_b[i] = (uint8_t)(i / 2);
