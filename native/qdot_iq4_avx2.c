@@ -358,26 +358,40 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
 #ifdef STRATA_QDOT_EVEX
 /* ---- TQ1_0 on 512-bit vectors: the AVX-512 machines' own tile (their decode) ----
  *
- * One zmm holds a block's codes: qs[0..47] in bytes 0-47 and qh's four powers (tq1_qh_powers) in
- * bytes 48-63. Its powers m, 3 m, ..., 81 m give five digit vectors: vector p holds digit p of qs[j]
- * (values 32 p + j) in bytes 0-31, of qs[32 + j] (values 160 + 16 p + j) in bytes 32-47 and, for
- * p = 0, the qh values 240..255 in bytes 48-63 (later powers leave digits there that no value owns).
- * The activations are re-laid once per call and 16 rows to match, zero in the unowned bytes, so one
- * VPDPBUSD per power takes 64 digits: 5 per block and token where the AVX2 tile runs 8 VPMADDUBSW
- * and their adds, and the digits are made 64 at a time (two compares to masks, two masked moves).
- * Digits are q + 1 in {0, 1, 2}; the + 1 comes off with the block's sum of the activations, laid in
- * lane 0 of the sum's start value. The block's exact integer sum is scaled by d * a.d and added in
- * 16 float lanes, reduced once per output: the scalar result up to the order of a float sum. */
-/* Measured against the AVX2 tile's EVEX build (benchmarks/ab_builds.py, 256 x 4096, one thread):
- * 1.06x at 1 token, 1.10-1.13x at 2 and 3; from DRAM on two threads 6.3 against 5.7 GB/s. The
- * digits' compares into masks all run on one port; saturating subtractions instead were 0.92x. */
+ * One zmm holds a block's bytes: qs[0..47] in bytes 0-47 and qh[0..3] in bytes 48-51 (one masked
+ * load: they lie together in the block). Its powers m_p = 3^p m mod 256, p = 0..4, hold digit p
+ * of every byte: in vector p, of qs[j] (values 32 p + j) in bytes 0-31, of qs[32 + j] (values
+ * 160 + 16 p + j) in bytes 32-47 and, for p < 4, of qh[j] (values 240 + 4 p + j) in bytes 48-51.
+ * The activations are re-laid once per call and 16 rows to match, zero in the bytes no value owns.
+ *
+ * A digit is never made. Digit p of a byte is (3 m_p) >> 8 = (3 m_p - m_{p+1}) / 256, since m_{p+1}
+ * is 3 m_p mod 256: so the block's sum of activations times digits is
+ *     (3 sum_p dot(a_p, m_p) - sum_p dot(a_p, m_{p+1})) / 256,
+ * exact in every dword lane (each byte's term is 256 times an integer), two VPDPBUSD per power of
+ * the bytes as they are and two adds to the next power. Digits are q + 1 in {0, 1, 2}; the + 1
+ * comes off with the block's sum of the activations, 256 times it laid in lane 0 of the second
+ * sum's start value. The block's exact integer sum is scaled by d * a.d and added in 16 float
+ * lanes, reduced once per output: the scalar result up to the order of a float sum.
+ * Against the tile that made digits for every token count (benchmarks/ab_builds.py, 256 x 4096,
+ * one thread, in cache): 1.49x at 1 token, 1.17-1.21x at 2 and 1.13x at 3 (the qh bytes loaded
+ * with qs, not multiplied out); from DRAM on two threads 14.5 against 11.7 GB/s (44% against 37% of
+ * the bare read). The 10 VPDPBUSD and 10 byte adds a block are this core's floor for the mix:
+ * ~22 cycles a block in a loop of nothing else, where 60% of the bare read asks 21.
+ *
+ * From 3 tokens the VPDPBUSD (two a power and token) outweigh the digits: there the digits are
+ * made, 64 at a time (two compares to masks of m_p ^ 0x80, two masked moves), one VPDPBUSD a power
+ * and token. Both give the same integer in every lane, so a token's result does not depend on the
+ * call's token count. */
 #define TQ1_CHUNK 16   /* activation blocks re-laid at a time (4096 values) */
 #define TQ1_TOK 4      /* tokens per pass over the rows */
 #define TQ1_ROWS 16    /* rows per re-laid chunk */
+#define TQ1_SUMS_TOK 2 /* calls of up to this many tokens take the digit sums without digits */
+#define TQ1_BYTES 0x000fffffffffffffULL   /* the 52 bytes of qs and qh */
 
 typedef struct {
     __m512i a[TQ1_CHUNK][5];    /* the five re-laid vectors of each block */
     __m512i neg[TQ1_CHUNK];     /* -(sum of the block's activations) in lane 0 */
+    __m512i sum256[TQ1_CHUNK];  /* 256 times that sum, in lane 0 */
     float d[TQ1_CHUNK];
 } tq1_acts;
 
@@ -387,11 +401,12 @@ INLINE void tq1_relay(const strata_block_act_q8k *ab, int nb, tq1_acts *out) {
         for (int p = 0; p < 5; p++) {
             __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * p)));
             v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 160 + 16 * p)), 2);
-            if (p == 0) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q + 240)), 3);
+            if (p < 4) v = _mm512_inserti32x4(v, _mm_cvtsi32_si128((int)load_u32((const uint8_t *)q + 240 + 4 * p)), 3);
             out->a[b][p] = v;
         }
         const int sum = _mm512_reduce_add_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)ab[b].bsums)));
         out->neg[b] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-sum));
+        out->sum256[b] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(256 * sum));
         out->d[b] = ab[b].d;
     }
 }
@@ -403,30 +418,65 @@ INLINE __m512i tq1_digits512(__m512i m) {
     return _mm512_mask_mov_epi8(_mm512_maskz_mov_epi8(k1, _mm512_set1_epi8(1)), k2, _mm512_set1_epi8(2));
 }
 
+INLINE __m512i times3_512(__m512i v) { return _mm512_add_epi8(_mm512_add_epi8(v, v), v); }
+
+/* A block's integer sums for nt tokens: digits times activations, less the activations' sum. */
+INLINE void tq1_block_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_TOK]) {
+    __m512i m = _mm512_maskz_loadu_epi8(TQ1_BYTES, wb->qs);
+    if (nt <= TQ1_SUMS_TOK) {
+        /* sum_p dot(a_p, m_p); sum_p dot(a_p, m_{p+1}) + 256 sum(a), so that the sum comes off with it */
+        __m512i cur[TQ1_TOK], next[TQ1_TOK];
+        for (int t = 0; t < nt; t++) {
+            cur[t] = _mm512_setzero_si512();
+            next[t] = acts[t].sum256[b];
+        }
+        for (int p = 0; p < 5; p++) {
+            const __m512i m3 = times3_512(m);
+            for (int t = 0; t < nt; t++) {
+                cur[t] = _mm512_dpbusd_epi32(cur[t], m, acts[t].a[b][p]);
+                next[t] = _mm512_dpbusd_epi32(next[t], m3, acts[t].a[b][p]);
+            }
+            m = m3;
+        }
+        for (int t = 0; t < nt; t++) {
+            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[t], cur[t]), cur[t]), next[t]);
+            isum[t] = _mm512_srai_epi32(s, 8);
+        }
+        return;
+    }
+    m = _mm512_xor_si512(m, _mm512_set1_epi8((char)0x80));
+    __m512i odd[TQ1_TOK];   /* even and odd powers: two VPDPBUSD chains */
+    for (int t = 0; t < nt; t++) {
+        isum[t] = acts[t].neg[b];
+        odd[t] = _mm512_setzero_si512();
+    }
+    for (int p = 0; p < 5; p++) {
+        const __m512i dig = tq1_digits512(m);
+        for (int t = 0; t < nt; t++) {
+            if (p & 1) odd[t] = _mm512_dpbusd_epi32(odd[t], dig, acts[t].a[b][p]);
+            else isum[t] = _mm512_dpbusd_epi32(isum[t], dig, acts[t].a[b][p]);
+        }
+        if (p < 4) m = times3_512(m);
+    }
+    for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], odd[t]);
+}
+
 INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, const tq1_acts *acts,
                         __m512 acc[TQ1_ROWS][TQ1_TOK]) {
-    for (int r = 0; r < nr; r++)
+    for (int r = 0; r < nr; r++) {
+        __m512 s[TQ1_TOK];   /* the row's sums in registers, not stored at every block */
+        for (int t = 0; t < nt; t++) s[t] = acc[r][t];
         for (int b = 0; b < nb; b++) {
             const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
             if (nt < 4) fetch_ahead((const uint8_t *)wb, sizeof(*wb));
-            __m512i m = _mm512_xor_si512(_mm512_maskz_loadu_epi8(0x0000ffffffffffffULL, wb->qs),
-                                         _mm512_set1_epi8((char)0x80));
-            m = _mm512_inserti32x4(m, tq1_qh_powers(wb->qh), 3);
-            __m512i isum[TQ1_TOK][2];   /* even and odd powers: two VPDPBUSD chains */
-            for (int t = 0; t < nt; t++) {
-                isum[t][0] = acts[t].neg[b];
-                isum[t][1] = _mm512_setzero_si512();
-            }
-            for (int p = 0; p < 5; p++) {
-                const __m512i dig = tq1_digits512(m);
-                for (int t = 0; t < nt; t++) isum[t][p & 1] = _mm512_dpbusd_epi32(isum[t][p & 1], dig, acts[t].a[b][p]);
-                if (p < 4) m = _mm512_add_epi8(_mm512_add_epi8(m, m), m);
-            }
+            __m512i isum[TQ1_TOK];
+            tq1_block_sums(nt, wb, acts, b, isum);
             const float wd = half_at((const uint8_t *)wb + offsetof(strata_block_tq1_0, d));
             for (int t = 0; t < nt; t++)
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[t][0], isum[t][1])),
-                                            _mm512_set1_ps(wd * acts[t].d[b]), acc[r][t]);
+                s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(wd * acts[t].d[b]), s[t]);
         }
+        for (int t = 0; t < nt; t++) acc[r][t] = s[t];
+    }
 }
 
 void strata_qdot_tq1_0_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,

@@ -1,5 +1,6 @@
-"""TQ1_0's own AVX-512 tile (native/qdot_iq4_avx2.c, EVEX build: digits made 64 at a time, one
-VPDPBUSD per power) against the scalar twin: decode on AVX-512 machines runs it, prefill the AVX2
+"""TQ1_0's own AVX-512 tile (native/qdot_iq4_avx2.c, EVEX build: at 1-2 tokens the digit sums
+taken from the bytes' powers without digits, from 3 tokens the digits made 64 at a time, one VPDPBUSD
+per power) against the scalar twin: decode on AVX-512 machines runs it, prefill the AVX2
 tile's build (and decode too where 512-bit operations are split in two, Zen 4: measured slower
 there, native/qdot.c); bit for bit when every float step is exact, within twice the rounding bound
 on random weights, across the tile's seams (16-row passes, 16-block re-laid chunks, 4-token groups).
@@ -58,6 +59,24 @@ def test_within_the_rounding_bound_on_random_weights(n_tok):
         yv = native.qdot_rows(T, w, n_rows, row_len, x, impl="avx512")
         tol = rounding_tol(T, w, x, n_rows, row_len)
         assert np.isfinite(yv).all() and (np.abs(yv.astype(np.float64) - ys) <= tol).all(), (n_rows, n_blocks, n_tok)
+
+
+def test_each_token_the_same_bits_in_calls_of_1_to_3_tokens():
+    """Calls of 1 and 2 tokens take the digit sums without digits, 3 tokens make the digits: every
+    token's row is the same bits in either, on random bytes (every digit of every byte value)."""
+    rng = np.random.default_rng(5)
+    for n_rows, n_blocks in ((5, 3), (19, 32), (2, 37)):
+        row_len = 256 * n_blocks
+        w = make_weights(T, n_rows, row_len, rng)
+        x = make_tokens(3, row_len, rng)
+        alone = [native.qdot_rows(T, w, n_rows, row_len, x[i:i + 1], impl="avx512")[0] for i in range(3)]
+        for n in (2, 3):
+            y = native.qdot_rows(T, w, n_rows, row_len, x[:n], impl="avx512")
+            for i in range(n):
+                assert np.array_equal(y[i].view(np.uint32), alone[i].view(np.uint32)), (n_rows, n_blocks, n, i)
+        ys = native.qdot_rows(T, w, n_rows, row_len, x, impl="scalar")
+        tol = rounding_tol(T, w, x, n_rows, row_len)
+        assert (np.abs(np.stack(alone).astype(np.float64) - ys) <= tol).all(), (n_rows, n_blocks)
 
 
 def own_tile_outputs(tmp_path, name: str, w: np.ndarray, x: np.ndarray, n_rows: int, row_len: int) -> np.ndarray:
