@@ -3,7 +3,7 @@
  * looked up in registers (IQ1's: gathered), one value position of 64 grid rows at a time, against activations
  * laid out to match (interface: qdot.h; the formats' integer formulation: qdot_iq.c; block layouts:
  * common.h; grids: iq_tables.h). IQ2_XXS is described here, IQ2_XS and IQ2_S (the same layout and
- * values, larger grids, a weight per 16 values) at nibble_weights, IQ1_S and IQ1_M (their codes
+ * values, larger grids, a weight per 16 values) at pair_weights, IQ1_S and IQ1_M (their codes
  * gathered) at iq1_gather, IQ3_XXS and IQ3_S (rows of 4 values, 3-bit codes) where their tiles begin below.
  *
  * The gather tile (qdot_iq_vbmi.c) fetches each grid row's 8 values with VPGATHERQQ, and decode is
@@ -68,6 +68,10 @@ static uint8_t u16_at[2][64] __attribute__((aligned(64)));
 /* IQ2_S: VPERMB of the pair's qh bytes (block 0's, then block 1's) to lane 8 c + 4 s + l: qh_s[c]; the
  * bit of the lane's row that holds its index bit 8 (bit 9 is the next) */
 static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute__((aligned(64)));
+/* The weights of IQ2_XS, IQ2_S (nibble_at) and IQ1_M (iq1m_wt_at) (pair_weights): VPMULTISHIFTQB's bit
+ * offset for the low byte of word 4 c + 2 s + k, group 2 c + k's field shifted up one (mod 64). IQ2's
+ * field is nibble k of scale byte c; IQ1_M's, 3 bits at 16 (g / 4) + 3 (g % 4) of its 8 scale bytes. */
+static uint8_t nibble_at[64] __attribute__((aligned(64))), iq1m_wt_at[64] __attribute__((aligned(64)));
 /* IQ1_S: per gather g (lanes 16 g .. 16 g + 15 as dwords), VPERMW of the pair's qh words (block 0's 8, then
  * block 1's) to the low word of each dword: qh_s[c]; VPERMT2B of two gathers' dwords to their low
  * bytes (16 each), then their second bytes; VPERMW of the qh words to dword 2 c + s; VPERMT2D of the
@@ -77,9 +81,8 @@ static uint8_t iq1_code_at[64] __attribute__((aligned(64)));
 static uint8_t pair_at[64] __attribute__((aligned(64)));
 static uint16_t iq1_qh_at[4][32] __attribute__((aligned(64))), iq1_chunk_at[32] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
-/* IQ1_M: VPERMB of the pair's qh bytes to lane 8 c + 4 s + l: the byte of row 4 c + l's nibble; the
- * bit positions of its 16 3-bit ls (VPMULTISHIFTQB over the 8 scale bytes, group k: 16 (k / 4) + 3 (k % 4)) */
-static uint8_t iq1m_qh_at[64] __attribute__((aligned(64))), iq1m_ls_at[16] __attribute__((aligned(64)));
+/* IQ1_M: VPERMB of the pair's qh bytes to lane 8 c + 4 s + l: the byte of row 4 c + l's nibble */
+static uint8_t iq1m_qh_at[64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -137,7 +140,6 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1_qh_at[g][2 * d + 1] = 0;
     }
     for (int i = 0; i < 64; i++) iq1m_qh_at[i] = (uint8_t)(16 * (i / 4 % 2) + 2 * (i / 8) + i % 4 / 2);
-    for (int k = 0; k < 16; k++) iq1m_ls_at[k] = (uint8_t)(16 * (k / 4) + 3 * (k % 4));   /* both qwords hold the 8 bytes */
     for (int d = 0; d < 16; d++) {
         iq1_chunk_at[2 * d] = (uint16_t)(8 * (d % 2) + d / 2);
         iq1_chunk_at[2 * d + 1] = 0;
@@ -157,6 +159,11 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         u16_at[1][i] = (uint8_t)(64 * sb + 8 * c + 2 * l + 1);
         qh_lane[i] = (uint8_t)(8 * sb + c);
         qh_bit[i] = (uint8_t)(1 << (2 * l));
+    }
+    for (int i = 0; i < 64; i++) {
+        const int g = 2 * (i / 8) + i / 2 % 2;   /* the group of word i / 2 */
+        nibble_at[i] = (uint8_t)((4 * g + 63) % 64);
+        iq1m_wt_at[i] = (uint8_t)((16 * (g / 4) + 3 * (g % 4) + 63) % 64);
     }
     for (int i = 0; i < 64; i++) {
         const int b = i % 8;
@@ -236,16 +243,23 @@ INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
  *
  * IQ2_XS's and IQ2_S's weights, a nibble per 16 values (group g, nibble g of 8 scale bytes), of a
  * pair of blocks as int16 (2 ls + 1): word 4 c + 2 s + k for group 2 c + k of block s, so that the
- * words VPMADDUBSW makes of lanes 8 c + 4 s + l (rows 4 c + l) meet their group's weight. */
-INLINE __m512i group_weights(__m128i g0, __m128i g1) {   /* each block's 16 ls, in group order */
-    const __m512i ls = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(g0, g1), _mm_unpacklo_epi16(g0, g1)));
-    return _mm512_add_epi16(_mm512_slli_epi16(ls, 1), _mm512_set1_epi16(1));
+ * words VPMADDUBSW makes of lanes 8 c + 4 s + l (rows 4 c + l) meet their group's weight (IQ1_M's
+ * 3-bit weights per 16 values alike). pair_weights makes them from the 8 scale bytes of each block:
+ * VPMULTISHIFTQB takes each word's field, shifted up one, out of the block's 8 bytes broadcast (at:
+ * nibble_at, iq1m_wt_at), and one VPTERNLOGQ keeps the field's bits (mask: 0x1E for a nibble, 0x0E for
+ * 3 bits) and sets bit 0. Against unpacking the fields by 128-bit unpacks and widening: 1.02-1.03x
+ * IQ2_XS and IQ2_S decode at 1 token, the same from 2 (benchmarks/ab_builds.py, one thread, in cache). */
+INLINE uint64_t load_u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-INLINE __m512i nibble_weights(const uint8_t *s0, const uint8_t *s1) {
-    const __m128i low = _mm_set1_epi8(15), v0 = _mm_loadl_epi64((const __m128i *)s0), v1 = _mm_loadl_epi64((const __m128i *)s1);
-    return group_weights(_mm_unpacklo_epi8(_mm_and_si128(v0, low), _mm_and_si128(_mm_srli_epi16(v0, 4), low)),
-                         _mm_unpacklo_epi8(_mm_and_si128(v1, low), _mm_and_si128(_mm_srli_epi16(v1, 4), low)));
+INLINE __m512i pair_weights(const uint8_t *s0, const uint8_t *s1, const uint8_t *field_at, short mask) {
+    const __m512i at = _mm512_load_si512((const void *)field_at);
+    __m512i v = _mm512_maskz_multishift_epi64_epi8(0x0505050505050505ull, at, _mm512_set1_epi64((long long)load_u64(s0)));
+    v = _mm512_mask_multishift_epi64_epi8(v, 0x5050505050505050ull, at, _mm512_set1_epi64((long long)load_u64(s1)));
+    return _mm512_ternarylogic_epi64(v, _mm512_set1_epi16(mask), _mm512_set1_epi16(1), 0xEA);   /* (v & mask) | 1 */
 }
 
 /* A byte per row of a pair of blocks (32 each at r0, r1: IQ2_S's index and sign bytes, IQ1's index
@@ -279,7 +293,7 @@ INLINE void iq1_gather(__m512i qs, const __m512i high[4], __m512i code[2]) {
 /* IQ1_M: as IQ1_S, but a nibble per row in qh (bits 0-2: its index bits 8-10, bit 3: its delta's
  * sign) and a 3-bit ls per 16 values. Row r's value plus 9, 8 (g + 1) + 1 + delta in {8 c, 8 c + 2},
  * goes in as an unsigned byte (dv: 1 + delta per lane), 9 * bsums * weight is taken off per 16 values,
- * and VPMADDUBSW and VPDPWSSD weigh pairs of rows (wts: int16, as nibble_weights orders them). */
+ * and VPMADDUBSW and VPDPWSSD weigh pairs of rows (wts: int16, as pair_weights orders them). */
 INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *dv) {
     const strata_block_iq1_m *b0 = (const strata_block_iq1_m *)p0, *b1 = (const strata_block_iq1_m *)p1;
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
@@ -291,12 +305,7 @@ INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], _
     iq1_gather(qs, high, code);
     const __mmask64 neg = _mm512_test_epi8_mask(qh, _mm512_set1_epi16((short)0x8008));   /* lane parity: bit 3 or 7 */
     *dv = _mm512_maskz_mov_epi8(~neg, _mm512_set1_epi8(2));
-    const __m128i at = _mm_load_si128((const __m128i *)iq1m_ls_at), seven = _mm_set1_epi8(7);
-    uint64_t s0, s1;
-    memcpy(&s0, b0->scales, 8);
-    memcpy(&s1, b1->scales, 8);
-    *wts = group_weights(_mm_and_si128(_mm_multishift_epi64_epi8(at, _mm_set1_epi64x((long long)s0)), seven),
-                         _mm_and_si128(_mm_multishift_epi64_epi8(at, _mm_set1_epi64x((long long)s1)), seven));
+    *wts = pair_weights(b0->scales, b1->scales, iq1m_wt_at, 0x0E);
 }
 
 /* IQ1_S: rows of 8 values as IQ2's, 2048 grid rows, each 32 values' weight and delta in their qh
@@ -324,7 +333,7 @@ INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __
 }
 
 /* The bsums (sums of 16 activations) of a pair of blocks (the second absent: zeros) as int16, word
- * 4 c + 2 s + k for bsum 2 c + k of block s (nibble_weights' order). */
+ * 4 c + 2 s + k for bsum 2 c + k of block s (pair_weights' order). */
 INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
     const __m256i s0 = _mm256_loadu_si256((const __m256i *)ab[0].bsums);
     const __m256i s1 = has1 ? _mm256_loadu_si256((const __m256i *)ab[1].bsums) : _mm256_setzero_si256();
@@ -385,7 +394,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             sg = _mm512_gf2p8affine_epi64_epi8(hi, _mm512_set1_epi64(SHIFT1_PARITY), 0);
             for (int h = 0; h < 2; h++)
                 code[h] = _mm512_mask_blend_epi8(ninth, look_up(codes_xs[h], idx, upper), look_up(codes_xs[h] + 256, idx, upper));
-            wts = nibble_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales);
+            wts = pair_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales, nibble_at, 0x1E);
         } else {   /* IQ2_S: index bytes, sign bytes, 2 high index bits per row in qh */
             const strata_block_iq2_s *b0 = (const strata_block_iq2_s *)p0, *b1 = (const strata_block_iq2_s *)p1;
             const __m512i idx = pair_bytes(b0->qs, b1->qs);
@@ -399,7 +408,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
                 code[h] = _mm512_mask_blend_epi8(b9, _mm512_mask_blend_epi8(b8, look_up(c, idx, upper), look_up(c + 256, idx, upper)),
                                                  _mm512_mask_blend_epi8(b8, look_up(c + 512, idx, upper), look_up(c + 768, idx, upper)));
             }
-            wts = nibble_weights(b0->scales, b1->scales);
+            wts = pair_weights(b0->scales, b1->scales, nibble_at, 0x1E);
         }
         const float wd0 = block_scale(fmt, p0), wd1 = has1 ? block_scale(fmt, p1) : 0.0f;
         for (int t = 0; t < nt; t++) {
