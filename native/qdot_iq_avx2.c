@@ -18,7 +18,12 @@
  * as q = 8 g + 9 +- 1 in [0, 18] from a grid times 8 plus 9 (strata_iq1_grid_u), with no signs, and
  * each block's isum starts at -9 * sum_j bsums_j * weight_j (iq1_bias): one VPMADDWD per token and
  * block in place of a VPSIGNB per token and chunk (1.1-1.3x decode on the Intel machine, AVX2
- * build, benchmarks/ab_builds.py). maddubs' int16 pair sums stay
+ * build, benchmarks/ab_builds.py). IQ1_S's delta is one per chunk, so the decode tile leaves it out
+ * of the values (q = 8 g + 9) and puts it in the bias, (delta - 9) * bsums * weight, where a byte
+ * broadcast per chunk made it (1.15x at 1 token, 1.05-1.1x at 2-4); IQ1_M's weights are picked
+ * from a block vector (weights_iq1_m) where each chunk built its own from the scales (1.15x at 1
+ * token, 1.09-1.11x at 2-4). Against llama.cpp's AVX2 vec_dot (benchmarks/qdot_vs_ggml.py, one
+ * thread, 1024 x 4096): IQ1_S 0.91x -> 1.05x, IQ1_M 0.90x -> 1.03x. maddubs' int16 pair sums stay
  * below 2 * 62 * 128 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
  * integer sum equals the scalar one; the block's lanes are converted to float and added with one
  * FMA into 8 float lanes scaled by (d * ad) * factor exactly as qdot_iq.c forms it, and reduced
@@ -68,9 +73,10 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         if (nt < 4) fetch_block_ahead(p, bs, ahead_end);
         iq_head h;
         iq_head_of(fmt, p, &h);
+        h.delta_in_bias = fmt == FMT_IQ1_S;
         __m256i isum[4];
         if (is_iq1(fmt)) {   /* their magnitudes are the values + 9: 9 * bsums * weight off */
-            const __m256i bias = iq1_bias(fmt, p, h.wv);
+            const __m256i bias = iq1_bias(fmt, p, h.wv, h.delta_in_bias);
             for (int t = 0; t < nt; t++)
                 isum[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)((const strata_block_act_q8k *)(a + t * arb) + b)->bsums),
                                             bias);

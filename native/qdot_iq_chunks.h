@@ -219,11 +219,6 @@ INLINE __m256i signed_values(int fmt, const chunk *ch) {
     return is_iq1(fmt) ? _mm256_sub_epi8(ch->q, _mm256_set1_epi8(9)) : apply_signs(fmt, ch, ch->q);
 }
 
-/* Weights 2 lo + 1 for values 0-15 and 2 hi + 1 for 16-31. */
-INLINE __m256i weights2(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
-}
-
 /* A block's sub-block weights, made once per block: 8 int16 per 128-bit lane (ls values in, 2 ls + 1
  * out). A chunk picks its weights with one in-lane shuffle (pick_weight): the int16 at `slot` of each
  * lane to all 8 of that lane. Formats with one ls per 32 values hold the same 8 in both lanes; those
@@ -271,7 +266,19 @@ INLINE __m256i weights_iq1_s(const uint8_t *qh) {
     return odd_weights(_mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(7)));
 }
 
-/* The block's weight vector (IQ1_M builds its per chunk). */
+/* IQ1_M: sub-block j's 3-bit ls is at bit 3 (j % 4) of the scales' u16 j / 4; chunk c's first half
+ * (j = 2 c) lands in int16 slot c of the low lane, its second (2 c + 1) in slot c of the high. One
+ * shuffle gives each slot its u16, a multiply by a power of two moves the field to bits 13-15. */
+INLINE __m256i weights_iq1_m(const uint8_t *scales) {
+    const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(scales)),
+                                          _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                                           0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7));
+    const __m256i at13 = _mm256_mullo_epi16(u, _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
+                                                                 1024, 16, 1024, 16, 1024, 16, 1024, 16));
+    return odd_weights(_mm256_srli_epi16(at13, 13));
+}
+
+/* The block's weight vector. */
 INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
     switch (fmt) {
     case FMT_IQ2_XXS: return weights_iq2_xxs(((const strata_block_iq2_xxs *)p)->qs);
@@ -280,6 +287,7 @@ INLINE __m256i iq_weights(int fmt, const uint8_t *p) {
     case FMT_IQ2_S: return weights_nibble_pairs(((const strata_block_iq2_s *)p)->scales);
     case FMT_IQ3_S: return weights_iq3_s(((const strata_block_iq3_s *)p)->scales);
     case FMT_IQ1_S: return weights_iq1_s(((const strata_block_iq1_s *)p)->qh);
+    case FMT_IQ1_M: return weights_iq1_m(((const strata_block_iq1_m *)p)->scales);
     default: return _mm256_setzero_si256();
     }
 }
@@ -290,10 +298,12 @@ typedef struct {
     __m256i wv;
     uint16_t ix[64] __attribute__((aligned(32)));
     uint8_t sg[32] __attribute__((aligned(32)));
+    int delta_in_bias;   /* IQ1_S: the chunks leave their delta to the block's bias (iq1_bias) */
 } iq_head;
 
 INLINE void iq_head_of(int fmt, const uint8_t *p, iq_head *h) {
     h->wv = iq_weights(fmt, p);
+    h->delta_in_bias = 0;
     iq_indices(fmt, p, h->ix);
     iq_signs(fmt, p, h->sg);
 }
@@ -308,11 +318,17 @@ INLINE void iq1_values(__m256i g9, __m256i delta, chunk *ch) { ch->q = _mm256_ad
  * order of the activations' bsums): what madd with the bsums gives to take the + 9 off. IQ1_S has
  * a weight per 32 values, chunk c's in int16 slot c of both halves of wv (weights_iq1_s); IQ1_M one
  * per 16, 3 bits each: sub-block j's at bit 3 (j % 4) of its scales' u16 j / 4. */
-INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv) {
+INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv, int delta_in_bias) {
     __m256i w;
     if (fmt == FMT_IQ1_S) {
-        w = _mm256_shuffle_epi8(wv, _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
-                                                     8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15));
+        const __m256i dup = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                             8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+        if (delta_in_bias) {   /* chunk c's delta - 9 (bit 15 of its u16: -10, else -8) times its weight */
+            const __m256i neg = _mm256_srai_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_s *)p)->qh)), 15);
+            const __m256i dm9 = _mm256_sub_epi16(_mm256_add_epi16(neg, neg), _mm256_set1_epi16(8));
+            return _mm256_shuffle_epi8(_mm256_mullo_epi16(wv, dm9), dup);
+        }
+        w = _mm256_shuffle_epi8(wv, dup);
     } else {
         const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(((const strata_block_iq1_m *)p)->scales)),
                                               _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
@@ -374,7 +390,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
         const unsigned qh = u16(b->qh + 2 * c);
         ix += 4 * c;
         const __m256i g = rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
-        iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
+        if (h->delta_in_bias) ch->q = g;
+        else iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -389,8 +406,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
         const __m256i neg = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)h), bit), bit);
         const __m256i delta = _mm256_or_si256(neg, _mm256_set1_epi8(1));
         iq1_values(g, delta, ch);
-        const unsigned sc = u16(b->scales + 2 * (c / 2)) >> (6 * (c % 2));  /* sub-blocks 2 c, 2 c + 1 */
-        ch->sc = weights2(sc & 7, (sc >> 3) & 7);
+        ch->sc = pick_weight(wv, c);
         return;
     }
     }

@@ -194,8 +194,14 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
         iq_chunk(fmt, p, c, &h, &ch);
         const __m256i v = signed_values(fmt, &ch);
         _mm256_store_si256((__m256i *)(up->u[r] + 32 * c), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
-        up->sc[r][2 * c] = _mm256_extract_epi16(ch.sc, 0);
-        up->sc[r][2 * c + 1] = _mm256_extract_epi16(ch.sc, 8);
+        if (fmt == FMT_IQ1_M) {   /* read from the scales: taken out of ch.sc, 0.93-0.96x at 8-64 tokens */
+            const unsigned sc = u16(((const strata_block_iq1_m *)p)->scales + 2 * (c / 2)) >> (6 * (c % 2));
+            up->sc[r][2 * c] = (int32_t)(2 * (sc & 7) + 1);
+            up->sc[r][2 * c + 1] = (int32_t)(2 * ((sc >> 3) & 7) + 1);
+        } else {
+            up->sc[r][2 * c] = _mm256_extract_epi16(ch.sc, 0);
+            up->sc[r][2 * c + 1] = _mm256_extract_epi16(ch.sc, 8);
+        }
     }
     up->wd[r] = iq_d(fmt, p);
 }
