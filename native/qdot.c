@@ -53,8 +53,10 @@ typedef struct {
  * tile there, but on Zen 4 that tile prefilled at 1.56x the AVX2 build before the change (above),
  * more than the change gained on Intel (1.3-1.45x): it stays on the zmm tile, unmeasured on Zen 4. */
 /* Decode runs the AVX2 tile only where 512-bit operations are split: TQ1_0's digits in zmm
- * registers decode from DRAM at 10.3 vs 12.1 GB/s (in cache 9.2 vs 10.1) on that Zen 4, where the
- * Intel machine ran them 1.06x the AVX2 build (qdot_iq4_avx2.c). */
+ * registers decoded from DRAM at 10.3 vs 12.1 GB/s (in cache 9.2 vs 10.1) on that Zen 4, where the
+ * Intel machine ran them 1.06x the AVX2 build (qdot_iq4_avx2.c). Its tile now takes the digit sums
+ * without digits at 1-2 tokens, 1.49x the digits at 1 token on Intel (14.5 against 11.1 GB/s for
+ * the AVX2 build, two threads from DRAM); unmeasured on Zen 4, which keeps the AVX2 build. */
 #define AVX2_DECODE_SPLIT (AVX2_DECODE << 2)   /* a *_SPLIT flag is its phase's bit, two places up */
 
 _Thread_local const uint8_t *strata_qdot_ahead_end;
