@@ -478,6 +478,8 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
     const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES));
     const __m512i chunk_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* IQ3_S: VPMULTISHIFTQB's offset for the low byte of dwords 2 i, 2 i + 1 (qword i): 4 i - 1, mod 64 */
+    const __m512i iq3s_wt_at = _mm512_setr_epi64(0x3f0000003fll, 0x300000003ll, 0x700000007ll, 0xb0000000bll, 0xf0000000fll, 0x1300000013ll, 0x1700000017ll, 0x1b0000001bll);
     uint8_t dup_b[64];
     for (int i = 0; i < 64; i++) dup_b[i] = (uint8_t)(i / 2);
     const __m512i dup = _mm512_loadu_si512((const void *)dup_b);
@@ -504,7 +506,10 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
             sg = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q->signs));
             uint32_t s4;
             memcpy(&s4, q->scales, 4);
-            wts = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)s4), _mm512_slli_epi32(chunk_of, 2)), _mm512_set1_epi32(15));
+            /* dword 2 i, 2 i + 1: 2 ls + 1 of chunk i (nibble i, taken shifted up one: bits 4 i - 1 ..) */
+            wts = _mm512_ternarylogic_epi32(_mm512_maskz_multishift_epi64_epi8(0x1111111111111111ull, iq3s_wt_at,
+                                                                                _mm512_set1_epi64((long long)s4)),
+                                            _mm512_set1_epi32(0x1E), _mm512_set1_epi32(1), 0xEA);
             __m512i c[2];
             for (int h = 0; h < 2; h++)
                 c[h] = _mm512_mask_blend_epi8(ninth, look_up(codes3s[h], idx, upper), look_up(codes3s[h] + 256, idx, upper));
@@ -512,7 +517,7 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
                 mag[j] = _mm512_gf2p8affine_epi64_epi8(c[j / 2], _mm512_set1_epi64((long long)odd_value[j % 2]), 1);
         }
         sg = _mm512_permutexvar_epi8(dup, sg);   /* lane r: the sign byte of rows r & ~1, r | 1 */
-        wts = _mm512_add_epi32(_mm512_slli_epi32(wts, 1), _mm512_set1_epi32(1));
+        if (fmt == IQ3_XXS) wts = _mm512_add_epi32(_mm512_slli_epi32(wts, 1), _mm512_set1_epi32(1));
         const float wd = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + b * BLOCK_BYTES4;
@@ -524,7 +529,10 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
                 isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag[j], _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(_mm512_add_epi32(isum[0], isum[1]), wts)),
+            /* IQ3_S's dword sums (16 values <= 15 times |a| <= 128) fit 16 bits: VPMADDWD with the weight
+             * in the low word weighs them, where IQ3_XXS's (values <= 62) take VPMULLD */
+            const __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ3_S ? _mm512_madd_epi16(sum, wts) : _mm512_mullo_epi32(sum, wts)),
                                      _mm512_set1_ps(wd * ab->d), acc[t]);
         }
     }
