@@ -15,8 +15,9 @@
  *     sums are the chunks' sums, and each chunk has one weight.
  *   - The weights need no shuffle for that order: lane 8 c + l of a block's 64 qs bytes is row l's
  *     grid index (c's 4 index bytes, then its aux dword), and the pair's indices are one blend of
- *     block 0's qs with block 1's shifted up 4 bytes in each qword. The ksigns fields are moved to
- *     the same lanes by VPMULTISHIFTQB, blended, and given their parity bit by one GF2P8AFFINEQB.
+ *     block 0's qs with block 1's shifted up 4 bytes in each qword. The two blocks' aux dwords, put
+ *     side by side the other way (block 0's shifted down), give their ksigns fields to the same lanes
+ *     by one VPMULTISHIFTQB, their parity bit by one GF2P8AFFINEQB, and their weights by a shift.
  *   - The grid's values are 8, 25 and 43, so a row position is a 2-bit code (0, 1, 2): 8 XOR 17 b0
  *     XOR 35 b1 over GF(2) (25 = 8 ^ 17, 43 = 8 ^ 35). Two tables of 256 bytes give each grid row's
  *     codes for positions 0-3 and 4-7 (one VPERMT2B per 128 rows, a blend on the index's top bit),
@@ -60,8 +61,9 @@ static uint16_t codes1[2048 + 2] __attribute__((aligned(64)));
 static uint64_t to_value[4];
 /* ... and for 8 times the code (IQ1_S: bits 2 q, 2 q + 1 to bits 3, 4) */
 static uint64_t times_8[4];
-/* VPMULTISHIFTQB: block 0's ksigns fields to bytes 0-3 of each qword, block 1's to bytes 4-7 */
-static uint8_t sign_at[2][64] __attribute__((aligned(64)));
+/* VPMULTISHIFTQB over the pair's aux dwords (block 0's in the low dword of each qword, block 1's in the
+ * high): the ksigns fields of block 0 to bytes 0-3 of each qword, block 1's to bytes 4-7 */
+static uint8_t sign_at[64] __attribute__((aligned(64)));
 /* VPERMT2B over a pair's IQ2_XS qs: lane 8 c + 4 s + l from row 4 c + l's u16 of block s, its low
  * byte ([0]) or high byte ([1]) */
 static uint8_t u16_at[2][64] __attribute__((aligned(64)));
@@ -167,8 +169,7 @@ __attribute__((constructor)) static void make_planes_tables(void) {
     }
     for (int i = 0; i < 64; i++) {
         const int b = i % 8;
-        sign_at[0][i] = (uint8_t)(b < 4 ? 32 + 7 * b : 0);
-        sign_at[1][i] = (uint8_t)(b >= 4 ? 32 + 7 * (b - 4) : 0);
+        sign_at[i] = (uint8_t)(b < 4 ? 7 * b : 32 + 7 * (b - 4));
     }
 }
 
@@ -359,7 +360,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
                      : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
                      : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s)
                      : fmt == IQ1_M ? (int64_t)sizeof(strata_block_iq1_m) : (int64_t)sizeof(strata_block_iq2_s);
-    const __m512i sign0 = _mm512_load_si512((const void *)sign_at[0]), sign1 = _mm512_load_si512((const void *)sign_at[1]);
+    const __m512i signs_at = _mm512_load_si512((const void *)sign_at);
     const __m512i lo_at = _mm512_load_si512((const void *)u16_at[0]), hi_at = _mm512_load_si512((const void *)u16_at[1]);
     const __m512i qh_at = _mm512_load_si512((const void *)qh_lane), qh_bits = _mm512_load_si512((const void *)qh_bit);
     const __mmask64 second = 0xF0F0F0F0F0F0F0F0ull;   /* bytes 4-7 of each qword: block 1's lanes */
@@ -380,13 +381,12 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
             const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
             const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
-            sg = _mm512_gf2p8affine_epi64_epi8(
-                _mm512_mask_blend_epi8(second, _mm512_multishift_epi64_epi8(sign0, q0), _mm512_multishift_epi64_epi8(sign1, q1)),
-                _mm512_set1_epi64(KEEP7_PARITY), 0);
+            /* chunk c's aux dwords, block 0's in dword 2 c and block 1's in 2 c + 1: their ksigns fields
+             * to the rows' lanes, and their weights 2 ls + 1 (ls: the top nibble, taken shifted up one) */
+            const __m512i aux = _mm512_mask_blend_epi8(second, _mm512_srli_epi64(q0, 32), q1);
+            sg = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(signs_at, aux), _mm512_set1_epi64(KEEP7_PARITY), 0);
             for (int h = 0; h < 2; h++) code[h] = look_up(codes[h], idx, upper);
-            /* chunk c's weight 2 ls + 1 (ls: its aux dword's top nibble) in dword 2 c (block 0), 2 c + 1 */
-            const __m512i ls = _mm512_or_si512(_mm512_srli_epi64(q0, 60), _mm512_slli_epi64(_mm512_srli_epi64(q1, 60), 32));
-            wts = _mm512_add_epi32(_mm512_slli_epi32(ls, 1), _mm512_set1_epi32(1));
+            wts = _mm512_ternarylogic_epi32(_mm512_srli_epi32(aux, 27), _mm512_set1_epi32(0x1E), _mm512_set1_epi32(1), 0xEA);
         } else if (fmt == IQ2_XS) {   /* a u16 per row: index bits 0-8, ksigns 9-15 */
             const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
             const __m512i idx = _mm512_permutex2var_epi8(q0, lo_at, q1), hi = _mm512_permutex2var_epi8(q0, hi_at, q1);
