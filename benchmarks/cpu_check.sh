@@ -18,22 +18,7 @@ py=${PYTHON:-python}
 threads=${THREADS:-2}
 rounds=${ROUNDS:-3}
 export PYTHONUNBUFFERED=1
-step() {  # step NAME SECONDS COMMAND...: run under a cap, log to OUT/NAME.log, say how it ended
-    local name=$1 cap=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 5 "$cap" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: rc $rc in $((SECONDS - t0)) s"
-    tail -n "${TAIL:-8}" "$out/$name.log"
-}
-jstep() {  # jstep NAME SECONDS COMMAND...: as step, the command's JSON (stdout) to OUT/NAME.json
-    local name=$1 cap=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 5 "$cap" "$@" >"$out/$name.json" 2>"$out/$name.log"
-    local rc=$?
-    echo "== $name: rc $rc in $((SECONDS - t0)) s"
-    tail -n "${TAIL:-8}" "$out/$name.log"
-}
+. "$(dirname "$0")/check_steps.sh"   # step, jstep
 { lscpu | grep -E "Model name|^CPU\(s\)|L3"
   grep -o -w 'avx2\|fma\|f16c\|avx512[a-z_0-9]*\|gfni\|avx_vnni\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   $py -c "from strata import native; print('strata sees: avx2', native.cpu_has_avx2(), '| avx512', native.cpu_has_avx512(),

@@ -16,14 +16,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
-step() {  # step NAME SECONDS COMMAND...: run under a cap, log to OUT/NAME.log, say how it ended
-    local name=$1 cap=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 5 "$cap" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: rc $rc in $((SECONDS - t0)) s"
-    tail -n "${TAIL:-6}" "$out/$name.log"
-}
+. "$(dirname "$0")/check_steps.sh"   # step, jstep
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   lscpu | grep -E "Model name|^CPU\(s\)"
   grep -o 'avx512[a-z_0-9]*\|avx2\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
