@@ -72,11 +72,10 @@ INLINE void iq_tile(int fmt, int64_t bs, int nt, int64_t k, const uint8_t *w, co
         const uint8_t *p = w + b * bs;
         if (nt < 4) fetch_block_ahead(p, bs, ahead_end);
         iq_head h;
-        iq_head_of(fmt, p, &h);
-        h.delta_in_bias = fmt == FMT_IQ1_S;
+        iq_head_of(fmt, p, 1, &h);
         __m256i isum[4];
         if (is_iq1(fmt)) {   /* their magnitudes are the values + 9: 9 * bsums * weight off */
-            const __m256i bias = iq1_bias(fmt, p, h.wv, h.delta_in_bias);
+            const __m256i bias = iq1_bias(fmt, p, h.wv);
             for (int t = 0; t < nt; t++)
                 isum[t] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)((const strata_block_act_q8k *)(a + t * arb) + b)->bsums),
                                             bias);
@@ -120,7 +119,7 @@ INLINE __m256i weight_pair(__m256i sc, int c) {
 
 INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
     iq_head h;
-    iq_head_of(fmt, p, &h);
+    iq_head_of(fmt, p, 0, &h);
     __m256i pair[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {

@@ -266,16 +266,22 @@ INLINE __m256i weights_iq1_s(const uint8_t *qh) {
     return odd_weights(_mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(7)));
 }
 
-/* IQ1_M: sub-block j's 3-bit ls is at bit 3 (j % 4) of the scales' u16 j / 4; chunk c's first half
- * (j = 2 c) lands in int16 slot c of the low lane, its second (2 c + 1) in slot c of the high. One
- * shuffle gives each slot its u16, a multiply by a power of two moves the field to bits 13-15. */
+/* IQ1_M: sub-block j's 3-bit ls is at bit 3 (j % 4) of the scales' u16 j / 4. Weights 2 ls + 1 in
+ * int16 slots: `at` gives each slot its u16 (a shuffle of the 8 bytes in each lane), `mul` a power
+ * of two that moves the slot's field to bits 13-15. */
+INLINE __m256i weights_iq1_m_at(const uint8_t *scales, __m256i at, __m256i mul) {
+    const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(scales)), at);
+    return odd_weights(_mm256_srli_epi16(_mm256_mullo_epi16(u, mul), 13));
+}
+
+/* IQ1_M's weight vector: chunk c's first half (j = 2 c) in int16 slot c of the low lane, its second
+ * (2 c + 1) in slot c of the high. */
 INLINE __m256i weights_iq1_m(const uint8_t *scales) {
-    const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(scales)),
-                                          _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
-                                                           0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7));
-    const __m256i at13 = _mm256_mullo_epi16(u, _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
-                                                                 1024, 16, 1024, 16, 1024, 16, 1024, 16));
-    return odd_weights(_mm256_srli_epi16(at13, 13));
+    return weights_iq1_m_at(scales,
+                            _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                             0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7),
+                            _mm256_setr_epi16(8192, 128, 8192, 128, 8192, 128, 8192, 128,
+                                              1024, 16, 1024, 16, 1024, 16, 1024, 16));
 }
 
 /* The block's weight vector. */
@@ -298,12 +304,12 @@ typedef struct {
     __m256i wv;
     uint16_t ix[64] __attribute__((aligned(32)));
     uint8_t sg[32] __attribute__((aligned(32)));
-    int delta_in_bias;   /* IQ1_S: the chunks leave their delta to the block's bias (iq1_bias) */
+    int delta_in_bias;   /* IQ1_S in the decode tile: the chunks leave their delta to the block's bias (iq1_bias) */
 } iq_head;
 
-INLINE void iq_head_of(int fmt, const uint8_t *p, iq_head *h) {
+INLINE void iq_head_of(int fmt, const uint8_t *p, int delta_in_bias, iq_head *h) {
     h->wv = iq_weights(fmt, p);
-    h->delta_in_bias = 0;
+    h->delta_in_bias = delta_in_bias && fmt == FMT_IQ1_S;
     iq_indices(fmt, p, h->ix);
     iq_signs(fmt, p, h->sg);
 }
@@ -316,27 +322,21 @@ INLINE void iq1_values(__m256i g9, __m256i delta, chunk *ch) { ch->q = _mm256_ad
 
 /* -9 times the weight of each 16 values of an IQ1 block (int16 lane j: values 16 j .. 16 j + 15, the
  * order of the activations' bsums): what madd with the bsums gives to take the + 9 off. IQ1_S has
- * a weight per 32 values, chunk c's in int16 slot c of both halves of wv (weights_iq1_s); IQ1_M one
- * per 16, 3 bits each: sub-block j's at bit 3 (j % 4) of its scales' u16 j / 4. */
-INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv, int delta_in_bias) {
-    __m256i w;
-    if (fmt == FMT_IQ1_S) {
-        const __m256i dup = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
-                                             8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
-        if (delta_in_bias) {   /* chunk c's delta - 9 (bit 15 of its u16: -10, else -8) times its weight */
-            const __m256i neg = _mm256_srai_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_s *)p)->qh)), 15);
-            const __m256i dm9 = _mm256_sub_epi16(_mm256_add_epi16(neg, neg), _mm256_set1_epi16(8));
-            return _mm256_shuffle_epi8(_mm256_mullo_epi16(wv, dm9), dup);
-        }
-        w = _mm256_shuffle_epi8(wv, dup);
-    } else {
-        const __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)u64(((const strata_block_iq1_m *)p)->scales)),
-                                              _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
-                                                               4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7));
-        const __m256i at13 = _mm256_mullo_epi16(u, _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16,
-                                                                     8192, 1024, 128, 16, 8192, 1024, 128, 16));
-        w = odd_weights(_mm256_srli_epi16(at13, 13));
+ * a weight per 32 values, chunk c's in int16 slot c of both halves of wv (weights_iq1_s), and its
+ * chunks' values leave their delta out (the decode tile's iq_head: delta_in_bias), so its factor is
+ * delta - 9; IQ1_M one weight per 16, 3 bits each (weights_iq1_m_at, sub-block j in slot j). */
+INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv) {
+    if (fmt == FMT_IQ1_S) {   /* chunk c's weight times its delta - 9 (bit 15 of its u16: -10, else -8) */
+        const __m256i neg = _mm256_srai_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_s *)p)->qh)), 15);
+        const __m256i f = _mm256_sub_epi16(_mm256_add_epi16(neg, neg), _mm256_set1_epi16(8));
+        return _mm256_shuffle_epi8(_mm256_mullo_epi16(wv, f), _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                                                             8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15));
     }
+    const __m256i w = weights_iq1_m_at(((const strata_block_iq1_m *)p)->scales,   /* sub-block j in slot j */
+                                       _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                        4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7),
+                                       _mm256_setr_epi16(8192, 1024, 128, 16, 8192, 1024, 128, 16,
+                                                         8192, 1024, 128, 16, 8192, 1024, 128, 16));
     return _mm256_mullo_epi16(w, _mm256_set1_epi16(-9));
 }
 
