@@ -352,7 +352,66 @@ INLINE float block_scale(int fmt, const uint8_t *p) {
     return _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p)->scales) : (uint16_t)(p[0] | p[1] << 8));
 }
 
-/* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. */
+/* What a pair of blocks gives the dot products of every token: its code bytes, signs, weights,
+ * IQ1's delta terms, and the two blocks' scales (the second 0 where the row has no second block). */
+struct pair_unpacked {
+    __m512i code[2], sg, wts, delta, dv;
+    float wd0, wd1;
+};
+
+INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1, struct pair_unpacked *u) {
+    const __mmask64 second = 0xF0F0F0F0F0F0F0F0ull;   /* bytes 4-7 of each qword: block 1's lanes */
+    u->sg = u->delta = u->dv = _mm512_setzero_si512();
+    if (fmt == IQ1_S) {
+        iq1_unpack(p0, p1, u->code, &u->wts, &u->delta);
+    } else if (fmt == IQ1_M) {
+        iq1m_unpack(p0, p1, u->code, &u->wts, &u->dv);
+        u->delta = _mm512_mullo_epi16(u->wts, _mm512_set1_epi16(-9));   /* 9 * bsums * weight off per 16 values */
+    } else if (fmt == IQ2_XXS) {
+        const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
+        const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
+        const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
+        /* chunk c's aux dwords, block 0's in dword 2 c and block 1's in 2 c + 1: their ksigns fields
+         * to the rows' lanes, and their weights 2 ls + 1 (ls: the top nibble, taken shifted up one) */
+        const __m512i aux = _mm512_mask_blend_epi8(second, _mm512_srli_epi64(q0, 32), q1);
+        u->sg = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)sign_at), aux),
+                                              _mm512_set1_epi64(KEEP7_PARITY), 0);
+        for (int h = 0; h < 2; h++) u->code[h] = look_up(codes[h], idx, upper);
+        u->wts = _mm512_ternarylogic_epi32(_mm512_srli_epi32(aux, 27), _mm512_set1_epi32(0x1E), _mm512_set1_epi32(1), 0xEA);
+    } else if (fmt == IQ2_XS) {   /* a u16 per row: index bits 0-8, ksigns 9-15 */
+        const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
+        const __m512i idx = _mm512_permutex2var_epi8(q0, _mm512_load_si512((const void *)u16_at[0]), q1);
+        const __m512i hi = _mm512_permutex2var_epi8(q0, _mm512_load_si512((const void *)u16_at[1]), q1);
+        const __mmask64 upper = _mm512_movepi8_mask(idx), ninth = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
+        u->sg = _mm512_gf2p8affine_epi64_epi8(hi, _mm512_set1_epi64(SHIFT1_PARITY), 0);
+        for (int h = 0; h < 2; h++)
+            u->code[h] = _mm512_mask_blend_epi8(ninth, look_up(codes_xs[h], idx, upper), look_up(codes_xs[h] + 256, idx, upper));
+        u->wts = pair_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales, nibble_at, 0x1E);
+    } else {   /* IQ2_S: index bytes, sign bytes, 2 high index bits per row in qh */
+        const strata_block_iq2_s *b0 = (const strata_block_iq2_s *)p0, *b1 = (const strata_block_iq2_s *)p1;
+        const __m512i idx = pair_bytes(b0->qs, b1->qs);
+        u->sg = pair_bytes(b0->signs, b1->signs);
+        const __m512i qh_bits = _mm512_load_si512((const void *)qh_bit);
+        const __m512i qh = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)qh_lane), _mm512_castsi128_si512(
+            _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)b0->qh), _mm_loadl_epi64((const __m128i *)b1->qh))));
+        const __mmask64 upper = _mm512_movepi8_mask(idx), b8 = _mm512_test_epi8_mask(qh, qh_bits),
+                        b9 = _mm512_test_epi8_mask(qh, _mm512_add_epi8(qh_bits, qh_bits));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *c = codes_s[h];
+            u->code[h] = _mm512_mask_blend_epi8(b9, _mm512_mask_blend_epi8(b8, look_up(c, idx, upper), look_up(c + 256, idx, upper)),
+                                                _mm512_mask_blend_epi8(b8, look_up(c + 512, idx, upper), look_up(c + 768, idx, upper)));
+        }
+        u->wts = pair_weights(b0->scales, b1->scales, nibble_at, 0x1E);
+    }
+    u->wd0 = block_scale(fmt, p0);
+    u->wd1 = has1 ? block_scale(fmt, p1) : 0.0f;
+}
+
+/* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. IQ1's pairs are unpacked
+ * one pair ahead of their products, so that the next pair's gathers are issued before this pair's
+ * VPDPBUSD and their latency overlaps them: IQ1_M 1.03-1.07x, IQ1_S 1.03x at 1 token (0.99x at 3);
+ * the IQ2 formats, whose look-ups are in registers, measured 0.97-1.03x that way and unpack each pair
+ * where it is used (benchmarks/ab_builds.py, one thread, in cache). */
 INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
                        int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
@@ -360,85 +419,48 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
                      : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
                      : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s)
                      : fmt == IQ1_M ? (int64_t)sizeof(strata_block_iq1_m) : (int64_t)sizeof(strata_block_iq2_s);
-    const __m512i signs_at = _mm512_load_si512((const void *)sign_at);
-    const __m512i lo_at = _mm512_load_si512((const void *)u16_at[0]), hi_at = _mm512_load_si512((const void *)u16_at[1]);
-    const __m512i qh_at = _mm512_load_si512((const void *)qh_lane), qh_bits = _mm512_load_si512((const void *)qh_bit);
-    const __mmask64 second = 0xF0F0F0F0F0F0F0F0ull;   /* bytes 4-7 of each qword: block 1's lanes */
     __m512 acc[MAX_TOK];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const int ahead = fmt == IQ1_S || fmt == IQ1_M;
+    struct pair_unpacked cur, next;
+    if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, nb > 1, &cur);
     for (int64_t p = 0; 2 * p < nb; p++) {
-        const uint8_t *p0 = w + 2 * p * bs;
         const int has1 = 2 * p + 1 < nb;
-        const uint8_t *p1 = has1 ? p0 + bs : p0;   /* a lone last block pairs with itself, weighted 0 */
-        fetch_block_ahead(p0, 2 * bs, ahead_end);
-        __m512i sg = _mm512_setzero_si512(), code[2], wts, delta = _mm512_setzero_si512(), dv = _mm512_setzero_si512();
-        if (fmt == IQ1_S) {
-            iq1_unpack(p0, p1, code, &wts, &delta);
-        } else if (fmt == IQ1_M) {
-            iq1m_unpack(p0, p1, code, &wts, &dv);
-            delta = _mm512_mullo_epi16(wts, _mm512_set1_epi16(-9));   /* 9 * bsums * weight off per 16 values */
-        } else if (fmt == IQ2_XXS) {
-            const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
-            const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
-            const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
-            /* chunk c's aux dwords, block 0's in dword 2 c and block 1's in 2 c + 1: their ksigns fields
-             * to the rows' lanes, and their weights 2 ls + 1 (ls: the top nibble, taken shifted up one) */
-            const __m512i aux = _mm512_mask_blend_epi8(second, _mm512_srli_epi64(q0, 32), q1);
-            sg = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(signs_at, aux), _mm512_set1_epi64(KEEP7_PARITY), 0);
-            for (int h = 0; h < 2; h++) code[h] = look_up(codes[h], idx, upper);
-            wts = _mm512_ternarylogic_epi32(_mm512_srli_epi32(aux, 27), _mm512_set1_epi32(0x1E), _mm512_set1_epi32(1), 0xEA);
-        } else if (fmt == IQ2_XS) {   /* a u16 per row: index bits 0-8, ksigns 9-15 */
-            const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
-            const __m512i idx = _mm512_permutex2var_epi8(q0, lo_at, q1), hi = _mm512_permutex2var_epi8(q0, hi_at, q1);
-            const __mmask64 upper = _mm512_movepi8_mask(idx), ninth = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
-            sg = _mm512_gf2p8affine_epi64_epi8(hi, _mm512_set1_epi64(SHIFT1_PARITY), 0);
-            for (int h = 0; h < 2; h++)
-                code[h] = _mm512_mask_blend_epi8(ninth, look_up(codes_xs[h], idx, upper), look_up(codes_xs[h] + 256, idx, upper));
-            wts = pair_weights(((const strata_block_iq2_xs *)p0)->scales, ((const strata_block_iq2_xs *)p1)->scales, nibble_at, 0x1E);
-        } else {   /* IQ2_S: index bytes, sign bytes, 2 high index bits per row in qh */
-            const strata_block_iq2_s *b0 = (const strata_block_iq2_s *)p0, *b1 = (const strata_block_iq2_s *)p1;
-            const __m512i idx = pair_bytes(b0->qs, b1->qs);
-            sg = pair_bytes(b0->signs, b1->signs);
-            const __m512i qh = _mm512_permutexvar_epi8(qh_at, _mm512_castsi128_si512(_mm_unpacklo_epi64(
-                _mm_loadl_epi64((const __m128i *)b0->qh), _mm_loadl_epi64((const __m128i *)b1->qh))));
-            const __mmask64 upper = _mm512_movepi8_mask(idx), b8 = _mm512_test_epi8_mask(qh, qh_bits),
-                            b9 = _mm512_test_epi8_mask(qh, _mm512_add_epi8(qh_bits, qh_bits));
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *c = codes_s[h];
-                code[h] = _mm512_mask_blend_epi8(b9, _mm512_mask_blend_epi8(b8, look_up(c, idx, upper), look_up(c + 256, idx, upper)),
-                                                 _mm512_mask_blend_epi8(b8, look_up(c + 512, idx, upper), look_up(c + 768, idx, upper)));
-            }
-            wts = pair_weights(b0->scales, b1->scales, nibble_at, 0x1E);
+        const int64_t q = ahead ? p + 1 : p;   /* the pair unpacked now; a lone last block pairs with itself, weighted 0 */
+        if (2 * q < nb) {
+            const uint8_t *q0 = w + 2 * q * bs;
+            fetch_block_ahead(q0, 2 * bs, ahead_end);
+            unpack_pair(fmt, q0, 2 * q + 1 < nb ? q0 + bs : q0, 2 * q + 1 < nb, ahead ? &next : &cur);
         }
-        const float wd0 = block_scale(fmt, p0), wd1 = has1 ? block_scale(fmt, p1) : 0.0f;
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + p * PAIR_BYTES;
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 if (fmt == IQ1_S || fmt == IQ1_M) {   /* 8 (g + 1) (+ 1 + delta) against the activations as they are */
-                    const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)times_8[j % 4]), 0);
+                    const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_set1_epi64((long long)times_8[j % 4]), 0);
                     const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                     if (fmt == IQ1_S) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], m8, av);
-                    else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(_mm512_or_si512(m8, dv), av), wts);
+                    else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(_mm512_or_si512(m8, cur.dv), av), cur.wts);
                     continue;
                 }
-                const __m512i mag = _mm512_gf2p8affine_epi64_epi8(code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
-                const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_set1_epi8((char)(1 << j)));
+                const __m512i mag = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
+                const __mmask64 neg = _mm512_test_epi8_mask(cur.sg, _mm512_set1_epi8((char)(1 << j)));
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                 const __m512i sa = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
                 if (fmt == IQ2_XXS) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag, sa);
-                else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(mag, sa), wts);   /* weighted here */
+                else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(mag, sa), cur.wts);   /* weighted here */
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
-            const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(wd0 * ab[0].d),
-                                                      _mm512_set1_ps(has1 ? wd1 * ab[1].d : 0.0f));
+            const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(cur.wd0 * ab[0].d),
+                                                      _mm512_set1_ps(has1 ? cur.wd1 * ab[1].d : 0.0f));
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
-            if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(delta, iq1_sums(ab, has1)));
-            if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), delta));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, wts) : sum),
+            if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(cur.delta, iq1_sums(ab, has1)));
+            if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, cur.wts) : sum),
                                      scale, acc[t]);
         }
+        if (ahead) cur = next;
     }
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
 }
