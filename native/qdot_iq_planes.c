@@ -81,10 +81,14 @@ static uint8_t nibble_at[64] __attribute__((aligned(64))), iq1m_wt_at[64] __attr
 static uint8_t iq1_code_at[64] __attribute__((aligned(64)));
 /* VPERMB of two blocks' 32 row bytes (pair_bytes) to lane 8 c + 4 s + l: byte 4 c + l of block s */
 static uint8_t pair_at[64] __attribute__((aligned(64)));
-static uint16_t iq1_qh_at[4][32] __attribute__((aligned(64))), iq1_chunk_at[32] __attribute__((aligned(64)));
+static uint16_t iq1_chunk_at[32] __attribute__((aligned(64)));
+/* IQ1's high index bits (iq1_high): VPERMB of the pair's qh words (block 0's 8, then block 1's) to
+ * qword c: word c of block 0, then of block 1; VPMULTISHIFTQB's offset for lane 8 c + 4 s + l: row
+ * 4 c + l's field in that qword (IQ1_S: 3 bits a row, IQ1_M: a nibble); per gather g, VPERMT2B's
+ * bytes of its 16 dword indices: row 16 g + i's index byte, then its high bits (bytes 2, 3: zeroed) */
+static uint8_t iq1_words_at[64] __attribute__((aligned(64))), iq1s_high_at[64] __attribute__((aligned(64))),
+    iq1m_high_at[64] __attribute__((aligned(64))), iq1_index_at[4][64] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
-/* IQ1_M: VPERMB of the pair's qh bytes to lane 8 c + 4 s + l: the byte of row 4 c + l's nibble */
-static uint8_t iq1m_qh_at[64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -138,10 +142,12 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         const int c = i / 8, sb = i / 4 % 2, g = i / 16, d = i % 16;
         pair_at[i] = (uint8_t)(32 * sb + 4 * c + i % 4);
         iq1_code_at[i] = (uint8_t)((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + i / 32);
-        iq1_qh_at[g][2 * d] = (uint16_t)(8 * sb + c);   /* lane 16 g + d: c, s of that lane */
-        iq1_qh_at[g][2 * d + 1] = 0;
+        iq1_index_at[g][4 * d] = (uint8_t)(16 * g + d);
+        iq1_index_at[g][4 * d + 1] = (uint8_t)(64 + 16 * g + d);
+        iq1_words_at[i] = (uint8_t)(i % 8 < 4 ? 2 * (8 * (i % 4 / 2) + i / 8) + i % 2 : 0);
+        iq1s_high_at[i] = (uint8_t)(16 * sb + 3 * (i % 4));
+        iq1m_high_at[i] = (uint8_t)(16 * sb + 4 * (i % 4));
     }
-    for (int i = 0; i < 64; i++) iq1m_qh_at[i] = (uint8_t)(16 * (i / 4 % 2) + 2 * (i / 8) + i % 4 / 2);
     for (int d = 0; d < 16; d++) {
         iq1_chunk_at[2 * d] = (uint16_t)(8 * (d % 2) + d / 2);
         iq1_chunk_at[2 * d + 1] = 0;
@@ -270,19 +276,25 @@ INLINE __m512i pair_bytes(const uint8_t *r0, const uint8_t *r1) {
         _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)), _mm256_loadu_si256((const __m256i *)r1), 1));
 }
 
-/* Quarter g (16 bytes) of a vector. */
-INLINE __m128i quarter(__m512i v, int g) {
-    return g == 0 ? _mm512_castsi512_si128(v) : g == 1 ? _mm512_extracti32x4_epi32(v, 1)
-         : g == 2 ? _mm512_extracti32x4_epi32(v, 2) : _mm512_extracti32x4_epi32(v, 3);
+/* IQ1's high index bits of a pair's 64 rows, lane order (bits 0-2 of each lane; above them the rest of
+ * the row's field: IQ1_M's delta sign in bit 3), from the two blocks' qh (8 u16 each, a field per row
+ * at `at`: iq1s_high_at or iq1m_high_at): one VPERMB puts each chunk's two words in one qword, one
+ * VPMULTISHIFTQB takes each row's field to its lane. */
+INLINE __m512i iq1_high(const uint8_t *qh0, const uint8_t *qh1, const uint8_t *at) {
+    const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qh0)), _mm_loadu_si128((const __m128i *)qh1), 1));
+    return _mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)at),
+                                        _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1_words_at), qh));
 }
 
-/* IQ1's code bytes of a pair's 64 rows: index low bytes qs (lane order), and per 16 lanes g the high
- * bits in bits 0-2 of dwords high[g] (above them: anything). */
-INLINE void iq1_gather(__m512i qs, const __m512i high[4], __m512i code[2]) {
+/* IQ1's code bytes of a pair's 64 rows: index low bytes qs and high bits high (bits 0-2; lane order).
+ * Per 16 lanes g one VPERMT2B lays the dword indices (low byte, high bits, zeros) for VPGATHERDD. */
+INLINE void iq1_gather(__m512i qs, __m512i high, __m512i code[2]) {
     __m512i rows[4];
+    high = _mm512_and_si512(high, _mm512_set1_epi8(7));
     for (int g = 0; g < 4; g++) {
-        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi32(quarter(qs, g)),
-                                            _mm512_slli_epi32(_mm512_and_si512(high[g], _mm512_set1_epi32(7)), 8));
+        const __m512i idx = _mm512_maskz_permutex2var_epi8(0x3333333333333333ull, qs,
+                                                           _mm512_load_si512((const void *)iq1_index_at[g]), high);
         rows[g] = _mm512_i32gather_epi32(idx, (const void *)codes1, 2);
     }
     const __m512i at = _mm512_load_si512((const void *)iq1_code_at);
@@ -298,13 +310,9 @@ INLINE void iq1_gather(__m512i qs, const __m512i high[4], __m512i code[2]) {
 INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *dv) {
     const strata_block_iq1_m *b0 = (const strata_block_iq1_m *)p0, *b1 = (const strata_block_iq1_m *)p1;
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
-    const __m512i qh = _mm512_permutexvar_epi8(_mm512_load_si512((const void *)iq1m_qh_at), _mm512_castsi256_si512(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1)));
-    const __m512i nibble = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);   /* row l: bits 4 (l % 2) .. */
-    __m512i high[4];
-    for (int g = 0; g < 4; g++) high[g] = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(quarter(qh, g)), nibble);
+    const __m512i high = iq1_high(b0->qh, b1->qh, iq1m_high_at);
     iq1_gather(qs, high, code);
-    const __mmask64 neg = _mm512_test_epi8_mask(qh, _mm512_set1_epi16((short)0x8008));   /* lane parity: bit 3 or 7 */
+    const __mmask64 neg = _mm512_test_epi8_mask(high, _mm512_set1_epi8(8));   /* the nibble's bit 3 */
     *dv = _mm512_maskz_mov_epi8(~neg, _mm512_set1_epi8(2));
     *wts = pair_weights(b0->scales, b1->scales, iq1m_wt_at, 0x0E);
 }
@@ -321,12 +329,7 @@ INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
     const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1));
-    const __m512i row_bits = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);   /* row l: bits 3 l .. 3 l + 2 */
-    __m512i high[4];
-    for (int g = 0; g < 4; g++)
-        high[g] = _mm512_srlv_epi32(_mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_qh_at[g]), qh),
-                                    row_bits);
-    iq1_gather(qs, high, code);
+    iq1_gather(qs, iq1_high(b0->qh, b1->qh, iq1s_high_at), code);
     const __m512i e = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_chunk_at), qh);
     *wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), _mm512_set1_epi32(7)), 1),
                             _mm512_set1_epi32(1));
