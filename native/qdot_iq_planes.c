@@ -45,6 +45,8 @@
 #include "qdot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The code tables, made when the library loads (before the ISA is enabled: see qdot_iq_vbmi.c):
@@ -359,7 +361,6 @@ INLINE float block_scale(int fmt, const uint8_t *p) {
  * IQ1's delta terms, and the two blocks' scales (the second 0 where the row has no second block). */
 struct pair_unpacked {
     __m512i code[2], sg, wts, delta, dv;
-    float wd0, wd1;
 };
 
 INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1, struct pair_unpacked *u) {
@@ -406,8 +407,33 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
         }
         u->wts = pair_weights(b0->scales, b1->scales, nibble_at, 0x1E);
     }
-    u->wd0 = block_scale(fmt, p0);
-    u->wd1 = has1 ? block_scale(fmt, p1) : 0.0f;
+}
+
+/* The scales d of blocks b0 .. b0 + 15 of a row (past its nb blocks: 0) as floats, by masked
+ * VPGATHERDD: IQ2's and IQ1_S's d are their blocks' first two bytes; IQ1_M keeps its d in the top
+ * nibbles of its four scale words, which two gathers and three bitwise selects put together. The
+ * tiles take them once per 16 blocks, times the tokens' a.d (planes_rows lays those out per call),
+ * and VPERMPS hands each pair or block its two or one: against converting each block's d and
+ * broadcasting d * a.d per pair, IQ1_M 1.06x, IQ2_XXS 1.04x, IQ3_XXS and IQ3_S 1.03x at 1 token,
+ * the others within 1%, the same bits (benchmarks/ab_builds.py, one thread, in cache). */
+INLINE __m512 group_scales(int fmt, const uint8_t *w, int64_t bs, int64_t nb, int64_t b0) {
+    const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
+    const __mmask16 valid = (__mmask16)((1u << n) - 1);
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)bs));
+    const uint8_t *base = w + b0 * bs;
+    __m512i raw;
+    if (fmt == IQ1_M) {   /* words sc0 .. sc3: d = sc0 >> 12 | sc1 >> 8 & 0xF0 | sc2 >> 4 & 0xF00 | sc3 & 0xF000 */
+        const int64_t sc = offsetof(strata_block_iq1_m, scales);
+        const __m512i s01 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, at, (const void *)(base + sc), 1);
+        const __m512i s23 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, at, (const void *)(base + sc + 4), 1);
+        const __m512i lo = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x0F), _mm512_srli_epi32(s01, 12), _mm512_srli_epi32(s01, 24), 0xCA);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x0F00), _mm512_srli_epi32(s23, 4), _mm512_srli_epi32(s23, 16), 0xCA);
+        raw = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0xFF), lo, hi, 0xCA);
+    } else {
+        raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, at, (const void *)base, 1);
+    }
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
 }
 
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. IQ1's pairs are unpacked
@@ -415,8 +441,8 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
  * VPDPBUSD and their latency overlaps them: IQ1_M 1.03-1.07x, IQ1_S 1.03x at 1 token (0.99x at 3);
  * the IQ2 formats, whose look-ups are in registers, measured 0.97-1.03x that way and unpack each pair
  * where it is used (benchmarks/ab_builds.py, one thread, in cache). */
-INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
-                       int64_t tok_bytes, int nt, float *y, int64_t ys) {
+INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
+                       int64_t ad_stride, const int8_t *x, int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ2_XXS ? (int64_t)sizeof(strata_block_iq2_xxs)
                      : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
@@ -426,10 +452,16 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     const int ahead = fmt == IQ1_S || fmt == IQ1_M;
     struct pair_unpacked cur, next;
+    __m512 wdad[MAX_TOK];   /* d * a.d of 16 blocks (8 pairs) per token */
+    for (int t = 0; t < nt; t++) wdad[t] = _mm512_setzero_ps();
     if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, nb > 1, &cur);
     for (int64_t p = 0; 2 * p < nb; p++) {
         const int has1 = 2 * p + 1 < nb;
         const int64_t q = ahead ? p + 1 : p;   /* the pair unpacked now; a lone last block pairs with itself, weighted 0 */
+        if (p % 8 == 0) {
+            const __m512 wd = group_scales(fmt, w, bs, nb, 2 * p);
+            for (int t = 0; t < nt; t++) wdad[t] = _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + 2 * p));
+        }
         if (2 * q < nb) {
             const uint8_t *q0 = w + 2 * q * bs;
             fetch_block_ahead(q0, 2 * bs, ahead_end);
@@ -455,8 +487,10 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
                 else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(mag, sa), cur.wts);   /* weighted here */
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
-            const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(cur.wd0 * ab[0].d),
-                                                      _mm512_set1_ps(has1 ? cur.wd1 * ab[1].d : 0.0f));
+            /* block 0's d * a.d in the even dwords, block 1's in the odd */
+            const __m512 scale = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32((int)(2 * (p % 8))),
+                                                                        _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1)),
+                                                       wdad[t]);
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(cur.delta, iq1_sums(ab, has1)));
             if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
@@ -496,7 +530,8 @@ static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int
 }
 
 
-INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const int8_t *x,
+INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
+                        int64_t ad_stride, const int8_t *x,
                         int64_t tok_bytes, int nt, float *y, int64_t ys) {
     const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ3_XXS ? (int64_t)sizeof(strata_block_iq3_xxs) : (int64_t)sizeof(strata_block_iq3_s);
@@ -510,8 +545,14 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
     const __m512i dup = _mm512_loadu_si512((const void *)dup_b);
     __m512 acc[MAX_TOK];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    __m512 wdad[MAX_TOK];   /* d * a.d of 16 blocks per token */
+    for (int t = 0; t < nt; t++) wdad[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = w + b * bs;
+        if (b % 16 == 0) {
+            const __m512 wd = group_scales(fmt, w, bs, nb, b);
+            for (int t = 0; t < nt; t++) wdad[t] = _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + b));
+        }
         fetch_block_ahead(p, bs, ahead_end);
         const __m512i idx = _mm512_loadu_si512((const void *)(p + 2));
         const __mmask64 upper = _mm512_movepi8_mask(idx);
@@ -543,7 +584,6 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
         }
         sg = _mm512_permutexvar_epi8(dup, sg);   /* lane r: the sign byte of rows r & ~1, r | 1 */
         if (fmt == IQ3_XXS) wts = _mm512_add_epi32(_mm512_slli_epi32(wts, 1), _mm512_set1_epi32(1));
-        const float wd = _cvtsh_ss((uint16_t)(p[0] | p[1] << 8));
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + b * BLOCK_BYTES4;
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -553,12 +593,11 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                 isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag[j], _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
             }
-            const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + b;
             /* IQ3_S's dword sums (16 values <= 15 times |a| <= 128) fit 16 bits: VPMADDWD with the weight
              * in the low word weighs them, where IQ3_XXS's (values <= 62) take VPMULLD */
             const __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ3_S ? _mm512_madd_epi16(sum, wts) : _mm512_mullo_epi32(sum, wts)),
-                                     _mm512_set1_ps(wd * ab->d), acc[t]);
+                                     _mm512_permutexvar_ps(_mm512_set1_epi32((int)(b % 16)), wdad[t]), acc[t]);
         }
     }
     const float factor = fmt == IQ3_XXS ? 0.25f : 1.0f;
@@ -587,18 +626,29 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
         if (four) relay4(a, arb, n_tok, nb, x);
         else relay(a, arb, n_tok, nb, x, tok_bytes);
     }
+    /* the tokens' block scales a.d, MAX_TOK tokens at a time, zeros past nb (a whole group of 16) */
+    const int64_t ad_stride = (nb + 15) / 16 * 16;
+    float *ad = malloc((size_t)(MAX_TOK * ad_stride) * sizeof(float));
+    if (!ad) {
+        strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+        return;
+    }
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
         const uint8_t *at = a + t * arb;
         const int8_t *xt = x + t * tok_bytes;
+        for (int u = 0; u < nt; u++)
+            for (int64_t b = 0; b < ad_stride; b++)
+                ad[u * ad_stride + b] = b < nb ? ((const strata_block_act_q8k *)(at + u * arb))[b].d : 0.0f;
         for (int64_t r = 0; r < n_rows; r++) {
             float *yr = y + t * ys + r;
-            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, 1, yr, ys);
-            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, nt, yr, ys);
-            else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, 1, yr, ys);
-            else planes_row(fmt, nb, w + r * wrb, at, arb, xt, tok_bytes, nt, yr, ys);
+            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys);
+            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys);
+            else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys);
+            else planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys);
         }
     }
+    free(ad);
 }
 
 #define DEFINE_PLANES(name, fmt, T)                                                                        \
