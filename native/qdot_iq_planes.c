@@ -60,9 +60,16 @@ static uint8_t codes_s[2][1024] __attribute__((aligned(64)));
  * more entries: a dword gathered at row 2047 reads past it) */
 static uint16_t codes1[2048 + 2] __attribute__((aligned(64)));
 /* Per position q of a code byte: GF2P8AFFINEQB's matrix for 8 ^ 17 b0 ^ 35 b1 (b0, b1: its bits) */
-static uint64_t to_value[4];
+static uint64_t to_value[4][8] __attribute__((aligned(64)));
 /* ... and for 8 times the code (IQ1_S: bits 2 q, 2 q + 1 to bits 3, 4) */
-static uint64_t times_8[4];
+static uint64_t times_8[4][8] __attribute__((aligned(64)));
+/* Constants of the tiles' inner loops kept in memory, whole vectors, so that the compiler takes them
+ * as operands from memory (a load) rather than broadcasting them from general registers (the
+ * shuffle port) when it runs out of vector registers: bit j in every byte; IQ3's sign bits j and
+ * j + 4 of the odd rows' bytes (VPTESTMB); VPERMPS's picks of pair p's two scales, block b's one. */
+static uint8_t bit_at[8][64] __attribute__((aligned(64)));
+static uint16_t bits4_at[4][32] __attribute__((aligned(64)));
+static int32_t pair_sel[8][16] __attribute__((aligned(64))), block_sel[16][16] __attribute__((aligned(64)));
 /* VPMULTISHIFTQB over the pair's aux dwords (block 0's in the low dword of each qword, block 1's in the
  * high): the ksigns fields of block 0 to bytes 0-3 of each qword, block 1's to bytes 4-7 */
 static uint8_t sign_at[64] __attribute__((aligned(64)));
@@ -156,12 +163,13 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1_sum_at[d] = 16 * (d % 2) + d / 2;
     }
     for (int q = 0; q < 4; q++)
-        times_8[q] = (uint64_t)(1u << (2 * q)) << (8 * (7 - 3)) | (uint64_t)(1u << (2 * q + 1)) << (8 * (7 - 4));
+        for (int i = 0; i < 8; i++)
+            times_8[q][i] = (uint64_t)(1u << (2 * q)) << (8 * (7 - 3)) | (uint64_t)(1u << (2 * q + 1)) << (8 * (7 - 4));
     for (int q = 0; q < 4; q++) {   /* output bit i: the parity of row (7 - i) AND the input */
         uint64_t m = 0;
         for (int i = 0; i < 8; i++)
             m |= (uint64_t)((((17 >> i) & 1) << (2 * q)) | (((35 >> i) & 1) << (2 * q + 1))) << (8 * (7 - i));
-        to_value[q] = m;
+        for (int i = 0; i < 8; i++) to_value[q][i] = m;
     }
     for (int i = 0; i < 64; i++) {
         const int c = i / 8, sb = i / 4 % 2, l = i % 4;
@@ -169,6 +177,14 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         u16_at[1][i] = (uint8_t)(64 * sb + 8 * c + 2 * l + 1);
         qh_lane[i] = (uint8_t)(8 * sb + c);
         qh_bit[i] = (uint8_t)(1 << (2 * l));
+    }
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 8; j++) bit_at[j][i] = (uint8_t)(1 << j);
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 32; i++) bits4_at[j][i] = (uint16_t)((1 << j) | (1 << (j + 4)) << 8);
+    for (int i = 0; i < 16; i++) {
+        for (int p = 0; p < 8; p++) pair_sel[p][i] = 2 * p + i % 2;
+        for (int b = 0; b < 16; b++) block_sel[b][i] = b;
     }
     for (int i = 0; i < 64; i++) {
         const int g = 2 * (i / 8) + i / 2 % 2;   /* the group of word i / 2 */
@@ -442,8 +458,8 @@ INLINE __m512 group_scales(int fmt, const uint8_t *w, int64_t bs, int64_t nb, in
  * the IQ2 formats, whose look-ups are in registers, measured 0.97-1.03x that way and unpack each pair
  * where it is used (benchmarks/ab_builds.py, one thread, in cache). */
 INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
-                       int64_t ad_stride, const int8_t *x, int64_t tok_bytes, int nt, float *y, int64_t ys) {
-    const uint8_t *ahead_end = strata_qdot_ahead();
+                       int64_t ad_stride, const int8_t *x, int64_t tok_bytes, int nt, float *y, int64_t ys,
+                       const uint8_t *ahead_end) {
     const int64_t bs = fmt == IQ2_XXS ? (int64_t)sizeof(strata_block_iq2_xxs)
                      : fmt == IQ2_XS ? (int64_t)sizeof(strata_block_iq2_xs)
                      : fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s)
@@ -473,14 +489,14 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 if (fmt == IQ1_S || fmt == IQ1_M) {   /* 8 (g + 1) (+ 1 + delta) against the activations as they are */
-                    const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_set1_epi64((long long)times_8[j % 4]), 0);
+                    const __m512i m8 = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_load_si512((const void *)times_8[j % 4]), 0);
                     const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                     if (fmt == IQ1_S) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], m8, av);
                     else isum[j & 1] = _mm512_dpwssd_epi32(isum[j & 1], _mm512_maddubs_epi16(_mm512_or_si512(m8, cur.dv), av), cur.wts);
                     continue;
                 }
-                const __m512i mag = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_set1_epi64((long long)to_value[j % 4]), 8);
-                const __mmask64 neg = _mm512_test_epi8_mask(cur.sg, _mm512_set1_epi8((char)(1 << j)));
+                const __m512i mag = _mm512_gf2p8affine_epi64_epi8(cur.code[j / 4], _mm512_load_si512((const void *)to_value[j % 4]), 8);
+                const __mmask64 neg = _mm512_test_epi8_mask(cur.sg, _mm512_load_si512((const void *)bit_at[j]));
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                 const __m512i sa = _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av);
                 if (fmt == IQ2_XXS) isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag, sa);
@@ -488,9 +504,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
             /* block 0's d * a.d in the even dwords, block 1's in the odd */
-            const __m512 scale = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32((int)(2 * (p % 8))),
-                                                                        _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1)),
-                                                       wdad[t]);
+            const __m512 scale = _mm512_permutexvar_ps(_mm512_load_si512((const void *)pair_sel[p % 8]), wdad[t]);
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(cur.delta, iq1_sums(ab, has1)));
             if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
@@ -531,9 +545,8 @@ static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int
 
 
 INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
-                        int64_t ad_stride, const int8_t *x,
+                        int64_t ad_stride, const uint8_t *ahead_end, const int8_t *x,
                         int64_t tok_bytes, int nt, float *y, int64_t ys) {
-    const uint8_t *ahead_end = strata_qdot_ahead();
     const int64_t bs = fmt == IQ3_XXS ? (int64_t)sizeof(strata_block_iq3_xxs) : (int64_t)sizeof(strata_block_iq3_s);
     const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES));
@@ -589,7 +602,7 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
             __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {   /* even rows' sign bit j, odd rows' j + 4 */
-                const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_set1_epi16((short)((1 << j) | (1 << (j + 4)) << 8)));
+                const __mmask64 neg = _mm512_test_epi8_mask(sg, _mm512_load_si512((const void *)bits4_at[j]));
                 const __m512i av = _mm512_load_si512((const void *)(xp + 64 * j));
                 isum[j & 1] = _mm512_dpbusd_epi32(isum[j & 1], mag[j], _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
             }
@@ -597,7 +610,7 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a,
              * in the low word weighs them, where IQ3_XXS's (values <= 62) take VPMULLD */
             const __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ3_S ? _mm512_madd_epi16(sum, wts) : _mm512_mullo_epi32(sum, wts)),
-                                     _mm512_permutexvar_ps(_mm512_set1_epi32((int)(b % 16)), wdad[t]), acc[t]);
+                                     _mm512_permutexvar_ps(_mm512_load_si512((const void *)block_sel[b % 16]), wdad[t]), acc[t]);
         }
     }
     const float factor = fmt == IQ3_XXS ? 0.25f : 1.0f;
@@ -626,6 +639,7 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
         if (four) relay4(a, arb, n_tok, nb, x);
         else relay(a, arb, n_tok, nb, x, tok_bytes);
     }
+    const uint8_t *ahead_end = strata_qdot_ahead();   /* once per call: a call per row (and a VZEROUPPER) cost 0.5-2% */
     /* the tokens' block scales a.d, MAX_TOK tokens at a time, zeros past nb (a whole group of 16) */
     const int64_t ad_stride = (nb + 15) / 16 * 16;
     float *ad = malloc((size_t)(MAX_TOK * ad_stride) * sizeof(float));
@@ -642,10 +656,10 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
                 ad[u * ad_stride + b] = b < nb ? ((const strata_block_act_q8k *)(at + u * arb))[b].d : 0.0f;
         for (int64_t r = 0; r < n_rows; r++) {
             float *yr = y + t * ys + r;
-            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys);
-            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys);
-            else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys);
-            else planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys);
+            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, ahead_end, xt, tok_bytes, 1, yr, ys);
+            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, ahead_end, xt, tok_bytes, nt, yr, ys);
+            else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
+            else planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
         }
     }
     free(ad);
