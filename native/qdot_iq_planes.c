@@ -201,6 +201,8 @@ __attribute__((constructor)) static void make_planes_tables(void) {
 #include <immintrin.h>
 
 #define INLINE static inline __attribute__((always_inline))
+/* (Byte and word constants in these tiles are written as dword ones: GCC loads those from memory,
+ * where it makes byte ones in a general register and broadcasts them on the shuffle port.) */
 #define MAX_TOK 8                 /* tokens per pass over a row (a prefill's leftovers: up to 7) */
 #define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
 #include "qdot_prefetch.h"
@@ -274,17 +276,12 @@ INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
  * nibble_at, iq1m_wt_at), and one VPTERNLOGQ keeps the field's bits (mask: 0x1E for a nibble, 0x0E for
  * 3 bits) and sets bit 0. Against unpacking the fields by 128-bit unpacks and widening: 1.02-1.03x
  * IQ2_XS and IQ2_S decode at 1 token, the same from 2 (benchmarks/ab_builds.py, one thread, in cache). */
-INLINE uint64_t load_u64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 INLINE __m512i pair_weights(const uint8_t *s0, const uint8_t *s1, const uint8_t *field_at, short mask) {
     const __m512i at = _mm512_load_si512((const void *)field_at);
-    __m512i v = _mm512_maskz_multishift_epi64_epi8(0x0505050505050505ull, at, _mm512_set1_epi64((long long)load_u64(s0)));
-    v = _mm512_mask_multishift_epi64_epi8(v, 0x5050505050505050ull, at, _mm512_set1_epi64((long long)load_u64(s1)));
-    return _mm512_ternarylogic_epi64(v, _mm512_set1_epi16(mask), _mm512_set1_epi16(1), 0xEA);   /* (v & mask) | 1 */
+    __m512i v = _mm512_maskz_multishift_epi64_epi8(0x0505050505050505ull, at, _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)s0)));
+    v = _mm512_mask_multishift_epi64_epi8(v, 0x5050505050505050ull, at, _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)s1)));
+    return _mm512_ternarylogic_epi64(v, _mm512_set1_epi32(mask * 0x10001), _mm512_set1_epi32(0x10001), 0xEA);   /* (v & mask) | 1 */
 }
 
 /* A byte per row of a pair of blocks (32 each at r0, r1: IQ2_S's index and sign bytes, IQ1's index
@@ -309,7 +306,7 @@ INLINE __m512i iq1_high(const uint8_t *qh0, const uint8_t *qh1, const uint8_t *a
  * Per 16 lanes g one VPERMT2B lays the dword indices (low byte, high bits, zeros) for VPGATHERDD. */
 INLINE void iq1_gather(__m512i qs, __m512i high, __m512i code[2]) {
     __m512i rows[4];
-    high = _mm512_and_si512(high, _mm512_set1_epi8(7));
+    high = _mm512_and_si512(high, _mm512_set1_epi32(0x07070707));
     for (int g = 0; g < 4; g++) {
         const __m512i idx = _mm512_maskz_permutex2var_epi8(0x3333333333333333ull, qs,
                                                            _mm512_load_si512((const void *)iq1_index_at[g]), high);
@@ -330,8 +327,8 @@ INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], _
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
     const __m512i high = iq1_high(b0->qh, b1->qh, iq1m_high_at);
     iq1_gather(qs, high, code);
-    const __mmask64 neg = _mm512_test_epi8_mask(high, _mm512_set1_epi8(8));   /* the nibble's bit 3 */
-    *dv = _mm512_maskz_mov_epi8(~neg, _mm512_set1_epi8(2));
+    const __mmask64 neg = _mm512_test_epi8_mask(high, _mm512_set1_epi32(0x08080808));   /* the nibble's bit 3 */
+    *dv = _mm512_maskz_mov_epi8(~neg, _mm512_set1_epi32(0x02020202));
     *wts = pair_weights(b0->scales, b1->scales, iq1m_wt_at, 0x0E);
 }
 
@@ -365,7 +362,7 @@ INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
 
 /* The sums of each 32 activations of a pair of blocks, dword 2 c + s. */
 INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
-    return _mm512_madd_epi16(iq1_bsums(ab, has1), _mm512_set1_epi16(1));
+    return _mm512_madd_epi16(iq1_bsums(ab, has1), _mm512_set1_epi32(0x10001));
 }
 
 /* A block's scale d (IQ1_M keeps it in its scales' top nibbles, the others in their first two bytes). */
@@ -386,7 +383,7 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
         iq1_unpack(p0, p1, u->code, &u->wts, &u->delta);
     } else if (fmt == IQ1_M) {
         iq1m_unpack(p0, p1, u->code, &u->wts, &u->dv);
-        u->delta = _mm512_mullo_epi16(u->wts, _mm512_set1_epi16(-9));   /* 9 * bsums * weight off per 16 values */
+        u->delta = _mm512_mullo_epi16(u->wts, _mm512_set1_epi32((int)0xFFF7FFF7));   /* 9 * bsums * weight off per 16 values */
     } else if (fmt == IQ2_XXS) {
         const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
         const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
@@ -402,7 +399,7 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
         const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
         const __m512i idx = _mm512_permutex2var_epi8(q0, _mm512_load_si512((const void *)u16_at[0]), q1);
         const __m512i hi = _mm512_permutex2var_epi8(q0, _mm512_load_si512((const void *)u16_at[1]), q1);
-        const __mmask64 upper = _mm512_movepi8_mask(idx), ninth = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
+        const __mmask64 upper = _mm512_movepi8_mask(idx), ninth = _mm512_test_epi8_mask(hi, _mm512_set1_epi32(0x01010101));
         u->sg = _mm512_gf2p8affine_epi64_epi8(hi, _mm512_set1_epi64(SHIFT1_PARITY), 0);
         for (int h = 0; h < 2; h++)
             u->code[h] = _mm512_mask_blend_epi8(ninth, look_up(codes_xs[h], idx, upper), look_up(codes_xs[h] + 256, idx, upper));
