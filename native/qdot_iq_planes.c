@@ -204,7 +204,13 @@ __attribute__((constructor)) static void make_planes_tables(void) {
 /* (Byte and word constants in these tiles are written as dword ones: GCC loads those from memory,
  * where it makes byte ones in a general register and broadcasts them on the shuffle port.) */
 #define MAX_TOK 8                 /* tokens per pass over a row (a prefill's leftovers: up to 7) */
-#define PF_AHEAD 1024             /* bytes ahead fetched into the rows to come */
+/* Bytes ahead fetched into the rows to come. These tiles read a row's block scales 16 blocks at a
+ * time (group_scales), which touches the next 1-2 KiB of a row of 4096 values at once: 1024 bytes
+ * ahead left those waiting on DRAM at every row's start. Two threads from DRAM, GB/s, 1024 / 2048 /
+ * 3072 / 4096 (benchmarks/qdot_rate.py, alternating builds): IQ2_XXS 16.4-16.8 / 17.6-17.9 /
+ * 18.2-19.1 / 18.1-19.0, IQ3_S 16.4-16.5 / 18.1-18.3 / 19.0-19.3 / 18.5-19.5, IQ1_M 9.5-9.6 /
+ * 9.6-10.0 / 9.7-9.9 / 9.7-10.0. */
+#define PF_AHEAD 3072
 #include "qdot_prefetch.h"
 
 #define PAIR_BYTES 512            /* one token's re-laid activations of a pair of blocks */
