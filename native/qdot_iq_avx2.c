@@ -7,7 +7,7 @@
  * made once and used for every token of the tile:
  *   q   the 32 grid magnitudes (unsigned bytes): the chunk's 8-byte (IQ2, IQ1) or 4-byte (IQ3) grid
  *       rows gathered by scalar loads and 64-bit (32-bit) inserts;
- *   s   the 32 signs as bytes (+1 or -1), spread from 4 bytes of sign bits (sign_bits): the block's
+ *   s   the 32 signs as bytes for VPSIGNB (positive or negative), spread from 4 bytes of sign bits (sign_bits): the block's
  *       own (IQ2_S, IQ3_S), or, for the formats that store 7-bit ksigns indices (IQ2_XXS, IQ2_XS,
  *       IQ3_XXS), bits made for the whole block at once by vector arithmetic (iq_signs);
  *   sc  the sub-block weights 2 ls + 1 as int16 (low 128 bits: values 0-15, high: 16-31), picked

@@ -181,13 +181,15 @@ INLINE void iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
     _mm256_store_si256((__m256i *)sg, _mm256_permute4x64_epi64(_mm256_packus_epi16(f0, f1), 0xD8));
 }
 
-/* Sign bytes from 32 sign bits (bit j set: value j negative). */
+/* Sign bytes for VPSIGNB from 32 sign bits (bit j set: value j negative): byte j is its bit plus
+ * 127, so 127 (positive) where the bit is clear and 128-255 (negative) where it is set; one add where
+ * a compare and an OR made +1 and -1. */
 INLINE __m256i sign_bits(uint32_t bits) {
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
                                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
+    return _mm256_add_epi8(_mm256_and_si256(spread, bit), _mm256_set1_epi8(127));
 }
 
 /* The chunk's signs from 32 sign bits (bit j set: value j negative). */
