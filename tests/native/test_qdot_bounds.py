@@ -1,4 +1,4 @@
-"""Every packed matrix kernel reads only the weight bytes it is given.
+"""Every packed matrix kernel and the dequantizer read only the weight bytes they are given.
 
 The weights of each packed type are laid against a page the process may not touch (PROT_NONE):
 once ending on the byte before it, once starting on the byte after it. Every kernel family this CPU
@@ -26,6 +26,7 @@ CHILD = r"""
 import ctypes, mmap, sys
 import numpy as np
 from strata import native
+from strata.native.dequant import dequantize
 from strata.native.qdot import qdot_rows
 from strata.quant import DEQUANT_TYPES, block_size, random_blocks
 
@@ -59,6 +60,10 @@ for t in DEQUANT_TYPES:
                     if not np.isfinite(y).all():
                         raise SystemExit(f"{t.name} {impl}: non-finite output")
                     n_calls += 1
+            for impl in IMPLS:   # the dequantizer reads the same bytes
+                print(f"{t.name} dequantize {impl} rows {n_rows} blocks {n_blocks}, weights {where} a guard page", flush=True)
+                out = dequantize(t, view, (n_rows, row_len), impl=impl)
+                n_calls += 1
             del view
 print(f"ok {n_calls}", flush=True)
 """
