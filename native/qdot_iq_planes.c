@@ -282,7 +282,6 @@ INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
  * nibble_at, iq1m_wt_at), and one VPTERNLOGQ keeps the field's bits (mask: 0x1E for a nibble, 0x0E for
  * 3 bits) and sets bit 0. Against unpacking the fields by 128-bit unpacks and widening: 1.02-1.03x
  * IQ2_XS and IQ2_S decode at 1 token, the same from 2 (benchmarks/ab_builds.py, one thread, in cache). */
-
 INLINE __m512i pair_weights(const uint8_t *s0, const uint8_t *s1, const uint8_t *field_at, short mask) {
     const __m512i at = _mm512_load_si512((const void *)field_at);
     __m512i v = _mm512_maskz_multishift_epi64_epi8(0x0505050505050505ull, at, _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)s0)));
