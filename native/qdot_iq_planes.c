@@ -14,9 +14,9 @@
  *     of block s of the pair. Four lanes in a row are one chunk of one block, so VPDPBUSD's dword
  *     sums are the chunks' sums, and each chunk has one weight.
  *   - The weights need no shuffle for that order: lane 8 c + l of a block's 64 qs bytes is row l's
- *     grid index (c's 4 index bytes, then its aux dword), and the pair's indices are one blend of
- *     block 0's qs with block 1's shifted up 4 bytes in each qword. The two blocks' aux dwords, put
- *     side by side the other way (block 0's shifted down), give their ksigns fields to the same lanes
+ *     grid index (c's 4 index bytes, then its aux dword), and the pair's indices are block 0's qs
+ *     with block 1's merged in by a masked load 4 bytes back. The two blocks' aux dwords, put side by
+ *     side the other way (block 0's loaded 4 bytes on), give their ksigns fields to the same lanes
  *     by one VPMULTISHIFTQB, their parity bit by one GF2P8AFFINEQB, and their weights by a shift.
  *   - The grid's values are 8, 25 and 43, so a row position is a 2-bit code (0, 1, 2): 8 XOR 17 b0
  *     XOR 35 b1 over GF(2) (25 = 8 ^ 17, 43 = 8 ^ 35). Two tables of 256 bytes give each grid row's
@@ -376,13 +376,12 @@ INLINE float block_scale(int fmt, const uint8_t *p) {
 }
 
 /* What a pair of blocks gives the dot products of every token: its code bytes, signs, weights,
- * IQ1's delta terms, and the two blocks' scales (the second 0 where the row has no second block). */
+ * IQ1's delta terms (the blocks' scales come 16 blocks at a time: group_scales). */
 struct pair_unpacked {
     __m512i code[2], sg, wts, delta, dv;
 };
 
 INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1, struct pair_unpacked *u) {
-    const __mmask64 second = 0xF0F0F0F0F0F0F0F0ull;   /* bytes 4-7 of each qword: block 1's lanes */
     u->sg = u->delta = u->dv = _mm512_setzero_si512();
     if (fmt == IQ1_S) {
         iq1_unpack(p0, p1, u->code, &u->wts, &u->delta);
@@ -390,12 +389,15 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
         iq1m_unpack(p0, p1, u->code, &u->wts, &u->dv);
         u->delta = _mm512_mullo_epi16(u->wts, _mm512_set1_epi32((int)0xFFF7FFF7));   /* 9 * bsums * weight off per 16 values */
     } else if (fmt == IQ2_XXS) {
+        /* chunk c's 4 index bytes (block 0's, then block 1's) in qword c, and its aux dwords (block 0's
+         * in dword 2 c, block 1's in 2 c + 1): each block's qs loaded, and the other's merged in by a
+         * masked load 4 bytes off (no dword it skips is read), where a shift and a blend made each */
         const __m512i q0 = _mm512_loadu_si512((const void *)(p0 + 2)), q1 = _mm512_loadu_si512((const void *)(p1 + 2));
-        const __m512i idx = _mm512_mask_blend_epi8(second, q0, _mm512_slli_epi64(q1, 32));
+        const __m512i idx = _mm512_mask_loadu_epi32(q0, 0xAAAA, (const void *)(p1 - 2));
         const __mmask64 upper = _mm512_movepi8_mask(idx);   /* grid rows 128-255 */
-        /* chunk c's aux dwords, block 0's in dword 2 c and block 1's in 2 c + 1: their ksigns fields
-         * to the rows' lanes, and their weights 2 ls + 1 (ls: the top nibble, taken shifted up one) */
-        const __m512i aux = _mm512_mask_blend_epi8(second, _mm512_srli_epi64(q0, 32), q1);
+        /* the aux dwords' ksigns fields to the rows' lanes, and their weights 2 ls + 1 (ls: the top
+         * nibble, taken shifted up one) */
+        const __m512i aux = _mm512_mask_loadu_epi32(q1, 0x5555, (const void *)(p0 + 6));
         u->sg = _mm512_gf2p8affine_epi64_epi8(_mm512_multishift_epi64_epi8(_mm512_load_si512((const void *)sign_at), aux),
                                               _mm512_set1_epi64(KEEP7_PARITY), 0);
         for (int h = 0; h < 2; h++) u->code[h] = look_up(codes[h], idx, upper);
