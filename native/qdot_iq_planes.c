@@ -83,14 +83,14 @@ static uint8_t qh_lane[64] __attribute__((aligned(64))), qh_bit[64] __attribute_
  * offset for the low byte of word 4 c + 2 s + k, group 2 c + k's field shifted up one (mod 64). IQ2's
  * field is nibble k of scale byte c; IQ1_M's, 3 bits at 16 (g / 4) + 3 (g % 4) of its 8 scale bytes. */
 static uint8_t nibble_at[64] __attribute__((aligned(64))), iq1m_wt_at[64] __attribute__((aligned(64)));
-/* IQ1_S: per gather g (lanes 16 g .. 16 g + 15 as dwords), VPERMW of the pair's qh words (block 0's 8, then
- * block 1's) to the low word of each dword: qh_s[c]; VPERMT2B of two gathers' dwords to their low
- * bytes (16 each), then their second bytes; VPERMW of the qh words to dword 2 c + s; VPERMT2D of the
- * two blocks' 32-value sums of activations to dword 2 c + s */
+/* IQ1: VPERMT2B of two gathers' dwords (16 rows each) to their low bytes, then their second bytes
+ * (iq1_code_at); IQ1_S: VPERMW of the pair's qh words (block 0's 8, then block 1's) to both words of
+ * dword 2 c + s: qh_s[c] (iq1_chunk_at); VPERMT2D of the two blocks' bsums, a pair of int16 a dword,
+ * to dword 2 c + s: the two bsums of chunk c of block s (iq1_sum_at, below) */
 static uint8_t iq1_code_at[64] __attribute__((aligned(64)));
+static uint16_t iq1_chunk_at[32] __attribute__((aligned(64)));
 /* VPERMB of two blocks' 32 row bytes (pair_bytes) to lane 8 c + 4 s + l: byte 4 c + l of block s */
 static uint8_t pair_at[64] __attribute__((aligned(64)));
-static uint16_t iq1_chunk_at[32] __attribute__((aligned(64)));
 /* IQ1's high index bits (iq1_high): VPERMB of the pair's qh words (block 0's 8, then block 1's) to
  * qword c: word c of block 0, then of block 1; VPMULTISHIFTQB's offset for lane 8 c + 4 s + l: row
  * 4 c + l's field in that qword (IQ1_S: 3 bits a row, IQ1_M: a nibble); per gather g, VPERMT2B's
@@ -158,8 +158,7 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1m_high_at[i] = (uint8_t)(16 * sb + 4 * (i % 4));
     }
     for (int d = 0; d < 16; d++) {
-        iq1_chunk_at[2 * d] = (uint16_t)(8 * (d % 2) + d / 2);
-        iq1_chunk_at[2 * d + 1] = 0;
+        iq1_chunk_at[2 * d] = iq1_chunk_at[2 * d + 1] = (uint16_t)(8 * (d % 2) + d / 2);
         iq1_sum_at[d] = 16 * (d % 2) + d / 2;
     }
     for (int q = 0; q < 4; q++)
@@ -342,18 +341,19 @@ INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], _
  * bits, value g + 1) come from a table of them by VPGATHERDD, 16 rows a gather, and two byte permutes
  * make the two code bytes of 64 rows. With w = 8 g + delta, a chunk of 32 values sums to
  * 8 sum (g + 1) a + (delta - 8) sum a: the codes times 8 against the activations as they are, and the
- * sums of the activations from their bsums (iq1_sums). code: the pair's code bytes; wts: 2 ls + 1 and
- * delta: its delta - 8, per dword 2 c + s. */
+ * sums of the activations from their bsums: one VPMADDWD of the pair's bsums (iq1_bsums) with delta - 8
+ * in both words of each dword, where a VPMADDWD summed them and a VPMULLD (two operations) weighed
+ * them (1.03x at 1 token, bit-equal). code: the pair's code bytes; wts: 2 ls + 1, per dword 2 c + s; delta. */
 INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *delta) {
     const strata_block_iq1_s *b0 = (const strata_block_iq1_s *)p0, *b1 = (const strata_block_iq1_s *)p1;
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
     const __m512i qh = _mm512_castsi256_si512(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->qh)), _mm_loadu_si128((const __m128i *)b1->qh), 1));
     iq1_gather(qs, iq1_high(b0->qh, b1->qh, iq1s_high_at), code);
-    const __m512i e = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512((const void *)iq1_chunk_at), qh);
+    const __m512i e = _mm512_permutexvar_epi16(_mm512_load_si512((const void *)iq1_chunk_at), qh);   /* the u16 in both words */
     *wts = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), _mm512_set1_epi32(7)), 1),
                             _mm512_set1_epi32(1));
-    *delta = _mm512_sub_epi32(_mm512_set1_epi32(-7), _mm512_slli_epi32(_mm512_srli_epi32(e, 15), 1));   /* +-1, minus 8 */
+    *delta = _mm512_sub_epi16(_mm512_set1_epi32((int)0xFFF9FFF9), _mm512_slli_epi16(_mm512_srli_epi16(e, 15), 1));   /* +-1, minus 8 */
 }
 
 /* The bsums (sums of 16 activations) of a pair of blocks (the second absent: zeros) as int16, word
@@ -363,11 +363,6 @@ INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
     const __m256i s1 = has1 ? _mm256_loadu_si256((const __m256i *)ab[1].bsums) : _mm256_setzero_si256();
     return _mm512_permutex2var_epi32(_mm512_zextsi256_si512(s0), _mm512_load_si512((const void *)iq1_sum_at),
                                      _mm512_zextsi256_si512(s1));
-}
-
-/* The sums of each 32 activations of a pair of blocks, dword 2 c + s. */
-INLINE __m512i iq1_sums(const strata_block_act_q8k *ab, int has1) {
-    return _mm512_madd_epi16(iq1_bsums(ab, has1), _mm512_set1_epi32(0x10001));
 }
 
 /* A block's scale d (IQ1_M keeps it in its scales' top nibbles, the others in their first two bytes). */
@@ -510,8 +505,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             /* block 0's d * a.d in the even dwords, block 1's in the odd */
             const __m512 scale = _mm512_permutexvar_ps(_mm512_load_si512((const void *)pair_sel[p % 8]), wdad[t]);
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
-            if (fmt == IQ1_S) sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(cur.delta, iq1_sums(ab, has1)));
-            if (fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
+            if (fmt == IQ1_S || fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, cur.wts) : sum),
                                      scale, acc[t]);
         }
