@@ -52,10 +52,11 @@ INLINE float half_at(const uint8_t *p) {
 INLINE __m256i table16(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
 
 
-/* The cache lines of the block of `bs` bytes PF_AHEAD bytes past p. */
-INLINE void fetch_ahead(const uint8_t *p, int64_t bs) {
-    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)(p + PF_AHEAD + o), _MM_HINT_T0);
+/* The cache lines of the block of `bs` bytes `ahead` bytes past p. */
+INLINE void fetch_ahead_by(const uint8_t *p, int64_t bs, int64_t ahead) {
+    for (int64_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)(p + ahead + o), _MM_HINT_T0);
 }
+INLINE void fetch_ahead(const uint8_t *p, int64_t bs) { fetch_ahead_by(p, bs, PF_AHEAD); }
 
 /* ---- IQ4_NL against STRATA_ACT_Q8 ---- */
 
@@ -386,11 +387,11 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
 #define TQ1_TOK 4      /* tokens per pass over the rows */
 #define TQ1_ROWS 16    /* rows per re-laid chunk */
 #define TQ1_SUMS_TOK 2 /* calls of up to this many tokens take the digit sums without digits */
-#define TQ1_BYTES 0x000fffffffffffffULL
+#define TQ1_BYTES 0x000fffffffffffffULL   /* the 52 bytes of qs and qh */
 /* Decode fetches this far ahead, past the AVX2 tiles' PF_AHEAD: two threads from DRAM, GB/s,
  * 2048 / 3072 / 4096 / 6144 / 8192 (benchmarks/qdot_rate.py, alternating builds): 13.3-13.4 /
  * 14.8-16.7 / 15.9-16.0 / 16.1-17.1 / 15.8-16.1 */
-#define TQ1_AHEAD 4096   /* the 52 bytes of qs and qh */
+#define TQ1_AHEAD 4096
 
 typedef struct {
     __m512i a[TQ1_CHUNK][5];    /* the five re-laid vectors of each block */
@@ -497,8 +498,7 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
         }
         for (int b = 0; b < nb; b++) {
             const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
-            if (nt < 4)
-                for (int64_t o = 0; o < (int64_t)sizeof(*wb); o += 64) _mm_prefetch((const char *)wb + TQ1_AHEAD + o, _MM_HINT_T0);
+            if (nt < 4) fetch_ahead_by((const uint8_t *)wb, sizeof(*wb), TQ1_AHEAD);
             __m512i isum[TQ1_TOK];
             tq1_block_sums(nt, wb, acts, b, isum);
             for (int t = 0; t < nt; t++)

@@ -46,7 +46,6 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* The code tables, made when the library loads (before the ISA is enabled: see qdot_iq_vbmi.c):
@@ -365,18 +364,13 @@ INLINE __m512i iq1_bsums(const strata_block_act_q8k *ab, int has1) {
                                      _mm512_zextsi256_si512(s1));
 }
 
-/* A block's scale d (IQ1_M keeps it in its scales' top nibbles, the others in their first two bytes). */
-INLINE float block_scale(int fmt, const uint8_t *p) {
-    return _cvtsh_ss(fmt == IQ1_M ? strata_iq1_m_half(((const strata_block_iq1_m *)p)->scales) : (uint16_t)(p[0] | p[1] << 8));
-}
-
 /* What a pair of blocks gives the dot products of every token: its code bytes, signs, weights,
  * IQ1's delta terms (the blocks' scales come 16 blocks at a time: group_scales). */
 struct pair_unpacked {
     __m512i code[2], sg, wts, delta, dv;
 };
 
-INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1, struct pair_unpacked *u) {
+INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, struct pair_unpacked *u) {
     u->sg = u->delta = u->dv = _mm512_setzero_si512();
     if (fmt == IQ1_S) {
         iq1_unpack(p0, p1, u->code, &u->wts, &u->delta);
@@ -427,7 +421,8 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, int has1,
 /* The scales d of blocks b0 .. b0 + 15 of a row (past its nb blocks: 0) as floats, by masked
  * VPGATHERDD: IQ2's and IQ1_S's d are their blocks' first two bytes; IQ1_M keeps its d in the top
  * nibbles of its four scale words, which two gathers and three bitwise selects put together. The
- * tiles take them once per 16 blocks, times the tokens' a.d (planes_rows lays those out per call),
+ * tiles take them once per 16 blocks, times the tokens' a.d (planes_rows lays those out per call, in
+ * the thread's re-laid buffer),
  * and VPERMPS hands each pair or block its two or one: against converting each block's d and
  * broadcasting d * a.d per pair, IQ1_M 1.06x, IQ2_XXS 1.04x, IQ3_XXS and IQ3_S 1.03x at 1 token,
  * the others within 1%, the same bits (benchmarks/ab_builds.py, one thread, in cache). */
@@ -469,7 +464,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     struct pair_unpacked cur, next;
     __m512 wdad[MAX_TOK];   /* d * a.d of 16 blocks (8 pairs) per token */
     for (int t = 0; t < nt; t++) wdad[t] = _mm512_setzero_ps();
-    if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, nb > 1, &cur);
+    if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, &cur);
     for (int64_t p = 0; 2 * p < nb; p++) {
         const int has1 = 2 * p + 1 < nb;
         const int64_t q = ahead ? p + 1 : p;   /* the pair unpacked now; a lone last block pairs with itself, weighted 0 */
@@ -480,7 +475,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
         if (2 * q < nb) {
             const uint8_t *q0 = w + 2 * q * bs;
             fetch_block_ahead(q0, 2 * bs, ahead_end);
-            unpack_pair(fmt, q0, 2 * q + 1 < nb ? q0 + bs : q0, 2 * q + 1 < nb, ahead ? &next : &cur);
+            unpack_pair(fmt, q0, 2 * q + 1 < nb ? q0 + bs : q0, ahead ? &next : &cur);
         }
         for (int t = 0; t < nt; t++) {
             const int8_t *xp = x + t * tok_bytes + p * PAIR_BYTES;
@@ -542,9 +537,8 @@ static void relay4(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int
 }
 
 
-INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
-                        int64_t ad_stride, const uint8_t *ahead_end, const int8_t *x,
-                        int64_t tok_bytes, int nt, float *y, int64_t ys) {
+INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int64_t ad_stride, const int8_t *x,
+                        int64_t tok_bytes, int nt, float *y, int64_t ys, const uint8_t *ahead_end) {
     const int64_t bs = fmt == IQ3_XXS ? (int64_t)sizeof(strata_block_iq3_xxs) : (int64_t)sizeof(strata_block_iq3_s);
     const __m512i field_at = _mm512_set1_epi64(0x352E2720150E0700ll);   /* bits 0, 7, 14, 21, 32, 39, 46, 53 */
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ3_VALUES));
@@ -626,8 +620,12 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
             for (int64_t r = 0; r < n_rows; r++) y[t * ys + r] = 0.0f;
         return;
     }
+    /* the re-laid activations, then room for MAX_TOK tokens' block scales a.d (ad_stride a token,
+     * zeros past nb: a whole group of 16 for group_scales), in the thread's buffer */
+    const int64_t ad_stride = (nb + 15) / 16 * 16;
+    const size_t x_bytes = (size_t)(n_tok * tok_bytes);   /* a multiple of 256 */
     int valid = 0;
-    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes),
+    int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, x_bytes + (size_t)(MAX_TOK * ad_stride) * sizeof(float),
                                              four ? STRATA_RELAID_PLANES4 : STRATA_RELAID_PLANES, &valid);
     if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
         strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
@@ -638,13 +636,7 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
         else relay(a, arb, n_tok, nb, x, tok_bytes);
     }
     const uint8_t *ahead_end = strata_qdot_ahead();   /* once per call: a call per row (and a VZEROUPPER) cost 0.5-2% */
-    /* the tokens' block scales a.d, MAX_TOK tokens at a time, zeros past nb (a whole group of 16) */
-    const int64_t ad_stride = (nb + 15) / 16 * 16;
-    float *ad = malloc((size_t)(MAX_TOK * ad_stride) * sizeof(float));
-    if (!ad) {
-        strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-        return;
-    }
+    float *ad = (float *)(x + x_bytes);   /* MAX_TOK tokens' a.d at a time */
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;
         const uint8_t *at = a + t * arb;
@@ -654,13 +646,12 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
                 ad[u * ad_stride + b] = b < nb ? ((const strata_block_act_q8k *)(at + u * arb))[b].d : 0.0f;
         for (int64_t r = 0; r < n_rows; r++) {
             float *yr = y + t * ys + r;
-            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, ahead_end, xt, tok_bytes, 1, yr, ys);
-            else if (four) planes4_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, ahead_end, xt, tok_bytes, nt, yr, ys);
+            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
+            else if (four) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
             else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
             else planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
         }
     }
-    free(ad);
 }
 
 #define DEFINE_PLANES(name, fmt, T)                                                                        \
