@@ -443,10 +443,8 @@ INLINE void tq1_block_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts 
             }
             m = m3;
         }
-        for (int t = 0; t < nt; t++) {
-            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[t], cur[t]), cur[t]), next[t]);
-            isum[t] = _mm512_srai_epi32(s, 8);
-        }
+        for (int t = 0; t < nt; t++)   /* 256 times the sum: the 1 / 256 is in the block's scale */
+            isum[t] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[t], cur[t]), cur[t]), next[t]);
         return;
     }
     m = _mm512_xor_si512(m, _mm512_set1_epi8((char)0x80));
@@ -466,13 +464,6 @@ INLINE void tq1_block_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts 
     for (int t = 0; t < nt; t++) isum[t] = _mm512_add_epi32(isum[t], odd[t]);
 }
 
-/* VPERMPS's pick of lane b in every lane (a table: GCC would broadcast an index made in a general
- * register on the shuffle port) */
-#define TQ1_LANE(b) {b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b}
-static const int32_t tq1_lane[TQ1_CHUNK][16] __attribute__((aligned(64))) = {
-    TQ1_LANE(0), TQ1_LANE(1), TQ1_LANE(2), TQ1_LANE(3), TQ1_LANE(4), TQ1_LANE(5), TQ1_LANE(6), TQ1_LANE(7),
-    TQ1_LANE(8), TQ1_LANE(9), TQ1_LANE(10), TQ1_LANE(11), TQ1_LANE(12), TQ1_LANE(13), TQ1_LANE(14), TQ1_LANE(15)};
-
 /* The scales d of a row's nb <= TQ1_CHUNK blocks at w (past nb: 0) as floats: one masked VPGATHERDD
  * of the dword that ends with each block's d (its last two bytes: the dword it starts would reach
  * past the last block), shifted down and converted. */
@@ -488,13 +479,16 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
                         __m512 acc[TQ1_ROWS][TQ1_TOK]) {
     for (int r = 0; r < nr; r++) {
         __m512 s[TQ1_TOK];   /* the row's sums in registers, not stored at every block */
-        /* d * a.d of the row's blocks per token, handed to each block by VPERMPS (against converting
-         * and broadcasting each block's: 1.01x at 1 token, 1.06x at 2, 1.03x at 3, bit-equal) */
-        __m512 wdad[TQ1_TOK];
-        const __m512 wd = tq1_scales(w + r * wrb, nb);
+        /* d * a.d of the row's blocks per token (times 1 / 256 where the sums are 256 times theirs),
+         * stored, and each block's broadcast from memory in its FMA (a load, not a shuffle): against
+         * VPERMPS of them in registers and a shift of each block's sum, 1.05x at 1 token, 1.10x at 2,
+         * 1.02x at 3, bit-equal; against converting and broadcasting each block's d, VPERMPS had been
+         * 1.01x, 1.06x and 1.03x (benchmarks/ab_builds.py, 256 x 4096, one thread, in cache) */
+        float wdad[TQ1_TOK][TQ1_CHUNK] __attribute__((aligned(64)));
+        const __m512 wd = _mm512_mul_ps(tq1_scales(w + r * wrb, nb), _mm512_set1_ps(nt <= TQ1_SUMS_TOK ? 1.0f / 256 : 1.0f));
         for (int t = 0; t < nt; t++) {
             s[t] = acc[r][t];
-            wdad[t] = _mm512_mul_ps(wd, _mm512_maskz_loadu_ps((__mmask16)((1u << nb) - 1), acts[t].d));
+            _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_maskz_loadu_ps((__mmask16)((1u << nb) - 1), acts[t].d)));
         }
         for (int b = 0; b < nb; b++) {
             const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
@@ -502,8 +496,7 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
             __m512i isum[TQ1_TOK];
             tq1_block_sums(nt, wb, acts, b, isum);
             for (int t = 0; t < nt; t++)
-                s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]),
-                                       _mm512_permutexvar_ps(_mm512_load_si512((const void *)tq1_lane[b]), wdad[t]), s[t]);
+                s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(wdad[t][b]), s[t]);
         }
         for (int t = 0; t < nt; t++) acc[r][t] = s[t];
     }
