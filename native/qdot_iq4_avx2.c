@@ -376,8 +376,11 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
  * Against the tile that made digits for every token count (benchmarks/ab_builds.py, 256 x 4096,
  * one thread, in cache): 1.49x at 1 token, 1.17-1.21x at 2 and 1.13x at 3 (the qh bytes loaded
  * with qs, not multiplied out); from DRAM on two threads 14.5 against 11.7 GB/s (44% against 37% of
- * the bare read). The 10 VPDPBUSD and 10 byte adds a block are this core's floor for the mix:
- * ~22 cycles a block in a loop of nothing else, where 60% of the bare read asks 21.
+ * the bare read). The 10 VPDPBUSD and 10 byte adds a block issue in ~11 cycles here (two a cycle),
+ * but each of the two sums is a chain of 5 VPDPBUSD (25 cycles of latency), and a block at a time
+ * the scheduler did not hold enough blocks to hide it: TQ1_GROUP blocks' chains are interleaved
+ * (tq1_group_sums), 1.03-1.07x at 1 token and 1.06-1.09x at 2 for two blocks, 1.03-1.07x and
+ * 1.00-1.03x more for four; eight spill at 2 tokens (0.61x).
  *
  * From 3 tokens the VPDPBUSD (two a power and token) outweigh the digits: there the digits are
  * made, 64 at a time (two compares to masks of m_p ^ 0x80, two masked moves), one VPDPBUSD a power
@@ -392,6 +395,7 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
  * 2048 / 3072 / 4096 / 6144 / 8192 (benchmarks/qdot_rate.py, alternating builds): 13.3-13.4 /
  * 14.8-16.7 / 15.9-16.0 / 16.1-17.1 / 15.8-16.1 */
 #define TQ1_AHEAD 4096
+#define TQ1_GROUP 4   /* blocks whose sums are made together (calls of up to TQ1_SUMS_TOK tokens) */
 
 typedef struct {
     __m512i a[TQ1_CHUNK][5];    /* the five re-laid vectors of each block */
@@ -424,6 +428,31 @@ INLINE __m512i tq1_digits512(__m512i m) {
 }
 
 INLINE __m512i times3_512(__m512i v) { return _mm512_add_epi8(_mm512_add_epi8(v, v), v); }
+
+/* TQ1_GROUP blocks' (wb[0] ...: blocks b ...) sums for nt <= TQ1_SUMS_TOK tokens, 256 times over, as
+ * tq1_block_sums makes them, their VPDPBUSD chains interleaved */
+INLINE void tq1_group_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_GROUP][TQ1_TOK]) {
+    __m512i m[TQ1_GROUP], cur[TQ1_GROUP][TQ1_TOK], next[TQ1_GROUP][TQ1_TOK];
+    for (int h = 0; h < TQ1_GROUP; h++) {
+        m[h] = _mm512_maskz_loadu_epi8(TQ1_BYTES, wb[h].qs);
+        for (int t = 0; t < nt; t++) {
+            cur[h][t] = _mm512_setzero_si512();
+            next[h][t] = acts[t].sum256[b + h];
+        }
+    }
+    for (int p = 0; p < 5; p++)
+        for (int h = 0; h < TQ1_GROUP; h++) {
+            const __m512i m3 = times3_512(m[h]);
+            for (int t = 0; t < nt; t++) {
+                cur[h][t] = _mm512_dpbusd_epi32(cur[h][t], m[h], acts[t].a[b + h][p]);
+                next[h][t] = _mm512_dpbusd_epi32(next[h][t], m3, acts[t].a[b + h][p]);
+            }
+            m[h] = m3;
+        }
+    for (int h = 0; h < TQ1_GROUP; h++)
+        for (int t = 0; t < nt; t++)
+            isum[h][t] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[h][t], cur[h][t]), cur[h][t]), next[h][t]);
+}
 
 /* A block's integer sums for nt tokens: digits times activations, less the activations' sum. */
 INLINE void tq1_block_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_TOK]) {
@@ -490,7 +519,18 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
             s[t] = acc[r][t];
             _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_maskz_loadu_ps((__mmask16)((1u << nb) - 1), acts[t].d)));
         }
-        for (int b = 0; b < nb; b++) {
+        int b = 0;
+        if (nt <= TQ1_SUMS_TOK)
+            for (; b + TQ1_GROUP - 1 < nb; b += TQ1_GROUP) {
+                const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
+                fetch_ahead_by((const uint8_t *)wb, TQ1_GROUP * sizeof(*wb), TQ1_AHEAD);
+                __m512i isum[TQ1_GROUP][TQ1_TOK];
+                tq1_group_sums(nt, wb, acts, b, isum);
+                for (int h = 0; h < TQ1_GROUP; h++)
+                    for (int t = 0; t < nt; t++)
+                        s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[h][t]), _mm512_set1_ps(wdad[t][b + h]), s[t]);
+            }
+        for (; b < nb; b++) {
             const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
             if (nt < 4) fetch_ahead_by((const uint8_t *)wb, sizeof(*wb), TQ1_AHEAD);
             __m512i isum[TQ1_TOK];
