@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU (or OS) without AVX-512 F/BW/VL/VNNI")
 
 # (rows, blocks per row): one block; odd rows below and above a 16-row pass; a row longer than a
-# 16-block chunk (one chunk and a part), and exactly two chunks
-SHAPES = ((1, 1), (5, 3), (17, 2), (33, 5), (3, 17), (19, 32), (2, 37))
+# 16-block chunk (one chunk and a part), and exactly two chunks; groups of 4 blocks (decode's sums)
+# with 1, 2 and 3 left over
+SHAPES = ((1, 1), (5, 3), (17, 2), (33, 5), (3, 17), (19, 32), (2, 37), (4, 6), (2, 23))
 
 
 def test_decode_runs_the_avx512_tile_and_prefill_the_avx2_build():
