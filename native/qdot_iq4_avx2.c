@@ -429,11 +429,14 @@ INLINE __m512i tq1_digits512(__m512i m) {
 
 INLINE __m512i times3_512(__m512i v) { return _mm512_add_epi8(_mm512_add_epi8(v, v), v); }
 
-/* TQ1_GROUP blocks' (wb[0] ...: blocks b ...) sums for nt <= TQ1_SUMS_TOK tokens, 256 times over, as
- * tq1_block_sums makes them, their VPDPBUSD chains interleaved */
-INLINE void tq1_group_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_GROUP][TQ1_TOK]) {
+/* The integer sums of ng <= TQ1_GROUP blocks (wb[0] ...: blocks b ...) for nt <= TQ1_SUMS_TOK tokens,
+ * without digits: sum_p dot(a_p, m_p) three times, less sum_p dot(a_p, m_{p+1}) + 256 sum(a) (the
+ * activations' sum comes off with it), 256 times the sum (the 1 / 256 is in the block's scale). The
+ * blocks' VPDPBUSD chains are interleaved. */
+INLINE void tq1_group_sums(int nt, int ng, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b,
+                           __m512i isum[TQ1_GROUP][TQ1_TOK]) {
     __m512i m[TQ1_GROUP], cur[TQ1_GROUP][TQ1_TOK], next[TQ1_GROUP][TQ1_TOK];
-    for (int h = 0; h < TQ1_GROUP; h++) {
+    for (int h = 0; h < ng; h++) {
         m[h] = _mm512_maskz_loadu_epi8(TQ1_BYTES, wb[h].qs);
         for (int t = 0; t < nt; t++) {
             cur[h][t] = _mm512_setzero_si512();
@@ -441,7 +444,7 @@ INLINE void tq1_group_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts 
         }
     }
     for (int p = 0; p < 5; p++)
-        for (int h = 0; h < TQ1_GROUP; h++) {
+        for (int h = 0; h < ng; h++) {
             const __m512i m3 = times3_512(m[h]);
             for (int t = 0; t < nt; t++) {
                 cur[h][t] = _mm512_dpbusd_epi32(cur[h][t], m[h], acts[t].a[b + h][p]);
@@ -449,34 +452,15 @@ INLINE void tq1_group_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts 
             }
             m[h] = m3;
         }
-    for (int h = 0; h < TQ1_GROUP; h++)
+    for (int h = 0; h < ng; h++)
         for (int t = 0; t < nt; t++)
             isum[h][t] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[h][t], cur[h][t]), cur[h][t]), next[h][t]);
 }
 
-/* A block's integer sums for nt tokens: digits times activations, less the activations' sum. */
-INLINE void tq1_block_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_TOK]) {
-    __m512i m = _mm512_maskz_loadu_epi8(TQ1_BYTES, wb->qs);
-    if (nt <= TQ1_SUMS_TOK) {
-        /* sum_p dot(a_p, m_p); sum_p dot(a_p, m_{p+1}) + 256 sum(a), so that the sum comes off with it */
-        __m512i cur[TQ1_TOK], next[TQ1_TOK];
-        for (int t = 0; t < nt; t++) {
-            cur[t] = _mm512_setzero_si512();
-            next[t] = acts[t].sum256[b];
-        }
-        for (int p = 0; p < 5; p++) {
-            const __m512i m3 = times3_512(m);
-            for (int t = 0; t < nt; t++) {
-                cur[t] = _mm512_dpbusd_epi32(cur[t], m, acts[t].a[b][p]);
-                next[t] = _mm512_dpbusd_epi32(next[t], m3, acts[t].a[b][p]);
-            }
-            m = m3;
-        }
-        for (int t = 0; t < nt; t++)   /* 256 times the sum: the 1 / 256 is in the block's scale */
-            isum[t] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(cur[t], cur[t]), cur[t]), next[t]);
-        return;
-    }
-    m = _mm512_xor_si512(m, _mm512_set1_epi8((char)0x80));
+/* A block's integer sums for nt > TQ1_SUMS_TOK tokens: digits times activations, less the
+ * activations' sum. */
+INLINE void tq1_digit_sums(int nt, const strata_block_tq1_0 *wb, const tq1_acts *acts, int b, __m512i isum[TQ1_TOK]) {
+    __m512i m = _mm512_xor_si512(_mm512_maskz_loadu_epi8(TQ1_BYTES, wb->qs), _mm512_set1_epi8((char)0x80));
     __m512i odd[TQ1_TOK];   /* even and odd powers: two VPDPBUSD chains */
     for (int t = 0; t < nt; t++) {
         isum[t] = acts[t].neg[b];
@@ -525,7 +509,7 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
                 const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
                 fetch_ahead_by((const uint8_t *)wb, TQ1_GROUP * sizeof(*wb), TQ1_AHEAD);
                 __m512i isum[TQ1_GROUP][TQ1_TOK];
-                tq1_group_sums(nt, wb, acts, b, isum);
+                tq1_group_sums(nt, TQ1_GROUP, wb, acts, b, isum);
                 for (int h = 0; h < TQ1_GROUP; h++)
                     for (int t = 0; t < nt; t++)
                         s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[h][t]), _mm512_set1_ps(wdad[t][b + h]), s[t]);
@@ -533,10 +517,11 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
         for (; b < nb; b++) {
             const strata_block_tq1_0 *wb = (const strata_block_tq1_0 *)(w + r * wrb) + b;
             if (nt < 4) fetch_ahead_by((const uint8_t *)wb, sizeof(*wb), TQ1_AHEAD);
-            __m512i isum[TQ1_TOK];
-            tq1_block_sums(nt, wb, acts, b, isum);
+            __m512i isum[TQ1_GROUP][TQ1_TOK];
+            if (nt <= TQ1_SUMS_TOK) tq1_group_sums(nt, 1, wb, acts, b, isum);
+            else tq1_digit_sums(nt, wb, acts, b, isum[0]);
             for (int t = 0; t < nt; t++)
-                s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(wdad[t][b]), s[t]);
+                s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[0][t]), _mm512_set1_ps(wdad[t][b]), s[t]);
         }
         for (int t = 0; t < nt; t++) acc[r][t] = s[t];
     }

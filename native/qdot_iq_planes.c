@@ -421,8 +421,8 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, struct pa
  * VPGATHERDD: IQ2's and IQ1_S's d are their blocks' first two bytes; IQ1_M keeps its d in the top
  * nibbles of its four scale words, which two gathers and three bitwise selects put together. The
  * tiles take them once per 16 blocks, times the tokens' a.d (planes_rows lays those out per call, in
- * the thread's re-laid buffer),
- * and VPERMPS hands each pair or block its two or one: against converting each block's d and
+ * the thread's re-laid buffer), and each pair or block loads its two or one from those products
+ * (planes_row): against converting each block's d and
  * broadcasting d * a.d per pair, IQ1_M 1.06x, IQ2_XXS 1.04x, IQ3_XXS and IQ3_S 1.03x at 1 token,
  * the others within 1%, the same bits (benchmarks/ab_builds.py, one thread, in cache). */
 INLINE __m512 group_scales(int fmt, const uint8_t *w, int64_t bs, int64_t nb, int64_t b0) {
