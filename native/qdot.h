@@ -60,7 +60,7 @@ const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds o
  * sets *valid when it already holds that layout of these activations. */
 void strata_qdot_new_acts(void);
 
-enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_PLANES4, STRATA_RELAID_LAYOUTS };
+enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_PLANES4, STRATA_RELAID_ROWS, STRATA_RELAID_LAYOUTS };
 
 uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int layout,
                             int *valid);

@@ -37,6 +37,10 @@
  * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x and IQ1_M 1.05-1.37x (against the same gathers,
  * with less around them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
+ * IQ1_S's and IQ1_M's decode calls (1-3 tokens) take another tile: their grid rows gathered as bytes
+ * with the delta added, against activations re-laid by rows (iq1_rows_row, below: 1.10-1.16x at 1
+ * token); their 4-7 tokens come here.
+ *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
  * only; qdot.c hands the tiles out only after the CPU was seen to have AVX-512 VBMI and GFNI.
@@ -65,10 +69,9 @@ static uint64_t times_8[4][8] __attribute__((aligned(64)));
 /* Constants of the tiles' inner loops kept in memory, whole vectors, so that the compiler takes them
  * as operands from memory (a load) rather than broadcasting them from general registers (the
  * shuffle port) when it runs out of vector registers: bit j in every byte; IQ3's sign bits j and
- * j + 4 of the odd rows' bytes (VPTESTMB); VPERMPS's picks of pair p's two scales (IQ1_S at 1 token). */
+ * j + 4 of the odd rows' bytes (VPTESTMB). */
 static uint8_t bit_at[8][64] __attribute__((aligned(64)));
 static uint16_t bits4_at[4][32] __attribute__((aligned(64)));
-static int32_t pair_sel[8][16] __attribute__((aligned(64)));
 /* VPMULTISHIFTQB over the pair's aux dwords (block 0's in the low dword of each qword, block 1's in the
  * high): the ksigns fields of block 0 to bytes 0-3 of each qword, block 1's to bytes 4-7 */
 static uint8_t sign_at[64] __attribute__((aligned(64)));
@@ -97,6 +100,20 @@ static uint8_t pair_at[64] __attribute__((aligned(64)));
 static uint8_t iq1_words_at[64] __attribute__((aligned(64))), iq1s_high_at[64] __attribute__((aligned(64))),
     iq1m_high_at[64] __attribute__((aligned(64))), iq1_index_at[4][64] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
+/* IQ1 by rows (iq1_rows_unpack; the layout below, at relay_rows): row r of IQ1's grid with the delta's sign
+ * s as a twelfth index bit, r | s << 11, holds its 8 values 8 g + 9 + delta (delta -1 where s, else +1)
+ * as bytes (32 KiB). A block's qs and qh bytes (loaded together; IQ1_M's scales after them) go by
+ * VPERMB (iq1s_p_at) to qword c: chunk c's 4 index bytes, its 2 qh bytes, two zeros; VPMULTISHIFTQB at
+ * iq1s_row_at (IQ1_M: iq1m_row_at) makes word l of qword c row 4 c + l's index: byte 2 l its index
+ * byte, byte 2 l + 1 qh's bits 3 l .. (IQ1_M: its nibble l, the delta's sign in bit 3); IQ1_S's at
+ * iq1s_top_at takes qh's bits 11 .. to the even bytes (2 ls + 1 after a mask) and 12 .. to the odd
+ * ones (the delta's sign in bit 3, that is index bit 11); VPSHUFB at iq1_word_at[l] puts word l of
+ * each qword alone in it (a VPGATHERQQ index). IQ1_M's weights of 16 values 2 c + h go to the low
+ * byte of both dwords of qword c, shifted up one (iq1m_wt2_at[h]), out of its 8 scale bytes. */
+static uint64_t iq1_grid_d[4096] __attribute__((aligned(64)));
+static uint8_t iq1s_p_at[64] __attribute__((aligned(64))), iq1s_row_at[64] __attribute__((aligned(64))),
+    iq1s_top_at[64] __attribute__((aligned(64))), iq1_word_at[4][64] __attribute__((aligned(64)));
+static uint8_t iq1m_row_at[64] __attribute__((aligned(64))), iq1m_wt2_at[2][64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -156,6 +173,23 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1s_high_at[i] = (uint8_t)(16 * sb + 3 * (i % 4));
         iq1m_high_at[i] = (uint8_t)(16 * sb + 4 * (i % 4));
     }
+    for (int r = 0; r < 4096; r++) {
+        uint64_t v = 0;
+        for (int j = 0; j < 8; j++) v |= (uint64_t)(uint8_t)(8 * strata_iq1s_grid[r % 2048][j] + 9 + (r < 2048 ? 1 : -1)) << (8 * j);
+        iq1_grid_d[r] = v;
+    }
+    for (int i = 0; i < 64; i++) {
+        const int c = i / 8, b = i % 8;
+        iq1s_p_at[i] = (uint8_t)(b < 4 ? 4 * c + b : b == 4 ? 32 + 2 * c : 33 + 2 * c);
+        iq1s_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 3 * (b / 2));
+        iq1s_top_at[i] = (uint8_t)(b % 2 == 0 ? 32 + 11 : 32 + 12);
+        for (int l = 0; l < 4; l++) iq1_word_at[l][i] = (uint8_t)(b < 2 ? 8 * (i / 8 % 2) + 2 * l + b : 0x80);
+        iq1m_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 4 * (b / 2));
+        for (int h = 0; h < 2; h++) {
+            const int g = 2 * c + h;   /* the group of 16 values */
+            iq1m_wt2_at[h][i] = (uint8_t)((16 * (g / 4) + 3 * (g % 4) + 63) % 64);
+        }
+    }
     for (int d = 0; d < 16; d++) {
         iq1_chunk_at[2 * d] = iq1_chunk_at[2 * d + 1] = (uint16_t)(8 * (d % 2) + d / 2);
         iq1_sum_at[d] = 16 * (d % 2) + d / 2;
@@ -180,9 +214,6 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         for (int j = 0; j < 8; j++) bit_at[j][i] = (uint8_t)(1 << j);
     for (int j = 0; j < 4; j++)
         for (int i = 0; i < 32; i++) bits4_at[j][i] = (uint16_t)((1 << j) | (1 << (j + 4)) << 8);
-    for (int i = 0; i < 16; i++) {
-        for (int p = 0; p < 8; p++) pair_sel[p][i] = 2 * p + i % 2;
-    }
     for (int i = 0; i < 64; i++) {
         const int g = 2 * (i / 8) + i / 2 % 2;   /* the group of word i / 2 */
         nibble_at[i] = (uint8_t)((4 * g + 63) % 64);
@@ -462,20 +493,15 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     const int ahead = fmt == IQ1_S || fmt == IQ1_M;
     struct pair_unpacked cur, next;
     /* d * a.d of 16 blocks (8 pairs) per token, each pair's two broadcast from memory (a load, not a
-     * VPERMPS on the shuffle port: 1.01-1.05x at 1 token, bit-equal), but for IQ1_S at 1 token, which
-     * measured 0.95-0.97x that way (1.04x at 3 tokens) and keeps them in a register */
+     * VPERMPS on the shuffle port: 1.01-1.05x at 1 token, bit-equal) */
     float wdad[MAX_TOK][16] __attribute__((aligned(64)));
-    __m512 wdad_v = _mm512_setzero_ps();
-    const int in_register = fmt == IQ1_S && nt == 1;
     if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, &cur);
     for (int64_t p = 0; 2 * p < nb; p++) {
         const int has1 = 2 * p + 1 < nb;
         const int64_t q = ahead ? p + 1 : p;   /* the pair unpacked now; a lone last block pairs with itself, weighted 0 */
         if (p % 8 == 0) {
             const __m512 wd = group_scales(fmt, w, bs, nb, 2 * p);
-            if (in_register) wdad_v = _mm512_mul_ps(wd, _mm512_loadu_ps(ad + 2 * p));
-            else
-                for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + 2 * p)));
+            for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + 2 * p)));
         }
         if (2 * q < nb) {
             const uint8_t *q0 = w + 2 * q * bs;
@@ -503,14 +529,128 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
             }
             const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb) + 2 * p;
             /* block 0's d * a.d in the even dwords, block 1's in the odd */
-            const __m512 scale = in_register ? _mm512_permutexvar_ps(_mm512_load_si512((const void *)pair_sel[p % 8]), wdad_v)
-                               : _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)&wdad[t][2 * (p % 8)])));
+            const __m512 scale = _mm512_castsi512_ps(_mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)&wdad[t][2 * (p % 8)])));
             __m512i sum = _mm512_add_epi32(isum[0], isum[1]);
             if (fmt == IQ1_S || fmt == IQ1_M) sum = _mm512_add_epi32(sum, _mm512_madd_epi16(iq1_bsums(ab, has1), cur.delta));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fmt == IQ2_XXS || fmt == IQ1_S ? _mm512_mullo_epi32(sum, cur.wts) : sum),
                                      scale, acc[t]);
         }
         if (ahead) cur = next;
+    }
+    for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
+}
+
+/* ---- IQ1_S and IQ1_M by rows: decode calls (1-3 tokens) ----
+ * Each grid row's 8 values are gathered as bytes, already values (plus 9) with the delta added, so
+ * nothing is unpacked per position: per block, 4 VPGATHERQQ, each of one row of all 8 chunks (row l of
+ * chunk c in qword c), and per token 4 VPDPBUSD against the activations re-laid to match (the ROWS
+ * layout, relay_rows: per block, vector l lane 8 c + j holding value 32 c + 8 l + j), into dwords 2 c,
+ * 2 c + 1 that sum chunk c's rows 0-1 (isum[0]) and 2-3 (isum[1]). They start from the 9 taken off:
+ * -9 times the sums of those 16 values (the bsums), laid out after the vectors, so that one weight
+ * per dword is left: 2 ls + 1 as floats, chunk c's (IQ1_S, one per 32 values) or its two groups' of
+ * 16 (IQ1_M), times the block's d * a.d, into one FMA (IQ1_M: two). The integers are the scalar
+ * tile's per 16 values; the float terms are added in another order.
+ *
+ * Against the planes tile (planes_row), one thread, in cache, 256 x 4096, alternating builds
+ * (benchmarks/ab_builds.py --impl avx512): IQ1_S 1.11-1.16x at 1 token, 1.07-1.11x at 2, 1.03-1.07x
+ * at 3, 1.01-1.04x at 4 and 0.83-0.93x at 5-7; IQ1_M 1.10-1.15x, 1.04-1.09x, 1.06x, 0.96x. The
+ * gathers bind it: the same tile with its gathers replaced by an add ran 1.9x faster, and a loop of
+ * nothing but a block's index unpacking and its 4 gathers takes ~6.5-7.8 ns here against the tile's
+ * ~7.5. So decode calls come here and a prefill's 4-7 leftover tokens go to planes_row, whose
+ * per-token work is the smaller. Tried on the way: each row in value order (VPERMW of the weights per
+ * gather: 1.03x), VPMADDUBSW and VPDPWSSD with int16 weights (the same), the next block's gathers
+ * issued before these products (1.00x), the constants in registers (1.01x). */
+#define ROWS_BLOCK 448   /* one token's re-laid activations of a block */
+
+/* n_tok tokens' activations (arb bytes apart) into the ROWS layout, block b of token t at x + (t nb +
+ * b) ROWS_BLOCK: vectors l = 0-3 (lane 8 c + j: value 32 c + 8 l + j, by two VPERMT2Q and a blend each),
+ * then three vectors of int32, dword 2 c (odd dwords 0) -9 times the sum of chunk c's 32 values (at
+ * 256), of its first 16 (320), of its second 16 (384). */
+static void relay_rows(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, int8_t *x) {
+    __m512i at[4];   /* vector l: qword 4 c + l of the block's 32 (c < 4: of its first two vectors, else its others) */
+    for (int l = 0; l < 4; l++) at[l] = _mm512_setr_epi64(l, 4 + l, 8 + l, 12 + l, l, 4 + l, 8 + l, 12 + l);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const strata_block_act_q8k *ab = (const strata_block_act_q8k *)(a + t * arb);
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t *o = x + (t * nb + b) * ROWS_BLOCK;
+            __m512i q[4];
+            for (int m = 0; m < 4; m++) q[m] = _mm512_loadu_si512((const void *)(ab[b].q + 64 * m));
+            for (int l = 0; l < 4; l++)
+                _mm512_store_si512((void *)(o + 64 * l), _mm512_mask_blend_epi64(0xF0, _mm512_permutex2var_epi64(q[0], at[l], q[1]),
+                                                                                 _mm512_permutex2var_epi64(q[2], at[l], q[3])));
+            const __m512i sums = _mm512_mullo_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)ab[b].bsums)),
+                                                    _mm512_set1_epi32(-9));
+            const __m512i first = _mm512_maskz_mov_epi32(0x5555, sums), second = _mm512_srli_epi64(sums, 32);
+            _mm512_store_si512((void *)(o + 256), _mm512_add_epi32(first, second));
+            _mm512_store_si512((void *)(o + 320), first);
+            _mm512_store_si512((void *)(o + 384), second);
+        }
+    }
+}
+
+/* The unpacking's constants, loaded once per row */
+struct iq1_rows_consts {
+    __m512i p_at, row_at, top_at, word_at[4], wt_at[2];
+};
+
+INLINE void iq1_rows_consts_load(int fmt, struct iq1_rows_consts *k) {
+    k->p_at = _mm512_load_si512((const void *)iq1s_p_at);
+    k->row_at = _mm512_load_si512((const void *)(fmt == IQ1_S ? iq1s_row_at : iq1m_row_at));
+    k->top_at = _mm512_load_si512((const void *)iq1s_top_at);
+    for (int l = 0; l < 4; l++) k->word_at[l] = _mm512_load_si512((const void *)iq1_word_at[l]);
+    for (int h = 0; h < 2; h++) k->wt_at[h] = _mm512_load_si512((const void *)iq1m_wt2_at[h]);
+}
+
+/* A block's 4 gathers (g[l]: row l of every chunk) and its weights as floats (wf[h]: dwords 2 c, 2 c + 1
+ * the weight of rows 4 c + 2 h, 4 c + 2 h + 1; IQ1_S's are one per chunk, wf[1] unused) */
+INLINE void iq1_rows_unpack(int fmt, const struct iq1_rows_consts *k, const uint8_t *p, __m512i g[4], __m512 wf[2]) {
+    /* qs: bytes 0-31; qh: 32-47 (IQ1_M: its scales at 48-55); then qword c: chunk c's 4 index bytes and 2 qh bytes */
+    const __m512i raw = fmt == IQ1_S ? _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, p + 2) : _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFFFull, p);
+    const __m512i q = _mm512_maskz_permutexvar_epi8(0x3F3F3F3F3F3F3F3Full, k->p_at, raw);
+    __m512i idx;   /* word l of qword c: row 4 c + l's index (bits 0-10) and the sign of its delta (bit 11) */
+    if (fmt == IQ1_S) {   /* the delta's sign is qh's bit 15, a chunk's */
+        const __m512i top = _mm512_multishift_epi64_epi8(k->top_at, q);
+        idx = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(k->row_at, q), top, _mm512_set1_epi32(0x07FF07FF), 0xE4);
+        wf[0] = wf[1] = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi32(top, _mm512_set1_epi32(0x0E), _mm512_set1_epi32(1), 0xEA));
+    } else {   /* a nibble per row: bit 3 the delta's sign */
+        idx = _mm512_and_si512(_mm512_multishift_epi64_epi8(k->row_at, q), _mm512_set1_epi32(0x0FFF0FFF));
+        const __m512i sc = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(p + 48)));
+        for (int h = 0; h < 2; h++)
+            wf[h] = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(k->wt_at[h], sc), _mm512_set1_epi32(0x0E),
+                                                                 _mm512_set1_epi32(1), 0xEA));
+    }
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)iq1_grid_d, 8);
+}
+
+INLINE void iq1_rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int64_t ad_stride, const int8_t *x,
+                         int64_t tok_bytes, int nt, float *y, int64_t ys, const uint8_t *ahead_end) {
+    const int64_t bs = fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : (int64_t)sizeof(strata_block_iq1_m);
+    struct iq1_rows_consts kc;
+    iq1_rows_consts_load(fmt, &kc);
+    __m512 acc[MAX_TOK];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    float wdad[MAX_TOK][16] __attribute__((aligned(64)));   /* d * a.d of 16 blocks per token */
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs;
+        if (b % 16 == 0) {
+            const __m512 wd = group_scales(fmt, w, bs, nb, b);
+            for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + b)));
+        }
+        fetch_block_ahead(p, bs, ahead_end);
+        __m512i g[4];
+        __m512 wf[2];
+        iq1_rows_unpack(fmt, &kc, p, g, wf);
+        for (int t = 0; t < nt; t++) {
+            const int8_t *xb = x + t * tok_bytes + b * ROWS_BLOCK;
+            /* rows 0, 1 of each chunk, from its bias (IQ1_S: the chunk's; IQ1_M: its first 16 values'); rows 2, 3 */
+            __m512i isum[2] = {_mm512_load_si512((const void *)(xb + (fmt == IQ1_S ? 256 : 320))),
+                               fmt == IQ1_S ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(xb + 384))};
+            for (int l = 0; l < 4; l++) isum[l / 2] = _mm512_dpbusd_epi32(isum[l / 2], g[l], _mm512_load_si512((const void *)(xb + 64 * l)));
+            const __m512 s = _mm512_set1_ps(wdad[t][b % 16]);
+            if (fmt == IQ1_S) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[0], isum[1])), _mm512_mul_ps(wf[0], s), acc[t]);
+            else acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), wf[1], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), wf[0])), s, acc[t]);
+        }
     }
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
 }
@@ -619,7 +759,9 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, 
 INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
                         int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
     const int four = fmt == IQ3_XXS || fmt == IQ3_S;   /* rows of 4 values: the PLANES4 layout */
-    const int64_t nb = k / STRATA_QK_K, tok_bytes = four ? nb * BLOCK_BYTES4 : (nb + 1) / 2 * PAIR_BYTES;
+    /* IQ1's decode calls by rows (iq1_rows_row), its 4-7 tokens by planes (planes_row): below */
+    const int rows = (fmt == IQ1_S || fmt == IQ1_M) && n_tok < STRATA_QDOT_DECODE_TOKENS;   /* the activations as they are */
+    const int64_t nb = k / STRATA_QK_K, tok_bytes = rows ? nb * ROWS_BLOCK : four ? nb * BLOCK_BYTES4 : (nb + 1) / 2 * PAIR_BYTES;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = 0; r < n_rows; r++) y[t * ys + r] = 0.0f;
@@ -631,13 +773,14 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
     const size_t x_bytes = (size_t)(n_tok * tok_bytes);   /* a multiple of 256 */
     int valid = 0;
     int8_t *x = (int8_t *)strata_qdot_relaid(a, n_tok, k, arb, x_bytes + (size_t)(MAX_TOK * ad_stride) * sizeof(float),
-                                             four ? STRATA_RELAID_PLANES4 : STRATA_RELAID_PLANES, &valid);
+                                             rows ? STRATA_RELAID_ROWS : four ? STRATA_RELAID_PLANES4 : STRATA_RELAID_PLANES, &valid);
     if (!x) {   /* no memory for the layout: the gather tile or the AVX2 build does it */
         strata_qdot_gathers(type, otherwise)(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
     if (!valid) {
-        if (four) relay4(a, arb, n_tok, nb, x);
+        if (rows) relay_rows(a, arb, n_tok, nb, x);
+        else if (four) relay4(a, arb, n_tok, nb, x);
         else relay(a, arb, n_tok, nb, x, tok_bytes);
     }
     const uint8_t *ahead_end = strata_qdot_ahead();   /* once per call: a call per row (and a VZEROUPPER) cost 0.5-2% */
@@ -651,7 +794,9 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
                 ad[u * ad_stride + b] = b < nb ? ((const strata_block_act_q8k *)(at + u * arb))[b].d : 0.0f;
         for (int64_t r = 0; r < n_rows; r++) {
             float *yr = y + t * ys + r;
-            if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
+            if (rows && nt == 1) iq1_rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
+            else if (rows) iq1_rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
+            else if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
             else if (four) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
             else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
             else planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
