@@ -37,9 +37,9 @@
  * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x and IQ1_M 1.05-1.37x (against the same gathers,
  * with less around them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
  *
- * IQ1_S's and IQ1_M's decode calls (1-3 tokens) take another tile: their grid rows gathered as bytes
- * with the delta added, against activations re-laid by rows (iq1_rows_row, below: 1.10-1.16x at 1
- * token); their 4-7 tokens come here.
+ * IQ1_S's, IQ1_M's and IQ2_S's decode calls (1-3 tokens) take another tile where gathers are fast:
+ * their grid rows gathered as bytes (IQ1's with the delta added), against activations re-laid by rows
+ * (rows_row, below: 1.10-1.16x the planes tile at 1 token); their 4-7 tokens come here.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
@@ -47,6 +47,7 @@
  */
 #include "iq_tables.h"
 #include "qdot.h"
+#include "strata.h"   /* strata_cpu_fast_gathers */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <stddef.h>
@@ -100,7 +101,7 @@ static uint8_t pair_at[64] __attribute__((aligned(64)));
 static uint8_t iq1_words_at[64] __attribute__((aligned(64))), iq1s_high_at[64] __attribute__((aligned(64))),
     iq1m_high_at[64] __attribute__((aligned(64))), iq1_index_at[4][64] __attribute__((aligned(64)));
 static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
-/* IQ1 by rows (iq1_rows_unpack; the layout below, at relay_rows): row r of IQ1's grid with the delta's sign
+/* IQ1 by rows (iq1_rows_unpack; the activations' layout at relay_rows): row r of IQ1's grid with the delta's sign
  * s as a twelfth index bit, r | s << 11, holds its 8 values 8 g + 9 + delta (delta -1 where s, else +1)
  * as bytes (32 KiB). A block's qs and qh bytes (loaded together; IQ1_M's scales after them) go by
  * VPERMB (iq1s_p_at) to qword c: chunk c's 4 index bytes, its 2 qh bytes, two zeros; VPMULTISHIFTQB at
@@ -114,6 +115,14 @@ static uint64_t iq1_grid_d[4096] __attribute__((aligned(64)));
 static uint8_t iq1s_p_at[64] __attribute__((aligned(64))), iq1s_row_at[64] __attribute__((aligned(64))),
     iq1s_top_at[64] __attribute__((aligned(64))), iq1_word_at[4][64] __attribute__((aligned(64)));
 static uint8_t iq1m_row_at[64] __attribute__((aligned(64))), iq1m_wt2_at[2][64] __attribute__((aligned(64)));
+/* IQ2_S by rows (iq2s_rows_unpack): VPERMT2B of its qs and signs (64 bytes) and its qh and scales (16)
+ * to qword c: chunk c's 4 index bytes and its qh byte; VPMULTISHIFTQB's offsets to word l: its index
+ * byte, then qh's bits 2 l ..; per row l, VPSHUFB's bytes that spread the sign byte of row 4 c + l
+ * over qword c (the odd bytes of a qword hold its chunk's 4 sign bytes); bit i % 8 in byte i, to test
+ * them (bit_pattern); the weights of 16 values 2 c + h, nibble 2 c + h shifted up one */
+static uint8_t bit_pattern[64] __attribute__((aligned(64)));
+static uint8_t iq2s_p_at[64] __attribute__((aligned(64))), iq2s_row_at[64] __attribute__((aligned(64))),
+    iq2s_sign_at[4][64] __attribute__((aligned(64))), iq2s_wt_at[2][64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -189,6 +198,10 @@ __attribute__((constructor)) static void make_planes_tables(void) {
             const int g = 2 * c + h;   /* the group of 16 values */
             iq1m_wt2_at[h][i] = (uint8_t)((16 * (g / 4) + 3 * (g % 4) + 63) % 64);
         }
+        iq2s_p_at[i] = (uint8_t)(b < 4 ? 4 * c + b : 64 + c);
+        iq2s_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 2 * (b / 2));
+        for (int l = 0; l < 4; l++) iq2s_sign_at[l][i] = (uint8_t)(8 * (c % 2) + 2 * l + 1);
+        for (int h = 0; h < 2; h++) iq2s_wt_at[h][i] = (uint8_t)((4 * (2 * c + h) + 63) % 64);
     }
     for (int d = 0; d < 16; d++) {
         iq1_chunk_at[2 * d] = iq1_chunk_at[2 * d + 1] = (uint16_t)(8 * (d % 2) + d / 2);
@@ -212,6 +225,7 @@ __attribute__((constructor)) static void make_planes_tables(void) {
     }
     for (int i = 0; i < 64; i++)
         for (int j = 0; j < 8; j++) bit_at[j][i] = (uint8_t)(1 << j);
+    for (int i = 0; i < 64; i++) bit_pattern[i] = (uint8_t)(1 << (i % 8));
     for (int j = 0; j < 4; j++)
         for (int i = 0; i < 32; i++) bits4_at[j][i] = (uint16_t)((1 << j) | (1 << (j + 4)) << 8);
     for (int i = 0; i < 64; i++) {
@@ -540,20 +554,24 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     for (int t = 0; t < nt; t++) y[t * ys] = 0.125f * _mm512_reduce_add_ps(acc[t]);
 }
 
-/* ---- IQ1_S and IQ1_M by rows: decode calls (1-3 tokens) ----
- * Each grid row's 8 values are gathered as bytes, already values (plus 9) with the delta added, so
- * nothing is unpacked per position: per block, 4 VPGATHERQQ, each of one row of all 8 chunks (row l of
+/* ---- IQ1_S, IQ1_M and IQ2_S by rows: decode calls (1-3 tokens) ----
+ * Each grid row's 8 values are gathered as bytes, already values (IQ1: plus 9, with the delta added;
+ * IQ2_S: its magnitudes, whose signs negate the activations as in planes_row), so nothing is
+ * unpacked per position: per block, 4 VPGATHERQQ, each of one row of all 8 chunks (row l of
  * chunk c in qword c), and per token 4 VPDPBUSD against the activations re-laid to match (the ROWS
  * layout, relay_rows: per block, vector l lane 8 c + j holding value 32 c + 8 l + j), into dwords 2 c,
  * 2 c + 1 that sum chunk c's rows 0-1 (isum[0]) and 2-3 (isum[1]). They start from the 9 taken off:
  * -9 times the sums of those 16 values (the bsums), laid out after the vectors, so that one weight
  * per dword is left: 2 ls + 1 as floats, chunk c's (IQ1_S, one per 32 values) or its two groups' of
- * 16 (IQ1_M), times the block's d * a.d, into one FMA (IQ1_M: two). The integers are the scalar
- * tile's per 16 values; the float terms are added in another order.
+ * 16 (IQ1_M, IQ2_S), times the block's d * a.d, into one FMA (IQ1_M, IQ2_S: two). IQ2_S has no 9 to
+ * take off: its 4 sign masks a block (one VPSHUFB and one VPTESTMB each) negate the activations. The
+ * integers are the scalar tile's per 16 values; the float terms are added in another order.
  *
  * Against the planes tile (planes_row), one thread, in cache, 256 x 4096, alternating builds
  * (benchmarks/ab_builds.py --impl avx512): IQ1_S 1.11-1.16x at 1 token, 1.07-1.11x at 2, 1.03-1.07x
- * at 3, 1.01-1.04x at 4 and 0.83-0.93x at 5-7; IQ1_M 1.10-1.15x, 1.04-1.09x, 1.06x, 0.96x. The
+ * at 3, 1.01-1.04x at 4 and 0.83-0.93x at 5-7; IQ1_M 1.10-1.15x, 1.04-1.09x, 1.06x, 0.96x; IQ2_S
+ * 1.10-1.13x, 1.03-1.12x, 1.03-1.06x (its planes tile looks its 1024 grid rows up by 16 VPERMT2B a
+ * pair; IQ2_XS, 8, measured 0.92-0.94x by rows at 1 token and keeps planes). The
  * gathers bind it: the same tile with its gathers replaced by an add ran 1.9x faster, and a loop of
  * nothing but a block's index unpacking and its 4 gathers takes ~6.5-7.8 ns here against the tile's
  * ~7.5. So decode calls come here and a prefill's 4-7 leftover tokens go to planes_row, whose
@@ -589,21 +607,23 @@ static void relay_rows(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb,
 }
 
 /* The unpacking's constants, loaded once per row */
-struct iq1_rows_consts {
-    __m512i p_at, row_at, top_at, word_at[4], wt_at[2];
+struct rows_consts {
+    __m512i p_at, row_at, top_at, word_at[4], wt_at[2], sign_at[4], bits;
 };
 
-INLINE void iq1_rows_consts_load(int fmt, struct iq1_rows_consts *k) {
-    k->p_at = _mm512_load_si512((const void *)iq1s_p_at);
-    k->row_at = _mm512_load_si512((const void *)(fmt == IQ1_S ? iq1s_row_at : iq1m_row_at));
+INLINE void rows_consts_load(int fmt, struct rows_consts *k) {
+    k->p_at = _mm512_load_si512((const void *)(fmt == IQ2_S ? iq2s_p_at : iq1s_p_at));
+    k->row_at = _mm512_load_si512((const void *)(fmt == IQ1_S ? iq1s_row_at : fmt == IQ1_M ? iq1m_row_at : iq2s_row_at));
     k->top_at = _mm512_load_si512((const void *)iq1s_top_at);
     for (int l = 0; l < 4; l++) k->word_at[l] = _mm512_load_si512((const void *)iq1_word_at[l]);
-    for (int h = 0; h < 2; h++) k->wt_at[h] = _mm512_load_si512((const void *)iq1m_wt2_at[h]);
+    for (int h = 0; h < 2; h++) k->wt_at[h] = _mm512_load_si512((const void *)(fmt == IQ2_S ? iq2s_wt_at[h] : iq1m_wt2_at[h]));
+    for (int l = 0; l < 4; l++) k->sign_at[l] = _mm512_load_si512((const void *)iq2s_sign_at[l]);
+    k->bits = _mm512_load_si512((const void *)bit_pattern);
 }
 
 /* A block's 4 gathers (g[l]: row l of every chunk) and its weights as floats (wf[h]: dwords 2 c, 2 c + 1
  * the weight of rows 4 c + 2 h, 4 c + 2 h + 1; IQ1_S's are one per chunk, wf[1] unused) */
-INLINE void iq1_rows_unpack(int fmt, const struct iq1_rows_consts *k, const uint8_t *p, __m512i g[4], __m512 wf[2]) {
+INLINE void iq1_rows_unpack(int fmt, const struct rows_consts *k, const uint8_t *p, __m512i g[4], __m512 wf[2]) {
     /* qs: bytes 0-31; qh: 32-47 (IQ1_M: its scales at 48-55); then qword c: chunk c's 4 index bytes and 2 qh bytes */
     const __m512i raw = fmt == IQ1_S ? _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFull, p + 2) : _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFFFull, p);
     const __m512i q = _mm512_maskz_permutexvar_epi8(0x3F3F3F3F3F3F3F3Full, k->p_at, raw);
@@ -623,11 +643,32 @@ INLINE void iq1_rows_unpack(int fmt, const struct iq1_rows_consts *k, const uint
     for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)iq1_grid_d, 8);
 }
 
-INLINE void iq1_rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int64_t ad_stride, const int8_t *x,
+/* IQ2_S's block: its 4 gathers (g[l], as IQ1's: row l of every chunk, the magnitudes 8, 25, 43),
+ * the rows' sign bits as masks of the activations to negate (neg[l]: bit 8 c + j, value j of row 4 c +
+ * l), and its weights as floats (wf[h], as IQ1_M's: 16 values 2 c + h) */
+INLINE void iq2s_rows_unpack(const struct rows_consts *k, const uint8_t *p, __m512i g[4], __mmask64 neg[4], __m512 wf[2]) {
+    const __m512i a = _mm512_loadu_si512((const void *)(p + 2));   /* qs, then signs */
+    const __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 66)));   /* qh, then scales */
+    const __m512i q = _mm512_maskz_permutex2var_epi8(0x1F1F1F1F1F1F1F1Full, a, k->p_at, b);
+    const __m512i idx = _mm512_and_si512(_mm512_multishift_epi64_epi8(k->row_at, q), _mm512_set1_epi32(0x03FF03FF));
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)strata_iq2s_grid, 8);
+    /* qword c: the sign bytes of rows 4 c .. 4 c + 3 in its odd bytes, each spread over a qword and tested bit by bit */
+    const __m512i sg = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p + 34))), 8);
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) neg[l] = _mm512_test_epi8_mask(_mm512_shuffle_epi8(sg, k->sign_at[l]), k->bits);
+    const __m512i sc = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(p + 74)));
+    for (int h = 0; h < 2; h++)
+        wf[h] = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(k->wt_at[h], sc), _mm512_set1_epi32(0x1E),
+                                                             _mm512_set1_epi32(1), 0xEA));
+}
+
+INLINE void rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int64_t ad_stride, const int8_t *x,
                          int64_t tok_bytes, int nt, float *y, int64_t ys, const uint8_t *ahead_end) {
-    const int64_t bs = fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : (int64_t)sizeof(strata_block_iq1_m);
-    struct iq1_rows_consts kc;
-    iq1_rows_consts_load(fmt, &kc);
+    const int64_t bs = fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : fmt == IQ1_M ? (int64_t)sizeof(strata_block_iq1_m)
+                     : (int64_t)sizeof(strata_block_iq2_s);
+    struct rows_consts kc;
+    rows_consts_load(fmt, &kc);
     __m512 acc[MAX_TOK];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     float wdad[MAX_TOK][16] __attribute__((aligned(64)));   /* d * a.d of 16 blocks per token */
@@ -640,9 +681,21 @@ INLINE void iq1_rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad,
         fetch_block_ahead(p, bs, ahead_end);
         __m512i g[4];
         __m512 wf[2];
-        iq1_rows_unpack(fmt, &kc, p, g, wf);
+        __mmask64 neg[4];
+        if (fmt == IQ2_S) iq2s_rows_unpack(&kc, p, g, neg, wf);
+        else iq1_rows_unpack(fmt, &kc, p, g, wf);
         for (int t = 0; t < nt; t++) {
             const int8_t *xb = x + t * tok_bytes + b * ROWS_BLOCK;
+            if (fmt == IQ2_S) {
+                __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                for (int l = 0; l < 4; l++) {
+                    const __m512i av = _mm512_load_si512((const void *)(xb + 64 * l));
+                    isum[l / 2] = _mm512_dpbusd_epi32(isum[l / 2], g[l], _mm512_mask_sub_epi8(av, neg[l], _mm512_setzero_si512(), av));
+                }
+                acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), wf[1], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), wf[0])),
+                                         _mm512_set1_ps(wdad[t][b % 16]), acc[t]);
+                continue;
+            }
             /* rows 0, 1 of each chunk, from its bias (IQ1_S: the chunk's; IQ1_M: its first 16 values'); rows 2, 3 */
             __m512i isum[2] = {_mm512_load_si512((const void *)(xb + (fmt == IQ1_S ? 256 : 320))),
                                fmt == IQ1_S ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(xb + 384))};
@@ -759,8 +812,9 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, 
 INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_t k, const uint8_t *w, int64_t wrb,
                         int64_t n_rows, const uint8_t *a, int64_t arb, int64_t n_tok, float *y, int64_t ys) {
     const int four = fmt == IQ3_XXS || fmt == IQ3_S;   /* rows of 4 values: the PLANES4 layout */
-    /* IQ1's decode calls by rows (iq1_rows_row), its 4-7 tokens by planes (planes_row): below */
-    const int rows = (fmt == IQ1_S || fmt == IQ1_M) && n_tok < STRATA_QDOT_DECODE_TOKENS;   /* the activations as they are */
+    /* IQ1's and IQ2_S's decode calls by rows (rows_row; IQ2_S's only where gathers are fast, as
+     * IQ1's planes tiles are handed out), their 4-7 tokens by planes (planes_row) */
+    const int rows = (fmt == IQ1_S || fmt == IQ1_M || (fmt == IQ2_S && strata_cpu_fast_gathers())) && n_tok < STRATA_QDOT_DECODE_TOKENS;
     const int64_t nb = k / STRATA_QK_K, tok_bytes = rows ? nb * ROWS_BLOCK : four ? nb * BLOCK_BYTES4 : (nb + 1) / 2 * PAIR_BYTES;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)
@@ -794,8 +848,8 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
                 ad[u * ad_stride + b] = b < nb ? ((const strata_block_act_q8k *)(at + u * arb))[b].d : 0.0f;
         for (int64_t r = 0; r < n_rows; r++) {
             float *yr = y + t * ys + r;
-            if (rows && nt == 1) iq1_rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
-            else if (rows) iq1_rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
+            if (rows && nt == 1) rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
+            else if (rows) rows_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
             else if (four && nt == 1) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);
             else if (four) planes4_row(fmt, nb, w + r * wrb, ad, ad_stride, xt, tok_bytes, nt, yr, ys, ahead_end);
             else if (nt == 1) planes_row(fmt, nb, w + r * wrb, at, arb, ad, ad_stride, xt, tok_bytes, 1, yr, ys, ahead_end);

@@ -8,9 +8,9 @@ their integer sums are the scalar tiles', and the float terms are added in anoth
 results are held within the rounding bound of test_qdot_iq_grid_avx2.py. Decode calls (1-3 tokens)
 of an AVX-512 call, and the 4-7 tokens that a prefill's VNNI groups leave over, reach them through
 the kernel table where the CPU has VBMI and GFNI and does not split 512-bit operations
-(STRATA_PLANES=1: there too; STRATA_PLANES=0: never). IQ1_S's and IQ1_M's decode calls go to the
-same file's tile by rows (iq1_rows_row: grid rows gathered as bytes, the delta added), their 4-7
-tokens to the planes tile: both are held to the scalar twin here.
+(STRATA_PLANES=1: there too; STRATA_PLANES=0: never). IQ1_S's, IQ1_M's and (where gathers are fast)
+IQ2_S's decode calls go to the same file's tile by rows (rows_row: grid rows gathered as bytes),
+their 4-7 tokens to the planes tile: both are held to the scalar twin here.
 """
 from __future__ import annotations
 
@@ -45,8 +45,10 @@ pytestmark = pytest.mark.skipif(not HAS_PLANES, reason="CPU has no AVX-512 VBMI 
                                                         "(STRATA_PLANES=1 runs the tile anyway), or STRATA_PLANES=0")
 #: (rows, blocks per row, tokens): odd block counts leave a block without a pair
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3), (17, 5, 1), (2, 28, 1)]
-IQ1 = (T.IQ1_S, T.IQ1_M)
-#: IQ1's calls of 4-7 tokens (a prefill's leftovers), which its planes tile takes (decode calls: rows)
+#: The types whose decode calls (1-3 tokens) take the tile by rows and their 4-7 tokens planes (IQ2_S:
+#: where gathers are fast; IQ1 is here only there, or under STRATA_PLANES=1)
+BY_ROWS = tuple(t for t in PLANES_TYPES if t in (T.IQ1_S, T.IQ1_M) or (t == T.IQ2_S and native.cpu_fast_gathers()))
+#: calls of 4-7 tokens (a prefill's leftovers), which their planes tiles take
 LEFTOVER_SHAPES = [(7, 3, 4), (5, 4, 5), (3, 9, 7), (9, 1, 6)]
 
 
@@ -72,9 +74,9 @@ def test_planes_match_scalar(t, shape):
     check_shape(t, shape, "avx512")
 
 
-@pytest.mark.parametrize("t", [t for t in PLANES_TYPES if t in IQ1], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BY_ROWS, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", LEFTOVER_SHAPES, ids=lambda s: f"N{s[0]}-B{s[1]}-T{s[2]}")
-def test_iq1_leftover_tokens_by_planes_match_scalar(t, shape):
+def test_leftover_tokens_by_planes_match_scalar(t, shape):
     check_shape(t, shape, "avx512")
 
 
@@ -85,7 +87,7 @@ def test_every_grid_row_sign_index_and_scale(t):
     n_blocks = len(blocks)
     for n_rows in (4, 2):   # 4 blocks a row, then 8: pairs meet other pairs of indices
         row_len = n_blocks // n_rows * 256
-        for n_tok in (1, 2, 3, 5) if t in IQ1 else (1, 2, 3):   # IQ1: decode by rows, 5 tokens by planes
+        for n_tok in (1, 2, 3, 5) if t in BY_ROWS else (1, 2, 3):   # decode by rows, 5 tokens by planes
             assert_close_to_scalar(t, blocks.reshape(n_rows, -1), n_rows, make_tokens(n_tok, row_len, rng),
                                    f"{n_rows} rows, {n_tok} tokens", impl="avx512")
     # one block a row: every block alone (IQ2_XXS: the lone block of a pair), so no error hides behind another
@@ -100,8 +102,8 @@ def test_largest_codes_and_activations_do_not_saturate(t):
 @by_type
 def test_each_token_alike_in_every_call_and_in_a_prefills_leftovers(t):
     """Calls of 1-7 tokens and the 3 tokens a 19-token prefill's VNNI group leaves over: each token's
-    outputs equal a one-token call's bit for bit (the tile sums every token alike). IQ1's calls of
-    4-7 tokens take its planes tile: their tokens equal a 4-token call's."""
+    outputs equal a one-token call's bit for bit (the tile sums every token alike). Where decode calls
+    go by rows (BY_ROWS), calls of 4-7 tokens take the planes tile: their tokens equal a 4-token call's."""
     rng = np.random.default_rng(7)
     n_rows, row_len = 9, 3 * 256
     w = make_weights(t, n_rows, row_len, rng)
@@ -110,9 +112,9 @@ def test_each_token_alike_in_every_call_and_in_a_prefills_leftovers(t):
     four = native.qdot_rows(t, w, n_rows, row_len, x[:4], impl="avx512")
     for n_tok in range(2, 8):
         got = native.qdot_rows(t, w, n_rows, row_len, x[:n_tok], impl="avx512")
-        want = four[:n_tok] if t in IQ1 and n_tok >= 4 else one[:n_tok]
+        want = four[:n_tok] if t in BY_ROWS and n_tok >= 4 else one[:n_tok]
         assert got[:4].view(np.uint32).tobytes() == want[:4].view(np.uint32).tobytes(), n_tok
-        if t not in IQ1:
+        if t not in BY_ROWS:
             assert got.view(np.uint32).tobytes() == one[:n_tok].view(np.uint32).tobytes(), n_tok
     got = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx512")
     assert got[16:].view(np.uint32).tobytes() == one[16:].view(np.uint32).tobytes()

@@ -39,11 +39,13 @@ HAS_TILES = native.cpu_has_avx512_vbmi() and (native.cpu_fast_gathers() or VBMI_
 pytestmark = pytest.mark.skipif(not HAS_TILES, reason="CPU has no AVX-512 VBMI and GFNI, or its gathers are slow "
                                                       "(STRATA_VBMI=1 runs them anyway), or STRATA_VBMI=0")
 SHAPES = [(1, 1, 1), (7, 3, 1), (13, 2, 2), (5, 4, 3), (33, 1, 1), (3, 9, 2), (64, 2, 3)]
-#: Where planes run (test_qdot_iq_planes.py's HAS_PLANES, which imports this file), IQ1 is not one tile:
-#: its decode calls go by rows and its 4-7 tokens by planes, which that file holds to their own calls.
+#: Where planes run (test_qdot_iq_planes.py's HAS_PLANES, which imports this file), IQ1 and IQ2_S are not
+#: one tile: their decode calls go by rows (IQ2_S's where gathers are fast) and their 4-7 tokens by
+#: planes, which that file holds to their own calls.
 _PLANES_ENV = os.environ.get("STRATA_PLANES")
-IQ1_SPLIT = (native.cpu_has_avx512_vbmi() and (not native.cpu_splits_512() or _PLANES_ENV == "1") and _PLANES_ENV != "0"
-             and (native.cpu_fast_gathers() or _PLANES_ENV == "1"))
+_PLANES_ON = native.cpu_has_avx512_vbmi() and (not native.cpu_splits_512() or _PLANES_ENV == "1") and _PLANES_ENV != "0"
+SPLIT_BY_ROWS = ((T.IQ1_S, T.IQ1_M) if _PLANES_ON and (native.cpu_fast_gathers() or _PLANES_ENV == "1") else ()) + (
+    (T.IQ2_S,) if _PLANES_ON and native.cpu_fast_gathers() else ())
 
 
 def every_code_blocks(t: GGMLType, rng: np.random.Generator) -> np.ndarray:
@@ -174,8 +176,8 @@ def test_few_tokens_and_prefill_leftovers_run_the_gather_tiles(t):
     """Calls of 4-7 tokens, and the tokens a prefill's VNNI groups leave over (fewer than 8), run
     the gather tile too (one pass over the weights): each token's outputs equal a decode call's
     for it bit for bit (the AVX2 build's lanes would add in another order)."""
-    if IQ1_SPLIT and t in (T.IQ1_S, T.IQ1_M):
-        pytest.skip("IQ1: decode calls by rows, 4-7 tokens by planes (test_qdot_iq_planes.py; "
+    if t in SPLIT_BY_ROWS:
+        pytest.skip(f"{t.name}: decode calls by rows, 4-7 tokens by planes (test_qdot_iq_planes.py; "
                     "this file's gather tiles run under STRATA_PLANES=0 there)")
     rng = np.random.default_rng(int(t) + 11)
     n_rows, row_len = 9, 3 * 256
