@@ -296,9 +296,8 @@ async def _generate(request: Request, state: ServerState, parse: Callable[[Any],
         submitted: list[Ticket] = []
         watcher = asyncio.create_task(_watch_disconnect(request, worker, submitted))
         try:
-            for ticket in tickets:
-                worker.submit(ticket)  # 503 when full: the ones submitted are cancelled below
-                submitted.append(ticket)
+            worker.submit_all(tickets)  # all or none: 503 when they do not all fit
+            submitted.extend(tickets)
         except BaseException:
             for ticket in submitted:
                 worker.cancel(ticket)

@@ -148,14 +148,21 @@ class EngineWorker:
 
     def submit(self, ticket: Ticket) -> None:
         """Queue `ticket` for the engine; APIError 503 when the queue is full."""
+        self.submit_all([ticket])
+
+    def submit_all(self, tickets: list[Ticket]) -> None:
+        """Queue a request's tickets (its n choices) for the engine, all or none: APIError 503 when
+        they do not all fit, and then none was queued, so a refused request holds no place that the
+        engine thread would have to give back before the next request comes."""
         with self._lock:
             if self.broken is not None:
                 raise self.broken
-            if self._n_open >= self.limit:
-                raise APIError(503, f"the server is busy: {self._n_open} requests are running or queued "
-                                    f"(at most {self.limit}); retry later", code="queue_full")
-            self._n_open += 1
-        self._inbox.put(("add", ticket))
+            if self._n_open + len(tickets) > self.limit:
+                raise APIError(503, f"the server is busy: {self._n_open} requests are running or queued, "
+                                    f"{len(tickets)} more asked (at most {self.limit}); retry later", code="queue_full")
+            self._n_open += len(tickets)
+        for ticket in tickets:
+            self._inbox.put(("add", ticket))
 
     def cancel(self, ticket: Ticket) -> None:
         """End the ticket's sequence before the next step (a no-op once it has finished)."""

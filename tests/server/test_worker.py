@@ -198,6 +198,29 @@ def test_admission_counts_open_requests():
     run_worker(body, max_queue=1)
 
 
+def test_a_request_is_admitted_whole_or_not_at_all():
+    """A request of n choices that does not fit takes no place at all: the next request that fits is
+    admitted at once, without waiting for the engine thread to give places back."""
+    async def body(worker, engine):
+        engine.gate = threading.Semaphore(0)
+        loop = asyncio.get_running_loop()
+        first = Ticket(seq(0), loop)
+        worker.submit(first)
+        with pytest.raises(APIError) as info:   # limit 2: 1 open, 2 more asked
+            worker.submit_all([Ticket(seq(1), loop), Ticket(seq(2), loop)])
+        assert info.value.status == 503 and info.value.code == "queue_full"
+        assert worker.n_open == 1
+        second = Ticket(seq(3), loop)
+        worker.submit_all([second])
+        for _ in range(20):
+            engine.gate.release()
+        for t in (first, second):
+            assert (await events(t))[-1][0] != "error"
+        assert worker.n_open == 0
+
+    run_worker(body, max_queue=0)
+
+
 def _submit_later(worker: EngineWorker, ticket: Ticket, after: float) -> threading.Thread:
     """`ticket` on its way (incoming) for `after` seconds, then submitted: a request being tokenized."""
     ready = threading.Event()
