@@ -490,6 +490,25 @@ INLINE __m512 group_scales(int fmt, const uint8_t *w, int64_t bs, int64_t nb, in
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
 }
 
+/* At every 16th block b of a row: d * a.d of blocks b .. b + 15 for each of nt tokens (a.d at ad, a
+ * token's ad_stride apart), in wdad[t]; the tiles take a block's or a pair's from there. */
+INLINE void scales_every_16(int fmt, const uint8_t *w, int64_t bs, int64_t nb, int64_t b, int nt, const float *ad,
+                            int64_t ad_stride, float (*wdad)[16]) {
+    if (b % 16) return;
+    const __m512 wd = group_scales(fmt, w, bs, nb, b);
+    for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + b)));
+}
+
+/* Block b of a row at w, for the tiles that take a block at a time: its scales (scales_every_16) and
+ * the bytes ahead fetched */
+INLINE const uint8_t *block_start(int fmt, const uint8_t *w, int64_t bs, int64_t nb, int64_t b, int nt, const float *ad,
+                                  int64_t ad_stride, float (*wdad)[16], const uint8_t *ahead_end) {
+    const uint8_t *p = w + b * bs;
+    scales_every_16(fmt, w, bs, nb, b, nt, ad, ad_stride, wdad);
+    fetch_block_ahead(p, bs, ahead_end);
+    return p;
+}
+
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. IQ1's pairs are unpacked
  * one pair ahead of their products, so that the next pair's gathers are issued before this pair's
  * VPDPBUSD and their latency overlaps them: IQ1_M 1.03-1.07x, IQ1_S 1.03x at 1 token (0.99x at 3);
@@ -513,10 +532,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     for (int64_t p = 0; 2 * p < nb; p++) {
         const int has1 = 2 * p + 1 < nb;
         const int64_t q = ahead ? p + 1 : p;   /* the pair unpacked now; a lone last block pairs with itself, weighted 0 */
-        if (p % 8 == 0) {
-            const __m512 wd = group_scales(fmt, w, bs, nb, 2 * p);
-            for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + 2 * p)));
-        }
+        scales_every_16(fmt, w, bs, nb, 2 * p, nt, ad, ad_stride, wdad);
         if (2 * q < nb) {
             const uint8_t *q0 = w + 2 * q * bs;
             fetch_block_ahead(q0, 2 * bs, ahead_end);
@@ -664,7 +680,7 @@ INLINE void iq2s_rows_unpack(const struct rows_consts *k, const uint8_t *p, __m5
 }
 
 INLINE void rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int64_t ad_stride, const int8_t *x,
-                         int64_t tok_bytes, int nt, float *y, int64_t ys, const uint8_t *ahead_end) {
+                     int64_t tok_bytes, int nt, float *y, int64_t ys, const uint8_t *ahead_end) {
     const int64_t bs = fmt == IQ1_S ? (int64_t)sizeof(strata_block_iq1_s) : fmt == IQ1_M ? (int64_t)sizeof(strata_block_iq1_m)
                      : (int64_t)sizeof(strata_block_iq2_s);
     struct rows_consts kc;
@@ -673,12 +689,7 @@ INLINE void rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     float wdad[MAX_TOK][16] __attribute__((aligned(64)));   /* d * a.d of 16 blocks per token */
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = w + b * bs;
-        if (b % 16 == 0) {
-            const __m512 wd = group_scales(fmt, w, bs, nb, b);
-            for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + b)));
-        }
-        fetch_block_ahead(p, bs, ahead_end);
+        const uint8_t *p = block_start(fmt, w, bs, nb, b, nt, ad, ad_stride, wdad, ahead_end);
         __m512i g[4];
         __m512 wf[2];
         __mmask64 neg[4];
@@ -751,12 +762,7 @@ INLINE void planes4_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, 
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     float wdad[MAX_TOK][16] __attribute__((aligned(64)));   /* d * a.d of 16 blocks per token */
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = w + b * bs;
-        if (b % 16 == 0) {
-            const __m512 wd = group_scales(fmt, w, bs, nb, b);
-            for (int t = 0; t < nt; t++) _mm512_store_ps(wdad[t], _mm512_mul_ps(wd, _mm512_loadu_ps(ad + t * ad_stride + b)));
-        }
-        fetch_block_ahead(p, bs, ahead_end);
+        const uint8_t *p = block_start(fmt, w, bs, nb, b, nt, ad, ad_stride, wdad, ahead_end);
         const __m512i idx = _mm512_loadu_si512((const void *)(p + 2));
         const __mmask64 upper = _mm512_movepi8_mask(idx);
         __m512i sg, wts, mag[4];
