@@ -108,12 +108,12 @@ static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
  * iq1s_row_at (IQ1_M: iq1m_row_at) makes word l of qword c row 4 c + l's index: byte 2 l its index
  * byte, byte 2 l + 1 qh's bits 3 l .. (IQ1_M: its nibble l, the delta's sign in bit 3); IQ1_S's at
  * iq1s_top_at takes qh's bits 11 .. to the even bytes (2 ls + 1 after a mask) and 12 .. to the odd
- * ones (the delta's sign in bit 3, that is index bit 11); VPSHUFB at iq1_word_at[l] puts word l of
+ * ones (the delta's sign in bit 3, that is index bit 11); VPSHUFB at rows_word_at[l] puts word l of
  * each qword alone in it (a VPGATHERQQ index). IQ1_M's weights of 16 values 2 c + h go to the low
  * byte of both dwords of qword c, shifted up one (iq1m_wt2_at[h]), out of its 8 scale bytes. */
 static uint64_t iq1_grid_d[4096] __attribute__((aligned(64)));
 static uint8_t iq1s_p_at[64] __attribute__((aligned(64))), iq1s_row_at[64] __attribute__((aligned(64))),
-    iq1s_top_at[64] __attribute__((aligned(64))), iq1_word_at[4][64] __attribute__((aligned(64)));
+    iq1s_top_at[64] __attribute__((aligned(64))), rows_word_at[4][64] __attribute__((aligned(64)));
 static uint8_t iq1m_row_at[64] __attribute__((aligned(64))), iq1m_wt2_at[2][64] __attribute__((aligned(64)));
 /* IQ2_S by rows (iq2s_rows_unpack): VPERMT2B of its qs and signs (64 bytes) and its qh and scales (16)
  * to qword c: chunk c's 4 index bytes and its qh byte; VPMULTISHIFTQB's offsets to word l: its index
@@ -192,7 +192,7 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         iq1s_p_at[i] = (uint8_t)(b < 4 ? 4 * c + b : b == 4 ? 32 + 2 * c : 33 + 2 * c);
         iq1s_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 3 * (b / 2));
         iq1s_top_at[i] = (uint8_t)(b % 2 == 0 ? 32 + 11 : 32 + 12);
-        for (int l = 0; l < 4; l++) iq1_word_at[l][i] = (uint8_t)(b < 2 ? 8 * (i / 8 % 2) + 2 * l + b : 0x80);
+        for (int l = 0; l < 4; l++) rows_word_at[l][i] = (uint8_t)(b < 2 ? 8 * (i / 8 % 2) + 2 * l + b : 0x80);
         iq1m_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 4 * (b / 2));
         for (int h = 0; h < 2; h++) {
             const int g = 2 * c + h;   /* the group of 16 values */
@@ -631,7 +631,7 @@ INLINE void rows_consts_load(int fmt, struct rows_consts *k) {
     k->p_at = _mm512_load_si512((const void *)(fmt == IQ2_S ? iq2s_p_at : iq1s_p_at));
     k->row_at = _mm512_load_si512((const void *)(fmt == IQ1_S ? iq1s_row_at : fmt == IQ1_M ? iq1m_row_at : iq2s_row_at));
     k->top_at = _mm512_load_si512((const void *)iq1s_top_at);
-    for (int l = 0; l < 4; l++) k->word_at[l] = _mm512_load_si512((const void *)iq1_word_at[l]);
+    for (int l = 0; l < 4; l++) k->word_at[l] = _mm512_load_si512((const void *)rows_word_at[l]);
     for (int h = 0; h < 2; h++) k->wt_at[h] = _mm512_load_si512((const void *)(fmt == IQ2_S ? iq2s_wt_at[h] : iq1m_wt2_at[h]));
     for (int l = 0; l < 4; l++) k->sign_at[l] = _mm512_load_si512((const void *)iq2s_sign_at[l]);
     k->bits = _mm512_load_si512((const void *)bit_pattern);
@@ -697,20 +697,15 @@ INLINE void rows_row(int fmt, int64_t nb, const uint8_t *w, const float *ad, int
         else iq1_rows_unpack(fmt, &kc, p, g, wf);
         for (int t = 0; t < nt; t++) {
             const int8_t *xb = x + t * tok_bytes + b * ROWS_BLOCK;
-            if (fmt == IQ2_S) {
-                __m512i isum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                for (int l = 0; l < 4; l++) {
-                    const __m512i av = _mm512_load_si512((const void *)(xb + 64 * l));
-                    isum[l / 2] = _mm512_dpbusd_epi32(isum[l / 2], g[l], _mm512_mask_sub_epi8(av, neg[l], _mm512_setzero_si512(), av));
-                }
-                acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), wf[1], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), wf[0])),
-                                         _mm512_set1_ps(wdad[t][b % 16]), acc[t]);
-                continue;
+            /* rows 0, 1 of each chunk, then rows 2, 3, from IQ1's bias (IQ1_S: the chunk's, all in the
+             * first; IQ1_M: its two groups' of 16); IQ2_S's signs negate the activations */
+            __m512i isum[2] = {fmt == IQ2_S ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(xb + (fmt == IQ1_S ? 256 : 320))),
+                               fmt == IQ1_M ? _mm512_load_si512((const void *)(xb + 384)) : _mm512_setzero_si512()};
+            for (int l = 0; l < 4; l++) {
+                __m512i av = _mm512_load_si512((const void *)(xb + 64 * l));
+                if (fmt == IQ2_S) av = _mm512_mask_sub_epi8(av, neg[l], _mm512_setzero_si512(), av);
+                isum[l / 2] = _mm512_dpbusd_epi32(isum[l / 2], g[l], av);
             }
-            /* rows 0, 1 of each chunk, from its bias (IQ1_S: the chunk's; IQ1_M: its first 16 values'); rows 2, 3 */
-            __m512i isum[2] = {_mm512_load_si512((const void *)(xb + (fmt == IQ1_S ? 256 : 320))),
-                               fmt == IQ1_S ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(xb + 384))};
-            for (int l = 0; l < 4; l++) isum[l / 2] = _mm512_dpbusd_epi32(isum[l / 2], g[l], _mm512_load_si512((const void *)(xb + 64 * l)));
             const __m512 s = _mm512_set1_ps(wdad[t][b % 16]);
             if (fmt == IQ1_S) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum[0], isum[1])), _mm512_mul_ps(wf[0], s), acc[t]);
             else acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[1]), wf[1], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[0]), wf[0])), s, acc[t]);
