@@ -290,9 +290,39 @@ strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise)
     return gather ? gather : otherwise;
 }
 
+/* Decode tiles of the 2-bit-plane formats (qdot_k2_avx512.c: 64 codes at a time, VPDPBUSD against
+ * the activations as they lie), taken in place of the AVX2 build's decode for STRATA_IMPL_AVX512
+ * where the CPU does not split 512-bit operations (unmeasured on Zen 4), in their GFNI build where
+ * the CPU has it. STRATA_K2=0 turns them off, STRATA_K2=1 on wherever the CPU has AVX-512, and
+ * STRATA_K2=plain takes the build without GFNI (all for measuring and testing). On the Intel
+ * machine, against the AVX2 build's decode (one thread, 256 x 4096, 1-3 tokens; GFNI build):
+ * Q2_K 1.37-1.46x, Q3_K 1.26-1.36x, TQ2_0 1.52-1.77x; two threads from DRAM (benchmarks/qdot_rate.py)
+ * 71-78%, 70-82% and 77-86% of the bare read, from 52-55%, 55-56% and 57-62% (benchmarks/RESULTS.md). */
+static const struct {
+    int type;
+    strata_qdot_tile_fn plain, gfni;
+} K2_DECODE[] = {
+    {STRATA_T_Q2_K, strata_qdot_q2_k_k2, strata_qdot_q2_k_k2gfni},
+    {STRATA_T_Q3_K, strata_qdot_q3_k_k2, strata_qdot_q3_k_k2gfni},
+    {STRATA_T_TQ2_0, strata_qdot_tq2_0_k2, strata_qdot_tq2_0_k2gfni},
+};
+
+static strata_qdot_tile_fn k2_decode(int type) {
+    static int on = -1, gfni = 0;
+    if (on < 0) {
+        const char *v = getenv("STRATA_K2");
+        const int forced = v && (strcmp(v, "1") == 0 || strcmp(v, "plain") == 0), off = v && strcmp(v, "0") == 0;
+        gfni = strata_cpu_has_avx512_vbmi() && !(v && strcmp(v, "plain") == 0);
+        on = (forced || !strata_cpu_splits_512()) && !off;
+    }
+    for (size_t i = 0; on && i < sizeof(K2_DECODE) / sizeof(K2_DECODE[0]); i++)
+        if (K2_DECODE[i].type == type) return gfni ? K2_DECODE[i].gfni : K2_DECODE[i].plain;
+    return NULL;
+}
+
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise) {
-    const strata_qdot_tile_fn planes = planes_decode(type);
-    return planes ? planes : strata_qdot_gathers(type, otherwise);
+    const strata_qdot_tile_fn planes = planes_decode(type), k2 = k2_decode(type);
+    return planes ? planes : k2 ? k2 : strata_qdot_gathers(type, otherwise);
 }
 
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {

@@ -1,0 +1,111 @@
+"""AVX-512 decode tiles of the 2-bit-plane formats, Q2_K, Q3_K and TQ2_0 (native/qdot_k2_avx512.c and
+its GFNI build, qdot_k2_gfni.c), against their scalar twins.
+
+Decode calls (1-3 tokens) on AVX-512 run them where the CPU does not split 512-bit operations
+(STRATA_K2=1 forces them, STRATA_K2=0 turns them off, STRATA_K2=plain takes the build without
+GFNI). Their integer sums are the scalar tile's; the float steps add per lane and sum at the row's
+end, so outputs are held within twice the rounding bound (test_qdot_iq_grid_avx2.py's), on random
+blocks with extreme scales, on the largest codes against the largest activations (the packed int16
+sums at their largest), and on every row and block count the tile walks. 4 tokens and more handed
+to them (a prefill tile's leftovers) go to the AVX2 build: the same bytes as it. Each build runs
+in a child process of its own (the choice is made once per process).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType
+from tests.native.test_qdot_avx512 import child_env
+
+T = GGMLType
+K2_TYPES = (T.Q2_K, T.Q3_K, T.TQ2_0)
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI): "
+                                                                    "the tiles cannot run here")
+ON_BY_DEFAULT = not native.cpu_splits_512()
+
+CHILD = r"""
+import sys
+import numpy as np
+from strata import native
+from strata.native.qdot import kernel_family
+from strata.quant import GGMLType as T, HALF_SCALE_OFFSETS, block_size
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_iq_grid_avx2 import assert_close_to_scalar
+from tests.native.test_qdot_iq_vnni import make_weights
+
+on = sys.argv[1] == "on"
+rng = np.random.default_rng(11)
+for t in (T.Q2_K, T.Q3_K, T.TQ2_0):
+    assert kernel_family(t, "avx512", decode=True) == ("avx512" if on else "avx2"), t.name
+    # (rows, blocks per row): one block, odd rows, rows of many blocks (the row's float sum)
+    for n_rows, n_blocks in ((1, 1), (7, 3), (13, 2), (3, 17), (2, 48)):
+        row_len = 256 * n_blocks
+        w = make_weights(t, n_rows, row_len, rng)
+        for n_tok in (1, 2, 3):
+            x = make_tokens(n_tok, row_len, rng)
+            assert_close_to_scalar(t, w, n_rows, x, f"{n_rows} x {n_blocks} blocks, {n_tok} tokens", impl="avx512")
+    # the largest codes (all bits set: Q3_K's hmask too) and the largest scales, against activations
+    # all of one sign (every activation byte 127): the sums packed to int16 at their largest
+    nb = block_size(t)[1]
+    blocks = np.full((4, nb), 0xFF, np.uint8)
+    blocks[2:] = rng.integers(0, 256, (2, nb), dtype=np.uint8)
+    for off in HALF_SCALE_OFFSETS[t]:
+        blocks[:, off:off + 2] = np.array([0x3C00], "<u2").view(np.uint8)
+    w = blocks.reshape(2, -1)
+    x = np.stack([np.full(512, 1.0, np.float32), np.full(512, -3.0, np.float32), np.where(np.arange(512) % 2, 1.0, -1.0)]).astype(np.float32)
+    assert_close_to_scalar(t, w, 2, x, "extreme codes", impl="avx512")
+    assert np.abs(native.qdot_rows(t, w, 2, 512, x, impl="scalar")).max() > 0
+    # 4-11 tokens (Q2_K, Q3_K: fewer than the VNNI tile's last group takes) and TQ2_0's prefill: the
+    # AVX2 build's bytes
+    w = make_weights(t, 5, 512, rng)
+    for n_tok in (4, 5, 11):
+        x = make_tokens(n_tok, 512, rng)
+        got = native.qdot_rows(t, w, 5, 512, x, impl="avx512")
+        assert got.tobytes() == native.qdot_rows(t, w, 5, 512, x, impl="avx2").tobytes(), (t.name, n_tok)
+print("ok")
+"""
+
+
+def run_child(on: bool, **env: str) -> None:
+    full = child_env(**env)
+    if "STRATA_K2" not in env:
+        full.pop("STRATA_K2", None)
+    done = subprocess.run([sys.executable, "-c", CHILD, "on" if on else "off"], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["ok"], (env, done.stderr[-3000:])
+
+
+def test_decode_by_default_matches_scalar():
+    """The build this CPU takes (GFNI where it has VBMI and GFNI), where 512-bit operations are not
+    split; where they are (Zen 4), decode stays on the AVX2 build."""
+    run_child(ON_BY_DEFAULT)
+
+
+def test_the_build_without_gfni_matches_scalar():
+    run_child(True, STRATA_K2="plain")
+
+
+@pytest.mark.skipif(not native.cpu_has_avx512_vbmi(), reason="CPU without AVX-512 VBMI and GFNI: the default "
+                                                             "is the build without GFNI, run above")
+def test_the_gfni_build_forced_matches_scalar():
+    run_child(True, STRATA_K2="1")
+
+
+def test_turned_off_decode_runs_the_avx2_build():
+    run_child(False, STRATA_K2="0")
+
+
+@pytest.mark.parametrize("t", K2_TYPES, ids=lambda t: t.name)
+def test_the_table_names_the_tiles(t):
+    assert kernel_family(t, "avx512", decode=True) == ("avx512" if ON_BY_DEFAULT else "avx2")
+    assert kernel_family(t, "avx2", decode=True) == "avx2"
+    if native.default_impl() == "avx512":
+        assert native.type_support(t).decode_runs == kernel_family(t, "avx512", decode=True)
