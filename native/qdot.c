@@ -139,7 +139,7 @@ static const qdot_row TILES[] = {
     ROW(Q5_1, Q8, q5_1, NONE, 0),
     ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
-    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles */
+    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles; decode: K2_DECODE below */
     ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE),
     ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL),
     ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL),
@@ -167,7 +167,7 @@ static const qdot_row TILES[] = {
     ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE),
     ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE),
     ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL | AVX2_DECODE_SPLIT),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
-    ROW(TQ2_0, Q8K, tq2_0, NONE, 0),
+    ROW(TQ2_0, Q8K, tq2_0, NONE, 0),   /* decode: K2_DECODE below */
     ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
     ROW(NVFP4, Q8, nvfp4, NONE, 0),
 };
