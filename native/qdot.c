@@ -139,7 +139,7 @@ static const qdot_row TILES[] = {
     ROW(Q5_1, Q8, q5_1, NONE, 0),
     ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
-    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles; decode: K2_DECODE below */
+    ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles; decode: ZMM_DECODE below */
     ROW(Q3_K, Q8K, q3_k, OWN, AVX2_DECODE),
     ROW(Q4_K, Q8K, q4_k, OWN, AVX2_DECODE | AVX2_PREFILL),
     ROW(Q5_K, Q8K, q5_k, OWN, AVX2_DECODE | AVX2_PREFILL),
@@ -165,9 +165,9 @@ static const qdot_row TILES[] = {
     ROW(IQ3_S, Q8K, iq3_s, OWN, AVX2_DECODE),
     ROW(IQ1_S, Q8K, iq1_s, OWN, AVX2_DECODE),
     ROW(IQ1_M, Q8K, iq1_m, OWN, AVX2_DECODE),
-    ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE),
+    ROW(IQ4_XS, Q8K, iq4_xs, OWN, AVX2_DECODE),   /* decode: ZMM_DECODE below */
     ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL | AVX2_DECODE_SPLIT),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
-    ROW(TQ2_0, Q8K, tq2_0, NONE, 0),   /* decode: K2_DECODE below */
+    ROW(TQ2_0, Q8K, tq2_0, NONE, 0),   /* decode: ZMM_DECODE below */
     ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
     ROW(NVFP4, Q8, nvfp4, NONE, 0),
 };
@@ -290,39 +290,44 @@ strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise)
     return gather ? gather : otherwise;
 }
 
-/* Decode tiles of the 2-bit-plane formats (qdot_k2_avx512.c: 64 codes at a time, VPDPBUSD against
- * the activations as they lie), taken in place of the AVX2 build's decode for STRATA_IMPL_AVX512
- * where the CPU does not split 512-bit operations (unmeasured on Zen 4), in their GFNI build where
- * the CPU has it. STRATA_K2=0 turns them off, STRATA_K2=1 on wherever the CPU has AVX-512, and
- * STRATA_K2=plain takes the build without GFNI (all for measuring and testing). On the Intel
- * machine, against the AVX2 build's decode (one thread, 256 x 4096, 1-3 tokens; GFNI build):
- * Q2_K 1.37-1.46x, Q3_K 1.26-1.36x, TQ2_0 1.52-1.77x; two threads from DRAM (benchmarks/qdot_rate.py)
- * 71-78%, 70-82% and 77-86% of the bare read, from 52-55%, 55-56% and 57-62% (benchmarks/RESULTS.md). */
+/* zmm decode tiles of formats whose decode had run the AVX2 build: Q2_K, Q3_K and TQ2_0
+ * (qdot_k2_avx512.c: 64 codes at a time, VPDPBUSD against the activations as they lie; its GFNI
+ * build where the CPU has VBMI and GFNI) and IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB
+ * against activations re-laid per call), taken in place of the AVX2 build's decode for
+ * STRATA_IMPL_AVX512 where the CPU does not split 512-bit operations (unmeasured on Zen 4).
+ * STRATA_ZMM_DECODE=0 turns them off, STRATA_ZMM_DECODE=1 on wherever the CPU has AVX-512, and
+ * STRATA_ZMM_DECODE=plain takes the builds without GFNI (all for measuring and testing). On the Intel
+ * machine, against the AVX2 build's decode (one thread, 256 x 4096, 1-3 tokens, benchmarks/ab_builds.py):
+ * Q2_K 1.30-1.57x, Q3_K 1.27-1.42x, TQ2_0 1.34-1.40x, IQ4_XS 1.73-1.80x; two threads from DRAM
+ * (benchmarks/qdot_rate.py) Q2_K, Q3_K and TQ2_0 at 71-78%, 70-82% and 77-86% of the bare read,
+ * from 52-55%, 55-56% and 57-62% (benchmarks/RESULTS.md). */
 static const struct {
     int type;
     strata_qdot_tile_fn plain, gfni;
-} K2_DECODE[] = {
+} ZMM_DECODE[] = {
     {STRATA_T_Q2_K, strata_qdot_q2_k_k2, strata_qdot_q2_k_k2gfni},
     {STRATA_T_Q3_K, strata_qdot_q3_k_k2, strata_qdot_q3_k_k2gfni},
     {STRATA_T_TQ2_0, strata_qdot_tq2_0_k2, strata_qdot_tq2_0_k2gfni},
+    {STRATA_T_IQ4_XS, strata_qdot_iq4_xs_zmm, strata_qdot_iq4_xs_zmm},
 };
 
-static strata_qdot_tile_fn k2_decode(int type) {
+static strata_qdot_tile_fn zmm_decode(int type) {
     static int on = -1, gfni = 0;
     if (on < 0) {
-        const char *v = getenv("STRATA_K2");
-        const int forced = v && (strcmp(v, "1") == 0 || strcmp(v, "plain") == 0), off = v && strcmp(v, "0") == 0;
-        gfni = strata_cpu_has_avx512_vbmi() && !(v && strcmp(v, "plain") == 0);
+        const char *v = getenv("STRATA_ZMM_DECODE");
+        const int plain = v && strcmp(v, "plain") == 0;
+        const int forced = v && (strcmp(v, "1") == 0 || plain), off = v && strcmp(v, "0") == 0;
+        gfni = strata_cpu_has_avx512_vbmi() && !plain;
         on = (forced || !strata_cpu_splits_512()) && !off;
     }
-    for (size_t i = 0; on && i < sizeof(K2_DECODE) / sizeof(K2_DECODE[0]); i++)
-        if (K2_DECODE[i].type == type) return gfni ? K2_DECODE[i].gfni : K2_DECODE[i].plain;
+    for (size_t i = 0; on && i < sizeof(ZMM_DECODE) / sizeof(ZMM_DECODE[0]); i++)
+        if (ZMM_DECODE[i].type == type) return gfni ? ZMM_DECODE[i].gfni : ZMM_DECODE[i].plain;
     return NULL;
 }
 
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise) {
-    const strata_qdot_tile_fn planes = planes_decode(type), k2 = k2_decode(type);
-    return planes ? planes : k2 ? k2 : strata_qdot_gathers(type, otherwise);
+    const strata_qdot_tile_fn planes = planes_decode(type), zmm = zmm_decode(type);
+    return planes ? planes : zmm ? zmm : strata_qdot_gathers(type, otherwise);
 }
 
 int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {

@@ -90,11 +90,11 @@ def test_every_kernel_stays_within_its_weights():
     run_child({})
 
 
-ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_K2": "plain"}, {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_K2": "0"},
+ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_ZMM_DECODE": "plain"}, {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0"},
                 {"STRATA_AVX512_OWN_TILES": "1"}]
 
 
 @pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512: no kernel table alternatives to run")
-@pytest.mark.parametrize("extra", ALTERNATIVES, ids=["planes-off-k2-plain", "gathers-off-k2-off", "own-tiles"])
+@pytest.mark.parametrize("extra", ALTERNATIVES, ids=["planes-off-zmm-plain", "gathers-off-zmm-off", "own-tiles"])
 def test_the_kernel_tables_alternatives_stay_within_their_weights(extra):
     run_child(extra)

@@ -138,8 +138,9 @@ def test_prefill_runs_vnni_and_decode_the_table_s_tiles(t):
     # where 512-bit operations are split in two (Zen 4) too: measured 1.7-3.5x the AVX2 build there (qdot.c)
     assert kernel_family(t, "avx512", decode=False) == "avx512"
     # decode: the AVX2 build, or the VBMI decode tile of the types that have one (test_qdot_iq_vbmi.py),
-    # or Q2_K's and Q3_K's decode tiles where 512-bit operations are whole (test_qdot_k2.py)
-    own = (HAS_TILES and t in VBMI_TYPES) or (t in K_TYPES and not native.cpu_splits_512())
+    # or the zmm decode tiles of Q2_K, Q3_K and IQ4_XS where 512-bit operations are whole
+    # (test_qdot_zmm_decode.py)
+    own = (HAS_TILES and t in VBMI_TYPES) or (t in (*K_TYPES, T.IQ4_XS) and not native.cpu_splits_512())
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if own else "avx2")
 
 

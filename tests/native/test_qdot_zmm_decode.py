@@ -1,14 +1,17 @@
-"""AVX-512 decode tiles of the 2-bit-plane formats, Q2_K, Q3_K and TQ2_0 (native/qdot_k2_avx512.c and
-its GFNI build, qdot_k2_gfni.c), against their scalar twins.
+"""zmm decode tiles of the formats whose decode had run the AVX2 build on AVX-512 machines: Q2_K, Q3_K
+and TQ2_0 (native/qdot_k2_avx512.c and its GFNI build, qdot_k2_gfni.c) and IQ4_XS
+(native/qdot_iq4_xs_avx512.c), against their scalar twins.
 
 Decode calls (1-3 tokens) on AVX-512 run them where the CPU does not split 512-bit operations
-(STRATA_K2=1 forces them, STRATA_K2=0 turns them off, STRATA_K2=plain takes the build without
-GFNI). Their integer sums are the scalar tile's; the float steps add per lane and sum at the row's
-end, so outputs are held within twice the rounding bound (test_qdot_iq_grid_avx2.py's), on random
-blocks with extreme scales, on the largest codes against the largest activations (the packed int16
-sums at their largest), and on every row and block count the tile walks. 4 tokens and more handed
-to them (a prefill tile's leftovers) go to the AVX2 build: the same bytes as it. Each build runs
-in a child process of its own (the choice is made once per process).
+(STRATA_ZMM_DECODE=1 forces them, =0 turns them off, =plain takes the builds without GFNI). Their
+integer sums are the scalar tile's; the float steps add per lane and sum at the row's end, so
+outputs are held within twice the rounding bound (test_qdot_iq_grid_avx2.py's), on random blocks
+with extreme scales, on the largest and smallest codes against the largest activations (Q2_K's and
+Q3_K's sums packed to int16 at their largest), and on every row and block count the tile walks.
+IQ4_XS's activations are re-laid once per call and thread: products from the same buffers with new
+contents, pooled over several threads, must not see a stale layout. 4 tokens and more handed to
+them (a prefill tile's leftovers) go to the AVX2 build: the same bytes as it. Each build runs in a
+child process of its own (the choice is made once per process).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from strata.quant import GGMLType
 from tests.native.test_qdot_avx512 import child_env
 
 T = GGMLType
-K2_TYPES = (T.Q2_K, T.Q3_K, T.TQ2_0)
+ZMM_TYPES = (T.Q2_K, T.Q3_K, T.TQ2_0, T.IQ4_XS)
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI): "
                                                                     "the tiles cannot run here")
@@ -34,6 +37,7 @@ ON_BY_DEFAULT = not native.cpu_splits_512()
 CHILD = r"""
 import sys
 import numpy as np
+import torch
 from strata import native
 from strata.native.qdot import kernel_family
 from strata.quant import GGMLType as T, HALF_SCALE_OFFSETS, block_size
@@ -43,7 +47,7 @@ from tests.native.test_qdot_iq_vnni import make_weights
 
 on = sys.argv[1] == "on"
 rng = np.random.default_rng(11)
-for t in (T.Q2_K, T.Q3_K, T.TQ2_0):
+for t in (T.Q2_K, T.Q3_K, T.TQ2_0, T.IQ4_XS):
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if on else "avx2"), t.name
     # (rows, blocks per row): one block, odd rows, rows of many blocks (the row's float sum)
     for n_rows, n_blocks in ((1, 1), (7, 3), (13, 2), (3, 17), (2, 48)):
@@ -55,18 +59,32 @@ for t in (T.Q2_K, T.Q3_K, T.TQ2_0):
     # the largest codes (all bits set: Q3_K's hmask too) and the largest scales, against activations
     # all of one sign (every activation byte 127): the sums packed to int16 at their largest
     nb = block_size(t)[1]
-    blocks = np.full((4, nb), 0xFF, np.uint8)
-    blocks[2:] = rng.integers(0, 256, (2, nb), dtype=np.uint8)
+    blocks = np.full((6, nb), 0xFF, np.uint8)
+    blocks[2:4] = 0   # IQ4_XS: code 0 is its value of largest magnitude, -127
+    blocks[4:] = rng.integers(0, 256, (2, nb), dtype=np.uint8)
     for off in HALF_SCALE_OFFSETS[t]:
         blocks[:, off:off + 2] = np.array([0x3C00], "<u2").view(np.uint8)
-    w = blocks.reshape(2, -1)
+    w = blocks.reshape(3, -1)
     x = np.stack([np.full(512, 1.0, np.float32), np.full(512, -3.0, np.float32), np.where(np.arange(512) % 2, 1.0, -1.0)]).astype(np.float32)
-    assert_close_to_scalar(t, w, 2, x, "extreme codes", impl="avx512")
-    assert np.abs(native.qdot_rows(t, w, 2, 512, x, impl="scalar")).max() > 0
-    # 4-11 tokens (Q2_K, Q3_K: fewer than the VNNI tile's last group takes) and TQ2_0's prefill: the
-    # AVX2 build's bytes
+    assert_close_to_scalar(t, w, 3, x, "extreme codes", impl="avx512")
+    assert np.abs(native.qdot_rows(t, w, 3, 512, x, impl="scalar")).max() > 0
+    # the pooled product, 1 and 3 threads, twice from the same buffers with new contents
+    w = torch.from_numpy(make_weights(t, 70, 768, rng))
+    for n_tok in (1, 3):
+        x, out = torch.empty(n_tok, 768), torch.empty(n_tok, 70)
+        scratch = torch.empty(native.matmul_scratch_bytes(t, n_tok, 768), dtype=torch.uint8)
+        for threads in (1, 3):
+            with native.ComputePool(threads) as pool:
+                for _ in range(2):
+                    x.copy_(torch.from_numpy(make_tokens(n_tok, 768, rng)))
+                    native.matmul_into(pool, t, w, 70, 768, x, out, scratch, impl="avx512")
+                    assert_close_to_scalar(t, w.numpy(), 70, x.numpy(), f"pooled, {threads} threads", impl="avx512")
+                    got = native.qdot_rows(t, w.numpy(), 70, 768, x.numpy(), impl="avx512")
+                    assert np.array_equal(out.numpy(), got), (t.name, n_tok, threads)
+    # 4-11 tokens (Q2_K, Q3_K: fewer than the VNNI tile's last group takes; IQ4_XS: 4-7) and TQ2_0's
+    # prefill: the AVX2 build's bytes
     w = make_weights(t, 5, 512, rng)
-    for n_tok in (4, 5, 11):
+    for n_tok in (4, 5, 7) if t == T.IQ4_XS else (4, 5, 11):
         x = make_tokens(n_tok, 512, rng)
         got = native.qdot_rows(t, w, 5, 512, x, impl="avx512")
         assert got.tobytes() == native.qdot_rows(t, w, 5, 512, x, impl="avx2").tobytes(), (t.name, n_tok)
@@ -76,8 +94,8 @@ print("ok")
 
 def run_child(on: bool, **env: str) -> None:
     full = child_env(**env)
-    if "STRATA_K2" not in env:
-        full.pop("STRATA_K2", None)
+    if "STRATA_ZMM_DECODE" not in env:
+        full.pop("STRATA_ZMM_DECODE", None)
     done = subprocess.run([sys.executable, "-c", CHILD, "on" if on else "off"], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["ok"], (env, done.stderr[-3000:])
@@ -89,21 +107,21 @@ def test_decode_by_default_matches_scalar():
     run_child(ON_BY_DEFAULT)
 
 
-def test_the_build_without_gfni_matches_scalar():
-    run_child(True, STRATA_K2="plain")
+def test_the_builds_without_gfni_match_scalar():
+    run_child(True, STRATA_ZMM_DECODE="plain")
 
 
 @pytest.mark.skipif(not native.cpu_has_avx512_vbmi(), reason="CPU without AVX-512 VBMI and GFNI: the default "
                                                              "is the build without GFNI, run above")
 def test_the_gfni_build_forced_matches_scalar():
-    run_child(True, STRATA_K2="1")
+    run_child(True, STRATA_ZMM_DECODE="1")
 
 
 def test_turned_off_decode_runs_the_avx2_build():
-    run_child(False, STRATA_K2="0")
+    run_child(False, STRATA_ZMM_DECODE="0")
 
 
-@pytest.mark.parametrize("t", K2_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", ZMM_TYPES, ids=lambda t: t.name)
 def test_the_table_names_the_tiles(t):
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if ON_BY_DEFAULT else "avx2")
     assert kernel_family(t, "avx2", decode=True) == "avx2"
