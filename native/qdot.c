@@ -291,7 +291,7 @@ strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise)
 }
 
 /* zmm decode tiles of formats whose decode had run the AVX2 build: Q2_K, Q3_K and TQ2_0
- * (qdot_k2_avx512.c: 64 codes at a time, VPDPBUSD against the activations as they lie; its GFNI
+ * (qdot_kquant_zmm.c: 64 codes at a time, VPDPBUSD against the activations as they lie; its GFNI
  * build where the CPU has VBMI and GFNI) and IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB
  * against activations re-laid per call), taken in place of the AVX2 build's decode for
  * STRATA_IMPL_AVX512 where the CPU does not split 512-bit operations (unmeasured on Zen 4).
@@ -305,9 +305,12 @@ static const struct {
     int type;
     strata_qdot_tile_fn plain, gfni;
 } ZMM_DECODE[] = {
-    {STRATA_T_Q2_K, strata_qdot_q2_k_k2, strata_qdot_q2_k_k2gfni},
-    {STRATA_T_Q3_K, strata_qdot_q3_k_k2, strata_qdot_q3_k_k2gfni},
-    {STRATA_T_TQ2_0, strata_qdot_tq2_0_k2, strata_qdot_tq2_0_k2gfni},
+    {STRATA_T_Q2_K, strata_qdot_q2_k_kz, strata_qdot_q2_k_kzgfni},
+    {STRATA_T_Q3_K, strata_qdot_q3_k_kz, strata_qdot_q3_k_kzgfni},
+    {STRATA_T_Q4_K, strata_qdot_q4_k_kz, strata_qdot_q4_k_kzgfni},
+    {STRATA_T_Q5_K, strata_qdot_q5_k_kz, strata_qdot_q5_k_kzgfni},
+    {STRATA_T_Q6_K, strata_qdot_q6_k_kz, strata_qdot_q6_k_kzgfni},
+    {STRATA_T_TQ2_0, strata_qdot_tq2_0_kz, strata_qdot_tq2_0_kzgfni},
     {STRATA_T_IQ4_XS, strata_qdot_iq4_xs_zmm, strata_qdot_iq4_xs_zmm},
 };
 

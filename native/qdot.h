@@ -239,8 +239,8 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
     }
 
 /* The tile for calls (or a prefill tile's leftovers) of fewer than 8 tokens of `type` on an AVX-512
- * call: the planes tile where qdot.c hands those out (qdot_iq_planes.c), else the 2-bit-plane
- * formats' decode tile where it hands those out (qdot_k2_avx512.c; it passes 4 tokens and more to
+ * call: the planes tile where qdot.c hands those out (qdot_iq_planes.c), else the zmm decode
+ * tile where it hands those out (qdot_kquant_zmm.c, qdot_iq4_xs_avx512.c; it passes 4 tokens and more to
  * the AVX2 build), else the gather tile where it hands those out (qdot_iq_vbmi.c:
  * strata_qdot_gathers), else `otherwise`. */
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise);
@@ -264,14 +264,20 @@ STRATA_DECLARE_QTILE(iq2_s, planes)
 STRATA_DECLARE_QTILE(iq1_s, planes)
 STRATA_DECLARE_QTILE(iq1_m, planes)
 
-/* qdot_k2_avx512.c: decode tiles of the 2-bit-plane formats on AVX-512 machines (qdot_k2_gfni.c:
+/* qdot_kquant_zmm.c: decode tiles of the K-quants and TQ2_0 on AVX-512 machines (qdot_kquant_zmm_gfni.c:
  * their build with GFNI) */
-STRATA_DECLARE_QTILE(q2_k, k2)
-STRATA_DECLARE_QTILE(q3_k, k2)
-STRATA_DECLARE_QTILE(tq2_0, k2)
-STRATA_DECLARE_QTILE(q2_k, k2gfni)
-STRATA_DECLARE_QTILE(q3_k, k2gfni)
-STRATA_DECLARE_QTILE(tq2_0, k2gfni)
+STRATA_DECLARE_QTILE(q2_k, kz)
+STRATA_DECLARE_QTILE(q3_k, kz)
+STRATA_DECLARE_QTILE(q4_k, kz)
+STRATA_DECLARE_QTILE(q5_k, kz)
+STRATA_DECLARE_QTILE(q6_k, kz)
+STRATA_DECLARE_QTILE(tq2_0, kz)
+STRATA_DECLARE_QTILE(q2_k, kzgfni)
+STRATA_DECLARE_QTILE(q3_k, kzgfni)
+STRATA_DECLARE_QTILE(q4_k, kzgfni)
+STRATA_DECLARE_QTILE(q5_k, kzgfni)
+STRATA_DECLARE_QTILE(q6_k, kzgfni)
+STRATA_DECLARE_QTILE(tq2_0, kzgfni)
 /* qdot_iq4_xs_avx512.c: IQ4_XS's decode tile on AVX-512 machines */
 STRATA_DECLARE_QTILE(iq4_xs, zmm)
 

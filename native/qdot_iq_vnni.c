@@ -27,7 +27,7 @@
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these tiles out only for
  * STRATA_IMPL_AVX512 (prefill; decode runs the AVX2 tiles' AVX-512 build, or the decode tiles of
- * qdot_iq_planes.c, qdot_iq_vbmi.c and, for Q2_K and Q3_K, qdot_k2_avx512.c where qdot.c hands them
+ * qdot_iq_planes.c, qdot_iq_vbmi.c and, for Q2_K, Q3_K and IQ4_XS, qdot_kquant_zmm.c and qdot_iq4_xs_avx512.c where qdot.c hands them
  * out).
  */
 #include "iq_tables.h"

@@ -1,5 +1,5 @@
-"""zmm decode tiles of the formats whose decode had run the AVX2 build on AVX-512 machines: Q2_K, Q3_K
-and TQ2_0 (native/qdot_k2_avx512.c and its GFNI build, qdot_k2_gfni.c) and IQ4_XS
+"""zmm decode tiles of the formats whose decode had run the AVX2 build on AVX-512 machines: the K-quants
+and TQ2_0 (native/qdot_kquant_zmm.c and its GFNI build, qdot_kquant_zmm_gfni.c) and IQ4_XS
 (native/qdot_iq4_xs_avx512.c), against their scalar twins.
 
 Decode calls (1-3 tokens) on AVX-512 run them where the CPU does not split 512-bit operations
@@ -7,7 +7,7 @@ Decode calls (1-3 tokens) on AVX-512 run them where the CPU does not split 512-b
 integer sums are the scalar tile's; the float steps add per lane and sum at the row's end, so
 outputs are held within twice the rounding bound (test_qdot_iq_grid_avx2.py's), on random blocks
 with extreme scales, on the largest and smallest codes against the largest activations (Q2_K's and
-Q3_K's sums packed to int16 at their largest), and on every row and block count the tile walks.
+Q6_K's sums packed to int16 at their largest), and on every row and block count the tile walks.
 IQ4_XS's activations are re-laid once per call and thread: products from the same buffers with new
 contents, pooled over several threads, must not see a stale layout. 4 tokens and more handed to
 them (a prefill tile's leftovers) go to the AVX2 build: the same bytes as it. Each build runs in a
@@ -28,7 +28,7 @@ from strata.quant import GGMLType
 from tests.native.test_qdot_avx512 import child_env
 
 T = GGMLType
-ZMM_TYPES = (T.Q2_K, T.Q3_K, T.TQ2_0, T.IQ4_XS)
+ZMM_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS)
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI): "
                                                                     "the tiles cannot run here")
@@ -47,7 +47,7 @@ from tests.native.test_qdot_iq_vnni import make_weights
 
 on = sys.argv[1] == "on"
 rng = np.random.default_rng(11)
-for t in (T.Q2_K, T.Q3_K, T.TQ2_0, T.IQ4_XS):
+for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS):
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if on else "avx2"), t.name
     # (rows, blocks per row): one block, odd rows, rows of many blocks (the row's float sum)
     for n_rows, n_blocks in ((1, 1), (7, 3), (13, 2), (3, 17), (2, 48)):
@@ -81,13 +81,14 @@ for t in (T.Q2_K, T.Q3_K, T.TQ2_0, T.IQ4_XS):
                     assert_close_to_scalar(t, w.numpy(), 70, x.numpy(), f"pooled, {threads} threads", impl="avx512")
                     got = native.qdot_rows(t, w.numpy(), 70, 768, x.numpy(), impl="avx512")
                     assert np.array_equal(out.numpy(), got), (t.name, n_tok, threads)
-    # 4-11 tokens (Q2_K, Q3_K: fewer than the VNNI tile's last group takes; IQ4_XS: 4-7) and TQ2_0's
-    # prefill: the AVX2 build's bytes
+    # 4-11 tokens: Q2_K's, Q3_K's and IQ4_XS's (fewer than their VNNI tile's last group takes: 11, 7)
+    # come here and go on to the AVX2 build; the others' are the prefill tile's the table names
     w = make_weights(t, 5, 512, rng)
+    want = "avx2" if t in (T.Q2_K, T.Q3_K, T.IQ4_XS) else kernel_family(t, "avx512", decode=False)
     for n_tok in (4, 5, 7) if t == T.IQ4_XS else (4, 5, 11):
         x = make_tokens(n_tok, 512, rng)
         got = native.qdot_rows(t, w, 5, 512, x, impl="avx512")
-        assert got.tobytes() == native.qdot_rows(t, w, 5, 512, x, impl="avx2").tobytes(), (t.name, n_tok)
+        assert got.tobytes() == native.qdot_rows(t, w, 5, 512, x, impl=want).tobytes(), (t.name, n_tok)
 print("ok")
 """
 
