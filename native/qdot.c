@@ -33,12 +33,18 @@ typedef struct {
  *   Q4_K     34.1 vs 15.9                   61.6 vs 58.5, 62.1 vs 54.3   -> AVX2 both (prefill:
  *   Q5_K     31.3 vs 15.8                   59.1 vs 54.1, 68.2 vs 57.1   ->   on a split datapath)
  *   Q6_K     36.5 vs 11.0                   61.4 vs 95.6                 -> AVX2 decode
+ * Q4_1, Q5_0 and Q5_1 joined Q4_0's 8-row tiles later (qdot_nib_avx512.c): on the Intel machine
+ * 1.45-1.82x the AVX2 build at 1 token, 2.3-3.5x at 2-3, 1.8-1.9x at 8 and 64 (benchmarks/ab_builds.py,
+ * one thread, 256 x 4096); two threads from DRAM 77-84% of the bare read against 43-51%; unmeasured
+ * on Zen 4.
  * AVX-512's own kept: Q4_0 (decode 26.8 vs 23.6, prefill 64.6 vs 50.6), MXFP4 (decode 26.1 vs
  * 25.4, in cache 28.8 vs 20.0, prefill 65.8 vs 36.6), IQ4_NL (25.7 vs 21.7, 53.7 vs 34.5), F16 and
  * BF16 (decode 37.6 vs 26.0 and 32.1 vs 24.9; prefill 0.82x and 0.95x of AVX2's, but decode is most
  * of what float matrices do). Decode reads the weights once, so its rate is the
  * memory's, and the AVX2 tiles' fetch of the next tile ahead holds more of it than the zmm tiles'
- * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). */
+ * per-row prefetch. STRATA_AVX512_OWN_TILES=1 ignores this column (for measuring it). The K-quants'
+ * decode has since gone to zmm decode tiles of another make (ZMM_DECODE below) where 512-bit
+ * operations are whole; the AVX2 build keeps it where they are split, and this column says so. */
 #define AVX2_DECODE 1
 #define AVX2_PREFILL 2
 /* Prefill of Q4_K and Q5_K: the AVX2 tile everywhere since it runs over unpacked rows
@@ -134,9 +140,9 @@ static const qdot_row TILES[] = {
     ROW(F16, F32, f16, OWN, 0),
     ROW(BF16, F32, bf16, OWN, 0),
     ROW(Q4_0, Q8, q4_0, OWN, 0),
-    ROW(Q4_1, Q8, q4_1, NONE, 0),
-    ROW(Q5_0, Q8, q5_0, NONE, 0),
-    ROW(Q5_1, Q8, q5_1, NONE, 0),
+    ROW(Q4_1, Q8, q4_1, OWN, 0),
+    ROW(Q5_0, Q8, q5_0, OWN, 0),
+    ROW(Q5_1, Q8, q5_1, OWN, 0),
     ROW(Q8_0, Q8, q8_0, OWN, AVX2_DECODE),
     ROW(MXFP4, Q8, mxfp4, OWN, 0),
     ROW(Q2_K, Q8K, q2_k, OWN, AVX2_DECODE),   /* prefill: qdot_iq_vnni.c's tiles; decode: ZMM_DECODE below */
@@ -290,17 +296,17 @@ strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise)
     return gather ? gather : otherwise;
 }
 
-/* zmm decode tiles of formats whose decode had run the AVX2 build: Q2_K, Q3_K and TQ2_0
- * (qdot_kquant_zmm.c: 64 codes at a time, VPDPBUSD against the activations as they lie; its GFNI
- * build where the CPU has VBMI and GFNI) and IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB
- * against activations re-laid per call), taken in place of the AVX2 build's decode for
- * STRATA_IMPL_AVX512 where the CPU does not split 512-bit operations (unmeasured on Zen 4).
- * STRATA_ZMM_DECODE=0 turns them off, STRATA_ZMM_DECODE=1 on wherever the CPU has AVX-512, and
- * STRATA_ZMM_DECODE=plain takes the builds without GFNI (all for measuring and testing). On the Intel
- * machine, against the AVX2 build's decode (one thread, 256 x 4096, 1-3 tokens, benchmarks/ab_builds.py):
- * Q2_K 1.30-1.57x, Q3_K 1.27-1.42x, TQ2_0 1.34-1.40x, IQ4_XS 1.73-1.80x; two threads from DRAM
- * (benchmarks/qdot_rate.py) Q2_K, Q3_K and TQ2_0 at 71-78%, 70-82% and 77-86% of the bare read,
- * from 52-55%, 55-56% and 57-62% (benchmarks/RESULTS.md). */
+/* zmm decode tiles of formats whose decode had run the AVX2 build: the K-quants and TQ2_0
+ * (qdot_kquant_zmm.c: 64 codes at a time in element order, VPDPBUSD against the activations as they
+ * lie, sub-block scales on the sums packed to int16; its GFNI build where the CPU has VBMI and GFNI)
+ * and IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB against activations re-laid per call),
+ * taken in place of the AVX2 build's decode for STRATA_IMPL_AVX512 where the CPU does not split
+ * 512-bit operations (unmeasured on Zen 4). STRATA_ZMM_DECODE=0 turns them off, =1 on wherever the
+ * CPU has AVX-512, =plain takes the builds without GFNI (all for measuring and testing). On the
+ * Intel machine, two threads from DRAM, share of the bare read, the AVX2 build's decode against
+ * these (`benchmarks/qdot_rate.py`, two runs alternating with STRATA_ZMM_DECODE=0): Q2_K 49-52% ->
+ * 66-80%, Q3_K 52-56% -> 67-77%, Q4_K 65% -> 81-89%, Q5_K 63-67% -> 85-92%, Q6_K 68-69% -> 97-104%,
+ * TQ2_0 61-63% -> 74-88%, IQ4_XS 53-59% -> 89-92% (benchmarks/RESULTS.md). */
 static const struct {
     int type;
     strata_qdot_tile_fn plain, gfni;

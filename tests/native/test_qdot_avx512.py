@@ -28,8 +28,8 @@ needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="CPU (or OS) without AV
                                                          "the AVX-512 kernels cannot run here")
 
 # Formats with AVX-512 kernels of their own, and a row length (a few blocks, odd counts included).
-FORMATS = {T.Q4_0: 96, T.Q8_0: 160, T.MXFP4: 224, T.IQ4_NL: 160, T.Q4_K: 768, T.Q5_K: 512, T.Q6_K: 1280,
-           T.F16: 45, T.BF16: 1027}
+FORMATS = {T.Q4_0: 96, T.Q4_1: 224, T.Q5_0: 160, T.Q5_1: 96, T.Q8_0: 160, T.MXFP4: 224, T.IQ4_NL: 160, T.Q4_K: 768,
+           T.Q5_K: 512, T.Q6_K: 1280, T.F16: 45, T.BF16: 1027}
 TOKENS = [1, 2, 7, 64]
 # (weight scale, activation scale): ordinary; subnormal float16 scales with tiny activations;
 # large both; activations whose 8-bit scale d = max|x| / 127 is a float32 subnormal.
@@ -279,7 +279,8 @@ def test_default_impl_follows_detection_and_overrides():
 
 def test_avx512_tile_kernels_of_its_own():
     own = {t for t in qd.ALL_TYPES if native.has_qdot_kernel(t, "avx512")}
-    assert own == {T.F16, T.BF16, T.Q4_0, T.Q8_0, T.MXFP4, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}, own
+    assert own == {T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                   T.Q6_K}, own
 
 
 def test_avx512_reports_the_avx2_dequant_kernels():
