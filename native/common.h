@@ -143,6 +143,10 @@ const strata_format_info *strata_format_find(int type);
 
 static inline float strata_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t strata_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+/* Little-endian fields at any alignment (the block formats are packed). */
+static inline uint16_t strata_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t strata_u32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t strata_u64(const void *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 /* Exact: every binary16 value is a binary32 value. NaN payloads are kept as they are (not quieted),
  * as numpy's float16 -> float32 cast does (F16C's vcvtph2ps would quiet signalling NaNs).

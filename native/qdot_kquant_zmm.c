@@ -79,18 +79,6 @@ INLINE int kz_has_min(int fmt) { return fmt == KZ_Q2_K || fmt == KZ_Q4_K || fmt 
 INLINE int kz_bias(int fmt) { return fmt == KZ_Q3_K ? 4 : fmt == KZ_Q6_K ? 32 : 0; }
 INLINE int kz_sub32(int fmt) { return fmt == KZ_Q4_K || fmt == KZ_Q5_K; }
 
-INLINE uint16_t u16_at(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
-INLINE uint32_t u32_at(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* One block made ready for its tokens. */
 typedef struct {
     __m512i q[4];          /* codes, elements 64 j .. 64 j + 63 */
@@ -104,9 +92,7 @@ typedef struct {
  * take the low nibbles of bytes 0-7, 8-15 their high nibbles; two bits of bytes 8-11 each complete
  * them (bits 0-1 for 0-3, 2-3 for 4-7, 4-5 for 8-11, 6-7 for 12-15). Made in two 64-bit words. */
 INLINE __m256i q3_k_scales16(const uint8_t *s) {
-    uint64_t a;
-    memcpy(&a, s, 8);
-    const uint64_t t = u32_at(s + 8), m2 = 0x03030303u, m4 = 0x0f0f0f0f0f0f0f0full;
+    const uint64_t a = strata_u64(s), t = strata_u32(s + 8), m2 = 0x03030303u, m4 = 0x0f0f0f0f0f0f0f0full;
     const uint64_t lo = (a & m4) | ((t & m2) | ((t >> 2) & m2) << 32) << 4;
     const uint64_t hi = ((a >> 4) & m4) | (((t >> 4) & m2) | ((t >> 6) & m2) << 32) << 4;
     return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_set_epi64x((long long)hi, (long long)lo), _mm_set1_epi8(32)));
@@ -116,7 +102,7 @@ INLINE __m256i q3_k_scales16(const uint8_t *s) {
  * strata_k_scale_min unpacks them: sub-blocks 0-3 the low 6 bits of scales[0-3] and [4-7], 4-7 a
  * nibble of scales[8-11] with the top two bits of scales[0-3] (scales) or [4-7] (mins) above it. */
 INLINE __m128i k4_scales_mins(const uint8_t *s) {
-    const uint32_t a = u32_at(s), b = u32_at(s + 4), c = u32_at(s + 8);
+    const uint32_t a = strata_u32(s), b = strata_u32(s + 4), c = strata_u32(s + 8);
     const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
     const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
     return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
@@ -231,7 +217,7 @@ INLINE void kz_unpack(int fmt, const uint8_t *p, kz_block *kb) {
     case KZ_TQ2_0: {
         const strata_block_tq2_0 *b = (const strata_block_tq2_0 *)p;
         for (int j = 0; j < 4; j++) kb->q[j] = codes2(fmt, b->qs, _mm512_setzero_si512(), j);
-        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128(u16_at(p + offsetof(strata_block_tq2_0, d))));
+        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128(strata_u16(p + offsetof(strata_block_tq2_0, d))));
         kb->bw = _mm256_set1_epi16(-1);
         return;
     }
@@ -241,7 +227,7 @@ INLINE void kz_unpack(int fmt, const uint8_t *p, kz_block *kb) {
         const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         sc16 = _mm256_and_si256(sm, _mm256_set1_epi16(15));
         kb->bw = _mm256_srli_epi16(sm, 4);
-        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u32_at(p + offsetof(strata_block_q2_k, d))));   /* d, dmin */
+        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)strata_u32(p + offsetof(strata_block_q2_k, d))));   /* d, dmin */
         break;
     }
     case KZ_Q3_K: {  /* codes are the value + 4 */
@@ -272,7 +258,7 @@ INLINE void kz_unpack(int fmt, const uint8_t *p, kz_block *kb) {
         const __m128i sm = k4_scales_mins(b4->scales);
         sc16 = _mm256_cvtepu8_epi16(sm);   /* words 0-7 the scales (8-15, the mins, unused) */
         kb->bw = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
-        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u32_at(p)));
+        kb->dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)strata_u32(p)));
         break;
     }
     default: {  /* Q6_K: codes are the value + 32 */

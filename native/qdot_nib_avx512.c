@@ -74,12 +74,6 @@ INLINE int nib_m_at(int fmt) {
     return fmt == NIB_Q4_1 ? (int)offsetof(strata_block_q4_1, m) : fmt == NIB_Q5_1 ? (int)offsetof(strata_block_q5_1, m) : 0;
 }
 
-INLINE uint32_t u32_at(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* The half at p in each of 8 rows (wrb bytes apart), as floats. */
 INLINE __m256 halves8(const uint8_t *p, int64_t wrb) {
     uint16_t h[8];
@@ -131,7 +125,7 @@ INLINE void nib_codes8(int fmt, const uint8_t *p, int64_t wrb, __m256i lo[4], __
             hi[r] = _mm256_shuffle_epi8(nib_table(fmt), hi[r]);
         }
         if (qh_at) {  /* bit j of a row's qh: element j (low nibbles: j < 16) */
-            const uint32_t h0 = u32_at(p + r * wrb + qh_at), h4 = u32_at(p + (r + 4) * wrb + qh_at);
+            const uint32_t h0 = strata_u32(p + r * wrb + qh_at), h4 = strata_u32(p + (r + 4) * wrb + qh_at);
             const __m256i sixteen = _mm256_set1_epi8(16);
             lo[r] = _mm256_mask_add_epi8(lo[r], (__mmask32)((h0 & 0xffffu) | h4 << 16), lo[r], sixteen);
             hi[r] = _mm256_mask_add_epi8(hi[r], (__mmask32)(h0 >> 16 | (h4 & 0xffff0000u)), hi[r], sixteen);
@@ -186,7 +180,7 @@ INLINE void nib_row1(int fmt, int nt, int64_t k, const uint8_t *w, const uint8_t
         const __m128i q = _mm_loadu_si128((const __m128i *)(p + at));
         __m256i u = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), low);
         if (nib_looked_up(fmt)) u = _mm256_shuffle_epi8(nib_table(fmt), u);
-        if (qh_at) u = _mm256_mask_add_epi8(u, (__mmask32)u32_at(p + qh_at), u, _mm256_set1_epi8(16));   /* bit j: element j */
+        if (qh_at) u = _mm256_mask_add_epi8(u, (__mmask32)strata_u32(p + qh_at), u, _mm256_set1_epi8(16));   /* bit j: element j */
         const float wd = fmt == NIB_MXFP4 ? strata_e8m0_half(p[0]) : half_at(p);
         for (int t = 0; t < nt; t++) {
             const strata_block_act_q8 *ab = (const strata_block_act_q8 *)(a + t * arb) + b;
