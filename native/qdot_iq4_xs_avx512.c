@@ -99,6 +99,7 @@ INLINE void xs_row(int nt, int64_t nb, const uint8_t *w, const uint8_t *a, int64
 void strata_qdot_iq4_xs_zmm(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                             const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     const int64_t nb = k / STRATA_QK_K, tok_bytes = nb * XS_BLOCK;
+    if (n_tok <= 0) return;
     int valid = 0;
     uint8_t *x = n_tok < STRATA_QDOT_DECODE_TOKENS && nb > 0
                    ? strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_IQ4_XS, &valid)

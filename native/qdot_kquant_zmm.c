@@ -343,6 +343,7 @@ INLINE void kz_row(int fmt, int nt, int64_t k, const uint8_t *w, const uint8_t *
             strata_qdot_##name##_evex(k, w, wrb, n_rows, a, arb, n_tok, y, ys);                           \
             return;                                                                                       \
         }                                                                                                 \
+        if (n_tok <= 0) return;                                                                           \
         const uint8_t *ahead_end = strata_qdot_ahead();                                                   \
         for (int64_t r = 0; r < n_rows; r++) {                                                            \
             if (n_tok == 1) kz_row(FMT, 1, k, w + r * wrb, a, arb, y + r, ys, ahead_end);                 \

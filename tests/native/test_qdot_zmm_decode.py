@@ -56,6 +56,7 @@ for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS):
         for n_tok in (1, 2, 3):
             x = make_tokens(n_tok, row_len, rng)
             assert_close_to_scalar(t, w, n_rows, x, f"{n_rows} x {n_blocks} blocks, {n_tok} tokens", impl="avx512")
+    assert native.qdot_rows(t, w, n_rows, row_len, np.zeros((0, row_len), np.float32), impl="avx512").shape == (0, n_rows)
     # the largest codes (all bits set: Q3_K's hmask too) and the largest scales, against activations
     # all of one sign (every activation byte 127): the sums packed to int16 at their largest
     nb = block_size(t)[1]
