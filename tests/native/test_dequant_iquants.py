@@ -108,7 +108,9 @@ def test_type_support_reports_the_native_tables():
         if "avx512" in s.families:  # the grid i-quants: AVX2 tiles, AVX-512 VNNI prefill (test_qdot_iq_vnni.py)
             assert s.families == ("scalar", "avx2", "avx512"), s
             prefill = "avx512"  # Zen 4 too (qdot.c)
-            decode = "avx512" if HAS_TILES and t in VBMI_TYPES else "avx2"   # the gather tiles (test_qdot_iq_vbmi.py)
+            # the gather tiles (test_qdot_iq_vbmi.py); IQ4_XS's zmm decode tile (test_qdot_zmm_decode.py)
+            zmm = t == T.IQ4_XS and not native.cpu_splits_512()
+            decode = "avx512" if (HAS_TILES and t in VBMI_TYPES) or zmm else "avx2"
             assert (s.runs, s.decode_runs) == {"avx512": (prefill, decode)}.get(native.default_impl(),
                                                                                 (native.default_impl(),) * 2), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"
@@ -121,10 +123,12 @@ def test_type_support_reports_the_native_tables():
         assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar kernels)"
     q4k, q4_0 = native.type_support(T.Q4_K), native.type_support(T.Q4_0)
     assert "avx2" in q4k.families and q4_0.runs == q4_0.decode_runs == native.default_impl()
-    # AVX-512 machines decode and prefill Q4_K with its AVX2 tiles (their build for AVX-512 machines,
-    # prefill over unpacked rows), both measured faster (native/qdot.c's kernel table)
+    # AVX-512 machines prefill Q4_K with its AVX2 tiles (their build for AVX-512 machines, over unpacked
+    # rows), measured faster (native/qdot.c's kernel table); they decode it with its zmm decode tile
+    # (test_qdot_zmm_decode.py) where 512-bit operations are whole, else with the AVX2 tiles too
     if native.default_impl() == "avx512":
-        assert q4k.decode_runs == "avx2" and q4k.runs == "avx2", q4k
+        decode = "avx2" if native.cpu_splits_512() else "avx512"
+        assert q4k.decode_runs == decode and q4k.runs == "avx2", q4k
     else:
         assert q4k.runs == q4k.decode_runs == native.default_impl(), q4k
     for t in (T.Q8_1, T.Q8_K, T.I8, T.F64):
