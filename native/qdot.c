@@ -175,7 +175,7 @@ static const qdot_row TILES[] = {
     ROW(TQ1_0, Q8K, tq1_0, OWN, AVX2_PREFILL | AVX2_DECODE_SPLIT),   /* decode: 512-bit digits, qdot_iq4_avx2.c's EVEX build */
     ROW(TQ2_0, Q8K, tq2_0, NONE, 0),   /* decode: ZMM_DECODE below */
     ROW(IQ4_NL, Q8, iq4_nl, OWN, 0),
-    ROW(NVFP4, Q8, nvfp4, NONE, 0),
+    ROW(NVFP4, Q8, nvfp4, NONE, 0),   /* decode: ZMM_DECODE below */
 };
 
 /* Decode tiles of the grid i-quants on AVX-512 machines with VBMI, GFNI and fast gathers
@@ -299,14 +299,15 @@ strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise)
 /* zmm decode tiles of formats whose decode had run the AVX2 build: the K-quants and TQ2_0
  * (qdot_kquant_zmm.c: 64 codes at a time in element order, VPDPBUSD against the activations as they
  * lie, sub-block scales on the sums packed to int16; its GFNI build where the CPU has VBMI and GFNI)
- * and IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB against activations re-laid per call),
+ * IQ4_XS (qdot_iq4_xs_avx512.c: 64 values a VPSHUFB against activations re-laid per call) and NVFP4
+ * (qdot_nvfp4_avx512.c: a block a zmm, likewise),
  * taken in place of the AVX2 build's decode for STRATA_IMPL_AVX512 where the CPU does not split
  * 512-bit operations (unmeasured on Zen 4). STRATA_ZMM_DECODE=0 turns them off, =1 on wherever the
  * CPU has AVX-512, =plain takes the builds without GFNI (all for measuring and testing). On the
  * Intel machine, two threads from DRAM, share of the bare read, the AVX2 build's decode against
  * these (`benchmarks/qdot_rate.py`, two runs alternating with STRATA_ZMM_DECODE=0): Q2_K 49-52% ->
  * 66-80%, Q3_K 52-56% -> 67-77%, Q4_K 65% -> 81-89%, Q5_K 63-67% -> 85-92%, Q6_K 68-69% -> 97-104%,
- * TQ2_0 61-63% -> 74-88%, IQ4_XS 53-59% -> 89-92% (benchmarks/RESULTS.md). */
+ * TQ2_0 61-63% -> 74-88%, IQ4_XS 53-59% -> 89-92%, NVFP4 50-56% -> 62-63% (benchmarks/RESULTS.md). */
 static const struct {
     int type;
     strata_qdot_tile_fn plain, gfni;
@@ -318,6 +319,7 @@ static const struct {
     {STRATA_T_Q6_K, strata_qdot_q6_k_kz, strata_qdot_q6_k_kzgfni},
     {STRATA_T_TQ2_0, strata_qdot_tq2_0_kz, strata_qdot_tq2_0_kzgfni},
     {STRATA_T_IQ4_XS, strata_qdot_iq4_xs_zmm, strata_qdot_iq4_xs_zmm},
+    {STRATA_T_NVFP4, strata_qdot_nvfp4_zmm, strata_qdot_nvfp4_zmm},
 };
 
 static strata_qdot_tile_fn zmm_decode(int type) {

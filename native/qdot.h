@@ -61,7 +61,7 @@ const uint8_t *strata_qdot_ahead(void);   /* its value (for the AVX-512 builds o
 void strata_qdot_new_acts(void);
 
 enum { STRATA_RELAID_VNNI, STRATA_RELAID_PLANES, STRATA_RELAID_PLANES4, STRATA_RELAID_ROWS, STRATA_RELAID_IQ4_XS,
-       STRATA_RELAID_LAYOUTS };
+       STRATA_RELAID_NVFP4, STRATA_RELAID_LAYOUTS };
 
 uint8_t *strata_qdot_relaid(const uint8_t *a, int64_t n_tok, int64_t k, int64_t arb, size_t bytes, int layout,
                             int *valid);
@@ -283,6 +283,8 @@ STRATA_DECLARE_QTILE(q6_k, kzgfni)
 STRATA_DECLARE_QTILE(tq2_0, kzgfni)
 /* qdot_iq4_xs_avx512.c: IQ4_XS's decode tile on AVX-512 machines */
 STRATA_DECLARE_QTILE(iq4_xs, zmm)
+/* qdot_nvfp4_avx512.c: NVFP4's decode tile on AVX-512 machines */
+STRATA_DECLARE_QTILE(nvfp4, zmm)
 
 /* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
 STRATA_DECLARE_QTILE(iq2_xxs, avx512)

@@ -1,6 +1,6 @@
 """zmm decode tiles of the formats whose decode had run the AVX2 build on AVX-512 machines: the K-quants
-and TQ2_0 (native/qdot_kquant_zmm.c and its GFNI build, qdot_kquant_zmm_gfni.c) and IQ4_XS
-(native/qdot_iq4_xs_avx512.c), against their scalar twins.
+and TQ2_0 (native/qdot_kquant_zmm.c and its GFNI build, qdot_kquant_zmm_gfni.c), IQ4_XS
+(native/qdot_iq4_xs_avx512.c) and NVFP4 (native/qdot_nvfp4_avx512.c), against their scalar twins.
 
 Decode calls (1-3 tokens) on AVX-512 run them where the CPU does not split 512-bit operations
 (STRATA_ZMM_DECODE=1 forces them, =0 turns them off, =plain takes the builds without GFNI). Their
@@ -8,7 +8,7 @@ integer sums are the scalar tile's; the float steps add per lane and sum at the 
 outputs are held within twice the rounding bound (test_qdot_iq_grid_avx2.py's), on random blocks
 with extreme scales, on the largest and smallest codes against the largest activations (Q2_K's and
 Q6_K's sums packed to int16 at their largest), and on every row and block count the tile walks.
-IQ4_XS's activations are re-laid once per call and thread: products from the same buffers with new
+IQ4_XS's and NVFP4's activations are re-laid once per call and thread: products from the same buffers with new
 contents, pooled over several threads, must not see a stale layout. 4 tokens and more handed to
 them (a prefill tile's leftovers) go to the AVX2 build: the same bytes as it. Each build runs in a
 child process of its own (the choice is made once per process).
@@ -28,7 +28,7 @@ from strata.quant import GGMLType
 from tests.native.test_qdot_avx512 import child_env
 
 T = GGMLType
-ZMM_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS)
+ZMM_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS, T.NVFP4)
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512 (F/BW/VL/VNNI): "
                                                                     "the tiles cannot run here")
@@ -47,7 +47,7 @@ from tests.native.test_qdot_iq_vnni import make_weights
 
 on = sys.argv[1] == "on"
 rng = np.random.default_rng(11)
-for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS):
+for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS, T.NVFP4):
     assert kernel_family(t, "avx512", decode=True) == ("avx512" if on else "avx2"), t.name
     # (rows, blocks per row): one block, odd rows, rows of many blocks (the row's float sum)
     for n_rows, n_blocks in ((1, 1), (7, 3), (13, 2), (3, 17), (2, 48)):
@@ -59,11 +59,11 @@ for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.TQ2_0, T.IQ4_XS):
     assert native.qdot_rows(t, w, n_rows, row_len, np.zeros((0, row_len), np.float32), impl="avx512").shape == (0, n_rows)
     # the largest codes (all bits set: Q3_K's hmask too) and the largest scales, against activations
     # all of one sign (every activation byte 127): the sums packed to int16 at their largest
-    nb = block_size(t)[1]
-    blocks = np.full((6, nb), 0xFF, np.uint8)
-    blocks[2:4] = 0   # IQ4_XS: code 0 is its value of largest magnitude, -127
-    blocks[4:] = rng.integers(0, 256, (2, nb), dtype=np.uint8)
-    for off in HALF_SCALE_OFFSETS[t]:
+    per_row, nb = 512 // block_size(t)[0], block_size(t)[1]
+    blocks = np.full((3 * per_row, nb), 0xFF, np.uint8)
+    blocks[per_row:2 * per_row] = 0   # IQ4_XS: code 0 is its value of largest magnitude, -127
+    blocks[2 * per_row:] = rng.integers(0, 256, (per_row, nb), dtype=np.uint8)
+    for off in HALF_SCALE_OFFSETS.get(t, ()):   # NVFP4's scales are UE4M3 bytes: all 0xFF (240) and 0
         blocks[:, off:off + 2] = np.array([0x3C00], "<u2").view(np.uint8)
     w = blocks.reshape(3, -1)
     x = np.stack([np.full(512, 1.0, np.float32), np.full(512, -3.0, np.float32), np.where(np.arange(512) % 2, 1.0, -1.0)]).astype(np.float32)
