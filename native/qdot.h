@@ -84,6 +84,25 @@ typedef struct {
  * decode kernel (strata_qdot_kernels.decode). */
 #define STRATA_QDOT_DECODE_TOKENS 4
 
+/* The re-laid activations of a decode tile that re-lays per call (qdot_iq4_xs_avx512.c,
+ * qdot_nvfp4_avx512.c): the calling thread's buffer of tok_bytes a token in `layout`, made by `relay`
+ * unless it already holds these activations. NULL when the call is done without it: no tokens (nothing
+ * to do), 4 tokens or more, no blocks or no memory for the layout (`otherwise` did the call). */
+typedef void (*strata_relay_fn)(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb, uint8_t *out);
+static inline uint8_t *strata_qdot_decode_relaid(strata_qdot_tile_fn otherwise, strata_relay_fn relay, int layout,
+                                                 int64_t nb, int64_t tok_bytes, int64_t k, const uint8_t *w,
+                                                 int64_t wrb, int64_t n_rows, const uint8_t *a, int64_t arb,
+                                                 int64_t n_tok, float *y, int64_t ys) {
+    if (n_tok <= 0) return NULL;
+    int valid = 0;
+    uint8_t *x = n_tok < STRATA_QDOT_DECODE_TOKENS && nb > 0
+                   ? strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), layout, &valid)
+                   : NULL;
+    if (!x) otherwise(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+    else if (!valid) relay(a, arb, n_tok, nb, x);
+    return x;
+}
+
 /* The kernel of a call of n_tok tokens. */
 static inline strata_qdot_tile_fn strata_qdot_tile_for(const strata_qdot_kernels *k, int64_t n_tok) {
     return n_tok < STRATA_QDOT_DECODE_TOKENS ? k->decode : k->tile;

@@ -99,16 +99,9 @@ INLINE void xs_row(int nt, int64_t nb, const uint8_t *w, const uint8_t *a, int64
 void strata_qdot_iq4_xs_zmm(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                             const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {
     const int64_t nb = k / STRATA_QK_K, tok_bytes = nb * XS_BLOCK;
-    if (n_tok <= 0) return;
-    int valid = 0;
-    uint8_t *x = n_tok < STRATA_QDOT_DECODE_TOKENS && nb > 0
-                   ? strata_qdot_relaid(a, n_tok, k, arb, (size_t)(n_tok * tok_bytes), STRATA_RELAID_IQ4_XS, &valid)
-                   : NULL;
-    if (!x) {
-        strata_qdot_iq4_xs_evex(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
-        return;
-    }
-    if (!valid) xs_relay(a, arb, n_tok, nb, x);
+    const uint8_t *x = strata_qdot_decode_relaid(strata_qdot_iq4_xs_evex, xs_relay, STRATA_RELAID_IQ4_XS, nb, tok_bytes,
+                                                 k, w, wrb, n_rows, a, arb, n_tok, y, ys);
+    if (!x) return;
     const uint8_t *ahead_end = strata_qdot_ahead();
     for (int64_t r = 0; r < n_rows; r++) {
         if (n_tok == 1) xs_row(1, nb, w + r * wrb, a, arb, x, tok_bytes, y + r, ys, ahead_end);
