@@ -223,6 +223,26 @@ static inline void strata_k_scale_min(int j, const uint8_t s[12], uint8_t *sc, u
     }
 }
 
+/* The same for four sub-blocks at a time, a byte each in little-endian words: w[0] the scales of
+ * sub-blocks 0-3, w[1] of 4-7, w[2] the mins of 0-3, w[3] of 4-7 (the SIMD kernels' start). */
+static inline void strata_k_scale_min_words(const uint8_t s[12], uint32_t w[4]) {
+    const uint32_t a = strata_u32(s), b = strata_u32(s + 4), c = strata_u32(s + 8);
+    w[0] = a & 0x3f3f3f3fu;
+    w[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    w[2] = b & 0x3f3f3f3fu;
+    w[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+}
+
+/* Q3_K's 16 six-bit scales before the - 32 (strata_q3_k_scale), a byte each in little-endian words:
+ * w[i] holds sub-blocks 4 i .. 4 i + 3. */
+static inline void strata_q3_k_scale_words(const uint8_t s[12], uint32_t w[4]) {
+    const uint32_t a0 = strata_u32(s), a1 = strata_u32(s + 4), t = strata_u32(s + 8);
+    w[0] = (a0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4;
+    w[1] = (a1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4;
+    w[2] = ((a0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4;
+    w[3] = ((a1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4;
+}
+
 /* ---- time ---- */
 
 /* Monotonic clock in nanoseconds (pool spin deadlines, pager busy time and read timings). */

@@ -22,12 +22,6 @@
 
 static inline float half_scale(uint16_t h) { return _cvtsh_ss(h); }
 
-static inline uint32_t load_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* 8 consecutive bytes at p, zero-extended to 8 int32 lanes. */
 static inline __m256i u8x8_to_i32(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
@@ -46,17 +40,15 @@ static inline __m256 scaled_minus(__m256 d, __m256i q, __m256 m) {
  *   bytes 0-3  sc[0..3] in bits 0-5, bits 6-7 = bits 4-5 of sc[4..7]
  *   bytes 4-7  m[0..3]  in bits 0-5, bits 6-7 = bits 4-5 of m[4..7]
  *   bytes 8-11 low nibble = bits 0-3 of sc[4..7], high nibble = bits 0-3 of m[4..7]
- * Worked on as three little-endian words: a shift of a whole word moves each byte's bits 6-7 to
- * bits 4-5, and the mask drops what the shift brought in from the next byte.
+ * Unpacked four at a time by common.h's strata_k_scale_min_words.
  * Then ds[i] = d * sc[i] and dm[i] = dmin * m[i] (float32, one rounding each, as gguf-py).
  */
 static inline void k_subblock_scales(const uint8_t *restrict s, uint16_t d, uint16_t dmin,
                                      float *restrict ds, float *restrict dm) {
-    const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
-    const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
-    const __m256i mn = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+    uint32_t w[4];
+    strata_k_scale_min_words(s, w);
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)w[1], (int)w[0]));
+    const __m256i mn = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)w[3], (int)w[2]));
     _mm256_store_ps(ds, scaled(_mm256_set1_ps(half_scale(d)), sc));
     _mm256_store_ps(dm, scaled(_mm256_set1_ps(half_scale(dmin)), mn));
 }

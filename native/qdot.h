@@ -262,8 +262,8 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
 
 /* The tile for calls (or a prefill tile's leftovers) of fewer than 8 tokens of `type` on an AVX-512
  * call: the planes tile where qdot.c hands those out (qdot_iq_planes.c), else the zmm decode
- * tile where it hands those out (qdot_kquant_zmm.c, qdot_iq4_xs_avx512.c; it passes 4 tokens and more to
- * the AVX2 build), else the gather tile where it hands those out (qdot_iq_vbmi.c:
+ * tile where it hands those out (qdot_kquant_zmm.c, qdot_iq4_xs_avx512.c, qdot_nvfp4_avx512.c; it passes
+ * 4 tokens and more to the AVX2 build), else the gather tile where it hands those out (qdot_iq_vbmi.c:
  * strata_qdot_gathers), else `otherwise`. */
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise);
 strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise);

@@ -348,13 +348,12 @@ typedef struct {
 /* Q4_K/Q5_K scales and mins (layout: common.h): sc_a = the 8 int16 scales in both halves, bs_w =
  * the mins, each repeated for its two bsums. */
 INLINE void k8_head(const uint8_t *s, khead *hd) {
-    const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
-    const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    const __m128i mins = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
+    uint32_t w[4];
+    strata_k_scale_min_words(s, w);
+    const __m128i mins = _mm_set_epi32(0, 0, (int)w[3], (int)w[2]);
     const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     hd->bs_w = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, dup));
-    hd->sc_a = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+    hd->sc_a = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)w[1], (int)w[0])));
 }
 
 /* Formats with 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K): from their 16 int16 scales, sc_a holds
@@ -367,12 +366,9 @@ INLINE void k16_head(__m256i sc16, khead *hd) {
 
 /* Q3_K's 16 six-bit scales (layout: dequant_ref.c), minus 32, as int16. */
 INLINE __m256i q3_k_scales(const uint8_t *s) {
-    const uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), t = load_u32(s + 8);
-    const uint32_t w0 = (a0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4;
-    const uint32_t w1 = (a1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4;
-    const uint32_t w2 = ((a0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4;
-    const uint32_t w3 = ((a1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4;
-    const __m128i sc = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
+    uint32_t w[4];
+    strata_q3_k_scale_words(s, w);
+    const __m128i sc = _mm_sub_epi8(_mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]), _mm_set1_epi8(32));
     return _mm256_cvtepi8_epi16(sc);
 }
 

