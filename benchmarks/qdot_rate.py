@@ -3,11 +3,13 @@ weights read per second at decode (one token) in cache and from DRAM, the DRAM r
 a bare read of the same bytes by as many threads, and prefill against decode per token.
 
     python benchmarks/qdot_rate.py [--types Q4_0 Q4_K IQ4_NL ...] [--impls scalar avx2] [--threads 2]
-                                   [--dram-mib 256] [--prefill-tokens 64] [--rounds 15] [--alternate N]
+                                   [--dram-mib N] [--prefill-tokens 64] [--rounds 15] [--alternate N]
 
 Per type, through the pooled `native.matmul_into` on random packed weights:
   cache    1 token by a 2048 x 2048 matrix (at most 4.5 MB: the L3)
-  DRAM     1 token by an N x 4096 matrix of --dram-mib MiB (several times the L3)
+  DRAM     1 token by an N x 4096 matrix of --dram-mib MiB (default: four times the largest cache
+           the kernel reports, at least 256 MiB and at most a quarter of the free memory; a host
+           with a 300 MiB L3 read a 256 MiB matrix out of its L3 at twice its DRAM's rate)
   prefill  --prefill-tokens tokens by a 1024 x 4096 matrix; "x decode" is decode's time per token
            on the same matrix over prefill's
   bare read: torch's sum of the DRAM matrix's bytes as int64 with the same thread count, measured
@@ -23,7 +25,9 @@ token. Not a test.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -73,6 +77,28 @@ def bare_read_gbs(buf: torch.Tensor, threads: int, rounds: int) -> float:
         torch.set_num_threads(before)
 
 
+def largest_cache_bytes() -> int:
+    """Size of the largest CPU cache sysfs lists for cpu0, 0 where it lists none."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def default_dram_mib() -> int:
+    """Four times the largest cache, at least 256 MiB, at most a quarter of the available memory."""
+    want = max(256, 4 * largest_cache_bytes() // 2**20)
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError):
+        return want
+    return max(64, min(want, avail // 4))
+
+
 def matrices(name: str, a: argparse.Namespace, rng) -> dict[str, Matrix]:
     """The cache, decode, prefill and DRAM matrices of one type."""
     mid = Matrix(name, 1024, 4096, 1, rng)
@@ -114,12 +140,16 @@ def main() -> int:
     p.add_argument("--types", nargs="+", default=DEFAULT_TYPES)
     p.add_argument("--impls", nargs="+", default=["scalar", "avx2"] if native.cpu_has_avx2() else ["scalar"])
     p.add_argument("--threads", nargs="+", type=int, default=[2])
-    p.add_argument("--dram-mib", type=int, default=256)
+    p.add_argument("--dram-mib", type=int, default=None,
+                   help="size of the DRAM matrix (default: 4x the largest cache, see above)")
     p.add_argument("--prefill-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--alternate", type=int, default=0, metavar="N",
                    help="compare the families instead: N rounds, each running every family in turn")
     a = p.parse_args()
+    if a.dram_mib is None:
+        a.dram_mib = default_dram_mib()
+    print(f"DRAM matrix {a.dram_mib} MiB (largest cache {largest_cache_bytes() // 2**20} MiB)", flush=True)
     rng = np.random.default_rng(0)
     for threads in a.threads:
         with native.ComputePool(threads) as pool:
