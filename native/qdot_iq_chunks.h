@@ -54,6 +54,19 @@ INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void 
     return _mm256_set_epi64x((long long)u64(r3), (long long)u64(r2), (long long)u64(r1), (long long)u64(r0));
 }
 
+/* The same rows by ymm gathers where they are fast (strata_cpu_fast_ymm_gathers; each format's choice
+ * at gathers_for): four 8-byte rows by 16-bit indices (VPGATHERDQ), eight 4-byte rows by 16-bit or
+ * 8-bit indices (VPGATHERDD). The same bytes as the scalar loads. */
+INLINE __m256i gather_rows8(const void *grid, const uint16_t *ix) {
+    return _mm256_i32gather_epi64((const long long *)grid, _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)ix)), 8);
+}
+INLINE __m256i gather_rows4_ix(const void *grid, const uint16_t *ix) {
+    return _mm256_i32gather_epi32((const int *)grid, _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)ix)), 4);
+}
+INLINE __m256i gather_rows4_u8(const void *grid, const uint8_t *idx) {
+    return _mm256_i32gather_epi32((const int *)grid, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)idx)), 4);
+}
+
 /* Eight 4-byte grid rows (IQ3), idx[0]'s in the lowest bytes; `hi` gives each index's 9th bit. Each
  * 128-bit half is a load and three dword inserts. */
 INLINE __m128i rows4_half(const uint8_t (*grid)[4], const uint8_t *idx, unsigned hi) {
@@ -307,10 +320,19 @@ typedef struct {
     uint16_t ix[64] __attribute__((aligned(32)));
     uint8_t sg[32] __attribute__((aligned(32)));
     int delta_in_bias;   /* IQ1_S in the decode tile: the chunks leave their delta to the block's bias (iq1_bias) */
+    int gathers;         /* the chunks' grid rows by ymm gathers (gathers_for) */
 } iq_head;
 
-INLINE void iq_head_of(int fmt, const uint8_t *p, int delta_in_bias, iq_head *h) {
+/* Whether format fmt's chunks gather their grid rows where gathers are fast (`fast`: a constant in the
+ * decode tile, strata_cpu_fast_ymm_gathers() elsewhere): not IQ2_XXS's or IQ2_XS's, whose indices
+ * are bytes or fields of a register already (0.85x and 0.95x gathered). */
+INLINE int gathers_for(int fmt, int fast) {
+    return fast && (fmt == FMT_IQ2_S || fmt == FMT_IQ3_XXS || fmt == FMT_IQ3_S || fmt == FMT_IQ1_S || fmt == FMT_IQ1_M);
+}
+
+INLINE void iq_head_of(int fmt, const uint8_t *p, int delta_in_bias, int fast_gathers, iq_head *h) {
     h->wv = iq_weights(fmt, p);
+    h->gathers = gathers_for(fmt, fast_gathers);
     h->delta_in_bias = delta_in_bias && fmt == FMT_IQ1_S;
     iq_indices(fmt, p, h->ix);
     iq_signs(fmt, p, h->sg);
@@ -347,6 +369,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
     const __m256i wv = h->wv;
     const uint16_t *ix = h->ix;
     const uint8_t *sg = h->sg;
+    const int gathers = h->gathers;
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
@@ -368,21 +391,22 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
     case FMT_IQ2_S: {  /* 8 + 2 index bits, a sign bit per value, a 4-bit ls per 16 values */
         const strata_block_iq2_s *b = (const strata_block_iq2_s *)p;
         ix += 4 * c;
-        ch->q = rows8(strata_iq2s_grid[ix[0]], strata_iq2s_grid[ix[1]], strata_iq2s_grid[ix[2]], strata_iq2s_grid[ix[3]]);
+        ch->q = gathers ? gather_rows8(strata_iq2s_grid, ix)
+                           : rows8(strata_iq2s_grid[ix[0]], strata_iq2s_grid[ix[1]], strata_iq2s_grid[ix[2]], strata_iq2s_grid[ix[3]]);
         set_signs(fmt, ch, u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
-        ch->q = rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
+        ch->q = gathers ? gather_rows4_u8(strata_iq3xxs_grid, b->qs + 8 * c) : rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
         set_signs(fmt, ch, u32(sg + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
     }
     case FMT_IQ3_S: {  /* 8 + 1 index bits, a sign bit per value, a 4-bit ls per 32 values */
         const strata_block_iq3_s *b = (const strata_block_iq3_s *)p;
-        ch->q = rows4_ix(strata_iq3s_grid, ix + 8 * c);
+        ch->q = gathers ? gather_rows4_ix(strata_iq3s_grid, ix + 8 * c) : rows4_ix(strata_iq3s_grid, ix + 8 * c);
         set_signs(fmt, ch, u32(b->signs + 4 * c));
         ch->sc = pick_weight(wv, c);
         return;
@@ -391,7 +415,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
         const strata_block_iq1_s *b = (const strata_block_iq1_s *)p;
         const unsigned qh = u16(b->qh + 2 * c);
         ix += 4 * c;
-        const __m256i g = rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
+        const __m256i g = gathers ? gather_rows8(strata_iq1_grid_u, ix)
+                                     : rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
         if (h->delta_in_bias) ch->q = g;
         else iq1_values(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1), ch);
         ch->sc = pick_weight(wv, c);
@@ -401,7 +426,8 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
         const strata_block_iq1_m *b = (const strata_block_iq1_m *)p;
         const unsigned h = u16(b->qh + 2 * c);  /* nibble l: group 4 c + l */
         ix += 4 * c;
-        const __m256i g = rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
+        const __m256i g = gathers ? gather_rows8(strata_iq1_grid_u, ix)
+                                     : rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
         /* group l's delta sign is bit 4 l + 3 of h: tested in the 16-bit lanes of its 8 bytes */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);

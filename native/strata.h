@@ -56,6 +56,11 @@ int strata_cpu_has_avx512_vbmi(void);
  * gather their grid rows (native/qdot_iq_vbmi.c). */
 int strata_cpu_fast_gathers(void);
 
+/* 1 when the grid i-quants' AVX2 kernels fetch IQ2_S's, IQ3_XXS's, IQ3_S's, IQ1_S's and IQ1_M's grid
+ * rows by ymm gathers: STRATA_AVX2_GATHERS=0 or 1 where set, else an Intel CPU not affected by Gather
+ * Data Sampling (native/dequant.c says what was measured). */
+int strata_cpu_fast_ymm_gathers(void);
+
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
  * kernel table then prefers some AVX2 tiles for prefill and decode there (native/qdot.c). */
 int strata_cpu_splits_512(void);

@@ -67,6 +67,12 @@ def cpu_fast_gathers() -> bool:
     return bool(lib.strata_cpu_fast_gathers())
 
 
+def cpu_fast_ymm_gathers() -> bool:
+    """True when the grid i-quants' AVX2 kernels gather their grid rows (STRATA_AVX2_GATHERS, else an
+    Intel CPU not affected by Gather Data Sampling)."""
+    return bool(lib.strata_cpu_fast_ymm_gathers())
+
+
 def cpu_splits_512() -> bool:
     """True when this CPU runs 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4)."""
     return bool(lib.strata_cpu_splits_512())
@@ -179,5 +185,5 @@ def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[A
 
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_splits_512", "default_impl", "default_threads",
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_splits_512", "default_impl", "default_threads",
            "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

@@ -90,7 +90,8 @@ def test_every_kernel_stays_within_its_weights():
     run_child({})
 
 
-ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_ZMM_DECODE": "plain"}, {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0"},
+ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_ZMM_DECODE": "plain", "STRATA_AVX2_GATHERS": "1"},
+                {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0", "STRATA_AVX2_GATHERS": "0"},
                 {"STRATA_AVX512_OWN_TILES": "1"}]
 
 

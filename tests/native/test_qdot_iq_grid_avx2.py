@@ -14,6 +14,9 @@ single-threaded ones bit for bit.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -22,6 +25,7 @@ from strata.quant import HALF_SCALE_OFFSETS, GGMLType, block_size, random_blocks
 from tests.native import test_matmul as tm
 from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
 from tests.native.test_qdot import U, make_tokens, numpy_qact
+from tests.native.test_qdot_avx512 import ROOT, child_env
 from tests.native.test_qdot_iquants import SCALES, make_weights
 
 T = GGMLType
@@ -116,3 +120,48 @@ def test_pooled_matmul_equals_the_avx2_kernels(pools, t):  # noqa: F811
                 got = tm.matmul(pools[n], t, w, n_rows, x, impl="avx2")
                 assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (t.name, n_rows, n_tokens, n)
             assert_close_to_scalar(t, w.reshape(n_rows, -1), n_rows, x, f"matmul {n_rows}x{n_tokens}")
+
+
+# ---- Grid rows by ymm gathers (STRATA_AVX2_GATHERS; native/qdot_iq_chunks.h, gather_rows8) ----
+# IQ2_S's, IQ3_XXS's, IQ3_S's, IQ1_S's and IQ1_M's chunks fetch their grid rows by gathers where
+# strata_cpu_fast_ymm_gathers says so (an Intel CPU not affected by Gather Data Sampling), by scalar
+# loads elsewhere. Both fetch the same bytes, so each call's outputs are the same bits either way: the
+# AVX2 tiles (1-4 tokens), the prefill over unpacked rows (5 on) and, on AVX-512, the VNNI prefill
+# tiles that unpack with the same chunks. The choice is made once per process: a child per setting.
+GATHER_CHILD = r"""
+import sys
+import numpy as np
+from strata import native
+from strata.quant import GGMLType as T, random_blocks
+from tests.native.test_qdot import make_tokens
+from tests.native.test_qdot_iq_grid_avx2 import GRID_TYPES, assert_close_to_scalar
+from tests.native.test_qdot_iquants import SCALES
+
+want = sys.argv[1] == "1"
+assert native.cpu_fast_ymm_gathers() == want
+impls = ["avx2"] + (["avx512"] if native.cpu_has_avx512() else [])
+rng = np.random.default_rng(5)
+out = []
+for t in GRID_TYPES:
+    for n_rows, n_blocks in ((1, 1), (7, 3), (5, 9)):
+        row_len = 256 * n_blocks
+        w = random_blocks(t, n_rows * n_blocks, rng, SCALES[t])
+        for n_tok in (1, 2, 3, 4, 5, 8, 17, 40):
+            x = make_tokens(n_tok, row_len, rng)
+            for impl in impls:
+                assert_close_to_scalar(t, w.reshape(n_rows, -1), n_rows, x, f"gathers={want} {impl}", impl=impl)
+                out.append(native.qdot_rows(t, w, n_rows, row_len, x, impl=impl))
+np.save(sys.argv[2], np.concatenate([o.ravel() for o in out]))
+"""
+
+
+def test_gathered_grid_rows_give_the_same_bits_as_scalar_loads(tmp_path):
+    results = {}
+    for setting in ("0", "1"):
+        path = tmp_path / f"gathers{setting}.npy"
+        run = subprocess.run([sys.executable, "-c", GATHER_CHILD, setting, str(path)], cwd=ROOT,
+                             env=child_env(STRATA_AVX2_GATHERS=setting), capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"STRATA_AVX2_GATHERS={setting}: {run.stderr[-3000:]}"
+        results[setting] = np.load(path)
+    assert results["0"].size > 0
+    assert results["0"].view(np.uint32).tobytes() == results["1"].view(np.uint32).tobytes()
