@@ -39,7 +39,12 @@
  * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
  * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
  * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
- * are one shift and mask each from a register already). Making the ksigns
+ * are one shift and mask each from a register already). On Intel cores not slowed by the Gather
+ * Data Sampling mitigation the rows of IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M come by ymm gathers
+ * instead (qdot_iq_chunks.h, gathers_for; strata_cpu_fast_ymm_gathers): on the Intel machine,
+ * one thread, in cache, 1.07-1.53x at 1 token (IQ3_S the most: 8 rows a gather where the scalar
+ * path inserts 6 dwords), 1.05-1.46x at 2; from DRAM on two threads 1.09-1.58x; IQ2_XXS (0.85x) and
+ * IQ2_XS (0.95x) keep their scalar loads. Making the ksigns
  * sign bits per block (iq_signs) instead of per chunk: 1.04-1.07x IQ2_XS decode, the same for IQ2_XXS
  * and IQ3_XXS within this Intel machine's noise (one thread, in cache, alternating builds; measured
  * the same way against llama.cpp's vec_dot kernels, these decode kernels run at 0.86-1.4x its speed
