@@ -89,9 +89,9 @@ def largest_cache_bytes() -> int:
     return max(sizes, default=0)
 
 
-def default_dram_mib() -> int:
+def default_dram_mib(cache_mib: int) -> int:
     """Four times the largest cache, at least 256 MiB, at most a quarter of the available memory."""
-    want = max(256, 4 * largest_cache_bytes() // 2**20)
+    want = max(256, 4 * cache_mib)
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
     except (ValueError, OSError):
@@ -147,9 +147,10 @@ def main() -> int:
     p.add_argument("--alternate", type=int, default=0, metavar="N",
                    help="compare the families instead: N rounds, each running every family in turn")
     a = p.parse_args()
+    cache_mib = largest_cache_bytes() // 2**20
     if a.dram_mib is None:
-        a.dram_mib = default_dram_mib()
-    print(f"DRAM matrix {a.dram_mib} MiB (largest cache {largest_cache_bytes() // 2**20} MiB)", flush=True)
+        a.dram_mib = default_dram_mib(cache_mib)
+    print(f"DRAM matrix {a.dram_mib} MiB (largest cache {cache_mib} MiB)", flush=True)
     rng = np.random.default_rng(0)
     for threads in a.threads:
         with native.ComputePool(threads) as pool:

@@ -135,24 +135,45 @@ int strata_cpu_has_avx512_vbmi(void) {
     return cpu_vbmi;
 }
 
+/* 1 when the kernel reports this CPU not affected by Gather Data Sampling (no sysfs entry: 0). */
+static int gds_not_affected(void) {
+    int ok = 0;
+    FILE *f = fopen("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling", "r");
+    if (f) {
+        char line[64] = {0};
+        ok = fgets(line, sizeof line, f) && strncmp(line, "Not affected", 12) == 0;
+        fclose(f);
+    }
+    return ok;
+}
+
+/* 1 when CPUID's vendor string is `id` (12 characters, "GenuineIntel", "AuthenticAMD"). */
+static int cpu_vendor_is(const char *id) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned r[4];
+    cpuid(0, 0, r);
+    char v[12];
+    memcpy(v, &r[1], 4);   /* EBX, EDX, ECX */
+    memcpy(v + 4, &r[3], 4);
+    memcpy(v + 8, &r[2], 4);
+    return memcmp(v, id, 12) == 0;
+#else
+    (void)id;
+    return 0;
+#endif
+}
+
 /* Gathers run at the load ports' rate: not a CPU whose microcode mitigates Gather Data Sampling
  * (Intel cores up to Ice Lake and Tiger Lake, where that makes a gather several times slower), as
  * the kernel reports it, and not one that splits 512-bit operations (Zen 4: there the gather tiles
  * decoded at 0.73-0.94x the AVX2 build, native/qdot.c). */
 int strata_cpu_fast_gathers(void) {
     static int cached = -1;
-    if (cached >= 0) return cached;
-    cached = 0;
-    FILE *f = fopen("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling", "r");
-    if (f) {
-        char line[64] = {0};
-        if (fgets(line, sizeof line, f)) cached = strncmp(line, "Not affected", 12) == 0 && !strata_cpu_splits_512();
-        fclose(f);
-    }
+    if (cached < 0) cached = gds_not_affected() && !strata_cpu_splits_512();
     return cached;
 }
 
-/* The grid i-quants' AVX2 chunks fetch rows by ymm gathers (native/qdot_iq_chunks.h, grid_rows8):
+/* The grid i-quants' AVX2 chunks fetch rows by ymm gathers (native/qdot_iq_chunks.h, gather_rows8):
  * STRATA_AVX2_GATHERS=0 or 1 where set, else an Intel CPU whose kernel reports it not affected by
  * Gather Data Sampling. Measured on an Intel core of the Raptor Cove kind (the Xeon of the figures;
  * Raptor Lake's P-cores are the same core), AVX2 build, one thread: IQ3_S 1.49x, IQ1_S 1.22x, IQ2_S
@@ -164,19 +185,7 @@ int strata_cpu_fast_ymm_gathers(void) {
     if (cached >= 0) return cached;
     const char *v = getenv("STRATA_AVX2_GATHERS");
     if (v && v[0]) return cached = strcmp(v, "0") != 0;
-    cached = 0;
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned r[4];
-    cpuid(0, 0, r);
-    const int intel = r[1] == 0x756e6547u && r[3] == 0x49656e69u && r[2] == 0x6c65746eu;   /* "GenuineIntel" */
-    FILE *f = intel ? fopen("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling", "r") : NULL;
-    if (f) {
-        char line[64] = {0};
-        if (fgets(line, sizeof line, f)) cached = strncmp(line, "Not affected", 12) == 0;
-        fclose(f);
-    }
-#endif
-    return cached;
+    return cached = cpu_vendor_is("GenuineIntel") && gds_not_affected();
 }
 
 int strata_cpu_splits_512(void) {
@@ -185,11 +194,9 @@ int strata_cpu_splits_512(void) {
     cached = 0;
 #if defined(__x86_64__) || defined(__i386__)
     unsigned r[4];
-    cpuid(0, 0, r);
-    const int amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;   /* "AuthenticAMD" */
     cpuid(1, 0, r);
     const unsigned base = (r[0] >> 8) & 0xfu, ext = (r[0] >> 20) & 0xffu;
-    cached = amd && base + (base == 0xfu ? ext : 0u) == 0x19u;
+    cached = cpu_vendor_is("AuthenticAMD") && base + (base == 0xfu ? ext : 0u) == 0x19u;
 #endif
     return cached;
 }

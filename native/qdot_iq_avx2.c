@@ -147,6 +147,16 @@ INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
     u->dmin = 0.0f;
 }
 
+/* Row w against n_tok <= 4 tokens, the token count (and `gathers`, where a caller passes a literal) a
+ * constant of each tile. */
+INLINE void iq_tile_tokens(int fmt, int gathers, int64_t bs, int64_t n_tok, int64_t k, const uint8_t *w,
+                           const uint8_t *a, int64_t arb, float *y, int64_t ys) {
+    if (n_tok == 4) iq_tile(fmt, gathers, bs, 4, k, w, a, arb, y, ys);
+    else if (n_tok == 3) iq_tile(fmt, gathers, bs, 3, k, w, a, arb, y, ys);
+    else if (n_tok == 2) iq_tile(fmt, gathers, bs, 2, k, w, a, arb, y, ys);
+    else if (n_tok == 1) iq_tile(fmt, gathers, bs, 1, k, w, a, arb, y, ys);
+}
+
 /* Calls of UR_MIN_TOKENS tokens or more over unpacked rows; fewer rows one at a time, decode (1-3
  * tokens) all tokens at once, 4 tokens in one pass. */
 INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wrb, int64_t n_rows,
@@ -159,18 +169,8 @@ INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wr
      * gathered, where 1-3 tokens gained 1.10-1.21x) */
     const int gathers = gathers_for(fmt, strata_cpu_fast_ymm_gathers()) && !(fmt == FMT_IQ1_S && n_tok == 4);
     for (int64_t r = 0; r < n_rows; r++) {
-        const uint8_t *wr = w + r * wrb;
-        if (gathers) {
-            if (n_tok == 4) iq_tile(fmt, 1, bs, 4, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 3) iq_tile(fmt, 1, bs, 3, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 2) iq_tile(fmt, 1, bs, 2, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 1) iq_tile(fmt, 1, bs, 1, k, wr, a, arb, y + r, ys);
-        } else {
-            if (n_tok == 4) iq_tile(fmt, 0, bs, 4, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 3) iq_tile(fmt, 0, bs, 3, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 2) iq_tile(fmt, 0, bs, 2, k, wr, a, arb, y + r, ys);
-            else if (n_tok == 1) iq_tile(fmt, 0, bs, 1, k, wr, a, arb, y + r, ys);
-        }
+        if (gathers) iq_tile_tokens(fmt, 1, bs, n_tok, k, w + r * wrb, a, arb, y + r, ys);
+        else iq_tile_tokens(fmt, 0, bs, n_tok, k, w + r * wrb, a, arb, y + r, ys);
     }
 }
 
