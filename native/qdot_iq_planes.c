@@ -117,12 +117,11 @@ static uint8_t iq1s_p_at[64] __attribute__((aligned(64))), iq1s_row_at[64] __att
 static uint8_t iq1m_row_at[64] __attribute__((aligned(64))), iq1m_wt2_at[2][64] __attribute__((aligned(64)));
 /* IQ2_S by rows (iq2s_rows_unpack): VPERMT2B of its qs and signs (64 bytes) and its qh and scales (16)
  * to qword c: chunk c's 4 index bytes and its qh byte; VPMULTISHIFTQB's offsets to word l: its index
- * byte, then qh's bits 2 l ..; per row l, VPSHUFB's bytes that spread the sign byte of row 4 c + l
- * over qword c (the odd bytes of a qword hold its chunk's 4 sign bytes); bit i % 8 in byte i, to test
- * them (bit_pattern); the weights of 16 values 2 c + h, nibble 2 c + h shifted up one */
+ * byte, then qh's bits 2 l ..; bit i % 8 in byte i (bit_pattern: the sign bits' matrix, see
+ * iq2s_rows_unpack); the weights of 16 values 2 c + h, nibble 2 c + h shifted up one */
 static uint8_t bit_pattern[64] __attribute__((aligned(64)));
 static uint8_t iq2s_p_at[64] __attribute__((aligned(64))), iq2s_row_at[64] __attribute__((aligned(64))),
-    iq2s_sign_at[4][64] __attribute__((aligned(64))), iq2s_wt_at[2][64] __attribute__((aligned(64)));
+    iq2s_wt_at[2][64] __attribute__((aligned(64)));
 /* IQ3_XXS: byte r of codes3[h] holds grid row r's positions 2 h (bits 0-2) and 2 h + 1 (bits 4-6) as
  * 3-bit codes, the rank of the value in IQ3_VALUES (bits 3 and 7 clear: a VPSHUFB reads the low
  * nibble as it is, and the high one shifted down by VPSRLW without a mask) */
@@ -200,7 +199,6 @@ __attribute__((constructor)) static void make_planes_tables(void) {
         }
         iq2s_p_at[i] = (uint8_t)(b < 4 ? 4 * c + b : 64 + c);
         iq2s_row_at[i] = (uint8_t)(b % 2 == 0 ? 8 * (b / 2) : 32 + 2 * (b / 2));
-        for (int l = 0; l < 4; l++) iq2s_sign_at[l][i] = (uint8_t)(8 * (c % 2) + 2 * l + 1);
         for (int h = 0; h < 2; h++) iq2s_wt_at[h][i] = (uint8_t)((4 * (2 * c + h) + 63) % 64);
     }
     for (int d = 0; d < 16; d++) {
@@ -580,7 +578,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
  * -9 times the sums of those 16 values (the bsums), laid out after the vectors, so that one weight
  * per dword is left: 2 ls + 1 as floats, chunk c's (IQ1_S, one per 32 values) or its two groups' of
  * 16 (IQ1_M, IQ2_S), times the block's d * a.d, into one FMA (IQ1_M, IQ2_S: two). IQ2_S has no 9 to
- * take off: its 4 sign masks a block (one VPSHUFB and one VPTESTMB each) negate the activations. The
+ * take off: its 4 sign masks a block (from one GF2P8AFFINEQB, a VPMOVB2M or VPTESTMB each) negate the activations. The
  * integers are the scalar tile's per 16 values; the float terms are added in another order.
  *
  * Against the planes tile (planes_row), one thread, in cache, 256 x 4096, alternating builds
@@ -624,7 +622,7 @@ static void relay_rows(const uint8_t *a, int64_t arb, int64_t n_tok, int64_t nb,
 
 /* The unpacking's constants, loaded once per row */
 struct rows_consts {
-    __m512i p_at, row_at, top_at, word_at[4], wt_at[2], sign_at[4], bits;
+    __m512i p_at, row_at, top_at, word_at[4], wt_at[2], sign_bit[4], bits;
 };
 
 INLINE void rows_consts_load(int fmt, struct rows_consts *k) {
@@ -633,7 +631,7 @@ INLINE void rows_consts_load(int fmt, struct rows_consts *k) {
     k->top_at = _mm512_load_si512((const void *)iq1s_top_at);
     for (int l = 0; l < 4; l++) k->word_at[l] = _mm512_load_si512((const void *)rows_word_at[l]);
     for (int h = 0; h < 2; h++) k->wt_at[h] = _mm512_load_si512((const void *)(fmt == IQ2_S ? iq2s_wt_at[h] : iq1m_wt2_at[h]));
-    for (int l = 0; l < 4; l++) k->sign_at[l] = _mm512_load_si512((const void *)iq2s_sign_at[l]);
+    for (int l = 0; l < 4; l++) k->sign_bit[l] = _mm512_set1_epi8((char)(0x80 >> l));
     k->bits = _mm512_load_si512((const void *)bit_pattern);
 }
 
@@ -669,10 +667,16 @@ INLINE void iq2s_rows_unpack(const struct rows_consts *k, const uint8_t *p, __m5
     const __m512i idx = _mm512_and_si512(_mm512_multishift_epi64_epi8(k->row_at, q), _mm512_set1_epi32(0x03FF03FF));
 #pragma GCC unroll 4
     for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)strata_iq2s_grid, 8);
-    /* qword c: the sign bytes of rows 4 c .. 4 c + 3 in its odd bytes, each spread over a qword and tested bit by bit */
-    const __m512i sg = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p + 34))), 8);
-#pragma GCC unroll 4
-    for (int l = 0; l < 4; l++) neg[l] = _mm512_test_epi8_mask(_mm512_shuffle_epi8(sg, k->sign_at[l]), k->bits);
+    /* qword c: the sign bytes of rows 4 c .. 4 c + 3 in its bytes 0-3, as a bit matrix; GF2P8AFFINEQB of
+     * bit j (byte j of each qword) against it puts bit j of row 4 c + l's sign byte in bit 7 - l of
+     * byte 8 c + j, so that one VPMOVB2M or VPTESTMB a row makes its mask. Against spreading each
+     * row's sign byte over its qword by a VPSHUFB and testing it (8 operations on the shuffle port),
+     * 1.02x at 1 token, 1.03x at 2 and 3, bit-equal (benchmarks/ab_builds.py, one thread, in cache). */
+    const __m512i sg = _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(p + 34)));
+    const __m512i t = _mm512_gf2p8affine_epi64_epi8(k->bits, sg, 0);
+    neg[0] = _mm512_movepi8_mask(t);
+#pragma GCC unroll 3
+    for (int l = 1; l < 4; l++) neg[l] = _mm512_test_epi8_mask(t, k->sign_bit[l]);
     const __m512i sc = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(p + 74)));
     for (int h = 0; h < 2; h++)
         wf[h] = _mm512_cvtepi32_ps(_mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(k->wt_at[h], sc), _mm512_set1_epi32(0x1E),
