@@ -188,6 +188,25 @@ int strata_cpu_fast_ymm_gathers(void) {
     return cached = cpu_vendor_is("GenuineIntel") && gds_not_affected();
 }
 
+/* AVX-VNNI: VEX-encoded VPDPBUSD on xmm and ymm (CPUID.(7,1):EAX bit 4; Intel's Alder Lake and later
+ * client cores, Sapphire Rapids and later Xeons, Zen 5), on top of AVX2. STRATA_AVX_VNNI=0 turns its
+ * tiles off (an AVX2 CPU without it, for measuring and testing). */
+int strata_cpu_avx_vnni(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    cached = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    const char *v = getenv("STRATA_AVX_VNNI");
+    if ((v && strcmp(v, "0") == 0) || !strata_cpu_has_avx2()) return cached;
+    unsigned r[4];
+    cpuid(0, 0, r);
+    if (r[0] < 7) return cached;
+    cpuid(7, 1, r);
+    cached = (r[0] >> 4) & 1u;
+#endif
+    return cached;
+}
+
 int strata_cpu_splits_512(void) {
     static int cached = -1;
     if (cached >= 0) return cached;

@@ -211,6 +211,9 @@ STRATA_DECLARE_QTILE(tq1_0, avx2)
 STRATA_DECLARE_QTILE(tq2_0, avx2)
 STRATA_DECLARE_QTILE(nvfp4, avx2)
 
+/* qdot_tq1_avxvnni.c: TQ1_0's decode on AVX2 CPUs with AVX-VNNI */
+STRATA_DECLARE_QTILE(tq1_0, avxvnni)
+
 /* qdot_*_evex.c: the AVX2 sources built for AVX-512 machines */
 STRATA_DECLARE_QTILE(f32, evex)
 STRATA_DECLARE_QTILE(f16, evex)

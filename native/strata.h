@@ -61,6 +61,10 @@ int strata_cpu_fast_gathers(void);
  * Data Sampling (native/dequant.c says what was measured). */
 int strata_cpu_fast_ymm_gathers(void);
 
+/* 1 when this CPU has AVX-VNNI (VEX-encoded VPDPBUSD on ymm) beside AVX2, unless STRATA_AVX_VNNI=0:
+ * the AVX2 kernel table then decodes TQ1_0 with its tile (native/qdot_tq1_avxvnni.c). */
+int strata_cpu_avx_vnni(void);
+
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
  * kernel table then prefers some AVX2 tiles for prefill and decode there (native/qdot.c). */
 int strata_cpu_splits_512(void);

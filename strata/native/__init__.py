@@ -16,7 +16,7 @@
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
 through one helper (`_lib.check`); they hold no policy about what to compute or read.
 """
-from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, cpu_has_avx512_vbmi, cpu_fast_gathers, cpu_fast_ymm_gathers, cpu_splits_512, default_impl, default_threads
+from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, cpu_has_avx512_vbmi, cpu_fast_gathers, cpu_fast_ymm_gathers, cpu_avx_vnni, cpu_splits_512, default_impl, default_threads
 from .deltanet import attn_gate, deltanet_conv, deltanet_gates, deltanet_norm_gate, deltanet_recur
 from .dequant import convert_f32_into, dequantize, dequantize_into, dequantize_rows, has_kernel
 from .exchange import Exchange, ExchangeError, exchange_bytes
@@ -32,7 +32,7 @@ from .support import TypeSupport, supported_types, type_support
 
 __all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DecodeDeltaNet", "attn_gate", "deltanet_conv", "deltanet_gates",
            "deltanet_norm_gate", "deltanet_recur", "DecodeLayers", "Exchange", "ExchangeError", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "IMPLS", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
-           "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_splits_512",
+           "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_avx_vnni", "cpu_splits_512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "dequantize_rows", "exchange_bytes", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_cache_type", "kv_row_bytes", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",
            "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into",

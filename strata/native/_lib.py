@@ -73,6 +73,12 @@ def cpu_fast_ymm_gathers() -> bool:
     return bool(lib.strata_cpu_fast_ymm_gathers())
 
 
+def cpu_avx_vnni() -> bool:
+    """True when this CPU has AVX-VNNI beside AVX2 (unless STRATA_AVX_VNNI=0): the AVX2 family decodes
+    TQ1_0 with VEX-encoded VPDPBUSD (native/qdot_tq1_avxvnni.c)."""
+    return bool(lib.strata_cpu_avx_vnni())
+
+
 def cpu_splits_512() -> bool:
     """True when this CPU runs 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4)."""
     return bool(lib.strata_cpu_splits_512())
@@ -185,5 +191,5 @@ def typed_view(a: Any, ctype: str, what: str, writable: bool = False) -> tuple[A
 
 
 
-__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_splits_512", "default_impl", "default_threads",
+__all__ = ["IMPLS", "check", "check_threads", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_avx_vnni", "cpu_splits_512", "default_impl", "default_threads",
            "dst_view", "f32_view", "ffi", "impl_code", "lib", "src_view", "status_reason", "typed_view"]

@@ -91,7 +91,7 @@ def test_every_kernel_stays_within_its_weights():
 
 
 ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_ZMM_DECODE": "plain", "STRATA_AVX2_GATHERS": "1"},
-                {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0", "STRATA_AVX2_GATHERS": "0"},
+                {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0", "STRATA_AVX2_GATHERS": "0", "STRATA_AVX_VNNI": "0"},
                 {"STRATA_AVX512_OWN_TILES": "1"}]
 
 
