@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 { lscpu | grep -E "Model name|^CPU\(s\)|L3"
   grep -o -w 'avx2\|fma\|f16c\|avx512[a-z_0-9]*\|gfni\|avx_vnni\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   $py -c "from strata import native; print('strata sees: avx2', native.cpu_has_avx2(), '| avx512', native.cpu_has_avx512(),
-'| 512-bit operations split', native.cpu_has_avx512() and native.cpu_splits_512())"
+'| avx-vnni', native.cpu_avx_vnni(), '| 512-bit operations split', native.cpu_has_avx512() and native.cpu_splits_512())"
 } 2>&1 | tee "$out/machine.txt"
 impls="avx2"
 if $py -c "from strata import native; raise SystemExit(not native.cpu_has_avx512())"; then impls="avx2 avx512"; fi
