@@ -163,7 +163,7 @@ def strata_isa(path: Path) -> dict:
     """Strata's default kernel family and, per ggml type of the file, the family of its packed kernel."""
     from strata import native
 
-    return {"default": native.default_impl(),
+    return {"default": native.default_impl(), "avx_vnni": native.cpu_avx_vnni(),
             "types": {name: {"share": share, "runs": native.type_support(name).runs,
                              "decode_runs": native.type_support(name).decode_runs}
                       for name, share in file_types(path).items()}}

@@ -54,7 +54,8 @@ def _isa_lines(s: dict) -> list[str]:
     if "isa" in s["strata"]:
         isa = s["strata"]["isa"]
         kernels = ", ".join(f"{name} {100 * t['share']:.0f}% {_kernel(t)}" for name, t in isa["types"].items())
-        lines.append(f"{'':<13} {'strata ISA':<18} {isa['default']}; per type (share of bytes, kernel): {kernels}")
+        vnni = " with AVX-VNNI" if isa.get("avx_vnni") and isa["default"] == "avx2" else ""
+        lines.append(f"{'':<13} {'strata ISA':<18} {isa['default']}{vnni}; per type (share of bytes, kernel): {kernels}")
     return lines
 
 

@@ -101,3 +101,20 @@ def test_rounds_pool_the_runs_and_refuse_zero():
     done = subprocess.run([sys.executable, "benchmarks/packed_vs_llama.py", "--rounds", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--rounds 0" in done.stderr, done.stderr[-500:]
+
+
+def test_the_in_ram_report_says_when_the_avx2_family_takes_avx_vnni():
+    """packed_vs_llama's ISA line: the AVX2 family with AVX-VNNI (TQ1_0's decode tile) is named as such,
+    and never where the default family is another."""
+    from benchmarks.packed_vs_llama_report import format_in_ram
+
+    def report(default: str, vnni: bool) -> str:
+        strata = {"isa": {"default": default, "avx_vnni": vnni,
+                          "types": {"TQ1_0": {"share": 0.99, "runs": default, "decode_runs": default}}}}
+        shape = {"shape": "medium@TQ1_0", "file_bytes": 523_500_000, "llama": {"isa": "AVX2 FMA"}, "strata": strata}
+        r = {"threads": 2, "prompt": 64, "reps": 2, "n": 32, "strata_args": {}, "shapes": [shape]}
+        return next(line for line in format_in_ram(r).splitlines() if "strata ISA" in line)
+
+    assert "avx2 with AVX-VNNI; per type" in report("avx2", True)
+    assert "avx2; per type" in report("avx2", False)
+    assert "avx512; per type" in report("avx512", True)
