@@ -635,6 +635,15 @@ INLINE void rows_consts_load(int fmt, struct rows_consts *k) {
     k->bits = _mm512_load_si512((const void *)bit_pattern);
 }
 
+/* Word l of each qword of idx alone in it (a VPGATHERQQ index): a VPSHUFB for the middle words, an AND
+ * and a shift for the first and the last (off the shuffle port, which the rest of the unpacking
+ * keeps busy) */
+INLINE __m512i word_of(const struct rows_consts *k, __m512i idx, int l) {
+    if (l == 0) return _mm512_and_si512(idx, _mm512_set1_epi64(0xFFFF));
+    if (l == 3) return _mm512_srli_epi64(idx, 48);
+    return _mm512_shuffle_epi8(idx, k->word_at[l]);
+}
+
 /* A block's 4 gathers (g[l]: row l of every chunk) and its weights as floats (wf[h]: dwords 2 c, 2 c + 1
  * the weight of rows 4 c + 2 h, 4 c + 2 h + 1; IQ1_S's are one per chunk, wf[1] unused) */
 INLINE void iq1_rows_unpack(int fmt, const struct rows_consts *k, const uint8_t *p, __m512i g[4], __m512 wf[2]) {
@@ -654,7 +663,7 @@ INLINE void iq1_rows_unpack(int fmt, const struct rows_consts *k, const uint8_t 
                                                                  _mm512_set1_epi32(1), 0xEA));
     }
 #pragma GCC unroll 4
-    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)iq1_grid_d, 8);
+    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(word_of(k, idx, l), (const void *)iq1_grid_d, 8);
 }
 
 /* IQ2_S's block: its 4 gathers (g[l], as IQ1's: row l of every chunk, the magnitudes 8, 25, 43),
@@ -666,7 +675,7 @@ INLINE void iq2s_rows_unpack(const struct rows_consts *k, const uint8_t *p, __m5
     const __m512i q = _mm512_maskz_permutex2var_epi8(0x1F1F1F1F1F1F1F1Full, a, k->p_at, b);
     const __m512i idx = _mm512_and_si512(_mm512_multishift_epi64_epi8(k->row_at, q), _mm512_set1_epi32(0x03FF03FF));
 #pragma GCC unroll 4
-    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(_mm512_shuffle_epi8(idx, k->word_at[l]), (const void *)strata_iq2s_grid, 8);
+    for (int l = 0; l < 4; l++) g[l] = _mm512_i64gather_epi64(word_of(k, idx, l), (const void *)strata_iq2s_grid, 8);
     /* qword c: the sign bytes of rows 4 c .. 4 c + 3 in its bytes 0-3, as a bit matrix; GF2P8AFFINEQB of
      * bit j (byte j of each qword) against it puts bit j of row 4 c + l's sign byte in bit 7 - l of
      * byte 8 c + j, so that one VPMOVB2M or VPTESTMB a row makes its mask. Against spreading each
