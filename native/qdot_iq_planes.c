@@ -109,7 +109,7 @@ static int32_t iq1_sum_at[16] __attribute__((aligned(64)));
  * byte, byte 2 l + 1 qh's bits 3 l .. (IQ1_M: its nibble l, the delta's sign in bit 3); IQ1_S's at
  * iq1s_top_at takes qh's bits 11 .. to the even bytes (2 ls + 1 after a mask) and 12 .. to the odd
  * ones (the delta's sign in bit 3, that is index bit 11); VPSHUFB at rows_word_at[l] puts word l of
- * each qword alone in it (a VPGATHERQQ index). IQ1_M's weights of 16 values 2 c + h go to the low
+ * each qword alone in it (a VPGATHERQQ index; words 0 and 3 by an AND and a shift instead, word_of). IQ1_M's weights of 16 values 2 c + h go to the low
  * byte of both dwords of qword c, shifted up one (iq1m_wt2_at[h]), out of its 8 scale bytes. */
 static uint64_t iq1_grid_d[4096] __attribute__((aligned(64)));
 static uint8_t iq1s_p_at[64] __attribute__((aligned(64))), iq1s_row_at[64] __attribute__((aligned(64))),

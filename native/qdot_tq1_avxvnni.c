@@ -188,6 +188,7 @@ void strata_qdot_tq1_0_avxvnni(int64_t k, const uint8_t *restrict w, int64_t wrb
         strata_qdot_tq1_0_avx2(k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
+    if (n_tok < 1) return;
     const int64_t nb = k / STRATA_QK_K;
     const int nt = (int)n_tok;
     acts ac[TOK];
