@@ -38,9 +38,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c,avxvnni")
-#include <immintrin.h>
-
-#define INLINE static inline __attribute__((always_inline))
+#include "qdot_avx2_common.h"   /* INLINE, hsum8 */
 
 #define CHUNK 16   /* activation blocks re-laid at a time (4096 values) */
 #define ROWS 16    /* rows per re-laid chunk */
@@ -146,13 +144,6 @@ INLINE void digit_sums(int nt, const strata_block_tq1_0 *wb, const acts *a, int 
             for (int v = 0; v < 2; v++) m[v] = times3(m[v]);
     }
     for (int t = 0; t < nt; t++) isum[t] = _mm256_add_epi32(acc[t][0], acc[t][1]);
-}
-
-INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 INLINE void rows(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, const acts *a, __m256 acc[ROWS][TOK]) {

@@ -20,6 +20,7 @@ from tests.native.test_qdot import make_tokens
 from tests.native.test_qdot_avx512 import ROOT, child_env
 from tests.native.test_qdot_iq4_avx2 import exact_tokens, exact_weights, rounding_tol
 from tests.native.test_qdot_iquants import make_weights
+from tests.native.test_qdot_tq1_avx512 import check_token_bits
 
 T = GGMLType.TQ1_0
 pytestmark = pytest.mark.skipif(not (native.cpu_has_avx2() and native.cpu_avx_vnni()),
@@ -54,19 +55,7 @@ def test_the_tile_matches_the_scalar_twin(n_tok):
 
 def test_each_token_the_same_bits_in_calls_of_1_to_3_tokens():
     """1 and 2 tokens take the sums without digits, 3 make the digits: the same lanes, so the same bits."""
-    rng = np.random.default_rng(6)
-    for n_rows, n_blocks in ((5, 3), (19, 32), (2, 37), (3, 1)):
-        row_len = 256 * n_blocks
-        w = make_weights(T, n_rows, row_len, rng)
-        x = make_tokens(3, row_len, rng)
-        alone = [native.qdot_rows(T, w, n_rows, row_len, x[i:i + 1], impl="avx2")[0] for i in range(3)]
-        for n in (2, 3):
-            y = native.qdot_rows(T, w, n_rows, row_len, x[:n], impl="avx2")
-            for i in range(n):
-                assert np.array_equal(y[i].view(np.uint32), alone[i].view(np.uint32)), (n_rows, n_blocks, n, i)
-        ys = native.qdot_rows(T, w, n_rows, row_len, x, impl="scalar")
-        tol = rounding_tol(T, w, x, n_rows, row_len)
-        assert (np.abs(np.stack(alone).astype(np.float64) - ys) <= tol).all(), (n_rows, n_blocks)
+    check_token_bits("avx2", ((5, 3), (19, 32), (2, 37), (3, 1)), 6)
 
 
 def test_without_avx_vnni_the_avx2_tile_decodes_and_matches_too():
