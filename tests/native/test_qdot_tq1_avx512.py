@@ -84,3 +84,46 @@ def check_token_bits(impl: str, shapes, seed: int) -> None:
         ys = native.qdot_rows(T, w, n_rows, row_len, x, impl="scalar")
         tol = rounding_tol(T, w, x, n_rows, row_len)
         assert (np.abs(np.stack(alone).astype(np.float64) - ys) <= tol).all(), (n_rows, n_blocks)
+
+
+def own_tile_outputs(tmp_path, name: str, w: np.ndarray, x: np.ndarray, n_rows: int, row_len: int) -> np.ndarray:
+    """[n_tok, n_rows]: for each count n of x's first tokens, the last token's row of the tile's
+    product, run in a child under STRATA_AVX512_OWN_TILES=1 (the tile for every phase and count)."""
+    np.save(tmp_path / f"{name}_w.npy", w)
+    np.save(tmp_path / f"{name}_x.npy", x)
+    code = ("import sys, numpy as np; from strata import native; from strata.quant import GGMLType; "
+            "from strata.native.qdot import kernel_family; d, name = sys.argv[1:]; "
+            "w, x = np.load(f'{d}/{name}_w.npy'), np.load(f'{d}/{name}_x.npy'); "
+            "assert kernel_family(GGMLType.TQ1_0, 'avx512', False) == 'avx512'; "
+            "assert kernel_family(GGMLType.TQ1_0, 'avx512', True) == 'avx512'; "
+            f"np.save(f'{{d}}/{{name}}_y.npy', np.stack([native.qdot_rows(GGMLType.TQ1_0, w, {n_rows}, {row_len}, "
+            "x[:n], impl='avx512')[-1] for n in range(1, len(x) + 1)]))")
+    env = child_env(STRATA_AVX512_OWN_TILES="1")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), name], env=env, check=True, capture_output=True,
+                   text=True)
+    return np.load(tmp_path / f"{name}_y.npy")
+
+
+def test_every_token_count_through_own_tiles(tmp_path):
+    """STRATA_AVX512_OWN_TILES=1: the tile takes 1..13 tokens (groups of 4 and what is left)."""
+    rng = np.random.default_rng(7)
+    n_rows, row_len = 21, 256 * 18
+    w, x = make_weights(T, n_rows, row_len, rng), make_tokens(13, row_len, rng)
+    got = own_tile_outputs(tmp_path, "random", w, x, n_rows, row_len)  # [13, rows]: each count's last token
+    for n in range(1, 14):
+        ys = native.qdot_rows(T, w, n_rows, row_len, x[:n], impl="scalar")
+        tol = rounding_tol(T, w, x[:n], n_rows, row_len)
+        assert (np.abs(got[n - 1].astype(np.float64) - ys[-1]) <= tol[-1]).all(), n
+
+
+def test_own_tile_bit_for_bit_when_the_floats_are_exact(tmp_path):
+    """The same tile on exact inputs, through STRATA_AVX512_OWN_TILES=1: where the table decodes with
+    the AVX2 build (Zen 4) the in-process tests above do not reach it."""
+    rng = np.random.default_rng(11)
+    for n_rows, n_blocks in ((17, 2), (3, 17), (19, 32)):
+        row_len = 256 * n_blocks
+        w, x = exact_weights(T, n_rows, row_len, rng), exact_tokens(T, 5, row_len, rng)
+        got = own_tile_outputs(tmp_path, f"exact{n_rows}", w, x, n_rows, row_len)
+        for n in range(1, 6):
+            ys = native.qdot_rows(T, w, n_rows, row_len, x[:n], impl="scalar")
+            assert np.array_equal(got[n - 1].view(np.uint32), ys[-1].view(np.uint32)), (n_rows, n_blocks, n)
