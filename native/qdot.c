@@ -341,20 +341,36 @@ strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwi
     return planes ? planes : zmm ? zmm : strata_qdot_gathers(type, otherwise);
 }
 
-/* Decode tiles of the AVX2 family on CPUs with AVX-VNNI (strata_cpu_avx_vnni; STRATA_AVX_VNNI=0 turns
- * them off), taken in place of the AVX2 tile's decode for STRATA_IMPL_AVX2: TQ1_0's digit sums
- * without digits, two threads from DRAM at 61-62% of the bare read against the AVX2 tile's 43-44% on
- * the Intel machine (its cores are Raptor Cove, the P-cores of Raptor Lake; qdot_tq1_avxvnni.c). */
-static const struct {
+/* Tiles of the AVX2 family on CPUs with AVX-VNNI (strata_cpu_avx_vnni; STRATA_AVX_VNNI=0 turns them
+ * off), taken in place of the AVX2 tiles for STRATA_IMPL_AVX2 (decode: calls of fewer than
+ * STRATA_QDOT_DECODE_TOKENS tokens; tile: the others; NULL: the AVX2 tile's). Measured on the Intel
+ * machine, whose cores are Raptor Cove, the P-cores of Raptor Lake:
+ *   - TQ1_0's decode: the digit sums without digits, two threads from DRAM at 61-62% of the bare read
+ *     against the AVX2 tile's 43-44% (qdot_tq1_avxvnni.c);
+ *   - the grid i-quants: qdot_iq_avx2.c built with AVX-VNNI (qdot_iq_avxvnni.c), one VPDPWSSD where a
+ *     chunk's products took a VPMADDWD and an add; one thread, in cache, 256 x 4096, against the AVX2
+ *     build (benchmarks/ab_builds.py --impl avx2): 1.04-1.07x at 1 token, 1.03-1.10x at 2, 1.05-1.14x
+ *     at 3-4, 1.02-1.05x at 5-8, 1.04-1.08x at 64, bit-equal. */
+typedef struct {
     int type;
-    strata_qdot_tile_fn decode;
-} AVXVNNI_DECODE[] = {
-    {STRATA_T_TQ1_0, strata_qdot_tq1_0_avxvnni},
+    strata_qdot_tile_fn decode, tile;
+} avxvnni_row;
+
+static const avxvnni_row AVXVNNI_TILES[] = {
+    {STRATA_T_TQ1_0, strata_qdot_tq1_0_avxvnni, NULL},
+    {STRATA_T_IQ2_XXS, strata_qdot_iq2_xxs_avxvnni, strata_qdot_iq2_xxs_avxvnni},
+    {STRATA_T_IQ2_XS, strata_qdot_iq2_xs_avxvnni, strata_qdot_iq2_xs_avxvnni},
+    {STRATA_T_IQ2_S, strata_qdot_iq2_s_avxvnni, strata_qdot_iq2_s_avxvnni},
+    {STRATA_T_IQ3_XXS, strata_qdot_iq3_xxs_avxvnni, strata_qdot_iq3_xxs_avxvnni},
+    {STRATA_T_IQ3_S, strata_qdot_iq3_s_avxvnni, strata_qdot_iq3_s_avxvnni},
+    {STRATA_T_IQ1_S, strata_qdot_iq1_s_avxvnni, strata_qdot_iq1_s_avxvnni},
+    {STRATA_T_IQ1_M, strata_qdot_iq1_m_avxvnni, strata_qdot_iq1_m_avxvnni},
 };
 
-static strata_qdot_tile_fn avx_vnni_decode(int type) {
-    for (size_t i = 0; strata_cpu_avx_vnni() && i < sizeof(AVXVNNI_DECODE) / sizeof(AVXVNNI_DECODE[0]); i++)
-        if (AVXVNNI_DECODE[i].type == type) return AVXVNNI_DECODE[i].decode;
+/* The AVX-VNNI row of a type, or NULL (no such row, or the CPU lacks AVX-VNNI) */
+static const avxvnni_row *avx_vnni_tiles(int type) {
+    for (size_t i = 0; strata_cpu_avx_vnni() && i < sizeof(AVXVNNI_TILES) / sizeof(AVXVNNI_TILES[0]); i++)
+        if (AVXVNNI_TILES[i].type == type) return &AVXVNNI_TILES[i];
     return NULL;
 }
 
@@ -381,8 +397,9 @@ int strata_qdot_find(int weight_type, int impl, strata_qdot_kernels *out) {
             out->decode = own;
             out->decode_family = STRATA_IMPL_AVX512;
         }
-        const strata_qdot_tile_fn vnni = col == COL_AVX2 ? avx_vnni_decode(weight_type) : NULL;
-        if (vnni) out->decode = vnni;   /* the AVX2 family still */
+        const avxvnni_row *vnni = col == COL_AVX2 ? avx_vnni_tiles(weight_type) : NULL;
+        if (vnni && vnni->decode) out->decode = vnni->decode;   /* the AVX2 family still */
+        if (vnni && vnni->tile) out->tile = vnni->tile;
         out->qact = row->act == STRATA_ACT_F32 ? NULL : (strata_qact_fn)pick((void *const *)QACT[row->act], col);
         return STRATA_OK;
     }
@@ -401,6 +418,14 @@ int strata_qdot_kernel_family(int ggml_type, int impl, int decode) {
     strata_qdot_kernels k;
     if (strata_qdot_find(ggml_type, impl, &k) != STRATA_OK) return -1;
     return decode ? k.decode_family : k.tile_family;
+}
+
+int strata_qdot_avx_vnni_tile(int ggml_type, int impl, int decode) {
+    strata_qdot_kernels k;
+    if (strata_qdot_find(ggml_type, impl, &k) != STRATA_OK) return -1;
+    const avxvnni_row *row = impl == STRATA_IMPL_AVX2 ? avx_vnni_tiles(ggml_type) : NULL;
+    const strata_qdot_tile_fn fn = decode ? k.decode : k.tile;
+    return row && fn && (fn == row->decode || fn == row->tile);
 }
 
 int64_t strata_qact_row_bytes(int act, int64_t k) {

@@ -213,6 +213,14 @@ STRATA_DECLARE_QTILE(nvfp4, avx2)
 
 /* qdot_tq1_avxvnni.c: TQ1_0's decode on AVX2 CPUs with AVX-VNNI */
 STRATA_DECLARE_QTILE(tq1_0, avxvnni)
+/* qdot_iq_avxvnni.c: the grid i-quants' AVX2 tiles built with AVX-VNNI */
+STRATA_DECLARE_QTILE(iq2_xxs, avxvnni)
+STRATA_DECLARE_QTILE(iq2_xs, avxvnni)
+STRATA_DECLARE_QTILE(iq2_s, avxvnni)
+STRATA_DECLARE_QTILE(iq3_xxs, avxvnni)
+STRATA_DECLARE_QTILE(iq3_s, avxvnni)
+STRATA_DECLARE_QTILE(iq1_s, avxvnni)
+STRATA_DECLARE_QTILE(iq1_m, avxvnni)
 
 /* qdot_*_evex.c: the AVX2 sources built for AVX-512 machines */
 STRATA_DECLARE_QTILE(f32, evex)

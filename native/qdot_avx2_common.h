@@ -17,6 +17,8 @@
 /* gcc may load a thread-local's offset straight into a vector register where AVX-512 is on, a form
  * the linker cannot relax when the library is linked into an executable: read it through qdot.c. */
 #define strata_qdot_ahead_end (strata_qdot_ahead())
+#elif defined(STRATA_QDOT_AVXVNNI)
+#define QDOT_AVX2_NAME(name) strata_qdot_##name##_avxvnni
 #else
 #define QDOT_AVX2_NAME(name) strata_qdot_##name##_avx2
 #endif
@@ -40,6 +42,8 @@ INLINE float hsum8(__m256 v) {
 INLINE __m256i madd_acc(__m256i acc, __m256i p16, __m256i w16) {
 #ifdef STRATA_QDOT_EVEX
     return _mm256_dpwssd_epi32(acc, p16, w16);
+#elif defined(STRATA_QDOT_AVXVNNI)
+    return _mm256_dpwssd_avx_epi32(acc, p16, w16);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, w16));
 #endif

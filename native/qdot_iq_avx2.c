@@ -60,6 +60,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #ifdef STRATA_QDOT_EVEX
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#elif defined(STRATA_QDOT_AVXVNNI)
+#pragma GCC target("avx2,fma,f16c,avxvnni")
 #else
 #pragma GCC target("avx2,fma,f16c")
 #endif

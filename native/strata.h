@@ -62,7 +62,8 @@ int strata_cpu_fast_gathers(void);
 int strata_cpu_fast_ymm_gathers(void);
 
 /* 1 when this CPU has AVX-VNNI (VEX-encoded VPDPBUSD on ymm) beside AVX2, unless STRATA_AVX_VNNI=0:
- * the AVX2 kernel table then decodes TQ1_0 with its tile (native/qdot_tq1_avxvnni.c). */
+ * the AVX2 kernel table then decodes TQ1_0 with its tile (native/qdot_tq1_avxvnni.c) and runs the
+ * grid i-quants' tiles built with it (native/qdot_iq_avxvnni.c). */
 int strata_cpu_avx_vnni(void);
 
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
@@ -133,6 +134,10 @@ int strata_qdot_has_kernel(int ggml_type, int impl);
  * where the kernel table says it is faster), else prefill. -1 for a format without kernels or a
  * bad impl. */
 int strata_qdot_kernel_family(int ggml_type, int impl, int decode);
+
+/* 1 when a call of family `impl` for `ggml_type` runs an AVX-VNNI tile of the AVX2 family (for
+ * decode, decode != 0, or prefill; native/qdot.c's AVXVNNI_TILES), else 0; -1 as above. */
+int strata_qdot_avx_vnni_tile(int ggml_type, int impl, int decode);
 
 /* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
 int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);

@@ -75,7 +75,8 @@ def cpu_fast_ymm_gathers() -> bool:
 
 def cpu_avx_vnni() -> bool:
     """True when this CPU has AVX-VNNI beside AVX2 (unless STRATA_AVX_VNNI=0): the AVX2 family decodes
-    TQ1_0 with VEX-encoded VPDPBUSD (native/qdot_tq1_avxvnni.c)."""
+    TQ1_0 with VEX-encoded VPDPBUSD (native/qdot_tq1_avxvnni.c) and runs the grid i-quants' tiles built
+    with it (native/qdot_iq_avxvnni.c)."""
     return bool(lib.strata_cpu_avx_vnni())
 
 

@@ -40,6 +40,15 @@ def kernel_family(t: Any, impl: str, decode: bool) -> str:
     return name
 
 
+def avx_vnni_tile(t: Any, impl: str, decode: bool) -> bool:
+    """True when a call of family `impl` for type `t` runs an AVX-VNNI tile of the AVX2 family (on a
+    CPU with AVX-VNNI: TQ1_0's decode, the grid i-quants' tiles), for decode or prefill."""
+    code = lib.strata_qdot_avx_vnni_tile(int(ggml_type(t)), impl_code(impl), int(decode))
+    if code < 0:
+        raise ValueError(f"{ggml_type(t).name}: no packed kernel for {impl!r}")
+    return bool(code)
+
+
 def scratch_bytes(t: Any, n_tokens: int, row_len: int) -> int:
     """Bytes of rounded activations `qdot_rows` keeps for n_tokens rows of row_len values."""
     t = ggml_type(t)
@@ -84,4 +93,4 @@ def quantize_act(t: Any, x: Any, *, impl: str = "auto") -> np.ndarray:
     return out
 
 
-__all__ = ["has_qdot_kernel", "qdot_rows", "quantize_act", "scratch_bytes"]
+__all__ = ["avx_vnni_tile", "has_qdot_kernel", "qdot_rows", "quantize_act", "scratch_bytes"]
