@@ -51,7 +51,17 @@
  * per block).
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
- * CPU was seen to have AVX2, FMA and F16C.
+ * CPU was seen to have AVX2, FMA and F16C. Built three times: as itself (names _avx2), for AVX-512
+ * machines (qdot_iq_avx2_evex.c: masks for the ksigns formats' signs, VPDPWSSD on ymm) and for AVX2
+ * CPUs with AVX-VNNI (qdot_iq_avxvnni.c: VEX VPDPWSSD in madd_acc). These tiles are bound by their
+ * vector instructions (a block of IQ2_XXS at 1 token is ~130 on the three vector ports, ~58 cycles
+ * here), so the one saved per chunk and token shows: the AVX-VNNI build runs 1.04-1.07x at 1 token,
+ * 1.03-1.14x at 2-4, 1.04-1.08x at 64 on the Intel machine (qdot.c's AVXVNNI_TILES). Tried there and
+ * not kept: the grid rows as 8 nibbles in a dword, two chunks' rows by one VPGATHERDD (a ymm gather of
+ * 8 dwords fetches as fast per row as a zmm one, one of 4 qwords at 0.7 of it) and spread by an
+ * unpack and a VPSHUFB: 0.87-0.98x, as it adds vector instructions where the loads were not the
+ * limit; the rows by broadcast loads and blends instead of inserts: 1.00x; two accumulators per
+ * token: 0.92-1.00x.
  */
 #include "iq_tables.h"
 #include "qdot.h"
