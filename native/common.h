@@ -49,6 +49,19 @@
 #include <string.h>
 #include <time.h>
 
+/* 1 where this compiler knows AVX-VNNI (#pragma GCC target("avxvnni"): GCC 11, clang 12). An older one
+ * builds the library without the AVX-VNNI tiles (qdot_tq1_avxvnni.c, qdot_iq_avxvnni.c) and
+ * strata_cpu_avx_vnni() says 0 wherever it runs. -DSTRATA_CC_AVX_VNNI=0 builds that way on any. */
+#ifndef STRATA_CC_AVX_VNNI
+#if defined(__clang__)
+#define STRATA_CC_AVX_VNNI (__clang_major__ >= 12)
+#elif defined(__GNUC__)
+#define STRATA_CC_AVX_VNNI (__GNUC__ >= 11)
+#else
+#define STRATA_CC_AVX_VNNI 0
+#endif
+#endif
+
 #define STRATA_QK 32
 #define STRATA_QK_K 256
 #define STRATA_K_SCALE_SIZE 12

@@ -195,7 +195,7 @@ int strata_cpu_avx_vnni(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
     cached = 0;
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && STRATA_CC_AVX_VNNI   /* else no tiles were built */
     const char *v = getenv("STRATA_AVX_VNNI");
     if ((v && strcmp(v, "0") == 0) || !strata_cpu_has_avx2()) return cached;
     unsigned r[4];

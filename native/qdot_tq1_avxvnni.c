@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && STRATA_CC_AVX_VNNI
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #include "qdot_avx2_common.h"   /* INLINE, hsum8 */
 
@@ -203,7 +203,8 @@ void strata_qdot_tq1_0_avxvnni(int64_t k, const uint8_t *restrict w, int64_t wrb
     }
 }
 
-#else /* not x86: the name exists so the library links; qdot.c never hands it out */
+#else /* not x86, or a compiler without AVX-VNNI: the name exists so the library links; qdot.c never
+       * hands it out (strata_cpu_avx_vnni() says 0) */
 
 void strata_qdot_tq1_0_avxvnni(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,
                                const uint8_t *restrict a, int64_t arb, int64_t n_tok, float *restrict y, int64_t ys) {

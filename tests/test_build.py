@@ -47,3 +47,50 @@ def test_missing_compiler_names_what_to_install():
     assert "no C compiler found" in out.stderr
     assert "strata-no-such-compiler" in out.stderr
     assert "build-essential" in out.stderr
+
+
+# Sources that enable AVX-VNNI (#pragma GCC target("avxvnni"), VEX-encoded VPDPBUSD / VPDPWSSD), and
+# the one that says whether the CPU may run them.
+AVX_VNNI_SOURCES = ("qdot_tq1_avxvnni.c", "qdot_iq_avxvnni.c", "dequant.c")
+
+
+def _our_lines(preprocessed: str) -> list[str]:
+    """The lines of `cc -E` output that come from the repository's native/ folder (not system headers,
+    whose immintrin.h enables every ISA it declares)."""
+    ours, out = False, []
+    for line in preprocessed.splitlines():
+        if line.startswith("# "):
+            parts = line.split('"')
+            ours = len(parts) > 1 and "/native/" in parts[1].replace("\\", "/")
+            continue
+        if ours:
+            out.append(line)
+    return out
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "i686"), reason="x86 sources")
+def test_a_compiler_without_avx_vnni_builds_without_it(tmp_path):
+    """GCC before 11 and clang before 12 do not know the avxvnni target: with STRATA_CC_AVX_VNNI=0 (what
+    common.h defines for them) the AVX-VNNI sources ask for no such target and use no such instruction,
+    still compile and define the kernels' names, and strata_cpu_avx_vnni's detection is left out."""
+    import shutil
+    import sysconfig
+
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler {cc!r}")
+    native = ROOT / "native"
+    for name in AVX_VNNI_SOURCES:
+        for macro, want in (("0", False), ("1", name != "dequant.c")):
+            pre = subprocess.run([cc, "-E", f"-DSTRATA_CC_AVX_VNNI={macro}", "-D_GNU_SOURCE", "-std=c11",
+                                  str(native / name)], capture_output=True, text=True, check=True).stdout
+            lines = _our_lines(pre)
+            assert lines, name
+            uses = any("avxvnni" in line and "target" in line or "_avx_epi32" in line for line in lines)
+            assert uses == want, f"{name} with STRATA_CC_AVX_VNNI={macro}: AVX-VNNI used {uses}"
+        obj = tmp_path / (name + ".o")
+        subprocess.run([cc, "-c", "-O1", "-std=c11", "-D_GNU_SOURCE", "-DSTRATA_CC_AVX_VNNI=0", str(native / name),
+                        "-o", str(obj)], check=True, capture_output=True)
+    names = subprocess.run(["nm", str(tmp_path / "qdot_iq_avxvnni.c.o")], capture_output=True, text=True).stdout
+    for t in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"):
+        assert f"strata_qdot_{t}_avxvnni" in names
