@@ -349,8 +349,9 @@ strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwi
  *     against the AVX2 tile's 43-44% (qdot_tq1_avxvnni.c);
  *   - the grid i-quants: qdot_iq_avx2.c built with AVX-VNNI (qdot_iq_avxvnni.c), one VPDPWSSD where a
  *     chunk's products took a VPMADDWD and an add; one thread, in cache, 256 x 4096, against the AVX2
- *     build (benchmarks/ab_builds.py --impl avx2): 1.04-1.07x at 1 token, 1.03-1.10x at 2, 1.05-1.14x
- *     at 3-4, 1.02-1.05x at 5-8, 1.04-1.08x at 64, bit-equal. */
+ *     build (benchmarks/ab_builds.py --impl avx2): 1.04-1.07x at 1 token, 1.01-1.10x at 2, 1.05-1.17x
+ *     at 3, 1.04-1.15x at 4, 1.02-1.07x at 5-8, 1.04-1.10x at 64, bit-equal; from DRAM on two threads
+ *     1.01-1.09x (benchmarks/RESULTS.md). */
 typedef struct {
     int type;
     strata_qdot_tile_fn decode, tile;

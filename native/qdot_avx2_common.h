@@ -11,7 +11,9 @@
 /* The AVX2 sources are compiled twice: as themselves (names _avx2) and, with STRATA_QDOT_EVEX
  * defined (qdot_*_evex.c), for AVX-512 machines (names _evex): AVX-512 F/BW/VL/VNNI enabled, so
  * the compiler has 32 vector registers and EVEX encodings, and the few spots written for it use
- * 256-bit VNNI. The integer sums are exact either way, so both builds give the same bytes. */
+ * 256-bit VNNI. The grid i-quants' (qdot_iq_avx2.c) a third time, with STRATA_QDOT_AVXVNNI defined
+ * (qdot_iq_avxvnni.c), for AVX2 CPUs with AVX-VNNI (names _avxvnni): madd_acc is VEX-encoded VPDPWSSD.
+ * The integer sums are exact in every build, so all give the same bytes. */
 #ifdef STRATA_QDOT_EVEX
 #define QDOT_AVX2_NAME(name) strata_qdot_##name##_evex
 /* gcc may load a thread-local's offset straight into a vector register where AVX-512 is on, a form

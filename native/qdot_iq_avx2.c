@@ -56,7 +56,7 @@
  * CPUs with AVX-VNNI (qdot_iq_avxvnni.c: VEX VPDPWSSD in madd_acc). These tiles are bound by their
  * vector instructions (a block of IQ2_XXS at 1 token is ~130 on the three vector ports, ~58 cycles
  * here), so the one saved per chunk and token shows: the AVX-VNNI build runs 1.04-1.07x at 1 token,
- * 1.03-1.14x at 2-4, 1.04-1.08x at 64 on the Intel machine (qdot.c's AVXVNNI_TILES). Tried there and
+ * 1.01-1.17x at 2-4, 1.04-1.10x at 64 on the Intel machine (qdot.c's AVXVNNI_TILES). Tried there and
  * not kept: the grid rows as 8 nibbles in a dword, two chunks' rows by one VPGATHERDD (a ymm gather of
  * 8 dwords fetches as fast per row as a zmm one, one of 4 qwords at 0.7 of it) and spread by an
  * unpack and a VPSHUFB: 0.87-0.98x, as it adds vector instructions where the loads were not the
