@@ -168,7 +168,7 @@ INLINE __m256i ksigns_fields(__m256i v, __m256i sel) {
  * block for the formats that store ksigns indices, so that a chunk's signs cost what IQ2_S's and
  * IQ3_S's stored sign bits do (sign_bits). packus puts two vectors' lanes in the order lo0 lo1 hi0
  * hi1. */
-INLINE void iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
+INLINE __m256i iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
     __m256i f0, f1;
     if (fmt == FMT_IQ2_XS) {  /* bits 9-15 of each u16 of qs */
         const uint8_t *qs = ((const strata_block_iq2_xs *)p)->qs;
@@ -186,12 +186,15 @@ INLINE void iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
                                                              0, 1, 0, 1, 1, 2, 2, 3, 4, 5, 4, 5, 5, 6, 6, 7)));
         f1 = ksigns_parity(ksigns_fields(v, _mm256_setr_epi8(8, 9, 8, 9, 9, 10, 10, 11, 12, 13, 12, 13, 13, 14, 14, 15,
                                                              8, 9, 8, 9, 9, 10, 10, 11, 12, 13, 12, 13, 13, 14, 14, 15)));
-        _mm256_store_si256((__m256i *)sg, _mm256_packus_epi16(f0, f1));  /* already 0-1 2-3 4-5 6-7 */
-        return;
+        const __m256i bytes = _mm256_packus_epi16(f0, f1);  /* already 0-1 2-3 4-5 6-7 */
+        _mm256_store_si256((__m256i *)sg, bytes);
+        return bytes;
     } else {
-        return;
+        return _mm256_setzero_si256();
     }
-    _mm256_store_si256((__m256i *)sg, _mm256_permute4x64_epi64(_mm256_packus_epi16(f0, f1), 0xD8));
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_packus_epi16(f0, f1), 0xD8);
+    _mm256_store_si256((__m256i *)sg, v);
+    return v;
 }
 
 /* Sign bytes for VPSIGNB from 32 sign bits (bit j set: value j negative): byte j is its bit plus
@@ -319,6 +322,7 @@ typedef struct {
     __m256i wv;
     uint16_t ix[64] __attribute__((aligned(32)));
     uint8_t sg[32] __attribute__((aligned(32)));
+    __m256i sg_half[2];  /* sg's chunks 0-3 (bytes 0-15), 4-7, each in both 128-bit lanes */
     int delta_in_bias;   /* IQ1_S in the decode tile: the chunks leave their delta to the block's bias (iq1_bias) */
     int gathers;         /* the chunks' grid rows by ymm gathers (gathers_for) */
 } iq_head;
@@ -335,7 +339,27 @@ INLINE void iq_head_of(int fmt, const uint8_t *p, int delta_in_bias, int fast_ga
     h->gathers = gathers_for(fmt, fast_gathers);
     h->delta_in_bias = delta_in_bias && fmt == FMT_IQ1_S;
     iq_indices(fmt, p, h->ix);
-    iq_signs(fmt, p, h->sg);
+    const __m256i sg = iq_signs(fmt, p, h->sg);
+    h->sg_half[0] = _mm256_permute2x128_si256(sg, sg, 0x00);
+    h->sg_half[1] = _mm256_permute2x128_si256(sg, sg, 0x11);
+}
+
+/* The signs of chunk c of a ksigns format (IQ2_XXS, IQ2_XS, IQ3_XXS) from the block's sign bytes in
+ * registers (iq_head's sg_half): one VPSHUFB spreads the chunk's 4 bytes over its 32 values, where
+ * sign_bits would first take them out of the register and broadcast them (two more instructions,
+ * both on the shuffle port). The same bytes as sign_bits. */
+INLINE void set_block_signs(int fmt, chunk *ch, const iq_head *h, int c) {
+#ifdef STRATA_QDOT_EVEX
+    if (mask_signs(fmt)) {
+        set_signs(fmt, ch, u32(h->sg + 4 * c));
+        return;
+    }
+#endif
+    const __m256i at = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+                                       _mm256_set1_epi8((char)(4 * (c % 4))));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    ch->s = _mm256_add_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h->sg_half[c / 4], at), bit), _mm256_set1_epi8(127));
 }
 
 /* IQ1: the values 8 g + delta of grid rows g and delta bytes (+-1), plus 9, as unsigned bytes in
@@ -368,14 +392,13 @@ INLINE __m256i iq1_bias(int fmt, const uint8_t *p, __m256i wv) {
 INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *ch) {
     const __m256i wv = h->wv;
     const uint16_t *ix = h->ix;
-    const uint8_t *sg = h->sg;
     const int gathers = h->gathers;
     switch (fmt) {
     case FMT_IQ2_XXS: {  /* 4 grid bytes, u32 aux: 4 x 7 sign bits, 4-bit ls */
         const uint8_t *idx = ((const strata_block_iq2_xxs *)p)->qs + 8 * c;
         ch->q = rows8(strata_iq2xxs_grid[idx[0]], strata_iq2xxs_grid[idx[1]], strata_iq2xxs_grid[idx[2]],
                       strata_iq2xxs_grid[idx[3]]);
-        set_signs(fmt, ch, u32(sg + 4 * c));
+        set_block_signs(fmt, ch, h, c);
         ch->sc = pick_weight(wv, slot_iq2_xxs[c]);
         return;
     }
@@ -384,7 +407,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
         const uint64_t q = u64(b->qs + 8 * c);
         ch->q = rows8(strata_iq2xs_grid[q & 511], strata_iq2xs_grid[(q >> 16) & 511],
                       strata_iq2xs_grid[(q >> 32) & 511], strata_iq2xs_grid[(q >> 48) & 511]);
-        set_signs(fmt, ch, u32(sg + 4 * c));
+        set_block_signs(fmt, ch, h, c);
         ch->sc = pick_weight(wv, c);
         return;
     }
@@ -400,7 +423,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
     case FMT_IQ3_XXS: {  /* 8 grid bytes (4 values each), aux as IQ2_XXS */
         const strata_block_iq3_xxs *b = (const strata_block_iq3_xxs *)p;
         ch->q = gathers ? gather_rows4_u8(strata_iq3xxs_grid, b->qs + 8 * c) : rows4(strata_iq3xxs_grid, b->qs + 8 * c, 0);
-        set_signs(fmt, ch, u32(sg + 4 * c));
+        set_block_signs(fmt, ch, h, c);
         ch->sc = pick_weight(wv, c);
         return;
     }
