@@ -60,8 +60,8 @@
  * not kept: the grid rows as 8 nibbles in a dword, two chunks' rows by one VPGATHERDD (a ymm gather of
  * 8 dwords fetches as fast per row as a zmm one, one of 4 qwords at 0.7 of it) and spread by an
  * unpack and a VPSHUFB: 0.87-0.98x, as it adds vector instructions where the loads were not the
- * limit; the rows by broadcast loads and blends instead of inserts: 1.00x; two accumulators per
- * token: 0.92-1.00x.
+ * limit; two accumulators per token: 0.92-1.00x. The rows by broadcast loads and blends (rows8)
+ * measured 1.00x until the signs' shuffles were cut (set_block_signs), then 1.01-1.13x.
  */
 #include "iq_tables.h"
 #include "qdot.h"
