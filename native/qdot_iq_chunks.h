@@ -202,16 +202,19 @@ INLINE __m256i iq_signs(int fmt, const uint8_t *p, uint8_t *sg) {
     return v;
 }
 
-/* Sign bytes for VPSIGNB from 32 sign bits (bit j set: value j negative): byte j is its bit plus
- * 127, so 127 (positive) where the bit is clear and 128-255 (negative) where it is set; one add where
- * a compare and an OR made +1 and -1. */
-INLINE __m256i sign_bits(uint32_t bits) {
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
-                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+/* Sign bytes for VPSIGNB from 32 sign bits, bytes `first` .. `first` + 3 of each 128-bit lane of v (bit j
+ * set: value j negative): byte j is its bit plus 127, so 127 (positive) where the bit is clear and
+ * 128-255 (negative) where it is set; one add where a compare and an OR made +1 and -1. */
+INLINE __m256i sign_bytes(__m256i v, int first) {
+    const __m256i at = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+                                       _mm256_set1_epi8((char)first));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_add_epi8(_mm256_and_si256(spread, bit), _mm256_set1_epi8(127));
+    return _mm256_add_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, at), bit), _mm256_set1_epi8(127));
 }
+
+/* The same from the 32 bits of a u32 */
+INLINE __m256i sign_bits(uint32_t bits) { return sign_bytes(_mm256_set1_epi32((int)bits), 0); }
 
 /* The chunk's signs from 32 sign bits (bit j set: value j negative). */
 INLINE void set_signs(int fmt, chunk *ch, uint32_t bits) {
@@ -346,8 +349,10 @@ INLINE void iq_head_of(int fmt, const uint8_t *p, int delta_in_bias, int fast_ga
     h->delta_in_bias = delta_in_bias && fmt == FMT_IQ1_S;
     iq_indices(fmt, p, h->ix);
     const __m256i sg = iq_signs(fmt, p, h->sg);
-    h->sg_half[0] = _mm256_permute2x128_si256(sg, sg, 0x00);
-    h->sg_half[1] = _mm256_permute2x128_si256(sg, sg, 0x11);
+    if (fmt == FMT_IQ2_XXS || fmt == FMT_IQ2_XS || fmt == FMT_IQ3_XXS) {   /* the formats iq_signs makes bytes for */
+        h->sg_half[0] = _mm256_permute2x128_si256(sg, sg, 0x00);
+        h->sg_half[1] = _mm256_permute2x128_si256(sg, sg, 0x11);
+    }
     if (fmt == FMT_IQ1_M) h->qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const strata_block_iq1_m *)p)->qh));
 }
 
@@ -362,11 +367,7 @@ INLINE void set_block_signs(int fmt, chunk *ch, const iq_head *h, int c) {
         return;
     }
 #endif
-    const __m256i at = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
-                                       _mm256_set1_epi8((char)(4 * (c % 4))));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    ch->s = _mm256_add_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h->sg_half[c / 4], at), bit), _mm256_set1_epi8(127));
+    ch->s = sign_bytes(h->sg_half[c / 4], 4 * (c % 4));
 }
 
 /* IQ1: the values 8 g + delta of grid rows g and delta bytes (+-1), plus 9, as unsigned bytes in
@@ -461,7 +462,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
          * bytes (a scalar load and a register broadcast before: 1.01-1.02x at 1-8 tokens, bit-equal) */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);
-        const __m256i u = _mm256_shuffle_epi8(h->qh, _mm256_set1_epi16((short)(0x0100 * (2 * c + 1) + 2 * c)));
+        const __m256i u = pick_weight(h->qh, c);   /* the same in-lane spread of int16 slot c */
         const __m256i neg = _mm256_cmpeq_epi16(_mm256_and_si256(u, bit), bit);
         const __m256i delta = _mm256_or_si256(neg, _mm256_set1_epi8(1));
         iq1_values(g, delta, ch);
