@@ -1,7 +1,11 @@
 """`strata bench MODEL`: a whole model's prompt processing and decode speed, llama-bench style,
 with where the time goes and what bounds it.
 
-Per batch size, `reps` repetitions of: prompt processing (one sequence of `prompt` random tokens,
+First an untimed warm-up, as llama-bench's (`warmup=False`: none): the whole prompt prefilled
+once and one decode step of the largest batch, through the same paths as the timed runs, so the
+memory has paged in the experts the prompt routes to and the pools and first calls are made
+before anything is timed. Its figures (rates, expert reads) are reported apart, never averaged
+with the timed runs. Then per batch size, `reps` repetitions of: prompt processing (one sequence of `prompt` random tokens,
 tokens/s of its prefill) and generation (`batch` sequences of one random token each, `gen` tokens
 each, no stop token: tokens/s over the decode steps, the prefill excluded). Decode runs also give
 the expert memory's counters (hit rate per tier, bytes moved per token per tier, share of the time
@@ -99,13 +103,38 @@ def bench_load_kwargs(prompt: int, gen: int, batches: Sequence[int], load_kwargs
     return out
 
 
+def bench_steps(reps: int, batches: Sequence[int], warmup: bool = True) -> int:
+    """The progress steps of a `bench_model` run: the warm-up, then every repetition of every test."""
+    return int(warmup) + reps * (1 + len(batches))
+
+
+def _reads(model) -> int | None:
+    """Experts the memory has read from the file so far (None: a memory that counts no reads)."""
+    stats = model.memory_stats()
+    return None if stats is None else int(stats.total("disk_reads"))
+
+
+def _warm_up(model, tokens: list[int], batch: int, seed: int) -> dict[str, Any]:
+    """llama-bench's warm-up: the whole prompt prefilled once and one decode step of `batch`
+    sequences, untimed by the report: its rates and the expert reads it made, shown apart."""
+    before = _reads(model)
+    run = model.generate(tokens, max_tokens=1, temperature=0, stop_token_ids=())
+    prefill_reads = None if before is None else _reads(model) - before
+    tg = _decode(model, batch, 2, seed)  # resets the memory's counters: the prefill's are read above
+    reads = None if prefill_reads is None else prefill_reads + int(tg["stats"]["disk_reads"])
+    return {"pp_tok_s": len(tokens) / run.prefill_seconds, "tg_tok_s": tg["tok_s"], "batch": batch,
+            "expert_reads": reads}
+
+
 def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequence[int] = (1,), reps: int = 3,
-                seed: int = 0, on_step: Callable[[int, int, str], None] | None = None,
+                seed: int = 0, warmup: bool = True, on_step: Callable[[int, int, str], None] | None = None,
                 **load_kwargs: Any) -> dict[str, Any]:
     """See the module docstring. `load_kwargs` go to `strata.load` (device, dtype, threads,
-    memory, device_mem, host_mem, prefetch_depth, slot_form, compute); `on_step(done, total,
-    label)` after each repetition of each test (progress)."""
-    total, done = reps * (1 + len(batches)), iter(range(1, reps * (1 + len(batches)) + 1))
+    memory, device_mem, host_mem, prefetch_depth, slot_form, compute); `warmup`: run the untimed
+    warm-up first; `on_step(done, total, label)` after the warm-up and after each repetition of
+    each test (progress)."""
+    total = bench_steps(reps, batches, warmup)
+    done = iter(range(1, total + 1))
     step = (lambda label: on_step(next(done), total, label)) if on_step else (lambda label: None)
     import strata
 
@@ -123,18 +152,23 @@ def bench_model(path: str, *, prompt: int = 512, gen: int = 128, batches: Sequen
     try:
         tokens = _prompt(model.transformer.vocab_size, prompt, seed)
         greedy = dict(temperature=0, stop_token_ids=())  # no sampler cost, and every run the same tokens
-        model.generate(tokens[:8], max_tokens=4, **greedy)  # warm-up: pool, first calls, first experts
-        pp, cached = [], 0
+        warm = _warm_up(model, tokens, max(batches), seed + 1000 * reps) if warmup else None  # not a timed prompt
+        if warm is not None:
+            step("warm-up")
+        pp, pp_reads, cached = [], [], 0
         for _ in range(reps):
+            before = _reads(model)
             run = model.generate(tokens, max_tokens=1, **greedy)
             pp.append(prompt / run.prefill_seconds)
+            pp_reads.append(None if before is None else _reads(model) - before)
             cached += run.cached_tokens
             step(f"pp{prompt}")
         result: dict[str, Any] = {
             "file": str(path), "prompt": prompt, "gen": gen, "reps": reps, "load_s": load_s,
-            "memory": repr(model.memory), "compute": "packed" if model.transformer.compute is not None else "float",
-            "device": str(model.device), "threads": load_kwargs.get("threads"), "pp_tok_s": _spread(pp),
-            "pp_cached_tokens": cached,
+            "memory": repr(model.memory), "memory_kind": model.plan.memory, "memory_why": model.plan.memory_why,
+            "compute": "packed" if model.transformer.compute is not None else "float",
+            "device": str(model.device), "threads": load_kwargs.get("threads"), "warmup": warm,
+            "pp_tok_s": _spread(pp), "pp_expert_reads": pp_reads, "pp_cached_tokens": cached,
             "tg": {}}
         disk, h2d = _disk_rate(str(path)), _h2d_rate(model.device)
         result.update(disk_gbs=disk and disk / 1e9, h2d_gbs=h2d and h2d / 1e9)

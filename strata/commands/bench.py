@@ -101,13 +101,23 @@ def format_tiered(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _format_warmup(r: dict[str, Any]) -> str:
+    """The warm-up's line: its figures apart from the timed repetitions' (cold: experts paged in)."""
+    w = r.get("warmup")
+    if w is None:
+        return "no warm-up (--no-warmup): the first repetition of each test is cold, averaged in"
+    reads = "" if w["expert_reads"] is None else f", {w['expert_reads']} expert reads"
+    return (f"warm-up, untimed and not averaged: pp{r['prompt']} {w['pp_tok_s']:.2f} tok/s, decode step "
+            f"x{w['batch']} {w['tg_tok_s']:.2f} tok/s{reads}")
+
+
 def format_model(r: dict[str, Any]) -> str:
     """The report `strata bench MODEL` prints: llama-bench's table, then where the time goes."""
     def rate(x: dict[str, float]) -> str:
         return f"{x['mean']:9.2f} +- {x['std']:6.2f}"
 
     lines = [f"{r['file']}: {r['memory']}; {r['compute']} compute on {r['device']}, threads {r['threads'] or 'all'}; "
-             f"{r['reps']} repetitions; loaded in {r['load_s']:.1f} s",
+             f"{r['reps']} repetitions; loaded in {r['load_s']:.1f} s", _format_warmup(r),
              f"{'test':<14}{'tok/s':>21}", f"{'pp' + str(r['prompt']):<14}{rate(r['pp_tok_s']):>21}"]
     for b, x in r["tg"].items():
         lines.append(f"{'tg' + str(r['gen']) + (f' x{b}' if int(b) > 1 else ''):<14}{rate(x['tok_s']):>21}")
@@ -305,7 +315,7 @@ def _add_tiered_parser(sub) -> None:
 
 
 def _run_model(args: argparse.Namespace) -> int:
-    from strata.bench.model import bench_model
+    from strata.bench.model import bench_model, bench_steps
 
     from .common import check_model_args, expert_parallel, follow_rank, load_kwargs
 
@@ -323,10 +333,10 @@ def _run_model(args: argparse.Namespace) -> int:
             from strata.bench.model import bench_load_kwargs
 
             return follow_rank(ep, lambda: strata.load(args.model, **bench_load_kwargs(args.p, args.n, batches, kwargs)))
-        total = args.reps * (1 + len(batches))
+        total = bench_steps(args.reps, batches, not args.no_warmup)
         result = _with_bar(args, total, "bench", lambda on_step: bench_model(
-            args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed, on_step=on_step,
-            **kwargs))
+            args.model, prompt=args.p, gen=args.n, batches=batches, reps=args.reps, seed=args.seed,
+            warmup=not args.no_warmup, on_step=on_step, **kwargs))
         return _print(result, args, format_model)
     finally:
         if ep is not None:
@@ -353,6 +363,9 @@ def _add_model_parser(sub) -> None:
     m.add_argument("-n", type=int, default=128, metavar="N", help="tokens generated per sequence in tg (default %(default)s)")
     m.add_argument("--batch", default="1", help="sequences decoded together in tg, comma-separated (default 1)")
     m.add_argument("--reps", type=int, default=3, help="repetitions of each test (default %(default)s)")
+    m.add_argument("--no-warmup", action="store_true",
+                   help="skip the untimed warm-up (the whole prompt and one decode step, as llama-bench's) that "
+                        "runs before the timed repetitions; without it the first repetition pages the experts in")
     m.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     add_expert_parallel_args(m)
