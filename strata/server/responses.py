@@ -6,7 +6,8 @@ Chat answers are `chat.completion` / `chat.completion.chunk` objects, completion
 then one chunk per piece of new text (whole UTF-8 characters: the tokenizer's stream decoder
 holds back a split character) with the log-probabilities of its tokens when asked, split by the
 choice's own `OutputStream` into `content`, `reasoning_content` and `tool_calls` deltas, a chunk
-with each choice's finish reason (`tool_calls` when that choice called tools) and llama-server's
+with each choice's finish reason (`tool_calls` when that choice called tools, `length` when it
+was cut by its token limit, whatever it called: a call it was writing then is left out) and llama-server's
 `timings` of that choice (a whole answer carries its first choice's), with
 `stream_options.include_usage` a last chunk with empty `choices` and the usage totals, then
 `data: [DONE]`. An error after the stream began is one `data: {"error": ...}` event, then `[DONE]`.
@@ -67,8 +68,8 @@ class Reply:
             if self.chat:
                 output = self.output(i) or OutputStream()
                 output.text = c.text
-                message = output.message()
-                finish = "tool_calls" if "tool_calls" in message else finish_reason(c.last)
+                message = output.message(cut=cut(c.last))
+                finish = chat_finish(c.last, "tool_calls" in message)
                 out.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
             else:
                 out.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": finish_reason(c.last)})
@@ -152,6 +153,17 @@ def finish_reason(last: Event) -> str:
     return last.finish_reason if last.finish_reason in ("stop", "length") else "stop"
 
 
+def cut(last: Event) -> bool:
+    """Whether the choice ended at its token limit (max_tokens, or the context full)."""
+    return last.finish_reason == "length"
+
+
+def chat_finish(last: Event, called: bool) -> str:
+    """A chat choice's finish reason: "length" when cut (OpenAI and llama-server say so even after
+    whole calls), else "tool_calls" when it called tools."""
+    return "tool_calls" if called and not cut(last) else finish_reason(last)
+
+
 def usage(lasts: list[Event]) -> dict[str, Any]:
     """Usage of the choices whose last events these are: the prompt once, every choice's tokens, and
     the prefix cache's share of the prompt."""
@@ -197,8 +209,7 @@ async def stream(reply: Reply, events: Events, n: int, on_error: Callable[[Any],
         if event.finish_reason is not None:
             lasts[event.index] = event
             output = reply.output(event.index)
-            called = output is not None and output.called
-            last = reply.chunk(event.index, finish="tool_calls" if called else finish_reason(event))
+            last = reply.chunk(event.index, finish=chat_finish(event, output is not None and output.called))
             if event.timings is not None:  # as llama-server's last chunk carries them
                 last["timings"] = event.timings
             yield sse(last)
@@ -219,7 +230,7 @@ def _pieces(reply: Reply, event: Event) -> list[dict[str, Any]]:
         return [reply.chunk(i, event.text, logprobs=logprobs)] if event.text or event.logprobs else []
     deltas = output.push(event.text) if event.text else []
     if event.finish_reason is not None:
-        deltas += output.finish()
+        deltas += output.finish(cut=cut(event))
     if event.logprobs and not deltas:
         deltas = [{}]
     return [reply.chunk(i, delta=d, logprobs=logprobs if k == 0 else None) for k, d in enumerate(deltas)]

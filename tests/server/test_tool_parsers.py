@@ -97,13 +97,15 @@ def test_content_before_a_call_and_plain_replies():
         assert plain == {"content": "No tools needed: 2 < 3 [ok] {fine}", "reasoning": "", "calls": []}, family
 
 
-def test_arguments_stream_in_pieces():
+def test_a_call_streams_whole_once_closed():
+    """No part of a call goes out before its syntax closes (a reply cut by its token limit inside a
+    call must not have sent half of it): then the whole call, in one delta."""
     out = OutputStream(parser("deepseek"), None)
     head = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
-    out.push(head)
-    pieces = [d["tool_calls"][0]["function"]["arguments"] for t in ('{"city"', ': "Pa', 'ris"}')
-              for d in out.push(t) if "tool_calls" in d]
-    assert pieces[0] == '{"city"' and "".join(pieces) == '{"city": "Paris"}' and len(pieces) == 3
+    assert [d for t in (head, '{"city"', ': "Pa', 'ris"}') for d in out.push(t)] == []
+    (delta,) = out.push("<｜tool▁call▁end｜>")
+    (call,) = delta["tool_calls"]
+    assert call["id"] and call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
 
 
 def test_think_reasoning_split_and_inline():

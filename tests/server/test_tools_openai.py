@@ -33,7 +33,7 @@ def test_tool_call_streamed_and_fed_back(forced):
     reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
     assert reasoning == "The user wants the weather.\n"
     parts = [tc for d in deltas for tc in d.tool_calls or ()]
-    assert parts[0].id and parts[0].function.name == "get_weather" and len(parts) > 2  # arguments in pieces
+    assert parts[0].id and parts[0].function.name == "get_weather" and len(parts) == 1  # sent whole once closed
     assert json.loads("".join(p.function.arguments or "" for p in parts)) == {"city": "Paris", "days": 2}
     assert not "".join(d.content or "" for d in deltas).strip()
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]

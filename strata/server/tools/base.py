@@ -4,7 +4,10 @@ A parser reads the assistant's generated text (the reasoning already split off) 
 `Parsed`: the plain content and the calls, each with its name and its arguments as the raw
 JSON text the model wrote. With `final=False` the text is a stream's prefix: what a parser
 returns must only grow as more text arrives (a marker's first characters are held back until
-they are known not to start a marker), so a stream can send the difference as deltas.
+they are known not to start a marker), so a stream can send the difference as deltas. A call is
+`done` once its syntax is closed (its end marker, or its JSON whole where there is none), final
+or not; where the text ends inside a call, `Parsed.open_at` says where that call's markup began,
+so a reply cut by its token limit can leave the unfinished call out.
 
 Must not know HTTP or the engine: text in, `Parsed` out.
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 class Call:
     name: str | None  # None while a stream has not reached the whole name
     arguments: str = ""  # the raw JSON text of the arguments so far
-    done: bool = False
+    done: bool = False  # its syntax is closed: the arguments are all there
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Parsed:
     content: str = ""
     calls: list[Call] = field(default_factory=list)
     reasoning: str = ""  # only families whose syntax carries reasoning (harmony's analysis channel)
+    open_at: int | None = None  # where the text's unclosed call begins (its name written or not); None: none is
 
 
 def held(text: str, *markers: str) -> str:
@@ -95,15 +99,19 @@ class TagBlockParser(Parser):
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)
         out = Parsed(content)
+        at = len(content)  # where `rest` begins in `text`
         while rest is not None and rest.lstrip().startswith(self.open):
             start = rest.index(self.open) + len(self.open)
             end = rest.find(self.close, start)
             body = rest[start:end] if end >= 0 else rest[start:] if final else held(rest[start:], self.close)
             call = self.call(body, end >= 0 or final)
             if call is not None:
+                call.done = end >= 0
                 out.calls.append(call)
             if end < 0:
+                out.open_at = at
                 return out
+            at += end + len(self.close)
             rest = rest[end + len(self.close):]
         tail = (rest if final else held(rest, self.open)) if rest else ""
         if tail.strip():
@@ -111,7 +119,8 @@ class TagBlockParser(Parser):
         return out
 
     def call(self, body: str, done: bool) -> Call | None:
-        """One block's call (None while a stream has not reached its name); `done`: the block is whole."""
+        """One block's call (None while a stream has not reached its name); `done`: the block is whole,
+        or the reply ended inside it (its `done` is then set from whether the block was closed)."""
         raise NotImplementedError
 
 

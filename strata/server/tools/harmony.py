@@ -24,31 +24,39 @@ class HarmonyParser(Parser):
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         out, pos = Parsed(), 0
+        begin = 0  # where the message at `pos` begins, its <|start|> included
         while pos < len(text):
             head_end = text.find(MESSAGE, pos)
             if head_end < 0:
                 if final and not out.calls and not out.content and MESSAGE not in text and "<|channel|>" not in text:
                     out.content = text  # no harmony at all: plain text
+                elif "to=" in text[pos:]:  # a call's header, unfinished
+                    out.open_at = begin
                 break
             header, start = text[pos:head_end], head_end + len(MESSAGE)
             ends = [(i, e) for e in ENDS if (i := text.find(e, start)) >= 0]
             end, marker = min(ends) if ends else (-1, "")
             body = text[start:end] if end >= 0 else (text[start:] if final else held(text[start:], *ENDS))
-            _add(out, header, body, end >= 0 or final, self.inline_reasoning)
+            if _add(out, header, body, end >= 0, final, self.inline_reasoning) and end < 0:
+                out.open_at = begin
             if end < 0:
                 break
-            pos = end + (0 if marker == START else len(marker))
+            pos = begin = end + (0 if marker == START else len(marker))
             if text.startswith(START, pos):
                 pos += len(START)
         return out
 
 
-def _add(out: Parsed, header: str, body: str, done: bool, inline: bool) -> None:
+def _add(out: Parsed, header: str, body: str, done: bool, final: bool, inline: bool) -> bool:
+    """Add one message (`done`: its end marker was read); whether it is a call."""
     to = _TO.search(header)
     channel = _CHANNEL.search(header)
     if to is not None and to.group(1).startswith("functions."):
-        out.calls.append(Call(to.group(1).removeprefix("functions."), body.strip() if done else body.lstrip(), done))
-    elif channel is not None and channel.group(1) == "analysis" and not inline:
+        arguments = body.strip() if done or final else body.lstrip()
+        out.calls.append(Call(to.group(1).removeprefix("functions."), arguments, done))
+        return True
+    if channel is not None and channel.group(1) == "analysis" and not inline:
         out.reasoning += body
     else:
         out.content += body
+    return False

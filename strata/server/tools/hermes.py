@@ -19,10 +19,10 @@ class HermesParser(TagBlockParser):
             return None
         args = _ARGS.search(body)
         if args is None:
-            return Call(_unescape(name.group(1)), "{}" if done else "", done)
+            return Call(_unescape(name.group(1)), "{}" if done else "")
         end = json_end(body, args.end())
         raw = body[args.end():end] if end is not None else body[args.end():].rstrip()
-        return Call(_unescape(name.group(1)), raw.strip(), done or end is not None)
+        return Call(_unescape(name.group(1)), raw.strip())
 
 
 def _unescape(name: str) -> str:

@@ -23,16 +23,23 @@ class MarkedParser(Parser):
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)
         out = Parsed(content)
+        if rest is not None:
+            out.open_at = len(content)  # the section is open until its first call closes
         pos = 0
         while rest is not None:
             i = rest.find(self.open, pos)
-            j = rest.find(self.sep, i + len(self.open)) if i >= 0 else -1
+            if i < 0:
+                break
+            if out.calls:  # a later call begun: open until it closes
+                out.open_at = len(content) + i
+            j = rest.find(self.sep, i + len(self.open))
             if j < 0:
                 break
             call, pos = self._call(rest, rest[i + len(self.open):j], j + len(self.sep), final)
             out.calls.append(call)
             if not call.done:
                 break
+            out.open_at = None
         return out
 
     def _call(self, rest: str, head: str, start: int, final: bool) -> tuple[Call, int]:
@@ -44,11 +51,11 @@ class MarkedParser(Parser):
             if end >= 0:
                 return Call(name, self.arguments(rest[start:end], True), True), end + len(self.close)
             tail = rest[start:] if final else held(rest[start:], self.close)
-            return Call(name, self.arguments(tail, final), final), len(rest)
+            return Call(name, self.arguments(tail, final)), len(rest)
         end = json_end(rest, start)
         if end is None:
             tail = rest[start:]
-            return Call(name, tail.strip() if final else tail.lstrip().rstrip(), final), len(rest)
+            return Call(name, tail.strip() if final else tail.lstrip().rstrip()), len(rest)
         return Call(name, rest[start:end].strip(), True), end
 
     def call_name(self, head: str, rest: str, start: int) -> tuple[str | None, int]:
@@ -100,14 +107,16 @@ class MistralParser(MarkedParser):
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)
         if rest is not None and rest[len(self.open):].lstrip().startswith("["):  # the older JSON list
-            return Parsed(content, _json_list(rest[len(self.open):], final))
+            calls = _json_list(rest[len(self.open):])
+            return Parsed(content, calls or [], open_at=len(content) if calls is None else None)
         return super().parse(text, final)
 
 
-def _json_list(text: str, final: bool) -> list[Call]:
+def _json_list(text: str) -> list[Call] | None:
+    """The calls of a whole JSON list (None while it is not whole: a stream reads it whole)."""
     end = json_end(text, 0)
     if end is None:
-        return []  # a stream: the list is read whole
+        return None
     try:
         items = json.loads(text[:end])
     except json.JSONDecodeError:

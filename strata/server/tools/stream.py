@@ -2,9 +2,17 @@
 
 `OutputStream.push(text)` takes the next piece of a stream and returns the deltas to send
 (`{"reasoning_content": ...}`, `{"content": ...}`, `{"tool_calls": [{index, id, type, function:
-{name, arguments}}]}` with later arguments as increments); `finish()` the last ones; `message()`
-the whole reply's parts. Every delta is the difference of two parses of the text so far, so a
-stream's pieces add up to the whole reply's parts.
+{name, arguments}}]}`); `finish()` the last ones; `message()` the whole reply's parts. Every
+delta is the difference of two parses of the text so far, so a stream's pieces add up to the
+whole reply's parts.
+
+A stream sends a tool call whole, once its syntax is closed, never a part of one: a reply may yet
+be cut by its token limit (`cut`: finish_reason "length") inside a call, and a client must not
+have been given half a call to act on. A cut reply keeps the calls closed before the cut; the
+unfinished call is left out of `tool_calls` and its raw text goes back to the content, as
+llama-server does (its parser reads a final text whose call is unfinished as content: tools
+cleared, the text kept), and the reply's finish_reason says "length", as OpenAI's and
+llama-server's do.
 """
 from __future__ import annotations
 
@@ -40,10 +48,17 @@ class OutputStream:
     _content: str = ""
     _calls: list[_Sent] = field(default_factory=list)
 
-    def parse(self, final: bool = True) -> Parsed:
+    def parse(self, final: bool = True, cut: bool = False) -> Parsed:
+        """The text so far (`final`: all of it) read into its parts; the calls are those closed,
+        and at the end of a reply not `cut` by its token limit the unclosed last one too (the
+        model ended its reply there)."""
         reasoning, rest = self.think.split(self.text, final) if self.think is not None else ("", self.text)
         parsed = self.parser.parse(rest, final) if self.parser is not None else Parsed(rest)
         parsed.reasoning = reasoning + parsed.reasoning
+        if cut or not final:
+            parsed.calls = [c for c in parsed.calls if c.done]
+        if cut and parsed.open_at is not None:
+            parsed.content += rest[parsed.open_at:]
         if not self.parallel:
             parsed.calls = parsed.calls[:1]
         return parsed
@@ -52,12 +67,14 @@ class OutputStream:
         self.text += text
         return self._deltas(self.parse(final=False))
 
-    def finish(self) -> list[dict[str, Any]]:
-        return self._deltas(self.parse(final=True))
+    def finish(self, cut: bool = False) -> list[dict[str, Any]]:
+        """The last deltas; `cut`: the reply ended at its token limit (finish_reason "length")."""
+        return self._deltas(self.parse(final=True, cut=cut))
 
-    def message(self) -> dict[str, Any]:
-        """The whole reply: content (None beside calls when empty), reasoning_content, tool_calls."""
-        parsed = self.parse(final=True)
+    def message(self, cut: bool = False) -> dict[str, Any]:
+        """The whole reply: content (None beside calls when empty), reasoning_content, tool_calls;
+        `cut` as in `finish`."""
+        parsed = self.parse(final=True, cut=cut)
         self._deltas(parsed)  # gives the calls their ids
         out: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if parsed.calls else "")}
         if parsed.reasoning:

@@ -29,7 +29,7 @@ class PairsParser(TagBlockParser):
         pairs = [f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(self._value(v, types.get(k)), ensure_ascii=False)}"
                  for k, v in self.pair.findall(body)]
         args = "{" + ", ".join(pairs)
-        return Call(name, args + "}" if done else (args if pairs else ""), done)
+        return Call(name, args + "}" if done else (args if pairs else ""))
 
     @staticmethod
     def _value(text: str, kind: str | None) -> object:
