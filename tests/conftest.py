@@ -11,6 +11,9 @@ import pytest
 
 from benchmarks.llama_amx import cpu_has_amx, open_without_extra_buffers
 
+#: every temporary file of the run in one folder, removed when the run passes (tests/fixtures/temp_root.py)
+pytest_plugins = ["tests.fixtures.temp_root"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _llama_cpp_without_amx():

@@ -23,8 +23,14 @@ BINARIES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 
 
 def find_chromium() -> str | None:
-    """The browser binary: $STRATA_CHROMIUM, else the first of BINARIES on PATH."""
-    return os.environ.get("STRATA_CHROMIUM") or next(filter(None, map(shutil.which, BINARIES)), None)
+    """The browser binary: $STRATA_CHROMIUM, else the first of BINARIES on PATH, else Debian's
+    chromium installed by the suite where it runs as root (tests/fixtures/fetch.py), as CI does."""
+    from tests.fixtures.fetch import install_chromium
+
+    found = os.environ.get("STRATA_CHROMIUM") or next(filter(None, map(shutil.which, BINARIES)), None)
+    if found is None and install_chromium():
+        found = next(filter(None, map(shutil.which, BINARIES)), None)
+    return found
 
 
 def _high(fds: tuple[int, int]) -> tuple[int, int]:
