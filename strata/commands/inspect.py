@@ -1,8 +1,9 @@
-"""`strata inspect MODEL.gguf [--json]`: what a GGUF file holds and where its bytes go.
+"""`strata inspect MODEL.gguf [--raw | --json]`: what a GGUF file holds, whether and how it runs.
 
-Architecture and hyperparameters, tensor count and bytes per ggml type, resident weights versus
-routed experts, and the size of one layer's expert slabs (the unit the pager moves). The facts
-come from `strata.gguf.ModelFile.summary()`; this module only renders them.
+A summary first (inspect_summary.py: the model, the file, the tokenizer, the verdict, the RAM and
+disk it needs, how it would run here); `--raw` adds every field (hyperparameters, bytes per ggml
+type, each layer's expert slabs, the unit the pager moves), `--placement` each layer's experts.
+The facts come from `strata.gguf.ModelFile.summary()`; this module only renders them.
 """
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ from typing import Any, TextIO
 from strata.defaults import DEFAULT_CTX
 from strata.units import format_bytes
 
-from .common import add_kv_type_arg
+from .common import add_hf_arg, add_kv_type_arg, resolve_model
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `inspect` on an argparse subparsers object (the `strata` CLI's)."""
     p = subparsers.add_parser("inspect", help="show a GGUF model's architecture, sizes and expert layout",
                               description=__doc__.splitlines()[0])
-    p.add_argument("model", help="GGUF file")
+    p.add_argument("model", nargs="?", default=None, help="GGUF file, or -hf")
+    add_hf_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--raw", action="store_true",
+                   help="after the summary, list every field: hyperparameters, bytes per ggml type, each layer's "
+                        "expert slabs, the parts of a split file")
     g = p.add_argument_group("--placement: where experts would start, for these budgets")
     g.add_argument("--placement", action="store_true",
                    help="print which experts would start on the device, in host RAM and on the disk, the "
@@ -90,10 +95,10 @@ def render_parts(parts: list[dict[str, Any]], out: TextIO) -> None:
               f"({format_bytes(p['tensor_bytes'])}), {experts}", file=out)
 
 
-def render_text(summary: dict[str, Any], path: str, out: TextIO | None = None) -> None:
-    """Human-readable rendering of ModelFile.summary()."""
+def render_text(summary: dict[str, Any], out: TextIO | None = None) -> None:
+    """Every field of ModelFile.summary(), indented under a heading (`strata inspect --raw`)."""
     out = out or sys.stdout
-    print(f"{path}", file=out)
+    print("fields:", file=out)
     for key, value in summary.items():
         if key == "parts":
             render_parts(value, out)
@@ -204,6 +209,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         from strata.errors import StrataArgumentError
 
         raise StrataArgumentError(f"--ctx: expected a positive context length, found {args.ctx}")
+    resolve_model(args)
     with open_model(args.model) as model:
         summary = model.summary()
         if getattr(args, "placement", False):
@@ -218,19 +224,28 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             else:
                 summary["placement"] = placement(args, model)
         summary["verdict"] = run_verdict(args, model)
+        if not args.json:
+            from .inspect_summary import overview
+
+            known = summary.get("placement")
+            lines = overview(args, model, summary, summary["verdict"],
+                             (lambda a, m: known) if known is not None else placement)
     if "placement" in summary:  # after the file is closed: the load opens it again
         summary["placement"]["runtime"] = runtime_plan(args)
     if args.json:
         json.dump(summary, out, indent=1, default=str)
         print(file=out)
     else:
-        shown = {k: v for k, v in summary.items() if k not in ("placement", "verdict", "ranks")}
-        render_text(shown, args.model, out)
+        from .inspect_summary import render_overview
+
+        raw = getattr(args, "raw", False)
+        render_overview(args.model, lines, raw, out)
+        if raw:
+            render_text({k: v for k, v in summary.items() if k not in ("placement", "verdict", "ranks")}, out)
         if "placement" in summary:
             render_placement(summary["placement"], out)
         if "ranks" in summary:
             from .ranks import render_ranks
 
             render_ranks(summary["ranks"], out)
-        print(f"verdict: {summary['verdict']['sentence']}", file=out)
     return 0

@@ -56,7 +56,7 @@ def test_a_file_that_runs_says_how(tmp_path, capsys):
     assert set(v.kernels) == {"F32", "Q8_0", "Q4_K"} and v.kernels["Q4_K"] in ("avx512", "avx2", "scalar")
     assert "float compute" in f.sentence
     code, out = _inspect(capsys, path)
-    assert code == 0 and out.splitlines()[-1] == f"verdict: {v.sentence}"
+    assert code == 0 and f"verdict: {v.sentence}" in out.splitlines()[:6]
 
 
 def test_unreadable_type_names_tensor_and_type_in_inspect_and_load(tmp_path, capsys):
@@ -68,7 +68,7 @@ def test_unreadable_type_names_tensor_and_type_in_inspect_and_load(tmp_path, cap
                                  "cannot read")
     assert "Q4_K" in v.sentence  # the list of what it reads
     code, out = _inspect(capsys, path)
-    assert code == 0 and out.splitlines()[-1] == f"verdict: {v.sentence}"
+    assert code == 0 and f"verdict: {v.sentence}" in out.splitlines()[:6]
     for compute in ("packed", "float"):
         with pytest.raises(StrataError) as e:
             strata.load(path, compute=compute, threads=1, n_ctx=64)
@@ -105,4 +105,4 @@ def test_tokenizer_problem_is_the_verdict(tmp_path, capsys):
         v = verdict(mf, "packed")
     assert not v.runs and v.sentence.startswith("does not run: ") and "no-such-pre-tokenizer" in v.sentence
     code, out = _inspect(capsys, path)
-    assert code == 0 and out.splitlines()[-1] == f"verdict: {v.sentence}"
+    assert code == 0 and f"verdict: {v.sentence}" in out.splitlines()[:6]

@@ -140,9 +140,10 @@ def test_synth_cli_split_max_size(tmp_path, capsys):
 def test_inspect_shows_the_parts(checkpoint, tmp_path):
     hf, whole = checkpoint
     parts = split_gguf(whole, tmp_path / "m", tensor_cuts(whole, 3))
-    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(parts[2])], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(parts[2]), "--raw"], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr
-    assert "parts: 3 files" in res.stdout
+    assert "in 3 parts" in res.stdout.splitlines()[2] and "parts: 3 files" in res.stdout
     for i, part in enumerate(parts):
         assert f"    {i + 1}: {part}: " in res.stdout
     assert "in_part:" in res.stdout
@@ -151,7 +152,8 @@ def test_inspect_shows_the_parts(checkpoint, tmp_path):
     summary = json.loads(out.getvalue())
     assert [p["path"] for p in summary["parts"]] == [str(p) for p in parts]
     assert all(set(info["in_part"]) == {"gate", "up", "down"} for info in summary["expert_layers"].values())
-    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(whole)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "strata", "inspect", str(whole), "--raw"], capture_output=True,
+                         text=True)
     assert "parts:" not in res.stdout and "in_part" not in res.stdout  # one file: as before
 
 
