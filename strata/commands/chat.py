@@ -38,10 +38,12 @@ def _reply(model, messages: list[dict]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.server is not None:
         return _run_remote(args)
-    if args.model is None:
-        raise StrataArgumentError("strata chat: expected a MODEL file or --server URL")
+    if args.model is None and args.hf_repo is None:
+        raise StrataArgumentError("strata chat: expected a MODEL file, -hf USER/REPO[:QUANT] or --server URL")
     with load_model(args) as model:
-        model.chat_template  # a template that cannot compile ends the command before the first turn
+        if model.chat_template is None:  # a template that cannot compile ends the command here too
+            raise StrataError(f"{model.path}: the file has no chat template (tokenizer.chat_template): give one "
+                              "with --chat-template-file FILE.jinja, or use strata generate for plain text")
         try:
             return _loop(lambda history: _reply(model, history), args,
                          f"{model.path.name} ({model.hparams.arch}, {model.device})")
@@ -52,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_remote(args: argparse.Namespace) -> int:
     from .chat_server import ServerChat
 
-    if args.model is not None:
-        raise StrataArgumentError(f"strata chat: give a MODEL file or --server URL, not both ({args.model})")
+    if args.model is not None or args.hf_repo is not None:
+        raise StrataArgumentError(f"strata chat: give a MODEL file or --server URL, not both "
+                                  f"({args.model or args.hf_repo})")
     check_sampling_args(args)
     server = ServerChat(args.server, args.api_key)
     return _loop(lambda history: server.reply(history, args), args, server.name)
@@ -95,7 +98,7 @@ def _loop(reply: Callable[[list[dict]], str | None], args: argparse.Namespace, n
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal")
-    add_model_args(p, model_optional=True)
+    add_model_args(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--server", default=None, metavar="URL",
                    help="chat with a running strata serve (http://127.0.0.1:8080, or 127.0.0.1:8080) instead of loading MODEL")

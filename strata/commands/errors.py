@@ -17,6 +17,17 @@ from collections.abc import Callable
 from strata.errors import StrataError
 
 
+def os_error_text(exc: OSError) -> str:
+    """An OSError as a user reads it: `FILE: no such file or directory`, not `[Errno 2] ...: 'FILE'`."""
+    if exc.strerror is None:
+        return str(exc)
+    reason = exc.strerror[:1].lower() + exc.strerror[1:]
+    if exc.filename is None:
+        return reason
+    names = f"{exc.filename} -> {exc.filename2}" if exc.filename2 is not None else str(exc.filename)
+    return f"{names}: {reason}"
+
+
 def run_guarded(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace, *,
                 prefix: str = "strata: ", interrupted: str = "strata: interrupted") -> int:
     """`func(args)`'s exit code; errors printed as `{prefix}error: {message}` and exit code 1."""
@@ -25,8 +36,11 @@ def run_guarded(func: Callable[[argparse.Namespace], int | None], args: argparse
     except BrokenPipeError:  # the reader left, nothing more to say (before OSError: it is one)
         sys.stderr.close()
         return 0
-    except (StrataError, OSError) as exc:
+    except StrataError as exc:
         print(f"{prefix}error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{prefix}error: {os_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from strata.defaults import MAX_THREADS
 from strata.errors import StrataArgumentError
 from strata.memory.budget import BudgetError, TieredConfig, parse_bytes
 
@@ -84,7 +85,7 @@ def check_choice(name: str, value, choices: tuple, field: str | None = None):
 
 
 #: load()'s engine options and their ranges (low, high); max_step_tokens is at least max_batch.
-ENGINE_RANGES = {"threads": (1, 4096), "n_ctx": (2, None), "max_batch": (1, 4096), "max_step_tokens": (1, None),
+ENGINE_RANGES = {"threads": (1, MAX_THREADS), "n_ctx": (2, None), "max_batch": (1, 4096), "max_step_tokens": (1, None),
                  "decoding_step_tokens": (1, None),
                  "kv_blocks": (1, None), "max_waiting": (0, None)}
 

@@ -61,6 +61,17 @@ def format_error(path: Path | str, subject: str, expected: str, found: str) -> S
     return StrataFormatError(f"{path}: {subject}: expected {expected}, found {found}")
 
 
+def not_gguf(path: Path | str, head: bytes) -> StrataFormatError:
+    """A file that does not start with GGUF's magic, named for what it looks like when that is known."""
+    if head.startswith(b"version https://git-lfs"):
+        what = "a Git LFS pointer, not the model itself (git lfs pull fetches it)"
+    elif len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 30:
+        what = "a safetensors file (convert its checkpoint folder: python -m strata.convert)"
+    else:
+        what = f"its first bytes are {head[:4]!r}, a GGUF file's are b'GGUF'"
+    return StrataFormatError(f"{path}: not a GGUF file ({what})")
+
+
 @dataclass(frozen=True)
 class RawTensor:
     """A tensor record as written in the header, not yet checked against the file."""
@@ -142,6 +153,9 @@ def scan_header(path: Path) -> HeaderScan:
 
     A missing or unreadable file raises the OSError `open` gives: that is not a format problem.
     """
+    if path.is_dir():
+        raise StrataFormatError(f"{path}: a folder, not a GGUF file (a Hugging Face checkpoint is converted first: "
+                                f"python -m strata.convert {path} -o MODEL.gguf)")
     size = path.stat().st_size
     if size < _PREAMBLE_BYTES:
         raise format_error(path, "header", f"at least {_PREAMBLE_BYTES} bytes", f"a {size}-byte file")
@@ -158,7 +172,7 @@ def _scan(cur: _Cursor) -> HeaderScan:
     path = cur.path
     magic = struct.unpack_from("<I", cur.buf, cur.take(4, "magic"))[0]
     if magic != GGUF_MAGIC:
-        raise format_error(path, "magic", repr(struct.pack("<I", GGUF_MAGIC)), repr(struct.pack("<I", magic)))
+        raise not_gguf(path, bytes(cur.buf[:64]))
     version = cur.u32("version")
     if version & 0xFFFF == 0 and version != 0:
         raise format_error(path, "version", "a little-endian file", f"{version:#x} (a big-endian GGUF file)")

@@ -28,12 +28,31 @@ def _one_error(code: int, err: str, *names: str) -> str:
     (["--top-k", "-1"], "--top-k"), (["--min-p", "1.5"], "--min-p"), (["--repeat-penalty", "0"], "--repeat-penalty"),
     (["--repeat-penalty", "-1"], "--repeat-penalty"), (["--seed", str(2**70)], "--seed"), (["--seed", "-1"], "--seed"),
     (["--ctx", "0"], "--ctx"), (["--ctx", "1"], "--ctx"), (["--threads", "0"], "--threads"),
+    (["--threads", "257"], "--threads"), (["--threads", "999"], "--threads"),
     (["--decoding-step-tokens", "0"], "--decoding-step-tokens"),
 ])
 def test_generate_refuses_bad_values_by_flag(cli, qwen3, args, flag):
     code, out, err = cli("generate", qwen3.gguf(None), "-p", "Hello", *args)
     line = _one_error(code, err, flag)
     assert "expected" in line and "found" in line
+
+
+def test_threads_limit_is_the_compute_pools_own(cli, qwen3):
+    """--threads' range is what the native compute pool accepts: its help and its error say 256, and
+    native/pool.c's POOL_MAX_THREADS is that number (the pool refused 999 after the option took it)."""
+    import re
+    from pathlib import Path
+
+    from strata.defaults import MAX_THREADS
+
+    pool_c = (Path(__file__).parents[2] / "native" / "pool.c").read_text()
+    assert int(re.search(r"#define POOL_MAX_THREADS (\d+)", pool_c).group(1)) == MAX_THREADS == 256
+    line = _one_error(*cli("generate", qwen3.gguf(None), "-p", "Hello", "--threads", "999")[::2], "--threads")
+    assert "256" in line and "4096" not in line
+    from strata.cli import build_parser
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    assert "CPU threads, 1 to 256" in " ".join(generate.format_help().split())
 
 
 def test_empty_prompt_is_refused(cli, qwen3):
@@ -96,3 +115,35 @@ def test_last_resort_handler_prints_one_line_and_debug_shows_the_traceback(cli, 
     monkeypatch.setenv("STRATA_DEBUG", "1")
     with pytest.raises(RuntimeError, match="simulated bug"):
         cli("generate", qwen3.gguf(None), "-p", "Hello")
+
+
+@pytest.mark.parametrize("command", [["generate", "-p", "hi"], ["inspect"], ["bench", "--reps", "1"], ["chat"]])
+def test_a_missing_model_file_is_named_in_plain_words(cli, tmp_path, command):
+    missing = tmp_path / "nope.gguf"
+    line = _one_error(*cli(command[0], missing, *command[1:])[::2], str(missing))
+    assert "[Errno" not in line and line.endswith(f"{missing}: no such file or directory"), line
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"PK\x03\x04" + bytes(60), ("not a GGUF file", "b'PK\\x03\\x04'", "b'GGUF'")),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n", ("not a GGUF file", "Git LFS pointer")),
+    ((80).to_bytes(8, "little") + b'{"__metadata__":{}}' + bytes(60), ("not a GGUF file", "safetensors")),
+])
+def test_a_file_that_is_not_gguf_says_so(cli, tmp_path, content, words):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(content)
+    line = _one_error(*cli("inspect", bad)[::2], str(bad), *words)
+    assert "magic" not in line
+
+
+def test_a_checkpoint_folder_points_to_the_converter(cli, tmp_path):
+    _one_error(*cli("generate", tmp_path, "-p", "hi")[::2], str(tmp_path), "a folder, not a GGUF file",
+               "python -m strata.convert")
+
+
+def test_os_errors_read_as_sentences():
+    from strata.commands.errors import os_error_text
+
+    assert os_error_text(FileNotFoundError(2, "No such file or directory", "m.gguf")) == "m.gguf: no such file or directory"
+    assert os_error_text(OSError(28, "No space left on device")) == "no space left on device"
+    assert os_error_text(OSError("plain")) == "plain"

@@ -61,3 +61,16 @@ def test_two_turns_history_and_reset(qwen3, python, subprocess_env):
     assert [first, second] == _expected_turns(model)
     assert after_reset == _expected(model, [SYSTEM, U2])
     assert second[1] > after_reset[1]  # the second turn's prompt held the first turn
+
+
+def test_a_file_without_chat_template_points_to_the_template_option(cli, tmp_path):
+    """`strata synth` files carry no chat template: chat says so once and names --chat-template-file,
+    rather than failing each turn with advice to /reset."""
+    code, _, err = cli("synth", tmp_path / "s.gguf", "--layers", "1", "--experts", "4", "--top-k", "2", "--hidden",
+                       "256", "--ff", "256", "--vocab", "300", "--quiet")
+    assert code == 0, err
+    code, out, err = cli("chat", tmp_path / "s.gguf", "--threads", "1")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "/reset" not in out + err, err
+    assert str(tmp_path / "s.gguf") in lines[0] and "no chat template" in lines[0]
+    assert "--chat-template-file" in lines[0]

@@ -99,7 +99,7 @@ CASES: dict[str, tuple[Callable, tuple[str, ...], bool]] = {
     "truncated_tensor_info": (_truncated(lambda p: fx.data_offset(p) - 20), ("tensor", "truncated"), False),
     "truncated_data": (_truncated(lambda p: p.stat().st_size - 1000), ("'blk.1.ffn_down_exps.weight'", "truncated"),
                        False),
-    "bad_magic": (_header_word(0, "4s", b"GGUX"), ("magic", "GGUX"), False),
+    "bad_magic": (_header_word(0, "4s", b"GGUX"), ("not a GGUF file", "GGUX"), False),
     "version_1": (_header_word(4, "I", 1), ("version", "found 1"), False),
     "version_4": (_header_word(4, "I", 4), ("version", "found 4"), False),
     "big_endian": (_header_word(4, "I", 3 << 24), ("version", "big-endian"), False),
