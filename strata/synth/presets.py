@@ -26,7 +26,7 @@ class Preset:
 #: resident bytes and the FFN-to-hidden ratio, and scale layers and widths down to the size asked.
 PRESETS: dict[str, Preset] = {
     "moe-125b": Preset("qwen3moe", 48, 32, 2, 6144, 4096, 48, 8, 32000,
-                       "the seeds' 125B-class MoE: dozens of experts per layer, 2 routed per token (~117B)"),
+                       "a 125B-class MoE (~117B): 32 experts per layer, 2 routed per token"),
     "mixtral-like": Preset("llama", 56, 8, 2, 6144, 16384, 48, 8, 32768, "Mixtral-8x22B's shape (141B)"),
     "qwen3-235b-like": Preset("qwen3moe", 94, 128, 8, 4096, 1536, 64, 4, 151936, "Qwen3-235B-A22B's shape"),
     "deepseek-v3-like": Preset("qwen3moe", 61, 256, 8, 7168, 2048, 128, 8, 129280,
