@@ -72,6 +72,7 @@ typedef struct {
 typedef struct {
     int fd_buffered, fd_direct;   /* fd_direct is -1 when O_DIRECT is not used for this part */
     const uint8_t *map;           /* read-only mapping for FALLBACK_MMAP, else NULL */
+    int32_t guard, guarded;       /* the map's range in the SIGBUS guard (guard.c), when guarded */
     int64_t base, size;           /* where its byte 0 lies in the pager's offsets; its file size */
 } part_file;
 
@@ -140,6 +141,13 @@ static int read_chunk(const strata_pager *p, const request *r, int64_t chunk,
     if (!r->direct && f->map) {
         memcpy(dst, f->map + (start - f->base), (size_t)(end - start));  /* in range: checked at submit */
         *bytes_read = end - start;
+        int64_t faults = 0;
+        strata_guard_faults(f->guard, &faults);
+        if (faults) {       /* the file shrank since open: pages of the map read zeros from then on */
+            *os_errno = 0;
+            *error_offset = start;
+            return STRATA_E_IO;
+        }
         return STRATA_OK;
     }
     return read_range(p, f, r->direct, dst, start, end, need, os_errno, error_offset, bytes_read);
@@ -274,6 +282,11 @@ static int open_part(part_file *f, const char *path, int flags, int64_t *align, 
             return STRATA_E_OPEN;
         }
         f->map = m;
+        /* Guarded: a copy from a page the file no longer has reads zeros and fails its request
+         * (read_chunk), instead of SIGBUS. */
+        int st = strata_guard_add(m, f->size, &f->guard);
+        if (st != STRATA_OK) return st;
+        f->guarded = 1;
     }
     return STRATA_OK;
 }
@@ -314,6 +327,8 @@ static int init_sync(strata_pager *p) {
 static void release_files(strata_pager *p) {
     for (int32_t i = 0; p->parts && i < p->n_parts; i++) {
         part_file *f = &p->parts[i];
+        if (f->guarded) strata_guard_remove(f->guard);  /* before the range can be mapped anew */
+        f->guarded = 0;
         if (f->map) munmap((void *)f->map, (size_t)f->size);
         if (f->fd_direct >= 0) close(f->fd_direct);
         if (f->fd_buffered >= 0) close(f->fd_buffered);

@@ -282,6 +282,29 @@ const char *strata_pager_status_string(int status);
 int strata_numa_count_nodes(int *n_nodes);
 int strata_numa_locate(const void *addr, int *node);
 
+/* ---- Guard (guard.c): reads of a mapped file cut short under a running model ----
+ *
+ * A page of a file mapping past the file's end raises SIGBUS when touched, which would kill the
+ * process. A range added here is guarded: such a fault inside it maps anonymous zero pages from
+ * the faulting page to the range's end, counts one fault for the range and lets the faulting
+ * thread (any thread, C or Python) go on reading zeros; the caller checks the count after its
+ * work and refuses the results. Faults outside every range go to the SIGBUS handler installed
+ * before the guard's (the default: the process dies of it). The handler is installed by the first
+ * add, and again by a later add if another one has replaced it. Ranges: read-only mappings, the
+ * base a page boundary; remove a range before unmapping it. At most 1024 ranges at once.
+ */
+
+/* Guard [base, base + nbytes) (a whole read-only mapping); *id names it to faults and remove.
+ * STRATA_E_NOMEM when 1024 ranges are guarded already. */
+int strata_guard_add(const void *base, int64_t nbytes, int32_t *id);
+
+/* Stop guarding range `id` (before unmapping it). */
+int strata_guard_remove(int32_t id);
+
+/* Faults the guard turned into zero pages in range `id` since it was added (it stays counted:
+ * those pages read zeros from then on). */
+int strata_guard_faults(int32_t id, int64_t *faults);
+
 /* ---- Compute pool and packed-weight matrix products (pool.c, matmul.c) ----
  *
  * A compute pool is a set of persistent worker threads; the thread that calls a compute function

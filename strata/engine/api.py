@@ -67,7 +67,7 @@ class Model:
         self.transformer = runner.model  # the maths (every step through it runs the per-call path)
         self.tokenizer, self.device, self.dtype, self.n_threads = tokenizer, device, dtype, n_threads
         self.engine = Engine(runner, cache, device, max_step_tokens=max_step_tokens, max_waiting=max_waiting,
-                             agree=agree, decoding_step_tokens=decoding_step_tokens)
+                             agree=agree, decoding_step_tokens=decoding_step_tokens, check=model_file.check_intact)
         self._ids = itertools.count()
         self._outboxes = Outboxes()  # chunks of open streams, produced by any caller's step
         self._first: dict[int, float] = {}  # sequence id -> time of its first generated token
@@ -171,7 +171,7 @@ class Model:
                 piece = ids[start:start + step]
                 batch = self.cache.batch([slot], [start], [len(piece)], self.device)
                 tokens = torch.tensor(piece, dtype=torch.long, device=self.device)
-                out.append(self.runner(tokens, batch, self.cache, all_logits=True).cpu())
+                out.append(self.engine.run_model(tokens, batch, all_logits=True).cpu())
             return torch.cat(out)
         finally:
             self.cache.free(slot)
@@ -423,7 +423,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     # beside the pool decode 2.5x slower on 2 cores).
     torch.set_num_threads(1 if mode == "packed" else n_threads)
     machine = Machine.measure(dev)  # the one measurement of RAM and device memory; budgets take it as data
-    mf = open_model(path)
+    mf = open_model(path, guard=native.MapGuard)  # a file cut short under the model: an error, not SIGBUS
     mem = runner = None
     try:  # from here on every failure closes what was started: threads, pools, the file
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
@@ -447,6 +447,7 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
                       sampling=sampling, chat_template=chat_template,
                       agree=None if expert_parallel is None else expert_parallel.agree,
                       decoding_step_tokens=decoding_step_tokens)
+        mf.check_intact()  # the resident weights were read whole
         if expert_parallel is not None:
             expert_parallel.ready()  # every rank loaded: from here the steps' timeout holds
         return model

@@ -13,7 +13,7 @@ Must not do model maths or touch weights: it schedules, calls `forward` and samp
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -34,12 +34,16 @@ class Engine:
     step processes at most (decodes plus prompt chunks), decoding_step_tokens while sequences
     decode (`Scheduler`); max_waiting: sequences that may wait (None: unbounded; past it `add`
     raises EngineFull); agree: the picks of a step -> the picks every rank keeps (expert
-    parallelism: rank 0's, so the ranks' sequences cannot diverge)."""
+    parallelism: rank 0's, so the ranks' sequences cannot diverge); check: called after each forward
+    pass (and when one fails), raising when the model's file was cut short under it (`ModelFile.
+    check_intact`: pages read past its end read zeros), so such logits never reach a sampler and
+    the error names the file rather than whichever read failed."""
 
     def __init__(self, model: Runner, cache: KVCache, device: torch.device, max_batch: int | None = None,
                  max_step_tokens: int = MAX_STEP_TOKENS, max_waiting: int | None = None, agree=None,
-                 decoding_step_tokens: int | None = None):
+                 decoding_step_tokens: int | None = None, check: Callable[[], None] | None = None):
         self.model, self.cache, self.device, self.agree = model, cache, device, agree
+        self.check = check or (lambda: None)
         self.scheduler = Scheduler(cache, max_batch, max_step_tokens, max_waiting, decoding_step_tokens)
         self.n_prefilled = 0  # prompt positions computed since start (not those a cache or a fork served)
 
@@ -88,12 +92,22 @@ class Engine:
         tokens = torch.tensor([t for chunk in ids for t in chunk], dtype=torch.long, device=self.device)  # [T]
         batch = Batch.make([self.cache.table(s.slot) for s, _ in work], [s.n_cached for s, _ in work],
                            [n for _, n in work], self.cache.block_size, self.device, slots=[s.slot for s, _ in work])
-        logits = self.model(tokens, batch, self.cache)  # [B, V]
+        logits = self.run_model(tokens, batch)  # [B, V]
         for s, n in work:
             self.n_prefilled += max(0, min(s.n_cached + n, len(s.prompt_ids)) - s.n_cached)
             s.n_cached += n
             self.scheduler.computed(s)
         return logits.cpu()
+
+    def run_model(self, tokens: torch.Tensor, batch: Batch, all_logits: bool = False) -> torch.Tensor:
+        """One forward pass, checked (`check`) after it and when it fails."""
+        try:
+            logits = self.model(tokens, batch, self.cache, all_logits=all_logits)
+        except StrataError:
+            self.check()  # a read that failed as the file shrank: say that, naming the file
+            raise
+        self.check()
+        return logits
 
     def postprocess(self, work: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[tuple[Sequence, str]]:
         """Sample the sequences whose pending tokens are all cached (one batched call: penalties,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import bisect
 import sys
+import weakref
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 from gguf.gguf_reader import GGUFReader
@@ -29,7 +30,17 @@ _PART_INDEX = {part: i for i, part in enumerate(PARTS)}
 _READER_PSEUDO_FIELDS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
 
 
-def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
+class MapGuard(Protocol):
+    """What guards a memory map against its file shrinking (`strata.native.MapGuard`): reads of
+    its pages past the file's end give zeros, counted in `faults`, instead of a SIGBUS."""
+
+    faults: int
+
+    def close(self) -> None: ...
+
+
+def open_model(path: str | Path, *, cross_check: bool = False,
+               guard: Callable[[np.memmap], MapGuard] | None = None) -> ModelFile:
     """Open and validate the GGUF model at `path`; reads the headers only, never tensor data.
 
     `path` may be any part of a model split by llama.cpp's gguf-split (NAME-00002-of-00005.gguf):
@@ -39,6 +50,9 @@ def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
     naming the part when a split model's parts do not make one model.
     `cross_check=True` also parses every file with gguf-py's GGUFReader and requires it to agree
     on every metadata value and tensor record (seconds for a real tokenizer, so off by default).
+    `guard`: called on each file's memory map (`strata.native.MapGuard`, as `strata.load` does) so
+    that a file cut short while its tensors are read costs the reads zeros and `check_intact` an
+    error, not the process a SIGBUS. Without it, call `check_intact` before reading in place.
     """
     path = Path(path)
     scans = scan_parts(path, scan_header(path))
@@ -57,7 +71,7 @@ def open_model(path: str | Path, *, cross_check: bool = False) -> ModelFile:
     check_routing_types(first_path, first.value_types)
     layout = build_layout(first_path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
     maps = [_map(part.path) for part in parts]
-    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout)
+    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout, _guards(maps, guard))
 
 
 def _trunk(tensors: dict[str, TensorInfo], parts: list[FilePart],
@@ -84,6 +98,25 @@ def _map(path: Path) -> np.memmap:
         return np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as e:
         raise StrataFormatError(f"{path}: cannot memory-map the file: {e}") from e
+
+
+def _guards(maps: list[np.memmap], guard: Callable[[np.memmap], MapGuard] | None) -> list[MapGuard | None]:
+    """A guard on each map, released when the map's mapping goes (`ModelFile.close`, or the last
+    view of it): a guarded range must not outlive its mapping."""
+    if guard is None:
+        return [None] * len(maps)
+    guards = [guard(m) for m in maps]
+    for m, g in zip(maps, guards):
+        weakref.finalize(m._mmap, g.close)
+    return guards
+
+
+def _cut_short(part: FilePart, size: int) -> StrataError:
+    """The one error of a file that shrank under the model (its size now `size`)."""
+    now = (f"it is now {size} bytes" if size < part.size else
+           f"it is {size} bytes again, but parts of it were read while it was shorter")
+    return StrataError(f"{part.path}: the file shrank while in use: {now}, it had {part.size} when opened; "
+                       "load the model again")
 
 
 def _check_gguf_py_agrees(path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo], base: int) -> None:
@@ -118,7 +151,8 @@ class ModelFile:
     """
 
     def __init__(self, parts: tuple[FilePart, ...], maps: list[np.memmap], scan: HeaderScan, hparams: HParams,
-                 tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer]):
+                 tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer],
+                 guards: list[MapGuard | None] | None = None):
         self.parts = parts
         self.path = parts[0].path  # the file holding the metadata (the first part)
         self.version = scan.version
@@ -132,6 +166,7 @@ class ModelFile:
         self._layout = layout
         self._slabs: dict[tuple[int, int], tuple[ExpertSlab, ...]] = {}  # (layer, expert) -> its PARTS' slabs
         self._maps: list[np.memmap] | None = maps
+        self._guards = guards or [None] * len(maps)
         self._bases = [part.base for part in parts]
 
     @property
@@ -161,17 +196,19 @@ class ModelFile:
         return self._maps[part.index][start:start + nbytes]
 
     def check_intact(self) -> None:
-        """Raise StrataError naming the file when it (or a part) is shorter now than when opened.
+        """Raise StrataError naming the file when it (or a part) is shorter now than when opened,
+        or when a guarded map read pages past its end (they read zeros, now and later).
 
-        Touching a mapped page past the end of a truncated file kills the process (SIGBUS), so
-        code that reads through the map in the decode loop calls this first (one fstat per file)."""
+        Touching a mapped page past the end of a truncated file kills the process (SIGBUS) unless
+        the map is guarded, so code that reads through the map in the decode loop calls this before
+        (one fstat per file) and, guarded, after its reads: a file cut short between the two fails
+        the work that read zeros."""
         if self._maps is None:
             raise StrataError(f"{self.path}: the model file is closed")
-        for part, data in zip(self.parts, self._maps):
+        for part, data, guard in zip(self.parts, self._maps, self._guards):
             size = data._mmap.size()  # fstat of the mapped file itself, even if the path was replaced
-            if size < part.size:
-                raise StrataError(f"{part.path}: the file is now {size} bytes, it had {part.size} when opened "
-                                  "(truncated while in use?)")
+            if size < part.size or (guard is not None and guard.faults):
+                raise _cut_short(part, size)
 
     def tensor_data(self, name: str) -> np.ndarray:
         """The raw bytes of tensor `name` as a uint8 view of the memory map."""
@@ -231,11 +268,14 @@ class ModelFile:
         """Drop this object's hold on the files; unmap each (closing its descriptor) when no view
         handed out still uses its mapping, else those views keep it alive until they are freed."""
         maps, self._maps = self._maps or [], None
+        guards, self._guards = self._guards, [None] * len(self.parts)
         while maps:
             # numpy holds no buffer export on the mapping, so closing it under a live view would leave
             # that view dangling: every view derives from a memmap holding `_mmap`, so count references.
-            mm = getattr(maps.pop(), "_mmap", None)
+            mm, guard = getattr(maps.pop(), "_mmap", None), guards.pop()
             if mm is not None and sys.getrefcount(mm) == 2:  # `mm` here and getrefcount's argument
+                if guard is not None:
+                    guard.close()  # before the range is unmapped; else when the last view goes
                 mm.close()
 
     def __enter__(self) -> ModelFile:

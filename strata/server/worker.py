@@ -266,8 +266,13 @@ class EngineWorker:
         except Exception as e:  # a failed forward pass: every sequence in it is lost, the server goes on
             if getattr(e, "fatal", False):
                 raise
-            log.exception("engine step failed")
-            self._fail_all(APIError(500, f"internal error in the engine: {type(e).__name__}: {e}"), drain=False)
+            if isinstance(e, StrataError):  # explained (the model file shrank under it): its one line
+                log.error("engine step failed: %s", e)
+                error = APIError(500, str(e), code="engine_error")
+            else:
+                log.exception("engine step failed")
+                error = APIError(500, f"internal error in the engine: {type(e).__name__}: {e}")
+            self._fail_all(error, drain=False)
             return
         now = time.perf_counter()
         for seq, text in results:

@@ -219,7 +219,7 @@ def test_a_part_truncated_while_open_is_caught_before_reading(three):
     with open_model(parts[0]) as mf:
         with open(parts[2], "r+b") as f:
             f.truncate(100)
-        with pytest.raises(StrataError, match="00003-of-00003.gguf: the file is now 100 bytes"):
+        with pytest.raises(StrataError, match="00003-of-00003.gguf: the file shrank while in use: it is now 100 bytes"):
             mf.check_intact()
 
 
