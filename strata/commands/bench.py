@@ -16,6 +16,7 @@ from strata.errors import StrataError
 from strata.defaults import DEFAULT_PAGER_THREADS, DEFAULT_PREFETCH_MARGIN, REPLAY_PREFETCH_MARGIN
 from strata.units import format_bytes
 
+from .common import add_hf_arg, resolve_model
 from .tiers import column, fast_tier, format_prediction_depths
 
 
@@ -260,6 +261,7 @@ def _add_cache_parser(sub) -> None:
 def _run_pager(args: argparse.Namespace) -> int:
     from strata.bench.pager import bench_pager
 
+    resolve_model(args, "file")
     result = bench_pager(args.file, n_threads=args.threads, depth=args.depth, chunk_bytes=args.chunk_kib * 1024,
                          repeat=args.repeat, host=not args.no_host)
     return _print(result, args, format_pager)
@@ -268,7 +270,9 @@ def _run_pager(args: argparse.Namespace) -> int:
 def _add_pager_parser(sub) -> None:
     p = sub.add_parser("pager", help="GB/s of the pager reading a GGUF's expert slabs in random order, "
                                      "beside the disk's sequential O_DIRECT rate on the same file")
-    p.add_argument("file", help="GGUF model file (benchmarks/pager_read.py writes a synthetic one)")
+    p.add_argument("file", nargs="?", default=None,
+                   help="GGUF model file (benchmarks/pager_read.py writes a synthetic one), or -hf")
+    add_hf_arg(p)
     p.add_argument("--threads", type=int, default=DEFAULT_PAGER_THREADS,
                    help=f"pager worker threads (default {DEFAULT_PAGER_THREADS})")
     p.add_argument("--depth", type=int, default=16, help="slabs in flight (default %(default)s)")
@@ -282,6 +286,7 @@ def _add_pager_parser(sub) -> None:
 def _run_tiered(args: argparse.Namespace) -> int:
     from strata.bench.tiered import bench_tiered
 
+    resolve_model(args)
     result = _with_bar(args, len(args.depths) * args.repeat, "tiered", lambda on_step: bench_tiered(
         args.model, depths=args.depths, tokens=args.tokens, repeat=args.repeat, temperature=args.temperature,
         seed=args.seed, device=args.device, dtype=args.dtype, threads=args.threads, n_ctx=args.ctx,
@@ -291,7 +296,8 @@ def _run_tiered(args: argparse.Namespace) -> int:
 
 def _add_run_args(p: argparse.ArgumentParser, ctx: int | None, ctx_help: str, budgets_of: str) -> None:
     """The model, device, threads, context and budget options of `bench tiered` and `bench ladder`."""
-    p.add_argument("model", help="GGUF model file")
+    p.add_argument("model", nargs="?", default=None, help="GGUF model file, or -hf")
+    add_hf_arg(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype (default float32 on cpu, bfloat16 on cuda)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
@@ -377,6 +383,7 @@ def _run_ladder(args: argparse.Namespace) -> int:
 
     from strata.bench.ladder import ROWS
 
+    resolve_model(args)
     result = _with_bar(args, len(ROWS), "ladder", lambda on_step: bench_ladder(
         args.model, gen=args.n, batch=args.batch, device=args.device, dtype=args.dtype, threads=args.threads,
         n_ctx=args.ctx, device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
@@ -404,8 +411,9 @@ SUBCOMMANDS = ("dequant", "cache", "pager", "tiered", "model", "ladder")
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
-    """`strata bench MODEL.gguf ...` is `strata bench model MODEL.gguf ...`."""
-    if len(argv) >= 2 and argv[0] == "bench" and argv[1] not in SUBCOMMANDS and not argv[1].startswith("-"):
+    """`strata bench MODEL.gguf ...` (or `strata bench -hf USER/REPO ...`) is `strata bench model ...`."""
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] not in SUBCOMMANDS and \
+            (not argv[1].startswith("-") or argv[1] in ("-hf", "--hf-repo") or argv[1].startswith("--hf-repo=")):
         return [argv[0], "model", *argv[1:]]
     return argv
 

@@ -10,13 +10,12 @@ import sys
 from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_KV_TYPE,
                              DEFAULT_PREFETCH_DEPTH, KV_BLOCK_SIZE, KV_TYPES, MAX_STEP_TOKENS, SAMPLING_DEFAULTS)
 from strata.errors import StrataArgumentError, StrataError
+from strata.hub import SPEC_FORM
 
 
-def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> None:
-    if model_optional:
-        p.add_argument("model", nargs="?", default=None, help="GGUF model file")
-    else:
-        p.add_argument("model", help="GGUF model file")
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="GGUF model file (any part of a split one), or -hf")
+    add_hf_arg(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype: float32, bfloat16, float16 "
                                                  "(default float32 on cpu, bfloat16 on cuda)")
@@ -41,6 +40,30 @@ def add_model_args(p: argparse.ArgumentParser, model_optional: bool = False) -> 
     p.add_argument("--chat-template-file", default=None, metavar="FILE",
                    help="a jinja2 chat template that replaces the file's tokenizer.chat_template (as llama-server's)")
     add_memory_args(p)
+
+
+def add_hf_arg(p: argparse.ArgumentParser) -> None:
+    """-hf / --hf-repo, in place of the model path (`resolve_model` turns it into one)."""
+    p.add_argument("-hf", "--hf-repo", default=None, metavar=SPEC_FORM,
+                   help="the model from a Hugging Face hub repository, as llama.cpp's -hf: its GGUF of QUANT (default "
+                        "Q4_K_M, else Q8_0, else the first), every part of a split one, downloaded into the hub's "
+                        "cache (HF_HOME; HF_TOKEN for private repositories; HF_HUB_OFFLINE=1: the cache only)")
+
+
+def resolve_model(args: argparse.Namespace, field: str = "model") -> None:
+    """Refuse both a model path and -hf, or neither; with -hf, fetch the model (strata.hub) and put
+    its local path in `args.<field>`, so the command goes on with a path."""
+    spec, path = getattr(args, "hf_repo", None), getattr(args, field)
+    if spec is None:
+        if path is None:
+            raise StrataArgumentError(f"expected a MODEL file or -hf {SPEC_FORM}")
+        return
+    if path is not None:
+        raise StrataArgumentError(f"give a MODEL file or -hf {spec}, not both ({path})")
+    from strata.hub import resolve
+
+    setattr(args, field, str(resolve(spec)))
+    args.hf_repo = None  # resolved: a second check sees a plain path
 
 
 def add_kv_type_arg(g) -> None:
@@ -209,6 +232,7 @@ def check_model_args(args: argparse.Namespace) -> None:
                   "decoding_step_tokens": getattr(args, "decoding_step_tokens", None),
                   "kv_blocks": getattr(args, "kv_blocks", None)}, FLAGS)
     memory_config(args)
+    resolve_model(args)  # last: a download follows only flags that passed
 
 
 def check_sampling_args(args: argparse.Namespace):

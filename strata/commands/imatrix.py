@@ -13,6 +13,7 @@ from pathlib import Path
 
 from strata.errors import StrataError
 
+from .common import add_hf_arg, resolve_model
 from .perplexity import _read_text
 from .summary import written_line
 
@@ -24,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         raise StrataError(f"--chunks and --ctx must be positive, found {args.chunks} and {args.ctx}")
     if not Path(args.output).resolve().parent.is_dir():
         raise StrataError(f"{args.output}: output directory {Path(args.output).resolve().parent} does not exist")
+    resolve_model(args)
     text = _read_text(args.file)
     n_tokens = args.chunks * args.ctx if args.chunks else 1 << 62
     summary = collect_imatrix(args.model, text, args.output, n_tokens=n_tokens, n_ctx=args.ctx, dataset=args.file,
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("imatrix", help="importance matrix of a model over a text (llama.cpp's format)")
-    p.add_argument("model", help="GGUF model file")
+    p.add_argument("model", nargs="?", default=None, help="GGUF model file, or -hf")
+    add_hf_arg(p)
     p.add_argument("-f", "--file", required=True, help="UTF-8 text file")
     p.add_argument("-o", "--output", required=True, help="imatrix file to write (GGUF)")
     p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (default 512)")
