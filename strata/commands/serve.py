@@ -1,8 +1,10 @@
 """`strata serve MODEL`: an OpenAI-compatible HTTP server (strata.server) run by uvicorn.
 
-Must not hold server logic: it parses arguments, builds the app and runs uvicorn. The model
-loads in the background after the port is open (`GET /health` is 503 until it is ready); a
-model that fails to load stops the server with the error and exit status 1. With
+Must not hold server logic: it parses arguments, builds the app and runs uvicorn. The socket is
+bound and listening before anything loads or is announced (as llama-server and Ollama do): a port
+in use, or any address that cannot be bound, is one line and exit status 1 with nothing loaded.
+The model then loads in the background (`GET /health` is 503 until it is ready); a model that
+fails to load stops the server with the error and exit status 1. With
 `--expert-parallel` (under torchrun) rank 0 serves and the other ranks follow its batches
 (`strata.distributed.lockstep`), opening no port; a rank lost turns open and new requests into
 503s and stops the server with exit status 1 within about --ep-timeout seconds.
@@ -10,8 +12,10 @@ model that fails to load stops the server with the error and exit status 1. With
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -20,11 +24,17 @@ from strata.errors import StrataArgumentError, StrataError
 
 from .common import (add_expert_parallel_args, add_model_args, check_model_args, check_save_routing, expert_parallel,
                      follow_rank, load_kwargs, print_stats)
+from .errors import os_error_text
 
 DEFAULT_MAX_BATCH = 8
 #: strata.server.tools.FAMILIES' names (that package needs the server's packages; argparse does not)
 TOOL_FAMILIES = ("harmony", "deepseek", "kimi", "glm", "qwen3-coder", "mistral", "hermes", "llama3")
 DEFAULT_MAX_QUEUE = 64
+BACKLOG = 2048  # uvicorn's default
+#: What to do about a bind failure a user can fix, by errno.
+_BIND_HINTS = {errno.EADDRINUSE: "another server there? pick --port",
+               errno.EACCES: "ports below 1024 need root: pick --port",
+               errno.EADDRNOTAVAIL: "not an address of this machine: pick --host"}
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -43,12 +53,6 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn  # noqa: F401  (checked here, used by _serve)
-        from strata.server import ServerConfig, create_app  # noqa: F401
-    except ImportError as e:
-        raise StrataError(f"strata serve needs the server packages ({e.name} is missing): "
-                          f"pip install 'strata[serve]'") from None
     _check(args)
     ep = expert_parallel(args)  # None, or this rank of the group: rank 0 serves, the others follow its batches
     kwargs = load_kwargs(args)  # after this rank's --rank-memory overrides
@@ -77,7 +81,39 @@ def run(args: argparse.Namespace) -> int:
             ep.close()
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port and listening, for uvicorn to serve on; a StrataError naming
+    the address when it cannot be had (a port in use, no permission, a host that is not here)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn reads --host
+    where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # as uvicorn: a port left in TIME_WAIT by a server just stopped is free; one with a listener is not
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as e:
+        sock.close()
+        hint = _BIND_HINTS.get(e.errno)
+        raise StrataError(f"cannot listen on {where}: {os_error_text(e)}" + (f" ({hint})" if hint else "")) from None
+    return sock
+
+
 def _serve(args: argparse.Namespace, loader) -> int:
+    sock = listen(args.host, args.port)  # before the model loads, or anything is said
+    try:
+        try:
+            import uvicorn  # noqa: F401  (checked here, used by _run_server)
+            from strata.server import ServerConfig, create_app  # noqa: F401
+        except ImportError as e:
+            raise StrataError(f"strata serve needs the server packages ({e.name} is missing): "
+                              f"pip install 'strata[serve]'") from None
+        return _run_server(args, loader, sock)
+    finally:
+        sock.close()
+
+
+def _run_server(args: argparse.Namespace, loader, sock: socket.socket) -> int:
     import uvicorn
     from strata.server import ServerConfig, create_app
 
@@ -97,10 +133,12 @@ def _serve(args: argparse.Namespace, loader) -> int:
     logging.basicConfig(level=logging.INFO, format="strata serve: %(message)s")
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5, access_log=args.log_level == "debug"))
-    page = f"; chat page at http://{args.host}:{args.port}/" if args.webui else ""
-    print(f"strata serve: {args.model} as {name!r} on http://{args.host}:{args.port} (loading; GET /health "
-          f"answers 200 when ready{page})", file=sys.stderr, flush=True)
-    server.run()
+    port = sock.getsockname()[1]  # the one given, or the one --port 0 was given
+    url = f"http://[{args.host}]:{port}" if ":" in args.host else f"http://{args.host}:{port}"
+    page = f"; chat page at {url}/" if args.webui else ""
+    print(f"strata serve: {args.model} as {name!r} on {url} (loading; GET /health answers 200 when ready{page})",
+          file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
     if failed:
         raise failed[0] if isinstance(failed[0], (StrataError, OSError)) else StrataError(str(failed[0]))
     return 0 if server.started else 1
