@@ -142,7 +142,8 @@ def _list(repo_id: str, cache_dir, offline: bool | None) -> tuple[list[str], boo
     why = "HF_HUB_OFFLINE is set"
     if not (constants.HF_HUB_OFFLINE if offline is None else offline):
         try:
-            return HfApi().list_repo_files(repo_id), False
+            # model_info: one request (list_repo_files retries for half a minute when the hub is unreachable)
+            return [s.rfilename for s in HfApi().model_info(repo_id).siblings or ()], False
         except GatedRepoError:
             raise StrataError(f"{repo_id}: a gated repository: accept its terms on the hub and set HF_TOKEN") from None
         except RepositoryNotFoundError:

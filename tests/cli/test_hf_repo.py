@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -264,7 +265,8 @@ def test_online_lists_the_hub_and_downloads_every_part(offline, monkeypatch, tmp
         calls.append((repo_id, filename, local_files_only))
         return str(tmp_path / filename.replace("/", "_"))
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda self, repo_id: listing)
+    info = SimpleNamespace(siblings=[SimpleNamespace(rfilename=f) for f in listing])
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo_id: info)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     got = hub.fetch("u/r", offline=False)
     assert calls == [("u/r", listing[1], False), ("u/r", listing[2], False)]
@@ -278,7 +280,7 @@ def test_an_unreachable_hub_falls_back_to_the_cache(repos, monkeypatch):
     def unreachable(self, repo_id):
         raise OSError("[Errno 101] Network is unreachable")
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", unreachable)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
     assert hub.resolve("test/tiny-GGUF:Q8_0", offline=False).name == "Tiny-Q8_0.gguf"
     with pytest.raises(StrataError, match=r"^someone/else: not in the cache \(.*\) and the hub cannot be reached "
                                           r"\(\[Errno 101\] Network is unreachable\)$"):
