@@ -36,6 +36,7 @@ typedef struct {
     _Atomic uintptr_t base;       /* 0: a free entry */
     _Atomic int64_t nbytes;
     _Atomic int64_t faults;       /* faults turned into zero pages since the range was added */
+    _Atomic int64_t zeroed_from;  /* offset of the first zero page from base (nbytes: none) */
 } guard_range;
 
 static guard_range ranges[MAX_RANGES];
@@ -83,7 +84,11 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
             /* mmap is a plain system call on Linux (no lock, no allocation): safe in a handler. */
             void *zeros = mmap((void *)from, to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
             if (zeros == MAP_FAILED) break;
-            atomic_fetch_add_explicit(&ranges[i].faults, 1, memory_order_relaxed);
+            int64_t first = atomic_load_explicit(&ranges[i].zeroed_from, memory_order_relaxed);
+            while ((int64_t)(from - base) < first &&
+                   !atomic_compare_exchange_weak_explicit(&ranges[i].zeroed_from, &first, (int64_t)(from - base),
+                                                          memory_order_relaxed, memory_order_relaxed)) {}
+            atomic_fetch_add_explicit(&ranges[i].faults, 1, memory_order_release);
             errno = saved_errno;
             return;
         }
@@ -122,6 +127,7 @@ int strata_guard_add(const void *base, int64_t nbytes, int32_t *id) {
     if (st == STRATA_OK) {
         atomic_store_explicit(&ranges[found].nbytes, nbytes, memory_order_relaxed);
         atomic_store_explicit(&ranges[found].faults, 0, memory_order_relaxed);
+        atomic_store_explicit(&ranges[found].zeroed_from, nbytes, memory_order_relaxed);
         atomic_store_explicit(&ranges[found].base, (uintptr_t)base, memory_order_release);
         *id = found;
     }
@@ -138,9 +144,10 @@ int strata_guard_remove(int32_t id) {
     return st;
 }
 
-int strata_guard_faults(int32_t id, int64_t *faults) {
-    if (id < 0 || id >= MAX_RANGES || !faults) return STRATA_E_ARG;
+int strata_guard_faults(int32_t id, int64_t *faults, int64_t *zeroed_from) {
+    if (id < 0 || id >= MAX_RANGES || !faults || !zeroed_from) return STRATA_E_ARG;
     if (!atomic_load_explicit(&ranges[id].base, memory_order_acquire)) return STRATA_E_ARG;
-    *faults = atomic_load_explicit(&ranges[id].faults, memory_order_relaxed);
+    *faults = atomic_load_explicit(&ranges[id].faults, memory_order_acquire);
+    *zeroed_from = atomic_load_explicit(&ranges[id].zeroed_from, memory_order_relaxed);
     return STRATA_OK;
 }

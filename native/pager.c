@@ -141,9 +141,9 @@ static int read_chunk(const strata_pager *p, const request *r, int64_t chunk,
     if (!r->direct && f->map) {
         memcpy(dst, f->map + (start - f->base), (size_t)(end - start));  /* in range: checked at submit */
         *bytes_read = end - start;
-        int64_t faults = 0;
-        strata_guard_faults(f->guard, &faults);
-        if (faults) {       /* the file shrank since open: pages of the map read zeros from then on */
+        int64_t faults = 0, zeroed_from = 0;
+        strata_guard_faults(f->guard, &faults, &zeroed_from);
+        if (faults && zeroed_from < end - f->base) {  /* the file shrank: past there the map reads zeros */
             *os_errno = 0;
             *error_offset = start;
             return STRATA_E_IO;

@@ -301,9 +301,10 @@ int strata_guard_add(const void *base, int64_t nbytes, int32_t *id);
 /* Stop guarding range `id` (before unmapping it). */
 int strata_guard_remove(int32_t id);
 
-/* Faults the guard turned into zero pages in range `id` since it was added (it stays counted:
- * those pages read zeros from then on). */
-int strata_guard_faults(int32_t id, int64_t *faults);
+/* Faults the guard turned into zero pages in range `id` since it was added, and the offset from
+ * its base where those pages start (its nbytes when none): from there on it reads zeros, even if
+ * the file grows back. */
+int strata_guard_faults(int32_t id, int64_t *faults, int64_t *zeroed_from);
 
 /* ---- Compute pool and packed-weight matrix products (pool.c, matmul.c) ----
  *

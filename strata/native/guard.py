@@ -25,6 +25,7 @@ class MapGuard:
     that is unmapped and mapped anew would hide that mapping's faults)."""
 
     def __init__(self, mapping: Any) -> None:
+        self._id: int | None = None
         ptr, nbytes = src_view(mapping)
         address = int(ffi.cast("uintptr_t", ptr))
         if address % mmap.PAGESIZE or nbytes <= 0:
@@ -32,18 +33,26 @@ class MapGuard:
                              f"at {address:#x}")
         out = ffi.new("int32_t *")
         check(lib.strata_guard_add(ptr, nbytes, out), f"guard a mapping of {nbytes} bytes")
-        self._id: int | None = int(out[0])
-        self.nbytes = nbytes
+        self._id, self.nbytes = int(out[0]), nbytes
         self._remove = lib.strata_guard_remove  # held: module globals may be gone at exit
 
     @property
     def faults(self) -> int:
         """Faults past the file's end turned into zero pages so far (0 while the file is whole)."""
+        return self._state()[0]
+
+    @property
+    def zeroed_from(self) -> int:
+        """The byte from which the mapping reads zeros since a fault (`nbytes`: none), even if the
+        file grows back."""
+        return self._state()[1]
+
+    def _state(self) -> tuple[int, int]:
         if self._id is None:
-            return 0
-        n = ffi.new("int64_t *")
-        check(lib.strata_guard_faults(self._id, n), "guard faults")
-        return int(n[0])
+            return 0, self.nbytes
+        n, start = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.strata_guard_faults(self._id, n, start), "guard faults")
+        return int(n[0]), int(start[0])
 
     @property
     def closed(self) -> bool:

@@ -188,7 +188,7 @@ def test_file_truncated_after_open_fails_that_ticket_only(tmp_path):
     path.write_bytes(data.tobytes())
     for mode in MODES:
         if mode == "mmap":
-            continue  # a mapping past the new end faults (SIGBUS): the mmap fallback's known limit
+            continue  # its map's pages past the new end fault: in a child process, tests/native/test_guard.py
         path.write_bytes(data.tobytes())
         with Pager(path, **MODES[mode]) as pager:
             os.truncate(path, 4096)
