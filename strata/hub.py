@@ -57,8 +57,8 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def split_info(path: str) -> tuple[str, str, int, int]:
-    """(prefix, quant tag, part number from 1, part count) of a GGUF file name, as llama.cpp reads
-    it: Q4_K_M/Model-Q4_K_M-00002-of-00003.gguf -> ("Q4_K_M/Model-Q4_K_M", "Q4_K_M", 2, 3)."""
+    """(prefix, quant tag, part number from 1, part count) of a .gguf file's repository path, as
+    llama.cpp reads it: Q4_K_M/Model-Q4_K_M-00002-of-00003.gguf -> ("Q4_K_M/Model-Q4_K_M", "Q4_K_M", 2, 3)."""
     prefix = path[:-len(".gguf")]
     index = count = 1
     m = _SPLIT.match(prefix)
