@@ -8,7 +8,8 @@ import os
 import sys
 
 from strata.defaults import (DEFAULT_CPU_DEVICE_FRACTION, DEFAULT_CTX, DEFAULT_HOST_FRACTION, DEFAULT_KV_TYPE,
-                             DEFAULT_PREFETCH_DEPTH, KV_BLOCK_SIZE, KV_TYPES, MAX_STEP_TOKENS, SAMPLING_DEFAULTS)
+                             DEFAULT_PREFETCH_DEPTH, KV_BLOCK_SIZE, KV_TYPES, MAX_STEP_TOKENS, MAX_THREADS,
+                             SAMPLING_DEFAULTS)
 from strata.errors import StrataArgumentError, StrataError
 from strata.hub import SPEC_FORM
 
@@ -19,7 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype: float32, bfloat16, float16 "
                                                  "(default float32 on cpu, bfloat16 on cuda)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    p.add_argument("--threads", type=int, default=None, help=f"CPU threads, 1 to {MAX_THREADS} (default: all available)")
     p.add_argument("--ctx", type=int, default=None, help=f"context length (default: min(model's, {DEFAULT_CTX}))")
     p.add_argument("--compute", choices=("auto", "packed", "float"), default=None,
                    help="packed: weights stay in their GGUF blocks, native quantized kernels multiply (the CPU "
@@ -126,8 +127,8 @@ def add_save_routing_arg(p: argparse.ArgumentParser) -> None:
                    help="save how often each expert was routed to (arrays counts [L, E] and tokens), for "
                         "python -m strata.convert --routing-stats (needs --memory tiered or paged)")
     p.add_argument("--save-trace", metavar="FILE.npz", default=None,
-                   help="save every token's routed experts (indices [L, T, K], the shared/traces format) for "
-                        "strata bench cache --trace (needs --memory tiered or paged)")
+                   help="save every token's routed experts (an .npz file whose array 'indices' is [layers, tokens, "
+                        "top-k]) for strata bench cache --trace (needs --memory tiered or paged)")
 
 
 def check_save_routing(args: argparse.Namespace) -> None:
