@@ -184,9 +184,10 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> dict[str, Any]:
         state.ready()
-        return {"status": "ok"}
+        # open without a key: `auth` tells a client (the chat page) whether /v1/* wants one
+        return {"status": "ok", "auth": state.config.api_key is not None}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -43,7 +43,7 @@ def test_health_503_while_loading_then_200(tiny_path):
         assert client.get("/metrics").status_code == 200  # open while loading, no model metrics yet
         assert "strata:kv_blocks_total" not in client.get("/metrics").text
         gate.set()
-        assert _wait_for(client, "/health", 200).json() == {"status": "ok"}
+        assert _wait_for(client, "/health", 200).json() == {"status": "ok", "auth": False}
         done = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True})
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
         # the paged cache's pool: blocks for 2 sequences of the whole context

@@ -39,7 +39,8 @@ def good(http) -> None:
 
 
 def test_api_key(server):
-    assert httpx.get(server.url + "/health").status_code == 200  # health and metrics stay open
+    health = httpx.get(server.url + "/health")  # health and metrics stay open
+    assert health.status_code == 200 and health.json() == {"status": "ok", "auth": True}  # a key is wanted
     assert httpx.get(server.url + "/metrics").status_code == 200
     error_of(httpx.get(server.url + "/v1/models"), 401, code="invalid_api_key")
     error_of(httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401,

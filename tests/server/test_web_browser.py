@@ -1,7 +1,8 @@
 """The web page in a real headless Chromium (driven over the DevTools pipe, tests/server/browser.py)
 against a `strata serve` subprocess: the chat page streams a greedy reply equal to the library's,
 Stop aborts a long one (the server counts an abort), and the memory page draws a row and a canvas
-row per expert layer. Skipped where no Chromium is installed (Debian: apt-get install chromium)."""
+row per expert layer; before the first request it says no tokens were routed yet, and with
+--api-key the chat page asks for the key and words a 401 as a key to enter. Skipped where no Chromium is installed (Debian: apt-get install chromium)."""
 from __future__ import annotations
 
 import json
@@ -99,7 +100,7 @@ def test_memory_page_draws_every_layer(server, browser):
     cells = browser.evaluate("[...document.querySelectorAll('#layers tbody tr')].map(r => "
                              "[r.dataset.layer, r.children[1].textContent, r.children[2].textContent])")
     assert [c[0] for c in cells] == [str(r["layer"]) for r in report["layers"]]
-    assert all(c[1] == "RAM 4, disk 0" for c in cells)  # the tiny model's experts all fit in RAM
+    assert all(c[1] == "RAM 4 (4 slots), disk 0" for c in cells)  # the tiny model's experts all fit in RAM
     assert all(int(c[2]) >= r["requests"] > 0 for c, r in zip(cells, report["layers"]))  # counts only grow
     # the canvas: a row of cells per layer, coloured as RAM (blue) where each expert sits
     drawn = browser.evaluate("""(() => { const c = document.getElementById('tiers');
@@ -148,3 +149,49 @@ def test_reasoning_and_tool_calls_are_folded(server, browser):
     assert folded == [["reasoning", False, "Reasoning", "The user wants the weather."],
                       ["tool-call", False, "Tool call: get_weather", '{"city": "Paris"}']]
     assert browser.evaluate("document.querySelector('.message.assistant .content').textContent") == "Let me check."
+
+
+KEY = "sesame"
+
+
+@pytest.fixture(scope="module")
+def keyed(request, tmp_path_factory, tiny_path):
+    """A second server, with --api-key, that no request has reached yet."""
+    return start(request, tmp_path_factory, tiny_path, "--memory", "paged", "--api-key", KEY)
+
+
+def test_memory_page_before_the_first_request(keyed, browser):
+    browser.goto(keyed.url + "/memory")
+    state = browser.wait_for("document.getElementById('state').textContent", timeout=30)
+    assert state.startswith("no tokens routed yet: every expert is on disk until a request first routes to it")
+    assert "RAM: slots for 4 of 4 experts per layer, 0 experts there now." in state  # as the summary's 4/4
+    assert "4/4 per layer" in browser.evaluate("document.getElementById('summary').textContent")
+    totals = browser.evaluate("[...document.querySelectorAll('#totals div')].map(d => d.textContent)")
+    assert totals[0] == "tokens routed" + "none yet" and not any("hit rate" in t for t in totals)
+    cells = browser.evaluate("[...document.querySelectorAll('#layers tbody tr')].map(r => "
+                             "[r.children[1].textContent, r.children[3].textContent])")
+    assert cells == [["RAM 0 (4 slots), disk 4", "–"]] * 2  # no hit rate before anything was asked
+
+
+def test_the_chat_page_asks_for_the_key(keyed, browser):
+    browser.goto(keyed.url + "/")
+    browser.evaluate("localStorage.clear(), true")
+    browser.goto(keyed.url + "/")
+    note = browser.wait_for("!document.getElementById('key-note').hidden && "
+                            "document.getElementById('key-note').textContent", timeout=30)
+    assert note == "This server needs an API key: enter it here"
+    assert browser.evaluate("document.getElementById('key-box').classList.contains('wanted')")
+    assert browser.evaluate("document.activeElement.id") == "api-key"
+    _set(browser, "max-tokens", 4)
+    _send(browser, "hello")
+    assert browser.wait_for("document.getElementById('status').textContent === 'error' && "
+                            "document.querySelector('.message.assistant .error-text').textContent", timeout=30) == \
+        "wrong or missing API key: enter it in the key box"
+    assert browser.evaluate("document.activeElement.id") == "api-key"
+    _set(browser, "api-key", KEY)
+    browser.evaluate("document.getElementById('api-key').dispatchEvent(new Event('change')), true")
+    assert browser.evaluate("document.getElementById('key-note').hidden") is True
+    assert browser.wait_for("document.getElementById('model').textContent", timeout=30)  # /v1/models with the key
+    _send(browser, "hello again")
+    assert browser.wait_for("document.getElementById('status').textContent.startsWith('finished') && "
+                            "document.getElementById('status').textContent", timeout=60)

@@ -7,7 +7,9 @@ is served): every page goes out with a Content-Security-Policy that allows this 
 The chat page talks to the server's own `/v1/chat/completions` (server-sent events); the memory
 page polls `/api/memory`, which serializes what the model's memory already exposes
 (`Model.memory_stats()`: per-layer counters; `Model.expert_residency()`: which tier holds each
-expert). `--no-webui` (`ServerConfig.webui` False) leaves the pages out; `/api/memory` stays,
+expert; the memory's `placement`: its slots per layer). Before the first request every pool is
+empty (experts are read into slots as they are first routed) and there is no hit rate yet: the
+JSON says so (rates None, not 0) and the page says "no tokens routed yet". `--no-webui` (`ServerConfig.webui` False) leaves the pages out; `/api/memory` stays,
 as `/metrics` does.
 
 Must not compute statistics or touch the memory's internals: it reads the model's public API.
@@ -91,27 +93,42 @@ def _per_token(value: float, tokens: int) -> float | None:
     return value / tokens if tokens else None
 
 
+def _rates(row: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """The rates of a total or a layer's counters: None where nothing was asked yet (no hit rate
+    is 0% before the first request)."""
+    return {"device_hit_rate": row["device_hit_rate"] if row["requests"] else None,
+            "host_hit_rate": row["host_hits"] / row["device_misses"] if row["device_misses"] else None,
+            "disk_bytes_per_token": _per_token(row["bytes_disk"], tokens),
+            "device_bytes_per_token": _per_token(row["bytes_to_device"], tokens)}
+
+
 def _layer_row(row: dict[str, Any], tokens: int, routing: list[int], place: dict[str, Any] | None) -> dict[str, Any]:
     """One expert layer: its counters and rates (MemoryStats.per_layer), the tokens it routed,
     bytes per token into each tier, each expert's routing count and, with pools, its tier."""
-    return {**row, "tokens": tokens,
-            "host_hit_rate": row["host_hits"] / row["device_misses"] if row["device_misses"] else None,
-            "disk_bytes_per_token": _per_token(row["bytes_disk"], tokens),
-            "device_bytes_per_token": _per_token(row["bytes_to_device"], tokens),
-            "routing": routing,
+    return {**row, "tokens": tokens, **_rates(row, tokens), "routing": routing,
             "tier": place["tier"] if place else None, "tier_counts": place["counts"] if place else None}
+
+
+def _slots(model: Any, tiers: list[str] | None) -> dict[str, int] | None:
+    """Each pool's slots per expert layer, by tier name (at most one per expert: the memory's
+    `placement`), or None for a memory without pools."""
+    placement = getattr(model.memory, "placement", None)
+    if placement is None or tiers is None:
+        return None
+    per_layer = {"device": placement.device_slots, "host": placement.host_slots}
+    return {t: int(per_layer[t]) for t in tiers if t in per_layer}
 
 
 def memory_report(model: Any, name: str) -> dict[str, Any]:
     """What the memory page draws, as plain JSON values: the model's memory counters in total
-    and per expert layer, with where each expert sits (None where the experts are read in place
-    from the file: no tiers to show)."""
+    and per expert layer, with where each expert sits now and each pool's slots per layer (None
+    where the experts are read in place from the file: no tiers to show)."""
     hp, stats = model.hparams, model.memory_stats()
     device = str(model.device)
     report: dict[str, Any] = {"model": name, "device": device, "fast_tier": "RAM" if device.startswith("cpu") else
                               "device", "memory": repr(model.memory) if model.memory is not None else None,
                               "n_experts": hp.n_experts, "top_k": hp.n_experts_used, "tiers": None,
-                              "total": None, "layers": []}
+                              "slots": None, "total": None, "layers": []}
     if stats is None:
         return report
     residency = model.expert_residency()
@@ -119,10 +136,8 @@ def memory_report(model: Any, name: str) -> dict[str, Any]:
     counts, tokens = stats.routing()
     total = stats.totals()
     report["tiers"] = list(residency.tiers) if residency is not None else None
-    report["total"] = {**total, "tokens": tokens,
-                       "host_hit_rate": total["host_hits"] / total["device_misses"] if total["device_misses"] else None,
-                       "disk_bytes_per_token": _per_token(total["bytes_disk"], tokens),
-                       "device_bytes_per_token": _per_token(total["bytes_to_device"], tokens)}
+    report["slots"] = _slots(model, report["tiers"])
+    report["total"] = {**total, "tokens": tokens, **_rates(total, tokens)}
     report["layers"] = [_layer_row(row, int(stats.routing_tokens[i]), counts[i].tolist(), places.get(row["layer"]))
                         for i, row in enumerate(stats.per_layer())]
     return report

@@ -1,10 +1,15 @@
 // The chat page: streams /v1/chat/completions (server-sent events) into the conversation.
 // Reasoning (delta.reasoning_content) and tool calls (delta.tool_calls) are shown folded.
+// GET /health (open without a key) says whether the server wants an API key: with none entered,
+// the key box comes first with a note; a 401 points to the key box, not to HTTP headers.
 "use strict";
 (() => {
   const $ = (id) => document.getElementById(id);
+  const NEEDS_KEY = "This server needs an API key: enter it here";
+  const WRONG_KEY = "wrong or missing API key: enter it in the key box";
   const history = [];  // the conversation sent with each request (the system prompt is added then)
   let controller = null;  // the AbortController of the request in flight
+  let keyNeeded = false;  // the server said (GET /health's `auth`) that /v1/* wants a key
 
   function bindRange(id) {
     const input = $(id), out = $(id + "-value");
@@ -116,6 +121,18 @@
     }
   }
 
+  // The key box brought forward with `message` (null: back in its place, no note).
+  function keyBox(message) {
+    $("key-box").classList.toggle("wanted", Boolean(message));
+    $("key-note").hidden = !message;
+    $("key-note").textContent = message || "";
+  }
+
+  function askForKey(message) {
+    keyBox(message);
+    $("api-key").focus();
+  }
+
   function busy(on, status) {
     $("send").disabled = on;
     $("stop").disabled = !on;
@@ -132,6 +149,10 @@
     try {
       const response = await fetch("/v1/chat/completions", { method: "POST", headers: strata.headers(),
         body: JSON.stringify(request()), signal: controller.signal });
+      if (response.status === 401) {
+        askForKey(WRONG_KEY);
+        throw new Error(WRONG_KEY);
+      }
       if (!response.ok) throw new Error(await strata.errorText(response));
       await readEvents(response, (event) => {
         if (event.error) throw new Error(event.error.message || "the server ended the stream with an error");
@@ -155,7 +176,24 @@
     try {
       const response = await fetch("/v1/models", { headers: strata.headers() });
       if (response.ok) $("model").textContent = (await response.json()).data[0].id;
+      else if (response.status === 401 && $("api-key").value) keyBox(WRONG_KEY);
     } catch (e) { /* the server is loading: the name stays blank */ }
+  }
+
+  // Asks GET /health until the model is loaded, then whether a key is wanted, then the model's name.
+  async function checkServer() {
+    let health = null;
+    try {
+      const response = await fetch("/health");
+      if (response.ok) health = await response.json();
+    } catch (e) { /* not answering yet */ }
+    if (!health) {
+      setTimeout(checkServer, 1000);
+      return;
+    }
+    keyNeeded = Boolean(health.auth);
+    if (keyNeeded && !$("api-key").value) askForKey(NEEDS_KEY);
+    showModel();
   }
 
   $("composer").addEventListener("submit", (event) => {
@@ -181,9 +219,10 @@
   $("api-key").value = localStorage.getItem("strata-api-key") || "";
   $("api-key").addEventListener("change", () => {
     localStorage.setItem("strata-api-key", $("api-key").value);
+    keyBox(keyNeeded && !$("api-key").value ? NEEDS_KEY : null);
     showModel();
   });
   bindRange("temperature");
   bindRange("top-p");
-  showModel();
+  checkServer();
 })();

@@ -1,14 +1,19 @@
 // The memory page: polls /api/memory and draws where each expert sits and each layer's counters.
+// Before the first request the pools hold only what was placed at start-up (experts are read
+// into slots as they are first routed) and there are no rates yet: the page says "no tokens
+// routed yet" rather than a 0% hit rate, and beside each pool's slots how many experts are there.
 "use strict";
 (() => {
   const $ = (id) => document.getElementById(id);
   const COLORS = { device: [47, 95, 179], host: [224, 161, 0], disk: [154, 154, 160] };
   const PERIOD_MS = 1000;
   const name = (tier, data) => (tier === "device" ? data.fast_tier : tier);
+  const NONE_YET = "no tokens routed yet";
 
   function totals(data) {
     const t = data.total;
-    const rows = [
+    // no rates before the first token: the state line above says why
+    const rows = !t.tokens ? [["tokens routed", "none yet"], ["placed at start-up", t.startup_loads]] : [
       ["tokens routed", t.tokens], ["expert requests", t.requests],
       [data.fast_tier + " hit rate", strata.pct(t.device_hit_rate)], ["late prefetches", t.device_late],
       ["host hit rate (of misses)", strata.pct(t.host_hit_rate)], ["disk reads", t.disk_reads],
@@ -59,9 +64,25 @@
     });
   }
 
+  // Experts whose fastest tier this is now, and that pool's slots per layer: "RAM 0 (4 slots), disk 4".
   function tierText(row, data) {
     if (!row.tier_counts) return "in place (file)";
-    return data.tiers.map((t) => name(t, data) + " " + row.tier_counts[t]).join(", ");
+    const slots = (t) => (data.slots && data.slots[t] !== undefined ? ` (${data.slots[t]} slots)` : "");
+    return data.tiers.map((t) => name(t, data) + " " + row.tier_counts[t] + slots(t)).join(", ");
+  }
+
+  // The pools' slots and the experts in them now, in words; before the first request, why they are empty.
+  function stateText(data) {
+    const pools = (data.tiers || []).filter((t) => data.slots && data.slots[t] !== undefined);
+    const there = (t) => data.layers.reduce((n, row) => n + (row.tier_counts ? row.tier_counts[t] : 0), 0);
+    const where = pools.map((t) => `${name(t, data)}: slots for ${data.slots[t]} of ${data.n_experts} experts per ` +
+                                   `layer, ${there(t)} experts there now`).join("; ");
+    if (data.total.tokens) return where;
+    const empty = pools.every((t) => there(t) === 0);
+    return `${NONE_YET}: ` + (empty ? "every expert is on disk until a request first routes to it, then it is read " +
+                                      "into a slot"
+                                    : "the slots hold the experts placed at start-up; the others are read from disk " +
+                                      "as requests route to them") + (where ? `. ${where}.` : ".");
   }
 
   function table(data) {
@@ -87,6 +108,7 @@
     }
     $("summary").textContent = `${data.memory} — ${data.layers.length} expert layers × ${data.n_experts} experts, ` +
                                `top-${data.top_k}; updated ${new Date().toLocaleTimeString()}`;
+    $("state").textContent = stateText(data);
     totals(data);
     legend(data);
     draw(data);
