@@ -34,7 +34,8 @@ from strata.runtime import Runner, RuntimePlan
 from strata.runtime import build as build_runner
 from strata.tokenizer import Tokenizer
 
-from .build import MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for, prefix_cache_blocks
+from .build import (MemoryFactory, expert_memory, kv_bytes, kv_cache, memory_config_for, prefix_cache_blocks,
+                    settle_default)
 from .config import MemoryConfig, check_engine, check_int
 from .engine import Engine
 from .kv_cache import KVCache, blocks_for
@@ -171,7 +172,8 @@ class Model:
                 piece = ids[start:start + step]
                 batch = self.cache.batch([slot], [start], [len(piece)], self.device)
                 tokens = torch.tensor(piece, dtype=torch.long, device=self.device)
-                out.append(self.engine.run_model(tokens, batch, all_logits=True).cpu())
+                out.append(self.runner(tokens, batch, self.cache, all_logits=True).cpu())
+                self.model_file.check_intact()  # a file cut short under the pass: its zeros are no logits
             return torch.cat(out)
         finally:
             self.cache.free(slot)
@@ -389,8 +391,10 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
     llama.cpp's `--cache-type-k/v q8_0`: 34 bytes per 32 values, read natively by the CPU's decode
     attention); None: the compute dtype.
     memory: the expert memory: a `MemoryConfig` (its docstring lists each kind and its options),
-    a kind's name ("tiered", "paged", "direct"), None (paged for packed compute on the CPU, tiered
-    otherwise or when an option only the tiered memory has is given), or a factory
+    a kind's name ("tiered", "paged", "direct"), None (for packed compute on the CPU: direct when
+    the file's experts fit the RAM budget and sit in the page cache, as a file just read or run
+    does, else paged; tiered otherwise or when an option only the tiered memory has is given;
+    `Model.plan` says which and why), or a factory
     (model_file, device, dtype, n_threads) -> ExpertMemory. The memory's options may also be given
     as keywords (device_mem=..., host_mem=..., prefetch_depth=..., slot_form=..., hybrid=...):
     sugar for the same MemoryConfig.
@@ -438,6 +442,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
             extra = expert_parallel.least(extra)
         pool = (kv_blocks or max_batch * blocks_for(ctx)) + extra if extra else kv_blocks
         kv = kv_bytes(mf, dev, dt, ctx, max_batch, pool, machine, kv_type)
+        if mf.expert_layers:  # the default memory of packed compute on the CPU, from the file: mapped or paged
+            mem_config, memory_why = settle_default(memory, memory_options, mem_config, memory_why, mf, dev, dt, mode,
+                                                    kv, machine)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None
         shards = None if expert_parallel is None else expert_parallel.shards(mf)  # refuses mismatched ranks
         runner = build_runner(mf, mem, device=dev, dtype=dt, n_threads=n_threads, compute=mode, memory_why=memory_why,
