@@ -30,7 +30,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_RANGES 1024           /* mappings guarded at once: one per file of each open model */
+#define MAX_RANGES 4096           /* mappings guarded at once: one per file of each open model */
 
 typedef struct {
     _Atomic uintptr_t base;       /* 0: a free entry */

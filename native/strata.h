@@ -291,11 +291,11 @@ int strata_numa_locate(const void *addr, int *node);
  * work and refuses the results. Faults outside every range go to the SIGBUS handler installed
  * before the guard's (the default: the process dies of it). The handler is installed by the first
  * add, and again by a later add if another one has replaced it. Ranges: read-only mappings, the
- * base a page boundary; remove a range before unmapping it. At most 1024 ranges at once.
+ * base a page boundary; remove a range before unmapping it. At most 4096 ranges at once.
  */
 
 /* Guard [base, base + nbytes) (a whole read-only mapping); *id names it to faults and remove.
- * STRATA_E_NOMEM when 1024 ranges are guarded already. */
+ * STRATA_E_NOMEM when 4096 ranges are guarded already. */
 int strata_guard_add(const void *base, int64_t nbytes, int32_t *id);
 
 /* Stop guarding range `id` (before unmapping it). */

@@ -14,7 +14,12 @@ from __future__ import annotations
 import mmap
 from typing import Any
 
+from strata.errors import NativeError
+
 from ._lib import check, ffi, lib, src_view
+
+#: Mappings the guard holds at once (native/guard.c's table).
+MAX_GUARDED = 4096
 
 
 class MapGuard:
@@ -32,8 +37,13 @@ class MapGuard:
             raise ValueError(f"guard: expected a whole mapping (page-aligned, not empty), found {nbytes} bytes "
                              f"at {address:#x}")
         out = ffi.new("int32_t *")
-        check(lib.strata_guard_add(ptr, nbytes, out), f"guard a mapping of {nbytes} bytes")
+        status = lib.strata_guard_add(ptr, nbytes, out)
+        if status == lib.STRATA_E_NOMEM:
+            raise NativeError(f"guard a mapping of {nbytes} bytes: {MAX_GUARDED} mappings are guarded already "
+                              "(close the models no longer used)")
+        check(status, f"guard a mapping of {nbytes} bytes")
         self._id, self.nbytes = int(out[0]), nbytes
+        self._out = ffi.new("int64_t[2]")  # faults, zeroed_from: read after every step, allocated once
         self._remove = lib.strata_guard_remove  # held: module globals may be gone at exit
 
     @property
@@ -50,9 +60,9 @@ class MapGuard:
     def _state(self) -> tuple[int, int]:
         if self._id is None:
             return 0, self.nbytes
-        n, start = ffi.new("int64_t *"), ffi.new("int64_t *")
-        check(lib.strata_guard_faults(self._id, n, start), "guard faults")
-        return int(n[0]), int(start[0])
+        out = self._out
+        check(lib.strata_guard_faults(self._id, out, out + 1), "guard faults")
+        return int(out[0]), int(out[1])
 
     @property
     def closed(self) -> bool:
@@ -70,4 +80,4 @@ class MapGuard:
         return f"MapGuard({self.nbytes} bytes{', closed' if self.closed else f', {self.faults} faults'})"
 
 
-__all__ = ["MapGuard"]
+__all__ = ["MAX_GUARDED", "MapGuard"]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from strata import native
+from strata.errors import NativeError
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = mmap.PAGESIZE
@@ -216,3 +217,18 @@ def test_guarded_model_file_names_itself_when_cut_short(tmp_path):
     assert out["zeros"]
     assert out["regrown"] == (f"{path}: the file shrank while in use: it is {size} bytes again, but parts of it were "
                               f"read while it was shorter, it had {size} when opened; load the model again")
+
+
+def test_a_full_table_is_one_error_and_closing_makes_room():
+    m = np.memmap(__file__, dtype=np.uint8, mode="r")
+    guards = []
+    try:
+        with pytest.raises(NativeError, match=f"{native.MAX_GUARDED} mappings are guarded already"):
+            for _ in range(native.MAX_GUARDED + 1):
+                guards.append(native.MapGuard(m))
+        assert 0 < len(guards) <= native.MAX_GUARDED
+        guards.pop().close()
+        guards.append(native.MapGuard(m))  # the room one close made
+    finally:
+        for g in guards:
+            g.close()
