@@ -17,7 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from .conftest import ROOT, start
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
-SERVE_ARGS = ("--max-batch", "4", "--ctx", "1024", "--alias", "tiny")  # conftest's `server` and `client`
+# conftest's `server` and `client`; paged memory, whose counters /metrics reports (a file that fits in
+# RAM and sits in the page cache is otherwise read in place, with no expert counters)
+SERVE_ARGS = ("--max-batch", "4", "--ctx", "1024", "--alias", "tiny", "--memory", "paged")
 
 
 def metrics(server) -> dict[str, float]:

@@ -121,7 +121,7 @@ def test_webui_off_leaves_the_pages_out(tiny_path):
 
     def load():
         assert loading.wait(60), "the test did not let the model load"
-        return strata.load(tiny_path, threads=1, max_batch=1)
+        return strata.load(tiny_path, threads=1, max_batch=1, memory="paged")
 
     app = create_app(load, ServerConfig("tiny", webui=False))
     with TestClient(app) as client:
@@ -130,7 +130,7 @@ def test_webui_off_leaves_the_pages_out(tiny_path):
         _ready(client)
         for path in ("/", "/memory", "/web/chat.js"):
             assert client.get(path).status_code == 404, path
-        report = client.get("/api/memory").json()  # the default memory: every expert in RAM
+        report = client.get("/api/memory").json()  # every expert in RAM
         assert report["tiers"] == ["device", "disk"] and len(report["layers"]) == 2
 
 
