@@ -222,7 +222,11 @@ def memory_config(args: argparse.Namespace):
     options = dict(device_mem=args.device_mem, host_mem=args.host_mem, prefetch_depth=args.prefetch_depth,
                    slot_form=args.slot_form, hybrid=getattr(args, "hybrid", None),
                    miss_stand_in=getattr(args, "miss_stand_in", None), stand_in_mode=getattr(args, "stand_in_mode", None))
-    return build(args.memory, options, FLAGS)
+    # --save-routing and --save-trace need a memory that counts routing: without --memory, the tiered
+    # memory (the paged memory serves it on the CPU with packed compute, whose default may read the
+    # experts in place from the mapped file and count nothing)
+    counts = getattr(args, "save_routing", None) or getattr(args, "save_trace", None)
+    return build(args.memory or ("tiered" if counts else None), options, FLAGS)
 
 
 def check_model_args(args: argparse.Namespace) -> None:
@@ -331,7 +335,8 @@ def print_stats(args: argparse.Namespace, model) -> None:
 
         stats = model.memory_stats()
         print(format_memory_stats(stats, model.device, optimal=optimal_bytes(stats)) if stats is not None
-              else "expert memory: no statistics (--memory direct)", file=sys.stderr)
+              else "expert memory: no statistics (direct: experts are read in place from the mapped file; "
+                   "--memory paged counts hits and reads)", file=sys.stderr)
         print(format_time_split(model.time_split()), file=sys.stderr)
 
 

@@ -442,7 +442,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
             extra = expert_parallel.least(extra)
         pool = (kv_blocks or max_batch * blocks_for(ctx)) + extra if extra else kv_blocks
         kv = kv_bytes(mf, dev, dt, ctx, max_batch, pool, machine, kv_type)
-        if mf.expert_layers:  # the default memory of packed compute on the CPU, from the file: mapped or paged
+        if mf.expert_layers and expert_parallel is None:  # the CPU's packed default, from the file: mapped or paged
+            # (an expert-parallel rank keeps the paged memory: it holds its shard, not the whole file)
             mem_config, memory_why = settle_default(memory, memory_options, mem_config, memory_why, mf, dev, dt, mode,
                                                     kv, machine)
         mem = expert_memory(mem_config, mf, dev, dt, n_threads, mode, kv, machine) if mf.expert_layers else None

@@ -3,6 +3,7 @@ cache, each sized against the machine's memory measured once at load (`Machine`)
 
     machine = Machine.measure(device)                     # the one measurement of a load
     config, why = memory_config_for("tiered", {"host_mem": "8G"}, "packed")  # -> served by "paged"
+    config, why = settle_default(None, {}, config, why, mf, device, dtype, "packed", kv, machine)  # the default, from the file
     memory = expert_memory(config, mf, device, dtype, n_threads, "packed", kv, machine)
 
 Must not: read /proc, cgroups or the GPU's free memory itself (`strata.memory.machine` does, in
@@ -19,11 +20,14 @@ from strata.defaults import CACHE_RAM_SHARE, DEFAULT_CACHE_RAM
 from strata.errors import ContextWarning, StrataArgumentError, StrataError
 from strata.gguf import ModelFile
 from strata.memory import DirectExpertMemory, ExpertMemory
-from strata.memory.budget import BudgetError, paged_budget, parse_bytes, resident_bytes
+from strata.memory.budget import (BudgetError, host_budget_for_slots, paged_budget, paged_share, parse_bytes,
+                                  resident_bytes)
 from strata.memory.machine import Machine
 from strata.memory.paged import PagedExpertMemory
+from strata.memory.residency import resident_share
 from strata.memory.tiered import TieredExpertMemory
 from strata.models import cache_dims, cache_states
+from strata.runtime.plan import FileFit, default_memory_row
 from strata.units import format_bytes
 
 from .config import MEMORY_OPTIONS, MemoryConfig, check_memory_compute, memory_config
@@ -57,6 +61,27 @@ def _memory_why(asked: MemoryConfig, config: MemoryConfig, mode: str) -> str:
                 f"be RAM, so the {config.backend(mode)} memory's one RAM tier serves it (host_mem plus "
                 f"device_mem less the resident weights and KV cache)")
     return "as asked" if asked.kind is not None else f"the default for {mode} compute"
+
+
+def settle_default(memory: MemoryConfig | MemoryFactory | str | None, options: dict[str, Any],
+                   config: MemoryConfig | MemoryFactory, why: str, mf: ModelFile, dev: torch.device,
+                   dt: torch.dtype, mode: str, kv_bytes: int, machine: Machine,
+                   resident: Callable[[ModelFile], float | None] = resident_share
+                   ) -> tuple[MemoryConfig | MemoryFactory, str]:
+    """load()'s memory once the file is open: `config` and `why` (`memory_config_for`) as they
+    are, except the default of packed compute on the CPU (no kind asked, no miss stand-ins: those
+    are the paged memory's), which the runtime plan settles from the file (`default_memory_row`):
+    direct when every expert fits the paged memory's RAM budget and the experts sit in the page
+    cache (`resident`), else paged."""
+    if callable(config) or dev.type != "cpu" or mode != "packed" or config.miss_stand_in is not None \
+            or memory_config(memory, options).kind is not None:
+        return config, why
+    reserved = reserved_bytes(mf, dt, mode, kv_bytes)
+    budget = config.ram_budget(reserved) or paged_share(machine, reserved)  # the user's, or the machine's share
+    experts = host_budget_for_slots(mf, mf.hparams.n_experts)  # a slot for every expert: nothing evicted
+    fits = experts <= budget
+    kind, why = default_memory_row(FileFit(experts, budget, resident(mf) if fits else None))
+    return (MemoryConfig.build(kind) if kind != config.kind else config), why
 
 
 def reserved_bytes(mf: ModelFile, dt: torch.dtype, mode: str, kv_bytes: int) -> int:
@@ -148,5 +173,4 @@ def kv_cache(mf: ModelFile, dev: torch.device, dt: torch.dtype, ctx: int, max_ba
 
 
 __all__ = ["MemoryFactory", "expert_memory", "kv_bytes", "kv_cache", "memory_config_for", "prefix_cache_blocks",
-           "ram_budget",
-           "reserved_bytes"]
+           "ram_budget", "reserved_bytes", "settle_default"]

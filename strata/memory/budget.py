@@ -300,8 +300,13 @@ def paged_budget(model: ModelFile, machine: Machine, reserved: int = 0) -> int:
     slots per layer, no more than a slot for every expert."""
     with native.Pager(model, 1) as pager:
         layout = slot_layout(model, pager.info.align)
-    share = int(machine.ram[1] * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - reserved
-    return _slots_between(model, layout, share)
+    return _slots_between(model, layout, paged_share(machine, reserved))
+
+
+def paged_share(machine: Machine, reserved: int = 0) -> int:
+    """The RAM the default paged budget starts from, before it is bounded by the model's slots:
+    the tiered memory's two CPU tiers' shares of `machine`'s available RAM less `reserved`."""
+    return int(machine.ram[1] * (DEFAULT_CPU_DEVICE_FRACTION + DEFAULT_HOST_FRACTION)) - reserved
 
 
 def _slots_between(model: ModelFile, layout: SlotLayout, share: int) -> int:
@@ -369,5 +374,5 @@ def host_budget_for_slots(model: ModelFile, slots_per_layer: int, direct: bool |
 __all__ = ["CUDA_HEADROOM_FRACTION", "PREDICTORS", "DEFAULT_CPU_DEVICE_FRACTION", "DEFAULT_HOST_FRACTION", "DEFAULT_PREFETCH_DEPTH",
            "DEFAULT_PREFETCH_MARGIN", "REPLAY_PREFETCH_MARGIN", "BudgetError", "Plan", "SlotLayout", "TieredConfig",
            "check_host_budget", "default_host_budget", "default_slot_form", "device_budget_for_slots",
-           "host_budget_for_slots", "make_plan", "paged_budget", "parse_bytes",
+           "host_budget_for_slots", "make_plan", "paged_budget", "paged_share", "parse_bytes",
            "resident_bytes", "slot_layout"]

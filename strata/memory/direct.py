@@ -61,6 +61,11 @@ class DirectExpertMemory(ExpertMemory):
             self._buffers(self.device, False) for _ in range(self.max_acquire)]
         self._held: tuple[int, tuple[int, ...]] | None = None
 
+    def __repr__(self) -> str:
+        where = "packed, read in place from the mapped file" if self.packed else \
+            f"dequantized at each use into {self.max_acquire} buffers"
+        return f"DirectExpertMemory({self.model_file.path.name}, {self.device}, {where})"
+
     def _buffers(self, device: str | torch.device, pin: bool) -> dict[str, torch.Tensor]:
         return {part: torch.empty(self.shapes[part], dtype=self.dtype, device=device, pin_memory=pin)
                 for part in PARTS}

@@ -12,12 +12,18 @@ Runners, fastest first (each computes the same maths as the float reference, str
 - "float": the model's own forward in torch on dequantized weights (the reference; CUDA's).
 Hybrid: plain routed experts split each chunk between the device and the CPU
 (strata.runtime.hybrid), where the tiered memory measures it to pay.
-Must not: build anything (strata.runtime.runner does, from the plan).
+Memory: the default expert memory of packed compute on the CPU is settled from the file before
+anything is built (`default_memory_row`): read in place from the mapped file (direct) when its
+experts fit the RAM budget and sit in the page cache, else paged into RAM slots.
+Must not: build anything (strata.runtime.runner does, from the plan), or measure (the loader
+hands in `FileFit`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+
+from strata.units import format_bytes
 
 PROGRAM, FUSED, PACKED, FLOAT = "program", "fused step", "packed per-call", "float"
 
@@ -93,6 +99,43 @@ class RuntimePlan:
                 ("memory", self.memory, self.memory_why or "as asked")]
 
 
+#: Share of the experts' sampled pages that must be in the page cache for the default to read
+#: them in place: a file read once is (nearly) all cached; one partly evicted is paged.
+PAGE_CACHE_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class FileFit:
+    """What settles the default memory of packed compute on the CPU, measured by the loader:
+    experts: bytes of a RAM slot for every expert (the paged memory's budget that evicts nothing);
+    budget: the RAM budget the paged memory would get (--host-mem, or the machine's share less the
+    resident weights and KV cache); resident: the share of the experts' pages in the page cache
+    (`strata.memory.residency`; None: this system cannot tell)."""
+
+    experts: int
+    budget: int
+    resident: float | None
+
+
+def default_memory_row(fit: FileFit) -> tuple[str, str]:
+    """The memory row when none was asked for (packed compute on the CPU): (kind, why). "direct"
+    (experts read in place from the mapped file, as llama.cpp reads them: nothing copied, nothing
+    read again) when they fit the RAM budget and sit in the page cache; else "paged": its pager
+    reads them into RAM slots, around the page cache (O_DIRECT) when they do not fit."""
+    sizes = f"experts {format_bytes(fit.experts)}, RAM budget {format_bytes(fit.budget)}"
+    if fit.experts > fit.budget:
+        return "paged", (f"the experts do not fit the RAM budget ({sizes}): paged into RAM slots, read around the "
+                         f"page cache (O_DIRECT)")
+    if fit.resident is None:
+        return "paged", f"the file fits in RAM ({sizes}); whether it is in the page cache cannot be told here"
+    cached = f"{100 * fit.resident:.0f}% of the experts' pages in the page cache"
+    if fit.resident < PAGE_CACHE_SHARE:
+        return "paged", (f"the file fits in RAM ({sizes}) but is not in the page cache ({cached}): the pager reads "
+                         f"its experts, through the cache (a next run maps them in place)")
+    return "direct", (f"the file fits in RAM and is in the page cache ({sizes}, {cached}): experts are read in "
+                      f"place from the mapped file (--memory paged copies them into RAM slots)")
+
+
 def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
     """The plan of a model: the first row that matches decides each kind of step."""
     prefill, prefill_why = ((PACKED, "packed compute: the native kernels multiply the file's blocks")
@@ -131,5 +174,5 @@ def _decode_row(target: Target, memory: MemoryCaps, arch: ArchCaps) -> tuple[str
     return PROGRAM, f"every block fused and the {memory.kind} memory's experts stay in place"
 
 
-__all__ = ["ArchCaps", "FLOAT", "FUSED", "MemoryCaps", "PACKED", "PROGRAM", "RuntimePlan", "Target", "decide",
-           "hybrid_row"]
+__all__ = ["ArchCaps", "FLOAT", "FUSED", "FileFit", "MemoryCaps", "PACKED", "PAGE_CACHE_SHARE", "PROGRAM",
+           "RuntimePlan", "Target", "decide", "default_memory_row", "hybrid_row"]

@@ -112,7 +112,7 @@ def test_generate_compute_flag_and_time_split(cli, qwen3, compute):
     assert float(parts["attention"]) > 0 and float(parts["expert compute"]) > 0
     assert (float(parts["dequantization"]) == 0) == (compute == "packed")  # packed slots are never dequantized
     plan = next(x for x in err.splitlines() if x.startswith("runtime: "))
-    assert plan.startswith("runtime: decode: program; prefill: packed per-call; hybrid: off; memory: paged — why: "
+    assert plan.startswith("runtime: decode: program; prefill: packed per-call; hybrid: off; memory: direct — why: "
                            "decode: " if compute == "packed" else
                            "runtime: decode: float; prefill: float; hybrid: off; memory: tiered — why: ")
 

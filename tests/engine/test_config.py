@@ -138,8 +138,8 @@ def test_tiered_options_the_paged_memory_cannot_honour_are_refused(option, value
 
 
 @pytest.mark.parametrize("spellings", [
-    [dict(memory=MemoryConfig("paged", host_mem="64M")), dict(memory="paged", host_mem=64 << 20),
-     dict(host_mem="64M")],
+    [dict(memory=MemoryConfig("paged", host_mem="64M")), dict(memory="paged", host_mem=64 << 20)],
+    # (host_mem alone, 64M holding every expert of a file in the page cache: the direct memory, test_memory_choice.py)
     [dict(memory=MemoryConfig("tiered", prefetch_depth=0, slot_form="packed")),
      dict(memory="tiered", prefetch_depth=0, slot_form="packed"), dict(prefetch_depth=0, slot_form="packed")],
 ])
