@@ -70,7 +70,8 @@ def test_the_banner_names_the_port_it_listens_on(tmp_path, tiny_path):
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "strata", "serve", str(tiny_path), "--port", "0", "--threads",
-                                 "1", "--log-level", "warning"], cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+                                 "1", "--log-level", "warning"], cwd=ROOT, env=ENV, stdout=out,
+                                stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while not log.read_text() and proc.poll() is None and time.monotonic() < deadline:

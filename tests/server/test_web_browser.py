@@ -2,7 +2,8 @@
 against a `strata serve` subprocess: the chat page streams a greedy reply equal to the library's,
 Stop aborts a long one (the server counts an abort), and the memory page draws a row and a canvas
 row per expert layer; before the first request it says no tokens were routed yet, and with
---api-key the chat page asks for the key and words a 401 as a key to enter. Skipped where no Chromium is installed (Debian: apt-get install chromium)."""
+--api-key the chat page asks for the key and words a 401 as a key to enter. Skipped where no
+Chromium is installed (Debian: apt-get install chromium)."""
 from __future__ import annotations
 
 import json

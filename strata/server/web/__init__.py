@@ -7,10 +7,11 @@ is served): every page goes out with a Content-Security-Policy that allows this 
 The chat page talks to the server's own `/v1/chat/completions` (server-sent events); the memory
 page polls `/api/memory`, which serializes what the model's memory already exposes
 (`Model.memory_stats()`: per-layer counters; `Model.expert_residency()`: which tier holds each
-expert; the memory's `placement`: its slots per layer). Before the first request every pool is
-empty (experts are read into slots as they are first routed) and there is no hit rate yet: the
-JSON says so (rates None, not 0) and the page says "no tokens routed yet". `--no-webui` (`ServerConfig.webui` False) leaves the pages out; `/api/memory` stays,
-as `/metrics` does.
+expert; the memory's `placement`: its slots per layer). Before the first request the pools hold
+only what was placed at start-up (experts are read into slots as they are first routed) and there
+is no hit rate yet: the JSON says so (rates None, not 0) and the page says "no tokens routed yet".
+`--no-webui` (`ServerConfig.webui` False) leaves the pages out; `/api/memory` stays, as
+`/metrics` does.
 
 Must not compute statistics or touch the memory's internals: it reads the model's public API.
 """
