@@ -6,8 +6,9 @@ dequantizes them with the native runtime into buffers allocated once at start (p
 device is CUDA, then copied to device buffers). Packed form (`packed=True`, the CPU's packed
 compute): `acquire_packed` hands out the file's own expert tensors, so the native MoE kernels read
 the mapped bytes in place (as llama.cpp does with a mapped file). Nothing is allocated per call.
-Both forms check that the file still has its size before each layer's experts are touched (a
-page of a truncated file kills the process with SIGBUS), which costs one fstat per layer.
+Both forms check that the file still has its size before each layer's experts are touched, which
+costs one fstat per layer; a file cut short after that check costs the reads zero pages, not a
+SIGBUS (`strata.load` guards the map), and the engine's check after the step fails it.
 Must not: cache, place or prefetch (that is the tiered memory's job).
 """
 from __future__ import annotations
