@@ -18,12 +18,11 @@ import operator
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence as Seq
 
 import torch
 
 from strata import native
-from strata.chat_template import ChatTemplate, ChatTemplateError
 from strata.defaults import DEFAULT_CTX, DEFAULT_KV_TYPE, KV_TYPES  # DEFAULT_CTX: KV-cache positions per sequence
 from strata.errors import StrataArgumentError, StrataError
 from strata.gguf import HParams, ModelFile, open_model
@@ -47,6 +46,9 @@ from .sequence import Sequence, stop_conditions
 from .stream import Chunk, Completion, Outboxes, Stream
 from .verdict import check_runs
 from .resolve import resolve_compute, resolve_device, resolve_dtype
+
+if TYPE_CHECKING:  # imported where used: jinja2 costs a one-shot generate tens of ms
+    from strata.chat_template import ChatTemplate
 
 DEFAULT_SLOTS = 4  # sequences decoded together at most
 
@@ -141,6 +143,8 @@ class Model:
         override = self._template_override
         source = override if override is not None else self.model_file.metadata.get("tokenizer.chat_template")
         if self._chat_template is None and source is not None:
+            from strata.chat_template import ChatTemplate, ChatTemplateError  # jinja2: only where a chat needs it
+
             try:
                 self._chat_template = ChatTemplate(source, self._special_texts(),
                                                    key="chat_template" if override is not None else
