@@ -8,6 +8,7 @@ Must not hold a command's options or logic: it gathers the parsers and runs the 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 import warnings
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     group = sys.modules.get("strata.distributed.group")  # imported only by expert-parallel runs
     if group is not None:
         group.exit_if_broken(code)  # a broken group's teardown would abort the process
+    if argv is None:  # the process ends with the command (`strata ...`, `python -m strata ...`): its teardown's
+        gc.freeze()   # last collection need not walk torch's objects, freed with the process (0.2-0.3 s of a one-shot run)
     return code
 
 
