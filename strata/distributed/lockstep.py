@@ -112,6 +112,7 @@ def follow(model: Any, ep: ExpertParallel) -> None:
         _, ids, tables, starts, lengths, slots, all_logits = msg
         batch = Batch.make(tables, starts, lengths, cache.block_size, device, slots=slots)
         runner(torch.tensor(ids, dtype=torch.long, device=device), batch, cache, all_logits)
+        model.model_file.check_intact()  # a file cut short under this rank ends it with one line, not zeros
 
 
 __all__ = ["LeadRunner", "follow", "lead"]

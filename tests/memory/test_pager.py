@@ -375,7 +375,7 @@ def test_bench_pager_cli_reports_both_rates(models):
     assert r["host_tier"]["misses"] == 3 * 8 and r["host_tier"]["gbs"] > 0
     missing = subprocess.run([sys.executable, "-m", "strata", "bench", "pager", "missing.gguf"],
                              capture_output=True, text=True)
-    assert missing.returncode == 1 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
+    assert missing.returncode == 1 and "no such file or directory" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_random_slab_rate_reads_slabs_up_to_the_limit(models, monkeypatch):
