@@ -90,9 +90,11 @@ def add_memory_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("expert memory")
     g.add_argument("--memory", choices=("tiered", "paged", "direct"), default=None,
                    help="tiered: device slots, host tier, pager, prefetch (the default on cuda, or with "
-                        "--device-mem, --prefetch-depth, --slot-form or --hybrid); paged (cpu, packed compute; "
-                        "the default there): one pool of RAM slots that misses are read into and computed "
-                        "from, its budget --host-mem; direct: read every expert from the mapped file on each use")
+                        "--device-mem, --prefetch-depth, --slot-form or --hybrid); paged (cpu, packed compute): one "
+                        "pool of RAM slots that misses are read into and computed from, its budget --host-mem; "
+                        "direct: read every expert in place from the mapped file. Default on cpu with packed "
+                        "compute: direct when the file fits in RAM and is in the page cache (a file just read or "
+                        "run), else paged; --stats says which and why")
     g.add_argument("--device-mem", default=None, metavar="SIZE",
                    help="bytes the model may use on the device, resident weights and KV cache included, "
                         f"e.g. 20G (default: free GPU memory less headroom; on cpu {100 * DEFAULT_CPU_DEVICE_FRACTION:g}%% of "
