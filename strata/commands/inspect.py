@@ -128,6 +128,12 @@ def placement(args: argparse.Namespace, model) -> dict[str, Any]:
     head = {"device": str(device), "compute": compute, "memory": config.backend(compute),
             "kv_type": kv_type_name(dtype) if args.kv_type is None else args.kv_type, "kv_cache_bytes": kv}
     if head["memory"] == "paged":
+        from strata.engine.build import settle_default
+
+        settled, why = settle_default(None, {"device_mem": args.device_mem, "host_mem": args.host_mem}, config, "",
+                                      model, device, dtype, compute, kv, machine)
+        if not callable(settled) and settled.kind == "direct":  # what load settles on for a cached file that fits
+            head |= {"memory": "direct", "memory_why": why}
         budget, slots = host_slots_for(model, machine, ram_budget(config, model, machine, reserved))
         est = estimate(model, slots, 0)
         return head | {"slot_form": "packed", "ram_budget_bytes": budget, "ram_slots_per_layer": slots,
@@ -164,7 +170,10 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
     from .tiers import fast_tier
 
     share, fast, E = p["expected_share"], fast_tier(p["device"]), p["n_experts"]
-    if p.get("memory") == "paged":
+    if p.get("memory") == "direct":
+        print(f"placement on {p['device']} ({p['compute']} compute, direct memory): {p['memory_why']}; with "
+              f"--memory paged, per layer {p['ram_slots_per_layer']}/{E} experts in RAM slots", file=out)
+    elif p.get("memory") == "paged":
         print(f"placement on {p['device']} ({p['compute']} compute, paged memory: one pool of RAM slots, budget "
               f"{format_bytes(p['ram_budget_bytes'])}): per layer {p['ram_slots_per_layer']}/{E} experts in RAM "
               f"slots, the rest read from the disk on demand; expected share of expert reads ({p['estimate_from']}): "

@@ -63,6 +63,8 @@ def _here_line(place: dict[str, Any]) -> str:
     """How the placement `strata generate` would start from sets the experts out, with its budget."""
     E, share = place["n_experts"], place["expected_share"]
     disk = place["disk_bytes_per_token"]
+    if place["memory"] == "direct":
+        return f"{place['device']}, direct memory: {place['memory_why']}"
     if place["memory"] == "paged":
         slots = place["ram_slots_per_layer"]
         head = (f"{place['device']}, paged memory with a RAM budget of {format_bytes(place['ram_budget_bytes'])}: "

@@ -66,7 +66,7 @@ def _memory_why(asked: MemoryConfig, config: MemoryConfig, mode: str) -> str:
 def settle_default(memory: MemoryConfig | MemoryFactory | str | None, options: dict[str, Any],
                    config: MemoryConfig | MemoryFactory, why: str, mf: ModelFile, dev: torch.device,
                    dt: torch.dtype, mode: str, kv_bytes: int, machine: Machine,
-                   resident: Callable[[ModelFile], float | None] = resident_share
+                   resident: Callable[[ModelFile], float | None] | None = None
                    ) -> tuple[MemoryConfig | MemoryFactory, str]:
     """load()'s memory once the file is open: `config` and `why` (`memory_config_for`) as they
     are, except the default of packed compute on the CPU (no kind asked, no miss stand-ins: those
@@ -80,7 +80,7 @@ def settle_default(memory: MemoryConfig | MemoryFactory | str | None, options: d
     budget = config.ram_budget(reserved) or paged_share(machine, reserved)  # the user's, or the machine's share
     experts = host_budget_for_slots(mf, mf.hparams.n_experts)  # a slot for every expert: nothing evicted
     fits = experts <= budget
-    kind, why = default_memory_row(FileFit(experts, budget, resident(mf) if fits else None))
+    kind, why = default_memory_row(FileFit(experts, budget, (resident or resident_share)(mf) if fits else None))
     return (MemoryConfig.build(kind) if kind != config.kind else config), why
 
 

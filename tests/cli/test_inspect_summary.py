@@ -35,13 +35,24 @@ def test_the_summary_comes_first_in_a_few_plain_lines(cli, synth_file):
     assert "chat template: none" in lines[3] and "--chat-template-file" in lines[3]
     assert lines[4].startswith("verdict: runs: qwen3moe")
     assert "of RAM holds it all" in lines[5] and "per token" in lines[5]
-    assert "paged memory" in lines[6] and "8/8 experts per layer in RAM" in lines[6]
+    # a file that fits: read in place where its pages are cached, else 8 of 8 in the paged memory's slots
+    assert ("paged memory" in lines[6] and "8/8 experts per layer in RAM" in lines[6]) or \
+        lines[6].startswith("here: cpu, direct memory: the file fits in RAM and is in the page cache"), lines[6]
 
 
 def test_a_small_budget_says_what_the_disk_will_carry(cli, synth_file):
     here = _lines(cli, synth_file, "--host-mem", "1M")[6]
     assert "4/8 experts per layer in RAM" in here and "50% of expert reads from the disk" in here
     assert "--host-mem" in here
+
+
+def test_a_cached_file_that_fits_is_read_in_place(cli, synth_file, monkeypatch):
+    """The summary names the memory `strata generate` settles on: direct for a cached file that fits."""
+    monkeypatch.setattr("strata.engine.build.resident_share", lambda mf: 1.0)
+    here = _lines(cli, synth_file)[6]
+    assert here.startswith("here: cpu, direct memory: the file fits in RAM and is in the page cache"), here
+    monkeypatch.setattr("strata.engine.build.resident_share", lambda mf: 0.0)
+    assert "paged memory" in _lines(cli, synth_file)[6]
 
 
 def test_raw_keeps_every_field_after_the_summary(cli, synth_file):

@@ -79,7 +79,7 @@ def test_inspect_placement_text_and_json(seeded, capsys):
     text = capsys.readouterr().out
     assert "placement on cpu (packed compute, paged memory: one pool of RAM slots, budget" in text
     assert "per layer 3/8 experts in RAM slots, the rest read from the disk on demand" in text
-    assert "expected share of expert reads (routing statistics): RAM" in text and "host" not in text.split("runtime")[0]
+    assert "expected share of expert reads (routing statistics): RAM" in text and "host" not in text.split("placement on")[1].split("runtime")[0]
     assert "layer 0: RAM [5, 6, 7] at start, the rest on the disk" in text
     # what runs each step as `strata generate` loads it: the same memory the table describes
     assert got["runtime"]["memory"]["runner"] == "paged"
