@@ -21,27 +21,23 @@ REPLY = ('<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
          '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>')
 
 
-@pytest.fixture(scope="module")
-def client(tiny_path):
-    """(an `openai.OpenAI` on the served model, the model the server loaded)."""
-    src = llama_cpp_source()
-    if src is None:
-        pytest.skip("llama.cpp's source (STRATA_LLAMA_CPP_SRC) is not here")
+def serve_in_thread(tiny_path, template: str, n_ctx: int):
+    """Serve the tiny model with `template` in this process until the generator is closed; yields
+    (an `openai.OpenAI` on it, the model the server loaded)."""
     import uvicorn
 
     import strata
     from strata.server import ServerConfig, create_app
 
-    template = (Path(src) / "models/templates/Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     models = []
 
     def loader():
-        models.append(strata.load(tiny_path, threads=1, n_ctx=1024, max_batch=2, chat_template=template))
+        models.append(strata.load(tiny_path, threads=1, n_ctx=n_ctx, max_batch=2, chat_template=template))
         return models[0]
 
-    app = create_app(loader, ServerConfig("tiny"))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(loader, ServerConfig("tiny")), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
@@ -55,6 +51,16 @@ def client(tiny_path):
     yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120), models[0]
     server.should_exit = True
     thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_path):
+    """(an `openai.OpenAI` on the served model, the model the server loaded)."""
+    src = llama_cpp_source()
+    if src is None:
+        pytest.skip("llama.cpp's source (STRATA_LLAMA_CPP_SRC) is not here")
+    template = (Path(src) / "models/templates/Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    yield from serve_in_thread(tiny_path, template, 1024)
 
 
 @pytest.fixture

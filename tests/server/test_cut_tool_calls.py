@@ -6,18 +6,15 @@ tests/server/forced.py does) and max_tokens cutting it."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
-import httpx
-import openai
 import pytest
 
 from strata.engine.sampling import Sampler
 from strata.server.tools import parser
 from strata.server.tools.stream import OutputStream
 
-from .conftest import free_port
+from .forced import serve_in_thread
+
 
 #: family -> (a closed call of add(a=1), the start of a second call the limit cut)
 REPLIES = {
@@ -98,33 +95,7 @@ TWO_CALLS = f'{CALL}\n<tool_call>\n{{"name": "add", "arguments": {{"a": 30, "b":
 @pytest.fixture(scope="module")
 def served(tiny_path):
     """(an `openai.OpenAI` on the tiny model served in this process, the model)."""
-    import uvicorn
-
-    import strata
-    from strata.server import ServerConfig, create_app
-
-    models = []
-
-    def loader():
-        models.append(strata.load(tiny_path, threads=1, n_ctx=512, max_batch=2, chat_template=TEMPLATE))
-        return models[0]
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(loader, ServerConfig("tiny")), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120), models[0]
-    server.should_exit = True
-    thread.join(30)
+    yield from serve_in_thread(tiny_path, TEMPLATE, 512)
 
 
 def force(monkeypatch, model, reply: str) -> list[int]:
