@@ -170,15 +170,16 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
     from .tiers import fast_tier
 
     share, fast, E = p["expected_share"], fast_tier(p["device"]), p["n_experts"]
-    if p.get("memory") == "direct":
-        print(f"placement on {p['device']} ({p['compute']} compute, direct memory): {p['memory_why']}; with "
-              f"--memory paged, per layer {p['ram_slots_per_layer']}/{E} experts in RAM slots", file=out)
-    elif p.get("memory") == "paged":
-        print(f"placement on {p['device']} ({p['compute']} compute, paged memory: one pool of RAM slots, budget "
-              f"{format_bytes(p['ram_budget_bytes'])}): per layer {p['ram_slots_per_layer']}/{E} experts in RAM "
-              f"slots, the rest read from the disk on demand; expected share of expert reads ({p['estimate_from']}): "
-              f"RAM {share['ram']:.0%}, disk {share['disk']:.0%} ({format_bytes(p['disk_bytes_per_token'])} from "
-              f"the disk per token)", file=out)
+    if p.get("memory") in ("direct", "paged"):
+        paged = (f"per layer {p['ram_slots_per_layer']}/{E} experts in RAM slots, the rest read from the disk on "
+                 f"demand; expected share of expert reads ({p['estimate_from']}): RAM {share['ram']:.0%}, disk "
+                 f"{share['disk']:.0%} ({format_bytes(p['disk_bytes_per_token'])} from the disk per token)")
+        if p["memory"] == "direct":  # a cached file that fits: what --memory paged would do, after why
+            print(f"placement on {p['device']} ({p['compute']} compute, direct memory): {p['memory_why']}; with "
+                  f"--memory paged (budget {format_bytes(p['ram_budget_bytes'])}): {paged}", file=out)
+        else:
+            print(f"placement on {p['device']} ({p['compute']} compute, paged memory: one pool of RAM slots, budget "
+                  f"{format_bytes(p['ram_budget_bytes'])}): {paged}", file=out)
     else:
         print(f"placement on {p['device']} ({p['compute']} compute, tiered memory, {p['slot_form']} slots): per layer "
               f"{p['device_slots_per_layer']}/{E} experts in {fast} slots, {p['host_slots_per_layer']}/{E} in host "

@@ -98,7 +98,7 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
     return ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 25))) for _ in range(n)]
 
 
-@pytest.mark.skipif(MODELS is None, reason="llama.cpp's source tree: set STRATA_LLAMA_CPP_SRC")
+@pytest.mark.skipif(MODELS is None, reason="llama.cpp's source tree not found (set STRATA_LLAMA_CPP_SRC, or let the suite fetch it)")
 @pytest.mark.parametrize("vocab", ALL_VOCABS, ids=lambda p: p.name[len("ggml-vocab-"):-len(".gguf")])
 def test_eog_ids_and_random_text_equal_llama_cpp(vocab):
     """Every vocabulary llama.cpp ships (with vectors or not): the end-of-generation set, and the ids

@@ -1,6 +1,6 @@
 """Strata's tokenizer against llama.cpp's own test vectors: every `ggml-vocab-*.gguf` that has
 `.inp`/`.out` files, every input exact (ids as test-tokenizer-0 produces them: no BOS/EOS, special
-text not parsed). Needs llama.cpp's source tree: $STRATA_LLAMA_CPP_SRC (CI sets it)."""
+text not parsed). Needs llama.cpp's source tree ($STRATA_LLAMA_CPP_SRC, else the one the suite fetches)."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ from tests.tokenizer import llama_cpp_ref
 from tests.tokenizer.vocab_vectors import vectors, vocab_dir, vocab_files
 
 MODELS = vocab_dir()
-pytestmark = pytest.mark.skipif(MODELS is None, reason="llama.cpp's source tree: set STRATA_LLAMA_CPP_SRC")
+pytestmark = pytest.mark.skipif(MODELS is None, reason="llama.cpp's source tree not found (set STRATA_LLAMA_CPP_SRC, or let the suite fetch it)")
 VOCABS = vocab_files(MODELS) if MODELS is not None else []
 
 

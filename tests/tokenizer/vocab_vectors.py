@@ -9,15 +9,17 @@ tokens is spelled out rather than matched (USER_DEFINED tokens are still matched
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
 def vocab_dir() -> Path | None:
-    """`models/` of the llama.cpp tree named by $STRATA_LLAMA_CPP_SRC; None when it is unset."""
-    src = os.environ.get("STRATA_LLAMA_CPP_SRC")
+    """`models/` of llama.cpp's source tree (tests/fixtures/tiny.llama_cpp_source: $STRATA_LLAMA_CPP_SRC,
+    else the one the suite fetches); None when there is none."""
+    from tests.fixtures.tiny import llama_cpp_source
+
+    src = llama_cpp_source()
     return Path(src) / "models" if src else None
 
 
