@@ -33,7 +33,7 @@ def test_outcome():
 '''
 
 
-def _run(tmp_path: Path, outcome: bool) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(tmp_path: Path, outcome: bool, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
     system_tmp = tmp_path / f"system-tmp-{outcome}"
     system_tmp.mkdir()
     test = tmp_path / f"case_{outcome}" / "test_leaky.py"
@@ -42,7 +42,7 @@ def _run(tmp_path: Path, outcome: bool) -> tuple[subprocess.CompletedProcess, Pa
     env = dict(os.environ, TMPDIR=str(system_tmp), PYTHONPATH=str(ROOT))
     env.pop("PYTEST_ADDOPTS", None)
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.fixtures.temp_root",
-                          "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(test.parent), str(test)],
+                          "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(test.parent), str(test), *args],
                          cwd=test.parent, env=env, capture_output=True, text=True, timeout=120)
     return res, system_tmp
 
@@ -53,6 +53,11 @@ def test_a_passing_run_leaves_nothing_in_the_temp_folder(tmp_path):
     assert list(system_tmp.iterdir()) == [], list(system_tmp.rglob("*"))
     # pytest removed the tmp_path and session folders itself; what the test left in mkdtemp() was 2 MiB
     assert "temporary files the tests left: 2.0 MiB, removed" in res.stdout, res.stdout
+
+
+def test_a_run_of_no_test_leaves_nothing_either(tmp_path):
+    res, system_tmp = _run(tmp_path, True, "-k", "no_such_test")
+    assert res.returncode == 5 and list(system_tmp.iterdir()) == [], res.stdout
 
 
 def test_a_failing_run_keeps_its_files_and_says_where(tmp_path):
