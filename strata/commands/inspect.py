@@ -13,6 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from strata.defaults import DEFAULT_CTX
+from strata.errors import StrataError
 from strata.units import format_bytes
 
 from .common import add_hf_arg, add_kv_type_arg, resolve_model
@@ -155,7 +156,6 @@ def runtime_plan(args: argparse.Namespace) -> dict[str, Any]:
     """What runs each kind of step with these budgets, and why (strata.runtime.plan): the
     model is loaded, as `strata generate` would load it, to decide."""
     import strata
-    from strata.errors import StrataError
 
     try:
         with strata.load(args.model, device=args.device, compute=args.compute, device_mem=args.device_mem,
@@ -196,6 +196,19 @@ def render_placement(p: dict[str, Any], out: TextIO) -> None:
     print(f"runtime: {r['line']}" if "line" in r else f"runtime: not decided ({r.get('error')})", file=out)
 
 
+def _here(args: argparse.Namespace, model, summary: dict[str, Any]) -> dict[str, Any] | str | None:
+    """The placement of the summary's `here:` line: --placement's, else computed for it; the reason
+    as text where the budgets cannot hold the model; None for a file without experts or that does not run."""
+    if "placement" in summary:
+        return summary["placement"]
+    if not model.expert_layers or not summary["verdict"]["runs"]:
+        return None
+    try:
+        return placement(args, model)
+    except (StrataError, MemoryError) as e:
+        return f"does not fit: {e}"
+
+
 def run_verdict(args: argparse.Namespace, model) -> dict[str, Any]:
     """Whether the file runs with the compute path `strata generate` would take (or --compute)."""
     from strata.engine.resolve import resolve_compute, resolve_device
@@ -224,8 +237,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         summary = model.summary()
         if getattr(args, "placement", False):
             if not model.expert_layers:
-                from strata.errors import StrataError
-
                 raise StrataError(f"{args.model}: --placement: the model has no routed experts")
             if getattr(args, "ranks", None) is not None:
                 from .ranks import rank_placement
@@ -237,9 +248,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if not args.json:
             from .inspect_summary import overview
 
-            known = summary.get("placement")
-            lines = overview(args, model, summary, summary["verdict"],
-                             (lambda a, m: known) if known is not None else placement)
+            lines = overview(model, summary, summary["verdict"], _here(args, model, summary))
     if "placement" in summary:  # after the file is closed: the load opens it again
         summary["placement"]["runtime"] = runtime_plan(args)
     if args.json:

@@ -6,10 +6,8 @@ the placement `strata inspect --placement` shows, and phrases them.
 """
 from __future__ import annotations
 
-import argparse
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
-from strata.errors import StrataError
 from strata.units import format_bytes
 
 
@@ -79,21 +77,17 @@ def _here_line(place: dict[str, Any]) -> str:
                    f"token (--host-mem raises the budget)")
 
 
-def overview(args: argparse.Namespace, model: Any, summary: dict[str, Any], verdict: dict[str, Any],
-             placement: Callable[[argparse.Namespace, Any], dict[str, Any]]) -> list[tuple[str, str]]:
-    """(label, text) lines for the top of `strata inspect`."""
-    place, unplaced = None, None
-    if model.expert_layers and verdict["runs"]:
-        try:
-            place = placement(args, model)
-        except (StrataError, MemoryError) as e:
-            unplaced = f"does not fit: {e}"
+def overview(model: Any, summary: dict[str, Any], verdict: dict[str, Any],
+             here: dict[str, Any] | str | None) -> list[tuple[str, str]]:
+    """(label, text) lines for the top of `strata inspect`; `here`: the placement `strata inspect
+    --placement` shows, or why there is none (text), or None (no experts, or the file does not run)."""
+    place = here if isinstance(here, dict) else None
     lines = [("model", _model_line(model.hparams)), ("file", _file_line(model, summary)),
              ("tokenizer", _tokenizer_line(model.metadata)), ("verdict", verdict["sentence"])]
     if verdict["runs"]:
         lines.append(("needs", _needs_line(summary, place, model.hparams.n_experts_used)))
-    if place is not None or unplaced is not None:
-        lines.append(("here", _here_line(place) if place is not None else unplaced))
+    if here is not None:
+        lines.append(("here", _here_line(place) if place is not None else here))
     return lines
 
 
