@@ -1,7 +1,7 @@
 """cffi build script for Strata's native runtime (out-of-line API mode).
 
-`native/strata.h` is both the C header and the cdef. Every `native/*.c` file is compiled into
-`strata._native`; the AVX2 kernels carry their ISA in a `#pragma GCC target` inside their own
+`native/strata.h` is both the C header and the cdef. Every `.c` file under `native/` (its floors:
+formats/, kernels/ and its ISA families, executor/, runtime/) is compiled into `strata._native`; the AVX2 kernels carry their ISA in a `#pragma GCC target` inside their own
 translation unit, so the rest of the library (and the scalar path) runs on any x86-64 CPU.
 """
 import os
@@ -27,8 +27,14 @@ def _require_compiler():
         )
 
 
-#: Headers that form the cdef, in order (calib.h, deltanet.h: entry points kept apart from strata.h).
-HEADERS = ("strata.h", "calib.h", "deltanet.h", "exchange.h")
+#: Headers that form the cdef, in order (calib.h, deltanet.h, exchange.h: entry points kept apart
+#: from strata.h), relative to native/.
+HEADERS = ("strata.h", "formats/calib.h", "executor/deltanet.h", "runtime/exchange.h")
+
+
+def include_dirs():
+    """native/ and every folder below it: sources include each other's headers by name alone."""
+    return [NATIVE, *sorted(p for p in NATIVE.rglob("*") if p.is_dir() and p.name != "__pycache__")]
 
 
 def _cdef():
@@ -38,16 +44,16 @@ def _cdef():
 
 def _sources():
     # Relative paths keep setuptools from copying absolute paths into the build metadata.
-    return sorted(os.path.relpath(p, ROOT) for p in NATIVE.glob("*.c"))
+    return sorted(os.path.relpath(p, ROOT) for p in NATIVE.rglob("*.c"))
 
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
 ffibuilder.set_source(
     "strata._native",
-    "".join(f'#include "{h}"\n' for h in HEADERS),
+    "".join(f'#include "{Path(h).name}"\n' for h in HEADERS),
     sources=_sources(),
-    include_dirs=[os.path.relpath(NATIVE, ROOT)],
+    include_dirs=[os.path.relpath(d, ROOT) for d in include_dirs()],
     # -ffp-contract=off: the kernels must round exactly as gguf-py's numpy code does, so no
     # multiply-add may be fused behind our back.
     extra_compile_args=["-O3", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-ffp-contract=off",

@@ -80,16 +80,18 @@ def test_a_compiler_without_avx_vnni_builds_without_it(tmp_path):
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler {cc!r}")
     native = ROOT / "native"
+    path = {p.name: p for p in native.rglob("*.c")}
+    includes = [f"-I{d}" for d in {p.parent for p in native.rglob("*.h")}]
     for name in AVX_VNNI_SOURCES:
         for macro, want in (("0", False), ("1", name != "dequant.c")):
-            pre = subprocess.run([cc, "-E", f"-DSTRATA_CC_AVX_VNNI={macro}", "-D_GNU_SOURCE", "-std=c11",
-                                  str(native / name)], capture_output=True, text=True, check=True).stdout
+            pre = subprocess.run([cc, "-E", f"-DSTRATA_CC_AVX_VNNI={macro}", "-D_GNU_SOURCE", "-std=c11", *includes,
+                                  str(path[name])], capture_output=True, text=True, check=True).stdout
             lines = _our_lines(pre)
             assert lines, name
             uses = any("avxvnni" in line and "target" in line or "_avx_epi32" in line for line in lines)
             assert uses == want, f"{name} with STRATA_CC_AVX_VNNI={macro}: AVX-VNNI used {uses}"
         obj = tmp_path / (name + ".o")
-        subprocess.run([cc, "-c", "-O1", "-std=c11", "-D_GNU_SOURCE", "-DSTRATA_CC_AVX_VNNI=0", str(native / name),
+        subprocess.run([cc, "-c", "-O1", "-std=c11", "-D_GNU_SOURCE", "-DSTRATA_CC_AVX_VNNI=0", *includes, str(path[name]),
                         "-o", str(obj)], check=True, capture_output=True)
     names = subprocess.run(["nm", str(tmp_path / "qdot_iq_avxvnni.c.o")], capture_output=True, text=True).stdout
     for t in ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"):

@@ -22,8 +22,8 @@ T = GGMLType
 
 
 def test_generated_tables_are_gguf_pys():
-    """native/iq_tables.h is what native/gen_iq_tables.py makes from the installed gguf-py."""
-    out = subprocess.run([sys.executable, str(ROOT / "native" / "gen_iq_tables.py"), "--check"],
+    """native/formats/iq_tables.h is what native/formats/gen_iq_tables.py makes from the installed gguf-py."""
+    out = subprocess.run([sys.executable, str(ROOT / "native" / "formats" / "gen_iq_tables.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

@@ -216,9 +216,10 @@ def test_avx512_dequant_and_quantize_run_the_avx2_kernels():
 def test_standalone_c_check_passes(tmp_path):
     """tests/native/qdot_avx512_check.c: the same comparison in C, through strata.h alone."""
     exe = tmp_path / "qdot_avx512_check"
-    sources = sorted(str(p) for p in (ROOT / "native").glob("*.c"))
+    sources = sorted(str(p) for p in (ROOT / "native").rglob("*.c"))
+    includes = [f"-I{d}" for d in {p.parent for p in (ROOT / "native").rglob("*.h")} | {ROOT / "native"}]
     subprocess.run(["gcc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-pthread", "-ffp-contract=off",
-                    f"-I{ROOT / 'native'}", *sources, str(ROOT / "tests/native/qdot_avx512_check.c"),
+                    *includes, *sources, str(ROOT / "tests/native/qdot_avx512_check.c"),
                     "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:]
