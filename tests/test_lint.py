@@ -1,5 +1,7 @@
-"""pyflakes reports nothing in the packages kept clean: unused imports, undefined names, a
-closure reading a local the function deletes."""
+"""ruff's pyflakes rules (F) report nothing in the four trees: unused imports and variables,
+undefined names, a redefinition of an unused name, a closure reading a local the function deletes.
+A fixture imported from another test module carries `# noqa: F401` on the import and
+`# noqa: F811` on each test that takes it."""
 import subprocess
 import sys
 from pathlib import Path
@@ -7,10 +9,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CLEAN = ["strata/gguf", "strata/engine", "strata/server", "benchmarks", "tests/memory/test_pager.py"]
+TREES = ["strata", "converters", "tests", "benchmarks"]
+
+# being rewritten for issue 58: the lead's files and the qdot kernel tests being merged into one;
+# empty this list when they are in.
+EXCLUDED = [
+    "strata/models/**", "strata/runtime/**", "strata/engine/build.py", "strata/engine/config.py",
+    "strata/engine/resolve.py", "strata/memory/base.py", "tests/native/test_qdot*.py",
+]
 
 
-def test_pyflakes_clean():
-    pytest.importorskip("pyflakes")
-    out = subprocess.run([sys.executable, "-m", "pyflakes", *CLEAN], cwd=ROOT, capture_output=True, text=True)
+def test_ruff_pyflakes_rules_clean():
+    pytest.importorskip("ruff")
+    cmd = [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F", "--output-format",
+           "concise", "--force-exclude", *(f"--extend-exclude={p}" for p in EXCLUDED), *TREES]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._lib import check, ffi, impl_code, lib
-from .matmul import MoeParts
 from .step import DecodeAttn, DecodeDeltaNet, StepOutputs
 
 

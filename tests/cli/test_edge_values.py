@@ -2,8 +2,6 @@
 `strata: error:` line (or argparse's usage error), never a traceback or an "internal error"."""
 from __future__ import annotations
 
-import pytest
-
 HUGE = str(10 ** 15)
 
 

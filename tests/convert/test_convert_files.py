@@ -1,7 +1,6 @@
 """Converted files read back with gguf-py: names, shapes, types, metadata and values."""
 from __future__ import annotations
 
-import shutil
 
 import gguf
 import gguf.quants

@@ -95,7 +95,7 @@ def test_interrupt_removes_partial_output(big_ckpt, tmp_path, sig):
 def test_sigkill_leaves_no_gguf_and_next_run_cleans_up(big_ckpt, tmp_path):
     out = tmp_path / "model.gguf"
     proc = _start(big_ckpt, out)
-    tmp = _wait_for_data(proc, out)
+    _wait_for_data(proc, out)
     proc.kill()
     proc.wait(timeout=60)
     assert not out.exists()

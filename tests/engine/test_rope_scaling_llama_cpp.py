@@ -9,7 +9,6 @@ transformers, tests/models/test_rope_scaling_logits.py)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import strata
 from tests.fixtures.rope_scaled import case_spec, scaled

@@ -98,7 +98,7 @@ def build_structured(src: Path, clean: list[Path], workdir: Path) -> list[dict]:
 def build_random(clean: list[Path], workdir: Path, n: int, seed: int) -> list[dict]:
     """`n` seeded mutants: one part's header bytes flipped or overwritten, or the part truncated,
     or its tensor data corrupted; opened from a random part."""
-    rng, cases = random.Random(seed), []
+    rng = random.Random(seed)
     c = _Cases(clean, workdir)
     for i in range(n):
         parts = c.new()

@@ -13,7 +13,7 @@ from strata.bench.predict_score import paid_name, replay_scores, trace_scores
 from strata.memory.predict import LOOK_AHEAD, Prediction, PredictionScore, Predictor
 from strata.memory.trace import predictor_recall
 
-from .tiered_fixture import GREEDY, N_EXPERTS, moe_file, prompt, tiered
+from .tiered_fixture import GREEDY, moe_file, prompt, tiered
 
 torch.set_num_threads(1)
 

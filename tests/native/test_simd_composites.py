@@ -81,7 +81,7 @@ def assert_within(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("t", PACKED, ids=lambda t: t.name)
-def test_matmul_of_each_family_matches_scalar(pools, t, family):
+def test_matmul_of_each_family_matches_scalar(pools, t, family):  # noqa: F811
     """Decode (1 token) and prefill (3, 64) counts; rows enough to split over 3 threads, and a
     count not a multiple of the row blocks; 1-3 threads give the same bytes."""
     row_len = row_len_of(t, 3)
@@ -119,7 +119,7 @@ def test_avx512_calls_give_the_bytes_of_the_family_the_table_names(t):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("t,n_rows,row_len", [(T.Q8_0, 48, 64), (T.Q4_K, 20, 256), (T.Q6_K, 16, 512),
                                               (T.F16, 33, 40), (T.BF16, 24, 64), (T.IQ4_NL, 16, 128)])
-def test_matmul_heads_of_each_family_matches_scalar(pools, t, n_rows, row_len, family):
+def test_matmul_heads_of_each_family_matches_scalar(pools, t, n_rows, row_len, family):  # noqa: F811
     """Latent attention's k_b / v_b products: strided x and y inside wider rows, 1 and 5 tokens."""
     H = 5
     w = weights(t, H * n_rows, row_len, seed=n_rows)
@@ -209,7 +209,7 @@ def token_bounds(rows_bound: np.ndarray, route, n_tokens: int, out0: np.ndarray)
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", MOE_SHAPES, ids=MOE_IDS)
-def test_moe_of_each_family_matches_scalar(pools, shape, family):
+def test_moe_of_each_family_matches_scalar(pools, shape, family):  # noqa: F811
     """Decode (1 token, top 8 and top 1) and prefill (7 tokens top 4, 64 tokens top 2) routings,
     on 1 and 3 threads; the family's call equals its own per-expert matmuls bit for bit."""
     parts = tm.moe_parts(*shape, seed=int(shape[0]))
@@ -244,7 +244,7 @@ def _call_rows(pool, parts, x, route, impl, act=None, ids=None):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", [MOE_SHAPES[1], MOE_SHAPES[2], MOE_SHAPES[4]], ids=lambda s: "-".join(
     t.name for t in s[:3]))
-def test_moe_rows_and_reduce_of_each_family_match_scalar(pools, shape, family):
+def test_moe_rows_and_reduce_of_each_family_match_scalar(pools, shape, family):  # noqa: F811
     """The rows + reduce split (the hybrid path): each assignment's row within its own bound."""
     parts = tm.moe_parts(*shape, seed=3)
     for n_tokens, top_k in ((1, 8), (9, 3)):
@@ -259,7 +259,7 @@ def test_moe_rows_and_reduce_of_each_family_match_scalar(pools, shape, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_moe_clamped_swiglu_of_each_family_matches_scalar(pools, family):
+def test_moe_clamped_swiglu_of_each_family_matches_scalar(pools, family):  # noqa: F811
     """gpt-oss's expert function with biases (strata_moe_glu), MXFP4 gate and up, whole and as rows."""
     parts = tm.moe_parts(T.MXFP4, T.MXFP4, T.Q8_0, 64, 96, seed=6)
     rng = np.random.default_rng(8)

@@ -31,7 +31,7 @@ ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_json_schema_reply_validates(client, seed):
+def test_json_schema_reply_validates(client, seed):  # noqa: F811
     c, _ = client
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True}}
     r = c.chat.completions.create(model="tiny", messages=ASK, response_format=fmt, temperature=1.0, seed=seed,
@@ -41,7 +41,7 @@ def test_json_schema_reply_validates(client, seed):
     jsonschema.validate(json.loads(choice.message.content), SCHEMA)
 
 
-def test_json_object_reply_parses(client):
+def test_json_object_reply_parses(client):  # noqa: F811
     c, model = client
     quotes = {str(i): 8 for i, b in enumerate(model.tokenizer.token_bytes) if b in (b'"', b'",', b'"}', b'":')}
     r = c.chat.completions.create(model="tiny", messages=ASK, response_format={"type": "json_object"},
@@ -49,7 +49,7 @@ def test_json_object_reply_parses(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-def test_uncompilable_schema_is_a_400(client):
+def test_uncompilable_schema_is_a_400(client):  # noqa: F811
     c, _ = client
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}
     with pytest.raises(openai.BadRequestError) as e:
@@ -58,7 +58,7 @@ def test_uncompilable_schema_is_a_400(client):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
-def test_tool_choice_forces_a_parsed_call(client, choice):
+def test_tool_choice_forces_a_parsed_call(client, choice):  # noqa: F811
     c, _ = client
     for seed in range(2):
         r = c.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice=choice, temperature=1.0,
@@ -71,7 +71,7 @@ def test_tool_choice_forces_a_parsed_call(client, choice):
         jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
 
 
-def test_grammar_field_gbnf(client):
+def test_grammar_field_gbnf(client):  # noqa: F811
     c, _ = client
     r = c.completions.create(model="tiny", prompt="ok?", temperature=1.0, seed=2, max_tokens=10,
                              extra_body={"grammar": 'root ::= "yes" | "no"'})

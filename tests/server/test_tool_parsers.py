@@ -4,7 +4,6 @@ to the whole reply. Reasoning split, and the 400s of malformed tool fields."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

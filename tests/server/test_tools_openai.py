@@ -16,7 +16,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
-def test_tool_call_and_reasoning_whole(forced):
+def test_tool_call_and_reasoning_whole(forced):  # noqa: F811
     done = forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200)
     choice = done.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -27,7 +27,7 @@ def test_tool_call_and_reasoning_whole(forced):
     assert call.id.startswith("call_")
 
 
-def test_tool_call_streamed_and_fed_back(forced):
+def test_tool_call_streamed_and_fed_back(forced):  # noqa: F811
     chunks = list(forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
@@ -44,21 +44,21 @@ def test_tool_call_streamed_and_fed_back(forced):
     assert again.usage.prompt_tokens > 0 and again.choices[0].message.tool_calls
 
 
-def test_tool_choice_none_and_inline_reasoning(forced):
+def test_tool_choice_none_and_inline_reasoning(forced):  # noqa: F811
     done = forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=200,
                                           extra_body={"reasoning_format": "none"})
     assert done.choices[0].message.content == REPLY and not done.choices[0].message.tool_calls
     assert done.choices[0].finish_reason == "stop"
 
 
-def test_unknown_named_function_is_a_400(client):
+def test_unknown_named_function_is_a_400(client):  # noqa: F811
     with pytest.raises(openai.BadRequestError) as e:
         client[0].chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=4,
                                           tool_choice={"type": "function", "function": {"name": "nope"}})
     assert e.value.body["param"] == "tool_choice"
 
 
-def test_n_choices_each_call_tools_with_logprobs(forced):
+def test_n_choices_each_call_tools_with_logprobs(forced):  # noqa: F811
     """n=2: each choice has its own OutputStream (reasoning and calls parsed per choice), its own
     finish reason and its own log-probabilities, streamed and whole."""
     chunks = list(forced.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, n=2,
