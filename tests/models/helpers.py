@@ -1,12 +1,15 @@
 """Build a Strata model straight from a GGUF file (no engine) for model-level tests."""
 from __future__ import annotations
 
+import pytest
 import torch
 
+import strata
 from strata.engine.kv_cache import KVCache
 from strata.gguf import open_model
 from strata.memory import DirectExpertMemory
 from strata.models import cache_dims, cache_states, load_model
+from tests.fixtures.tiny import zoo
 
 #: Acceptance bound: max |strata - transformers| <= REL_TOL * max |transformers logit|.
 REL_TOL = 1e-4
@@ -101,3 +104,49 @@ def check_batch_of_two(tiny) -> None:
         batch = pair.cache.batch([0, 1], [pos_a, pos_b], [1, 1])
         out = pair.model(torch.tensor([a[pos_a], b[pos_b]]), batch, pair.cache, True)
         assert rel_err(out[0], alone[0][step + 1][0]) <= 1e-5 and rel_err(out[1], alone[1][step + 1][0]) <= 1e-5
+
+
+def tiny_fixture(key: str):
+    """A test module's `tiny` fixture: the zoo's model `key`, one for the module."""
+    return pytest.fixture(scope="module", name="tiny")(lambda: zoo().get(key))
+
+
+def load(path, compute: str = "float", memory: str = "direct", max_batch: int = 1):
+    """`strata.load` as the family tests run it: one thread, 128 positions."""
+    return strata.load(path, threads=1, n_ctx=128, max_batch=max_batch, compute=compute, memory=memory)
+
+
+def check_chunked_prefill(tiny) -> None:
+    """A prompt in chunks of 5, 1 and 7 tokens gives transformers' logits: the state carried
+    between chunks (a recurrent layer's conv state shorter and longer than a chunk) moves on."""
+    ids = tiny.prompt_ids(13)
+    ref, bare, got, p = tiny.hf_logits(ids), Bare(tiny.gguf("f32")), [], 0
+    for n in (5, 1, 7):
+        got.append(bare.forward(ids[p:p + n], p))
+        p += n
+    assert rel_err(torch.cat(got), ref) <= REL_TOL
+
+
+def check_packed_every_memory(tiny, check=None) -> None:
+    """Packed compute equals float on the f32 file (within 1e-5) in every memory and picks
+    float's greedy tokens; `check(model, memory)` sees each packed model too."""
+    ids, prompt = tiny.prompt_ids(40), tiny.prompt_ids(16, seed=21)
+    with load(tiny.gguf("f32")) as ref:
+        want = ref.logits(ids)
+        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
+    for memory in ("direct", "paged", "tiered"):
+        with load(tiny.gguf("f32"), "packed", memory) as m:
+            assert rel_err(m.logits(ids), want) < 1e-5, memory
+            if check is not None:
+                check(m, memory)
+            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+
+
+def check_generate_batch(tiny) -> None:
+    """The engine's continuous batching: two prompts of different lengths decoded together with
+    packed compute give each one's tokens alone."""
+    prompts = [tiny.prompt_ids(11, seed=3), tiny.prompt_ids(6, seed=4)]
+    with load(tiny.gguf("f32"), "packed", max_batch=2) as m:
+        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
+        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
+    assert both == alone

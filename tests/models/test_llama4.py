@@ -12,21 +12,14 @@ import strata
 from strata.models.chunked import ChunkedAttention
 from strata.models.expert_act import InputScaled
 from strata.models.moe import MoE
-from tests.fixtures.tiny import zoo
 
-from .helpers import (REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode,
-                      packed_decode_error, rel_err)
+from .helpers import (REL_TOL, Bare, check_batch_of_two, check_generate_batch, check_greedy_32,
+                      check_packed_every_memory, check_prefill_and_decode, load, packed_decode_error, rel_err,
+                      tiny_fixture)
 
 N_PREFILL, N_DECODE = 20, 16
 
-
-@pytest.fixture(scope="module")
-def tiny():
-    return zoo().get("llama4")
-
-
-def _load(path, compute="float", memory="direct", max_batch=1):
-    return strata.load(path, threads=1, n_ctx=128, max_batch=max_batch, compute=compute, memory=memory)
+tiny = tiny_fixture("llama4")
 
 
 def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
@@ -78,20 +71,16 @@ def test_packed_compute_every_memory_and_the_plan(tiny):
     program where the experts stay in place) and picks float's tokens; the default file picks
     float's tokens."""
     from strata import runtime
+
+    def plan(m, memory):
+        assert m.plan.decode in (runtime.PROGRAM, runtime.FUSED), (memory, m.plan)
+        assert all(step is not None for step in m.runner.steps)
+        assert (m.runner.program is not None) == (m.plan.decode == runtime.PROGRAM)
+
+    check_packed_every_memory(tiny, plan)
     ids = tiny.prompt_ids(40)
-    with _load(tiny.gguf("f32")) as ref:
-        want = ref.logits(ids)
-        prompt = tiny.prompt_ids(16, seed=21)
-        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
-    for memory in ("direct", "paged", "tiered"):
-        with _load(tiny.gguf("f32"), "packed", memory) as m:
-            assert rel_err(m.logits(ids), want) < 1e-5, memory
-            assert m.plan.decode in (runtime.PROGRAM, runtime.FUSED), (memory, m.plan)
-            assert all(step is not None for step in m.runner.steps)
-            assert (m.runner.program is not None) == (m.plan.decode == runtime.PROGRAM)
-            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
-    with _load(tiny.gguf(None)) as ref, _load(tiny.gguf(None), "packed") as direct, \
-            _load(tiny.gguf(None), "packed", "tiered") as tiered:
+    with load(tiny.gguf(None)) as ref, load(tiny.gguf(None), "packed") as direct, \
+            load(tiny.gguf(None), "packed", "tiered") as tiered:
         a, b = ref.logits(ids), direct.logits(ids)
         assert torch.equal(b, tiered.logits(ids))
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
@@ -103,11 +92,7 @@ def test_packed_decode_steps_equal_the_float_path(tiny):
     assert packed_decode_error(tiny, 24) < 1e-5
 
 def test_generate_batch_equals_each_alone(tiny):
-    prompts = [tiny.prompt_ids(11, seed=s) for s in (3, 4)]
-    with _load(tiny.gguf("f32"), "packed", max_batch=2) as m:
-        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
-        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
-    assert both == alone
+    check_generate_batch(tiny)
 
 
 def test_chunked_attention_in_packed_compute_is_the_module_attention(tiny):
@@ -139,10 +124,10 @@ def test_packed_decode_attends_in_the_native_call(tiny, monkeypatch):
     global layers), torch's masked attention only in prefill; the tokens are float's."""
     import strata.models.chunked as chunked
     prompt, seen = tiny.prompt_ids(10, seed=5), []
-    with _load(tiny.gguf("f32")) as ref:
+    with load(tiny.gguf("f32")) as ref:
         want = ref.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids
     real = chunked.attend_chunked
     monkeypatch.setattr(chunked, "attend_chunked", lambda q, *a: seen.append(q.shape[0]) or real(q, *a))
-    with _load(tiny.gguf("f32"), "packed") as m:
+    with load(tiny.gguf("f32"), "packed") as m:
         assert m.generate(prompt, temperature=0, max_tokens=20, stop_token_ids=()).token_ids == want
     assert seen and all(n == len(prompt) for n in seen)  # prefill only: 4 layers x the prompt

@@ -5,19 +5,12 @@ heads, beta and alpha apart) is shown to matter; every path (float, packed in ev
 batching, chunked prefill) gives the same."""
 from __future__ import annotations
 
-import pytest
-import torch
-
-import strata
 from strata.models.deltanet import GatedDeltaNet
-from tests.fixtures.tiny import zoo
 
-from .helpers import REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode, rel_err
+from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
+                      check_packed_every_memory, check_prefill_and_decode, rel_err, tiny_fixture)
 
-
-@pytest.fixture(scope="module")
-def tiny():
-    return zoo().get("qwen35moe")
+tiny = tiny_fixture("qwen35moe")
 
 
 def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
@@ -50,32 +43,15 @@ def test_a_batch_of_two_equals_each_alone(tiny):
 
 
 def test_chunked_prefill_carries_the_state(tiny):
-    ids = tiny.prompt_ids(13)
-    ref, bare, got, p = tiny.hf_logits(ids), Bare(tiny.gguf("f32")), [], 0
-    for n in (5, 1, 7):
-        got.append(bare.forward(ids[p:p + n], p))
-        p += n
-    assert rel_err(torch.cat(got), ref) <= REL_TOL
+    check_chunked_prefill(tiny)
 
 
 def test_packed_compute_every_memory(tiny):
-    ids, prompt = tiny.prompt_ids(40), tiny.prompt_ids(16, seed=21)
-    load = dict(threads=1, n_ctx=128, max_batch=1)
-    with strata.load(tiny.gguf("f32"), **load) as ref:
-        want = ref.logits(ids)
-        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
-    for memory in ("direct", "paged", "tiered"):
-        with strata.load(tiny.gguf("f32"), compute="packed", memory=memory, **load) as m:
-            assert rel_err(m.logits(ids), want) < 1e-5, memory
-            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+    check_packed_every_memory(tiny)
 
 
 def test_generate_batch_equals_each_alone(tiny):
-    prompts = [tiny.prompt_ids(11, seed=3), tiny.prompt_ids(6, seed=4)]
-    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=2, compute="packed") as m:
-        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
-        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
-    assert both == alone
+    check_generate_batch(tiny)
 
 
 def test_memory_figures_count_the_recurrent_state(tiny, capsys):

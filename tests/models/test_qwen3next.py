@@ -6,23 +6,12 @@ memories, batching, the engine) giving the same, and the runtime plan saying why
 decode program (every block fused, experts in place)."""
 from __future__ import annotations
 
-import pytest
-import torch
-
-import strata
 from strata.models.deltanet import GatedAttention, GatedDeltaNet
-from tests.fixtures.tiny import zoo
 
-from .helpers import REL_TOL, Bare, check_batch_of_two, check_greedy_32, check_prefill_and_decode, rel_err
+from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
+                      check_packed_every_memory, check_prefill_and_decode, load, rel_err, tiny_fixture)
 
-
-@pytest.fixture(scope="module")
-def tiny():
-    return zoo().get("qwen3next")
-
-
-def _load(path, compute="float", memory="direct", max_batch=1):
-    return strata.load(path, threads=1, n_ctx=128, max_batch=max_batch, compute=compute, memory=memory)
+tiny = tiny_fixture("qwen3next")
 
 
 def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
@@ -52,12 +41,7 @@ def test_a_batch_of_two_equals_each_alone(tiny):
 def test_chunked_prefill_carries_the_state(tiny):
     """A prompt in chunks of 5, 1 and 7 tokens (the conv state shorter and longer than a chunk)
     gives transformers' logits: the state moves on between chunks."""
-    ids = tiny.prompt_ids(13)
-    ref, bare, got, p = tiny.hf_logits(ids), Bare(tiny.gguf("f32")), [], 0
-    for n in (5, 1, 7):
-        got.append(bare.forward(ids[p:p + n], p))
-        p += n
-    assert rel_err(torch.cat(got), ref) <= REL_TOL
+    check_chunked_prefill(tiny)
 
 
 def test_a_new_sequence_in_a_used_slot_starts_from_zero(tiny):
@@ -85,33 +69,23 @@ def test_packed_compute_every_memory_and_the_plan(tiny):
     """Packed compute equals float on the f32 file in every memory; decode runs the decode program
     (every block fused; on the CPU the tiered memory is served by the paged one) and the plan says
     so; greedy tokens agree."""
-    ids = tiny.prompt_ids(40)
-    prompt = tiny.prompt_ids(16, seed=21)
-    with _load(tiny.gguf("f32")) as ref:
-        want = ref.logits(ids)
-        greedy = ref.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids
-    for memory in ("direct", "paged", "tiered"):
-        with _load(tiny.gguf("f32"), "packed", memory) as m:
-            assert rel_err(m.logits(ids), want) < 1e-5, memory
-            assert m.plan.decode == "program" and all(s is not None for s in m.runner.steps)
-            assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+    def plan(m, memory):
+        assert m.plan.decode == "program" and all(s is not None for s in m.runner.steps), memory
+
+    check_packed_every_memory(tiny, plan)
 
 
 def test_generate_batch_equals_each_alone(tiny):
     """The engine's continuous batching: two prompts of different lengths decoded together give
     each one's tokens alone (each its own slot of state)."""
-    prompts = [tiny.prompt_ids(11, seed=3), tiny.prompt_ids(6, seed=4)]
-    with _load(tiny.gguf("f32"), "packed", max_batch=2) as m:
-        alone = [m.generate(p, temperature=0, max_tokens=20, stop_token_ids=()).token_ids for p in prompts]
-        both = [c.token_ids for c in m.generate_batch(prompts, temperature=0, max_tokens=20, stop_token_ids=())]
-    assert both == alone
+    check_generate_batch(tiny)
 
 
 def test_n_choices_fork_the_recurrent_state(tiny):
     """n > 1 prefills the prompt once and forks it: each choice takes a copy of the prompt's
     recurrent state, so the choices equal separate requests with the same seeds."""
     prompt = tiny.prompt_ids(13, seed=5)
-    with _load(tiny.gguf("f32"), "packed", max_batch=4) as m:
+    with load(tiny.gguf("f32"), "packed", max_batch=4) as m:
         before = m.engine.n_prefilled
         choices = m.generate(prompt, n=3, temperature=1.0, seed=9, max_tokens=10, stop_token_ids=())
         assert m.engine.n_prefilled - before == len(prompt)
