@@ -122,6 +122,41 @@ static float fit_scale_min(int n, int nmax, const float *restrict x, const float
     return scale;
 }
 
+/* The largest of n sub-blocks' scales and mins, and the factors that put each one on 0..q_max
+ * (q_max over the largest; 0 where that is 0). The block then stores d = max_scale / q_max and
+ * dmin = max_min / q_max. */
+typedef struct {
+    float max_scale, max_min, inv_scale, inv_min;
+} scale_min_range;
+
+static scale_min_range range_of(int n, const float *restrict scales, const float *restrict mins, float q_max) {
+    scale_min_range r = {0, 0, 0, 0};
+    for (int j = 0; j < n; j++) {
+        if (scales[j] > r.max_scale) r.max_scale = scales[j];
+        if (mins[j] > r.max_min) r.max_min = mins[j];
+    }
+    r.inv_scale = r.max_scale > 0 ? q_max / r.max_scale : 0.0f;
+    r.inv_min = r.max_min > 0 ? q_max / r.max_min : 0.0f;
+    return r;
+}
+
+/* Q4_K and Q2_K blocks of n_blocks * 256 values: per block, the (scale, min) search of its
+ * sub-blocks, then `finish` stores the block (block_bytes) from their scales, mins and codes. */
+typedef void (*scale_min_finish_fn)(const float *restrict x, const float *restrict scales, const float *restrict mins,
+                                    uint8_t *restrict L, void *restrict block);
+
+static void quantize_scale_min_blocks(strata_q4_k_search_fn search, scale_min_finish_fn finish, int64_t block_bytes,
+                                      const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
+    for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
+        union { strata_block_q4_k q4_k; strata_block_q2_k q2_k; } blk;
+        uint8_t L[STRATA_QK_K];
+        float scales[16], mins[16];                        /* Q4_K's 8 sub-blocks, Q2_K's 16 */
+        search(x, scales, mins, L);
+        finish(x, scales, mins, L, &blk);
+        memcpy(dst + b * block_bytes, &blk, (size_t)block_bytes);
+    }
+}
+
 /* 6-bit scale j (0..7) and min into the 12-byte K-quant scale array: bytes 0-3 hold the scales
  * of sub-blocks 0-3, bytes 4-7 their mins; bytes 8-11 the low nibbles of sub-blocks 4-7's scale
  * and min, whose top two bits go into the top bits of bytes 0-7. `sc` must start zeroed. */
@@ -155,20 +190,15 @@ void strata_quantize_q4_k_search_ref(const float *restrict x, float *restrict sc
 }
 
 static void quantize_q4_k_finish(const float *restrict x, const float *restrict scales, const float *restrict mins,
-                                 uint8_t *restrict L, strata_block_q4_k *restrict y) {
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; j++) {
-        if (scales[j] > max_scale) max_scale = scales[j];
-        if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+                                 uint8_t *restrict L, void *restrict block) {
+    strata_block_q4_k *y = block;
+    const scale_min_range r = range_of(8, scales, mins, 63.0f);
     memset(y->scales, 0, sizeof y->scales);
     for (int j = 0; j < 8; j++)
-        pack_scale_min_k4(y->scales, j, round_clamp(inv_scale * scales[j], 0, 63),
-                          round_clamp(inv_min * mins[j], 0, 63));
-    y->d = strata_f32_to_half(max_scale / 63.0f);
-    y->dmin = strata_f32_to_half(max_min / 63.0f);
+        pack_scale_min_k4(y->scales, j, round_clamp(r.inv_scale * scales[j], 0, 63),
+                          round_clamp(r.inv_min * mins[j], 0, 63));
+    y->d = strata_f32_to_half(r.max_scale / 63.0f);
+    y->dmin = strata_f32_to_half(r.max_min / 63.0f);
 
     /* Requantize against the scales as stored (6-bit and half rounding included). */
     const float d = strata_half_to_f32(y->d), dmin = strata_half_to_f32(y->dmin);
@@ -185,24 +215,12 @@ static void quantize_q4_k_finish(const float *restrict x, const float *restrict 
             y->qs[32 * c + i] = (uint8_t)(L[64 * c + i] | (L[64 * c + 32 + i] << 4));
 }
 
-static void quantize_q4_k_with(strata_q4_k_search_fn search, const float *restrict x, uint8_t *restrict dst,
-                               int64_t n_blocks) {
-    for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
-        strata_block_q4_k blk;
-        uint8_t L[STRATA_QK_K];
-        float scales[8], mins[8];
-        search(x, scales, mins, L);
-        quantize_q4_k_finish(x, scales, mins, L, &blk);
-        memcpy(dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
-    }
-}
-
 static void quantize_q4_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
-    quantize_q4_k_with(strata_quantize_q4_k_search_ref, x, dst, n_blocks);
+    quantize_scale_min_blocks(strata_quantize_q4_k_search_ref, quantize_q4_k_finish, sizeof(strata_block_q4_k), x, dst, n_blocks);
 }
 
 static void quantize_q4_k_avx2(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
-    quantize_q4_k_with(strata_quantize_q4_k_search_avx2, x, dst, n_blocks);
+    quantize_scale_min_blocks(strata_quantize_q4_k_search_avx2, quantize_q4_k_finish, sizeof(strata_block_q4_k), x, dst, n_blocks);
 }
 
 /* ---- Q2_K ---- */
@@ -225,19 +243,14 @@ void strata_quantize_q2_k_search_ref(const float *restrict x, float *restrict sc
 }
 
 static void quantize_q2_k_finish(const float *restrict x, const float *restrict scales, const float *restrict mins,
-                                 uint8_t *restrict L, strata_block_q2_k *restrict y) {
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < 16; j++) {
-        if (scales[j] > max_scale) max_scale = scales[j];
-        if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 15.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 15.0f / max_min : 0.0f;
+                                 uint8_t *restrict L, void *restrict block) {
+    strata_block_q2_k *y = block;
+    const scale_min_range r = range_of(16, scales, mins, 15.0f);
     for (int j = 0; j < 16; j++)
-        y->scales[j] = (uint8_t)(round_clamp(inv_scale * scales[j], 0, 15) |
-                                 (round_clamp(inv_min * mins[j], 0, 15) << 4));
-    y->d = strata_f32_to_half(max_scale / 15.0f);
-    y->dmin = strata_f32_to_half(max_min / 15.0f);
+        y->scales[j] = (uint8_t)(round_clamp(r.inv_scale * scales[j], 0, 15) |
+                                 (round_clamp(r.inv_min * mins[j], 0, 15) << 4));
+    y->d = strata_f32_to_half(r.max_scale / 15.0f);
+    y->dmin = strata_f32_to_half(r.max_min / 15.0f);
     const float d = strata_half_to_f32(y->d), dmin = strata_half_to_f32(y->dmin);
     for (int j = 0; j < 16; j++) {
         const float ds = d * (y->scales[j] & 0xf), dm = dmin * (y->scales[j] >> 4);
@@ -252,24 +265,12 @@ static void quantize_q2_k_finish(const float *restrict x, const float *restrict 
 }
 
 /* Q2_K's search has Q4_K's signature: both fit (scale, min) pairs per sub-block. */
-static void quantize_q2_k_with(strata_q4_k_search_fn search, const float *restrict x, uint8_t *restrict dst,
-                               int64_t n_blocks) {
-    for (int64_t b = 0; b < n_blocks; b++, x += STRATA_QK_K) {
-        strata_block_q2_k blk;
-        uint8_t L[STRATA_QK_K];
-        float scales[16], mins[16];
-        search(x, scales, mins, L);
-        quantize_q2_k_finish(x, scales, mins, L, &blk);
-        memcpy(dst + b * (int64_t)sizeof blk, &blk, sizeof blk);
-    }
-}
-
 static void quantize_q2_k_ref(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
-    quantize_q2_k_with(strata_quantize_q2_k_search_ref, x, dst, n_blocks);
+    quantize_scale_min_blocks(strata_quantize_q2_k_search_ref, quantize_q2_k_finish, sizeof(strata_block_q2_k), x, dst, n_blocks);
 }
 
 static void quantize_q2_k_avx2(const float *restrict x, uint8_t *restrict dst, int64_t n_blocks) {
-    quantize_q2_k_with(strata_quantize_q2_k_search_avx2, x, dst, n_blocks);
+    quantize_scale_min_blocks(strata_quantize_q2_k_search_avx2, quantize_q2_k_finish, sizeof(strata_block_q2_k), x, dst, n_blocks);
 }
 
 /* ---- Q6_K ---- */
