@@ -66,26 +66,31 @@ static unsigned xcr0_low(void) {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return lo;
 }
+#else
+/* Not an x86 CPU: CPUID and XCR0 read as zeros, so every feature below reads as absent. */
+static void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
+    (void)leaf, (void)subleaf;
+    r[0] = r[1] = r[2] = r[3] = 0;
+}
+
+static unsigned xcr0_low(void) { return 0; }
 #endif
 
 static int detect_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+#endif
     /* F16C and OS-enabled YMM state: CPUID.1:ECX bit 29 (F16C), bit 27 (OSXSAVE), XCR0 bits 1-2. */
     unsigned r[4];
     cpuid(1, 0, r);
     if (!(r[2] & (1u << 29)) || !(r[2] & (1u << 27))) return 0;
     return (xcr0_low() & 6u) == 6u;
-#else
-    return 0;
-#endif
 }
 
 /* Read CPUID directly rather than trust __builtin_cpu_supports: GCC 12 does not check that the
  * OS saves ZMM state before reporting AVX-512 features. */
 static int detect_avx512(void) {
-#if defined(__x86_64__) || defined(__i386__)
     if (!strata_cpu_has_avx2()) return 0;       /* the AVX-512 family falls back to AVX2 kernels */
     unsigned r[4];
     cpuid(0, 0, r);
@@ -96,22 +101,15 @@ static int detect_avx512(void) {
     /* XCR0 bits 1-2 (SSE, AVX) and 5-7 (opmask, upper halves of ZMM0-15, ZMM16-31). OSXSAVE was
      * checked by detect_avx2. */
     return (xcr0_low() & 0xe6u) == 0xe6u;
-#else
-    return 0;
-#endif
 }
 
 /* AVX-512 VBMI and GFNI (CPUID.7.0:ECX bits 1 and 8) on top of the AVX-512 set: byte permutes across
  * the whole zmm, VPMULTISHIFTQB and GF2P8AFFINEQB (Ice Lake and later Intel cores, Zen 4). */
 static int detect_vbmi(void) {
-#if defined(__x86_64__) || defined(__i386__)
     if (!strata_cpu_has_avx512()) return 0;
     unsigned r[4];
     cpuid(7, 0, r);
     return (r[2] & 0x102u) == 0x102u;
-#else
-    return 0;
-#endif
 }
 
 int strata_cpu_has_avx2(void) {
@@ -149,7 +147,6 @@ static int gds_not_affected(void) {
 
 /* 1 when CPUID's vendor string is `id` (12 characters, "GenuineIntel", "AuthenticAMD"). */
 static int cpu_vendor_is(const char *id) {
-#if defined(__x86_64__) || defined(__i386__)
     unsigned r[4];
     cpuid(0, 0, r);
     char v[12];
@@ -157,10 +154,6 @@ static int cpu_vendor_is(const char *id) {
     memcpy(v + 4, &r[3], 4);
     memcpy(v + 8, &r[2], 4);
     return memcmp(v, id, 12) == 0;
-#else
-    (void)id;
-    return 0;
-#endif
 }
 
 /* Gathers run at the load ports' rate: not a CPU whose microcode mitigates Gather Data Sampling
@@ -210,13 +203,10 @@ int strata_cpu_avx_vnni(void) {
 int strata_cpu_splits_512(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
-    cached = 0;
-#if defined(__x86_64__) || defined(__i386__)
     unsigned r[4];
     cpuid(1, 0, r);
     const unsigned base = (r[0] >> 8) & 0xfu, ext = (r[0] >> 20) & 0xffu;
     cached = cpu_vendor_is("AuthenticAMD") && base + (base == 0xfu ? ext : 0u) == 0x19u;
-#endif
     return cached;
 }
 

@@ -30,6 +30,12 @@ static inline __m256i u8x8_to_i32(const uint8_t *p) {
 /* 8 int32 lanes (exact small integers) times a broadcast scale: numpy's `d * q`. */
 static inline __m256 scaled(__m256 d, __m256i q) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)); }
 
+/* y[i] = d * q[i] for n int8 values (n a multiple of 8), 8 a vector. */
+static inline void scaled_i8(__m256 d, const int8_t *restrict q, int n, float *restrict y) {
+    for (int k = 0; k < n; k += 8)
+        _mm256_storeu_ps(y + k, scaled(d, _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + k)))));
+}
+
 /* numpy's `d * q - m`: two roundings, in that order. */
 static inline __m256 scaled_minus(__m256 d, __m256i q, __m256 m) {
     return _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m);
@@ -58,11 +64,7 @@ static inline void k_subblock_scales(const uint8_t *restrict s, uint16_t d, uint
 void strata_dequant_q8_0_avx2(const uint8_t *restrict src, float *restrict dst, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; b++, src += sizeof(strata_block_q8_0), dst += STRATA_QK) {
         const strata_block_q8_0 *blk = (const strata_block_q8_0 *)src;
-        const __m256 d = _mm256_set1_ps(half_scale(blk->d));
-        for (int k = 0; k < 4; k++) {
-            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs + 8 * k)));
-            _mm256_storeu_ps(dst + 8 * k, scaled(d, q));
-        }
+        scaled_i8(_mm256_set1_ps(half_scale(blk->d)), blk->qs, STRATA_QK, dst);
     }
 }
 
@@ -172,11 +174,7 @@ void strata_dequant_q6_k_avx2(const uint8_t *restrict src, float *restrict dst, 
     float ds[16] __attribute__((aligned(32)));
     for (int64_t b = 0; b < n_blocks; b++, src += sizeof(strata_block_q6_k), dst += STRATA_QK_K) {
         const strata_block_q6_k *blk = (const strata_block_q6_k *)src;
-        const __m256 d = _mm256_set1_ps(half_scale(blk->d));
-        for (int k = 0; k < 2; k++) {
-            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->scales + 8 * k)));
-            _mm256_store_ps(ds + 8 * k, scaled(d, sc));
-        }
+        scaled_i8(_mm256_set1_ps(half_scale(blk->d)), blk->scales, 16, ds);    /* ds = d * scales */
         q6_k_half(blk->ql, blk->qh, ds, dst);
         q6_k_half(blk->ql + 64, blk->qh + 32, ds + 8, dst + 128);
     }

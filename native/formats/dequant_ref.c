@@ -150,16 +150,22 @@ static void block_q3_k(const strata_block_q3_k *b, float *y) {
  *      8 sub-blocks of 32 (get_scale_min). Each 32 bytes of qs hold two sub-blocks: low nibbles,
  *      then high nibbles.  x = (d * sc) * q - (dmin * mn) ---- */
 
-static void block_q4_k(const strata_block_q4_k *b, float *y) {
-    const float d = strata_half_to_f32(b->d), dmin = strata_half_to_f32(b->dmin);
-    uint8_t q[256];
-    for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
+/* Q4_K's and Q5_K's codes q[256] to values: 8 sub-blocks of 32, each with its 6-bit scale and min. */
+static void k_scale_min_values(const uint8_t *scales, uint16_t d_half, uint16_t dmin_half, const uint8_t *q,
+                               float *y) {
+    const float d = strata_half_to_f32(d_half), dmin = strata_half_to_f32(dmin_half);
     for (int sub = 0; sub < 8; sub++) {
         uint8_t sc, mn;
-        strata_k_scale_min(sub, b->scales, &sc, &mn);
+        strata_k_scale_min(sub, scales, &sc, &mn);
         const float d1 = d * (float)sc, m1 = dmin * (float)mn;
         for (int i = 32 * sub; i < 32 * sub + 32; i++) y[i] = d1 * (float)q[i] - m1;
     }
+}
+
+static void block_q4_k(const strata_block_q4_k *b, float *y) {
+    uint8_t q[256];
+    for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
+    k_scale_min_values(b->scales, b->d, b->dmin, q, y);
 }
 
 /* ---- Q5_K: 256 elems, 176 B = half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128].
@@ -167,17 +173,11 @@ static void block_q4_k(const strata_block_q4_k *b, float *y) {
  *      x = (d * sc) * q5 - (dmin * mn) ---- */
 
 static void block_q5_k(const strata_block_q5_k *b, float *y) {
-    const float d = strata_half_to_f32(b->d), dmin = strata_half_to_f32(b->dmin);
     uint8_t q[256];
     for (int c = 0; c < 4; c++) unpack_nibbles(b->qs + 32 * c, 32, q + 64 * c);
     for (int bit = 0; bit < 8; bit++)
         for (int l = 0; l < 32; l++) q[32 * bit + l] |= ((b->qh[l] >> bit) & 1) << 4;
-    for (int sub = 0; sub < 8; sub++) {
-        uint8_t sc, mn;
-        strata_k_scale_min(sub, b->scales, &sc, &mn);
-        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        for (int i = 32 * sub; i < 32 * sub + 32; i++) y[i] = d1 * (float)q[i] - m1;
-    }
+    k_scale_min_values(b->scales, b->d, b->dmin, q, y);
 }
 
 /* ---- Q6_K: 256 elems, 210 B = u8 ql[128]; u8 qh[64]; i8 scales[16]; half d.
