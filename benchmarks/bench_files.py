@@ -1,9 +1,11 @@
 """The synthetic GGUF files the benchmarks share, cached in a work folder: a SHAPES file written
 on first use (its name carries a hash of the shape), BASE@FTYPE requantized by llama.cpp's own
 quantizer with an importance matrix of ones, plus the fixed prompt and the O_DIRECT cold copy the
-out-of-RAM runs start from. Used by packed_vs_llama.py, expert_parallel.py and ladder_cgroup.py."""
+out-of-RAM runs start from, and the options of a benchmark's measured child process. Used by
+packed_vs_llama.py, expert_parallel.py, standin_budgets.py and ladder_cgroup.py."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -89,3 +91,21 @@ def cold_copy(src: Path, dst: Path) -> float:
     subprocess.run(["dd", f"if={src}", f"of={dst}", "bs=8M", "iflag=direct", "oflag=direct", "status=none"],
                    check=True)
     return time.perf_counter() - t0
+
+
+def add_child_args(p: argparse.ArgumentParser) -> None:
+    """The hidden options of a benchmark run again as its own child process (one measured engine in
+    its own process and memory cgroup): --child, the --file, its --memory and --host-mem bytes."""
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--file", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--memory", default="paged", help=argparse.SUPPRESS)
+    p.add_argument("--host-mem", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def child_load_args(a: argparse.Namespace, n_ctx: int) -> dict:
+    """`strata.load`'s keywords in a child: one sequence, no prefix cache, --memory (paged: with
+    --host-mem bytes)."""
+    kwargs = dict(threads=a.threads, n_ctx=n_ctx, max_batch=1, prefix_cache=False, memory=a.memory)
+    if a.memory == "paged":
+        kwargs["host_mem"] = a.host_mem
+    return kwargs

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_files import cold_copy, model_file, prompt_ids  # noqa: E402
+from benchmarks.bench_files import add_child_args, child_load_args, cold_copy, model_file, prompt_ids  # noqa: E402
 from benchmarks.tiered_cgroup import CGROUP_V1  # noqa: E402
 
 DECODE_PROMPT = 8
@@ -109,12 +109,9 @@ def child(a: argparse.Namespace) -> dict:
         from strata.distributed import ExpertParallel
 
         ep = ExpertParallel.from_env(timeout_s=600)
-    kwargs = dict(threads=a.threads, n_ctx=256, max_batch=1, prefix_cache=False, memory=a.memory)
-    if a.memory == "paged":
-        kwargs["host_mem"] = a.host_mem
     t0 = time.perf_counter()
     try:
-        with strata.load(a.file, expert_parallel=ep, **kwargs) as model:
+        with strata.load(a.file, expert_parallel=ep, **child_load_args(a, 256)) as model:
             load_s = time.perf_counter() - t0
             stream = model.generate(prompt_ids(DECODE_PROMPT), max_tokens=1 + a.warmup + a.n, temperature=0,
                                     stream=True, stop_token_ids=())
@@ -331,10 +328,7 @@ def main() -> int:
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "strata-bench")
     p.add_argument("--small", action="store_true", help="smoke run: the tiny file, a few tokens")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--file", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--memory", default="paged", help=argparse.SUPPRESS)
-    p.add_argument("--host-mem", type=int, default=0, help=argparse.SUPPRESS)
+    add_child_args(p)
     p.add_argument("--allgather", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=None, help="bare all-gathers timed (default 1000; --small 50)")
     a = p.parse_args()

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_files import model_file  # noqa: E402
+from benchmarks.bench_files import add_child_args, child_load_args, model_file  # noqa: E402
 from benchmarks.packed_vs_llama import _peak_rss_kib, strata_decode  # noqa: E402
 from benchmarks.tiered_cgroup import CGROUP_V1  # noqa: E402
 
@@ -61,9 +61,7 @@ def child(a: argparse.Namespace) -> dict:
 
     import strata
 
-    kwargs = dict(threads=a.threads, n_ctx=max(256, a.score), max_batch=1, prefix_cache=False, memory=a.memory)
-    if a.memory == "paged":
-        kwargs["host_mem"] = a.host_mem
+    kwargs = child_load_args(a, max(256, a.score))
     if a.mode:
         kwargs.update(miss_stand_in=a.stand_in, stand_in_mode=a.mode)
     t0 = time.perf_counter()
@@ -208,10 +206,7 @@ def main() -> int:
     p.add_argument("--small", action="store_true",
                    help="the small shape (0.24 GB) in a 1 GiB limit, budgets of 160 and 200 MiB, 8 + 8 tokens")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--file", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--memory", default="paged", help=argparse.SUPPRESS)
-    p.add_argument("--host-mem", type=int, default=0, help=argparse.SUPPRESS)
+    add_child_args(p)
     p.add_argument("--mode", default="", help=argparse.SUPPRESS)
     p.add_argument("--logits-out", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()

@@ -33,6 +33,14 @@ sys.path.insert(0, str(ROOT))
 from strata.synth.gguf_file import ROUTER_SKEW, Shape, file_bytes  # noqa: E402
 from strata.synth.gguf_file import write as write_shape  # noqa: E402
 
+
+def _converted(arch: str, fixture: str, expert_type: str, **hf) -> dict:
+    """A shape converted from the test fixture `fixture` (write_converted): 12 layers of hidden
+    1024 with 16 heads over 4 key/value heads, unless `hf` says otherwise."""
+    base = dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4)
+    return dict(arch=arch, fixture=fixture, expert_type=expert_type, hf={**base, **hf})
+
+
 #: Named shapes (keyword arguments of `write`, with `n_layers`) shared by the benchmarks.
 #: medium/large: FACTS.md's llama.cpp reference files (1.4 and 5.5 GB; Gaussian routers: near-uniform
 #: routing, layers independent); large-routed: large with routing like a real model's
@@ -49,40 +57,31 @@ SHAPES: dict[str, dict] = {
     # config): gpt-oss (sinks, sliding windows of 128 on alternate layers, biases, clamped experts;
     # MXFP4 experts, 0.7 GB) and DeepSeek-V3 (latent attention with a query LoRA, a dense first
     # layer, sigmoid routing over 4 groups with a selection bias, a shared expert; Q4_K experts).
-    "gpt-oss": dict(arch="gpt-oss", fixture="gptoss", expert_type="MXFP4",
-                    hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                            head_dim=64, intermediate_size=1024, num_local_experts=32, num_experts_per_tok=4,
-                            sliding_window=128)),
-    "deepseek": dict(arch="deepseek2", fixture="deepseek3", expert_type="Q4_K",
-                     hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
-                             intermediate_size=2048, moe_intermediate_size=512, n_routed_experts=32,
-                             num_experts_per_tok=4, n_group=4, topk_group=2, q_lora_rank=384, kv_lora_rank=256,
-                             qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64)),
+    "gpt-oss": _converted("gpt-oss", "gptoss", "MXFP4", head_dim=64, intermediate_size=1024, num_local_experts=32,
+                          num_experts_per_tok=4, sliding_window=128),
+    "deepseek": _converted("deepseek2", "deepseek3", "Q4_K", num_key_value_heads=16, intermediate_size=2048,
+                           moe_intermediate_size=512, n_routed_experts=32, num_experts_per_tok=4, n_group=4,
+                           topk_group=2, q_lora_rank=384, kv_lora_rank=256, qk_rope_head_dim=32,
+                           qk_nope_head_dim=64, v_head_dim=64),
     # MiniMax-M2 (q/k norms over all heads, RoPE on half of each head, a sigmoid router with a
     # selection bias; Q4_K experts, 0.35 GB)
-    "minimax-m2": dict(arch="minimax-m2", fixture="minimax", expert_type="Q4_K",
-                       hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                               head_dim=64, rotary_dim=32, intermediate_size=512, num_local_experts=32,
-                               num_experts_per_tok=4)),
+    "minimax-m2": _converted("minimax-m2", "minimax", "Q4_K", head_dim=64, rotary_dim=32, intermediate_size=512,
+                             num_local_experts=32, num_experts_per_tok=4),
     # GLM-4.5 (a dense first layer, q/k norms and biases, RoPE on half of each head, sigmoid routing
     # with a selection bias and a shared expert; Q4_K experts)
-    "glm4moe": dict(arch="glm4moe", fixture="glm4moe", expert_type="Q4_K",
-                    hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                            intermediate_size=2048, moe_intermediate_size=512, n_routed_experts=32,
-                            num_experts_per_tok=4)),
+    "glm4moe": _converted("glm4moe", "glm4moe", "Q4_K", intermediate_size=2048, moe_intermediate_size=512,
+                          n_routed_experts=32, num_experts_per_tok=4),
     # Llama 4 Scout's form (every layer MoE with a shared expert, chunked local attention on three
     # layers of four, NoPE with llama.cpp's fixed query temperature on the fourth; Q4_K experts)
-    "llama4": dict(arch="llama4", fixture="llama4cpp", expert_type="Q4_K",
-                   hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                           head_dim=64, intermediate_size=512, intermediate_size_mlp=2048, num_local_experts=32,
-                           num_experts_per_tok=4, interleave_moe_layer_step=1)),
+    "llama4": _converted("llama4", "llama4cpp", "Q4_K", head_dim=64, intermediate_size=512,
+                         intermediate_size_mlp=2048, num_local_experts=32, num_experts_per_tok=4,
+                         interleave_moe_layer_step=1),
     # Qwen3.5-MoE (9 gated DeltaNet layers of 8 key / 16 value heads of 64, 3 full-attention layers
     # with an output gate, a gated shared expert everywhere; Q4_K experts)
-    "qwen35moe": dict(arch="qwen35moe", fixture="qwen35moe", expert_type="Q4_K",
-                      hf=dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                              head_dim=64, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-                              num_experts=32, num_experts_per_tok=4, linear_num_key_heads=8,
-                              linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64)),
+    "qwen35moe": _converted("qwen35moe", "qwen35moe", "Q4_K", head_dim=64, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512, num_experts=32, num_experts_per_tok=4,
+                            linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
+                            linear_value_head_dim=64),
     "mixtral": dict(arch="llama", n_layers=24, n_experts=8, top_k=2, hidden=1024, ff=3584, expert_type="Q4_K",
                     n_head=8, n_head_kv=2),
     "small": dict(arch="qwen3moe", n_layers=4, n_experts=64, top_k=8, hidden=1024, ff=512, expert_type="Q4_0"),

@@ -47,9 +47,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--calib-ctx", type=int, default=None, metavar="N", help="calibration sequence length (default 512)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
                    help="importance matrix (llama.cpp's GGUF or legacy format) for importance-weighted rounding")
-    p.add_argument("--split-max-size", metavar="SIZE", default=None,
-                   help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; K/M/G are 10^3/10^6/10^9 as in "
-                        "llama.cpp) named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
+    add_split_arg(p)
     p.add_argument("--stand-ins", metavar="TYPE", default=None,
                    help="also write OUT.standins.gguf: every routed expert in TYPE (q2_k, q4_k, q6_k, q8_0), which "
                         "--miss-stand-in TYPE then loads instead of building it at load")
@@ -85,6 +83,13 @@ def _calib_options(args: argparse.Namespace):
     if n < 1 or ctx < 1:
         raise StrataError(f"--calib-tokens and --calib-ctx must be positive, found {n} and {ctx}")
     return CalibOptions(args.calib, n, ctx, progress=not args.no_progress)
+
+
+def add_split_arg(p: argparse.ArgumentParser) -> None:
+    """--split-max-size, for the commands that write GGUF files (convert, synth); see split_size."""
+    p.add_argument("--split-max-size", metavar="SIZE", default=None,
+                   help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; K/M/G are 10^3/10^6/10^9 as in "
+                        "llama.cpp) named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
 
 
 def split_size(text: str | None) -> int:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from strata.errors import StrataError
 from strata.units import format_bytes
 
+from .convert import add_split_arg, split_size
 from .summary import written_line
 
 
@@ -40,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from strata.synth.gguf_file import file_bytes, write
-
-    from strata.commands.convert import split_size
 
     shape, note = _shape(args)
     split = split_size(args.split_max_size)
@@ -103,9 +102,7 @@ def add_parser(subparsers) -> None:
     g.add_argument("--skew", type=float, default=None,
                    help="router popularity exponent of the routing recipe (README; default 0.1; 0: Gaussian "
                         "routers, near-uniform routing with no layer-to-layer locality)")
-    p.add_argument("--split-max-size", metavar="SIZE", default=None,
-                   help="write parts of at most SIZE tensor bytes (e.g. 500M, 2G; decimal K/M/G as llama.cpp) "
-                        "named OUT-00001-of-0000N.gguf, in llama.cpp's gguf-split layout")
+    add_split_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print the shape and size, write nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -179,10 +179,12 @@ class MoeParts(NamedTuple):
 
     @property
     def n_embd(self) -> int:
+        """D: the length of a gate or up row."""
         return self.gate.row_len
 
     @property
     def n_ff(self) -> int:
+        """F: the rows of gate and up, the length of a down row."""
         return self.gate.n_rows
 
     def check(self) -> None:

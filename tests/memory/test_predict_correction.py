@@ -95,12 +95,11 @@ def test_a_new_step_drops_what_the_last_one_left_unpaired_and_wrong_widths_are_r
 
 # ---- in a decode: the model's look-ahead through the correction -----------------------------------
 
-import strata  # noqa: E402
 import torch  # noqa: E402
 
 from strata.memory.predict import LOOK_AHEAD  # noqa: E402
 
-from .tiered_fixture import GREEDY, moe_file, prompt, tiered  # noqa: E402
+from .tiered_fixture import GREEDY, load_tiered, moe_file, prompt, tiered  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +107,10 @@ def path():
     return moe_file()
 
 
-def _load(path, depth=2, **config):
-    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, "dequantized", depth, **config))
-
-
 def test_outputs_are_byte_identical_with_and_without_the_corrected_predictor(path):
     runs = []
     for depth, predictor in ((0, "look-ahead"), (2, "look-ahead"), (2, "corrected")):
-        with _load(path, depth=depth, predictor=predictor, prefetch_read_cost=0.0) as m:
+        with load_tiered(path, depth=depth, predictor=predictor, prefetch_read_cost=0.0) as m:
             runs.append((m.logits(prompt(20)), m.generate(prompt(20), max_tokens=12, **GREEDY).token_ids))
             if predictor == "corrected":
                 fits = m.memory.lookahead_correction.fits
@@ -128,7 +123,7 @@ def test_outputs_are_byte_identical_with_and_without_the_corrected_predictor(pat
 
 
 def test_corrected_look_ahead_predictions_equal_a_direct_torch_computation(path):
-    with _load(path, depth=2, predictor="corrected") as m:
+    with load_tiered(path, depth=2, predictor="corrected") as m:
         m.generate([t % 390 for t in prompt(40)], max_tokens=4, **GREEDY)  # the fits learn
         block, fix = m.transformer.blocks[1], m.memory.lookahead_correction
         fix.step(10 ** 6, None, {})  # a new step: the one below is alone in it

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-import strata
 from strata.errors import StrataError
 from strata.bench.predict_score import paid_name, replay_scores, trace_scores
 from strata.memory.predict import LOOK_AHEAD, Prediction, PredictionScore, Predictor
 from strata.memory.trace import predictor_recall
 
-from .tiered_fixture import GREEDY, moe_file, prompt, tiered
+from .tiered_fixture import GREEDY, load_tiered, moe_file, prompt, tiered
 
 torch.set_num_threads(1)
 
@@ -81,12 +80,8 @@ def path():
     return moe_file()
 
 
-def _load(path, depth=2, **config):
-    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, "dequantized", depth, **config))
-
-
 def test_decoding_scores_the_look_ahead_per_depth_as_counted_independently(path):
-    with _load(path, depth=2, cooccurrence=False, prefetch_read_cost=0.0) as m:
+    with load_tiered(path, depth=2, cooccurrence=False, prefetch_read_cost=0.0) as m:
         mem, seen = m.memory, []  # (kind, layer, experts, source)
         prefetch, observe = mem.prefetch, mem.observe
 
@@ -117,7 +112,7 @@ def test_decoding_scores_the_look_ahead_per_depth_as_counted_independently(path)
 
 
 def test_look_ahead_predictions_are_the_next_routers_top_k_on_the_hidden_state(path):
-    with _load(path, depth=2) as m:
+    with load_tiered(path, depth=2) as m:
         block = m.transformer.blocks[0]
         h = torch.randn(5, m.transformer.embedding.shape[1])
         for (layer, ids), (_, norm, router) in zip(block.lookahead.predict(h), block.lookahead.targets):
@@ -128,7 +123,7 @@ def test_look_ahead_predictions_are_the_next_routers_top_k_on_the_hidden_state(p
 
 
 def test_a_prediction_that_does_not_pay_for_its_read_is_not_prefetched(path):
-    with _load(path, depth=1, prefetch_read_cost=0.5) as m:
+    with load_tiered(path, depth=1, prefetch_read_cost=0.5) as m:
         mem, stats = m.memory, m.memory_stats()
         stats.reset()
         mem.prefetch(1, [1, 3], [0.3, 0.45])
@@ -142,7 +137,7 @@ def test_a_prediction_that_does_not_pay_for_its_read_is_not_prefetched(path):
 def test_outputs_are_byte_identical_with_and_without_prediction(path):
     runs = []
     for depth, cost in ((0, 0.5), (2, 0.0), (2, 0.5)):
-        with _load(path, depth=depth, prefetch_read_cost=cost) as m:
+        with load_tiered(path, depth=depth, prefetch_read_cost=cost) as m:
             runs.append((m.logits(prompt(20)), m.generate(prompt(20), max_tokens=12, **GREEDY).token_ids))
     for logits, tokens in runs[1:]:
         assert torch.equal(logits, runs[0][0]) and tokens == runs[0][1]

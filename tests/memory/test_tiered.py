@@ -23,7 +23,8 @@ from strata.memory.paged import PagedExpertMemory
 from strata.memory.policy import READY
 from strata.memory.tiered import TieredConfig, TieredExpertMemory
 
-from .tiered_fixture import DEVICE_SLOTS, FORMS, GREEDY, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, moe_file, prompt, tiered
+from .tiered_fixture import (DEVICE_SLOTS, FORMS, GREEDY, HOST_SLOTS, N_EXPERTS, TOP_K, budgets, load_tiered, moe_file,
+                             prompt, tiered)
 
 torch.set_num_threads(1)
 
@@ -52,16 +53,11 @@ def references(path):
     return get
 
 
-def load(path, form, depth=1, **config):
-    """The tiered memory hands out float weights (packed compute on the CPU is the paged memory's)."""
-    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, form, depth, **config))
-
-
 @pytest.mark.parametrize("depth", [0, 1, 2], ids=lambda d: f"prefetch{d}")
 @pytest.mark.parametrize("form", FORMS)
 def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, form, depth):
     reference = references("float")
-    with load(path, form, depth) as m:
+    with load_tiered(path, form, depth) as m:
         mem = m.memory
         assert (mem.plan.slots_per_layer, mem.host.slots_per_layer) == (DEVICE_SLOTS, HOST_SLOTS)
         assert N_EXPERTS == 4 * DEVICE_SLOTS == 2 * HOST_SLOTS
@@ -78,7 +74,7 @@ def test_logits_and_greedy_tokens_equal_the_all_resident_run(path, references, f
 def test_batched_decoding_equals_the_all_resident_run(path, references, form):
     # three sequences route to up to 6 experts per layer: acquired in chunks of max_acquire
     reference = references("float")
-    with load(path, form) as m:
+    with load_tiered(path, form) as m:
         assert m.memory.max_acquire == TOP_K
         got = m.generate_batch([prompt(5, 1), prompt(17, 2), prompt(9, 3)], max_tokens=12, **GREEDY)
         assert [c.token_ids for c in got] == reference["batch"]
@@ -104,7 +100,7 @@ def _traced_decode(m, ids: list[int], n: int):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_decoding_allocates_nothing_after_start_up(path, form):
-    with load(path, form, depth=2) as m:
+    with load_tiered(path, form, depth=2) as m:
         done, before, grown = _traced_decode(m, prompt(8, 5), 64)
         assert len(done.token_ids) == 64
         assert ALLOCATIONS.snapshot() == before  # no slot, scratch, staging or host buffer made
@@ -115,7 +111,7 @@ def test_decoding_allocates_nothing_after_start_up(path, form):
 
 
 def test_statistics_add_up(path):
-    with load(path, "dequantized", depth=1) as m:
+    with load_tiered(path, "dequantized", depth=1) as m:
         acquired = []
         acquire = m.memory.acquire
 
@@ -144,7 +140,7 @@ def test_statistics_add_up(path):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_slots_hold_the_files_experts_and_the_page_table_mirrors_the_policy(path, form):
-    with load(path, form, depth=1) as m:
+    with load_tiered(path, form, depth=1) as m:
         m.generate(prompt(10), max_tokens=16, **GREEDY)
         mem, mf = m.memory, m.model_file
         mem.close()  # the loader is stopped: nothing moves while we look
@@ -161,7 +157,7 @@ def test_slots_hold_the_files_experts_and_the_page_table_mirrors_the_policy(path
 
 def test_prefetch_only_moves_bytes_a_wrong_prediction_costs_no_result(path, references):
     reference = references("float")
-    with load(path, "dequantized", depth=1) as m:
+    with load_tiered(path, "dequantized", depth=1) as m:
         mem = m.memory
         for layer in mem.layers:  # announce every other expert of every layer: most of it is wrong
             mem.prefetch(layer, list(range(1, N_EXPERTS, 2)), [0.9] * (N_EXPERTS // 2))
@@ -270,7 +266,7 @@ def test_cli_stats_after_generate(path, capsys):
 
 
 def test_lookahead_announces_the_next_layers_from_the_current_hidden_state(path):
-    with load(path, "dequantized", depth=2) as m:
+    with load_tiered(path, "dequantized", depth=2) as m:
         t = m.transformer
         assert [layer for layer, _, _ in t.lookahead.targets] == [0, 1]  # from the embeddings
         assert [[layer for layer, _, _ in b.lookahead.targets] for b in t.blocks[:2]] == [[1, 2], [2]]
@@ -297,7 +293,7 @@ def test_an_unclosed_memory_is_collected_and_its_loader_stops(path):
     import threading
     import weakref
 
-    m = load(path, "packed", depth=1)
+    m = load_tiered(path, "packed", depth=1)
     m.generate(prompt(6), max_tokens=4, stop_token_ids=())
     ref, thread = weakref.ref(m.memory), m.memory.loads.thread
     assert thread.is_alive()

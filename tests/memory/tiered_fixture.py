@@ -64,6 +64,14 @@ def tiered(path: Path, form: str, prefetch_depth: int = 1, dtype: torch.dtype = 
     return build
 
 
+def load_tiered(path: Path, form: str = "dequantized", depth: int = 1, **config):
+    """`strata.load` of `path` with `tiered(path, form, depth, **config)`: one thread, 256
+    positions, float compute (packed compute on the CPU is the paged memory's)."""
+    import strata
+
+    return strata.load(path, threads=1, n_ctx=256, compute="float", memory=tiered(path, form, depth, **config))
+
+
 def prompt(n: int, seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 400, (n,), generator=g).tolist()

@@ -17,8 +17,16 @@ from .base import Call, Parsed, Parser, held, json_end
 
 
 class MarkedParser(Parser):
-    open = sep = ""
+    """A family's markers: `section` (may be empty) and `section_end` around the calls, each call
+    `open` NAME `sep` ARGUMENTS `close`; the markers that start a tool-call part (`starts`) and
+    all the markup follow from them."""
+    section = open = sep = section_end = ""
     close: str | None = None  # None: the arguments end where their JSON value ends
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.starts = tuple(m for m in (cls.section, cls.open) if m)
+        cls.markup = (*cls.starts, *(m for m in (cls.sep, cls.close, cls.section_end) if m))
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)
@@ -67,9 +75,8 @@ class MarkedParser(Parser):
 
 class DeepSeekParser(MarkedParser):
     name = "deepseek"
-    starts = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>")
+    section, section_end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
     open, sep, close = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
-    markup = (*starts, sep, close, "<｜tool▁calls▁end｜>")
 
     def call_name(self, head: str, rest: str, start: int) -> tuple[str, int]:
         if head.strip() != "function":
@@ -89,9 +96,8 @@ class DeepSeekParser(MarkedParser):
 
 class KimiParser(MarkedParser):
     name = "kimi"
-    starts = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
+    section, section_end = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
     open, sep, close = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
-    markup = (*starts, sep, close, "<|tool_calls_section_end|>")
 
     def call_name(self, head: str, rest: str, start: int) -> tuple[str, int]:
         name = head.strip().removeprefix("functions.")  # functions.NAME:INDEX
@@ -100,9 +106,7 @@ class KimiParser(MarkedParser):
 
 class MistralParser(MarkedParser):
     name = "mistral"
-    starts = ("[TOOL_CALLS]",)
     open, sep, close = "[TOOL_CALLS]", "[ARGS]", None
-    markup = (open, sep)
 
     def parse(self, text: str, final: bool = True) -> Parsed:
         content, rest = self.split_content(text, final)
