@@ -5,6 +5,7 @@
  */
 #include "strata.h"
 #include "kernels.h"
+#include "type_rows.h"
 
 #include <stdlib.h>
 #include <stdio.h>
@@ -44,12 +45,6 @@ static const strata_dequant_kernels KERNELS[] = {
     {STRATA_T_TQ2_0, strata_dequant_tq2_0_ref, NULL},
     {STRATA_T_NVFP4, strata_dequant_nvfp4_ref, NULL},
 };
-
-static const strata_dequant_kernels *find_kernels(int type) {
-    for (size_t i = 0; i < sizeof(KERNELS) / sizeof(KERNELS[0]); i++)
-        if (KERNELS[i].type == type) return &KERNELS[i];
-    return NULL;
-}
 
 /* ---- CPU detection: the only process-wide state, computed once. ---- */
 
@@ -226,13 +221,13 @@ int strata_resolve_impl(int impl, int *resolved) {
 }
 
 int strata_dequant_has_kernel(int ggml_type, int impl) {
-    const strata_dequant_kernels *k = find_kernels(ggml_type);
+    const strata_dequant_kernels *k = STRATA_TYPE_ROW(KERNELS, ggml_type);
     if (!k) return 0;
     return impl == STRATA_IMPL_AVX2 || impl == STRATA_IMPL_AVX512 ? k->avx2 != NULL : 1;
 }
 
 int strata_dequant_block_size(int ggml_type, int64_t *block_elems, int64_t *block_bytes) {
-    const strata_format_info *f = find_kernels(ggml_type) ? strata_format_find(ggml_type) : NULL;
+    const strata_format_info *f = STRATA_TYPE_ROW(KERNELS, ggml_type) ? strata_format_find(ggml_type) : NULL;
     if (!f) return STRATA_E_TYPE;
     if (!block_elems || !block_bytes) return STRATA_E_ARG;
     *block_elems = f->block_elems;
@@ -274,7 +269,7 @@ static void run_rows(void *ctx, int64_t first_row, int64_t n_rows) {
 int strata_dequant(int ggml_type, const void *src, int64_t src_bytes,
                    void *dst, int64_t dst_bytes, int out,
                    int64_t n_rows, int64_t row_len, int n_threads, int impl) {
-    const strata_dequant_kernels *k = find_kernels(ggml_type);
+    const strata_dequant_kernels *k = STRATA_TYPE_ROW(KERNELS, ggml_type);
     const strata_format_info *f = strata_format_find(ggml_type);
     if (!k || !f) return STRATA_E_TYPE;
     if (n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)

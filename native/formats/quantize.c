@@ -22,6 +22,7 @@
 #include "strata.h"
 #include "kernels.h"
 #include "quantize.h"
+#include "type_rows.h"
 
 #include <math.h>
 #include <string.h>
@@ -393,13 +394,7 @@ static const strata_quant_format QUANT_FORMATS[] = {
     {STRATA_T_Q6_K, quantize_q6_k_ref, quantize_q6_k_avx2},
 };
 
-static const strata_quant_format *find_quant_format(int type) {
-    for (size_t i = 0; i < sizeof(QUANT_FORMATS) / sizeof(QUANT_FORMATS[0]); i++)
-        if (QUANT_FORMATS[i].type == type) return &QUANT_FORMATS[i];
-    return NULL;
-}
-
-int strata_quantize_has_type(int ggml_type) { return find_quant_format(ggml_type) != NULL; }
+int strata_quantize_has_type(int ggml_type) { return STRATA_TYPE_ROW(QUANT_FORMATS, ggml_type) != NULL; }
 
 typedef struct {
     strata_quant_fn fn;
@@ -416,7 +411,7 @@ static void quant_rows(void *ctx, int64_t first_row, int64_t n_rows) {
 
 int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *dst, int64_t dst_bytes,
                     int64_t n_rows, int64_t row_len, int n_threads, int impl) {
-    const strata_quant_format *q = find_quant_format(ggml_type);
+    const strata_quant_format *q = STRATA_TYPE_ROW(QUANT_FORMATS, ggml_type);
     if (!q) return STRATA_E_TYPE;
     const strata_format_info *f = strata_format_find(ggml_type);
     if (!src || !dst || n_rows < 0 || row_len < 0 || src_bytes < 0 || dst_bytes < 0 || n_threads < 1)
