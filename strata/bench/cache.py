@@ -160,8 +160,8 @@ def disk_tier(memory) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The tier of `memory` that reads the disk (the host tier of a tiered or paged memory), now:
     (slot budgets int64 [L], resident bool [L, E], bytes of one expert int64 [L]); None when the
     memory has no such tier (everything mapped or in RAM)."""
-    host = getattr(memory, "host", None)
-    policy = getattr(host, "policy", None)
+    host = memory.disk_tier
+    policy = None if host is None else host.policy
     if policy is None:
         return None
     expert_bytes = np.array([sum(s.nbytes for s in host.model.expert_slabs(layer, 0)) for layer in host.layers])

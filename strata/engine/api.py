@@ -81,6 +81,7 @@ class Model:
 
     @property
     def path(self) -> Path:
+        """The GGUF file holding the metadata (the first part of a split model)."""
         return self.model_file.path
 
     @property
@@ -90,10 +91,12 @@ class Model:
 
     @property
     def hparams(self) -> HParams:
+        """The hyperparameters read from the file's metadata."""
         return self.model_file.hparams
 
     @property
     def n_ctx(self) -> int:
+        """The most positions one sequence may hold (prompt and generated tokens)."""
         return self.cache.n_ctx
 
     def _special_texts(self) -> dict[str, str | None]:
@@ -427,8 +430,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         raise StrataArgumentError(f"kv_type: expected one of {', '.join(KV_TYPES)} or None, found {kv_type!r:.80}")
     n_threads = threads or native.default_threads()
     # Packed compute: the native pool owns the cores for every product; torch's remaining small ops
-    # run on one thread so its workers do not contend with the pool's (measured: 2 torch threads
-    # beside the pool decode 2.5x slower on 2 cores).
+    # run on one thread so its workers do not contend with the pool's (benchmarks/RESULTS.md,
+    # "Torch's threads beside the native pool").
     torch.set_num_threads(1 if mode == "packed" else n_threads)
     machine = Machine.measure(dev)  # the one measurement of RAM and device memory; budgets take it as data
     mf = open_model(path, guard=native.MapGuard)  # a file cut short under the model: an error, not SIGBUS
@@ -437,7 +440,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu", dtype: str | t
         architecture(mf)  # an architecture Strata cannot run is the first thing to say
         # then a tensor type it cannot read, multiply packed, or (tiered memory on CUDA) dequantize on the
         # GPU: the sentence of inspect's verdict
-        check_runs(mf, mode, cuda=dev.type == "cuda" and getattr(mem_config, "kind", None) == "tiered")
+        check_runs(mf, mode, cuda=dev.type == "cuda" and isinstance(mem_config, MemoryConfig)
+                   and mem_config.kind == "tiered")
         hp = mf.hparams
         tokenizer = Tokenizer.from_metadata(mf.metadata, str(mf.path), vocab_size=hp.vocab_size)
         ctx = n_ctx or min(hp.context_length, DEFAULT_CTX)

@@ -85,6 +85,14 @@ class ExpertMemory(ABC):
     device: torch.device
     dtype: torch.dtype
     max_acquire: int
+    #: The memory's kind, as plans and statistics name it ("direct", "paged", "tiered").
+    kind: str = "custom"
+    #: Experts dequantized on a CUDA device (the GPU's dequantizer must read their types).
+    cuda_slots: bool = False
+    #: The learned map router look-ahead goes through (`strata.memory.predict.correction`), or None.
+    lookahead_correction: Any = None
+    #: The tier that reads the disk (`strata.memory.host.HostTier`), or None: nothing is paged.
+    disk_tier: Any = None
     #: Layers ahead the model should announce with `prefetch` (0: the memory does not use hints).
     prefetch_depth: int = 0
     #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).

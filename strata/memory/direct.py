@@ -35,6 +35,8 @@ MIN_ELEMS_PER_THREAD = 1 << 18
 class DirectExpertMemory(ExpertMemory):
     """Experts dequantized from `model_file` on every `acquire` into `max_acquire` fixed buffers."""
 
+    kind = "direct"
+
     def __init__(self, model_file: ModelFile, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, n_threads: int | None = None,
                  max_acquire: int | None = None, packed: bool = False):

@@ -75,6 +75,8 @@ class PagedExpertMemory(ExpertMemory):
         come out of host_mem); stand_in_mode: "background" or "instead" (see the module).
     """
 
+    kind = "paged"
+
     packed = True
     prefetch_depth = 0
 
@@ -98,7 +100,7 @@ class PagedExpertMemory(ExpertMemory):
             # Every expert gets a slot and none is ever evicted: the pool is the model's RAM, so
             # read through the page cache (a file already cached is copied, not read again).
             direct = False
-        self.host = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True,
+        self.host = self.disk_tier = HostTier(model_file, budget, n_threads=pager_threads, direct=direct, compact=True,
                              machine=machine)
         self.max_acquire = self.host.slots_per_layer
         self.placement = estimate(model_file, self.host.slots_per_layer, 0)

@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata import native
-
 from .batch import Batch
 from .layers import RMSNorm, Weight, linear
 from .rope import Rope
@@ -43,15 +41,11 @@ class AttentionWeights:
 
 class Attention(nn.Module):
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
-                 window: int = 0, native: bool = False):
+                 window: int = 0):
         super().__init__()
         self.w, self.rope, self.layer = w, rope, layer
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.window = window  # > 0: a query at position i sees keys at positions > i - window only
-        self.native = native  # float32 on the CPU (packed compute): rope, cache writes and decode attention native
-
-    #: The fused decode step (strata.runtime.step) computes this attention, sinks and windows included.
-    fusable = True
 
     @property
     def plain(self) -> bool:
@@ -61,8 +55,6 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if self.native:
-            return self.forward_native(x, batch, cos_sin, kv)
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv  # [N, Hkv, P, hd]: blocks of P positions
@@ -73,27 +65,6 @@ class Attention(nn.Module):
         else:
             attend = self.attend_decode if batch.is_decode else self.attend_each
             out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
-        return linear(out, self.w.wo, self.w.bo)  # [T, D]
-
-    def forward_native(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                       kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The same maths in native glue calls (float32 on the CPU; packed compute): rope in place,
-        cache writes and decode attention each one call (sinks and a window too); prefill attends
-        through torch."""
-        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]: views of one product
-        cos, sin = cos_sin
-        native.rope(q, cos, sin, self.rope.rope_dim, self.rope.neox)
-        native.rope(k, cos, sin, self.rope.rope_dim, self.rope.neox)
-        k_cache, v_cache = kv  # [N, Hkv, P, hd]: a block is a "slot" of P positions to kv_write
-        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
-        if batch.is_decode:
-            out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
-            native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out,
-                               sinks=self.w.sinks, window=self.window)
-        elif self.plain:
-            out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
-        else:
-            out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         return linear(out, self.w.wo, self.w.bo)  # [T, D]
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

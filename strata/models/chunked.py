@@ -1,7 +1,5 @@
-"""Llama 4's attention (`Arch.chunked`) on every path: float and packed per call (packed compute's
-rope, L2 norm, query temperature, cache writes and decode attention are the native glue calls the
-fused decode step composes, so both give the same bytes), the fused step and the decode program
-(native/step.c's chunk, qk_l2 and temperature fields).
+"""Llama 4's attention (`Arch.chunked`), the torch reference (the native executor:
+strata.models.executor.attention, NativeChunkedAttention).
 
 ChunkedAttention: a local layer rotates q and k (RoPE), then normalises each head of both to unit
 RMS (no weight: Llama4TextL2Norm, llama.cpp's rms_norm) when the model has that norm, and each
@@ -20,8 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from strata import native
-
 from .attention import Attention, AttentionWeights
 from .batch import Batch
 from .layers import linear
@@ -32,9 +28,8 @@ class ChunkedAttention(Attention):
     """One layer of Llama 4's attention (see the module docstring)."""
 
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
-                 chunk: int, nope: bool, l2_eps: float | None, temperature: tuple[int, float] | None,
-                 native: bool = False):
-        super().__init__(w, n_head, n_head_kv, head_dim, rope, layer, 0, native)
+                 chunk: int, nope: bool, l2_eps: float | None, temperature: tuple[int, float] | None):
+        super().__init__(w, n_head, n_head_kv, head_dim, rope, layer, 0)
         self.chunk = 0 if nope else chunk  # > 0: queries see their own chunk of this many positions only
         self.nope, self.l2_eps = nope, l2_eps  # l2_eps: the L2 qk-norm's epsilon on RoPE layers (None: none)
         self.temperature = temperature if nope else None  # (floor, scale) of the query temperature
@@ -43,48 +38,21 @@ class ChunkedAttention(Attention):
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
         k_cache, v_cache = kv
-        if self.native:  # float32 on the CPU: native glue, in place on the product's views
-            self._rotate_native(q, k, batch, cos_sin)
-            native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
-        else:
-            if not self.nope:
-                q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
-                if self.l2_eps is not None:
-                    q, k = _l2(q, self.l2_eps), _l2(k, self.l2_eps)
-            elif self.temperature is not None:
-                q = q * query_temperature(batch.positions, *self.temperature)[:, None, None].to(q.dtype)
-            batch.write(k_cache, k)
-            batch.write(v_cache, v)
-        if self.native and batch.is_decode:
-            out = self.attend_decode_native(q, batch, k_cache, v_cache)
-        else:
-            out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
-        return linear(out, self.w.wo, self.w.bo)  # [T, D]
-
-    def _rotate_native(self, q: torch.Tensor, k: torch.Tensor, batch: Batch,
-                       cos_sin: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """RoPE and the L2 norm (local layers) or the query temperature (global ones), in place."""
         if not self.nope:
-            native.rope(q, *cos_sin, self.rope.rope_dim, self.rope.neox)
-            native.rope(k, *cos_sin, self.rope.rope_dim, self.rope.neox)
+            q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
             if self.l2_eps is not None:
-                native.rmsnorm(q, None, self.l2_eps, q)
-                native.rmsnorm(k, None, self.l2_eps, k)
+                q, k = _l2(q, self.l2_eps), _l2(k, self.l2_eps)
         elif self.temperature is not None:
-            q.mul_(query_temperature(batch.positions, *self.temperature)[:, None, None])
-
-    def attend_decode_native(self, q: torch.Tensor, batch: Batch, k_cache: torch.Tensor,
-                             v_cache: torch.Tensor) -> torch.Tensor:
-        """One new token per sequence in the native decode attention (float32 on the CPU): a global
-        layer over every position, a local one within its own chunk. q [B, H, hd] -> [B, H*hd]."""
-        out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
-        return native.attn_decode(q.float(), k_cache, v_cache, batch.block_table, batch.positions + 1,
-                                  self.head_dim ** -0.5, out, chunk=self.chunk)
+            q = q * query_temperature(batch.positions, *self.temperature)[:, None, None].to(q.dtype)
+        batch.write(k_cache, k)
+        batch.write(v_cache, v)
+        out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
+        return linear(out, self.w.wo, self.w.bo)  # [T, D]
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
     """[T] float32 factor of each query: 1 + scale * ln(floor((pos + 1) / floor) + 1), computed in
-    float64 in the order native/step.c computes it (so both round to the same float)."""
+    float64 in the order the native step computes it (so both round to the same float)."""
     return (torch.log1p(torch.floor((positions.double() + 1.0) / floor)) * scale + 1.0).float()
 
 

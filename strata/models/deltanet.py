@@ -1,6 +1,5 @@
-"""Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), in torch on the float and packed per-call
-paths; the fused decode step and the decode program compute either layer's half in one native call
-(native/step.c).
+"""Qwen3-Next's hybrid attention (`Arch.gated_deltanet`), the torch reference (the native executor:
+strata.models.executor.deltanet and .attention's NativeGatedAttention).
 
 GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence instead of a KV cache:
     [q | k | v] = silu(causal depthwise conv over the last K inputs of attn_qkv . x)   (conv state: K-1 rows)
@@ -11,8 +10,7 @@ GatedDeltaNet, a linear-attention layer with a fixed-size state per sequence ins
 (transformers' torch_recurrent_gated_delta_rule; llama.cpp's qwen3next graph). The state of layer i
 lives in `kv` = cache.layer(i) = (conv [S, K-1, C], ssm [S, Hv, dk, dv]), one row per cache slot
 (`Batch.slots`); a sequence starting at position 0 starts from zeros, so a slot's state is never
-read by the next sequence that takes the slot. Prefill runs the recurrence token by token; on the
-CPU with packed compute the convolution and the recurrence are native calls (native/deltanet.c).
+read by the next sequence that takes the slot. Prefill runs the recurrence token by token.
 
 GatedAttention: full attention whose query projection also gives each head an output gate
 (rows [q_h | gate_h] per head): out = attention(q, k, v) * sigmoid(gate), before attn_output.
@@ -25,8 +23,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from strata import native
 
 from .attention import Attention
 from .batch import Batch
@@ -57,12 +53,9 @@ class DeltaNetWeights:
 class GatedDeltaNet(nn.Module):
     """One gated DeltaNet layer (see the module docstring)."""
 
-    fusable = True  # the fused decode step and the decode program compute it (native/step.c, DeltaNet half)
-
     def __init__(self, w: DeltaNetWeights, n_k_heads: int, n_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 eps: float, layer: int, rope=None, tiled: bool = False, native: bool = False):
+                 eps: float, layer: int, rope=None, tiled: bool = False):
         super().__init__()
-        self.native = native  # float32 on the CPU (packed compute): conv and recurrence in native code
         self.w, self.layer, self.eps = w, layer, eps
         self.tiled = tiled  # value head j reads key head j % Hk (llama.cpp's qwen35moe order), else j // r
         self.rope = rope  # unused (no positions in a recurrence); the block loop builds tables by layer rope
@@ -76,30 +69,27 @@ class GatedDeltaNet(nn.Module):
         beta, g = self.gates(b, a)  # [T, Hv] each
         conv_state, ssm_state = kv
         o = torch.empty((T, self.hv, self.dv), dtype=torch.float32, device=x.device)
-        for b, (slot, start, n, off) in enumerate(zip(batch.slots, batch.starts, batch.lengths, batch.offsets)):
+        for slot, start, n, off in zip(batch.slots, batch.starts, batch.lengths, batch.offsets):
             if start == 0:
                 conv_state[slot].zero_()
                 ssm_state[slot].zero_()
-            if self.native and not x.is_cuda:
-                mixed = native.deltanet_conv(qkv[off:off + n], self.w.conv, conv_state[slot], torch.empty_like(qkv[:n]))
-                native.deltanet_recur(mixed, g[off:off + n], beta[off:off + n], ssm_state[slot], o[off:off + n],
-                                      self.hk, self.tiled)
-                continue
-            mixed = self.convolve(qkv[off:off + n], conv_state, slot)  # [n, C]
-            o[off:off + n] = self.recur(mixed, g[off:off + n], beta[off:off + n], ssm_state, slot)
-        if self.native and not x.is_cuda:  # the fused decode step's function (native/step.c), so its bytes
-            o = native.deltanet_norm_gate(o, z, w.norm, self.eps, torch.empty((T, self.hv * self.dv)))
-        else:
-            o = _rms(o, self.eps) * w.norm.float() * F.silu(z.reshape(T, self.hv, self.dv))  # [T, Hv, dv]
-        return linear(o.flatten(1).to(x.dtype), w.wout)  # [T, D]
+            o[off:off + n] = self.sequence(qkv[off:off + n], g[off:off + n], beta[off:off + n], conv_state, ssm_state,
+                                           slot)
+        return linear(self.norm_gate(o, z).flatten(1).to(x.dtype), w.wout)  # [T, D]
+
+    def sequence(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_state: torch.Tensor,
+                 ssm_state: torch.Tensor, slot: int) -> torch.Tensor:
+        """One sequence's n new tokens from its slot's states: o [n, Hv, dv]; the states move on."""
+        mixed = self.convolve(qkv, conv_state, slot)  # [n, C]
+        return self.recur(mixed, g, beta, ssm_state, slot)
+
+    def norm_gate(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """rmsnorm(o) * ssm_norm * silu(z): [T, Hv, dv]."""
+        return _rms(o, self.eps) * self.w.norm.float() * F.silu(z.reshape(o.shape))
 
     def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """beta = sigmoid(b) and g = softplus(a + dt) * A, [T, Hv] each."""
-        w = self.w
-        if self.native and not b.is_cuda:  # one native call, as the fused decode step's
-            return native.deltanet_gates(b.contiguous(), a.contiguous(), w.dt, w.a, torch.empty(b.shape),
-                                         torch.empty(b.shape))
-        return torch.sigmoid(b), F.softplus(a + w.dt.float()) * w.a.float()
+        return torch.sigmoid(b), F.softplus(a + self.w.dt.float()) * self.w.a.float()
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input projections, float32: qkv [T, C] (contiguous), z [T, Hv*dv], and the
@@ -163,8 +153,6 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 class GatedAttention(Attention):
     """Full attention with a per-head sigmoid output gate from the query projection (qwen3next)."""
 
-    fusable = True  # the fused decode step computes it (native/step.c: DecodeAttn's q_gate)
-
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         w, T, H, hd, Hkv = self.w, x.shape[0], self.n_head, self.head_dim, self.n_head_kv
@@ -177,32 +165,19 @@ class GatedAttention(Attention):
         q, gate = qg.reshape(T, H, 2, hd).unbind(2)  # [T, H, hd] each
         k, v = k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
         q, k = w.q_norm(q.contiguous()), w.k_norm(k)
-        if self.native and not x.is_cuda:  # float32 on the CPU: the fused decode step's native calls, in its order
-            return self.forward_gated_native(q, k, v, gate, batch, cos_sin, kv)
+        return linear(self.attend(q, k, v, gate, batch, cos_sin, kv), w.wo)  # [T, D]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, batch: Batch, cos_sin,
+               kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rope, cache writes, attention and the output gate of normed q [T, H, hd], k, v [T, Hkv, hd]
+        and gate [T, H, hd]: [T, H*hd]."""
+        T = q.shape[0]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv
         batch.write(k_cache, k)
         batch.write(v_cache, v)
         out = (self.attend_decode if batch.is_decode else self.attend_each)(q, batch, k_cache, v_cache)
-        out = out * torch.sigmoid(gate.reshape(T, H * hd))  # [T, H*hd]
-        return linear(out, w.wo)  # [T, D]
-
-    def forward_gated_native(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
-                             batch: Batch, cos_sin, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rope, cache writes, decode attention and the output gate in native calls (q, k normed)."""
-        T, H, hd = q.shape[0], self.n_head, self.head_dim
-        k = k.contiguous()
-        native.rope(q, *cos_sin, self.rope.rope_dim, self.rope.neox)
-        native.rope(k, *cos_sin, self.rope.rope_dim, self.rope.neox)
-        k_cache, v_cache = kv
-        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
-        if batch.is_decode:
-            out = native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, hd ** -0.5,
-                                     torch.empty((T, H * hd), dtype=torch.float32))
-        else:
-            out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
-        native.attn_gate(out, gate.reshape(T, H * hd).contiguous())  # [T, H*hd]
-        return linear(out, self.w.wo)  # [T, D]
+        return out * torch.sigmoid(gate.reshape(T, -1))  # [T, H*hd]
 
 
 __all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet"]

@@ -26,15 +26,16 @@ from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
 
 from .attention import Attention, AttentionWeights
-from .chunked import ChunkedAttention
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
-from .deltanet import DeltaNetWeights, GatedAttention, GatedDeltaNet
+from .deltanet import DeltaNetWeights, GatedDeltaNet
+from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
-from .moe import Lookahead, MoE, RoutedExperts, Router
+from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
 from .shard import ExpertShard
 from .rope import Rope
+from .spec import CHUNKED, DELTANET, GATED, GQA, MLA, LayerSpec, expert_executor, layer_specs
 from .transformer import Block, Transformer
 
 
@@ -79,12 +80,12 @@ class WeightReader:
     def __init__(self, mf: ModelFile, device: torch.device, dtype: torch.dtype, n_threads: int,
                  compute: PackedCompute | None = None):
         self.mf, self.device, self.dtype, self.n_threads, self.compute = mf, device, dtype, n_threads, compute
-        # packed compute (float32 on the CPU): norms, rope, cache writes, decode attention and routers
-        # run as native calls instead of chains of small torch ops (same maths; see strata.native.glue)
-        self.native = compute is not None
+        # packed compute (float32 on the CPU): every layer is its kind's native executor (norms, rope,
+        # cache writes, decode attention and routers native calls); float compute: the torch reference
+        self.impl = TORCH if compute is None else NATIVE
 
     def norm(self, kind: MT, layer: int | None, shape: tuple[int, ...]) -> RMSNorm:
-        return RMSNorm(self.get(kind, layer, shape), self.mf.hparams.norm_eps, native=self.native)
+        return self.impl.norm(self.get(kind, layer, shape), self.mf.hparams.norm_eps)
 
     def matrix(self, kind: MT, layer: int | None, shape: tuple[int, ...]) -> Weight:
         """A weight matrix [N, K]: packed in its file type under packed compute, else as `get`.
@@ -144,8 +145,8 @@ def cache_dims(hp: HParams) -> tuple[int, int, int]:
     return hp.n_head_kv, hp.head_dim, hp.head_dim_v
 
 
-def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttention:
-    D, H, L, R = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim
+def _mla_attention(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope) -> MLAttention:
+    D, H, L, R, i = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim, spec.index
     key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
     N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
     Q = hp.q_lora_rank
@@ -156,13 +157,13 @@ def _mla_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> MLAttent
         wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
         wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
         k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
-    if w.has(MT.ATTN_K_B, i) or not w.has(MT.ATTN_KV_B, i):
+    if spec.attention.latent_split:
         weights.k_b, weights.v_b = w.matrix(MT.ATTN_K_B, i, (H, L, N)), w.matrix(MT.ATTN_V_B, i, (H, V, L))
     else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
     temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
-    return MLAttention(weights, H, N, R, rope, mla_scale(key_dim, hp), i, temp, native=w.native)
+    return w.impl.attention[MLA](weights, H, N, R, V, rope, mla_scale(key_dim, hp), i, temp, spec.attention.latent_split)
 
 
 def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -175,9 +176,9 @@ def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...
     return {i: shapes for i in range(hp.n_layers) if hp.is_recurrent(i)}
 
 
-def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope, tiled: bool) -> GatedDeltaNet:
+def _deltanet(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope, tiled: bool) -> GatedDeltaNet:
     """tiled (`Arch.deltanet_tiled`): value heads tiled over key heads, ssm_beta / ssm_alpha apart."""
-    s, D = hp.ssm, hp.n_embd
+    s, D, i = hp.ssm, hp.n_embd, spec.index
     C, Hv, value = s.conv_channels, s.n_v_heads, s.inner_size
     weights = DeltaNetWeights(
         wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
@@ -188,28 +189,28 @@ def _deltanet(w: WeightReader, hp: HParams, i: int, rope: Rope, tiled: bool) -> 
         wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
         walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
     ins = [weights.wqkv, weights.wgate, *((weights.wbeta, weights.walpha) if tiled else (weights.wba,))]
-    if all(isinstance(m, PackedMatrix) for m in ins) and len({m.type for m in ins}) == 1:
+    if w.compute is not None and spec.attention.stacked:  # packed, of one type: one product
         weights.w_in, weights.w_in_ba = PackedMatrix.concat(ins), not tiled
         weights.wqkv = weights.wgate = weights.wba = weights.wbeta = weights.walpha = None
-    return GatedDeltaNet(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled,
-                         native=w.native)
+    return w.impl.attention[DELTANET](weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled)
 
 
-def _gated_attention(w: WeightReader, hp: HParams, i: int, rope: Rope) -> GatedAttention:
-    D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+def _gated_attention(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope) -> Attention:
+    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
     weights = AttentionWeights(
         wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
         wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
         q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
-    _stack_qkv(weights)
-    return GatedAttention(weights, H, Hkv, hd, rope, i, native=w.native)
+    _stack_qkv(w, spec, weights)
+    return w.impl.attention[GATED](weights, H, Hkv, hd, rope, i)
 
 
-def _stack_qkv(weights: AttentionWeights) -> None:
-    """Packed q, k and v stacked by rows into one product (wqkv); where v has a type of its own
-    (llama.cpp's Q4_K_M, IQ4_XS, ... mixes give attn_v more bits), q and k alone, v kept apart."""
+def _stack_qkv(w: WeightReader, spec: LayerSpec, weights: AttentionWeights) -> None:
+    """Packed q, k and v stacked by rows into one product (wqkv) where q and k share a type (the
+    spec's `stacked`); where v has a type of its own (llama.cpp's Q4_K_M, IQ4_XS, ... mixes give
+    attn_v more bits), q and k alone, v kept apart."""
     q, k, v = weights.wq, weights.wk, weights.wv
-    if not all(isinstance(m, PackedMatrix) for m in (q, k, v)) or q.type != k.type:
+    if w.compute is None or not spec.attention.stacked:
         return
     if v.type == q.type:
         weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat([q, k, v]), None, None, None
@@ -217,12 +218,16 @@ def _stack_qkv(weights: AttentionWeights) -> None:
         weights.wqkv, weights.wq, weights.wk = PackedMatrix.concat([q, k]), None, None
 
 
-def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> Attention | MLAttention:
-    if arch.mla:
-        return _mla_attention(w, hp, i, rope)
-    if arch.gated_deltanet:
-        return _deltanet(w, hp, i, rope, arch.deltanet_tiled) if hp.is_recurrent(i) else _gated_attention(w, hp, i, rope)
-    D, H, Hkv, hd = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim
+def _attention(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, rope: Rope) -> Attention | MLAttention:
+    """Layer spec.index's attention, as its spec's kind says, in the reader's implementation."""
+    kind = spec.attention.kind
+    if kind == MLA:
+        return _mla_attention(w, hp, spec, rope)
+    if kind == DELTANET:
+        return _deltanet(w, hp, spec, rope, arch.deltanet_tiled)
+    if kind == GATED:
+        return _gated_attention(w, hp, spec, rope)
+    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
         wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
@@ -234,38 +239,38 @@ def _attention(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope) -> 
         weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
         weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))
         weights.qk_norm_per_head = per_head
-    _stack_qkv(weights)
+    _stack_qkv(w, spec, weights)
     if arch.attn_out_bias:
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
-    if arch.chunked:
+    a = spec.attention
+    if kind == CHUNKED:
         temp = (hp.attn_temperature_length, hp.attn_temperature_scale) if hp.attn_temperature_scale else None
-        return ChunkedAttention(weights, H, Hkv, hd, rope, i, hp.attn_chunk, hp.is_nope(i),
-                                hp.norm_eps if hp.qk_l2_norm else None, temp, native=w.native)
-    return Attention(weights, H, Hkv, hd, rope, i, hp.sliding_window if hp.is_swa(i) else 0, native=w.native)
+        return w.impl.attention[CHUNKED](weights, H, Hkv, hd, rope, i, hp.attn_chunk, a.nope, a.l2_eps, temp)
+    return w.impl.attention[GQA](weights, H, Hkv, hd, rope, i, a.window)
 
 
-def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory, hybrid,
+def _moe(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: ExpertMemory, hybrid,
          shard: ExpertShard | None = None) -> MoE:
-    D = hp.n_embd
-    E = hp.n_experts
+    D, E, i = hp.n_embd, hp.n_experts, spec.index
     selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
     # GGUF has no key for the group score: DeepSeek-V3 ("noaux_tc") always has a selection bias and
     # sums each group's top two; V2 ("group_limited_greedy") never has one and takes the best expert
     # (llama.cpp sums the top two for both, so it differs from V2's own code on grouped V2 files).
-    router = Router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
+    router = w.impl.router(w.get(MT.FFN_GATE_INP, i, (E, D)), hp.n_experts_used, hp.expert_gating_func,
                     hp.expert_weights_norm, hp.expert_weights_scale, bias=w.opt(MT.FFN_GATE_INP, i, (E,), "bias"),
                     selection_bias=selection_bias, n_groups=hp.n_expert_groups, n_groups_used=hp.n_expert_groups_used,
-                    group_score="top2" if selection_bias is not None else "max", native=w.native)
+                    group_score="top2" if selection_bias is not None else "max")
     shared = None
-    if arch.shared_expert or w.has(MT.FFN_UP_SHEXP, i):
+    if spec.ffn.shared:
         Is = hp.n_ff_shexp
         ffn = FeedForward(w.matrix(MT.FFN_GATE_SHEXP, i, (Is, D)), w.matrix(MT.FFN_UP_SHEXP, i, (Is, D)),
                           w.matrix(MT.FFN_DOWN_SHEXP, i, (D, Is)))
         gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
-        shared = SharedExpert(ffn, gate, w.compute)
-    if w.compute is not None and memory.packed:  # the fused call's scratch, sized once for a full step
+        shared = w.impl.shared(ffn, gate, w.compute)
+    executor, _ = expert_executor(spec.ffn, w.compute is not None and memory.packed, hybrid is not None)
+    if executor == "packed":  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
     expert_fn = None
@@ -275,7 +280,16 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory,
                                   w.get(MT.FFN_DOWN_EXP, i, (E, D), "bias"), alpha, limit)
     elif arch.expert_input_scaled:
         expert_fn = InputScaled()
-    return MoE(router, RoutedExperts(memory, i, w.compute, hp.n_experts, expert_fn, hybrid, shard), shared)
+    if shard is not None and (executor == "hybrid" or shard.n_experts != E):
+        raise ValueError(f"layer {i}: an expert shard of {shard.n_experts} experts for {E} experts"
+                         f"{' with hybrid compute' if executor == 'hybrid' else ''}")
+    if executor == "packed":
+        experts = PackedExperts(memory, i, E, w.compute, expert_fn, shard)
+    elif executor == "hybrid":
+        experts = HybridExperts(memory, i, E, hybrid, expert_fn)
+    else:
+        experts = FloatExperts(memory, i, E, expert_fn, shard)
+    return MoE(router, RoutedExperts(experts), shared)
 
 
 def _dense(w: WeightReader, hp: HParams, i: int) -> FeedForward:
@@ -307,38 +321,39 @@ def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope
     return [swa if hp.is_swa(i) else full for i in range(hp.n_layers)]
 
 
-def _ffn(w: WeightReader, arch: Arch, hp: HParams, i: int, memory: ExpertMemory | None,
+def _ffn(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: ExpertMemory | None,
          hybrid=None, shards: dict[int, ExpertShard] | None = None) -> tuple[RMSNorm, MoE | FeedForward | SharedExpert]:
     """Block i's FFN norm and FFN (routed experts, or a dense FFN; `shards`: this rank's part of
     each MoE layer under expert parallelism)."""
-    has_experts = i in w.mf.expert_layers
-    if has_experts and memory is None:
+    i = spec.index
+    if spec.ffn.moe and memory is None:
         raise ValueError("the model has routed experts: load_model needs an ExpertMemory")
-    ffn = _moe(w, arch, hp, i, memory, hybrid, (shards or {}).get(i)) if has_experts else _dense(w, hp, i)
-    if not has_experts and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
-        dense = SharedExpert(ffn, None, w.compute)
-        ffn = dense if dense.packed is not None else ffn
+    ffn = _moe(w, arch, hp, spec, memory, hybrid, (shards or {}).get(i)) if spec.ffn.moe else _dense(w, hp, i)
+    if not spec.ffn.moe and w.compute is not None:  # packed: the dense FFN as a one-expert fused call (the program's form)
+        ffn = w.impl.shared(ffn, None, w.compute)
     ffn_norm = MT.ATTN_POST_NORM if arch.post_attention_norm else MT.FFN_NORM  # gpt-oss's name for it
     return w.norm(ffn_norm, i, (hp.n_embd,)), ffn
 
 
-def _block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None,
-           hybrid=None, ffn: tuple | None = None, lookahead: Lookahead | None = None) -> Block:
-    """Block i; `ffn`: its (FFN norm, FFN) when already built (`_ffn`)."""
-    norm, ffn = ffn or _ffn(w, arch, hp, i, memory, hybrid)
-    return Block(w.norm(MT.ATTN_NORM, i, (hp.n_embd,)), _attention(w, arch, hp, i, rope), norm, ffn, lookahead)
+def _block(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, rope: Rope, ffn: tuple,
+           lookahead: Lookahead | None = None) -> Block:
+    """Block spec.index; `ffn`: its (FFN norm, FFN) (`_ffn`)."""
+    norm, ffn = ffn
+    return Block(w.norm(MT.ATTN_NORM, spec.index, (hp.n_embd,)), _attention(w, arch, hp, spec, rope), norm, ffn,
+                 lookahead)
 
 
-def _lookaheads(memory: ExpertMemory | None, ffns: list[tuple[RMSNorm, torch.nn.Module]]) -> list[Lookahead | None]:
+def _lookaheads(memory: ExpertMemory | None, specs: list[LayerSpec],
+                ffns: list[tuple[RMSNorm, torch.nn.Module]]) -> list[Lookahead | None]:
     """The look-ahead of the embeddings (first) and of each block after its attention half: the
     experts of the next `memory.prefetch_depth` MoE layers (their routers); all None when the
     memory takes no announcements."""
     depth = 0 if memory is None else memory.prefetch_depth
-    correction = getattr(memory, "lookahead_correction", None)  # one learned map, shared by every hook
-    moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if isinstance(ffn, MoE)]
+    correction = None if memory is None else memory.lookahead_correction  # one learned map, shared by every hook
+    moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if specs[j].ffn.moe]
     own = {j: (norm, router) for j, norm, router in moe}
-    owned = {j: ffn.experts.shard.owned for j, (_, ffn) in enumerate(ffns)  # expert parallelism: this rank's
-             if isinstance(ffn, MoE) and ffn.experts.shard is not None}
+    owned = {j: ffns[j][1].experts.shard.owned for j, _, _ in moe  # expert parallelism: this rank's
+             if ffns[j][1].experts.shard is not None}
     if owned and memory is not None:  # the memory's own predictors drop the other ranks' experts too
         memory.restrict({j: mask.numpy() for j, mask in owned.items()})
 
@@ -368,8 +383,8 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
         raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
     if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
         raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
-    cuda_slots = getattr(getattr(memory, "slots", None), "cuda", False)  # experts dequantized on the GPU
-    check_types(mf, compute == "packed" and getattr(memory, "packed", False), cuda=cuda_slots)
+    check_types(mf, compute == "packed" and memory is not None and memory.packed,
+                cuda=memory is not None and memory.cuda_slots)
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:
         return _build(mf, memory, arch, device, dtype, n_threads, packed, hybrid, shards)
@@ -389,10 +404,11 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     output = w.matrix(MT.OUTPUT, None, (V, D)) if w.has(MT.OUTPUT) else embedding  # tied when absent
     if shards and set(shards) != set(mf.expert_layers):
         raise StrataError(f"{mf.path}: expert shards of layers {sorted(shards)} for expert layers {mf.expert_layers}")
-    ffns = [_ffn(w, arch, hp, i, memory, hybrid, shards) for i in range(hp.n_layers)]  # (ffn norm, ffn) of each block
-    hooks = _lookaheads(memory, ffns)  # the embeddings', then each block's
-    blocks = [_block(w, arch, hp, i, ropes[i], memory, ffn=ffns[i], lookahead=hooks[i + 1]) for i in range(hp.n_layers)]
-    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], compute=packed,
+    specs = layer_specs(mf, arch)
+    ffns = [_ffn(w, arch, hp, spec, memory, hybrid, shards) for spec in specs]  # (ffn norm, ffn) of each block
+    hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
+    blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
+    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
                        lookahead=hooks[0])
 
 

@@ -24,12 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from strata import native
-
 from .attention import causal_mask, query_pieces
 from .batch import Batch
 from .layers import RMSNorm, Weight, linear
-from .packed import PackedMatrix
 from .rope import Rope
 
 
@@ -67,19 +64,17 @@ def temperature(scale: float, length: int, positions: torch.Tensor) -> torch.Ten
 
 
 class MLAttention(nn.Module):
-    fusable = True  # the fused decode step (strata.runtime.step) computes it (native/step.c, latent attention)
+    """Latent attention (see the module docstring), the torch reference (the native executor:
+    strata.models.executor.mla)."""
 
-    def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, rope: Rope, scale: float, layer: int,
-                 temperature: tuple[float, int] | None = None, native: bool = False):
+    def __init__(self, w: MLAWeights, n_head: int, nope: int, rope_dim: int, v_dim: int, rope: Rope, scale: float,
+                 layer: int, temperature: tuple[float, int] | None = None, latent_split: bool = True):
         super().__init__()
+        self.latent_split = latent_split  # k_b and v_b from the file (the spec's), not from an older kv_b
         self.w, self.rope, self.layer, self.scale = w, rope, layer, scale
         self.temperature = temperature  # (scale, length) of a per-position query temperature, or None
-        if temperature is not None:
-            self.fusable = False  # the fused step has no temperature: decode runs per call
-        self.n_head, self.nope, self.rope_dim = n_head, nope, rope_dim
+        self.n_head, self.nope, self.rope_dim, self.v_dim = n_head, nope, rope_dim, v_dim
         self.kv_lora = w.kv_a_norm.weight.shape[0]
-        self.v_dim = w.v_b.shape[0] // n_head if isinstance(w.v_b, PackedMatrix) else w.v_b.shape[1]
-        self.native = native  # float32 on the CPU (packed compute): decode attention in one native call
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -92,35 +87,21 @@ class MLAttention(nn.Module):
         k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
         cache = kv[0]  # [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
-        q_lat = _heads(w.k_b, q_nope, L)  # [T, H, L]
+        q_lat = self.heads(w.k_b, q_nope, L)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
         if self.temperature is not None:
             query = query * temperature(*self.temperature, batch.positions).to(query)[:, None, None]
-        if self.native and batch.is_decode:
-            # Latent rows [c | k_rope] serve as keys and values (one kv head of L+R features): the
-            # weighted sum over whole rows carries c's in its first L features, the rest is dropped.
-            full = torch.empty((T, H * (L + self.rope_dim)), dtype=torch.float32)
-            native.attn_decode(query.float(), cache, cache, batch.block_table, batch.positions + 1, self.scale, full)
-            o_lat = full.view(T, H, L + self.rope_dim)[..., :L]  # [T, H, L]
-        else:
-            o_lat = latent_attend(query, batch, cache, L, self.scale)  # [T, H, L]
-        out = _heads(w.v_b, o_lat, self.v_dim)  # [T, H, V]
+        o_lat = self.attend(query, batch, cache)  # [T, H, L]
+        out = self.heads(w.v_b, o_lat, self.v_dim)  # [T, H, V]
         return linear(out.flatten(1), w.wo)  # [T, D]
 
+    def attend(self, query: torch.Tensor, batch: Batch, cache: torch.Tensor) -> torch.Tensor:
+        """The latent attention of query [T, H, L+R] over the cache: [T, H, L]."""
+        return latent_attend(query, batch, cache, self.kv_lora, self.scale)
 
-def _heads(m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """[T, H, n_rows]: head h's matrix times x[:, h] [T, H, K] for every head (m [H, n_rows, K],
-    or packed [H*n_rows, K]: one native call, chunks of the compute's token budget)."""
-    if not isinstance(m, PackedMatrix):
+    def heads(self, m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
+        """[T, H, n_rows]: head h's matrix m[h] [n_rows, K] times x[:, h] for every head of x [T, H, K]."""
         return torch.bmm(m, x.permute(1, 2, 0)).permute(2, 0, 1)  # [H, n_rows, T] -> [T, H, n_rows]
-    T, H, K = x.shape
-    x = x if x.dtype == torch.float32 and x.stride(2) == 1 else x.float().contiguous()
-    y = torch.empty((T, H, n_rows), dtype=torch.float32)
-    c = m.compute
-    for t0 in range(0, T, c.max_tokens):
-        t1 = t0 + c.max_tokens
-        native.matmul_heads(c.pool, m.type, m._data_t, H, n_rows, K, x[t0:t1], y[t0:t1], c.scratch)
-    return y
 
 
 def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:

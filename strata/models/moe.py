@@ -4,6 +4,11 @@ Router: probabilities from the router logits (softmax, or sigmoid for DeepSeek-V
 gating), the top-k experts per token, their weights renormalised to sum to one when the model
 says so, then multiplied by `expert_weights_scale`. Probabilities are computed in float32.
 
+The layer in four parts: the router; the dispatch (`ExpertShard`, under expert parallelism: this
+rank's assignments only); an expert executor, which declares the form of expert it needs from the
+memory (`FloatExperts` and `HybridExperts` here, float; `strata.models.executor.PackedExperts`,
+packed); the combine (the ranks' partial sums, then the shared expert), in `RoutedExperts` and `MoE`.
+
 Grouped compute: the T*K (token, expert) assignments are sorted by expert, so each chosen expert
 runs once over all of its tokens (one [Te, D] x [D, I] pass instead of Te vectors). Experts are
 reached only through `ExpertMemory`, in chunks of at most `memory.max_acquire`, in ascending
@@ -21,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata import native
 from strata.memory import ExpertMemory
 
 from .layers import SharedExpert, swiglu
-from .packed import PackedCompute
 from .shard import ExpertShard
 
 
@@ -39,7 +42,7 @@ class Router(nn.Module):
 
     def __init__(self, weight: torch.Tensor, n_experts_used: int, gating: str, norm: bool, scale: float,
                  bias: torch.Tensor | None = None, selection_bias: torch.Tensor | None = None,
-                 n_groups: int = 0, n_groups_used: int = 0, group_score: str = "top2", native: bool = False):
+                 n_groups: int = 0, n_groups_used: int = 0, group_score: str = "top2"):
         super().__init__()
         if gating not in ("softmax", "sigmoid", "softmax_weight"):
             raise ValueError(f"expert gating function {gating!r} is not supported "
@@ -51,7 +54,6 @@ class Router(nn.Module):
         if group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {group_score!r} is not supported (expected top2 or max)")
         self.group_score = group_score
-        self.native = native  # float32 on the CPU (packed compute): logits, top-k and weights in two native calls
 
     @property
     def group_top(self) -> int:
@@ -64,17 +66,6 @@ class Router(nn.Module):
         the top k logits, a bias on the logits (gpt-oss), a selection bias and expert groups
         (DeepSeek); groups beside softmax_weight are torch's only."""
         return not (self.n_groups and self.gating == "softmax_weight")
-
-    def forward_native(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        T, E = x.shape[0], self.weight.shape[0]
-        logits = native.matvec(x, self.weight, torch.empty((T, E), dtype=torch.float32))  # [T, E]
-        if self.bias is not None:
-            logits += self.bias  # float32, as the fused decode step adds it
-        weights = torch.empty((T, self.k), dtype=torch.float32)  # [T, K]
-        expert_ids = torch.empty((T, self.k), dtype=torch.int64)  # [T, K]
-        native.route(logits, self.k, self.gating, self.norm, self.scale, expert_ids, weights, self.selection_bias,
-                     self.n_groups, self.n_groups_used, self.group_top)
-        return weights, expert_ids
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits [T, E] the torch path routes on (the bias added)."""
@@ -90,8 +81,6 @@ class Router(nn.Module):
         return (probs + self.selection_bias).topk(self.k, dim=-1).indices
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.native and self.plain:
-            return self.forward_native(x)
         logits = self.logits(x)  # [T, E]
         if self.gating == "softmax_weight":
             top, expert_ids = logits.topk(self.k, dim=-1)  # [T, K]
@@ -119,41 +108,74 @@ class Router(nn.Module):
         return groups.masked_fill(mask[..., None], float("-inf")).view(T, E)
 
 
-class RoutedExperts(nn.Module):
-    """The chosen experts of one layer, weighted and summed. With `compute` (the CPU's packed
-    path) and a memory that hands out packed experts, one native call per chunk of held experts
-    runs gate, up, SiLU, down and the weighted sum from the file's blocks; with `hybrid` (the
-    runtime's CPU side of hybrid compute, plain SwiGLU experts only) the memory splits each chunk
-    between the device and the CPU; otherwise each expert runs as a float GEMM over its tokens.
-    With `shard` (expert parallelism) only this rank's assignments are computed and the ranks'
-    partial sums combined: the one place the layer's routed outputs meet."""
+class ExpertExecutor:
+    """What computes a layer's routed experts of its tokens: called with x [T, D], weights [T, K]
+    and expert_ids [T, K], returns [T, D] (this rank's share under expert parallelism, `shard`).
+    `form`: the form of expert it takes from the memory ("float": `acquire`; "packed":
+    `start_packed` / `finish_packed`)."""
 
-    def __init__(self, memory: ExpertMemory, layer: int, compute: PackedCompute | None = None, n_experts: int = 0,
-                 expert_fn=None, hybrid=None, shard: ExpertShard | None = None):
-        super().__init__()
-        self.memory, self.layer = memory, layer
-        self.compute = compute if compute is not None and memory.packed else None
-        self.n_experts = n_experts  # experts of the layer: the bound of the packed path's grouping
+    form = "float"
+
+    def __init__(self, memory: ExpertMemory, layer: int, n_experts: int, expert_fn=None,
+                 shard: ExpertShard | None = None):
+        self.memory, self.layer, self.n_experts, self.shard = memory, layer, n_experts, shard
         self.expert_fn = expert_fn  # ClampedSwiGLU (gpt-oss), InputScaled (Llama 4) or None: plain SwiGLU
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FloatExperts(ExpertExecutor):
+    """Each expert acquired as float weights and run as one GEMM over its tokens."""
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        K, memory = expert_ids.shape[1], self.memory
+        if self.shard is not None:  # other ranks' assignments to a bucket past the last expert, not computed
+            expert_ids = self.shard.others_to(expert_ids, self.n_experts)
+        flat = expert_ids.flatten()  # [T*K]
+        order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
+        bounds = [0, *accumulate(torch.bincount(flat).tolist())]  # expert e owns order[bounds[e]:bounds[e+1]]
+        n = len(bounds) - 1 if self.shard is None else min(len(bounds) - 1, self.n_experts)
+        used = [e for e in range(n) if bounds[e + 1] > bounds[e]]
+        out = torch.zeros_like(x)  # [T, D]
+        w_flat = weights.flatten()  # [T*K]
+        for i in range(0, len(used), memory.max_acquire):
+            chunk = used[i:i + memory.max_acquire]
+            spans = [(bounds[e], bounds[e + 1]) for e in chunk]
+            float_experts(memory, self.layer, chunk, spans, order, K, x, w_flat, out, self.expert_fn)
+        return out
+
+
+class HybridExperts(ExpertExecutor):
+    """Plain (or input-scaled) SwiGLU experts through hybrid compute: `split` (the runtime's CPU side,
+    strata.runtime.hybrid) divides each chunk between the device and the CPU."""
+
+    def __init__(self, memory: ExpertMemory, layer: int, n_experts: int, split, expert_fn=None):
+        super().__init__(memory, layer, n_experts, expert_fn)
+        self.split = split
         self.input_scaled = expert_fn is not None and expert_fn.input_scaled
-        # hybrid compute runs plain SwiGLU (input-scaled: its assignments as tokens of their own);
-        # other functions go through the memory alone
-        self.hybrid = hybrid if expert_fn is None or self.input_scaled else None
-        if shard is not None and (hybrid is not None or shard.n_experts != n_experts):
-            raise ValueError(f"layer {layer}: an expert shard of {shard.n_experts} experts for {n_experts} experts"
-                             f"{' with hybrid compute' if hybrid is not None else ''}")
-        self.shard = shard
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+        if not self.input_scaled:
+            return self.split(self.memory, self.layer, x, weights, expert_ids)
+        T, K = expert_ids.shape  # each assignment a token of its own (row t*K + j), its input scaled
+        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
+        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
+        return self.split(self.memory, self.layer, picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1).sum(1)
+
+
+class RoutedExperts(nn.Module):
+    """The routed-expert stage of one layer: the routing reported to the memory, the executor's
+    experts (`executor`, chosen at load from the layer spec: `strata.models.spec.expert_executor`),
+    the ranks' partial sums combined under expert parallelism (`shard`: the one place the layer's
+    routed outputs meet), and the time it took."""
+
+    def __init__(self, executor: ExpertExecutor):
+        super().__init__()
+        self.executor = executor
+        self.memory, self.layer, self.shard = executor.memory, executor.layer, executor.shard
         self._seconds = [0.0]  # time in this layer's routed experts, waits for the memory included (a list:
         # a float attribute of a Module is set through Module.__setattr__, microseconds a call)
-
-    @property
-    def plain(self) -> bool:
-        return self.expert_fn is None
-
-    @property
-    def native_act(self) -> native.MoeAct | None:
-        """The expert function as the fused MoE call computes it (None: plain SwiGLU)."""
-        return None if self.expert_fn is None else self.expert_fn.native()
 
     @property
     def seconds(self) -> float:
@@ -166,105 +188,19 @@ class RoutedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
-        if self.hybrid is not None:
-            out = self._hybrid(x, weights, expert_ids)
-        elif self.compute is not None:
-            out = self._packed(x, weights, expert_ids)
-        else:
-            out = self._float(x, weights, expert_ids)
+        out = self.executor(x, weights, expert_ids)
         self._seconds[0] += time.perf_counter() - t0
         return out if self.shard is None else self.shard.combine(out)
 
-    def _hybrid(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
-        if not self.input_scaled:
-            return self.hybrid(self.memory, self.layer, x, weights, expert_ids)
-        T, K = expert_ids.shape  # each assignment a token of its own (row t*K + j), its input scaled
-        picks = (x[:, None, :] * weights[:, :, None].to(x.dtype)).reshape(T * K, -1)  # [T*K, D]
-        ones = torch.ones((T * K, 1), dtype=weights.dtype, device=x.device)
-        return self.hybrid(self.memory, self.layer, picks, ones, expert_ids.reshape(T * K, 1)).view(T, K, -1).sum(1)
-
-    def _float(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
-        K = expert_ids.shape[1]
-        if self.shard is not None:  # other ranks' assignments to a bucket past the last expert, not computed
-            expert_ids = self.shard.others_to(expert_ids, self.n_experts)
-        flat = expert_ids.flatten()  # [T*K]
-        order = flat.argsort(stable=True)  # assignments grouped by expert, tokens ascending within
-        bounds = [0, *accumulate(torch.bincount(flat).tolist())]  # expert e owns order[bounds[e]:bounds[e+1]]
-        n = len(bounds) - 1 if self.shard is None else min(len(bounds) - 1, self.n_experts)
-        used = [e for e in range(n) if bounds[e + 1] > bounds[e]]
-        out = torch.zeros_like(x)  # [T, D]
-        w_flat = weights.flatten()  # [T*K]
-        for i in range(0, len(used), self.memory.max_acquire):
-            chunk = used[i:i + self.memory.max_acquire]
-            spans = [(bounds[e], bounds[e + 1]) for e in chunk]
-            float_experts(self.memory, self.layer, chunk, spans, order, K, x, w_flat, out, self.expert_fn)
-        return out
-
-    def _packed(self, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(x.shape, dtype=torch.float32)  # [T, D]
-        x = x.float().contiguous()
-        step = self.compute.max_tokens  # the scratch holds this many tokens' activations
-        for t0 in range(0, x.shape[0], step):
-            t1 = t0 + step
-            self._packed_tokens(x[t0:t1], out[t0:t1], weights[t0:t1], expert_ids[t0:t1])
-        return out.to(weights.dtype)
-
-    def _packed_tokens(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor):
-        T, K = expert_ids.shape
-        E = self.n_experts
-        sole = None if self.shard is None else self.shard.sole  # this rank's experts alone grouped
-        if self.shard is not None and sole is None:  # other ranks' assignments to bucket E, dropped after the grouping
-            expert_ids, E = self.shard.others_to(expert_ids, E), E + 1
-        used = torch.empty(E, dtype=torch.int32)
-        offsets = torch.empty(E + 1, dtype=torch.int64)  # expert used[j] owns offsets[j]:offsets[j+1]
-        token_ids = torch.empty(T * K, dtype=torch.int32)
-        router_w = torch.empty(T * K, dtype=torch.float32)
-        n_used = native.group_assignments(expert_ids.contiguous(), weights.float().contiguous(), E, used, offsets,
-                                          token_ids, router_w, sole)
-        if self.shard is not None and sole is None and n_used and int(used[n_used - 1]) == self.n_experts:
-            n_used -= 1
-        self._held_experts(native.MoeCall(x, out, offsets, token_ids, router_w, E), n_used, used, T)
-
-    def add_bound(self, call: native.MoeCall, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor,
-                  n_tokens: int) -> None:
-        """The fused decode step's form (packed compute): `call` is bound to the step's buffers, where
-        the routing of n_tokens tokens (expert_ids [T, K]) is already grouped by expert (used, and
-        the offsets, token ids and weights `call` reads); adds the routed experts into its output."""
+    def add_bound(self, call, expert_ids: torch.Tensor, n_used: int, used: torch.Tensor, n_tokens: int) -> None:
+        """The fused decode step's form (packed executor): `call` (native.MoeCall) is bound to the
+        step's buffers, where the routing of n_tokens tokens (expert_ids [T, K]) is already grouped by
+        expert (used, and the offsets, token ids and weights `call` reads); adds the routed experts
+        into its output."""
         t0 = time.perf_counter()
         self.memory.observe(self.layer, expert_ids)
-        self._held_experts(call, n_used, used, n_tokens)
+        self.executor.held(call, n_used, used, n_tokens)
         self._seconds[0] += time.perf_counter() - t0
-
-    def _held_experts(self, call: native.MoeCall, n_used: int, used: torch.Tensor, n_tokens: int) -> None:
-        """Run `call` over the used experts in chunks of at most `memory.max_acquire`, each chunk
-        acquired packed and released after."""
-        act = self.native_act
-        if call.act is not act:  # a call shared by layers computes each layer's own expert function
-            call.bind_act(act, used)
-        used_ids = used[:n_used].tolist()
-        n, pool, scratch = self.memory.max_acquire, self.compute.pool, self.compute.scratch
-        for i in range(0, n_used, n):
-            chunk = used_ids[i:i + n]
-            held = self.memory.start_packed(self.layer, chunk)
-            try:
-                if min(held.index) >= 0:
-                    call(pool, held.parts, held.index, i, n_tokens, scratch)
-                    continue
-                if held.stand_in is not None:  # misses computed from their low-bit stand-ins, nothing waited for
-                    call.rows(pool, held.parts, held.index, i, n_tokens, scratch)
-                    call.rows(pool, held.stand_in, held.stand_in_index, i, n_tokens, scratch)
-                    call.reduce(i, len(chunk), n_tokens)
-                    continue
-                # Some experts are still being read: compute the others meanwhile (their rows, not
-                # yet summed), then the rest, then the sum in the order one call would make it.
-                call.rows(pool, held.parts, held.index, i, n_tokens, scratch)
-                done = self.memory.finish_packed(self.layer, chunk)
-                call.rows(pool, done.parts, [s if h < 0 else -1 for s, h in zip(done.index, held.index)], i, n_tokens,
-                          scratch)
-                call.reduce(i, len(chunk), n_tokens)
-            finally:  # an interrupted step must not leave the experts held
-                self.memory.release(self.layer, chunk)
-
 
 
 def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans: list[tuple[int, int]],
@@ -331,16 +267,11 @@ class MoE(nn.Module):
         super().__init__()
         self.router, self.experts, self.shared = router, experts, shared
 
-    @property
-    def fusable(self) -> bool:
-        """Whether the fused decode step's routing and expert calls compute this layer (a router
-        the native routing computes; experts plain SwiGLU or gpt-oss's, both in the fused call)."""
-        return self.router.plain
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = self.router(x)  # [T, K], [T, K]
         out = self.experts(x, weights, expert_ids)  # [T, D]
         return out if self.shared is None else out + self.shared(x)
 
 
-__all__ = ["Lookahead", "MoE", "Router", "RoutedExperts", "float_experts"]
+__all__ = ["ExpertExecutor", "FloatExperts", "HybridExperts", "Lookahead", "MoE", "Router", "RoutedExperts",
+           "float_experts"]

@@ -10,14 +10,14 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention
 from .batch import Batch, KVStore
-from .layers import FeedForward, RMSNorm, Weight, linear
+from .layers import FeedForward, RMSNorm, Weight, embed, linear
 from .moe import Lookahead, MoE
 from .rope import Rope
+from .spec import LayerSpec
 
 
 @dataclass
@@ -59,9 +59,10 @@ class Transformer(nn.Module):
     A runner (`strata.runtime`) may pass `layers`, a faster form of the blocks' loop, to `forward`."""
 
     def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope,
-                 compute=None, lookahead: Lookahead | None = None):
+                 specs: list[LayerSpec], compute=None, lookahead: Lookahead | None = None):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
+        self.specs = specs  # the LayerSpec of each block (strata.models.spec): what the runtime plans from
         self.lookahead = lookahead  # announces the first MoE layers' experts from the embeddings
         self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
         self._total_s, self._tokens = 0.0, 0
@@ -80,8 +81,7 @@ class Transformer(nn.Module):
         computes the same maths (a runner's fused decode step or decode program).
         """
         t0 = time.perf_counter()
-        x = (F.embedding(tokens, self.embedding) if isinstance(self.embedding, torch.Tensor)
-             else self.embedding.rows(tokens))  # [T, D]
+        x = embed(self.embedding, tokens)  # [T, D]
         if self.lookahead is not None:
             self.lookahead(x)
         cos_sin = self.rope.cos_sin(batch.positions, x.dtype, batch.upto)  # [T, R/2] each
@@ -109,15 +109,15 @@ class Transformer(nn.Module):
     def times(self) -> StepTimes:
         """The time split of the passes since the last `reset_times` (a runner adds what its
         decode program measured)."""
-        experts = sum(b.ffn.experts.seconds for b in self.blocks if hasattr(b.ffn, "experts"))
+        experts = sum(b.ffn.experts.seconds for b, s in zip(self.blocks, self.specs) if s.ffn.moe)
         attention = sum(b.clock[0] for b in self.blocks)
         return StepTimes(self._total_s, attention, experts, self._tokens)
 
     def reset_times(self) -> None:
         self._total_s, self._tokens = 0.0, 0
-        for b in self.blocks:
+        for b, s in zip(self.blocks, self.specs):
             b.clock[0] = 0.0
-            if hasattr(b.ffn, "experts"):
+            if s.ffn.moe:
                 b.ffn.experts.seconds = 0.0
 
 

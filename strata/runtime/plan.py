@@ -1,15 +1,20 @@
 """What runs each kind of step, and why: the one place that decides, once, at load.
 
-    plan = decide(Target("cpu", "packed"), MemoryCaps.of(memory, layers), arch_caps(model))  # runner.py
+    specs = layer_specs(mf, arch)                                   # strata.models.spec, before any weight is read
+    plan = decide(Target("cpu", "packed"), MemoryCaps.of(memory, layers), ArchCaps.of(specs, ...))  # runner.py
     plan.describe()  # "decode: program; prefill: packed per-call; hybrid: off — why: ..."
+
+What each layer allows comes from its spec (strata.models.spec), never from built objects.
 
 Runners, fastest first (each computes the same maths as the float reference, strata.models):
 - decode "program": every layer of a decode step in one native call (strata.runtime.program);
 - decode "fused step": a block's attention half and router in one native call, its experts in
   the fused MoE call, blocks one by one (strata.runtime.step); blocks without a fused form run
   per call;
-- "packed per-call": the model's own forward with packed weights and native glue;
-- "float": the model's own forward in torch on dequantized weights (the reference; CUDA's).
+- "packed per-call": the model's own forward through the native executor (packed weights, native glue);
+- "float": the model's own forward through the torch reference on dequantized weights (CUDA's).
+Experts: each MoE layer's expert executor (strata.models.spec.expert_executor: packed, hybrid or
+float), shown with its reason.
 Hybrid: plain routed experts split each chunk between the device and the CPU
 (strata.runtime.hybrid), where the tiered memory measures it to pay.
 Memory: the default expert memory of packed compute on the CPU is settled from the file before
@@ -23,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from strata.models.spec import LayerSpec, expert_executor
 from strata.units import format_bytes
 
 PROGRAM, FUSED, PACKED, FLOAT = "program", "fused step", "packed per-call", "float"
@@ -56,21 +62,35 @@ class MemoryCaps:
     def of(memory, layers: Sequence[int], why: str = "") -> MemoryCaps:
         if memory is None:
             return MemoryCaps("none", why="the model has no routed experts")
-        kind = type(memory).__name__.removesuffix("ExpertMemory").lower() or "custom"
         fixed = memory.packed and all(memory.fixed_packed(layer) is not None for layer in layers)
-        return MemoryCaps(kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid), why)
+        return MemoryCaps(memory.kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid), why)
 
 
 @dataclass(frozen=True)
 class ArchCaps:
-    """What the built model's blocks allow: how many of n_blocks the fused decode step computes
-    (`unfused`: why the others not), and why the decode program cannot take the model (None: it
-    can; strata.runtime.program.DecodeProgram.takes)."""
+    """What the model's layers allow, from their specs: how many of n_blocks the fused decode step
+    computes (`unfused`: why the others not), and why the decode program cannot take the model
+    (None: it can; strata.runtime.program.DecodeProgram.takes)."""
 
     n_blocks: int
     fused_blocks: int
     unfused: str | None = None
     program: str | None = None
+
+    @staticmethod
+    def of(specs: Sequence[LayerSpec], experts_packed: bool, sharded: bool, takes) -> tuple[ArchCaps, list[bool]]:
+        """The caps of layers `specs` under packed compute, and whether each block has a fused step.
+        experts_packed: the memory hands out packed experts (the fused MoE call's); sharded: expert
+        parallelism (the fused step block by block, whose MoE layers combine the ranks' partial sums
+        between two native calls; not the program, which runs every layer in one); takes: the
+        program's own rule (`DecodeProgram.takes`)."""
+        why = [s.unfused() or (None if experts_packed or not s.ffn.moe else "float experts") for s in specs]
+        fused = [w is None for w in why]
+        first = None if all(fused) else fused.index(False)
+        unfused = None if first is None else f"block {first} has no fused form ({why[first]})"
+        program = ("expert parallelism: the MoE layers combine the ranks' partial sums between native calls"
+                   if sharded else takes(specs, fused))
+        return ArchCaps(len(specs), sum(fused), unfused, program), fused
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,8 @@ class RuntimePlan:
     hybrid_why: str
     memory: str = "none"  # the expert memory that runs (MemoryCaps.kind: "direct", "paged", "tiered", ...)
     memory_why: str = ""
+    experts: str = "none"  # the MoE layers' expert executors ("packed", "hybrid", "float", or a mix by layer)
+    experts_why: str = "the model has no routed experts"
 
     def describe(self) -> str:
         return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}; "
@@ -93,10 +115,11 @@ class RuntimePlan:
                 f"hybrid: {self.hybrid_why}; memory: {self.memory_why or 'as asked'}")
 
     def rows(self) -> list[tuple[str, str, str]]:
-        """(step, runner, why) of each kind of step, then ("memory", kind, why)."""
+        """(step, runner, why) of each kind of step, then ("memory", kind, why) and ("experts",
+        executor, why)."""
         return [("decode", self.decode, self.decode_why), ("prefill", self.prefill, self.prefill_why),
                 ("hybrid", "on" if self.hybrid else "off", self.hybrid_why),
-                ("memory", self.memory, self.memory_why or "as asked")]
+                ("memory", self.memory, self.memory_why or "as asked"), ("experts", self.experts, self.experts_why)]
 
 
 #: Share of the experts' sampled pages that must be in the page cache for the default to read
@@ -136,20 +159,45 @@ def default_memory_row(fit: FileFit) -> tuple[str, str]:
                       f"place from the mapped file (--memory paged copies them into RAM slots)")
 
 
-def decide(target: Target, memory: MemoryCaps, arch: ArchCaps) -> RuntimePlan:
-    """The plan of a model: the first row that matches decides each kind of step."""
+def decide(target: Target, memory: MemoryCaps, arch: ArchCaps, specs: Sequence[LayerSpec] = ()) -> RuntimePlan:
+    """The plan of a model of layers `specs`: the first row that matches decides each kind of step."""
     prefill, prefill_why = ((PACKED, "packed compute: the native kernels multiply the file's blocks")
                             if target.compute == "packed" else (FLOAT, f"float compute on {target.device}"))
-    hybrid, hybrid_why = hybrid_row(target, memory)
+    hybrid, hybrid_why = hybrid_row(target, memory, specs)
     decode, decode_why = _decode_row(target, memory, arch)
-    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why, memory.kind, memory.why)
+    experts, experts_why = experts_row(target, memory, specs)
+    return RuntimePlan(decode, prefill, hybrid, decode_why, prefill_why, hybrid_why, memory.kind, memory.why,
+                       experts, experts_why)
 
 
-def hybrid_row(target: Target, memory: MemoryCaps) -> tuple[bool, str]:
+def experts_row(target: Target, memory: MemoryCaps, specs: Sequence[LayerSpec]) -> tuple[str, str]:
+    """Each MoE layer's expert executor (`expert_executor`, what the loader builds), by kind:
+    (executors, why), layers counted where they differ."""
+    moe = [s for s in specs if s.ffn.moe]
+    if not moe:
+        return "none", "the model has no routed experts"
+    packed, hybrid = target.compute == "packed" and memory.packed, memory.hybrid and target.compute != "packed"
+    rows = [expert_executor(s.ffn, packed, hybrid) for s in moe]
+    kinds = sorted(set(rows), key=rows.index)
+    if len(kinds) == 1:
+        return kinds[0]
+    return (", ".join(f"{k} ({sum(r[0] == k for r in rows)} layers)" for k, _ in kinds),
+            "; ".join(f"{k}: {why}" for k, why in kinds))
+
+
+def hybrid_row(target: Target, memory: MemoryCaps, specs: Sequence[LayerSpec] = ()) -> tuple[bool, str]:
     """The hybrid row of the table (the runtime reads it before building the model, whose
-    experts are given the CPU side at construction)."""
+    experts are given the CPU side at construction); `specs`: the layers, whose expert function
+    says whether hybrid compute can run them."""
     if memory.hybrid:
-        return True, f"the {memory.kind} memory computes missed experts on the CPU where that beats copying"
+        moe = [s for s in specs if s.ffn.moe]
+        off = [s for s in moe if expert_executor(s.ffn, False, True)[0] != "hybrid"]
+        if moe and len(off) == len(moe):
+            return False, (f"the {memory.kind} memory would split missed experts with the CPU, but "
+                           f"{expert_executor(off[0].ffn, False, True)[1]}")
+        part = f" ({len(moe) - len(off)} of {len(moe)} MoE layers: {expert_executor(off[0].ffn, False, True)[1]})" \
+            if off else ""
+        return True, f"the {memory.kind} memory computes missed experts on the CPU where that beats copying{part}"
     if target.compute == "packed":
         return False, "packed compute runs every expert on the CPU already"
     return False, f"the {memory.kind} memory computes no experts on the CPU (TieredConfig.hybrid)"
@@ -175,4 +223,4 @@ def _decode_row(target: Target, memory: MemoryCaps, arch: ArchCaps) -> tuple[str
 
 
 __all__ = ["ArchCaps", "FLOAT", "FUSED", "FileFit", "MemoryCaps", "PACKED", "PAGE_CACHE_SHARE", "PROGRAM",
-           "RuntimePlan", "Target", "decide", "default_memory_row", "hybrid_row"]
+           "RuntimePlan", "Target", "decide", "default_memory_row", "experts_row", "hybrid_row"]

@@ -18,9 +18,8 @@ from strata import native
 from strata.memory import ExpertMemory
 
 from strata.models.batch import Batch, KVStore
-from strata.models.layers import SharedExpert
-from strata.models.moe import MoE
 from strata.models.packed import PackedCompute
+from strata.models.spec import LayerSpec
 
 from .step import FusedDecode, add_moe
 
@@ -31,47 +30,36 @@ class DecodeProgram:
 
     def __init__(self, blocks: list, steps: list[FusedDecode], memory: ExpertMemory, compute: PackedCompute,
                  fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1):
-        self.blocks, self.memory, self.compute, self.fixed = blocks, memory, compute, fixed
+        self.blocks, self.steps, self.memory, self.compute, self.fixed = blocks, steps, memory, compute, fixed
         self.layers = [s.layer for s in steps]
-        self.moe = [i for i, b in enumerate(blocks) if isinstance(b.ffn, MoE)]  # the others: dense layers
+        self.moe = [i for i, s in enumerate(steps) if s.moe is not None]  # the others: dense layers
         self._all_moe = len(self.moe) == len(blocks)
-        self.model_layers = [b.ffn.experts.layer if isinstance(b.ffn, MoE) else -1 for b in blocks]
+        self.model_layers = [s.spec.index if s.moe is not None else -1 for s in steps]
         self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
         self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
         self._grow(capacity)
 
     @staticmethod
-    def takes(model, fused: list[bool]) -> str | None:
-        """Why the program cannot run `model`'s decode steps (None: it can): it needs every block
-        fused (`fused[i]`: block i has a fused decode step), with routed experts (and a shared expert, if any, in packed form) or a
-        dense FFN in packed form (a SharedExpert without gate: DeepSeek's first layers), one RoPE
-        table for every layer (not sliding-window layers with their own base), at least one MoE
-        block and no look-ahead announcements (they are Python between layers)."""
-        blocks = list(model.blocks)
-        if model.lookahead is not None or any(b.lookahead is not None for b in blocks):
-            return "the memory takes look-ahead announcements between layers"
-        if any(b.attention.rope is not model.rope for b in blocks):
+    def takes(specs: list[LayerSpec], fused: list[bool]) -> str | None:
+        """Why the program cannot run the decode steps of a model of layers `specs` (None: it can):
+        it needs every block fused (`fused[i]`: block i has a fused decode step), one RoPE table
+        for every layer (not sliding-window layers with their own base) and at least one MoE block.
+        (Under packed compute a dense FFN and a shared expert are one packed expert each, the
+        program's form; look-ahead announcements, Python between layers, are the plan's to rule out.)"""
+        if any(s.attention.own_rope for s in specs):
             return "sliding-window layers have their own RoPE base (the program takes one table)"
-        if not any(isinstance(b.ffn, MoE) for b in blocks):
+        if not any(s.ffn.moe for s in specs):
             return "no block has routed experts"
-        for i, (b, ok) in enumerate(zip(blocks, fused)):
-            if not ok:
-                return f"block {i} has no fused decode step"
-            if isinstance(b.ffn, SharedExpert):  # a dense layer
-                if b.ffn.packed is None or b.ffn.gate_inp is not None:
-                    return f"block {i}'s dense FFN is not one packed expert"
-            elif (not isinstance(b.ffn, MoE)
-                    or (b.ffn.shared is not None and b.ffn.shared.packed is None) or b.ffn.experts.hybrid is not None):
-                return f"block {i}'s FFN is not routed experts from packed memory with a packed shared expert"
+        if not all(fused):
+            return f"block {fused.index(False)} has no fused decode step"
         return None
 
     @staticmethod
     def build(model, steps: list[FusedDecode], memory: ExpertMemory) -> DecodeProgram:
         """The program of `model` (`takes` said yes) over a memory whose experts stay in place
         (`fixed_packed` of every MoE layer)."""
-        blocks = list(model.blocks)
-        fixed = [memory.fixed_packed(b.ffn.experts.layer) if isinstance(b.ffn, MoE) else (None, None) for b in blocks]
-        return DecodeProgram(blocks, steps, memory, model.compute, fixed)
+        fixed = [memory.fixed_packed(s.spec.index) if s.moe is not None else (None, None) for s in steps]
+        return DecodeProgram(list(model.blocks), steps, memory, model.compute, fixed)
 
     def _grow(self, capacity: int) -> None:
         first = self.layers[self.moe[0]]
@@ -81,17 +69,17 @@ class DecodeProgram:
         for layer in self.layers:
             self.compute.reserve(layer.scratch_bytes(capacity))
         self.native = native.DecodeLayers([
-            (layer, parts, slot_of, self._shared(block), block.ffn.experts.native_act if isinstance(block.ffn, MoE) else None)
-            for layer, block, (parts, slot_of) in zip(self.layers, self.blocks, self.fixed)], out)
+            (step.layer, parts, slot_of, self._shared(step), None if step.moe is None else step.moe.experts.executor.act)
+            for step, (parts, slot_of) in zip(self.steps, self.fixed)], out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
 
     @staticmethod
-    def _shared(block) -> tuple | None:
+    def _shared(step: FusedDecode) -> tuple | None:
         """The block's shared expert as the native program takes it: (parts, gate [D] or None);
-        a dense layer's FFN is one, without gate."""
-        shared = block.ffn if isinstance(block.ffn, SharedExpert) else block.ffn.shared
-        return None if shared is None else (shared.packed[0], shared.packed[2])
+        a dense layer's FFN is one (a PackedSharedExpert), without gate."""
+        shared = step.block.ffn if step.moe is None else step.moe.shared
+        return None if shared is None else (shared.parts, shared.gate)
 
     def seconds(self) -> tuple[float, float]:
         """Seconds in attention and in routed experts since the last `reset`."""
@@ -110,8 +98,8 @@ class DecodeProgram:
             self._grow(B)
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
-        for i, layer in enumerate(self.layers):
-            (layer.bind_states if isinstance(layer, native.DecodeDeltaNet) else layer.bind_cache)(*cache.layer(i))
+        for i, step in enumerate(self.steps):
+            step.bind(cache.layer(i))
         slots = batch.slot_ids if self.native.recurrent else None  # the batch's state rows
         self.memory.check_fixed()
         c, n, first = self.compute, len(self.layers), 0

@@ -20,6 +20,8 @@ from strata import native
 from strata.gguf import ModelFile
 from strata.memory import ExpertMemory
 from strata.models import Transformer, load_model
+from strata.models.loader import architecture
+from strata.models.spec import layer_specs
 from strata.models.transformer import StepTimes
 
 from .hybrid import HybridCompute
@@ -29,20 +31,16 @@ from .step import FusedDecode
 
 
 def arch_caps(model: Transformer) -> ArchCaps:
-    """What `model`'s blocks allow the fused step and the decode program (expert parallelism: the
-    fused step, block by block, whose MoE layers combine the ranks' partial sums between two native
-    calls; not the program, which runs every layer in one)."""
-    eligible = [FusedDecode.eligible(b, model.compute) for b in model.blocks]
-    n, k = len(eligible), sum(eligible)
-    first = None if k == n else eligible.index(False)
-    why = None if first is None else (getattr(model.blocks[first].attention, "unfused_why", None)
-                                      or getattr(model.blocks[first].ffn, "unfused_why", None))
-    generic = "a matrix not packed, attention or routing the fused step lacks, or float experts"
-    unfused = None if first is None else f"block {first} has no fused form ({why or generic})"
-    if any(getattr(getattr(b.ffn, "experts", None), "shard", None) is not None for b in model.blocks):
-        return ArchCaps(n, k, unfused, "expert parallelism: the MoE layers combine the ranks' partial sums "
-                                       "between native calls")
-    return ArchCaps(n, k, unfused, DecodeProgram.takes(model, eligible))
+    """What `model`'s layers allow the fused step and the decode program: read from its layer specs
+    and the form of expert its MoE layers' executors take (`ArchCaps.of`)."""
+    return _caps(model)[0]
+
+
+def _caps(model: Transformer) -> tuple[ArchCaps, list[bool]]:
+    experts = [b.ffn.experts for b, s in zip(model.blocks, model.specs) if s.ffn.moe]
+    packed = model.compute is not None and all(e.executor.form == "packed" for e in experts)
+    sharded = any(e.shard is not None for e in experts)
+    return ArchCaps.of(model.specs, packed, sharded, DecodeProgram.takes)
 
 
 class Runner:
@@ -66,8 +64,9 @@ class Runner:
         """The runner of `plan` over a built model: its fused steps and program made here."""
         steps = program = None
         if plan.decode in (FUSED, PROGRAM):
-            steps = [FusedDecode.of(b, model.compute) if FusedDecode.eligible(b, model.compute) else None
-                     for b in model.blocks]
+            fused = _caps(model)[1]
+            steps = [FusedDecode(b, spec, model.compute) if ok else None
+                     for b, spec, ok in zip(model.blocks, model.specs, fused)]
         if plan.decode == PROGRAM:
             program = DecodeProgram.build(model, steps, memory)
         return Runner(model, plan, memory, hybrid, steps, program)
@@ -114,14 +113,15 @@ def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.dev
     `ExpertShard` of each MoE layer under expert parallelism)."""
     device, n_threads = torch.device(device), n_threads or native.default_threads()
     target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers, memory_why)
-    hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem)[0] else None
+    specs = layer_specs(mf, architecture(mf))
+    hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem, specs)[0] else None
     model = None
     try:
         model = load_model(mf, memory, device=device, dtype=dtype, n_threads=n_threads, compute=compute, hybrid=hybrid,
                            shards=shards)
-        return Runner.of(model, decide(target, mem, arch_caps(model)), memory, hybrid)
+        return Runner.of(model, decide(target, mem, arch_caps(model), model.specs), memory, hybrid)
     except BaseException:
-        for part in (hybrid, getattr(model, "compute", None)):
+        for part in (hybrid, None if model is None else model.compute):
             if part is not None:
                 part.close()
         raise

@@ -9,7 +9,8 @@ from strata import native
 from strata.gguf import open_model
 from strata.memory.parts import file_parts
 from strata.memory import DirectExpertMemory
-from strata.models.moe import RoutedExperts
+from strata.models.executor import PackedExperts
+from strata.models.moe import FloatExperts, RoutedExperts
 from strata.models.packed import PackedCompute
 from strata.models.shard import ExpertShard
 from tests.fixtures.tiny import zoo
@@ -53,7 +54,9 @@ def test_partial_sums_add_up_to_the_layer(packed):
 
         def routed(shard):
             memory = Recording(mf, packed=packed)
-            out = RoutedExperts(memory, layer, compute, E, shard=shard)(x, weights, ids)
+            executor = (PackedExperts(memory, layer, E, compute, shard=shard) if packed else
+                        FloatExperts(memory, layer, E, shard=shard))
+            out = RoutedExperts(executor)(x, weights, ids)
             return out, memory.seen
 
         whole, _ = routed(None)

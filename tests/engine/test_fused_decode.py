@@ -259,7 +259,7 @@ def test_deepseek_program_and_fused_decode_agree_with_the_per_call_path(deepseek
         with strata.load(deepseek.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                          memory="direct") as m:
             assert all(s is not None for s in m.runner.steps)
-            assert type(m.transformer.blocks[0].ffn).__name__ == "SharedExpert"  # the dense first layer
+            assert type(m.transformer.blocks[0].ffn).__name__ == "PackedSharedExpert"  # the dense first layer
             _has_program(deepseek, m)
             for prompts in ([deepseek.prompt_ids(7, seed=1)],
                             [deepseek.prompt_ids(5, seed=2), deepseek.prompt_ids(19, seed=3),
@@ -327,27 +327,25 @@ def test_fused_deltanet_and_gated_attention_equal_the_per_call_path(arch, outtyp
     fused step (the DeltaNet half in one native call, the gated attention in DecodeAttn), the decode
     program runs them all, and both give the per-call path's bytes, one sequence and three at
     different positions (each on its own slot's recurrent state)."""
-    from strata.runtime.step import FusedDeltaNet
     from tests.fixtures.tiny import zoo
 
     tiny = zoo().get(arch)
     with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                      memory="direct") as m:
-        kinds = [type(s).__name__ for s in m.runner.steps]
-        assert "FusedDeltaNet" in kinds and "FusedDecode" in kinds and all(s is not None for s in m.runner.steps)
+        kinds = [type(s.layer).__name__ for s in m.runner.steps]
+        assert "DecodeDeltaNet" in kinds and "DecodeAttn" in kinds and all(s is not None for s in m.runner.steps)
         _has_program(tiny, m)
         assert m.runner.program.native.recurrent
-        assert any(s.layer.c.q_gate for s in m.runner.steps if not isinstance(s, FusedDeltaNet))
+        assert any(s.layer.c.q_gate for s in m.runner.steps if not s.recurrent)
         _check_fused_equals_per_call(tiny, m)
 
 
 def test_native_deltanet_step_refuses_bad_arguments():
-    from strata.runtime.step import FusedDeltaNet
     from tests.fixtures.tiny import zoo
 
     with strata.load(zoo().get("qwen3next").gguf("q8_0"), threads=1, n_ctx=64, max_batch=2, compute="packed",
                      memory="direct") as m:
-        i, step = next((i, s) for i, s in enumerate(m.runner.steps) if isinstance(s, FusedDeltaNet))
+        i, step = next((i, s) for i, s in enumerate(m.runner.steps) if s.recurrent)
         layer, c = step.layer, m.transformer.compute
         x, pos = torch.zeros((1, layer.n_embd)), torch.tensor([3])
         fresh = native.DecodeDeltaNet.__new__(native.DecodeDeltaNet)

@@ -39,7 +39,7 @@ def test_layers_are_as_transformers_builds_them(tiny):
     moe = [isinstance(b.ffn, MoE) for b in blocks]
     assert moe == [i in cfg.moe_layers for i in range(4)]
     assert [b.attention.chunk for b in blocks] == [8, 8, 8, 0]
-    assert all(isinstance(b.ffn.experts.expert_fn, InputScaled) and b.ffn.experts.input_scaled
+    assert all(isinstance(b.ffn.experts.executor.expert_fn, InputScaled) and b.ffn.experts.executor.expert_fn.input_scaled
                and b.ffn.shared is not None for b, m in zip(blocks, moe) if m)
 
 
@@ -58,7 +58,7 @@ def test_each_feature_matters(tiny, change):
         elif change == "no qk-norm":
             a.l2_eps = None
         elif isinstance(b.ffn, MoE):  # the router's weights scale the outputs instead
-            b.ffn.experts.expert_fn, b.ffn.experts.input_scaled = None, False
+            b.ffn.experts.executor.expert_fn = None
     assert rel_err(bare.forward(ids, 0), tiny.hf_logits(ids)) > 10 * REL_TOL
 
 
@@ -113,7 +113,7 @@ def test_input_scaled_experts_scale_each_assignments_input(tiny, compute):
         weights, ids = moe.router(x)
         ones = torch.ones((5, 1), dtype=weights.dtype)
         experts = moe.experts
-        experts.expert_fn, experts.input_scaled = None, False  # plain SwiGLU, weighted outputs
+        experts.executor.expert_fn = None  # plain SwiGLU, weighted outputs
         want = sum(experts(x * weights[:, j:j + 1].to(x.dtype), ones, ids[:, j:j + 1]) for j in range(2))
         assert rel_err(got, want + moe.shared(x)) < 1e-6
         assert rel_err(got, experts(x, weights, ids) + moe.shared(x)) > 1e-3  # the weights at the outputs differ

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+
 import strata
+from strata.models.executor import NATIVE, NativeRouter
 from strata.engine.kv_cache import KVCache
 from strata.models import cache_dims
 from tests.fixtures.tiny import GGUF_ARCH, zoo
@@ -178,7 +180,7 @@ def test_gpt_oss_windows_sinks_and_expert_function_are_where_transformers_has_th
     assert windows == [cfg.sliding_window if t == "sliding_attention" else 0 for t in cfg.layer_types] == [8, 0, 8, 0]
     for block, layer in zip(bare.model.blocks, tiny.model.model.layers):
         assert torch.equal(block.attention.w.sinks, layer.self_attn.sinks.detach())
-        fn = block.ffn.experts.expert_fn
+        fn = block.ffn.experts.executor.expert_fn
         assert (fn.alpha, fn.limit) == (cfg.swiglu_alpha, cfg.swiglu_limit)
         assert torch.equal(fn.b_gate, layer.mlp.experts.gate_up_proj_bias.detach()[:, ::2])
 
@@ -209,13 +211,14 @@ def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
     """Packed compute runs gpt-oss's clamped, biased experts in the fused native MoE call (one per
     layer and chunk of held experts), never the per-expert Python function; on the f32 file it
     equals the float path, whose experts do run that function, through every memory."""
-    from strata.models import expert_act, moe
+    from strata import native
+    from strata.models import expert_act
     tiny = zoo().get("gptoss")
     ids = tiny.prompt_ids(40)
     with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=1, compute="float") as ref:
         want = ref.logits(ids)
     calls = []
-    real_run = moe.native.MoeCall._run  # whole calls and the two-call form (rows) alike
+    real_run = native.MoeCall._run  # whole calls and the two-call form (rows) alike
 
     def counted(self, *a, **k):
         calls.append(self._act is not None)
@@ -224,13 +227,13 @@ def test_gpt_oss_packed_experts_run_in_the_fused_call(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the per-expert function ran under packed compute")
 
-    monkeypatch.setattr(moe.native.MoeCall, "_run", counted)
+    monkeypatch.setattr(native.MoeCall, "_run", counted)
     monkeypatch.setattr(expert_act.ClampedSwiGLU, "__call__", refuse)
     for memory in ("direct", "paged", "tiered"):
         calls.clear()
         with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=1, compute="packed", memory=memory) as m:
             got = m.logits(ids)
-            n_moe = sum(isinstance(b.ffn, moe.MoE) for b in m.transformer.blocks)
+            n_moe = sum(s.ffn.moe for s in m.transformer.specs)
         assert rel_err(got, want) < 1e-5, memory
         assert calls and all(calls) and len(calls) >= n_moe, (memory, len(calls), n_moe)
 
@@ -258,7 +261,7 @@ def test_packed_decode_steps_equal_the_float_path(new, monkeypatch):
         if compute == "packed":
             bare.mf = open_model(path)
             bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
-            assert all(b.attention.native for b in bare.model.blocks)
+            assert all(type(b.attention) in NATIVE.attention.values() for b in bare.model.blocks)
             if new.key == "gptoss":
                 assert {b.attention.window for b in bare.model.blocks} == {0, 8}
         prompt = new.prompt_ids(12)
@@ -298,8 +301,8 @@ def test_minimax_m2_router_matches_transformers():
     bias = block.e_score_correction_bias.detach()
     order_w = want_ids.sort(-1)
     for native in (False, True):
-        got_w, got_ids = Router(block.gate.weight.detach(), cfg.num_experts_per_tok, "sigmoid", True, 1.0,
-                                selection_bias=bias, native=native)(x)
+        got_w, got_ids = (NativeRouter if native else Router)(block.gate.weight.detach(), cfg.num_experts_per_tok,
+                                                              "sigmoid", True, 1.0, selection_bias=bias)(x)
         order_g = got_ids.sort(-1)
         assert torch.equal(order_w.values, order_g.values), native
         assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices), atol=1e-6)

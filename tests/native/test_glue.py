@@ -21,6 +21,7 @@ from strata.errors import NativeError
 from strata.models.attention import Attention
 from strata.models.batch import Batch
 from strata.models.layers import RMSNorm
+from strata.models.executor import NativeRouter
 from strata.models.moe import Router
 from strata.models.rope import Rope
 
@@ -288,9 +289,15 @@ def test_route_ties_go_to_the_lower_expert():
     assert w[0, 0] == w[0, 1] == w[0, 2] and w[0, 3] < w[0, 2]
 
 
+def native_router(r: Router) -> NativeRouter:
+    """The native executor's router with `r`'s weights and options."""
+    return NativeRouter(r.weight, r.k, r.gating, r.norm, r.scale, r.bias, r.selection_bias, r.n_groups,
+                        r.n_groups_used, r.group_score)
+
+
 def test_route_softmax_weight_with_a_biased_router():
     """gpt-oss's router: logits plus a bias, the top k of them, a softmax over those k; the
-    native path (Router.forward_native: native logits, the bias added, native.route) picks the
+    native path (NativeRouter: native logits, the bias added, native.route) picks the
     torch path's experts with its weights; logits of -inf are never chosen."""
     T, E, K, D = 9, 32, 4, 48
     weight, bias = torch.randn(E, D, generator=_gen(5)), torch.randn(E, generator=_gen(6)) * 3
@@ -298,8 +305,7 @@ def test_route_softmax_weight_with_a_biased_router():
     r = Router(weight, K, "softmax_weight", False, 1.0, bias=bias)
     assert r.plain
     want_w, want_ids = r(x)
-    r.native = True
-    got_w, got_ids = r(x)
+    got_w, got_ids = native_router(r)(x)
     assert torch.equal(got_ids, want_ids)
     torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
     assert torch.allclose(got_w.sum(-1), torch.ones(T))
@@ -320,7 +326,7 @@ def test_route_softmax_weight_with_a_biased_router():
 ])
 @pytest.mark.parametrize("norm,scale", [(True, 2.5), (False, 1.0)])
 def test_route_groups_and_selection_bias_match_the_router(gating, groups, used, score, bias, norm, scale):
-    """DeepSeek's routers: the native path (Router.forward_native) chooses the torch path's experts
+    """DeepSeek's routers: the native path (NativeRouter) chooses the torch path's experts
     with its weights, token by token."""
     T, E, K, D = 33, 64, 6, 40
     weight = torch.randn(E, D, generator=_gen(11)) * 0.5
@@ -330,8 +336,7 @@ def test_route_groups_and_selection_bias_match_the_router(gating, groups, used, 
     assert r.plain
     x = torch.randn(T, D, generator=_gen(13))
     want_w, want_ids = r(x)
-    r.native = True
-    got_w, got_ids = r(x)
+    got_w, got_ids = native_router(r)(x)
     assert torch.equal(got_ids, want_ids)
     torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
     if groups > 1:  # the chosen experts lie in at most `used` groups

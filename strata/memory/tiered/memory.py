@@ -65,6 +65,8 @@ class TieredExpertMemory(ExpertMemory):
         measures it once; default: measured here).
     """
 
+    kind = "tiered"
+
     def __init__(self, model_file: ModelFile, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, n_threads: int | None = None,
                  config: TieredConfig | None = None, reserved_bytes: int = 0, machine: Machine | None = None):
@@ -86,13 +88,14 @@ class TieredExpertMemory(ExpertMemory):
         policy_config = PolicyConfig(prefetch_margin=self.config.prefetch_margin)
         L, E = len(self.layers), self.n_experts
         self.policy = ExpertPolicy(L, E, self.plan.slots_per_layer, self.top_k, policy_config)
-        self.host = HostTier(model_file, self.plan.host_budget, top_k=self.top_k, device=str(self.device),
+        self.host = self.disk_tier = HostTier(model_file, self.plan.host_budget, top_k=self.top_k, device=str(self.device),
                              n_threads=self.config.pager_threads, direct=self.config.direct,
                              policy_config=policy_config, compact=self.config.hybrid, machine=machine)
         try:
             self.slots = DeviceSlots(self.geometry, self.policy.n_slots, self.plan.form, self.device, dtype,
                                      n_scratch=self.max_acquire,
                                      n_threads=self.n_threads)
+            self.cuda_slots = self.slots.cuda
         except BaseException:
             self.host.close()
             raise
