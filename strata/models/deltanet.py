@@ -94,7 +94,7 @@ class GatedDeltaNet(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The input projections, float32: qkv [T, C] (contiguous), z [T, Hv*dv], and the
         pre-activation beta and alpha of each value head [T, Hv] each."""
-        w, T, value = self.w, x.shape[0], self.hv * self.dv
+        w, value = self.w, self.hv * self.dv
         if w.w_in is not None:
             C = w.w_in.shape[0] - value - 2 * self.hv
             qkv, z, ba = linear(x, w.w_in).float().split([C, value, 2 * self.hv], dim=-1)
