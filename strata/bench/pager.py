@@ -8,10 +8,11 @@ order through its slot pool (Python bookkeeping and evictions included). Both re
 page cache, so a file the machine has cached still measures the disk. The runs alternate, one
 sequential pass then one pager pass, `repeat` times: the headline ratio is the median of the
 ratios of these back-to-back pairs, since a shared (or virtual) disk drifts between passes by more
-than the difference being measured; the best of each figure is reported beside it. (On the virtual
-disk this was written on, a sequential pass right after another sequential pass of the same file
-runs ~2.5x faster than after any other traffic: the host caches behind the guest. Alternating keeps
-the reference at the disk's own rate; an uncounted warm-up pass starts the alternation.)
+than the difference being measured; the best of each figure is reported beside it. (On a virtual
+disk a sequential pass right after another sequential pass of the same file can run much faster
+than after any other traffic: the host caches behind the guest (benchmarks/RESULTS.md, "The
+pager's reference read"). Alternating keeps the reference at the disk's own rate; an uncounted
+warm-up pass starts the alternation.)
 
 Must not print or assert: it returns data and `strata.commands.bench` prints it.
 """

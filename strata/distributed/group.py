@@ -5,11 +5,11 @@ shared experts for every token and only its shard of the routed experts (`strata
 Per MoE layer one all-gather brings every rank's partial sum [T, D] and each rank adds them in rank
 order (0, 1, ...): the same bytes on every rank, whatever the timing. Ranks that all run on one
 machine exchange them through shared memory instead (`shared.SharedSums`, set up in `ready`: the
-same additions, without gloo's ~1 ms per call). That order is not the one
-process's (which adds a token's experts in ascending expert order), so logits agree with one
-process to float rounding (tests/distributed bound them), not bit for bit. Each step the ranks keep
-rank 0's sampled tokens (`agree`), so they cannot diverge. A collective that waits longer than
-`timeout_s` (a rank died or hangs) raises on the others instead of hanging.
+same additions, without gloo's cost per call). That order is not the one process's (which adds a
+token's experts in ascending expert order), so logits agree with one process's to float rounding
+(tests/distributed bound them), not bit for bit. Each step the ranks keep rank 0's sampled tokens
+(`agree`), so they cannot diverge. A collective that waits longer than `timeout_s` (a rank died or
+hangs) raises on the others instead of hanging.
 
 `counters()` says what this rank moved over the group: the all-gathers' payload ((world - 1) partial
 sums of [T, D] sent and as many received per MoE layer, whatever algorithm gloo runs: a ring

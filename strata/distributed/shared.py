@@ -1,15 +1,15 @@
 """The MoE layers' partial sums through shared memory when every rank runs on one machine.
 
 gloo sends each all-gather through its worker and socket threads; on one machine with each rank
-pinned to its own core that costs about 1 ms per MoE layer (measured: a 4 KiB all-gather 0.9-1.0 ms
-pinned, 0.3 ms unpinned, where a bare TCP round trip takes 30 us), which is as much as a rank's
-compute per token. Ranks that find the same host (name and boot id) map one file in /dev/shm
-instead (native/exchange.c: each writes its slot, publishes a sequence number and waits for the
-others'; the sum is added in rank order, so the bytes are the all-gather's). The group still
-does everything else (start-up, the broadcasts of sampled tokens, heartbeats); ranks on several
-machines, a partial sum larger than a slot, a /dev/shm without room for the segment (its pages are
-reserved when it is made) or `STRATA_EP_SHM=0` use gloo. The file is unlinked once every rank has
-mapped it: nothing is left behind, whatever becomes of the processes.
+pinned to its own core that costs as much per token as a rank's compute, many times a bare TCP
+round trip (benchmarks/RESULTS.md, "Expert parallelism: two ranks against one process"). Ranks that
+find the same host (name and boot id) map one file in /dev/shm instead (native/exchange.c: each
+writes its slot, publishes a sequence number and waits for the others'; the sum is added in rank
+order, so the bytes are the all-gather's). The group still does everything else (start-up, the
+broadcasts of sampled tokens, heartbeats); ranks on several machines, a partial sum larger than a
+slot, a /dev/shm without room for the segment (its pages are reserved when it is made) or
+`STRATA_EP_SHM=0` use gloo. The file is unlinked once every rank has mapped it: nothing is left
+behind, whatever becomes of the processes.
 """
 from __future__ import annotations
 

@@ -8,16 +8,14 @@ sequence's state: the mask of tokens allowed next, advanced with each sampled to
 grammar is complete only the end-of-generation tokens are allowed, so a finished grammar forces EOS.
 
 The engine is llguidance (a small Rust wheel with no dependencies), chosen over xgrammar, whose
-wheel requires torch, transformers, triton, pydantic and apache-tvm-ffi (xgrammar was not timed
-here). Measured with benchmarks/grammar_mask.py on the shared 2-core machine (one thread, a strict
-JSON schema, random walks of 200 tokens; medians, p90 in brackets):
-  - tiny trained byte-level BPE (600 tokens): mask fill 0.05 ms (0.16), applying it 0.12 ms;
-  - Qwen2's vocabulary (151,936 tokens, llama.cpp's ggml-vocab-qwen2.gguf): mask fill 0.32 ms
-    (p90 20 ms: open string states), applying it 1.0 ms per row; the Vocabulary is built once
-    per tokenizer in 5.8 s (`strata serve` builds it on a thread at start: `Model.prepare_grammar`;
-    a constrained request that comes before it is ready waits for that one build).
+wheel requires torch, transformers, triton, pydantic and apache-tvm-ffi (xgrammar was not timed).
+Filling and applying a mask costs a small share of a decode step on a real vocabulary, more in open
+string states (benchmarks/grammar_mask.py; figures: benchmarks/RESULTS.md, "Grammar masks");
+building the Vocabulary reads every token and takes seconds on a large vocabulary, so it is built
+once per tokenizer (`strata serve` builds it on a thread at start: `Model.prepare_grammar`; a
+constrained request that comes before it is ready waits for that one build).
 The mask is filled through the matcher's own call, not llguidance.torch: importing that module
-compiles a kernel with torch.compile, which imports torch._dynamo (4-7 s here, on the first
+compiles a kernel with torch.compile, which imports torch._dynamo (seconds, on the first
 constrained request).
 JSON schemas compile with compact separators (", " and ": ") and no free whitespace, as
 OpenAI's strict mode writes JSON (and so a random model cannot pad forever).

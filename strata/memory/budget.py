@@ -18,30 +18,29 @@ tiered memory came (README); with the CPU device's quarter the defaults take hal
 available and leave the rest to the page cache the pager and the resident weights read through.
 
 Slot form default: `dequantized` when every expert fits the device budget dequantized, else
-`packed`, on both devices. Figures (benchmarks/tiered_forms.py, CPU, float32, 4 layers x 32
-experts, decode tok/s dequantized vs packed): budget for every expert 61-70 vs 39-41; for half
-of them 42-43 vs 39-40; for a quarter 36-41 vs 41-43. A dequantized hit is a bare GEMM, but
-the packed form holds 7x (float32; 3.5x in bfloat16) more experts in the same bytes, and once
-the pool holds a small share of the experts the misses it saves outweigh the dequantization at
-every use. On CUDA the same rule holds a fortiori (the GPU dequantizes a slot far faster than
-PCIe refills one); run benchmarks/tiered_forms.py --device cuda to check it on a given GPU.
+`packed`, on both devices. A dequantized hit is a bare GEMM, but the packed form holds 7x
+(float32; 3.5x in bfloat16) more experts in the same bytes, and once the pool holds a small share
+of the experts the misses it saves outweigh the dequantization at every use (benchmarks/
+tiered_forms.py; its figures: benchmarks/RESULTS.md, "Tiered memory on the CPU"). On CUDA the
+same rule holds a fortiori (the GPU dequantizes a slot far faster than PCIe refills one); run
+benchmarks/tiered_forms.py --device cuda to check it on a given GPU.
 
-Prefetch depth default: 2 layers on CUDA (PCIe copies need lead time and cost the compute
-nothing), 1 on the CPU (the loader competes with compute for the same cores).
+Prefetch depth default (DEFAULT_PREFETCH_DEPTH): 2 layers on CUDA (PCIe copies need lead time and
+cost the compute nothing), 0 on the CPU (the look-ahead runs on the compute thread and the loader
+competes with compute for the same cores: it cost more than it saved, benchmarks/RESULTS.md,
+"Tiered memory on the CPU").
 
 Prefetch margin default (DEFAULT_PREFETCH_MARGIN = 2): a prediction of probability p displaces
 only experts whose keep value is below p / margin. Decoding announces mostly router look-ahead
-(probability 1, precision 0.85-0.90 measured by benchmarks/tiered_prefetch.py) and co-occurrence
+(probability 1, and right most of the time: benchmarks/tiered_prefetch.py) and co-occurrence
 predictions of p >= 0.5: at 2, a sure announcement displaces experts used in under half of the
-recent steps, and the README's wait ratios (0.32 at depth 1, 0.24 at depth 2, packed slots) were
-measured with it. Co-occurrence alone, unfiltered, is far less precise (top-k recall ~0.45 on
-the FLAME-MoE trace), so the trace replay of `strata bench cache` studies it at REPLAY_PREFETCH_MARGIN
-= 8, where it both hits more and loads fewer experts than LRU. Replayed here (FLAME-MoE trace, 16 /
-32 slots of 64, hit rate and loads per request): margin 8: 0.372 / 0.620 hits, 0.730 / 0.456
-loads; margin 2: 0.541 / 0.710 hits but 0.985 / 0.603 loads; LRU: 0.261 / 0.526 hits, 0.739 /
-0.474 loads. Both are settings of the same policy and predictor objects (tests/memory/
-test_replay_decode.py pins that replay and decoding decide alike at either); `--prefetch-margin`
-and `TieredConfig.prefetch_margin` choose.
+recent steps, and the README's wait ratios were measured with it. Co-occurrence alone, unfiltered,
+is far less precise, so the trace replay of `strata bench cache` studies it at REPLAY_PREFETCH_MARGIN
+= 8, where it both hits more and loads fewer experts than LRU; at 2 it hits more still but loads
+more than LRU (figures: benchmarks/RESULTS.md, "Prefetch margins in the trace replay"). Both are
+settings of the same policy and predictor objects (tests/memory/test_replay_decode.py pins that
+replay and decoding decide alike at either); `--prefetch-margin` and `TieredConfig.prefetch_margin`
+choose.
 
 This module must not allocate, open model files for reading bytes, or touch a device.
 """
