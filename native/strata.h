@@ -124,20 +124,36 @@ int strata_quantize(int ggml_type, const float *src, int64_t src_bytes, void *ds
  * tests and measurements; the engine uses the pooled strata_matmul.
  */
 
-/* 1 when family `impl` (SCALAR, AVX2, AVX512) has its own tile kernel for `ggml_type`; formats
- * without one run the next family down (AVX512 -> AVX2 -> scalar). 0 for a format the kernels do
- * not read. */
-int strata_qdot_has_kernel(int ggml_type, int impl);
+/* A CPU as the kernel choice sees it: vendor (0 other, 1 Intel, 2 AMD), family (base plus extended:
+ * 6 for Intel's cores, 0x19 for Zen 3 and 4, 0x1A for Zen 5), features (bits in the order of
+ * strata/quant_table.py CPU_FEATURES), and the tile kinds STRATA_KERNEL asks for (prefer: +kind)
+ * and rules out (exclude: -kind), bits in the order of its TILE_KINDS. */
+typedef struct {
+    int vendor;
+    int family;
+    uint32_t features;
+    uint32_t prefer, exclude;
+} strata_cpu_desc;
 
-/* The family (STRATA_IMPL_*) whose tile kernel a call of family `impl` runs for `ggml_type`:
- * decode != 0 for calls of fewer than 4 tokens (an AVX-512 call may decode with an AVX2 tile,
- * where the kernel table says it is faster), else prefill. -1 for a format without kernels or a
- * bad impl. */
-int strata_qdot_kernel_family(int ggml_type, int impl, int decode);
+/* This process's CPU description: detected once, with STRATA_KERNEL applied (native/kernels/cpu.c);
+ * STRATA_E_ARG (with the description filled in) when STRATA_KERNEL holds a word it does not know. */
+int strata_cpu_describe(strata_cpu_desc *out);
 
-/* 1 when a call of family `impl` for `ggml_type` runs an AVX-VNNI tile of the AVX2 family (for
- * decode, decode != 0, or prefill; native/qdot.c's AVXVNNI_TILES), else 0; -1 as above. */
-int strata_qdot_avx_vnni_tile(int ggml_type, int impl, int decode);
+/* The widest family STRATA_KERNEL lets AUTO resolve to (STRATA_IMPL_SCALAR, _AVX2, _AVX512), or 0
+ * where it names none. */
+int strata_kernel_cap(void);
+
+/* The tile kind (an index of TILE_KINDS) a call of family `impl` (AUTO resolved in this process)
+ * runs for `ggml_type` and `n_tokens` tokens (fewer than 4: decode) on CPU `cpu` (NULL: this one),
+ * by the table of quant types; -1 for a type without tiles or a family `cpu` cannot run. */
+int strata_qdot_select(int ggml_type, int impl, const strata_cpu_desc *cpu, int64_t n_tokens);
+
+/* strata_qdot_rows with one tile named by its kind instead of the table's choice, whatever the
+ * phase: STRATA_E_TYPE when the table names no such tile for the type, STRATA_E_IMPL when this CPU
+ * cannot run it. For tests that hold every tile to its scalar twin. */
+int strata_qdot_tile_rows(int ggml_type, int kind, const void *w, int64_t w_bytes, int64_t n_rows, int64_t row_len,
+                          const float *x, int64_t x_bytes, int64_t n_tokens, float *y, int64_t y_bytes,
+                          void *scratch, int64_t scratch_bytes);
 
 /* Bytes of scratch strata_qdot_rows needs for `n_tokens` rows of `row_len` (0 for F32/F16/BF16). */
 int strata_qdot_scratch_bytes(int ggml_type, int64_t n_tokens, int64_t row_len, int64_t *bytes);

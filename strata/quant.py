@@ -1,29 +1,22 @@
 """GGML block formats: names, block geometry and byte sizes. Knows no files and no torch.
 
 Block geometry comes from gguf-py's table (`gguf.GGML_QUANT_SIZES`) so there is one source of
-truth; this module adds the set of formats Strata's native runtime dequantizes.
+truth; the types Strata's native runtime reads, and their facts, come from the table of quant types
+(`strata.quant_table`).
 """
 from __future__ import annotations
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from strata.quant_table import TYPES
+
 GGMLType = GGMLQuantizationType
 
 #: i-quants, ternary formats and NVFP4 (scalar dequantization; scalar and AVX2 packed products).
-IQ_TYPES: tuple[GGMLType, ...] = (
-    GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
-    GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
-    GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.NVFP4,
-)
+IQ_TYPES: tuple[GGMLType, ...] = tuple(GGMLType[row.name] for row in TYPES if row.group == "iq")
 
-#: Formats the native runtime dequantizes (scalar kernels for all, AVX2 for some). The native
-#: runtime's own tables are the truth (`strata.native.type_support`); tests hold this to them.
-DEQUANT_TYPES: tuple[GGMLType, ...] = (
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16,
-    GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-    GGMLType.MXFP4, *IQ_TYPES,
-)
+#: Formats the native runtime dequantizes (scalar kernels for all, AVX2 for some): every row of the table.
+DEQUANT_TYPES: tuple[GGMLType, ...] = tuple(GGMLType[row.name] for row in TYPES)
 
 
 def ggml_type(value: int | str | GGMLType) -> GGMLType:
@@ -64,14 +57,7 @@ def tensor_bytes(t: int | str | GGMLType, shape: tuple[int, ...]) -> int:
 
 
 #: Byte offsets of the float16 scale fields (d, m, dmin) inside one block of each quantized type.
-HALF_SCALE_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
-    GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2),
-    GGMLType.Q8_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2),
-    GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
-    GGMLType.IQ2_XXS: (0,), GGMLType.IQ2_XS: (0,), GGMLType.IQ2_S: (0,), GGMLType.IQ3_XXS: (0,),
-    GGMLType.IQ3_S: (0,), GGMLType.IQ1_S: (0,), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
-    GGMLType.TQ1_0: (52,), GGMLType.TQ2_0: (64,),
-}
+HALF_SCALE_OFFSETS: dict[GGMLType, tuple[int, ...]] = {GGMLType[row.name]: row.scales for row in TYPES if row.scales}
 #: IQ1_M keeps its float16 d in the top nibbles of the four little-endian u16 words at these bytes.
 IQ1_M_SCALE_WORDS = 48
 #: NVFP4's four UE4M3 sub-block scales (bytes 0-3).

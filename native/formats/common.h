@@ -69,53 +69,9 @@
 /* Packed: blocks sit at any byte offset of the caller's buffer (Q8_0 is 34 bytes, MXFP4 17). */
 #define STRATA_PACKED __attribute__((packed))
 
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[16]; } strata_block_q4_0;
-typedef struct STRATA_PACKED { uint16_t d, m; uint8_t qs[16]; } strata_block_q4_1;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } strata_block_q5_0;
-typedef struct STRATA_PACKED { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } strata_block_q5_1;
-typedef struct STRATA_PACKED { uint16_t d; int8_t qs[32]; } strata_block_q8_0;
-typedef struct STRATA_PACKED { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } strata_block_q2_k;
-typedef struct STRATA_PACKED { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } strata_block_q3_k;
-typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } strata_block_q4_k;
-typedef struct STRATA_PACKED { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } strata_block_q5_k;
-typedef struct STRATA_PACKED { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } strata_block_q6_k;
-typedef struct STRATA_PACKED { uint8_t e; uint8_t qs[16]; } strata_block_mxfp4;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; } strata_block_iq2_xxs;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t scales[8]; } strata_block_iq2_xs;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[32]; uint8_t signs[32]; uint8_t qh[8]; uint8_t scales[8]; } strata_block_iq2_s;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t aux[32]; } strata_block_iq3_xxs;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; } strata_block_iq3_s;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[32]; uint8_t qh[16]; } strata_block_iq1_s;
-typedef struct STRATA_PACKED { uint8_t qs[32]; uint8_t qh[16]; uint8_t scales[8]; } strata_block_iq1_m;
-typedef struct STRATA_PACKED { uint16_t d; uint8_t qs[16]; } strata_block_iq4_nl;
-typedef struct STRATA_PACKED { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } strata_block_iq4_xs;
-typedef struct STRATA_PACKED { uint8_t qs[48]; uint8_t qh[4]; uint16_t d; } strata_block_tq1_0;
-typedef struct STRATA_PACKED { uint8_t qs[64]; uint16_t d; } strata_block_tq2_0;
-typedef struct STRATA_PACKED { uint8_t d[4]; uint8_t qs[32]; } strata_block_nvfp4;
-
-_Static_assert(sizeof(strata_block_q4_0) == 18, "Q4_0 block size");
-_Static_assert(sizeof(strata_block_q4_1) == 20, "Q4_1 block size");
-_Static_assert(sizeof(strata_block_q5_0) == 22, "Q5_0 block size");
-_Static_assert(sizeof(strata_block_q5_1) == 24, "Q5_1 block size");
-_Static_assert(sizeof(strata_block_q8_0) == 34, "Q8_0 block size");
-_Static_assert(sizeof(strata_block_q2_k) == 84, "Q2_K block size");
-_Static_assert(sizeof(strata_block_q3_k) == 110, "Q3_K block size");
-_Static_assert(sizeof(strata_block_q4_k) == 144, "Q4_K block size");
-_Static_assert(sizeof(strata_block_q5_k) == 176, "Q5_K block size");
-_Static_assert(sizeof(strata_block_q6_k) == 210, "Q6_K block size");
-_Static_assert(sizeof(strata_block_mxfp4) == 17, "MXFP4 block size");
-_Static_assert(sizeof(strata_block_iq2_xxs) == 66, "IQ2_XXS block size");
-_Static_assert(sizeof(strata_block_iq2_xs) == 74, "IQ2_XS block size");
-_Static_assert(sizeof(strata_block_iq2_s) == 82, "IQ2_S block size");
-_Static_assert(sizeof(strata_block_iq3_xxs) == 98, "IQ3_XXS block size");
-_Static_assert(sizeof(strata_block_iq3_s) == 110, "IQ3_S block size");
-_Static_assert(sizeof(strata_block_iq1_s) == 50, "IQ1_S block size");
-_Static_assert(sizeof(strata_block_iq1_m) == 56, "IQ1_M block size");
-_Static_assert(sizeof(strata_block_iq4_nl) == 18, "IQ4_NL block size");
-_Static_assert(sizeof(strata_block_iq4_xs) == 136, "IQ4_XS block size");
-_Static_assert(sizeof(strata_block_tq1_0) == 54, "TQ1_0 block size");
-_Static_assert(sizeof(strata_block_tq2_0) == 66, "TQ2_0 block size");
-_Static_assert(sizeof(strata_block_nvfp4) == 36, "NVFP4 block size");
+/* Type ids, block structs with their size checks, the format table's rows (STRATA_QUANT_TYPES):
+ * generated from the table of quant types, strata/quant_table.py. */
+#include "quant_types.h"
 
 
 /* IQ4_XS: sub-block k's (32 values) signed scale, ls - 32 with ls 4 bits from scales_l and 2 from scales_h. */
@@ -129,16 +85,6 @@ static inline int strata_q3_k_scale(const uint8_t scales[12], int s) {
     return (((scales[s % 8] >> (4 * (s / 8))) & 0xf) | ((scales[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
 }
 
-/* ggml type ids (gguf.GGMLQuantizationType). */
-enum {
-    STRATA_T_F32 = 0, STRATA_T_F16 = 1, STRATA_T_Q4_0 = 2, STRATA_T_Q4_1 = 3,
-    STRATA_T_Q5_0 = 6, STRATA_T_Q5_1 = 7, STRATA_T_Q8_0 = 8,
-    STRATA_T_Q2_K = 10, STRATA_T_Q3_K = 11, STRATA_T_Q4_K = 12, STRATA_T_Q5_K = 13,
-    STRATA_T_Q6_K = 14, STRATA_T_IQ2_XXS = 16, STRATA_T_IQ2_XS = 17, STRATA_T_IQ3_XXS = 18,
-    STRATA_T_IQ1_S = 19, STRATA_T_IQ4_NL = 20, STRATA_T_IQ3_S = 21, STRATA_T_IQ2_S = 22, STRATA_T_IQ4_XS = 23,
-    STRATA_T_IQ1_M = 29, STRATA_T_BF16 = 30, STRATA_T_TQ1_0 = 34, STRATA_T_TQ2_0 = 35, STRATA_T_MXFP4 = 39,
-    STRATA_T_NVFP4 = 40
-};
 
 #define STRATA_QK_NVFP4 64
 

@@ -33,6 +33,7 @@
 #ifndef STRATA_QDOT_H
 #define STRATA_QDOT_H
 #include "common.h"
+#include "strata.h"
 
 enum { STRATA_ACT_Q8 = 0, STRATA_ACT_Q8K = 1, STRATA_ACT_F32 = 2 };
 
@@ -154,114 +155,48 @@ void strata_qact_q8k_avx512(const float *restrict x, void *restrict a, int64_t k
                                        int64_t n_rows, const uint8_t *restrict a, int64_t a_row_bytes,       \
                                        int64_t n_tok, float *restrict y, int64_t y_stride);
 
-STRATA_DECLARE_QTILE(f32, ref)
-STRATA_DECLARE_QTILE(f16, ref)
-STRATA_DECLARE_QTILE(bf16, ref)
-STRATA_DECLARE_QTILE(q4_0, ref)
-STRATA_DECLARE_QTILE(q4_1, ref)
-STRATA_DECLARE_QTILE(q5_0, ref)
-STRATA_DECLARE_QTILE(q5_1, ref)
-STRATA_DECLARE_QTILE(q8_0, ref)
-STRATA_DECLARE_QTILE(mxfp4, ref)
-STRATA_DECLARE_QTILE(q2_k, ref)
-STRATA_DECLARE_QTILE(q3_k, ref)
-STRATA_DECLARE_QTILE(q4_k, ref)
-STRATA_DECLARE_QTILE(q5_k, ref)
-STRATA_DECLARE_QTILE(q6_k, ref)
-/* qdot_iq.c: i-quants, ternary formats and NVFP4, the scalar tiles */
-STRATA_DECLARE_QTILE(iq2_xxs, ref)
-STRATA_DECLARE_QTILE(iq2_xs, ref)
-STRATA_DECLARE_QTILE(iq2_s, ref)
-STRATA_DECLARE_QTILE(iq3_xxs, ref)
-STRATA_DECLARE_QTILE(iq3_s, ref)
-STRATA_DECLARE_QTILE(iq1_s, ref)
-STRATA_DECLARE_QTILE(iq1_m, ref)
-STRATA_DECLARE_QTILE(iq4_nl, ref)
-STRATA_DECLARE_QTILE(iq4_xs, ref)
-STRATA_DECLARE_QTILE(tq1_0, ref)
-STRATA_DECLARE_QTILE(tq2_0, ref)
-STRATA_DECLARE_QTILE(nvfp4, ref)
+/* Every tile the table of quant types names, its tile kinds and the CPU bits its rows read. */
+#include "qdot_table.h"
 
-STRATA_DECLARE_QTILE(f32, avx2)
-STRATA_DECLARE_QTILE(f16, avx2)
-STRATA_DECLARE_QTILE(bf16, avx2)
-STRATA_DECLARE_QTILE(q4_0, avx2)
-STRATA_DECLARE_QTILE(q4_1, avx2)
-STRATA_DECLARE_QTILE(q5_0, avx2)
-STRATA_DECLARE_QTILE(q5_1, avx2)
-STRATA_DECLARE_QTILE(q8_0, avx2)
-STRATA_DECLARE_QTILE(mxfp4, avx2)
-STRATA_DECLARE_QTILE(q2_k, avx2)
-STRATA_DECLARE_QTILE(q3_k, avx2)
-STRATA_DECLARE_QTILE(q4_k, avx2)
-STRATA_DECLARE_QTILE(q5_k, avx2)
-STRATA_DECLARE_QTILE(q6_k, avx2)
-/* qdot_iq_avx2.c: the grid i-quants */
-STRATA_DECLARE_QTILE(iq2_xxs, avx2)
-STRATA_DECLARE_QTILE(iq2_xs, avx2)
-STRATA_DECLARE_QTILE(iq2_s, avx2)
-STRATA_DECLARE_QTILE(iq3_xxs, avx2)
-STRATA_DECLARE_QTILE(iq3_s, avx2)
-STRATA_DECLARE_QTILE(iq1_s, avx2)
-STRATA_DECLARE_QTILE(iq1_m, avx2)
-/* qdot_iq4_avx2.c */
-STRATA_DECLARE_QTILE(iq4_nl, avx2)
-STRATA_DECLARE_QTILE(iq4_xs, avx2)
-STRATA_DECLARE_QTILE(tq1_0, avx2)
-STRATA_DECLARE_QTILE(tq2_0, avx2)
-STRATA_DECLARE_QTILE(nvfp4, avx2)
+/* A CPU as the kernel choice sees it (strata.h's strata_cpu_desc): this process's, detected once,
+ * with what STRATA_KERNEL asks applied (cpu.c). */
+const strata_cpu_desc *strata_cpu_here(void);
 
-/* qdot_tq1_avxvnni.c: TQ1_0's decode on AVX2 CPUs with AVX-VNNI */
-STRATA_DECLARE_QTILE(tq1_0, avxvnni)
-/* qdot_iq_avxvnni.c: the grid i-quants' AVX2 tiles built with AVX-VNNI */
-STRATA_DECLARE_QTILE(iq2_xxs, avxvnni)
-STRATA_DECLARE_QTILE(iq2_xs, avxvnni)
-STRATA_DECLARE_QTILE(iq2_s, avxvnni)
-STRATA_DECLARE_QTILE(iq3_xxs, avxvnni)
-STRATA_DECLARE_QTILE(iq3_s, avxvnni)
-STRATA_DECLARE_QTILE(iq1_s, avxvnni)
-STRATA_DECLARE_QTILE(iq1_m, avxvnni)
+/* 1 when this process's CPU description has feature `bit` (STRATA_CPU_*): what the kernels read
+ * for the choices they make inside a tile (ymm or zmm gathers). */
+int strata_cpu_has(uint32_t bit);
 
-/* qdot_*_evex.c: the AVX2 sources built for AVX-512 machines */
-STRATA_DECLARE_QTILE(f32, evex)
-STRATA_DECLARE_QTILE(f16, evex)
-STRATA_DECLARE_QTILE(bf16, evex)
-STRATA_DECLARE_QTILE(q4_0, evex)
-STRATA_DECLARE_QTILE(q4_1, evex)
-STRATA_DECLARE_QTILE(q5_0, evex)
-STRATA_DECLARE_QTILE(q5_1, evex)
-STRATA_DECLARE_QTILE(q8_0, evex)
-STRATA_DECLARE_QTILE(mxfp4, evex)
-STRATA_DECLARE_QTILE(q2_k, evex)
-STRATA_DECLARE_QTILE(q3_k, evex)
-STRATA_DECLARE_QTILE(q4_k, evex)
-STRATA_DECLARE_QTILE(q5_k, evex)
-STRATA_DECLARE_QTILE(q6_k, evex)
-STRATA_DECLARE_QTILE(iq2_xxs, evex)
-STRATA_DECLARE_QTILE(iq2_xs, evex)
-STRATA_DECLARE_QTILE(iq2_s, evex)
-STRATA_DECLARE_QTILE(iq3_xxs, evex)
-STRATA_DECLARE_QTILE(iq3_s, evex)
-STRATA_DECLARE_QTILE(iq1_s, evex)
-STRATA_DECLARE_QTILE(iq1_m, evex)
-STRATA_DECLARE_QTILE(iq4_nl, evex)
-STRATA_DECLARE_QTILE(iq4_xs, evex)
-STRATA_DECLARE_QTILE(tq1_0, evex)
-STRATA_DECLARE_QTILE(tq2_0, evex)
-STRATA_DECLARE_QTILE(nvfp4, evex)
+/* A tile kind: the family a call of it reports, the CPU bits it needs, whether it is a decode tile
+ * that takes any call of fewer than 8 tokens (strata_qdot_few_tokens), its name (STRATA_KERNEL's). */
+typedef struct {
+    int family;
+    uint32_t needs;
+    int few_tokens;
+    const char *name;
+} strata_tile_kind;
 
-STRATA_DECLARE_QTILE(f16, avx512)
-STRATA_DECLARE_QTILE(bf16, avx512)
-STRATA_DECLARE_QTILE(q4_0, avx512)
-STRATA_DECLARE_QTILE(q8_0, avx512)
-STRATA_DECLARE_QTILE(mxfp4, avx512)
-STRATA_DECLARE_QTILE(iq4_nl, avx512)
-STRATA_DECLARE_QTILE(q4_1, avx512)
-STRATA_DECLARE_QTILE(q5_0, avx512)
-STRATA_DECLARE_QTILE(q5_1, avx512)
-STRATA_DECLARE_QTILE(q4_k, avx512)
-STRATA_DECLARE_QTILE(q5_k, avx512)
-STRATA_DECLARE_QTILE(q6_k, avx512)
+/* One tile of a list: its kind and the STRATA_WHEN_* conditions that must all hold. */
+typedef struct {
+    uint8_t kind, when;
+} strata_qdot_choice;
+
+enum { STRATA_PHASE_DECODE = 0, STRATA_PHASE_PREFILL = 1, STRATA_QDOT_MAX_CHOICES = 6 };
+
+/* A row of the kernel table (qdot_table.c, generated): a type's tiles by kind (NULL: none of the
+ * kind), and per family (scalar, AVX2, AVX-512) and phase the tiles in order of choice. */
+typedef struct {
+    int type, act;
+    strata_qdot_tile_fn tile[STRATA_TILE_KINDS];
+    struct {
+        int n;
+        strata_qdot_choice c[STRATA_QDOT_MAX_CHOICES];
+    } list[3][2];
+} strata_qdot_row;
+
+extern const strata_tile_kind strata_tile_kinds[STRATA_TILE_KINDS];
+extern const strata_qdot_row strata_qdot_table[];
+extern const int strata_qdot_table_rows;
+
 /* Builds for CPUs other than x86: an AVX-512 kernel's name, running the scalar tile (qdot.c never
  * hands it out there: strata_resolve_impl refuses AVX512). */
 #define STRATA_AVX512_FALLBACK(name)                                                                       \
@@ -272,63 +207,11 @@ STRATA_DECLARE_QTILE(q6_k, avx512)
     }
 
 /* The tile for calls (or a prefill tile's leftovers) of fewer than 8 tokens of `type` on an AVX-512
- * call: the planes tile where qdot.c hands those out (qdot_iq_planes.c), else the zmm decode
- * tile where it hands those out (qdot_kquant_zmm.c, qdot_iq4_xs_avx512.c, qdot_nvfp4_avx512.c; it passes
- * 4 tokens and more to the AVX2 build), else the gather tile where it hands those out (qdot_iq_vbmi.c:
- * strata_qdot_gathers), else `otherwise`. */
+ * call: the decode tile the table picks for it where that is a tile of a few_tokens kind (planes,
+ * zmm decode, gathers; the zmm decode tiles pass 4 tokens and more to the AVX2 build), else
+ * `otherwise`. strata_qdot_gathers: the gather tile (qdot_iq_vbmi.c) where the table would pick it
+ * with the planes tiles left out, else `otherwise`. */
 strata_qdot_tile_fn strata_qdot_few_tokens(int type, strata_qdot_tile_fn otherwise);
 strata_qdot_tile_fn strata_qdot_gathers(int type, strata_qdot_tile_fn otherwise);
-
-/* qdot_iq_vbmi.c: decode tiles of grid i-quants on AVX-512 VBMI machines */
-STRATA_DECLARE_QTILE(iq3_xxs, vbmi)
-STRATA_DECLARE_QTILE(iq2_xxs, vbmi)
-STRATA_DECLARE_QTILE(iq2_xs, vbmi)
-STRATA_DECLARE_QTILE(iq2_s, vbmi)
-STRATA_DECLARE_QTILE(iq1_s, vbmi)
-STRATA_DECLARE_QTILE(iq1_m, vbmi)
-STRATA_DECLARE_QTILE(iq3_s, vbmi)
-
-/* qdot_iq_planes.c: decode tiles by planes on AVX-512 VBMI machines */
-STRATA_DECLARE_QTILE(iq2_xxs, planes)
-STRATA_DECLARE_QTILE(iq3_xxs, planes)
-STRATA_DECLARE_QTILE(iq3_s, planes)
-STRATA_DECLARE_QTILE(iq2_xs, planes)
-STRATA_DECLARE_QTILE(iq2_s, planes)
-STRATA_DECLARE_QTILE(iq1_s, planes)
-STRATA_DECLARE_QTILE(iq1_m, planes)
-
-/* qdot_kquant_zmm.c: decode tiles of the K-quants and TQ2_0 on AVX-512 machines (qdot_kquant_zmm_gfni.c:
- * their build with GFNI) */
-STRATA_DECLARE_QTILE(q2_k, kz)
-STRATA_DECLARE_QTILE(q3_k, kz)
-STRATA_DECLARE_QTILE(q4_k, kz)
-STRATA_DECLARE_QTILE(q5_k, kz)
-STRATA_DECLARE_QTILE(q6_k, kz)
-STRATA_DECLARE_QTILE(tq2_0, kz)
-STRATA_DECLARE_QTILE(q2_k, kzgfni)
-STRATA_DECLARE_QTILE(q3_k, kzgfni)
-STRATA_DECLARE_QTILE(q4_k, kzgfni)
-STRATA_DECLARE_QTILE(q5_k, kzgfni)
-STRATA_DECLARE_QTILE(q6_k, kzgfni)
-STRATA_DECLARE_QTILE(tq2_0, kzgfni)
-/* qdot_iq4_xs_avx512.c: IQ4_XS's decode tile on AVX-512 machines */
-STRATA_DECLARE_QTILE(iq4_xs, zmm)
-/* qdot_nvfp4_avx512.c: NVFP4's decode tile on AVX-512 machines */
-STRATA_DECLARE_QTILE(nvfp4, zmm)
-
-/* qdot_iq_vnni.c: the grid i-quants' and IQ4_XS's VNNI prefill tiles */
-STRATA_DECLARE_QTILE(iq2_xxs, avx512)
-STRATA_DECLARE_QTILE(iq2_xs, avx512)
-STRATA_DECLARE_QTILE(iq2_s, avx512)
-STRATA_DECLARE_QTILE(iq3_xxs, avx512)
-STRATA_DECLARE_QTILE(iq3_s, avx512)
-STRATA_DECLARE_QTILE(iq1_s, avx512)
-STRATA_DECLARE_QTILE(iq1_m, avx512)
-STRATA_DECLARE_QTILE(iq4_xs, avx512)
-STRATA_DECLARE_QTILE(q2_k, avx512)
-STRATA_DECLARE_QTILE(q3_k, avx512)
-
-/* qdot_iq4_avx2_evex.c: TQ1_0 on 512-bit vectors */
-STRATA_DECLARE_QTILE(tq1_0, avx512)
 
 #endif

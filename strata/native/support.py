@@ -1,6 +1,7 @@
-"""What the native runtime does with each ggml type, read from its own kernel tables: whether it
-dequantizes the type, whether it multiplies straight from its packed blocks, and with which kernel
-family. For load-time checks (one error naming the tensor) and `inspect`'s verdict line.
+"""What the native runtime does with each ggml type, read from the table of quant types
+(strata/quant_table.py, which its C tables are generated from) and the kernel choice on this CPU:
+whether it dequantizes the type, whether it multiplies straight from its packed blocks, and with
+which kernel family. For load-time checks (one error naming the tensor) and `inspect`'s verdict line.
 
     s = native.type_support("IQ2_XXS")
     s.dequant, s.packed, s.families, s.runs   # True, True, ('scalar',), 'scalar'
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from strata.quant import GGMLType, ggml_type
+from strata.quant_table import BY_NAME
 
-from ._lib import default_impl, impl_code, impl_name, lib
+from ._lib import default_impl, impl_code, lib
+from .qdot import has_qdot_kernel, kernel_family
 
 #: Kernel families, narrowest first (a family without its own kernel runs the next one down).
 FAMILIES = ("scalar", "avx2", "avx512")
@@ -48,12 +51,10 @@ class TypeSupport:
 def type_support(t: int | str | GGMLType) -> TypeSupport:
     """The native runtime's support of ggml type `t` (enum, id or name)."""
     t = ggml_type(t)
-    own = tuple(f for f in FAMILIES if lib.strata_qdot_has_kernel(int(t), impl_code(f)))
-    packed = bool(own)
-    runs, decode_runs = (impl_name(lib.strata_qdot_kernel_family(int(t), impl_code(default_impl()), d)) for d in (0, 1))
-    return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), packed, own, runs,
+    own = tuple(f for f in FAMILIES if has_qdot_kernel(t, f))
+    runs, decode_runs = ((kernel_family(t, default_impl(), d) if t.name in BY_NAME else None) for d in (False, True))
+    return TypeSupport(t, bool(lib.strata_dequant_has_kernel(int(t), impl_code("scalar"))), bool(own), own, runs,
                        decode_runs)
-
 
 
 def supported_types(packed: bool = False) -> tuple[GGMLType, ...]:

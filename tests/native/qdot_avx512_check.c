@@ -1,11 +1,12 @@
 /*
  * Stand-alone check of the AVX-512 quantized matrix kernels against the scalar ones, through the
  * public entry points of strata.h only: for a machine with AVX-512 but without this project's
- * Python environment. test_qdot_avx512.py runs the same comparison from Python where the package
- * is built; this program is built with every C file of native/:
+ * Python environment. test_qdot_tiles.py runs the same comparison from Python for every tile where
+ * the package is built; this program is built with every C file below native/, each folder on the
+ * include path (test_qdot_special.py builds and runs it):
  *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -pthread -ffp-contract=off -Inative native/[a-z]*.c \
- *       tests/native/qdot_avx512_check.c -o qdot_avx512_check -lm
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -pthread -ffp-contract=off $(find native -type d -printf '-I%p ') \
+ *       $(find native -name '*.c') tests/native/qdot_avx512_check.c -o qdot_avx512_check -lm
  *
  * Prints one line per case and exits 0 when every case passes, 1 when one fails, 77 (skip) when
  * the CPU has no AVX-512. Checks: activation blocks byte-identical; outputs within

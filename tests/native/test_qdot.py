@@ -1,24 +1,20 @@
-"""Quantized matrix kernels (native/qdot*.c) against numpy, float64 and each other.
+"""Quantized matrix kernels (native/kernels/) against numpy and float64, through the table's choice for
+each family, and their entry points.
 
 y = x @ W^T is computed from W's packed blocks after x is rounded to 8-bit activation blocks
 (d = max|x| / 127 per block of 32 or 256, q = round-half-even(x / d)). The tests hold it to:
 
-(c) the activation quantizer equals a numpy re-implementation bit for bit, in both families;
-(b) with A = d * q the rounded activations (A = x for F32/F16/BF16 weights), W = gguf.quants'
-    dequantization, u = 2^-24 and n = blocks per row + 16 (row length + 16 for float weights):
-      |y - W @ A| <= n * u * (|W|' @ |A|) + n * 2^-140                   (float rounding only)
-      |y - W @ x| <= sum_i |W_i| * d_i / 2 * (1 + 2^-15) + the bound above (activation rounding)
-    where |W|' = |W| for symmetric formats and |W - W0| + |W0| for formats with a min (W0: the
-    block with its codes zeroed, i.e. the min), since their integer and min parts are rounded
-    apart; (1 + 2^-15) covers the rounding of x / d before it is rounded to an integer;
-(a) AVX2 == scalar bit for bit where AVX2 has no kernel of its own; else within twice the
-    float-rounding bound (both are within it of the exact W @ A; only the order of the float
-    additions differs, the integer block sums are exact in both).
-Weights carry extreme scales: zero, subnormal, tiny, 65504 (and E8M0 exponents 0, 1, 140).
+(c) the activation quantizer equals a numpy re-implementation bit for bit, in every family;
+(b) the bounds of float rounding and activation rounding against float64 (tests/native/qdot_cases.py),
+    for every type of the table and every family this CPU runs, on weights with extreme scales:
+    zero, subnormal, tiny, 65504 (and E8M0 exponents 0, 1, 140; NVFP4's extreme UE4M3 codes);
+(d) through the pooled `strata_matmul` (1-3 threads, decode and prefill token counts) bit for bit
+    the single-threaded product, and through the fused MoE call with a different type in each of
+    gate, up and down.
+Every tile against its scalar twin: test_qdot_tiles.py; the choice of tile: test_qdot_choice.py.
 """
 from __future__ import annotations
 
-import gguf.quants
 import numpy as np
 import pytest
 import torch
@@ -26,139 +22,28 @@ import torch
 from strata import native
 from strata.errors import NativeError
 from strata.native._lib import ffi, lib
-from strata.quant import DEQUANT_TYPES, IQ_TYPES, GGMLType, block_size
+from strata.quant import DEQUANT_TYPES, IQ_TYPES, GGMLType, block_size, random_blocks
+from tests.native import test_matmul as tm
+from tests.native.qdot_cases import (ALL, CASE_IDS, CASES, FLOAT_TYPES, SCALES, U, act_block,  # noqa: F401
+                                     assert_within_bounds, dequantize, magnitude, make_tokens, make_weights,
+                                     numpy_qact, row_len_of)
+from tests.native.test_matmul import pools  # noqa: F401  (the fixture)
 
 T = GGMLType
-U = 2.0 ** -24
-AVX2 = pytest.mark.skipif(not native.cpu_has_avx2(), reason="CPU has no AVX2/FMA/F16C")
-IMPLS = ["scalar", pytest.param("avx2", marks=AVX2)]
+HAS = {"scalar": True, "avx2": native.cpu_has_avx2(), "avx512": native.cpu_has_avx512()}
+IMPLS = [pytest.param(f, marks=pytest.mark.skipif(not HAS[f], reason=f"CPU (or OS) without {f}")) for f in HAS]
+#: The formats older than the i-quants (test_simd_composites.py reads these names).
+ALL_TYPES = tuple(t for t in ALL if t not in IQ_TYPES)
 
-FLOAT_TYPES = (T.F32, T.F16, T.BF16)
-Q8_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4)          # activation blocks of 32
-Q8K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)                   # activation blocks of 256
-ALL_TYPES = FLOAT_TYPES + Q8_TYPES + Q8K_TYPES
-# Byte ranges of the codes of formats with a min (zeroing them leaves the min alone).
-CODE_BYTES = {T.Q4_1: (4, 20), T.Q5_1: (4, 24), T.Q2_K: (16, 80), T.Q4_K: (16, 144), T.Q5_K: (16, 176)}
-# Offsets of half scale fields; MXFP4's E8M0 exponent is byte 0.
-HALF_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q2_K: (80, 82),
-               T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-# Zero, -0, smallest and largest subnormal, smallest normal, tiny, 65504, -65504.
-EXTREME_HALVES = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x0C00, 0x7BFF, 0xFBFF], dtype="<u2")
-EXTREME_E8M0 = np.array([0, 1, 2, 100, 140], dtype=np.uint8)
-
-# (rows, blocks per row, tokens): rows not a multiple of the kernels' row groups (4, 2), one block
-# and many (9, 17: windows of 8 blocks of the prefill over unpacked rows), T in {1, 2, 3, 4, 5, 7, 9, 13,
-# 64}. Float formats use the "blocks" as a row length (1, 3: tail path).
-CASES = [(5, 1, 1), (13, 3, 1), (7, 1, 2), (3, 2, 3), (6, 3, 7), (9, 2, 13), (33, 2, 64), (4, 5, 4), (6, 9, 5),
-         (7, 17, 9)]
-CASE_IDS = [f"N{n}-B{b}-T{t}" for n, b, t in CASES]
-
-
-def row_len_of(t: GGMLType, n_blocks: int) -> int:
-    return {1: 1, 3: 37, 2: 64, 5: 263}.get(n_blocks, n_blocks) if t in FLOAT_TYPES else n_blocks * block_size(t)[0]
-
-
-def make_weights(t: GGMLType, n_rows: int, row_len: int, rng: np.random.Generator) -> np.ndarray:
-    """[n_rows, row bytes] uint8: quantized by gguf where it can, random codes otherwise; ~30% of
-    blocks get an extreme scale."""
-    elems, nbytes = block_size(t)
-    n_blocks = n_rows * row_len // elems
-    if t in FLOAT_TYPES:
-        w = rng.standard_normal((n_rows, row_len)).astype(np.float32) * np.float32(10.0) ** rng.uniform(-3, 3, (n_rows, 1)).astype(np.float32)
-        special = {T.F32: [0.0, 1e-40, 3e30], T.F16: [0.0, 6e-8, 65504.0], T.BF16: [0.0, 1e-30, 1e30]}[t]
-        flat = w.reshape(-1)
-        flat[rng.integers(0, flat.size, size=max(1, flat.size // 10))] = rng.choice(special, size=max(1, flat.size // 10))
-        return gguf.quants.quantize(w, t).view(np.uint8).reshape(n_rows, -1)
-    if t in Q8_TYPES:
-        x = rng.standard_normal((n_blocks, elems)).astype(np.float32) * np.float32(10.0) ** rng.uniform(-4, 2, (n_blocks, 1)).astype(np.float32)
-        blocks = gguf.quants.quantize(x, t).view(np.uint8).reshape(n_blocks, nbytes).copy()
-    else:
-        blocks = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
-        for off in HALF_FIELDS[t]:
-            halves = rng.uniform(2.0 ** -10, 1.0, n_blocks).astype(np.float16)
-            blocks[:, off:off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
-    picked = rng.random(n_blocks) < 0.3
-    if t == T.MXFP4:
-        blocks[picked, 0] = rng.choice(EXTREME_E8M0, size=int(picked.sum()))
-    else:
-        for off in HALF_FIELDS[t]:
-            chosen = rng.choice(EXTREME_HALVES, size=int(picked.sum()))
-            blocks[picked, off:off + 2] = chosen.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(n_rows, -1)
-
-
-def make_tokens(n_tokens: int, row_len: int, rng: np.random.Generator) -> np.ndarray:
-    """[T, K] float32 of mixed magnitudes; with T > 1 one row is zero, one has a zero stretch, and
-    with T >= 4 one row is tiny (1e-30, still normal after / 127)."""
-    x = rng.standard_normal((n_tokens, row_len)).astype(np.float32)
-    x *= np.float32(10.0) ** rng.uniform(-2, 2, (n_tokens, 1)).astype(np.float32)
-    if n_tokens > 1:
-        x[1] = 0.0
-        x[0, : min(row_len, 40)] = 0.0
-    if n_tokens >= 4:
-        x[3] *= np.float32(1e-30)
-    return x
-
-
-def dequantize(t: GGMLType, w: np.ndarray, n_rows: int, row_len: int) -> np.ndarray:
-    return gguf.quants.dequantize(w, t).reshape(n_rows, row_len).astype(np.float64)
-
-
-def magnitude(t: GGMLType, w: np.ndarray, n_rows: int, row_len: int) -> np.ndarray:
-    """|W|', see the module docstring."""
-    wd = dequantize(t, w, n_rows, row_len)
-    if t not in CODE_BYTES:
-        return np.abs(wd)
-    lo, hi = CODE_BYTES[t]
-    blocks = w.reshape(-1, block_size(t)[1]).copy()
-    blocks[:, lo:hi] = 0
-    w0 = dequantize(t, blocks, n_rows, row_len)
-    return np.abs(wd - w0) + np.abs(w0)
-
-
-# ---- numpy re-implementation of the activation quantizers ----
-
-ACT_Q8 = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)])
-ACT_Q8K = np.dtype([("d", "<f4"), ("q", "i1", 256), ("bsums", "<i2", 16)])
-
-
-def act_block(t: GGMLType) -> int:
-    return 1 if t in FLOAT_TYPES else 32 if t in Q8_TYPES or t in (T.IQ4_NL, T.NVFP4) else 256
-
-
-def numpy_qact(t: GGMLType, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(activation bytes [T, row bytes], d per block [T, K / blk], A = d * q as float64 [T, K])."""
-    n_tok, k = x.shape
-    if t in FLOAT_TYPES:
-        return x.view(np.uint8).reshape(n_tok, -1), np.zeros((n_tok, k)), x.astype(np.float64)
-    blk = act_block(t)
-    xb = x.reshape(n_tok, k // blk, blk)
-    d = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = xb / d[..., None]
-    q = np.where(d[..., None] == 0, 0, np.clip(np.rint(v), -127, 127)).astype(np.int8)
-    out = np.zeros((n_tok, k // blk), dtype=ACT_Q8 if blk == 32 else ACT_Q8K)
-    out["d"], out["q"] = d, q
-    if blk == 32:
-        out["s"] = (d * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
-    else:
-        out["bsums"] = q.reshape(n_tok, k // blk, 16, 16).astype(np.int32).sum(-1).astype(np.int16)
-    a = (d[..., None].astype(np.float64) * q).reshape(n_tok, k)
-    return out.view(np.uint8).reshape(n_tok, -1), d, a
-
-
-# ---- tests ----
 
 def test_every_dequantized_format_has_a_kernel():
-    """Here ALL_TYPES; the i-quants, ternary formats and NVFP4 (scalar kernels only): test_qdot_iquants.py."""
-    assert set(ALL_TYPES) | set(IQ_TYPES) == set(DEQUANT_TYPES)
+    assert set(ALL_TYPES) | set(IQ_TYPES) == set(DEQUANT_TYPES) == set(ALL)
     for t in DEQUANT_TYPES:
-        assert native.has_qdot_kernel(t, "scalar")
-    assert all(native.has_qdot_kernel(t, "avx2") for t in ALL_TYPES)
+        assert native.has_qdot_kernel(t, "scalar") and native.has_qdot_kernel(t, "avx2"), t.name
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
 def test_activation_quantizer_matches_numpy(t, impl):
     rng = np.random.default_rng(int(t) + 100)
     k = 3 * 256
@@ -172,78 +57,88 @@ def test_activation_quantizer_matches_numpy(t, impl):
     assert bad.size == 0, f"{t.name} {impl}: activation bytes differ from numpy at row offsets {bad[:8]}"
 
 
+@pytest.mark.skipif(not HAS["avx512"], reason="CPU (or OS) without AVX-512 F/BW/VL/VNNI")
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_avx512_activation_blocks_are_bytes_of_scalar(t):
+    rng = np.random.default_rng(int(t))
+    row_len = 2048
+    rows = [rng.standard_normal(row_len) * s for s in (1.0, 1e-3, 1e30, 1e-38, 3e-43, 1e-44)]
+    x = np.stack(rows).astype(np.float32)
+    x[0, :300] = 0.0
+    x[1, 5] = -1e3
+    x[2, ::3] = -x[2, ::3]
+    x[3, 7] = 2.5e-43                 # d is a float32 subnormal; x / d may round past 127 and wrap
+    got = native.quantize_act(t, x, impl="avx512")
+    ref = native.quantize_act(t, x, impl="scalar")
+    assert got.shape == ref.shape
+    assert np.array_equal(got, ref), f"{t.name}: rows {np.flatnonzero((got != ref).any(axis=1)).tolist()} differ"
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
 def test_qdot_within_bounds_of_float64(t, case, impl):
-    w, x, y = qdot_case(t, case, impl, make_weights, row_len_of)
-    n_rows, row_len = w.shape[0], x.shape[1]
-    assert_within_bounds(t, impl, y, x, dequantize(t, w, n_rows, row_len), magnitude(t, w, n_rows, row_len))
-
-
-def qdot_case(t: GGMLType, case: tuple[int, int, int], impl: str, make_weights, row_len_of):
-    """(w [N, row bytes], x [T, K], y [T, N] float64) of one CASES entry: weights from the test
-    module's `make_weights`, random tokens and the kernel's products."""
     n_rows, n_blocks, n_tok = case
     rng = np.random.default_rng(int(t) * 1000 + n_rows * 10 + n_tok)
     row_len = row_len_of(t, n_blocks)
     w = make_weights(t, n_rows, row_len, rng)
     x = make_tokens(n_tok, row_len, rng)
-    return w, x, native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
+    y = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl).astype(np.float64)
+    wd = dequantize(t, w, n_rows, row_len)
+    if t in IQ_TYPES:
+        assert np.isfinite(wd).all()
+    assert_within_bounds(t, impl, y, x, wd, magnitude(t, w, n_rows, row_len))
 
 
-def assert_within_bounds(t: GGMLType, impl: str, y: np.ndarray, x: np.ndarray, wd: np.ndarray,
-                         mag: np.ndarray) -> None:
-    """y [T, N] from x [T, K] and weights dequantized to wd [N, K] (element magnitudes `mag`, the
-    bound's scale): |y - W @ A| within float rounding, with A the rounded activations, and
-    |y - W @ x| within that plus the activation rounding (half a step of each block's d)."""
-    row_len = x.shape[1]
-    _, d, a = numpy_qact(t, x)
-    n = (row_len if t in FLOAT_TYPES else row_len // block_size(t)[0]) + 16
-    round_tol = n * U * (np.abs(a) @ mag.T) + n * 2.0 ** -140                        # [T, N]
-    err = np.abs(y - a @ wd.T)
-    assert (err <= round_tol).all(), f"{t.name} {impl}: |y - W@A| {err.max()} over the rounding bound"
-    d_elem = np.repeat(d, row_len // d.shape[1], axis=1) if t not in FLOAT_TYPES else np.zeros_like(x, np.float64)
-    act_tol = (d_elem * 0.5 * (1 + 2.0 ** -15)) @ np.abs(wd).T
-    err = np.abs(y - x.astype(np.float64) @ wd.T)
-    assert (err <= act_tol + round_tol).all(), f"{t.name} {impl}: |y - W@x| {err.max()} over the bound"
+@pytest.mark.parametrize("impl", ["auto", *IMPLS[1:]])
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_pooled_matmul_equals_the_kernels_for_every_thread_count(pools, t, impl):  # noqa: F811
+    """Decode and prefill counts; the last row count splits into several 16-row blocks per thread
+    (64 KiB of work or more)."""
+    row_len = 768
+    scale = SCALES.get(t, 0.01)
+    for n_tokens in (1, 2, 3, 8, 9, 33, 64):
+        for n_rows in (1, 17, 97, -(-tm.SPLIT_WORK // (row_len // block_size(t)[0] * block_size(t)[1] * n_tokens)) | 1):
+            w = random_blocks(t, n_rows * row_len // block_size(t)[0], np.random.default_rng(n_rows), scale)
+            x = tm.activations(n_tokens, row_len, seed=n_tokens)
+            want = native.qdot_rows(t, w, n_rows, row_len, x, impl=impl)
+            for n in (None, 1, 2, 3):
+                got = tm.matmul(pools[n], t, w, n_rows, x, impl=impl)
+                assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes(), (t.name, n_rows, n_tokens, n)
 
 
-@AVX2
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
-def test_avx2_matches_scalar(t, case):
-    n_rows, n_blocks, n_tok = case
-    rng = np.random.default_rng(int(t) * 7 + n_rows + n_tok)
-    row_len = row_len_of(t, n_blocks)
-    w = make_weights(t, n_rows, row_len, rng)
-    x = make_tokens(n_tok, row_len, rng)
-    ys = native.qdot_rows(t, w, n_rows, row_len, x, impl="scalar")
-    ya = native.qdot_rows(t, w, n_rows, row_len, x, impl="avx2")
-    if not native.has_qdot_kernel(t, "avx2"):
-        assert np.array_equal(ys.view(np.uint32), ya.view(np.uint32)), f"{t.name}: scalar fallback differs"
-        return
-    _, _, a = numpy_qact(t, x)
-    n = (row_len if t in FLOAT_TYPES else row_len // block_size(t)[0]) + 16
-    tol = 2 * (n * U * (np.abs(a) @ magnitude(t, w, n_rows, row_len).T) + n * 2.0 ** -140)
-    err = np.abs(ya.astype(np.float64) - ys)
-    assert (err <= tol).all(), f"{t.name}: avx2 differs from scalar by {err.max()} (bound {tol.max()})"
+MOE_SHAPES = [  # gate, up, down (each a different new type), n_embd D, n_ff F
+    (T.IQ2_XXS, T.IQ3_S, T.IQ4_XS, 256, 256),
+    (T.IQ1_M, T.TQ2_0, T.IQ4_NL, 256, 256),
+    (T.IQ2_S, T.IQ1_S, T.TQ1_0, 256, 256),
+    (T.IQ2_XS, T.IQ3_XXS, T.NVFP4, 256, 256),
+    (T.Q4_K, T.IQ4_NL, T.IQ2_XXS, 256, 256),
+]
 
 
-@AVX2
-@pytest.mark.parametrize("n_tok", [4, 5, 7, 8, 13])
-def test_avx2_q4_0_prefill_rows_are_each_tokens_decode_bytes(n_tok):
-    """Q4_0's prefill tile (8 rows by up to 4 tokens, codes unpacked once per block for all of them)
-    gives each token the bytes of that token's decode product (8 rows, one token), so a token's
-    logits do not depend on the batch it is computed in."""
-    rng = np.random.default_rng(n_tok)
-    n_rows, row_len = 24, 5 * 32
-    w = make_weights(T.Q4_0, n_rows, row_len, rng)
-    x = make_tokens(n_tok, row_len, rng)
-    together = native.qdot_rows(T.Q4_0, w, n_rows, row_len, x, impl="avx2")
-    for t in range(n_tok):
-        alone = native.qdot_rows(T.Q4_0, w, n_rows, row_len, x[t:t + 1], impl="avx2")
-        assert np.array_equal(together[t:t + 1].view(np.uint32), alone.view(np.uint32)), t
+def _moe_parts(gate, up, down, D, F, seed):
+    """tm.moe_parts with weights scaled for each type (its random codes span different ranges)."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for t, n_rows, row_len in ((gate, F, D), (up, F, D), (down, D, F)):
+        data = random_blocks(t, tm.N_HELD * n_rows * row_len // block_size(t)[0], rng, SCALES.get(t, 0.01))
+        parts.append(native.MoePart(data, t, n_rows, row_len))
+    return native.MoeParts(*parts)
+
+
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=lambda s: "-".join(t.name for t in s[:3]))
+def test_moe_with_mixed_new_types(pools, shape):  # noqa: F811
+    parts = _moe_parts(*shape, seed=1)
+    route = tm.routing(7, 4, seed=5)
+    x = tm.activations(7, shape[3], seed=6)
+    got = tm.run_moe(pools[2], parts, x, np.zeros_like(x), route)
+    for n in (1, 3):
+        again = tm.run_moe(pools[n], parts, x, np.zeros_like(x), route)
+        assert np.array_equal(got.view(np.uint32), again.view(np.uint32)), n
+    want = tm.moe_float64(parts, x, *route)
+    # Two activation roundings (x, then h), each within 1/254 of a block's largest value.
+    assert np.max(np.abs(got - want)) <= 0.03 * np.max(np.abs(want))
+    assert np.max(np.abs(want)) > 0
 
 
 def test_torch_input_gives_torch_output():
@@ -303,3 +198,40 @@ def test_wrapper_errors_name_the_problem():
         native.qdot_rows(T.Q4_0, w, 4, 48, make_tokens(1, 48, rng))
     with pytest.raises(NativeError, match="qdot"):
         native.qdot.scratch_bytes(T.Q4_K, 1, 100)
+    with pytest.raises(NativeError, match="Q4_0 weight .* by its kz tile"):   # the table names no such tile
+        native.qdot_rows(T.Q4_0, w, 4, 64, make_tokens(1, 64, rng), tile="kz")
+
+
+@pytest.mark.skipif(HAS["avx512"], reason="this CPU has AVX-512: the request is granted")
+def test_avx512_request_on_a_cpu_without_it_is_refused():
+    x = np.ones((2, 64), np.float32)
+    w = random_blocks(T.Q4_0, 4, np.random.default_rng(0))
+    with pytest.raises(NativeError, match="not available on this CPU"):
+        native.qdot_rows(T.Q4_0, w, 2, 64, x, impl="avx512")
+    with pytest.raises(NativeError, match="not available on this CPU"):
+        native.qdot_rows(T.Q4_0, w, 2, 64, x, tile="avx512")
+    with pytest.raises(NativeError, match="not available on this CPU"):
+        native.quantize_act(T.Q4_K, np.ones((1, 256), np.float32), impl="avx512")
+    with pytest.raises(NativeError, match="not available on this CPU"):
+        native.dequantize(T.Q4_0, w, (2, 64), impl="avx512")
+    with pytest.raises(NativeError, match="not available on this CPU"):
+        native.quantize(T.Q4_K, np.ones((1, 256), np.float32), impl="avx512")
+
+
+@pytest.mark.skipif(not HAS["avx512"], reason="CPU (or OS) without AVX-512 F/BW/VL/VNNI")
+def test_avx512_dequant_and_quantize_run_the_avx2_kernels():
+    rng = np.random.default_rng(3)
+    for t in DEQUANT_TYPES:
+        elems, _ = block_size(t)
+        src = random_blocks(t, 8 * (1024 // elems), rng)
+        a = native.dequantize(t, src, (8, 1024), impl="avx512")
+        b = native.dequantize(t, src, (8, 1024), impl="avx2")
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), t.name
+    x = rng.standard_normal((4, 1024)).astype(np.float32)
+    for t in (T.Q8_0, T.Q4_K, T.Q6_K):
+        assert np.array_equal(native.quantize(t, x, impl="avx512"), native.quantize(t, x, impl="avx2")), t.name
+
+
+def test_avx512_reports_the_avx2_dequant_kernels():
+    for t in DEQUANT_TYPES:
+        assert native.has_kernel(t, "avx512") == native.has_kernel(t, "avx2"), t.name

@@ -6,8 +6,8 @@ has (scalar, AVX2, AVX-512 and the kernel table's own choice), decode and prefil
 row and block counts that leave tails in the tiles' row groups and block chunks. A read past either
 end (a vector load of a whole last block's neighbourhood, a gather of a dword that starts at a
 block's last field) is a segmentation fault: the cases run in a child process, which names the case
-it was in when it died. The kernel table's alternatives on AVX-512 machines (the planes tiles off,
-the gather tiles off, each family's own tiles) run as further children.
+it was in when it died. The kernel table's alternatives on AVX-512 machines (STRATA_KERNEL: the planes
+tiles off, the gather tiles off, AVX-512's own tiles first) run as further children.
 """
 from __future__ import annotations
 
@@ -90,9 +90,9 @@ def test_every_kernel_stays_within_its_weights():
     run_child({})
 
 
-ALTERNATIVES = [{"STRATA_PLANES": "0", "STRATA_ZMM_DECODE": "plain", "STRATA_AVX2_GATHERS": "1"},
-                {"STRATA_PLANES": "0", "STRATA_VBMI": "0", "STRATA_ZMM_DECODE": "0", "STRATA_AVX2_GATHERS": "0", "STRATA_AVX_VNNI": "0"},
-                {"STRATA_AVX512_OWN_TILES": "1"}]
+ALTERNATIVES = [{"STRATA_KERNEL": "-planes -kzgfni +ymm_gathers"},
+                {"STRATA_KERNEL": "-planes -vbmi -kz -kzgfni -zmm -ymm_gathers -avxvnni"},
+                {"STRATA_KERNEL": "+avx512"}]
 
 
 @pytest.mark.skipif(not native.cpu_has_avx512(), reason="CPU has no AVX-512: no kernel table alternatives to run")

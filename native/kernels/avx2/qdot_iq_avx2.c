@@ -41,7 +41,7 @@
  * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
  * are one shift and mask each from a register already). On Intel cores not slowed by the Gather
  * Data Sampling mitigation the rows of IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M come by ymm gathers
- * instead (qdot_iq_chunks.h, gathers_for; strata_cpu_fast_ymm_gathers): on the Intel machine,
+ * instead (qdot_iq_chunks.h, gathers_for; the CPU description's ymm_gathers, cpu.c): on the Intel machine,
  * one thread, in cache, 1.07-1.53x at 1 token (IQ3_S the most: 8 rows a gather where the scalar
  * path inserts 6 dwords), 1.05-1.46x at 2; from DRAM on two threads 1.09-1.58x; IQ2_XXS (0.85x) and
  * IQ2_XS (0.95x) keep their scalar loads. Making the ksigns
@@ -65,7 +65,6 @@
  */
 #include "iq_tables.h"
 #include "qdot.h"
-#include "strata.h"   /* strata_cpu_fast_ymm_gathers */
 
 #if defined(__x86_64__) || defined(__i386__)
 #ifdef STRATA_QDOT_EVEX
@@ -137,7 +136,7 @@ INLINE __m256i weight_pair(__m256i sc, int c) {
 
 INLINE void unpack_urow(int fmt, const uint8_t *p, urow_block *u) {
     iq_head h;
-    iq_head_of(fmt, p, 0, strata_cpu_fast_ymm_gathers(), &h);
+    iq_head_of(fmt, p, 0, strata_cpu_has(STRATA_CPU_YMM_GATHERS), &h);
     __m256i pair[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
@@ -179,7 +178,7 @@ INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wr
     }
     /* the gathers a constant of each tile; IQ1_S's calls of 4 tokens keep the scalar loads (0.93x
      * gathered, where 1-3 tokens gained 1.10-1.21x) */
-    const int gathers = gathers_for(fmt, strata_cpu_fast_ymm_gathers()) && !(fmt == FMT_IQ1_S && n_tok == 4);
+    const int gathers = gathers_for(fmt, strata_cpu_has(STRATA_CPU_YMM_GATHERS)) && !(fmt == FMT_IQ1_S && n_tok == 4);
     for (int64_t r = 0; r < n_rows; r++) {
         if (gathers) iq_tile_tokens(fmt, 1, bs, n_tok, k, w + r * wrb, a, arb, y + r, ys);
         else iq_tile_tokens(fmt, 0, bs, n_tok, k, w + r * wrb, a, arb, y + r, ys);

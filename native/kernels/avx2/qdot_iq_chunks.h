@@ -59,7 +59,7 @@ INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void 
     return _mm256_blend_epi32(v, _mm256_set1_epi64x((long long)u64(r3)), 0xC0);
 }
 
-/* The same rows by ymm gathers where they are fast (strata_cpu_fast_ymm_gathers; each format's choice
+/* The same rows by ymm gathers where they are fast (the CPU description's ymm_gathers, cpu.c; each format's choice
  * at gathers_for): four 8-byte rows by 16-bit indices (VPGATHERDQ), eight 4-byte rows by 16-bit or
  * 8-bit indices (VPGATHERDD). The same bytes as the scalar loads. */
 INLINE __m256i gather_rows8(const void *grid, const uint16_t *ix) {
@@ -337,7 +337,7 @@ typedef struct {
 } iq_head;
 
 /* Whether format fmt's chunks gather their grid rows where gathers are fast (`fast`: a constant in the
- * decode tile, strata_cpu_fast_ymm_gathers() elsewhere): not IQ2_XXS's or IQ2_XS's, whose indices
+ * decode tile, the CPU description's ymm_gathers elsewhere): not IQ2_XXS's or IQ2_XS's, whose indices
  * are bytes or fields of a register already (0.85x and 0.95x gathered). */
 INLINE int gathers_for(int fmt, int fast) {
     return fast && (fmt == FMT_IQ2_S || fmt == FMT_IQ3_XXS || fmt == FMT_IQ3_S || fmt == FMT_IQ1_S || fmt == FMT_IQ1_M);

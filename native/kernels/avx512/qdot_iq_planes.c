@@ -47,7 +47,6 @@
  */
 #include "iq_tables.h"
 #include "qdot.h"
-#include "strata.h"   /* strata_cpu_fast_gathers */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <stddef.h>
@@ -828,7 +827,7 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
     const int four = fmt == IQ3_XXS || fmt == IQ3_S;   /* rows of 4 values: the PLANES4 layout */
     /* IQ1's and IQ2_S's decode calls by rows (rows_row; IQ2_S's only where gathers are fast, as
      * IQ1's planes tiles are handed out), their 4-7 tokens by planes (planes_row) */
-    const int rows = (fmt == IQ1_S || fmt == IQ1_M || (fmt == IQ2_S && strata_cpu_fast_gathers())) && n_tok < STRATA_QDOT_DECODE_TOKENS;
+    const int rows = (fmt == IQ1_S || fmt == IQ1_M || (fmt == IQ2_S && strata_cpu_has(STRATA_CPU_FAST_GATHERS))) && n_tok < STRATA_QDOT_DECODE_TOKENS;
     const int64_t nb = k / STRATA_QK_K, tok_bytes = rows ? nb * ROWS_BLOCK : four ? nb * BLOCK_BYTES4 : (nb + 1) / 2 * PAIR_BYTES;
     if (nb == 0 || n_tok == 0) {
         for (int64_t t = 0; t < n_tok; t++)

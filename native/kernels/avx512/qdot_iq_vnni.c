@@ -189,7 +189,7 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
         return;
     }
     iq_head h;
-    iq_head_of(fmt, p, 0, strata_cpu_fast_ymm_gathers(), &h);
+    iq_head_of(fmt, p, 0, strata_cpu_has(STRATA_CPU_YMM_GATHERS), &h);
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
         chunk ch;
