@@ -11,7 +11,7 @@
 # says which one ran ("AVX2 FMA ..." with no AVX512). It is not an AVX2-only CPU: the cores, caches
 # and memory are this machine's. Strata's AVX2 family also takes AVX-VNNI where the CPU has it (this
 # Xeon and Intel's AVX2-only client cores do: TQ1_0's decode, native/qdot_tq1_avxvnni.c); add
-# STRATA_AVX_VNNI=0 for the code a CPU without it runs (Zen 2, Zen 3), as this llama.cpp build is.
+# STRATA_KERNEL=-avxvnni for the code a CPU without it runs (Zen 2, Zen 3), as this llama.cpp build is.
 # A folder that already holds the package is reused as is. NICE
 # (default 10) sets the niceness of the build (10-18 minutes on two cores). Prints TARGET last.
 set -euo pipefail

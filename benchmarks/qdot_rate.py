@@ -16,8 +16,8 @@ Per type, through the pooled `native.matmul_into` on random packed weights:
            right before each DRAM figure (the share is of the better of the two bare reads around it)
 --alternate N compares the families instead (e.g. `--impls avx2 avx512 --alternate 3`): each case's
 best over N rounds that run every family in turn, and the ratio last / first. An AVX-512 call runs
-the AVX2 tile where the kernel table says so (native/qdot.c); STRATA_AVX512_OWN_TILES=1 makes it run
-AVX-512's own everywhere, the measurement that table records.
+the AVX2 tile where the table of quant types says so (strata/quant_table.py); STRATA_KERNEL=+avx512
+makes it run AVX-512's own everywhere, the measurement that table records.
 Each figure is the best of --rounds short rounds (a shared machine is noisy: compare only inside
 one run, and rerun for a range). GB/s count packed weight bytes; prefill's count them once per
 token. Not a test.
