@@ -401,21 +401,6 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int impl);
 
 /*
- * strata_moe_swiglu without the sum: each computed assignment's weighted-sum term's unweighted
- * vector, down_e @ (silu(gate_e @ x[token]) * (up_e @ x[token])), goes to rows[a, :] (rows is
- * [n_assign, n_embd] float32) and out is not touched. An expert index below 0 skips that expert
- * (its rows are left as they were), so the experts of a call can be computed in two calls: those
- * in memory first, the others once they have been read. strata_moe_reduce then adds the rows into
- * out in ascending assignment order: the same bytes as strata_moe_swiglu.
- */
-int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
-                           int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
-                           const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
-                           const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
-                           int64_t n_assign, float *rows, int64_t rows_bytes, void *scratch, int64_t scratch_bytes,
-                           int impl);
-
-/*
  * An expert function other than plain SwiGLU for strata_moe_glu. clamped: gpt-oss's clamped
  * SwiGLU with per-expert biases. For expert j of the call, with id = expert_ids[j] (its row of the
  * bias tables):
@@ -435,9 +420,14 @@ typedef struct {
 } strata_moe_act;
 
 /*
- * strata_moe_swiglu (rows NULL) or strata_moe_swiglu_rows (out NULL) with the expert function
- * `act` (NULL: plain SwiGLU, the same bytes as those calls). Every id of an expert that owns
- * assignments is checked against n_ids.
+ * strata_moe_swiglu with the expert function `act` (NULL: plain SwiGLU, the same bytes), into out
+ * (rows NULL), or without the sum (out NULL): each computed assignment's unweighted vector (its
+ * weight applied where `act` scales the input) goes to rows[a, :] (rows is [n_assign, n_embd]
+ * float32) and out is not touched. An expert index below 0 skips that expert (its rows are left as
+ * they were), so the experts of a call can be computed in two calls: those in memory first, the
+ * others once they have been read; strata_moe_reduce then adds the rows into out in ascending
+ * assignment order, the same bytes as one call. Every id of an expert that owns assignments is
+ * checked against n_ids.
  */
 int strata_moe_glu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
                    int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,

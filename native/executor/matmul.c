@@ -358,7 +358,7 @@ typedef struct {
     const int64_t *offsets;
     const float *weights;
     float *out;
-    float *rows;  /* strata_moe_swiglu_rows: down results by assignment, no sum (NULL: sum into out) */
+    float *rows;  /* strata_moe_glu's rows: down results by assignment, no sum (NULL: sum into out) */
     const strata_moe_act *act;  /* NULL: plain SwiGLU */
     int64_t *head, *next, *busy;
     atomic_int *done;
@@ -573,7 +573,7 @@ static int moe_index(moe_job *J, int64_t n_experts) {
     return STRATA_OK;
 }
 
-/* strata_moe_swiglu (rows NULL: the sum into out) and strata_moe_swiglu_rows (out NULL). */
+/* strata_moe_swiglu and strata_moe_glu (rows NULL: the sum into out; out NULL: rows by assignment). */
 static int moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
                       int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
                       const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
@@ -659,18 +659,6 @@ int strata_moe_swiglu(strata_pool *pool, const float *x, int64_t x_bytes, int64_
                       int impl) {
     return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
                       assign_offsets, token_ids, weights, n_assign, NULL, out, out_bytes, NULL, 0, scratch,
-                      scratch_bytes, impl);
-}
-
-int strata_moe_swiglu_rows(strata_pool *pool, const float *x, int64_t x_bytes, int64_t n_tokens, int64_t n_embd,
-                           int64_t n_ff, const strata_moe_part *gate, const strata_moe_part *up,
-                           const strata_moe_part *down, int64_t n_experts, const int32_t *expert_index,
-                           const int64_t *assign_offsets, const int32_t *token_ids, const float *weights,
-                           int64_t n_assign, float *rows, int64_t rows_bytes, void *scratch, int64_t scratch_bytes,
-                           int impl) {
-    if (!rows) return STRATA_E_ARG;
-    return moe_swiglu(pool, x, x_bytes, n_tokens, n_embd, n_ff, gate, up, down, n_experts, expert_index,
-                      assign_offsets, token_ids, weights, n_assign, NULL, NULL, 0, rows, rows_bytes, scratch,
                       scratch_bytes, impl);
 }
 

@@ -374,13 +374,15 @@ class MoeCall:
         head = (_pool_ptr(pool), self._x, self._x_bytes, n_tokens, self.n_embd, parts.n_ff, g.c, u.c, d.c, n,
                 self._index, self._off + first, self._tok, self._w, self.n_assign)
         tail = (ffi.cast("void *", scratch.data_ptr()), scratch.numel(), impl_code(impl))
-        if self._act is None:
-            status = (lib.strata_moe_swiglu_rows if rows else lib.strata_moe_swiglu)(*head, out, out_bytes, *tail)
-        else:
-            self.act.check(parts)
-            self._act.expert_ids = self._ids + first
-            status = lib.strata_moe_glu(*head, self._act, *((ffi.NULL, 0, out, out_bytes) if rows else
-                                                           (out, out_bytes, ffi.NULL, 0)), *tail)
+        if self._act is None and not rows:
+            status = lib.strata_moe_swiglu(*head, out, out_bytes, *tail)
+        else:  # rows (one call of two) or another expert function: strata_moe_glu (act NULL: plain SwiGLU)
+            if self._act is not None:
+                self.act.check(parts)
+                self._act.expert_ids = self._ids + first
+            status = lib.strata_moe_glu(*head, ffi.NULL if self._act is None else self._act,
+                                        *((ffi.NULL, 0, out, out_bytes) if rows else (out, out_bytes, ffi.NULL, 0)),
+                                        *tail)
         if status:
             check(status, f"MoE SwiGLU ({g.type.name}/{u.type.name}/{d.type.name}, {n_tokens} tokens, {n} experts; "
                           f"experts held: {g.n_experts}/{u.n_experts}/{d.n_experts}; scratch {scratch.numel()} B)")

@@ -29,11 +29,11 @@ class Implementation:
     """The classes of one implementation: norm, router, shared expert (and packed dense FFN), and
     the attention class of each attention kind."""
 
-    name: str
-    norm: type
-    router: type
+    name: str  # "torch" or "native"
+    norm: type  # (weight, eps) -> the norm
+    router: type  # Router's arguments -> the router
     shared: Callable  # (ffn, gate or None, compute) -> the shared expert
-    attention: dict
+    attention: dict  # attention kind (strata.models.spec) -> its class
 
 
 TORCH = Implementation("torch", RMSNorm, Router, lambda ffn, gate, compute: SharedExpert(ffn, gate), {
