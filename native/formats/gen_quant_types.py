@@ -91,18 +91,18 @@ def kernels_rows(q) -> str:
         out.append(f"    [STRATA_TILE_{k.upper()}] = {{STRATA_IMPL_{info.family.upper()}, "
                    f"{_bits('STRATA_CPU_', info.needs)}, {int(info.few_tokens)}, \"{k}\"}},")
     out += ["};", "", "const strata_qdot_row strata_qdot_table[] = {"]
-    for r in q.TYPES:
+    for r in q.TYPES:   # a row a line: its tiles by kind, then per family {decode list, prefill list}
         low = r.name.lower()
         tiles = ", ".join(f"[STRATA_TILE_{k.upper()}] = strata_qdot_{low}_{k}" for k in q.kinds_of(r))
-        out += [f"    {{STRATA_T_{r.name}, STRATA_ACT_{r.act}, {{{tiles}}},", "     {"]
+        families = []
         for family in FAMILIES:
             lists = []
             for phase in PHASES:
                 choices = q.tiles_of(r, family, phase)
                 body = ", ".join(f"{{STRATA_TILE_{k.upper()}, {_bits('STRATA_WHEN_', when)}}}" for k, when in choices)
                 lists.append(f"{{{len(choices)}, {{{body}}}}}")
-            out.append(f"      {{{', '.join(lists)}}},   /* {family}: decode, prefill */")
-        out += ["     }},"]
+            families.append(f"{{{', '.join(lists)}}}")
+        out.append(f"    {{STRATA_T_{r.name}, STRATA_ACT_{r.act}, {{{tiles}}}, {{{', '.join(families)}}}}},")
     out += ["};", "", "const int strata_qdot_table_rows = (int)(sizeof(strata_qdot_table) / sizeof(strata_qdot_table[0]));", ""]
     return "\n".join(out)
 

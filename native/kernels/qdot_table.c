@@ -19,162 +19,32 @@ const strata_tile_kind strata_tile_kinds[STRATA_TILE_KINDS] = {
 };
 
 const strata_qdot_row strata_qdot_table[] = {
-    {STRATA_T_F32, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_f32_ref, [STRATA_TILE_AVX2] = strata_qdot_f32_avx2, [STRATA_TILE_EVEX] = strata_qdot_f32_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{1, {{STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_F16, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_f16_ref, [STRATA_TILE_AVX2] = strata_qdot_f16_avx2, [STRATA_TILE_AVX512] = strata_qdot_f16_avx512, [STRATA_TILE_EVEX] = strata_qdot_f16_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_BF16, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_bf16_ref, [STRATA_TILE_AVX2] = strata_qdot_bf16_avx2, [STRATA_TILE_AVX512] = strata_qdot_bf16_avx512, [STRATA_TILE_EVEX] = strata_qdot_bf16_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q4_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q4_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_0_avx2, [STRATA_TILE_EVEX] = strata_qdot_q4_0_evex, [STRATA_TILE_AVX512] = strata_qdot_q4_0_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_EVEX, STRATA_WHEN_ZEN5}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q4_1, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q4_1_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_1_avx2, [STRATA_TILE_AVX512] = strata_qdot_q4_1_avx512, [STRATA_TILE_EVEX] = strata_qdot_q4_1_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q5_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q5_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_0_avx2, [STRATA_TILE_AVX512] = strata_qdot_q5_0_avx512, [STRATA_TILE_EVEX] = strata_qdot_q5_0_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q5_1, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q5_1_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_1_avx2, [STRATA_TILE_AVX512] = strata_qdot_q5_1_avx512, [STRATA_TILE_EVEX] = strata_qdot_q5_1_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q8_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q8_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q8_0_avx2, [STRATA_TILE_EVEX] = strata_qdot_q8_0_evex, [STRATA_TILE_AVX512] = strata_qdot_q8_0_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q2_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q2_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q2_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q2_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q2_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q2_k_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q3_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q3_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q3_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q3_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q3_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q3_k_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q4_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q4_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q4_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q4_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q4_k_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q5_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q5_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q5_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q5_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q5_k_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q6_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q6_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q6_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q6_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q6_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q6_k_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_MXFP4, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_mxfp4_ref, [STRATA_TILE_AVX2] = strata_qdot_mxfp4_avx2, [STRATA_TILE_AVX512] = strata_qdot_mxfp4_avx512, [STRATA_TILE_EVEX] = strata_qdot_mxfp4_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_xxs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_xxs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_xxs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_xxs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_xxs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_xxs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_xxs_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_xs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_xs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_xs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_xs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_xs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_xs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_xs_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_s_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq3_xxs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq3_xxs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq3_xxs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq3_xxs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq3_xxs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq3_xxs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq3_xxs_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq3_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq3_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq3_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq3_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq3_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq3_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq3_s_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq1_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq1_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq1_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq1_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq1_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq1_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq1_s_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512 | STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq1_m_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq1_m_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq1_m_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq1_m_planes, [STRATA_TILE_VBMI] = strata_qdot_iq1_m_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq1_m_evex, [STRATA_TILE_AVX512] = strata_qdot_iq1_m_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512 | STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_iq4_nl_ref, [STRATA_TILE_AVX2] = strata_qdot_iq4_nl_avx2, [STRATA_TILE_AVX512] = strata_qdot_iq4_nl_avx512, [STRATA_TILE_EVEX] = strata_qdot_iq4_nl_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq4_xs_ref, [STRATA_TILE_AVX2] = strata_qdot_iq4_xs_avx2, [STRATA_TILE_ZMM] = strata_qdot_iq4_xs_zmm, [STRATA_TILE_EVEX] = strata_qdot_iq4_xs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq4_xs_avx512},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{3, {{STRATA_TILE_ZMM, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_tq1_0_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_tq1_0_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_tq1_0_avx2, [STRATA_TILE_AVX512] = strata_qdot_tq1_0_avx512, [STRATA_TILE_EVEX] = strata_qdot_tq1_0_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_AVX512, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_tq2_0_ref, [STRATA_TILE_AVX2] = strata_qdot_tq2_0_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_tq2_0_kzgfni, [STRATA_TILE_KZ] = strata_qdot_tq2_0_kz, [STRATA_TILE_EVEX] = strata_qdot_tq2_0_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{3, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
-    {STRATA_T_NVFP4, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_nvfp4_ref, [STRATA_TILE_AVX2] = strata_qdot_nvfp4_avx2, [STRATA_TILE_ZMM] = strata_qdot_nvfp4_zmm, [STRATA_TILE_EVEX] = strata_qdot_nvfp4_evex},
-     {
-      {{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}},   /* scalar: decode, prefill */
-      {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}},   /* avx2: decode, prefill */
-      {{2, {{STRATA_TILE_ZMM, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}},   /* avx512: decode, prefill */
-     }},
+    {STRATA_T_F32, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_f32_ref, [STRATA_TILE_AVX2] = strata_qdot_f32_avx2, [STRATA_TILE_EVEX] = strata_qdot_f32_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{1, {{STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_F16, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_f16_ref, [STRATA_TILE_AVX2] = strata_qdot_f16_avx2, [STRATA_TILE_AVX512] = strata_qdot_f16_avx512, [STRATA_TILE_EVEX] = strata_qdot_f16_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_BF16, STRATA_ACT_F32, {[STRATA_TILE_REF] = strata_qdot_bf16_ref, [STRATA_TILE_AVX2] = strata_qdot_bf16_avx2, [STRATA_TILE_AVX512] = strata_qdot_bf16_avx512, [STRATA_TILE_EVEX] = strata_qdot_bf16_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q4_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q4_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_0_avx2, [STRATA_TILE_EVEX] = strata_qdot_q4_0_evex, [STRATA_TILE_AVX512] = strata_qdot_q4_0_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_EVEX, STRATA_WHEN_ZEN5}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q4_1, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q4_1_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_1_avx2, [STRATA_TILE_AVX512] = strata_qdot_q4_1_avx512, [STRATA_TILE_EVEX] = strata_qdot_q4_1_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q5_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q5_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_0_avx2, [STRATA_TILE_AVX512] = strata_qdot_q5_0_avx512, [STRATA_TILE_EVEX] = strata_qdot_q5_0_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q5_1, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q5_1_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_1_avx2, [STRATA_TILE_AVX512] = strata_qdot_q5_1_avx512, [STRATA_TILE_EVEX] = strata_qdot_q5_1_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q8_0, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_q8_0_ref, [STRATA_TILE_AVX2] = strata_qdot_q8_0_avx2, [STRATA_TILE_EVEX] = strata_qdot_q8_0_evex, [STRATA_TILE_AVX512] = strata_qdot_q8_0_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q2_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q2_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q2_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q2_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q2_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q2_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q2_k_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q3_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q3_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q3_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q3_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q3_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q3_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q3_k_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_Q4_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q4_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q4_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q4_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q4_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q4_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q4_k_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}}}},
+    {STRATA_T_Q5_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q5_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q5_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q5_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q5_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q5_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q5_k_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}}}},
+    {STRATA_T_Q6_K, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_q6_k_ref, [STRATA_TILE_AVX2] = strata_qdot_q6_k_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_q6_k_kzgfni, [STRATA_TILE_KZ] = strata_qdot_q6_k_kz, [STRATA_TILE_EVEX] = strata_qdot_q6_k_evex, [STRATA_TILE_AVX512] = strata_qdot_q6_k_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_MXFP4, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_mxfp4_ref, [STRATA_TILE_AVX2] = strata_qdot_mxfp4_avx2, [STRATA_TILE_AVX512] = strata_qdot_mxfp4_avx512, [STRATA_TILE_EVEX] = strata_qdot_mxfp4_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ2_XXS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_xxs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_xxs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_xxs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_xxs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_xxs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_xxs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_xxs_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ2_XS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_xs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_xs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_xs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_xs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_xs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_xs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_xs_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ2_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq2_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq2_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq2_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq2_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq2_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq2_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq2_s_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ3_XXS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq3_xxs_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq3_xxs_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq3_xxs_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq3_xxs_planes, [STRATA_TILE_VBMI] = strata_qdot_iq3_xxs_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq3_xxs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq3_xxs_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ3_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq3_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq3_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq3_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq3_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq3_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq3_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq3_s_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ1_S, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq1_s_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq1_s_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq1_s_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq1_s_planes, [STRATA_TILE_VBMI] = strata_qdot_iq1_s_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq1_s_evex, [STRATA_TILE_AVX512] = strata_qdot_iq1_s_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512 | STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ1_M, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq1_m_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_iq1_m_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_iq1_m_avx2, [STRATA_TILE_PLANES] = strata_qdot_iq1_m_planes, [STRATA_TILE_VBMI] = strata_qdot_iq1_m_vbmi, [STRATA_TILE_EVEX] = strata_qdot_iq1_m_evex, [STRATA_TILE_AVX512] = strata_qdot_iq1_m_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}}, {{4, {{STRATA_TILE_PLANES, STRATA_WHEN_WHOLE_512 | STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_VBMI, STRATA_WHEN_FAST_GATHERS}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ4_NL, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_iq4_nl_ref, [STRATA_TILE_AVX2] = strata_qdot_iq4_nl_avx2, [STRATA_TILE_AVX512] = strata_qdot_iq4_nl_avx512, [STRATA_TILE_EVEX] = strata_qdot_iq4_nl_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_IQ4_XS, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_iq4_xs_ref, [STRATA_TILE_AVX2] = strata_qdot_iq4_xs_avx2, [STRATA_TILE_ZMM] = strata_qdot_iq4_xs_zmm, [STRATA_TILE_EVEX] = strata_qdot_iq4_xs_evex, [STRATA_TILE_AVX512] = strata_qdot_iq4_xs_avx512}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{3, {{STRATA_TILE_ZMM, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}, {2, {{STRATA_TILE_AVX512, 0}, {STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_TQ1_0, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_tq1_0_ref, [STRATA_TILE_AVXVNNI] = strata_qdot_tq1_0_avxvnni, [STRATA_TILE_AVX2] = strata_qdot_tq1_0_avx2, [STRATA_TILE_AVX512] = strata_qdot_tq1_0_avx512, [STRATA_TILE_EVEX] = strata_qdot_tq1_0_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{2, {{STRATA_TILE_AVXVNNI, 0}, {STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_AVX512, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {2, {{STRATA_TILE_EVEX, 0}, {STRATA_TILE_AVX512, 0}}}}}},
+    {STRATA_T_TQ2_0, STRATA_ACT_Q8K, {[STRATA_TILE_REF] = strata_qdot_tq2_0_ref, [STRATA_TILE_AVX2] = strata_qdot_tq2_0_avx2, [STRATA_TILE_KZGFNI] = strata_qdot_tq2_0_kzgfni, [STRATA_TILE_KZ] = strata_qdot_tq2_0_kz, [STRATA_TILE_EVEX] = strata_qdot_tq2_0_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{3, {{STRATA_TILE_KZGFNI, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_KZ, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}}}},
+    {STRATA_T_NVFP4, STRATA_ACT_Q8, {[STRATA_TILE_REF] = strata_qdot_nvfp4_ref, [STRATA_TILE_AVX2] = strata_qdot_nvfp4_avx2, [STRATA_TILE_ZMM] = strata_qdot_nvfp4_zmm, [STRATA_TILE_EVEX] = strata_qdot_nvfp4_evex}, {{{1, {{STRATA_TILE_REF, 0}}}, {1, {{STRATA_TILE_REF, 0}}}}, {{1, {{STRATA_TILE_AVX2, 0}}}, {1, {{STRATA_TILE_AVX2, 0}}}}, {{2, {{STRATA_TILE_ZMM, STRATA_WHEN_WHOLE_512}, {STRATA_TILE_EVEX, 0}}}, {1, {{STRATA_TILE_EVEX, 0}}}}}},
 };
 
 const int strata_qdot_table_rows = (int)(sizeof(strata_qdot_table) / sizeof(strata_qdot_table[0]));
