@@ -19,7 +19,7 @@ SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 1.0, "min_p": 0.0
 
 #: Worker threads of a pager when the caller does not say (the host tier's default too).
 DEFAULT_PAGER_THREADS = 4
-#: Most compute threads (--threads): the native compute pool's POOL_MAX_THREADS (native/pool.c).
+#: Most compute threads (--threads): the native compute pool's POOL_MAX_THREADS (native/runtime/pool.c).
 MAX_THREADS = 256
 #: Policy margin of decoding and of the trace replay (strata.memory.budget explains them).
 DEFAULT_PREFETCH_MARGIN = 2.0

@@ -27,8 +27,10 @@ from strata.gguf import HParams
 from strata.memory import ExpertMemory
 from strata.memory.base import ExpertWeights
 from strata.models.batch import Batch
+from strata.quant import GGMLType
 from strata.models.layers import FeedForward
-from strata.models.loader import WeightReader, _block, cache_dims
+from strata.models.executor import TORCH
+from strata.models.loader import WeightReader, cache_dims, layer_block
 from strata.models.moe import MoE
 from strata.models.rope import Rope
 
@@ -111,8 +113,9 @@ class _DictWeights(WeightReader):
 
     def __init__(self, tensors: dict[str, np.ndarray], expert_layers: list[int], hp: HParams):
         self.tensors, self.compute, self.device, self.dtype = tensors, None, torch.device("cpu"), torch.float32
-        self.native = False  # float torch layers: calibration records their inputs
-        self.mf = SimpleNamespace(expert_layers=expert_layers, path="(calibration)", hparams=hp)
+        self.impl = TORCH  # float torch layers: calibration records their inputs
+        resident = {name: SimpleNamespace(ggml_type=GGMLType.F32) for name in tensors}  # the layer specs read types
+        self.mf = SimpleNamespace(expert_layers=expert_layers, path="(calibration)", hparams=hp, resident=resident)
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
         return weight_name(kind, layer, suffix) in self.tensors
@@ -141,7 +144,8 @@ class LayerRunner:
         memory = None
         if layer in self.expert_layers:
             memory = LayerExperts(layer, self._experts(layer, tensors, stats))
-        block = _block(_DictWeights(tensors, self.expert_layers, self.hp), self.arch, self.hp, layer, self.rope, memory)
+        block = layer_block(_DictWeights(tensors, self.expert_layers, self.hp), self.arch, self.hp, layer, self.rope,
+                            memory)
         if stats is not None:
             self._wrap(block, layer, stats)
         return block, memory

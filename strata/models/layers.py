@@ -37,19 +37,15 @@ def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.T
 
 
 @singledispatch
-def product(w: Weight, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    raise TypeError(f"no product for a weight of type {type(w).__name__}")
+def product(w, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """A weight that computes its own product (`PackedMatrix`, calibration's recording wrapper)."""
+    y = w(x)  # [T, N]
+    return y if b is None else y + b
 
 
 @product.register
 def _(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, w, b)
-
-
-@product.register
-def _(w: PackedMatrix, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    y = w(x)  # [T, N]
-    return y if b is None else y + b
 
 
 @singledispatch

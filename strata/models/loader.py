@@ -35,7 +35,8 @@ from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
 from .shard import ExpertShard
 from .rope import Rope
-from .spec import CHUNKED, DELTANET, GATED, GQA, MLA, LayerSpec, expert_executor, layer_specs
+from .spec import (CHUNKED, DELTANET, GATED, GQA, MLA, LayerSpec, attention_spec, expert_executor, ffn_spec,
+                   layer_specs)
 from .transformer import Block, Transformer
 
 
@@ -343,6 +344,13 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, rope: Rope
                  lookahead)
 
 
+def layer_block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, memory: ExpertMemory | None) -> Block:
+    """Block i alone, its spec from the reader's file records (calibration builds layers one at a
+    time, without a look-ahead)."""
+    spec = LayerSpec(i, hp.norm_eps, attention_spec(w.mf, arch, i), ffn_spec(w.mf, arch, i))
+    return _block(w, arch, hp, spec, rope, _ffn(w, arch, hp, spec, memory))
+
+
 def _lookaheads(memory: ExpertMemory | None, specs: list[LayerSpec],
                 ffns: list[tuple[RMSNorm, torch.nn.Module]]) -> list[Lookahead | None]:
     """The look-ahead of the embeddings (first) and of each block after its attention half: the
@@ -412,4 +420,5 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
                        lookahead=hooks[0])
 
 
-__all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_ropes", "load_model", "rope_factors"]
+__all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",
+           "load_model", "rope_factors"]

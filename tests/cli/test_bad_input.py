@@ -39,13 +39,13 @@ def test_generate_refuses_bad_values_by_flag(cli, qwen3, args, flag):
 
 def test_threads_limit_is_the_compute_pools_own(cli, qwen3):
     """--threads' range is what the native compute pool accepts: its help and its error say 256, and
-    native/pool.c's POOL_MAX_THREADS is that number (the pool refused 999 after the option took it)."""
+    native/runtime/pool.c's POOL_MAX_THREADS is that number (the pool refused 999 after the option took it)."""
     import re
     from pathlib import Path
 
     from strata.defaults import MAX_THREADS
 
-    pool_c = (Path(__file__).parents[2] / "native" / "pool.c").read_text()
+    pool_c = (Path(__file__).parents[2] / "native" / "runtime" / "pool.c").read_text()
     assert int(re.search(r"#define POOL_MAX_THREADS (\d+)", pool_c).group(1)) == MAX_THREADS == 256
     line = _one_error(*cli("generate", qwen3.gguf(None), "-p", "Hello", "--threads", "999")[::2], "--threads")
     assert "256" in line and "4096" not in line

@@ -40,7 +40,7 @@ def test_glm4moe_packed_decode_paths_are_within_float_rounding_of_the_float_path
     with strata.load(glm.gguf("f32"), compute="packed", **kw) as packed, \
             strata.load(glm.gguf("f32"), compute="float", **kw) as ref:
         _has_program(glm, packed)
-        assert type(packed.transformer.blocks[0].ffn).__name__ == "SharedExpert"  # the dense first layer
+        assert type(packed.transformer.blocks[0].ffn).__name__ == "PackedSharedExpert"  # the dense first layer
         for prompts in prompts_sets:
             for a, b in zip(_decode_logits(packed, prompts), _decode_logits(ref, prompts, "per_call")):
                 assert rel_err(a, b) < 1e-5
