@@ -4,9 +4,11 @@
     logits = runner(tokens, batch, cache)   # as Transformer.forward, through the plan's runner
     runner.plan.describe()
 
-The model (strata.models) holds the maths and runs prefill itself; for decode batches the runner
-passes it the plan's fast form of the blocks' loop (a decode program, or fused steps block by
-block). The fast paths are built here, from the plan, and kept here.
+The plan is decided first, from the layer specs (strata.models.spec) and the memory's caps; then
+the model (strata.models) is built with the executors it names, and checked to allow what the plan
+expected. The model holds the maths and runs prefill itself; for decode batches the runner passes it
+the plan's fast form of the blocks' loop (a decode program, or fused steps block by block). The
+fast paths are built here, from the plan, and kept here.
 Must not: decide (strata.runtime.plan does) or do maths of its own.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from strata.models.spec import layer_specs
 from strata.models.transformer import StepTimes
 
 from .hybrid import HybridCompute
-from .plan import FUSED, PROGRAM, ArchCaps, MemoryCaps, RuntimePlan, Target, decide, hybrid_row
+from .plan import FUSED, PROGRAM, ArchCaps, MemoryCaps, RuntimePlan, Target, decide
 from .program import DecodeProgram
 from .step import FusedDecode
 
@@ -60,11 +62,12 @@ class Runner:
 
     @staticmethod
     def of(model: Transformer, plan: RuntimePlan, memory: ExpertMemory | None,
-           hybrid: HybridCompute | None = None) -> Runner:
-        """The runner of `plan` over a built model: its fused steps and program made here."""
+           hybrid: HybridCompute | None = None, fused: list[bool] | None = None) -> Runner:
+        """The runner of `plan` over a built model: its fused steps and program made here (`fused`:
+        which blocks have a fused step, as the plan was decided; None: read from the model)."""
         steps = program = None
         if plan.decode in (FUSED, PROGRAM):
-            fused = _caps(model)[1]
+            fused = _caps(model)[1] if fused is None else fused
             steps = [FusedDecode(b, spec, model.compute) if ok else None
                      for b, spec, ok in zip(model.blocks, model.specs, fused)]
         if plan.decode == PROGRAM:
@@ -113,13 +116,18 @@ def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.dev
     `ExpertShard` of each MoE layer under expert parallelism)."""
     device, n_threads = torch.device(device), n_threads or native.default_threads()
     target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers, memory_why)
-    specs = layer_specs(mf, architecture(mf))
-    hybrid = HybridCompute(memory, mf, n_threads) if hybrid_row(target, mem, specs)[0] else None
+    specs = layer_specs(mf, architecture(mf))  # the plan first, from the specs; then what it names is built
+    caps, fused = ArchCaps.of(specs, compute == "packed" and mem.packed, bool(shards), DecodeProgram.takes)
+    plan = decide(target, mem, caps, specs)
+    hybrid = HybridCompute(memory, mf, n_threads) if plan.hybrid else None
     model = None
     try:
         model = load_model(mf, memory, device=device, dtype=dtype, n_threads=n_threads, compute=compute, hybrid=hybrid,
                            shards=shards)
-        return Runner.of(model, decide(target, mem, arch_caps(model), model.specs), memory, hybrid)
+        built = arch_caps(model)
+        if built != caps:  # the loader built other executors than the plan's rule names: a bug, said plainly
+            raise RuntimeError(f"{mf.path}: the plan expected {caps}, the model built allows {built}")
+        return Runner.of(model, plan, memory, hybrid, fused)
     except BaseException:
         for part in (hybrid, None if model is None else model.compute):
             if part is not None:
