@@ -49,8 +49,8 @@ from benchmarks.tiered_cgroup import CGROUP_V1  # noqa: E402
 DECODE_PROMPT = 8
 CHILD_TIMEOUT = 1800.0
 #: Bytes a process needs beside the expert budget and the resident weights (Python, torch, the
-#: native library, KV cache, the pager's buffers): large-routed's single process peaked at 2.92 GB
-#: of RSS on a 2.55 GB budget (0.37 GB more), plus a margin.
+#: native library, KV cache, the pager's buffers): the peak measured above the budget plus a margin
+#: (benchmarks/RESULTS.md, "Figures behind code comments").
 OVERHEAD = 448 << 20
 
 

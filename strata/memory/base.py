@@ -93,6 +93,8 @@ class ExpertMemory(ABC):
     lookahead_correction: Any = None
     #: The tier that reads the disk (`strata.memory.host.HostTier`), or None: nothing is paged.
     disk_tier: Any = None
+    #: The pools' slots per expert layer (`strata.memory.placement.Placement`), or None: no pools.
+    placement: Any = None
     #: Layers ahead the model should announce with `prefetch` (0: the memory does not use hints).
     prefetch_depth: int = 0
     #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).

@@ -6,7 +6,7 @@ import torch
 from tests.fixtures.tiny import ARCH_KEYS, zoo
 
 # Tiny matrices: torch's thread pool only adds barrier waits, which on a shared, loaded machine
-# cost more than the maths (measured: 60x slower decode with 2 threads under load).
+# cost more than the maths (benchmarks/RESULTS.md, "Figures behind code comments").
 torch.set_num_threads(1)
 
 

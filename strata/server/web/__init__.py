@@ -113,7 +113,7 @@ def _layer_row(row: dict[str, Any], tokens: int, routing: list[int], place: dict
 def _slots(model: Any, tiers: list[str] | None) -> dict[str, int] | None:
     """Each pool's slots per expert layer, by tier name (at most one per expert: the memory's
     `placement`), or None for a memory without pools."""
-    placement = getattr(model.memory, "placement", None)
+    placement = None if model.memory is None else model.memory.placement
     if placement is None or tiers is None:
         return None
     per_layer = {"device": placement.device_slots, "host": placement.host_slots}
