@@ -30,8 +30,8 @@ enum strata_out {
 };
 
 /* Which kernel family to run. AUTO picks the widest family the CPU runs: AVX512, else AVX2, else
- * SCALAR. The environment variable STRATA_FORCE_SCALAR, set to a non-empty value other than "0",
- * makes AUTO pick SCALAR; STRATA_FORCE_AVX2 (same rule) makes it stop at AVX2. Dequantization and
+ * SCALAR. STRATA_KERNEL=scalar makes AUTO pick SCALAR, STRATA_KERNEL=avx2 makes it stop at AVX2
+ * (strata_kernel_cap; native/kernels/cpu.c reads the variable once per process). Dequantization and
  * quantization have no AVX-512 kernels: asked for AVX512, they run their AVX2 kernels. */
 enum strata_impl {
     STRATA_IMPL_AUTO = 0,
@@ -48,26 +48,26 @@ int strata_cpu_has_avx2(void);
 int strata_cpu_has_avx512(void);
 
 /* 1 when this CPU also has AVX-512 VBMI and GFNI (needed with strata_cpu_fast_gathers by the grid
- * i-quants' AVX-512 decode tiles, native/qdot_iq_vbmi.c). */
+ * i-quants' AVX-512 decode tiles, native/kernels/avx512/qdot_iq_vbmi.c). */
 int strata_cpu_has_avx512_vbmi(void);
 
 /* 1 when this CPU's gathers run at the load ports' rate (the kernel reports it not affected by Gather
  * Data Sampling, and it does not split 512-bit operations): the grid i-quants' AVX-512 decode tiles
- * gather their grid rows (native/qdot_iq_vbmi.c). */
+ * gather their grid rows (native/kernels/avx512/qdot_iq_vbmi.c). */
 int strata_cpu_fast_gathers(void);
 
 /* 1 when the grid i-quants' AVX2 kernels fetch IQ2_S's, IQ3_XXS's, IQ3_S's, IQ1_S's and IQ1_M's grid
- * rows by ymm gathers: STRATA_AVX2_GATHERS=0 or 1 where set, else an Intel CPU not affected by Gather
- * Data Sampling (native/dequant.c says what was measured). */
+ * rows by ymm gathers: an Intel CPU not affected by Gather Data Sampling (benchmarks/RESULTS.md, "Kernel
+ * choice per CPU"). STRATA_KERNEL's +ymm_gathers/-ymm_gathers override the choice, not this detection. */
 int strata_cpu_fast_ymm_gathers(void);
 
-/* 1 when this CPU has AVX-VNNI (VEX-encoded VPDPBUSD on ymm) beside AVX2, unless STRATA_AVX_VNNI=0:
- * the AVX2 kernel table then decodes TQ1_0 with its tile (native/qdot_tq1_avxvnni.c) and runs the
- * grid i-quants' tiles built with it (native/qdot_iq_avxvnni.c). */
+/* 1 when this CPU has AVX-VNNI (VEX-encoded VPDPBUSD on ymm) beside AVX2: the AVX2 kernel table then
+ * decodes TQ1_0 with its tile (native/kernels/avx2/qdot_tq1_avxvnni.c) and runs the grid i-quants'
+ * tiles built with it (qdot_iq_avxvnni.c), unless STRATA_KERNEL says -avx_vnni. */
 int strata_cpu_avx_vnni(void);
 
 /* 1 when this CPU executes 512-bit operations as two 256-bit halves (AMD family 19h, Zen 4): the
- * kernel table then prefers some AVX2 tiles for prefill and decode there (native/qdot.c). */
+ * kernel table then prefers some AVX2 tiles for prefill and decode there (native/kernels/qdot.c). */
 int strata_cpu_splits_512(void);
 
 /* The implementation AUTO resolves to in this process (STRATA_IMPL_SCALAR, _AVX2 or _AVX512). */

@@ -9,13 +9,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_force_scalar_env_selects_scalar_path():
+def test_kernel_scalar_env_selects_scalar_path():
     code = "from strata import native; print(native.default_impl())"
-    env = dict(os.environ, STRATA_FORCE_SCALAR="1")
-    env.pop("STRATA_FORCE_AVX2", None)
+    env = dict(os.environ, STRATA_KERNEL="scalar")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "scalar"
-    env["STRATA_FORCE_SCALAR"] = "0"
+    env["STRATA_KERNEL"] = ""
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     from strata import native
     widest = "avx512" if native.cpu_has_avx512() else "avx2" if native.cpu_has_avx2() else "scalar"

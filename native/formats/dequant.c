@@ -17,34 +17,8 @@ typedef struct {
     strata_block_fn ref, avx2;      /* avx2 may be NULL: the format then runs its scalar kernel */
 } strata_dequant_kernels;
 
-static const strata_dequant_kernels KERNELS[] = {
-    {STRATA_T_F32, strata_dequant_f32_ref, NULL},
-    {STRATA_T_F16, strata_dequant_f16_ref, strata_dequant_f16_avx2},
-    {STRATA_T_BF16, strata_dequant_bf16_ref, strata_dequant_bf16_avx2},
-    {STRATA_T_Q4_0, strata_dequant_q4_0_ref, strata_dequant_q4_0_avx2},
-    {STRATA_T_Q4_1, strata_dequant_q4_1_ref, NULL},
-    {STRATA_T_Q5_0, strata_dequant_q5_0_ref, NULL},
-    {STRATA_T_Q5_1, strata_dequant_q5_1_ref, NULL},
-    {STRATA_T_Q8_0, strata_dequant_q8_0_ref, strata_dequant_q8_0_avx2},
-    {STRATA_T_Q2_K, strata_dequant_q2_k_ref, NULL},
-    {STRATA_T_Q3_K, strata_dequant_q3_k_ref, NULL},
-    {STRATA_T_Q4_K, strata_dequant_q4_k_ref, strata_dequant_q4_k_avx2},
-    {STRATA_T_Q5_K, strata_dequant_q5_k_ref, strata_dequant_q5_k_avx2},
-    {STRATA_T_Q6_K, strata_dequant_q6_k_ref, strata_dequant_q6_k_avx2},
-    {STRATA_T_MXFP4, strata_dequant_mxfp4_ref, strata_dequant_mxfp4_avx2},
-    {STRATA_T_IQ2_XXS, strata_dequant_iq2_xxs_ref, NULL},
-    {STRATA_T_IQ2_XS, strata_dequant_iq2_xs_ref, NULL},
-    {STRATA_T_IQ2_S, strata_dequant_iq2_s_ref, NULL},
-    {STRATA_T_IQ3_XXS, strata_dequant_iq3_xxs_ref, NULL},
-    {STRATA_T_IQ3_S, strata_dequant_iq3_s_ref, NULL},
-    {STRATA_T_IQ1_S, strata_dequant_iq1_s_ref, NULL},
-    {STRATA_T_IQ1_M, strata_dequant_iq1_m_ref, NULL},
-    {STRATA_T_IQ4_NL, strata_dequant_iq4_nl_ref, NULL},
-    {STRATA_T_IQ4_XS, strata_dequant_iq4_xs_ref, NULL},
-    {STRATA_T_TQ1_0, strata_dequant_tq1_0_ref, NULL},
-    {STRATA_T_TQ2_0, strata_dequant_tq2_0_ref, NULL},
-    {STRATA_T_NVFP4, strata_dequant_nvfp4_ref, NULL},
-};
+/* One row per type of the table of quant types (strata/quant_table.py, through quant_types.h). */
+static const strata_dequant_kernels KERNELS[] = {STRATA_DEQUANT_ROWS};
 
 /* ---- CPU detection: the only process-wide state, computed once. ---- */
 
@@ -117,12 +91,6 @@ int strata_cpu_has_avx512(void) {
     return cpu_avx512;
 }
 
-/* A flag variable is on when set to a non-empty value other than "0". */
-static int env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && v[0] && strcmp(v, "0") != 0;
-}
-
 int strata_cpu_has_avx512_vbmi(void) {
     if (cpu_vbmi < 0) cpu_vbmi = detect_vbmi();
     return cpu_vbmi;
@@ -154,38 +122,34 @@ static int cpu_vendor_is(const char *id) {
 /* Gathers run at the load ports' rate: not a CPU whose microcode mitigates Gather Data Sampling
  * (Intel cores up to Ice Lake and Tiger Lake, where that makes a gather several times slower), as
  * the kernel reports it, and not one that splits 512-bit operations (Zen 4: there the gather tiles
- * decoded at 0.73-0.94x the AVX2 build, native/qdot.c). */
+ * decoded slower than the AVX2 build; benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 int strata_cpu_fast_gathers(void) {
     static int cached = -1;
     if (cached < 0) cached = gds_not_affected() && !strata_cpu_splits_512();
     return cached;
 }
 
-/* The grid i-quants' AVX2 chunks fetch rows by ymm gathers (native/qdot_iq_chunks.h, gather_rows8):
- * STRATA_AVX2_GATHERS=0 or 1 where set, else an Intel CPU whose kernel reports it not affected by
- * Gather Data Sampling. Measured on an Intel core of the Raptor Cove kind (the Xeon of the figures;
- * Raptor Lake's P-cores are the same core), AVX2 build, one thread: IQ3_S 1.49x, IQ1_S 1.22x, IQ2_S
- * and IQ1_M 1.16x, IQ3_XXS 1.07x at 1 token; IQ2_XXS 0.85x and IQ2_XS 0.95x, which keep their scalar
- * loads. On Zen 3, gathered rows (and ksigns masks) decoded IQ2_XXS at 0.6x the scalar loads (native/
- * qdot_iq_avx2.c), so AMD CPUs keep them until measured otherwise. */
+/* The grid i-quants' AVX2 chunks fetch rows by ymm gathers (native/kernels/avx2/qdot_iq_chunks.h,
+ * gather_rows8) on an Intel CPU whose kernel reports it not affected by Gather Data Sampling: there,
+ * on a Raptor Cove core, they won for the types whose indices take unpacking (IQ2_XXS and IQ2_XS keep
+ * their scalar loads); on Zen 3 gathered rows lost, so AMD CPUs keep the scalar loads until measured
+ * otherwise (benchmarks/RESULTS.md, "Kernel choice per CPU"). STRATA_KERNEL=+ymm_gathers|-ymm_gathers
+ * overrides the choice (native/kernels/cpu.c), not this detection. */
 int strata_cpu_fast_ymm_gathers(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
-    const char *v = getenv("STRATA_AVX2_GATHERS");
-    if (v && v[0]) return cached = strcmp(v, "0") != 0;
     return cached = cpu_vendor_is("GenuineIntel") && gds_not_affected();
 }
 
 /* AVX-VNNI: VEX-encoded VPDPBUSD on xmm and ymm (CPUID.(7,1):EAX bit 4; Intel's Alder Lake and later
- * client cores, Sapphire Rapids and later Xeons, Zen 5), on top of AVX2. STRATA_AVX_VNNI=0 turns its
- * tiles off (an AVX2 CPU without it, for measuring and testing). */
+ * client cores, Sapphire Rapids and later Xeons, Zen 5), on top of AVX2. STRATA_KERNEL=-avx_vnni
+ * takes its tiles off (an AVX2 CPU without it, for measuring and testing; native/kernels/cpu.c). */
 int strata_cpu_avx_vnni(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
     cached = 0;
 #if (defined(__x86_64__) || defined(__i386__)) && STRATA_CC_AVX_VNNI   /* else no tiles were built */
-    const char *v = getenv("STRATA_AVX_VNNI");
-    if ((v && strcmp(v, "0") == 0) || !strata_cpu_has_avx2()) return cached;
+    if (!strata_cpu_has_avx2()) return cached;
     unsigned r[4];
     cpuid(0, 0, r);
     if (r[0] < 7) return cached;
@@ -206,8 +170,9 @@ int strata_cpu_splits_512(void) {
 }
 
 int strata_impl_default(void) {
-    if (env_flag("STRATA_FORCE_SCALAR")) return STRATA_IMPL_SCALAR;
-    if (!env_flag("STRATA_FORCE_AVX2") && strata_cpu_has_avx512()) return STRATA_IMPL_AVX512;
+    const int cap = strata_kernel_cap();   /* STRATA_KERNEL=scalar|avx2 (native/kernels/cpu.c) */
+    if (cap == STRATA_IMPL_SCALAR) return STRATA_IMPL_SCALAR;
+    if (cap != STRATA_IMPL_AVX2 && strata_cpu_has_avx512()) return STRATA_IMPL_AVX512;
     return strata_cpu_has_avx2() ? STRATA_IMPL_AVX2 : STRATA_IMPL_SCALAR;
 }
 

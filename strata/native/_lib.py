@@ -68,15 +68,15 @@ def cpu_fast_gathers() -> bool:
 
 
 def cpu_fast_ymm_gathers() -> bool:
-    """True when the grid i-quants' AVX2 kernels gather their grid rows (STRATA_AVX2_GATHERS, else an
-    Intel CPU not affected by Gather Data Sampling)."""
+    """True when the grid i-quants' AVX2 kernels gather their grid rows (an Intel CPU not affected by
+    Gather Data Sampling; STRATA_KERNEL's +ymm_gathers/-ymm_gathers override the choice, not this)."""
     return bool(lib.strata_cpu_fast_ymm_gathers())
 
 
 def cpu_avx_vnni() -> bool:
-    """True when this CPU has AVX-VNNI beside AVX2 (unless STRATA_AVX_VNNI=0): the AVX2 family decodes
-    TQ1_0 with VEX-encoded VPDPBUSD (native/qdot_tq1_avxvnni.c) and runs the grid i-quants' tiles built
-    with it (native/qdot_iq_avxvnni.c)."""
+    """True when this CPU has AVX-VNNI beside AVX2: the AVX2 family decodes TQ1_0 with VEX-encoded
+    VPDPBUSD (native/kernels/avx2/qdot_tq1_avxvnni.c) and runs the grid i-quants' tiles built with it
+    (qdot_iq_avxvnni.c), unless STRATA_KERNEL says -avx_vnni (which leaves this detection as it is)."""
     return bool(lib.strata_cpu_avx_vnni())
 
 
@@ -91,8 +91,8 @@ def impl_name(code: int) -> str | None:
 
 
 def default_impl() -> str:
-    """What 'auto' resolves to here: 'avx512', 'avx2' or 'scalar', the widest the CPU runs unless
-    STRATA_FORCE_SCALAR (scalar) or STRATA_FORCE_AVX2 (at most avx2) is set."""
+    """What 'auto' resolves to here: 'avx512', 'avx2' or 'scalar', the widest the CPU runs, capped by
+    STRATA_KERNEL=scalar or STRATA_KERNEL=avx2 (read once per process)."""
     return impl_name(lib.strata_impl_default())
 
 

@@ -7,6 +7,11 @@ of the same format, which the search must never do worse than.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +20,8 @@ from gguf import GGMLQuantizationType as T
 
 from strata import native
 from strata.errors import NativeError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 K_TYPES = [T.Q4_K, T.Q6_K]
 #: Types with an AVX2 scale search (Q2_K: the miss stand-ins' type, not a converter type).
@@ -206,7 +213,13 @@ def test_avx2_search_equals_scalar(t):
     assert np.array_equal(native.quantize(t, x, impl="avx2"), native.quantize(t, x, impl="scalar"))
 
 
-def test_force_scalar_env(monkeypatch, gauss):
-    monkeypatch.setenv("STRATA_FORCE_SCALAR", "1")
-    assert native.default_impl() == "scalar"
-    assert np.array_equal(native.quantize(T.Q4_K, gauss), native.quantize(T.Q4_K, gauss, impl="scalar"))
+def test_kernel_scalar_env():
+    """STRATA_KERNEL=scalar (read once per process, so in a child): AUTO quantizes as the scalar kernel."""
+    code = ("import numpy as np; from gguf import GGMLQuantizationType as T; from strata import native; "
+            "x = np.random.default_rng(0).standard_normal((37, 1024)).astype(np.float32); "
+            "print(native.default_impl(), np.array_equal(native.quantize(T.Q4_K, x), "
+            "native.quantize(T.Q4_K, x, impl='scalar')))")
+    env = dict(os.environ, STRATA_KERNEL="scalar")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["scalar", "True"]

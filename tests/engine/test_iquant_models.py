@@ -22,7 +22,7 @@ from strata.memory import DirectExpertMemory
 from strata.models import cache_dims, load_model
 from strata.quant import IQ_TYPES, GGMLType, block_size, random_blocks
 from tests.gguf.fixtures import Dims, ModelWriter, _common_keys
-from tests.native.test_qdot_iquants import SCALES
+from tests.native.qdot_cases import SCALES
 
 T = GGMLType
 D = Dims(n_layers=3, n_embd=256, n_ff_exp=256, n_experts=4, n_experts_used=2, n_head=4, n_head_kv=2, head_dim=64,

@@ -312,20 +312,20 @@ def test_convert_rejects_mismatched_sizes():
 
 # ---- Implementation choice ----
 
-def default_impl_in_subprocess(force: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_FORCE_SCALAR", "STRATA_FORCE_AVX2")}
+def default_impl_in_subprocess(kernel: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_KERNEL"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    if force is not None:
-        env["STRATA_FORCE_SCALAR"] = force
+    if kernel is not None:
+        env["STRATA_KERNEL"] = kernel
     code = "from strata import native; print(native.default_impl())"
     return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
                           text=True).stdout.strip()
 
 
-def test_force_scalar_env_var():
+def test_kernel_env_var_caps_auto():
     expected = "avx512" if native.cpu_has_avx512() else "avx2" if native.cpu_has_avx2() else "scalar"
-    assert default_impl_in_subprocess("1") == "scalar"
-    assert default_impl_in_subprocess("0") == expected
+    assert default_impl_in_subprocess("scalar") == "scalar"
+    assert default_impl_in_subprocess("avx512") == expected
     assert default_impl_in_subprocess(None) == expected
 
 

@@ -16,9 +16,12 @@ import torch
 from strata import native
 from strata.quant import DEQUANT_TYPES, IQ_TYPES, GGMLType, block_size, random_blocks, set_iq1_m_half
 from tests.native.test_dequant import CASE_IDS, CASES, IMPLS, ROOT, SPECIAL_F16, assert_bits_equal
-from tests.native.test_qdot_iq_vbmi import HAS_TILES, VBMI_TYPES
 
 T = GGMLType
+#: The grid i-quants, whose AVX-512 decode tiles are planes or gathers (kinds "planes", "vbmi" of the table).
+GRID_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
+#: The grid i-quants decode with tiles of the AVX-512 family here.
+GRID_DECODE_512 = native.cpu_has_avx512() and native.qdot.select(T.IQ2_XXS, "avx512", 1) in ("planes", "vbmi")
 
 
 def test_generated_tables_are_gguf_pys():
@@ -108,9 +111,9 @@ def test_type_support_reports_the_native_tables():
         if "avx512" in s.families:  # the grid i-quants: AVX2 tiles, AVX-512 VNNI prefill (test_qdot_iq_vnni.py)
             assert s.families == ("scalar", "avx2", "avx512"), s
             prefill = "avx512"  # Zen 4 too (qdot.c)
-            # the gather tiles (test_qdot_iq_vbmi.py); IQ4_XS's zmm decode tile (test_qdot_zmm_decode.py)
+            # the planes or gather tiles; IQ4_XS's zmm decode tile (test_qdot_tiles.py runs them all)
             zmm = t == T.IQ4_XS and not native.cpu_splits_512()
-            decode = "avx512" if (HAS_TILES and t in VBMI_TYPES) or zmm else "avx2"
+            decode = "avx512" if (GRID_DECODE_512 and t in GRID_TYPES) or zmm else "avx2"
             assert (s.runs, s.decode_runs) == {"avx512": (prefill, decode)}.get(native.default_impl(),
                                                                                 (native.default_impl(),) * 2), s
             assert s.verdict() == f"{t.name}: dequantize yes; packed compute yes (scalar/avx2/avx512 kernels)"

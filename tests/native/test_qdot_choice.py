@@ -137,7 +137,7 @@ def test_families_with_tiles_of_their_own():
 def child_env(**env: str) -> dict[str, str]:
     """This environment for a child Python, less the kernel overrides, with the repository ahead of
     whatever PYTHONPATH already holds (where the packages live in a --target folder, the child needs both)."""
-    full = {k: v for k, v in os.environ.items() if k not in ("STRATA_KERNEL", "STRATA_FORCE_SCALAR", "STRATA_FORCE_AVX2")}
+    full = {k: v for k, v in os.environ.items() if k != "STRATA_KERNEL"}
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full.get("PYTHONPATH")]))
     full.update(env)
     return full
@@ -168,16 +168,17 @@ def default_impl_with(**env: str) -> str:
 
 
 def test_default_impl_follows_detection_and_overrides():
-    """AUTO's family (native/formats/dequant.c: STRATA_FORCE_SCALAR, STRATA_FORCE_AVX2 until it reads
-    strata_kernel_cap)."""
+    """AUTO's family (strata_impl_default, native/formats/dequant.c): the widest the CPU runs, capped by
+    STRATA_KERNEL's scalar|avx2|avx512 word (strata_kernel_cap; the last such word counts)."""
     widest = "avx512" if native.cpu_has_avx512() else "avx2" if native.cpu_has_avx2() else "scalar"
     capped = "avx2" if native.cpu_has_avx2() else "scalar"
     assert native.default_impl() in native.IMPLS
     assert default_impl_with() == widest
-    assert default_impl_with(STRATA_FORCE_AVX2="0", STRATA_FORCE_SCALAR="") == widest
-    assert default_impl_with(STRATA_FORCE_AVX2="1") == capped
-    assert default_impl_with(STRATA_FORCE_SCALAR="1") == "scalar"
-    assert default_impl_with(STRATA_FORCE_SCALAR="1", STRATA_FORCE_AVX2="1") == "scalar"
+    assert default_impl_with(STRATA_KERNEL="") == widest
+    assert default_impl_with(STRATA_KERNEL="avx512 -planes") == widest
+    assert default_impl_with(STRATA_KERNEL="avx2") == capped
+    assert default_impl_with(STRATA_KERNEL="scalar") == "scalar"
+    assert default_impl_with(STRATA_KERNEL="avx2 scalar") == "scalar"
 
 
 GATHER_CHILD = r"""

@@ -42,7 +42,7 @@ FAMILIES = [
                                             "run here")),
 ]
 PACKED = ALL_TYPES + tuple(IQ_TYPES)
-# Element magnitudes ~0.03 from random codes (test_qdot_iquants.SCALES), 0.05 for the older formats.
+# Element magnitudes ~0.03 from random codes (qdot_cases.SCALES), 0.05 for the older formats.
 SCALES = {T.IQ1_S: 0.01, T.IQ1_M: 0.01, T.IQ2_XXS: 0.0015, T.IQ2_XS: 0.0015, T.IQ2_S: 0.0015,
           T.IQ3_XXS: 0.0005, T.IQ3_S: 0.0005, T.IQ4_NL: 0.001, T.IQ4_XS: 0.0001, T.TQ1_0: 0.05,
           T.TQ2_0: 0.05, T.NVFP4: 0.005}
