@@ -19,9 +19,10 @@
  * token for NVFP4, fetching the next tile ahead, and 1 row x all tokens for the 256-value formats,
  * fetching PF_AHEAD bytes ahead in the row; prefill runs 1 row x 8 tokens, so a block is unpacked
  * once for 8 tokens (NVFP4: 4 rows x 4 tokens, which also shares its rearranged activations between
- * 4 rows: ~1.6x the rate of 1 x 8). TQ1_0 decode is bound by its digit arithmetic (~100
- * instructions per 54-byte block), not by memory; the EVEX build adds a 512-bit TQ1_0 tile (below)
- * that AVX-512 machines decode with (~60 per block: 1.06-1.13x in one process on the Intel machine).
+ * 4 rows, faster than 1 x 8). TQ1_0 decode is bound by its digit arithmetic (~100 instructions per
+ * 54-byte block), not by memory; the EVEX build adds a 512-bit TQ1_0 tile (below) that AVX-512
+ * machines decode with (~60 per block, faster on the Intel machine;
+ * figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C.
@@ -373,14 +374,12 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
  * comes off with the block's sum of the activations, 256 times it laid in lane 0 of the second
  * sum's start value. The block's exact integer sum is scaled by d * a.d and added in 16 float
  * lanes, reduced once per output: the scalar result up to the order of a float sum.
- * Against the tile that made digits for every token count (benchmarks/ab_builds.py, 256 x 4096,
- * one thread, in cache): 1.49x at 1 token, 1.17-1.21x at 2 and 1.13x at 3 (the qh bytes loaded
- * with qs, not multiplied out); from DRAM on two threads 14.5 against 11.7 GB/s (44% against 37% of
- * the bare read). The 10 VPDPBUSD and 10 byte adds a block issue in ~11 cycles here (two a cycle),
- * but each of the two sums is a chain of 5 VPDPBUSD (25 cycles of latency), and a block at a time
- * the scheduler did not hold enough blocks to hide it: TQ1_GROUP blocks' chains are interleaved
- * (tq1_group_sums), 1.03-1.07x at 1 token and 1.06-1.09x at 2 for two blocks, 1.03-1.07x and
- * 1.00-1.03x more for four; eight spill at 2 tokens (0.61x).
+ * Faster than the tile that made digits for every token count at 1-3 tokens, in cache and from
+ * DRAM (the qh bytes loaded with qs, not multiplied out). The 10 VPDPBUSD and 10 byte adds a block
+ * issue two a cycle, but each of the two sums is a chain of 5 VPDPBUSD (25 cycles of latency), and a
+ * block at a time the scheduler did not hold enough blocks to hide it: TQ1_GROUP blocks' chains are
+ * interleaved (tq1_group_sums); two blocks gained, four a little more, eight spill at 2 tokens
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * From 3 tokens the VPDPBUSD (two a power and token) outweigh the digits: there the digits are
  * made, 64 at a time (two compares to masks of m_p ^ 0x80, two masked moves), one VPDPBUSD a power
@@ -391,9 +390,8 @@ DEFINE_DRIVER(tq1_0, TILE_TQ1_0, 1, 8, 1)
 #define TQ1_ROWS 16    /* rows per re-laid chunk */
 #define TQ1_SUMS_TOK 2 /* calls of up to this many tokens take the digit sums without digits */
 #define TQ1_BYTES 0x000fffffffffffffULL   /* the 52 bytes of qs and qh */
-/* Decode fetches this far ahead, past the AVX2 tiles' PF_AHEAD: two threads from DRAM, GB/s,
- * 2048 / 3072 / 4096 / 6144 / 8192 (benchmarks/qdot_rate.py, alternating builds): 13.3-13.4 /
- * 14.8-16.7 / 15.9-16.0 / 16.1-17.1 / 15.8-16.1 */
+/* Decode fetches this far ahead, past the AVX2 tiles' PF_AHEAD: from DRAM 2048 was slower and 3072
+ * less steady, 4096 to 8192 about the same (figures: benchmarks/RESULTS.md, "Kernel choice per CPU") */
 #define TQ1_AHEAD 4096
 #define TQ1_GROUP 4   /* blocks whose sums are made together (calls of up to TQ1_SUMS_TOK tokens) */
 
@@ -493,10 +491,10 @@ INLINE void tq1_rows512(int nr, int nt, int nb, const uint8_t *w, int64_t wrb, c
     for (int r = 0; r < nr; r++) {
         __m512 s[TQ1_TOK];   /* the row's sums in registers, not stored at every block */
         /* d * a.d of the row's blocks per token (times 1 / 256 where the sums are 256 times theirs),
-         * stored, and each block's broadcast from memory in its FMA (a load, not a shuffle): against
-         * VPERMPS of them in registers and a shift of each block's sum, 1.05x at 1 token, 1.10x at 2,
-         * 1.02x at 3, bit-equal; against converting and broadcasting each block's d, VPERMPS had been
-         * 1.01x, 1.06x and 1.03x (benchmarks/ab_builds.py, 256 x 4096, one thread, in cache) */
+         * stored, and each block's broadcast from memory in its FMA (a load, not a shuffle): faster
+         * than VPERMPS of them in registers and a shift of each block's sum, which was faster than
+         * converting and broadcasting each block's d; bit-equal (benchmarks/RESULTS.md, "Kernel
+         * choice per CPU") */
         float wdad[TQ1_TOK][TQ1_CHUNK] __attribute__((aligned(64)));
         const __m512 wd = _mm512_mul_ps(tq1_scales(w + r * wrb, nb), _mm512_set1_ps(nt <= TQ1_SUMS_TOK ? 1.0f / 256 : 1.0f));
         for (int t = 0; t < nt; t++) {

@@ -17,13 +17,12 @@
  * Per token: isum += madd(maddubs(q, sign(a, s)), sc). IQ1_S/IQ1_M's values 8 g +- 1 go in plus 9,
  * as q = 8 g + 9 +- 1 in [0, 18] from a grid times 8 plus 9 (strata_iq1_grid_u), with no signs, and
  * each block's isum starts at -9 * sum_j bsums_j * weight_j (iq1_bias): one VPMADDWD per token and
- * block in place of a VPSIGNB per token and chunk (1.1-1.3x decode on the Intel machine, AVX2
- * build, benchmarks/ab_builds.py). IQ1_S's delta is one per chunk, so the decode tile leaves it out
- * of the values (q = 8 g + 9) and puts it in the bias, (delta - 9) * bsums * weight, where a byte
- * broadcast per chunk made it (1.15x at 1 token, 1.05-1.1x at 2-4); IQ1_M's weights are picked
- * from a block vector (weights_iq1_m) where each chunk built its own from the scales (1.15x at 1
- * token, 1.09-1.11x at 2-4). Against llama.cpp's AVX2 vec_dot (benchmarks/qdot_vs_ggml.py, one
- * thread, 1024 x 4096): IQ1_S 0.91x -> 1.05x, IQ1_M 0.90x -> 1.03x. maddubs' int16 pair sums stay
+ * block in place of a VPSIGNB per token and chunk. IQ1_S's delta is one per chunk, so the decode
+ * tile leaves it out of the values (q = 8 g + 9) and puts it in the bias, (delta - 9) * bsums *
+ * weight, where a byte broadcast per chunk made it; IQ1_M's weights are picked from a block vector
+ * (weights_iq1_m) where each chunk built its own from the scales. Each of these was faster on the
+ * Intel machine, and together they took IQ1_S and IQ1_M past llama.cpp's AVX2 vec_dot (figures:
+ * benchmarks/RESULTS.md, "Kernel choice per CPU"). maddubs' int16 pair sums stay
  * below 2 * 62 * 128 < 2^15 (no saturation), and the int32 lanes are exact, so each block's
  * integer sum equals the scalar one; the block's lanes are converted to float and added with one
  * FMA into 8 float lanes scaled by (d * ad) * factor exactly as qdot_iq.c forms it, and reduced
@@ -33,35 +32,29 @@
  * the cost, and rows share nothing); decode (1-3 tokens) fetches ahead into the rows to come, never
  * past strata_qdot_ahead_end. Calls of 5 tokens or more (prefill) unpack a window of blocks of 4
  * rows once into biased signed bytes and run every token over it ("Prefill over unpacked rows").
- * Decode is bound by the instructions that build a chunk (~4-5 per cycle), not by memory. Measured
- * here (Zen 3, one thread, in cache, CPU time, alternating builds), ns per 256-value block before
- * and after the vector signs, per-block weights and indices: IQ2_XXS 21 -> 18, IQ3_XXS 29.5 -> 24,
- * IQ2_XS 25 -> 18.6, IQ3_S 36.7 -> 30, IQ2_S 25 -> 20, IQ1_S 23.6 -> 22.2, IQ1_M 27.5 -> 26.6.
- * Tried and slower there: AVX2 gathers of the grid rows and ksigns masks (IQ2_XXS 40 ns against 24
- * with the scalar loads), and IQ2_XS's 9-bit indices stored per block (19 -> 21 ns: its indices
- * are one shift and mask each from a register already). On Intel cores not slowed by the Gather
- * Data Sampling mitigation the rows of IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M come by ymm gathers
- * instead (qdot_iq_chunks.h, gathers_for; the CPU description's ymm_gathers, cpu.c): on the Intel machine,
- * one thread, in cache, 1.07-1.53x at 1 token (IQ3_S the most: 8 rows a gather where the scalar
- * path inserts 6 dwords), 1.05-1.46x at 2; from DRAM on two threads 1.09-1.58x; IQ2_XXS (0.85x) and
- * IQ2_XS (0.95x) keep their scalar loads. Making the ksigns
- * sign bits per block (iq_signs) instead of per chunk: 1.04-1.07x IQ2_XS decode, the same for IQ2_XXS
- * and IQ3_XXS within this Intel machine's noise (one thread, in cache, alternating builds; measured
- * the same way against llama.cpp's vec_dot kernels, these decode kernels run at 0.86-1.4x its speed
- * per block).
+ * Decode is bound by the instructions that build a chunk (~4-5 per cycle), not by memory: on Zen 3
+ * the vector signs, per-block weights and indices made every type's block faster. Tried and slower
+ * there: AVX2 gathers of the grid rows and ksigns masks, and IQ2_XS's 9-bit indices stored per block
+ * (its indices are one shift and mask each from a register already). On Intel cores not slowed by
+ * the Gather Data Sampling mitigation the rows of IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M come by ymm
+ * gathers instead (qdot_iq_chunks.h, gathers_for; the CPU description's ymm_gathers, cpu.c), IQ3_S
+ * gaining the most (8 rows a gather where the scalar path inserts 6 dwords); IQ2_XXS and IQ2_XS,
+ * slower gathered, keep their scalar loads. The ksigns sign bits are made per block (iq_signs)
+ * instead of per chunk: faster for IQ2_XS, the same for IQ2_XXS and IQ3_XXS (figures:
+ * benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * The ISA is enabled for this translation unit only; qdot.c hands these kernels out only after the
  * CPU was seen to have AVX2, FMA and F16C. Built three times: as itself (names _avx2), for AVX-512
  * machines (qdot_iq_avx2_evex.c: masks for the ksigns formats' signs, VPDPWSSD on ymm) and for AVX2
  * CPUs with AVX-VNNI (qdot_iq_avxvnni.c: VEX VPDPWSSD in madd_acc). These tiles are bound by their
  * vector instructions (a block of IQ2_XXS at 1 token is ~130 on the three vector ports, ~58 cycles
- * here), so the one saved per chunk and token shows: the AVX-VNNI build runs 1.04-1.07x at 1 token,
- * 1.01-1.17x at 2-4, 1.04-1.10x at 64 on the Intel machine (qdot.c's AVXVNNI_TILES). Tried there and
- * not kept: the grid rows as 8 nibbles in a dword, two chunks' rows by one VPGATHERDD (a ymm gather of
- * 8 dwords fetches as fast per row as a zmm one, one of 4 qwords at 0.7 of it) and spread by an
- * unpack and a VPSHUFB: 0.87-0.98x, as it adds vector instructions where the loads were not the
- * limit; two accumulators per token: 0.92-1.00x. The rows by broadcast loads and blends (rows8)
- * measured 1.00x until the signs' shuffles were cut (set_block_signs), then 1.01-1.13x.
+ * here), so the one saved per chunk and token shows: the AVX-VNNI build is faster at every token
+ * count on the Intel machine (the table's avxvnni kind). Tried there and not kept, both slower: the
+ * grid rows as 8 nibbles in a dword, two chunks' rows by one VPGATHERDD (a ymm gather of 8 dwords
+ * fetches as fast per row as a zmm one, one of 4 qwords slower) and spread by an unpack and a VPSHUFB,
+ * as it adds vector instructions where the loads were not the limit; two accumulators per token. The
+ * rows by broadcast loads and blends (rows8) gained only once the signs' shuffles were cut
+ * (set_block_signs) (figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  */
 #include "iq_tables.h"
 #include "qdot.h"
@@ -121,9 +114,9 @@ INLINE void iq_tile(int fmt, int gathers, int64_t bs, int nt, int64_t k, const u
 /* ---- Prefill over unpacked rows (qdot_avx2_common.h) ----
  *
  * A chunk's codes are its signed values plus UR_BIAS (|w| <= 62, so w + 64 lies in [2, 126]); bw is
- * -64 times each sub-block's weight. Measured on the Intel machine (AVX2 build, one thread, 256 x
- * 4096, benchmarks/ab_builds.py against the tiles above): 0.70-0.89x at 4 tokens (so calls of 4 keep
- * them), 1.1-1.3x at 5-7, 0.87-1.15x at 8, 1.17-1.43x at 16, 1.47-1.74x at 64. */
+ * -64 times each sub-block's weight. On the Intel machine, against the tiles above, slower at 4
+ * tokens (so calls of 4 keep them) and faster from 5, the more so the more tokens
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 #define UR_BIAS 64
 #define UR_MIN_TOKENS 5
 
@@ -176,8 +169,8 @@ INLINE void iq_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t wr
         urow_rows(fmt, UR_BIAS_INT, unpack_urow, bs, k, w, wrb, n_rows, a, arb, n_tok, y, ys);
         return;
     }
-    /* the gathers a constant of each tile; IQ1_S's calls of 4 tokens keep the scalar loads (0.93x
-     * gathered, where 1-3 tokens gained 1.10-1.21x) */
+    /* the gathers a constant of each tile; IQ1_S's calls of 4 tokens keep the scalar loads (slower
+     * gathered, where 1-3 tokens gained; benchmarks/RESULTS.md, "Kernel choice per CPU") */
     const int gathers = gathers_for(fmt, strata_cpu_has(STRATA_CPU_YMM_GATHERS)) && !(fmt == FMT_IQ1_S && n_tok == 4);
     for (int64_t r = 0; r < n_rows; r++) {
         if (gathers) iq_tile_tokens(fmt, 1, bs, n_tok, k, w + r * wrb, a, arb, y + r, ys);

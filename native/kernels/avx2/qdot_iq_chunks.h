@@ -13,9 +13,9 @@ enum { FMT_IQ2_XXS, FMT_IQ2_XS, FMT_IQ2_S, FMT_IQ3_XXS, FMT_IQ3_S, FMT_IQ1_S, FM
 /* One chunk of 32 values: magnitudes, signs, int16 sub-block weights (see above). The signs are
  * bytes +1 / -1 for VPSIGNB; where AVX-512 BW is on, the formats of mask_signs keep them as a 32-bit
  * mask instead (bit j: value j negative) that a masked subtract applies, one instruction in place
- * of the five that spread bits to bytes. Measured on the Intel machine (one thread, decode, two
- * builds alternating in one process): IQ2_XXS 1.22x, IQ3_XXS 1.14x, IQ2_XS and IQ3_S 1.06-1.08x;
- * IQ2_S 0.87x, IQ1_S 0.94x and IQ1_M 0.74x, so those keep the bytes. */
+ * of the five that spread bits to bytes. On the Intel machine that won for IQ2_XXS, IQ3_XXS, IQ2_XS
+ * and IQ3_S decode and lost for IQ2_S, IQ1_S and IQ1_M, so those keep the bytes
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 typedef struct {
     __m256i q, sc, s;
 #ifdef STRATA_QDOT_EVEX
@@ -51,7 +51,7 @@ INLINE uint16_t u16(const void *p) {
 
 /* Four 8-byte grid rows, r0 in the lowest bytes: r0 by a load, the others by broadcast loads (no
  * shuffle port) and blends (any vector port), where two VPINSRQ and a VINSERTI128 all took the shuffle
- * port (1.01-1.13x at 1-2 tokens for IQ2_XXS and IQ2_XS on the Intel machine, bit-equal). */
+ * port (faster at 1-2 tokens for IQ2_XXS and IQ2_XS on the Intel machine, bit-equal). */
 INLINE __m256i rows8(const void *r0, const void *r1, const void *r2, const void *r3) {
     __m256i v = _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)r0));
     v = _mm256_blend_epi32(v, _mm256_set1_epi64x((long long)u64(r1)), 0x0C);
@@ -338,7 +338,8 @@ typedef struct {
 
 /* Whether format fmt's chunks gather their grid rows where gathers are fast (`fast`: a constant in the
  * decode tile, the CPU description's ymm_gathers elsewhere): not IQ2_XXS's or IQ2_XS's, whose indices
- * are bytes or fields of a register already (0.85x and 0.95x gathered). */
+ * are bytes or fields of a register already (slower gathered; benchmarks/RESULTS.md, "Kernel choice
+ * per CPU"). */
 INLINE int gathers_for(int fmt, int fast) {
     return fast && (fmt == FMT_IQ2_S || fmt == FMT_IQ3_XXS || fmt == FMT_IQ3_S || fmt == FMT_IQ1_S || fmt == FMT_IQ1_M);
 }
@@ -459,7 +460,7 @@ INLINE void iq_chunk(int fmt, const uint8_t *p, int c, const iq_head *h, chunk *
                                      : rows8(strata_iq1_grid_u[ix[0]], strata_iq1_grid_u[ix[1]], strata_iq1_grid_u[ix[2]], strata_iq1_grid_u[ix[3]]);
         /* group l's delta sign is bit 4 l + 3 of the chunk's u16 (nibble l: group 4 c + l), spread from
          * the head's qh by one VPSHUFB to every 16-bit lane and tested in the lanes of the group's 8
-         * bytes (a scalar load and a register broadcast before: 1.01-1.02x at 1-8 tokens, bit-equal) */
+         * bytes (a scalar load and a register broadcast before: a little faster, bit-equal) */
         const __m256i bit = _mm256_setr_epi16(8, 8, 8, 8, 0x80, 0x80, 0x80, 0x80, 0x800, 0x800, 0x800, 0x800,
                                               (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000);
         const __m256i u = pick_weight(h->qh, c);   /* the same in-lane spread of int16 slot c */

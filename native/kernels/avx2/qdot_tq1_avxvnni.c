@@ -20,13 +20,12 @@
  * a block against its ~50 instructions of digits; the same integer per block, and a token's result
  * does not depend on the call's token count (1-3; more go to the AVX2 tile: prefill).
  *
- * On the Intel machine (its cores are Raptor Cove, the P-cores of Raptor Lake), AVX2 family, against
- * the AVX2 tile: one thread, in cache, 256 x 4096 (benchmarks/ab_builds.py --impl avx2), 1.40x at 1
- * token, 1.19x at 2, 1.13x at 3; two threads from DRAM (benchmarks/qdot_rate.py --types TQ1_0 --impls
- * avx2, STRATA_AVX_VNNI=1 and 0 alternating) 18.8-19.6 GB/s, 61-62% of the bare read, against
- * 13.4-13.6 GB/s (43-44%). VPDPBUSD on ymm issues two a cycle there (as VPMADDUBSW). Tried: pairs of
- * blocks whose second vectors share one (qs[32..47] of each, a half each) and whose qh bytes' four
- * powers are made at once in another, 32 VPDPBUSD a pair for 40: 0.99x in cache, 0.96x from DRAM.
+ * On the Intel machine (its cores are Raptor Cove, the P-cores of Raptor Lake), AVX2 family, faster
+ * than the AVX2 tile at 1-3 tokens, in cache and from DRAM (against STRATA_KERNEL=-avx_vnni).
+ * VPDPBUSD on ymm issues two a cycle there (as VPMADDUBSW). Tried, and no faster: pairs of blocks
+ * whose second vectors share one (qs[32..47] of each, a half each) and whose qh bytes' four powers are
+ * made at once in another, 32 VPDPBUSD a pair for 40
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * The ISA is enabled for this translation unit only; qdot.c hands the tile out only after the CPU
  * was seen to have AVX2, FMA, F16C and AVX-VNNI (strata_cpu_avx_vnni).
@@ -87,8 +86,8 @@ INLINE void block_bytes(const strata_block_tq1_0 *wb, __m256i m[2]) {
 
 /* 256 times the integer sums of ng blocks (wb[0] ...: blocks b ...) for nt <= SUMS_TOK tokens: three
  * times sum_p dot(a_p, m_p), less sum_p dot(a_p, m_{p+1}) and 256 times the activations' sum. Each
- * vector's two sums are chains of their own (5 VPDPBUSD; against one chain for both vectors, 1.04x at 1
- * token), and at 1 token two blocks' chains interleave. */
+ * vector's two sums are chains of their own (5 VPDPBUSD; faster at 1 token than one chain for both
+ * vectors), and at 1 token two blocks' chains interleave. */
 INLINE void group_sums(int nt, int ng, const strata_block_tq1_0 *wb, const acts *a, int b, __m256i isum[2][TOK]) {
     __m256i m[2][2], cur[2][TOK][2], next[2][TOK][2];   /* per block, token and vector */
     for (int h = 0; h < ng; h++) {
@@ -122,7 +121,8 @@ INLINE void group_sums(int nt, int ng, const strata_block_tq1_0 *wb, const acts 
  * 0x80 with its thresholds and two subtracts, as qdot_iq4_avx2.c's tq1_digits; times 3 keeps the
  * flip: 3 * -128 = -128 mod 256), one VPDPBUSD a vector, power and token, the activations' sum taken
  * off at the start. Times 256, each lane is the lane of group_sums: a token's result is the same
- * bits either way. From 3 tokens 1.05x the sums without digits, at 2 0.93x. */
+ * bits either way. From 3 tokens faster than the sums without digits, at 2 slower
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 INLINE void digit_sums(int nt, const strata_block_tq1_0 *wb, const acts *a, int b, __m256i isum[TOK]) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), lo = _mm256_set1_epi8(-43), hi = _mm256_set1_epi8(42);
     __m256i m[2], acc[TOK][2];

@@ -28,18 +28,16 @@
  * each block's wd * ad, times 0.125 at the end: the scalar tile's integer sums, so the result equals
  * it up to the order of the float additions.
  *
- * Measured on the Intel machine (Xeon with AVX-512 VBMI/GFNI; one thread, in cache, 64 rows of
- * 4096): 5.9-6.2 ns per block against the gather tile's 11.4-12.0 in the same process; a position
- * per code byte looked up directly (two VPERMT2B per position) took 9.5, codes mapped by VPSHUFB
- * 6.8, signs by GF2P8AFFINEQB masks 6.6. VPERMT2B takes two cycles of the shuffle port here.
- * Through qdot_rows (activations rounded and re-laid in every call), 1024 x 4096, one thread, 1-7
- * tokens against STRATA_PLANES=0: IQ2_XXS 1.29-1.74x, IQ2_XS 1.21-1.42x, IQ2_S 1.01-1.22x (its 1024
- * rows take 16 VPERMT2B a pair), IQ1_S 1.32-1.50x and IQ1_M 1.05-1.37x (against the same gathers,
- * with less around them), IQ3_XXS 1.43-1.63x, IQ3_S 1.17-1.33x.
+ * On the Intel machine (Xeon with AVX-512 VBMI/GFNI) this beat the gather tile (qdot_iq_vbmi.c) for
+ * every grid i-quant at 1-7 tokens, IQ2_S the least (its 1024 rows take 16 VPERMT2B a pair), IQ1_S
+ * and IQ1_M against the same gathers with less around them; and it beat the other look-ups tried: a
+ * position per code byte directly (two VPERMT2B per position), codes mapped by VPSHUFB, signs by
+ * GF2P8AFFINEQB masks. VPERMT2B takes two cycles of the shuffle port there
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * IQ1_S's, IQ1_M's and IQ2_S's decode calls (1-3 tokens) take another tile where gathers are fast:
  * their grid rows gathered as bytes (IQ1's with the delta added), against activations re-laid by rows
- * (rows_row, below: 1.10-1.16x the planes tile at 1 token); their 4-7 tokens come here.
+ * (rows_row, below: faster than the planes tile at 1 token); their 4-7 tokens come here.
  *
  * Rows one at a time, up to 8 tokens per pass over a row (decode calls, and the tokens a prefill's
  * VNNI groups leave over: strata_qdot_few_tokens). The ISA is enabled for this translation unit
@@ -245,10 +243,8 @@ __attribute__((constructor)) static void make_planes_tables(void) {
 #define MAX_TOK 8                 /* tokens per pass over a row (a prefill's leftovers: up to 7) */
 /* Bytes ahead fetched into the rows to come. These tiles read a row's block scales 16 blocks at a
  * time (group_scales), which touches the next 1-2 KiB of a row of 4096 values at once: 1024 bytes
- * ahead left those waiting on DRAM at every row's start. Two threads from DRAM, GB/s, 1024 / 2048 /
- * 3072 / 4096 (benchmarks/qdot_rate.py, alternating builds): IQ2_XXS 16.4-16.8 / 17.6-17.9 /
- * 18.2-19.1 / 18.1-19.0, IQ3_S 16.4-16.5 / 18.1-18.3 / 19.0-19.3 / 18.5-19.5, IQ1_M 9.5-9.6 /
- * 9.6-10.0 / 9.7-9.9 / 9.7-10.0. */
+ * ahead left those waiting on DRAM at every row's start. From DRAM, 3072 read as fast as 4096 and
+ * faster than 1024 or 2048 (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 #define PF_AHEAD 3072
 #include "qdot_prefetch.h"
 
@@ -319,8 +315,9 @@ INLINE __m512i look_up(const uint8_t *c, __m512i idx, __mmask64 upper) {
  * 3-bit weights per 16 values alike). pair_weights makes them from the 8 scale bytes of each block:
  * VPMULTISHIFTQB takes each word's field, shifted up one, out of the block's 8 bytes broadcast (at:
  * nibble_at, iq1m_wt_at), and one VPTERNLOGQ keeps the field's bits (mask: 0x1E for a nibble, 0x0E for
- * 3 bits) and sets bit 0. Against unpacking the fields by 128-bit unpacks and widening: 1.02-1.03x
- * IQ2_XS and IQ2_S decode at 1 token, the same from 2 (benchmarks/ab_builds.py, one thread, in cache). */
+ * 3 bits) and sets bit 0. Faster than unpacking the fields by 128-bit unpacks and widening for IQ2_XS
+ * and IQ2_S decode at 1 token, the same from 2
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 INLINE __m512i pair_weights(const uint8_t *s0, const uint8_t *s1, const uint8_t *field_at, short mask) {
     const __m512i at = _mm512_load_si512((const void *)field_at);
     __m512i v = _mm512_maskz_multishift_epi64_epi8(0x0505050505050505ull, at, _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)s0)));
@@ -383,7 +380,7 @@ INLINE void iq1m_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], _
  * 8 sum (g + 1) a + (delta - 8) sum a: the codes times 8 against the activations as they are, and the
  * sums of the activations from their bsums: one VPMADDWD of the pair's bsums (iq1_bsums) with delta - 8
  * in both words of each dword, where a VPMADDWD summed them and a VPMULLD (two operations) weighed
- * them (1.03x at 1 token, bit-equal). code: the pair's code bytes; wts: 2 ls + 1, per dword 2 c + s; delta. */
+ * them (faster at 1 token, bit-equal). code: the pair's code bytes; wts: 2 ls + 1, per dword 2 c + s; delta. */
 INLINE void iq1_unpack(const uint8_t *p0, const uint8_t *p1, __m512i code[2], __m512i *wts, __m512i *delta) {
     const strata_block_iq1_s *b0 = (const strata_block_iq1_s *)p0, *b1 = (const strata_block_iq1_s *)p1;
     const __m512i qs = pair_bytes(b0->qs, b1->qs);
@@ -464,9 +461,8 @@ INLINE void unpack_pair(int fmt, const uint8_t *p0, const uint8_t *p1, struct pa
  * nibbles of its four scale words, which two gathers and three bitwise selects put together. The
  * tiles take them once per 16 blocks, times the tokens' a.d (planes_rows lays those out per call, in
  * the thread's re-laid buffer), and each pair or block loads its two or one from those products
- * (planes_row): against converting each block's d and
- * broadcasting d * a.d per pair, IQ1_M 1.06x, IQ2_XXS 1.04x, IQ3_XXS and IQ3_S 1.03x at 1 token,
- * the others within 1%, the same bits (benchmarks/ab_builds.py, one thread, in cache). */
+ * (planes_row): faster than converting each block's d and broadcasting d * a.d per pair at 1 token
+ * (IQ1_M the most), the same bits (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 INLINE __m512 group_scales(int fmt, const uint8_t *w, int64_t bs, int64_t nb, int64_t b0) {
     const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
     const __mmask16 valid = (__mmask16)((1u << n) - 1);
@@ -508,9 +504,9 @@ INLINE const uint8_t *block_start(int fmt, const uint8_t *w, int64_t bs, int64_t
 
 /* One weight row (nb blocks at w) against nt <= MAX_TOK tokens: y[t * ys]. IQ1's pairs are unpacked
  * one pair ahead of their products, so that the next pair's gathers are issued before this pair's
- * VPDPBUSD and their latency overlaps them: IQ1_M 1.03-1.07x, IQ1_S 1.03x at 1 token (0.99x at 3);
- * the IQ2 formats, whose look-ups are in registers, measured 0.97-1.03x that way and unpack each pair
- * where it is used (benchmarks/ab_builds.py, one thread, in cache). */
+ * VPDPBUSD and their latency overlaps them (a gain at 1 token); the IQ2 formats, whose look-ups are in
+ * registers, gained nothing that way and unpack each pair where it is used
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, int64_t arb, const float *ad,
                        int64_t ad_stride, const int8_t *x, int64_t tok_bytes, int nt, float *y, int64_t ys,
                        const uint8_t *ahead_end) {
@@ -523,7 +519,7 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
     const int ahead = fmt == IQ1_S || fmt == IQ1_M;
     struct pair_unpacked cur, next;
     /* d * a.d of 16 blocks (8 pairs) per token, each pair's two broadcast from memory (a load, not a
-     * VPERMPS on the shuffle port: 1.01-1.05x at 1 token, bit-equal) */
+     * VPERMPS on the shuffle port: faster at 1 token, bit-equal) */
     float wdad[MAX_TOK][16] __attribute__((aligned(64)));
     if (ahead) unpack_pair(fmt, w, nb > 1 ? w + bs : w, &cur);
     for (int64_t p = 0; 2 * p < nb; p++) {
@@ -580,17 +576,15 @@ INLINE void planes_row(int fmt, int64_t nb, const uint8_t *w, const uint8_t *a, 
  * take off: its 4 sign masks a block (from one GF2P8AFFINEQB, a VPMOVB2M or VPTESTMB each) negate the activations. The
  * integers are the scalar tile's per 16 values; the float terms are added in another order.
  *
- * Against the planes tile (planes_row), one thread, in cache, 256 x 4096, alternating builds
- * (benchmarks/ab_builds.py --impl avx512): IQ1_S 1.11-1.16x at 1 token, 1.07-1.11x at 2, 1.03-1.07x
- * at 3, 1.01-1.04x at 4 and 0.83-0.93x at 5-7; IQ1_M 1.10-1.15x, 1.04-1.09x, 1.06x, 0.96x; IQ2_S
- * 1.10-1.13x, 1.03-1.12x, 1.03-1.06x (its planes tile looks its 1024 grid rows up by 16 VPERMT2B a
- * pair; IQ2_XS, 8, measured 0.92-0.94x by rows at 1 token and keeps planes). The
- * gathers bind it: the same tile with its gathers replaced by an add ran 1.9x faster, and a loop of
- * nothing but a block's index unpacking and its 4 gathers takes ~6.5-7.8 ns here against the tile's
- * ~7.5. So decode calls come here and a prefill's 4-7 leftover tokens go to planes_row, whose
- * per-token work is the smaller. Tried on the way: each row in value order (VPERMW of the weights per
- * gather: 1.03x), VPMADDUBSW and VPDPWSSD with int16 weights (the same), the next block's gathers
- * issued before these products (1.00x), the constants in registers (1.01x). */
+ * Against the planes tile (planes_row) on the Intel machine: faster for IQ1_S, IQ1_M and IQ2_S at 1-3
+ * tokens (IQ2_S's planes tile looks its 1024 grid rows up by 16 VPERMT2B a pair), slower from 4-5;
+ * IQ2_XS (8 VPERMT2B) was slower by rows and keeps planes. The gathers bind it: with its gathers
+ * replaced by an add the tile ran much faster, and a block's index unpacking and its 4 gathers alone
+ * take about the tile's time. So decode calls come here and a prefill's 4-7 leftover tokens go to
+ * planes_row, whose per-token work is the smaller. Tried on the way: each row in value order (VPERMW
+ * of the weights per gather), VPMADDUBSW and VPDPWSSD with int16 weights, the next block's gathers
+ * issued before these products, the constants in registers
+ * (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 #define ROWS_BLOCK 448   /* one token's re-laid activations of a block */
 
 /* n_tok tokens' activations (arb bytes apart) into the ROWS layout, block b of token t at x + (t nb +
@@ -678,8 +672,8 @@ INLINE void iq2s_rows_unpack(const struct rows_consts *k, const uint8_t *p, __m5
     /* qword c: the sign bytes of rows 4 c .. 4 c + 3 in its bytes 0-3, as a bit matrix; GF2P8AFFINEQB of
      * bit j (byte j of each qword) against it puts bit j of row 4 c + l's sign byte in bit 7 - l of
      * byte 8 c + j, so that one VPMOVB2M or VPTESTMB a row makes its mask. Against spreading each
-     * row's sign byte over its qword by a VPSHUFB and testing it (8 operations on the shuffle port),
-     * 1.02x at 1 token, 1.03x at 2 and 3, bit-equal (benchmarks/ab_builds.py, one thread, in cache). */
+     * row's sign byte over its qword by a VPSHUFB and testing it (8 operations on the shuffle port):
+     * faster at 1-3 tokens, bit-equal (figures: benchmarks/RESULTS.md, "Kernel choice per CPU") */
     const __m512i sg = _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)(p + 34)));
     const __m512i t = _mm512_gf2p8affine_epi64_epi8(k->bits, sg, 0);
     neg[0] = _mm512_movepi8_mask(t);
@@ -850,7 +844,7 @@ INLINE void planes_rows(int fmt, int type, strata_qdot_tile_fn otherwise, int64_
         else if (four) relay4(a, arb, n_tok, nb, x);
         else relay(a, arb, n_tok, nb, x, tok_bytes);
     }
-    const uint8_t *ahead_end = strata_qdot_ahead();   /* once per call: a call per row (and a VZEROUPPER) cost 0.5-2% */
+    const uint8_t *ahead_end = strata_qdot_ahead();   /* once per call: a call per row (and a VZEROUPPER) cost time */
     float *ad = (float *)(x + x_bytes);   /* MAX_TOK tokens' a.d at a time */
     for (int64_t t = 0; t < n_tok; t += MAX_TOK) {
         const int nt = n_tok - t < MAX_TOK ? (int)(n_tok - t) : MAX_TOK;

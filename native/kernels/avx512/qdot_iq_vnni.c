@@ -3,8 +3,8 @@
  * IQ1_M), IQ4_XS, Q2_K and Q3_K against STRATA_ACT_Q8K. Interface: qdot.h; the formats' integer
  * formulation: qdot_iq.c (Q2_K, Q3_K: qdot_ref.c). Q2_K's mins add one more term per block: the
  * sum of its sub-block mins times the activations' block sums, subtracted with dmin as the scalar
- * tile does; Q2_K and Q3_K at 16 and 64 tokens ran 1.45-1.86x and 1.8-2.5x their AVX2 tiles'
- * rate on the Intel machine (benchmarks/ab_builds.py).
+ * tile does; Q2_K and Q3_K at 16 and 64 tokens ran well ahead of their AVX2 tiles on the Intel
+ * machine (figures: benchmarks/RESULTS.md, "Kernel choice per CPU").
  *
  * The AVX2 tiles (qdot_iq_avx2.c) spend four or five instructions per 32 values and token once a
  * chunk is built (sign the activations, VPMADDUBSW, VPMADDWD, add). Here a weight block is unpacked
@@ -196,7 +196,7 @@ INLINE void unpack_row(int fmt, const uint8_t *p, unpacked *up, int r) {
         iq_chunk(fmt, p, c, &h, &ch);
         const __m256i v = signed_values(fmt, &ch);
         _mm256_store_si256((__m256i *)(up->u[r] + 32 * c), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
-        if (fmt == FMT_IQ1_M) {   /* read from the scales: taken out of ch.sc, 0.93-0.96x at 8-64 tokens */
+        if (fmt == FMT_IQ1_M) {   /* read from the scales: taken out of ch.sc, slower at 8-64 tokens */
             const unsigned sc = u16(((const strata_block_iq1_m *)p)->scales + 2 * (c / 2)) >> (6 * (c % 2));
             up->sc[r][2 * c] = (int32_t)(2 * (sc & 7) + 1);
             up->sc[r][2 * c + 1] = (int32_t)(2 * ((sc >> 3) & 7) + 1);
@@ -310,13 +310,12 @@ INLINE void vnni_rows(int fmt, int64_t bs, int64_t k, const uint8_t *w, int64_t 
     }
 }
 
-/* Fewest tokens of a last group worth running padded: measured on the Intel machine (one thread,
- * 256 x 4096, benchmarks/ab_builds.py), 8 tokens padded to 16 took Q2_K 1.28x and Q3_K 1.16-1.23x
- * the AVX2 tile's time, where 16 tokens took 0.71x and 0.61x of it (break-even near 11). Where
+/* Fewest tokens of a last group worth running padded: on the Intel machine, 8 tokens padded to 16
+ * took Q2_K and Q3_K longer than the AVX2 tile, where 16 tokens took less (break-even near 11). Where
  * 512-bit operations are split (Zen 4) the others' 8 tokens go to the AVX2 build too, whose 8-token
- * tile passes once over the weights: the padded group took 1.05-1.24x its time there (IQ2_XXS
- * 0.97x), and 9 tokens (the AVX2 build passing twice) 0.71-0.99x (the same command, old and new
- * table; a prefill's experts see about 8 tokens each: 64 tokens, top-8 of 64 experts). */
+ * tile passes once over the weights: the padded group took longer there (IQ2_XXS about the same),
+ * and 9 tokens (the AVX2 build passing twice) less (a prefill's experts see about 8 tokens each: 64
+ * tokens, top-8 of 64 experts) (figures: benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 INLINE int pad_min(int fmt) {
     return fmt == FMT_Q2_K_VNNI || fmt == FMT_Q3_K_VNNI ? 12 : strata_cpu_splits_512() ? 9 : 8;
 }
@@ -345,8 +344,8 @@ INLINE void iq_vnni(int fmt, int64_t bs, strata_qdot_tile_fn rest, int64_t k, co
 
 /* The tokens VNNI does not take go to the AVX2 build, or, for the grid i-quants where their gather
  * tiles run, to those (qdot_iq_vbmi.c: one pass over the weights for up to 8 tokens, where the AVX2
- * build passes twice over them for 5-7; 1.3-1.6x its speed at 4 tokens, 1.9-2.6x at 6 on the Intel
- * machine, one thread, in cache). */
+ * build passes twice over them for 5-7; faster at 4 and 6 tokens on the Intel machine:
+ * benchmarks/RESULTS.md, "Kernel choice per CPU"). */
 #define DEFINE_VNNI_TILE(name, fmt, wtype, T)                                                              \
     void strata_qdot_##name##_avx512(int64_t k, const uint8_t *restrict w, int64_t wrb, int64_t n_rows,    \
                                      const uint8_t *restrict a, int64_t arb, int64_t n_tok,                \
