@@ -101,7 +101,7 @@ class LayerExperts(ExpertMemory):
     def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
         self.counts += np.bincount(expert_ids.flatten().numpy(), minlength=len(self.experts))
 
-    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+    def start(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
         return [self.experts[e] for e in expert_ids]
 
     def release(self, layer: int, expert_ids: Sequence[int]) -> None:

@@ -58,10 +58,11 @@ def check_acquire(held: tuple[int, tuple[int, ...]] | None, layer: int, ids: tup
 
 @dataclass(frozen=True)
 class HybridHost:
-    """What hybrid compute reads of a memory: its host tier (compact: experts read in place) and
-    expert layers, the statistics it counts CPU experts in (under `lock`), `on_device(layer,
-    expert)`: whether the expert is in or loading into a device slot, and `copies()`: (experts,
-    seconds) so far of demand loads that were host hits only, the copy rate's evidence."""
+    """What hybrid compute reads of a memory (`ExpertMemory.hybrid`): its host tier (compact:
+    experts read in place) and expert layers, the statistics it counts CPU experts in (under
+    `lock`), `on_device(layer, expert)`: whether the expert is in or loading into a device slot,
+    and `copies()`: (experts, seconds) so far of demand loads that were host hits only, the copy
+    rate's evidence."""
 
     host: Any
     layers: Any
@@ -71,97 +72,51 @@ class HybridHost:
     copies: Callable[[], tuple[int, float]]
 
 
-class ExpertMemory(ABC):
-    """Where model code gets routed experts' weights from.
+class Prefetcher(ABC):
+    """A memory that takes hints (`ExpertMemory.prefetcher`): the model announces the experts of
+    the next `prefetch_depth` MoE layers between layers (`strata.models.moe.Lookahead`)."""
 
-    Protocol, per layer: `observe(layer, expert_ids)` reports the routing of the step, then
-    `acquire(layer, expert_ids)` returns one `ExpertWeights` per id (packed compute:
-    `start_packed`, compute what is in place, `finish_packed` for the rest), valid
-    until `release(layer, expert_ids)`; at most `max_acquire` experts are held at once, so the
-    caller acquires in chunks of that size. `prefetch(layer, expert_ids)` is a hint that those
-    experts will be acquired soon: it never changes results and may be ignored.
-    """
-
-    device: torch.device
-    dtype: torch.dtype
-    max_acquire: int
-    #: The memory's kind, as plans and statistics name it ("direct", "paged", "tiered").
-    kind: str = "custom"
-    #: Experts dequantized on a CUDA device (the GPU's dequantizer must read their types).
-    cuda_slots: bool = False
+    #: Layers ahead the model should announce with `prefetch` (> 0).
+    prefetch_depth: int
     #: The learned map router look-ahead goes through (`strata.memory.predict.correction`), or None.
     lookahead_correction: Any = None
-    #: The tier that reads the disk (`strata.memory.host.HostTier`), or None: nothing is paged.
-    disk_tier: Any = None
-    #: The pools' slots per expert layer (`strata.memory.placement.Placement`), or None: no pools.
-    placement: Any = None
-    #: Layers ahead the model should announce with `prefetch` (0: the memory does not use hints).
-    prefetch_depth: int = 0
-    #: True when `acquire_packed` hands out experts in their file format (the CPU's packed compute).
-    packed: bool = False
-    #: Hybrid compute (CUDA): the memory keeps its host tier readable in place (`hybrid_host`), so
-    #: the runtime's CPU side may compute missed experts there (strata.runtime.hybrid).
-    hybrid: bool = False
-    #: Whether `observe` / `served_fixed` count anything: a step computed from `fixed_packed`
-    #: experts skips reporting its routing to a memory that says False.
-    counts_routing: bool = True
 
     @abstractmethod
-    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
-        """Weights of `expert_ids` of `layer`, in the order given."""
-
-    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """Like `acquire`, but the experts stay in their file format (only where `packed`)."""
-        raise NotImplementedError(f"{type(self).__name__} hands out float weights only")
-
-    def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """The first half of an asynchronous `acquire_packed`: the experts already in place (index
-        -1 for those still being read, which the caller may compute without meanwhile), held until
-        `release`; `finish_packed` waits for the rest. The default acquires them all at once, so
-        nothing is ever pending."""
-        return self.acquire_packed(layer, expert_ids)
-
-    def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """The second half: every expert `start_packed` left pending (-1), now in place. Called only
-        when `start_packed` left one; the default starts none."""
-        raise RuntimeError(f"finish_packed(layer={layer}, {list(expert_ids)}): {type(self).__name__}.start_packed "
-                           "leaves nothing pending")
-
-    @abstractmethod
-    def release(self, layer: int, expert_ids: Sequence[int]) -> None:
-        """Give back experts acquired with the same arguments; their weights may be reused."""
-
     def prefetch(self, layer: int, expert_ids: Sequence[int], probs: Sequence[float] | None = None,
                  source: int | None = None) -> None:
         """Hint: `expert_ids` of `layer` are needed soon (with probabilities `probs`, default 1),
         predicted from the hidden state of model layer `source` (-1: the embeddings; None: unsaid).
-        The default does nothing."""
+        It never changes results and may be ignored."""
 
     def restrict(self, owned: dict[int, Any]) -> None:
         """Under expert parallelism: the only experts of each layer this memory will be asked for
-        (owned[layer]: bool [E]); predictions of the others are not loaded. The default (no
-        prediction of its own) ignores it."""
+        (owned[layer]: bool [E]); predictions of the others are not loaded. The default ignores it."""
 
-    def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
-        """The router of `layer` chose `expert_ids` [T, K] for this step (before `acquire`):
-        routing statistics for placement and prediction. The default does nothing."""
 
-    def fixed_packed(self, layer: int) -> tuple[Any, torch.Tensor] | None:
-        """Every packed expert of `layer` in place for as long as the memory lives (read in place
-        from the file, or a slot pool that holds them all and never moves them): (parts, slot_of),
-        expert e being the matrix at position slot_of[e] (int32 [E]) of the parts. A step may then
-        compute from them without acquire and release, reporting its routing with
-        `served_fixed`. None (the default) while any expert may move or is not in place."""
-        return None
+class FixedExperts(ABC):
+    """A packed memory whose experts stay in place between steps (`ExpertMemory.fixed`): read in
+    place from the file, or a slot pool that never moves a loaded expert. A step may then compute
+    from them without start and release (the decode program), reporting its routing with
+    `served_fixed` / `served_fixed_layers`."""
+
+    #: Whether `served_fixed` counts anything: a step computed from `fixed_packed` experts skips
+    #: reporting its routing to a memory that says False.
+    counts_routing: bool = True
+
+    @abstractmethod
+    def fixed_packed(self, layer: int) -> tuple[Any, torch.Tensor]:
+        """Every packed expert of `layer`, for as long as the memory lives: (parts, slot_of),
+        expert e being the matrix at position slot_of[e] (int32 [E]) of the parts (-1: not in
+        place yet; the step hands that layer to the memory)."""
 
     def check_fixed(self) -> None:
         """Before each step computed from `fixed_packed` experts: raise if they can no longer be
         read (a file truncated under a read-in-place map). The default has nothing to check."""
 
+    @abstractmethod
     def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
         """A step computed `layer`'s routing expert_ids [T, K] (n_used distinct experts) from
-        `fixed_packed`: what `observe` and the acquire would have counted."""
-        self.observe(layer, expert_ids)
+        `fixed_packed`: what `observe` and `start` would have counted."""
 
     def served_fixed_layers(self, layers: Sequence[int], expert_ids: torch.Tensor, n_used: Sequence[int]) -> None:
         """`served_fixed` of several layers of one step at once: expert_ids [len(layers), T, K],
@@ -170,10 +125,69 @@ class ExpertMemory(ABC):
         for i, layer in enumerate(layers):
             self.served_fixed(layer, expert_ids[i], int(n_used[i]))
 
-    def hybrid_host(self) -> HybridHost:
-        """Hybrid compute only (`hybrid` True): what a CPU side (strata.runtime.hybrid) reads of the
-        memory to compute missed experts from the host tier in place."""
-        raise StrataError(f"{type(self).__name__}: hybrid compute is off (TieredConfig.hybrid)")
+
+class ExpertMemory(ABC):
+    """Where model code gets routed experts' weights from: residency.
+
+    Protocol, per layer: `observe(layer, expert_ids)` reports the routing of the step, then
+    `start(layer, expert_ids)` holds the experts in place and hands them out in the memory's
+    `form`: "float", one `ExpertWeights` per id, all of them; "packed", `PackedExperts` (index -1
+    for those still being read: compute the others meanwhile, then `finish(layer, expert_ids)`
+    hands out the rest). They stay valid until `release(layer, expert_ids)`; at most `max_acquire`
+    experts are held at once, so the caller starts them in chunks of that size. `acquire` is
+    start and finish in one.
+
+    What a memory offers beyond that it offers as attributes, None when it lacks it: `prefetcher`
+    (it takes look-ahead hints), `fixed` (its packed experts stay in place between steps) and
+    `hybrid` (a host tier the CPU may compute missed experts in).
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    max_acquire: int
+    #: What `start` hands out: "float" (`ExpertWeights`) or "packed" (`PackedExperts`).
+    form: str = "float"
+    #: The memory's kind, as plans and statistics name it ("direct", "paged", "tiered").
+    kind: str = "custom"
+    #: Experts dequantized on a CUDA device (the GPU's dequantizer must read their types).
+    cuda_slots: bool = False
+    #: The tier that reads the disk (`strata.memory.host.HostTier`), or None: nothing is paged.
+    disk_tier: Any = None
+    #: The pools' slots per expert layer (`strata.memory.placement.Placement`), or None: no pools.
+    placement: Any = None
+    #: Look-ahead hints the memory takes, or None: it uses none.
+    prefetcher: Prefetcher | None = None
+    #: Packed experts that stay in place between steps, or None: any may move or be missing.
+    fixed: FixedExperts | None = None
+    #: Hybrid compute (CUDA, `TieredConfig.hybrid`): the host tier the runtime's CPU side computes
+    #: missed experts in place from (strata.runtime.hybrid), or None.
+    hybrid: HybridHost | None = None
+
+    @abstractmethod
+    def start(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights] | PackedExperts:
+        """Hold `expert_ids` of `layer` and hand out those in place, in the order given (float
+        form: every one)."""
+
+    def finish(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """Packed form: every expert `start` left pending (-1), now in place. Called only when
+        `start` left one; the default leaves none."""
+        raise RuntimeError(f"finish(layer={layer}, {list(expert_ids)}): {type(self).__name__}.start "
+                           "leaves nothing pending")
+
+    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights] | PackedExperts:
+        """`start`, then `finish` when something is pending: every expert in place."""
+        held = self.start(layer, expert_ids)
+        if self.form == "packed" and min(held.index, default=0) < 0:
+            return self.finish(layer, expert_ids)
+        return held
+
+    @abstractmethod
+    def release(self, layer: int, expert_ids: Sequence[int]) -> None:
+        """Give back experts started with the same arguments; their weights may be reused."""
+
+    def observe(self, layer: int, expert_ids: torch.Tensor) -> None:
+        """The router of `layer` chose `expert_ids` [T, K] for this step (before `start`):
+        routing statistics for placement and prediction. The default does nothing."""
 
     def memory_stats(self):
         """Counters of hits, misses, bytes and waits (`strata.memory.stats.MemoryStats`), or None."""
@@ -230,4 +244,5 @@ class ExpertLayers:
         return rows
 
 
-__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "HybridHost", "LayerError", "PackedExperts", "check_acquire"]
+__all__ = ["ExpertLayers", "ExpertMemory", "ExpertWeights", "FixedExperts", "HybridHost", "LayerError", "PackedExperts",
+           "Prefetcher", "check_acquire"]

@@ -1,11 +1,12 @@
 """`DirectExpertMemory`: experts straight from the memory-mapped file, no cache.
 
 The simplest memory behind the `ExpertMemory` interface and the baseline tiered memory is held
-to. Float form: every `acquire` reads the experts' slabs through the file's memory map and
+to. Float form: every `start` reads the experts' slabs through the file's memory map and
 dequantizes them with the native runtime into buffers allocated once at start (pinned when the
 device is CUDA, then copied to device buffers). Packed form (`packed=True`, the CPU's packed
-compute): `acquire_packed` hands out the file's own expert tensors, so the native MoE kernels read
-the mapped bytes in place (as llama.cpp does with a mapped file). Nothing is allocated per call.
+compute): `start` hands out the file's own expert tensors, so the native MoE kernels read the
+mapped bytes in place (as llama.cpp does with a mapped file), and they are the memory's `fixed`
+experts. Nothing is allocated per call.
 Both forms check that the file still has its size before each layer's experts are touched, which
 costs one fstat per layer; a file cut short after that check costs the reads zero pages, not a
 SIGBUS (`strata.load` guards the map), and the engine's check after the step fails it.
@@ -22,7 +23,7 @@ from strata import native
 from strata.gguf import PARTS, ModelFile
 from strata.units import itemsize
 
-from .base import ExpertMemory, ExpertWeights, PackedExperts
+from .base import ExpertMemory, ExpertWeights, FixedExperts, PackedExperts
 from .parts import LayerParts, file_parts
 
 #: Default bytes of expert buffers (per copy: host, and device when not CPU); sets `max_acquire`.
@@ -32,8 +33,9 @@ DEFAULT_BUFFER_BYTES = 256 << 20
 MIN_ELEMS_PER_THREAD = 1 << 18
 
 
-class DirectExpertMemory(ExpertMemory):
-    """Experts dequantized from `model_file` on every `acquire` into `max_acquire` fixed buffers."""
+class DirectExpertMemory(ExpertMemory, FixedExperts):
+    """Experts dequantized from `model_file` on every `start` into `max_acquire` fixed buffers, or
+    (`packed`) read in place from the mapped file, where they stay (`fixed`)."""
 
     kind = "direct"
 
@@ -41,6 +43,7 @@ class DirectExpertMemory(ExpertMemory):
                  dtype: torch.dtype = torch.float32, n_threads: int | None = None,
                  max_acquire: int | None = None, packed: bool = False):
         self.model_file, self.packed = model_file, packed
+        self.form = "packed" if packed else "float"
         self.device, self.dtype = torch.device(device), dtype
         self.n_threads = n_threads or native.default_threads()
         hp = model_file.hparams
@@ -73,39 +76,38 @@ class DirectExpertMemory(ExpertMemory):
         return {part: torch.empty(self.shapes[part], dtype=self.dtype, device=device, pin_memory=pin)
                 for part in PARTS}
 
-    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+    def start(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights] | PackedExperts:
+        """Every expert at once (nothing is ever pending): float weights dequantized into the
+        buffers, or (packed) the file's expert tensors and the experts' positions in them."""
         ids = tuple(int(e) for e in expert_ids)
         if self._held is not None:
             raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
                                "are still held: release them first")
         if len(ids) > self.max_acquire:
             raise ValueError(f"acquire of {len(ids)} experts, at most max_acquire={self.max_acquire} at once")
-        self.model_file.check_intact()  # a truncated file would SIGBUS the reads below
-        out = [self._load(layer, e, i) for i, e in enumerate(ids)]
+        self.model_file.check_intact()  # a truncated file would SIGBUS the reads below (packed: the kernels')
+        out = PackedExperts(self._parts(layer), list(ids)) if self.packed else \
+            [self._load(layer, e, i) for i, e in enumerate(ids)]
         self._held = (layer, ids)
         return out
 
-    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        if not self.packed:
-            raise NotImplementedError("this DirectExpertMemory hands out float weights (packed=False)")
-        ids = tuple(int(e) for e in expert_ids)
-        if self._held is not None:
-            raise RuntimeError(f"acquire(layer={layer}) while layer {self._held[0]} experts {list(self._held[1])} "
-                               "are still held: release them first")
-        self.model_file.check_intact()  # the kernels read these experts in place from the map
-        self._held = (layer, ids)
-        return PackedExperts(self._parts(layer), list(ids))
+    # ---- fixed experts (packed) --------------------------------------------------------------
 
-    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor] | None:
-        """Packed: the file's expert tensors, expert e at position e (the map never moves)."""
-        if not self.packed:
-            return None
+    @property
+    def fixed(self) -> FixedExperts | None:
+        return self if self.packed else None  # a property: the memory keeps no reference to itself
+
+    def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor]:
+        """The file's expert tensors, expert e at position e (the map never moves)."""
         self.model_file.check_intact()
         parts = self._parts(layer)
         return parts, torch.arange(parts.gate.n_experts, dtype=torch.int32)
 
     def check_fixed(self) -> None:
         self.model_file.check_intact()  # the program reads the experts in place from the map
+
+    def served_fixed(self, layer: int, expert_ids: torch.Tensor, n_used: int) -> None:
+        self.observe(layer, expert_ids)  # nothing counted but what `observe` counts
 
     def _load(self, layer: int, expert: int, index: int) -> ExpertWeights:
         host, dev = self._host[index], self._device[index]

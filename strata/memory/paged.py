@@ -12,11 +12,11 @@ whole budget holds experts, and a miss costs one read and no copy.
 
 Placement is the host tier's `ExpertPolicy` (decayed use counts, per-layer budgets), seeded from
 the file's routing statistics when it has them. There is no prefetch across layers: a layer's
-misses are queued by `start_packed` (which hands back the experts already in RAM, so the fused MoE
-call computes them while the pager reads the rest) and waited for by `finish_packed`, or all at
-once by `acquire_packed`; each load finishes (or is undone) before the layer ends, so between
-steps the page table is exact and the decode program (`fixed_packed`) runs every layer whose
-experts are all in their slots, handing the others back to the memory.
+misses are queued by `start` (which hands back the experts already in RAM, so the fused MoE call
+computes them while the pager reads the rest) and waited for by `finish`, or all at once by
+`acquire`; each load finishes (or is undone) before the layer ends, so between steps the page
+table is exact: the memory's experts are `fixed` (`fixed_packed`), and the decode program runs
+every layer whose experts are all in their slots, handing the others back to the memory.
 
 Miss stand-ins (`miss_stand_in="q2_k"`, `strata.memory.standin`): a low-bit copy of every expert,
 built at load and taken from the budget; a miss is then computed from its stand-in at once. In
@@ -44,7 +44,7 @@ from strata.errors import StrataError
 from strata.gguf import ModelFile
 from strata.units import format_bytes
 
-from .base import ExpertLayers, ExpertMemory, ExpertWeights, PackedExperts, check_acquire
+from .base import ExpertLayers, ExpertMemory, FixedExperts, PackedExperts, check_acquire
 from .budget import DEFAULT_PAGER_THREADS, host_budget_for_slots, parse_bytes
 from .host import HostLoad, HostTier
 from .machine import Machine
@@ -65,7 +65,7 @@ class _Pending:
     loads: list[tuple[int, int, HostLoad]]
 
 
-class PagedExpertMemory(ExpertMemory):
+class PagedExpertMemory(ExpertMemory, FixedExperts):
     """Packed experts paged from the model file into one pool of RAM slots (see the module).
 
     host_mem: the pool's budget (bytes or '1500M'; default `budget.default_host_budget`; `strata.load`
@@ -76,9 +76,7 @@ class PagedExpertMemory(ExpertMemory):
     """
 
     kind = "paged"
-
-    packed = True
-    prefetch_depth = 0
+    form = "packed"
 
     def __init__(self, model_file: ModelFile, *, host_mem: Any = None, pager_threads: int = DEFAULT_PAGER_THREADS,
                  direct: bool | None = None, machine: Machine | None = None, miss_stand_in: Any = None,
@@ -123,26 +121,27 @@ class PagedExpertMemory(ExpertMemory):
                 f"{self.host.slots_per_layer}/{self.n_experts} per layer, no prefetch{stand_in})")
 
     @property
+    def fixed(self) -> FixedExperts:
+        return self  # a property: the memory keeps no reference to itself
+
+    @property
     def page_table(self) -> np.ndarray:
         """[L, E] int32: the slot holding each (expert layer, expert), -1 when not in RAM."""
         return self.host.policy.page_table
 
     # ---- the protocol ----------------------------------------------------------------------------
 
-    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
-        raise StrataError(f"{self!r} hands out packed experts only: it serves compute='packed' on the CPU")
-
-    def acquire_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+    def acquire(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
         """Pin a slot holding each expert, reading the missing ones from the file (stand-ins or not)."""
         self._start(layer, expert_ids, stand_in=False)
-        return self.finish_packed(layer, expert_ids)
+        return self.finish(layer, expert_ids)
 
-    def start_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """The first half of `acquire_packed`: pins the experts already in RAM and queues the
-        reads of the others (all of them before any wait, so the pager's threads overlap them),
-        then returns at once. The index is -1 for an expert still being read: compute the others
-        meanwhile, then `finish_packed`. `release` undoes either half. With stand-ins, a miss
-        comes as its stand-in (`PackedExperts.stand_in_index`) and nothing is left to wait for."""
+    def start(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The first half of `acquire`: pins the experts already in RAM and queues the reads of
+        the others (all of them before any wait, so the pager's threads overlap them), then
+        returns at once. The index is -1 for an expert still being read: compute the others
+        meanwhile, then `finish`. `release` undoes either half. With stand-ins, a miss comes as
+        its stand-in (`PackedExperts.stand_in_index`) and nothing is left to wait for."""
         return self._start(layer, expert_ids, stand_in=self.stand_ins is not None)
 
     def _start(self, layer: int, expert_ids: Sequence[int], stand_in: bool) -> PackedExperts:
@@ -205,12 +204,12 @@ class PagedExpertMemory(ExpertMemory):
             self._background.add(layer)
         return loads
 
-    def finish_packed(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
-        """The second half of `acquire_packed`: waits for the reads `start_packed` queued and pins
-        those experts too. Returns every expert's slot."""
+    def finish(self, layer: int, expert_ids: Sequence[int]) -> PackedExperts:
+        """The second half of `acquire`: waits for the reads `start` queued and pins those experts
+        too. Returns every expert's slot."""
         ids = tuple(int(e) for e in expert_ids)
         if self._held != (layer, ids) or self._pending is None:
-            raise RuntimeError(f"finish_packed(layer={layer}, {list(ids)}) without its start_packed: held {self._held}")
+            raise RuntimeError(f"finish(layer={layer}, {list(ids)}) without its start: held {self._held}")
         li, p = self.layers.index(layer), self._pending
         t0 = time.perf_counter()
         try:
@@ -250,7 +249,7 @@ class PagedExpertMemory(ExpertMemory):
 
     def fixed_packed(self, layer: int) -> tuple[native.MoeParts, torch.Tensor]:
         """The slot pool and the layer's page table row (a live view): between steps every slot
-        in it holds its expert, ready (loads finish inside `acquire_packed`)."""
+        in it holds its expert, ready (loads finish before the layer ends)."""
         li = self.layers.index(layer)
         return self.host.layer_parts(layer), torch.from_numpy(self.host.policy.page_table[li])
 

@@ -17,7 +17,7 @@ Hybrid compute (CUDA, `TieredConfig.hybrid`): `cpu_computed` counts experts comp
 from their host slots instead of being acquired on the device (not in `requests`: those are
 device requests); `cpu_s` is the time of those CPU calls.
 
-Times are seconds: `wait_s` is how long compute blocked in `acquire` for experts (demand loads,
+Times are seconds: `wait_s` is how long compute blocked in `start` / `finish` for experts (demand loads,
 waits for prefetches in flight and, on CUDA, for their copies to finish); `dequant_s` the time
 in dequantization calls (filling dequantized slots, or dequantizing packed slots at use; on
 CUDA the time to queue those kernels, not their run time).

@@ -270,7 +270,7 @@ def _moe(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: Expe
                           w.matrix(MT.FFN_DOWN_SHEXP, i, (D, Is)))
         gate = (w.get if arch.shared_expert_gate else w.opt)(MT.FFN_GATE_INP_SHEXP, i, (D,))
         shared = w.impl.shared(ffn, gate, w.compute)
-    executor, _ = expert_executor(spec.ffn, w.compute is not None and memory.packed, hybrid is not None)
+    executor, _ = expert_executor(spec.ffn, w.compute is not None and memory.form == "packed", hybrid is not None)
     if executor == "packed":  # the fused call's scratch, sized once for a full step
         parts, c = file_parts(w.mf, i), w.compute
         c.reserve(native.moe_scratch_bytes(parts, c.max_tokens, c.max_tokens * hp.n_experts_used))
@@ -354,21 +354,23 @@ def layer_block(w: WeightReader, arch: Arch, hp: HParams, i: int, rope: Rope, me
 def _lookaheads(memory: ExpertMemory | None, specs: list[LayerSpec],
                 ffns: list[tuple[RMSNorm, torch.nn.Module]]) -> list[Lookahead | None]:
     """The look-ahead of the embeddings (first) and of each block after its attention half: the
-    experts of the next `memory.prefetch_depth` MoE layers (their routers); all None when the
-    memory takes no announcements."""
-    depth = 0 if memory is None else memory.prefetch_depth
-    correction = None if memory is None else memory.lookahead_correction  # one learned map, shared by every hook
+    experts of the next `prefetch_depth` MoE layers (their routers) to the memory's prefetcher; all
+    None when the memory takes no announcements (no prefetcher)."""
+    prefetcher = None if memory is None else memory.prefetcher
+    if prefetcher is None:
+        return [None] * (len(ffns) + 1)
+    depth, correction = prefetcher.prefetch_depth, prefetcher.lookahead_correction  # one learned map, shared
     moe = [(j, norm, ffn.router) for j, (norm, ffn) in enumerate(ffns) if specs[j].ffn.moe]
     own = {j: (norm, router) for j, norm, router in moe}
     owned = {j: ffns[j][1].experts.shard.owned for j, _, _ in moe  # expert parallelism: this rank's
              if ffns[j][1].experts.shard is not None}
-    if owned and memory is not None:  # the memory's own predictors drop the other ranks' experts too
-        memory.restrict({j: mask.numpy() for j, mask in owned.items()})
+    if owned:  # the memory's own predictors drop the other ranks' experts too
+        prefetcher.restrict({j: mask.numpy() for j, mask in owned.items()})
 
     def after(i: int) -> Lookahead | None:
         targets = [t for t in moe if t[0] > i][:depth]
         learns = correction is not None and i in own  # the last MoE layer's logits are a target to learn
-        return Lookahead(memory, targets, i, correction, own.get(i), owned) if targets or learns else None
+        return Lookahead(prefetcher, targets, i, correction, own.get(i), owned) if targets or learns else None
 
     return [after(i) for i in range(-1, len(ffns))]
 
@@ -380,7 +382,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
 
     compute: "float" (weights dequantized into `dtype`) or "packed" (the CPU only, float32
     activations: weight matrices stay in their file type, the native kernels multiply; routed
-    experts too when `memory.packed`). hybrid: the CPU side of hybrid compute
+    experts too when the memory's form is "packed"). hybrid: the CPU side of hybrid compute
     (`strata.runtime.hybrid.HybridCompute`, built by the runtime when its plan says so) that plain
     routed experts hand their chunks to, or None. shards: under expert parallelism, this rank's
     `ExpertShard` of each MoE layer (by layer index). The fast decode paths are the runtime's
@@ -391,7 +393,7 @@ def load_model(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torc
         raise StrataError(f"compute must be 'float' or 'packed', found {compute!r}")
     if compute == "packed" and (device.type != "cpu" or dtype != torch.float32):
         raise StrataError(f"packed compute runs on the CPU in float32, not on {device} in {dtype}")
-    check_types(mf, compute == "packed" and memory is not None and memory.packed,
+    check_types(mf, compute == "packed" and memory is not None and memory.form == "packed",
                 cuda=memory is not None and memory.cuda_slots)
     packed = PackedCompute(n_threads) if compute == "packed" else None
     try:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata.memory import ExpertMemory
+from strata.memory import ExpertMemory, Prefetcher
 
 from .layers import SharedExpert, swiglu
 from .shard import ExpertShard
@@ -111,8 +111,8 @@ class Router(nn.Module):
 class ExpertExecutor:
     """What computes a layer's routed experts of its tokens: called with x [T, D], weights [T, K]
     and expert_ids [T, K], returns [T, D] (this rank's share under expert parallelism, `shard`).
-    `form`: the form of expert it takes from the memory ("float": `acquire`; "packed":
-    `start_packed` / `finish_packed`)."""
+    `form`: the form of expert it takes from the memory (`ExpertMemory.form`: what its `start`
+    hands out)."""
 
     form = "float"
 
@@ -210,7 +210,7 @@ def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans
     `expert_fn(x, gate, up, down, e)`) over its assignments order[lo:hi] (indices into the T*K
     routing; token = index // K), add the results weighted by w_flat [T*K] into out [T, D] (an
     input-scaled function: the weights scale the inputs and the results add as they are), release."""
-    acquired = memory.acquire(layer, expert_ids)
+    acquired = memory.start(layer, expert_ids)  # float form: every expert, nothing left to finish
     scaled = expert_fn is not None and expert_fn.input_scaled
     try:
         for (lo, hi), w, e in zip(spans, acquired, expert_ids):
@@ -229,7 +229,7 @@ def float_experts(memory: ExpertMemory, layer: int, expert_ids: list[int], spans
 class Lookahead:
     """Announces the routed experts of the next layers before they are needed: each next MoE
     layer's own FFN norm and router applied to the current hidden state (the residual stream
-    changes little from one layer to the next), top-k per token, passed to `memory.prefetch`
+    changes little from one layer to the next), top-k per token, passed to `prefetcher.prefetch`
     (what an announcement means to the memory: `strata.memory.predict.lookahead`). With a
     `correction` (`strata.memory.predict.correction`), the routers' logits go through its learned
     map first; `own` (the source block's FFN norm and router, None where it has none) gives it the
@@ -237,10 +237,10 @@ class Lookahead:
     this rank holds (bool [E]); the others' are not announced. A hint only: it reads h and changes
     nothing the model computes."""
 
-    def __init__(self, memory: ExpertMemory, targets: list[tuple[int, nn.Module, Router]], source: int = -1,
+    def __init__(self, prefetcher: Prefetcher, targets: list[tuple[int, nn.Module, Router]], source: int = -1,
                  correction=None, own: tuple[nn.Module, Router] | None = None,
                  owned: dict[int, torch.Tensor] | None = None):
-        self.memory, self.targets = memory, targets  # (layer, ffn_norm, router) of each next MoE layer
+        self.prefetcher, self.targets = prefetcher, targets  # (layer, ffn_norm, router) of each next MoE layer
         self.source = source  # the block whose hidden state this reads (-1: the embeddings), for scoring
         self.correction, self.own, self.owned = correction, own, owned or {}
 
@@ -250,7 +250,7 @@ class Lookahead:
             if layer in self.owned:
                 ids = ids[self.owned[layer][ids.cpu()]]
             if ids.numel():
-                self.memory.prefetch(layer, ids.tolist(), source=self.source)
+                self.prefetcher.prefetch(layer, ids.tolist(), source=self.source)
 
     def predict(self, h: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(layer, expert ids [T, K]) of each next MoE layer's router applied to h [T, D]."""

@@ -1,7 +1,7 @@
 """What runs each kind of step, and why: the one place that decides, once, at load.
 
     specs = layer_specs(mf, arch)                                   # strata.models.spec, before any weight is read
-    plan = decide(Target("cpu", "packed"), MemoryCaps.of(memory, layers), ArchCaps.of(specs, ...))  # runner.py
+    plan = decide(Target("cpu", "packed"), MemoryCaps.of(memory), ArchCaps.of(specs, ...))  # runner.py
     plan.describe()  # "decode: program; prefill: packed per-call; hybrid: off — why: ..."
 
 What each layer allows comes from its spec (strata.models.spec), never from built objects.
@@ -45,11 +45,11 @@ class Target:
 @dataclass(frozen=True)
 class MemoryCaps:
     """What the expert memory offers the runners. kind: "direct", "paged", "tiered" ("none": a
-    model without routed experts); packed: it hands out experts in their file format; prefetch_depth:
-    layers of look-ahead it takes (announced between layers, in Python); fixed: every layer's
-    packed experts stay where they are (`fixed_packed`), so a native program may read them; hybrid:
-    it splits missed experts between the device and the CPU; why: how the kind was chosen (the
-    loader's words; "" : as asked)."""
+    model without routed experts); packed: it hands out experts in their file format (its `form`);
+    prefetch_depth: layers of look-ahead its `prefetcher` takes (announced between layers, in
+    Python); fixed: its packed experts stay where they are (`fixed`), so a native program may read
+    them; hybrid: it splits missed experts between the device and the CPU (`hybrid`); why: how the
+    kind was chosen (the loader's words; "" : as asked)."""
 
     kind: str
     packed: bool = False
@@ -59,11 +59,12 @@ class MemoryCaps:
     why: str = ""
 
     @staticmethod
-    def of(memory, layers: Sequence[int], why: str = "") -> MemoryCaps:
+    def of(memory, why: str = "") -> MemoryCaps:
         if memory is None:
             return MemoryCaps("none", why="the model has no routed experts")
-        fixed = memory.packed and all(memory.fixed_packed(layer) is not None for layer in layers)
-        return MemoryCaps(memory.kind, memory.packed, memory.prefetch_depth, fixed, bool(memory.hybrid), why)
+        depth = 0 if memory.prefetcher is None else memory.prefetcher.prefetch_depth
+        fixed, hybrid = memory.fixed is not None, memory.hybrid is not None
+        return MemoryCaps(memory.kind, memory.form == "packed", depth, fixed, hybrid, why)
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def _decode_row(target: Target, memory: MemoryCaps, arch: ArchCaps) -> tuple[str
     if arch.program is not None:
         return FUSED, arch.program + partial
     if not memory.fixed:
-        return FUSED, f"the {memory.kind} memory moves experts between steps (no fixed_packed)"
+        return FUSED, f"the {memory.kind} memory moves experts between steps (no fixed experts)"
     return PROGRAM, f"every block fused and the {memory.kind} memory's experts stay in place"
 
 

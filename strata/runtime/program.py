@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from strata import native
-from strata.memory import ExpertMemory
+from strata.memory import FixedExperts
 
 from strata.models.batch import Batch, KVStore
 from strata.models.packed import PackedCompute
@@ -28,8 +28,9 @@ class DecodeProgram:
     """Every block of a model as one decode program. Buffers are sized for `capacity` sequences
     and grow (once, at warm-up) when a larger batch arrives."""
 
-    def __init__(self, blocks: list, steps: list[FusedDecode], memory: ExpertMemory, compute: PackedCompute,
+    def __init__(self, blocks: list, steps: list[FusedDecode], memory: FixedExperts, compute: PackedCompute,
                  fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1):
+        # memory: the expert memory's `fixed` experts, which the program reads and reports its routing to
         self.blocks, self.steps, self.memory, self.compute, self.fixed = blocks, steps, memory, compute, fixed
         self.layers = [s.layer for s in steps]
         self.moe = [i for i, s in enumerate(steps) if s.moe is not None]  # the others: dense layers
@@ -55,8 +56,8 @@ class DecodeProgram:
         return None
 
     @staticmethod
-    def build(model, steps: list[FusedDecode], memory: ExpertMemory) -> DecodeProgram:
-        """The program of `model` (`takes` said yes) over a memory whose experts stay in place
+    def build(model, steps: list[FusedDecode], memory: FixedExperts) -> DecodeProgram:
+        """The program of `model` (`takes` said yes) over the expert memory's `fixed` experts
         (`fixed_packed` of every MoE layer)."""
         fixed = [memory.fixed_packed(s.spec.index) if s.moe is not None else (None, None) for s in steps]
         return DecodeProgram(list(model.blocks), steps, memory, model.compute, fixed)

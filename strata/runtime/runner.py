@@ -71,7 +71,7 @@ class Runner:
             steps = [FusedDecode(b, spec, model.compute) if ok else None
                      for b, spec, ok in zip(model.blocks, model.specs, fused)]
         if plan.decode == PROGRAM:
-            program = DecodeProgram.build(model, steps, memory)
+            program = DecodeProgram.build(model, steps, memory.fixed)
         return Runner(model, plan, memory, hybrid, steps, program)
 
     def with_decode(self, decode: str) -> Runner:
@@ -115,7 +115,7 @@ def build(mf: ModelFile, memory: ExpertMemory | None, *, device: str | torch.dev
     how the loader chose the memory's kind, for the plan; "": as asked; `shards`: this rank's
     `ExpertShard` of each MoE layer under expert parallelism)."""
     device, n_threads = torch.device(device), n_threads or native.default_threads()
-    target, mem = Target(device.type, compute), MemoryCaps.of(memory, mf.expert_layers, memory_why)
+    target, mem = Target(device.type, compute), MemoryCaps.of(memory, memory_why)
     specs = layer_specs(mf, architecture(mf))  # the plan first, from the specs; then what it names is built
     caps, fused = ArchCaps.of(specs, compute == "packed" and mem.packed, bool(shards), DecodeProgram.takes)
     plan = decide(target, mem, caps, specs)

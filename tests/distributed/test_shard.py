@@ -31,13 +31,9 @@ class Recording(DirectExpertMemory):
         super().__init__(*args, **kwargs)
         self.seen = set()
 
-    def acquire(self, layer, expert_ids):
+    def start(self, layer, expert_ids):
         self.seen.update(expert_ids)
-        return super().acquire(layer, expert_ids)
-
-    def start_packed(self, layer, expert_ids):
-        self.seen.update(expert_ids)
-        return super().start_packed(layer, expert_ids)
+        return super().start(layer, expert_ids)
 
 
 @pytest.mark.parametrize("packed", [False, True])

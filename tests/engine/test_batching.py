@@ -144,7 +144,7 @@ def test_each_routed_expert_is_acquired_once_per_step_for_the_whole_batch(comput
     with strata.load(tiny.gguf("f32"), threads=1, n_ctx=128, max_batch=8, memory="direct", compute=compute) as m:
         calls: list[tuple[int, list[int]]] = []
         mem = m.memory
-        for name in ("acquire", "acquire_packed"):
+        for name in ("start",):
             original = getattr(mem, name)
 
             def counting(layer, expert_ids, _original=original):

@@ -77,8 +77,8 @@ def test_program_hands_layers_with_missing_experts_to_the_memory(tiny):
         first, last = prog.model_layers[prog.moe[0]], prog.model_layers[prog.moe[-1]]  # MoE layers
         prog.fixed[prog.moe[0]][1][::2] = -1  # half the first MoE layer's experts "not in place"
         acquired, served = [], []
-        acquire, served_fixed = m.memory.acquire_packed, m.memory.served_fixed
-        m.memory.acquire_packed = lambda layer, ids: (acquired.append(layer), acquire(layer, ids))[1]
+        start, served_fixed = m.memory.start, m.memory.served_fixed
+        m.memory.start = lambda layer, ids: (acquired.append(layer), start(layer, ids))[1]
         m.memory.served_fixed = lambda layer, ids, n: (served.append(layer), served_fixed(layer, ids, n))[1]
         prompts = [tiny.prompt_ids(6, seed=7), tiny.prompt_ids(13, seed=8)]
         got = _decode_logits(m, prompts)

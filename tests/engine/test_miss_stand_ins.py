@@ -145,7 +145,7 @@ def test_a_forced_miss_computes_the_stand_in(tiny):
         mem, block = m.memory, next(b for b in m.transformer.blocks if hasattr(b.ffn, "experts"))
         experts = block.ffn.experts
         li = mem.layers.index(experts.layer)
-        mem.acquire_packed(experts.layer, [0, 1])  # fills the layer's two slots (acquire_packed waits)
+        mem.acquire(experts.layer, [0, 1])  # fills the layer's two slots (acquire waits)
         mem.release(experts.layer, [0, 1])
         mem.memory_stats().reset()
         missing = [e for e in range(mem.n_experts) if mem.page_table[li, e] < 0]
@@ -178,14 +178,14 @@ def test_background_mode_reads_the_missed_expert_for_its_next_use(tiny):
         mem, layer = m.memory, m.memory.layers.layer(0)
         li = mem.layers.index(layer)
         e = next(e for e in range(mem.n_experts) if mem.page_table[li, e] < 0)
-        held = mem.start_packed(layer, [e])
+        held = mem.start(layer, [e])
         assert held.index == [-1] and held.stand_in_index == [e]
         mem.release(layer, [e])
         assert mem._background == {layer} and mem.host.policy.slot_state[mem.page_table[li, e]] != READY
         mem.check_fixed()  # before a program step: the read is done, the page table exact
         slot = mem.page_table[li, e]
         assert slot >= 0 and mem.host.policy.slot_state[slot] == READY and not mem._background
-        held = mem.start_packed(layer, [e])
+        held = mem.start(layer, [e])
         assert held.index == [slot] and held.stand_in is None
         mem.release(layer, [e])
         t = m.memory_stats().totals()
@@ -204,7 +204,7 @@ def test_background_mode_never_evicts_a_hotter_expert_for_a_miss(tiny):
             if len(resident) == 2:
                 break
             if e not in resident:
-                mem.start_packed(layer, [e])
+                mem.start(layer, [e])
                 mem.release(layer, [e])
                 mem.check_fixed()
                 resident.append(e)
@@ -214,7 +214,7 @@ def test_background_mode_never_evicts_a_hotter_expert_for_a_miss(tiny):
         reads = m.memory_stats().totals()["disk_reads"]
         for e in (cold, cold):
             mem.observe(layer, torch.tensor([[e]]))
-            held = mem.start_packed(layer, [e])
+            held = mem.start(layer, [e])
             assert held.stand_in_index == [e]
             mem.release(layer, [e])
             mem.check_fixed()
@@ -222,7 +222,7 @@ def test_background_mode_never_evicts_a_hotter_expert_for_a_miss(tiny):
             sorted(int(e) for e in np.flatnonzero(mem.page_table[li] >= 0))
         for _ in range(300):
             policy.record(li, np.array([resident[0], hot]))  # resident[1] cools down, hot heats up
-        held = mem.start_packed(layer, [hot])
+        held = mem.start(layer, [hot])
         assert held.stand_in_index == [hot]
         mem.release(layer, [hot])
         mem.check_fixed()

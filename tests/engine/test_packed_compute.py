@@ -56,7 +56,7 @@ def test_tiered_and_direct_packed_runs_are_identical(tiny):
     slots (the plan says so); its logits are direct memory's, bit for bit."""
     path = tiny.gguf(None)
     with _load(path, "packed", "direct") as direct, _load(path, "packed", "tiered") as tiered:
-        assert tiered.memory.packed and type(tiered.memory).__name__ == "PagedExpertMemory"
+        assert tiered.memory.form == "packed" and type(tiered.memory).__name__ == "PagedExpertMemory"
         assert tiered.plan.memory == "paged" and "memory='tiered'" in tiered.plan.memory_why
         ids = tiny.prompt_ids(40)
         assert torch.equal(direct.logits(ids), tiered.logits(ids))
@@ -87,7 +87,7 @@ def test_packed_agrees_with_llama_cpp(tiny, outtype):
 def test_compute_choice_defaults_and_refusals(tiny):
     path = tiny.gguf(None)
     with strata.load(path, threads=1, n_ctx=64) as m:  # the CPU's default
-        assert m.transformer.compute is not None and m.memory.packed
+        assert m.transformer.compute is not None and m.memory.form == "packed"
     with strata.load(path, threads=1, n_ctx=64, dtype="bfloat16") as m:  # another dtype: the float path
         assert m.transformer.compute is None
     with pytest.raises(StrataError, match="compute 'packed' computes in float32"):

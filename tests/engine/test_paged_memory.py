@@ -64,13 +64,12 @@ def test_paged_memory_refuses_what_it_does_not_serve(tiny):
         strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem=_budget(path, 1))
     with strata.load(path, threads=1, n_ctx=64, memory="paged") as m:  # default budget: every expert fits here
         assert m.memory.max_acquire == m.memory.n_experts
-        with pytest.raises(StrataError, match="packed experts only"):
-            m.memory.acquire(m.memory.layers.layer(0), [0])
+        assert m.memory.form == "packed"  # it hands out packed experts only
 
 
 def test_paged_acquire_in_two_halves_and_abandoned(tiny):
-    """start_packed pins the experts in RAM and queues the reads of the others (-1 in the index);
-    finish_packed waits for them; a release between the halves finishes the reads and leaves no
+    """start pins the experts in RAM and queues the reads of the others (-1 in the index);
+    finish waits for them; a release between the halves finishes the reads and leaves no
     slot pinned or loading."""
     from strata.memory.policy import READY
 
@@ -79,22 +78,22 @@ def test_paged_acquire_in_two_halves_and_abandoned(tiny):
     with strata.load(path, threads=1, n_ctx=64, memory="paged", host_mem=_budget(path, k)) as m:
         mem, layer = m.memory, m.memory.layers.layer(0)
         first = list(range(k))
-        mem.acquire_packed(layer, first)
+        mem.acquire(layer, first)
         mem.release(layer, first)
         second = list(range(1, k + 1))  # one expert new: read; the others pinned at once
-        held = mem.start_packed(layer, second)
+        held = mem.start(layer, second)
         assert held.index[-1] == -1 and min(held.index[:-1]) >= 0
-        done = mem.finish_packed(layer, second)
+        done = mem.finish(layer, second)
         assert min(done.index) >= 0 and done.index[:-1] == held.index[:-1]
         mem.release(layer, second)
         third = [k + 1, k + 2] if mem.n_experts > k + 2 else [k + 1]
-        assert min(mem.start_packed(layer, third).index) == -1
+        assert min(mem.start(layer, third).index) == -1
         mem.release(layer, third)  # abandoned between the halves
         policy = mem.host.policy
         assert not policy.slot_pins.any() and (policy.slot_state[policy.slot_expert >= 0] == READY).all()
-        with pytest.raises(RuntimeError, match="without its start_packed"):
-            mem.finish_packed(layer, third)
-        assert min(mem.acquire_packed(layer, first).index) >= 0
+        with pytest.raises(RuntimeError, match="without its start"):
+            mem.finish(layer, third)
+        assert min(mem.acquire(layer, first).index) >= 0
         mem.release(layer, first)
 
 

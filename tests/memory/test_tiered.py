@@ -113,13 +113,13 @@ def test_decoding_allocates_nothing_after_start_up(path, form):
 def test_statistics_add_up(path):
     with load_tiered(path, "dequantized", depth=1) as m:
         acquired = []
-        acquire = m.memory.acquire
+        start = m.memory.start
 
         def counting(layer, ids):
             acquired.append(len(ids))
-            return acquire(layer, ids)
+            return start(layer, ids)
 
-        m.memory.acquire = counting
+        m.memory.start = counting
         m.generate(prompt(12), max_tokens=24, **GREEDY)
         mem, s = m.memory, m.memory_stats()
         assert s.total("requests") == sum(acquired)

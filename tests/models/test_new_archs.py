@@ -53,7 +53,7 @@ def test_expert_memory_and_packed_compute(new):
         assert packed.plan.decode == "program" and packed.runner.program is not None
     path = new.gguf(None)
     with load(path, "float") as ref, load(path, "packed") as direct, load(path, "packed", "tiered") as tiered:
-        assert tiered.memory.packed
+        assert tiered.memory.form == "packed"
         a, b = ref.logits(ids), direct.logits(ids)
         assert torch.equal(b, tiered.logits(ids))
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95

@@ -70,12 +70,10 @@ def test_an_unmeasured_cpu_rate_sends_one_probe_the_expert_with_fewest_tokens():
 def test_the_memory_offers_its_host_tier_only_when_hybrid(path):
     with open_model(path) as mf:
         with closing(tiered(path, "packed", 0, hybrid=False)(mf, torch.device("cpu"), torch.float32, 2)) as mem:
-            assert not mem.hybrid
-            with pytest.raises(StrataError, match="hybrid compute is off"):
-                mem.hybrid_host()
+            assert mem.hybrid is None  # no host tier offered
         with closing(tiered(path, "packed", 0, hybrid=True)(mf, torch.device("cpu"), torch.float32, 2)) as mem:
-            side = mem.hybrid_host()
-            assert mem.hybrid and side.host is mem.host and side.host.compact and side.copies() == (0, 0.0)
+            side = mem.hybrid
+            assert side is not None and side.host is mem.host and side.host.compact and side.copies() == (0, 0.0)
             layer = mf.expert_layers[0]
             missing = next(e for e in range(mf.hparams.n_experts) if not side.on_device(layer, e))
             mem.acquire(layer, [missing])  # a demand load from the disk: not a copy's evidence

@@ -1,4 +1,4 @@
-"""The predictor interface: what feeds `ExpertMemory.prefetch` and the policies' hints.
+"""The predictor interface: what feeds `Prefetcher.prefetch` and the policies' hints.
 
 A predictor says, after expert layer `li` routed its tokens, which experts the next layers'
 steps will ask for, as `Prediction`s (expert-layer index, expert ids most likely first, their

@@ -1,11 +1,12 @@
 """Router look-ahead announcements as predictions.
 
 The model (`strata.models.moe.Lookahead`) applies the next MoE layers' own FFN norm and router to
-the current hidden state and announces their top-k experts through `ExpertMemory.prefetch`; the
-tiered memory turns each announcement into a `Prediction` here. An announcement carries no
-probability of its own, so every announced expert counts as certain (probability 1): its precision
-(benchmarks/tiered_prefetch.py; benchmarks/RESULTS.md, "Tiered memory on the CPU") is close enough
-to 1 that the policy's prefetch margin, not a made-up probability, decides what it may displace.
+the current hidden state and announces their top-k experts through the memory's `prefetcher`
+(`Prefetcher.prefetch`); the tiered memory turns each announcement into a `Prediction` here. An
+announcement carries no probability of its own, so every announced expert counts as certain
+(probability 1): its precision (benchmarks/tiered_prefetch.py; benchmarks/RESULTS.md, "Tiered
+memory on the CPU") is close enough to 1 that the policy's prefetch margin, not a made-up
+probability, decides what it may displace.
 The trace replay has no hidden states; `Lookahead.predict` there announces the trace's own next
 routing (the look-ahead's ceiling, precision 1). The maths stays in `strata.models`; this file only
 says what an announcement means to the memory.

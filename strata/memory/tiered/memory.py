@@ -3,7 +3,7 @@
     memory = TieredExpertMemory(model_file, device="cuda", dtype=torch.bfloat16,
                                 config=TieredConfig(device_mem="20G", host_mem="64G", prefetch_depth=2))
 
-An `acquire(layer, expert_ids)` finds each expert in the first tier that holds it:
+A `start(layer, expert_ids)` finds each expert in the first tier that holds it:
 
     device slot (page table hit)   free: a GEMM on the slot (packed form: dequantize, then GEMM)
     host slot (host tier hit)      fill a device slot from it (copy, or dequantize)
@@ -20,11 +20,11 @@ It hands out float weights (dequantized slots, or packed slots dequantized at ea
 CUDA or the CPU. Packed compute on the CPU is the paged memory's (`paged.py`: there both tiers
 would be RAM, and `strata.load(memory="tiered")` builds that one).
 
-Hybrid (`TieredConfig.hybrid`): the host tier runs compact and `hybrid_host` lets the runtime's
-CPU side (`strata.runtime.hybrid`) compute missed experts it holds in place; the rest are
-acquired as above. This file is the acquire path. Loads, their lock and the prefetch loader are
-`loads.py`'s (`SlotLoads`, which the memory owns as `loads`), start-up placement
-`strata.memory.startup`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
+Hybrid (`TieredConfig.hybrid`): the host tier runs compact and the memory's `hybrid` lets the
+runtime's CPU side (`strata.runtime.hybrid`) compute missed experts it holds in place; the rest
+are acquired as above. With prefetch (depth > 0) the memory is its own `prefetcher`. This file is
+the acquire path. Loads, their lock and the prefetch loader are `loads.py`'s (`SlotLoads`, which
+the memory owns as `loads`), start-up placement `strata.memory.startup`'s, budgets and settings `budget.py`'s, predictors `predict/`'s. Layers
 here are model layer numbers; the policies, predictors and statistics index expert layers
 0..L-1 (`ExpertLayers` maps them). Must not: decide placement (the policies do).
 """
@@ -42,7 +42,7 @@ from strata import native
 from strata.errors import StrataError
 from strata.gguf import ModelFile
 
-from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, check_acquire
+from ..base import ExpertLayers, ExpertMemory, ExpertWeights, HybridHost, Prefetcher, check_acquire
 from ..budget import Plan, TieredConfig, make_plan
 from ..device import DeviceSlots, expert_geometry
 from ..host import HostLoad, HostTier
@@ -56,7 +56,7 @@ from ..startup import place_initial
 from ..stats import MemoryStats, Residency
 
 
-class TieredExpertMemory(ExpertMemory):
+class TieredExpertMemory(ExpertMemory, Prefetcher):
     """Experts in device slots, host slots and the file; see the module docstring.
 
     reserved_bytes: device memory the rest of the model takes (resident weights, KV cache),
@@ -102,7 +102,6 @@ class TieredExpertMemory(ExpertMemory):
         self.placement = estimate(model_file, self.plan.slots_per_layer, self.host.slots_per_layer)
         warn_if_slow(model_file, self.placement)  # once, at start: most experts would come from the disk
         self.stats = MemoryStats(self.layers.layers, E)
-        self.hybrid = self.config.hybrid
         self._host_copies = [0, 0.0]  # hybrid: demand-loaded experts that were host hits only, their seconds
         self.predictors: list[Predictor] = []
         if self.config.cooccurrence and self.prefetch_depth > 0 and L > 1:
@@ -113,11 +112,12 @@ class TieredExpertMemory(ExpertMemory):
                                      and self.prefetch_depth > 0 else None)  # the model's look-ahead reads it
         self.loads = SlotLoads(self.policy, self.host, self.slots, self.stats, self.layers, model_file, self.predictors,
                                self.config.prefetch_read_cost)
+        self.hybrid = self._hybrid_host() if self.config.hybrid else None
         self._held: tuple[int, tuple[int, ...], list[int], bool] | None = None  # layer, experts, slots, pinned
         # Settled: the device has a slot for every expert and no loader thread or hybrid split moves
         # them, so a loaded expert stays where it is: a step's hits need no pins and the eviction
         # policy's use counts are never read (the common in-RAM case on the CPU).
-        self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.hybrid)
+        self._settled = (self.plan.slots_per_layer == E and self.prefetch_depth == 0 and not self.config.hybrid)
         try:
             # before the loader thread starts: nothing else moves slots
             place_initial(model_file, self.host, self.layers, self.stats, device=self.policy,
@@ -135,6 +135,10 @@ class TieredExpertMemory(ExpertMemory):
                 f"{self.host.slots_per_layer}/{self.n_experts} in the host tier, prefetch depth {self.prefetch_depth})")
 
     @property
+    def prefetcher(self) -> Prefetcher | None:
+        return self if self.prefetch_depth > 0 else None  # a property: the memory keeps no reference to itself
+
+    @property
     def page_table(self) -> torch.Tensor:
         """The page table, int32 [L, E]: slot of (expert layer, expert), -1 when not resident (a
         view of the device policy's array, on the CPU)."""
@@ -147,21 +151,20 @@ class TieredExpertMemory(ExpertMemory):
 
     # ---- the ExpertMemory protocol -------------------------------------------------------------
 
-    def acquire(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
+    def start(self, layer: int, expert_ids: Sequence[int]) -> list[ExpertWeights]:
         li, ids, slots = self._acquire_slots(layer, expert_ids)
         return [self._weights(layer, li, e, slot, i) for i, (e, slot) in enumerate(zip(ids, slots))]
 
-    def hybrid_host(self) -> HybridHost:
-        """Hybrid only: the compact host tier and what the CPU side reads of this memory."""
-        if not self.hybrid:
-            raise StrataError(f"{self!r}: hybrid compute is off (TieredConfig.hybrid)")
+    def _hybrid_host(self) -> HybridHost:
+        """Hybrid only: the compact host tier and what the CPU side reads of this memory (its
+        parts, not the memory itself: the record it keeps makes no reference cycle)."""
+        lock, policy, layers, copies = self.loads.lock, self.policy, self.layers, self._host_copies
 
         def on_device(layer: int, e: int) -> bool:
-            with self.loads.lock:
-                return self.policy.lookup(self._layer(layer), e) is not None
+            with lock:
+                return policy.lookup(layers.index(layer), e) is not None
 
-        return HybridHost(self.host, self.layers, self.stats, self.loads.lock, on_device,
-                          lambda: (self._host_copies[0], self._host_copies[1]))
+        return HybridHost(self.host, layers, self.stats, lock, on_device, lambda: (copies[0], copies[1]))
 
     def _acquire_slots(self, layer: int, expert_ids: Sequence[int]) -> tuple[int, tuple[int, ...], list[int]]:
         """Pin a device slot holding each expert (loading what is missing); (li, ids, slots)."""
@@ -193,7 +196,7 @@ class TieredExpertMemory(ExpertMemory):
             self._load(layer, li, demand)
             self._wait(li, late)
             self._wait_copies(slots)
-            if self.hybrid and demand and not late and self._disk_reads(li) == disk_reads:
+            if self.config.hybrid and demand and not late and self._disk_reads(li) == disk_reads:
                 # every demand load was a host hit: the time was the copies' (the hybrid's copy rate)
                 self._host_copies[0] += len(demand)
                 self._host_copies[1] += time.perf_counter() - t_load

@@ -139,7 +139,7 @@ class PackedExperts(ExpertExecutor):
         n, pool, scratch = memory.max_acquire, self.compute.pool, self.compute.scratch
         for i in range(0, n_used, n):
             chunk = used_ids[i:i + n]
-            held = memory.start_packed(layer, chunk)
+            held = memory.start(layer, chunk)
             try:
                 if min(held.index) >= 0:
                     call(pool, held.parts, held.index, i, n_tokens, scratch)
@@ -152,7 +152,7 @@ class PackedExperts(ExpertExecutor):
                 # Some experts are still being read: compute the others meanwhile (their rows, not
                 # yet summed), then the rest, then the sum in the order one call would make it.
                 call.rows(pool, held.parts, held.index, i, n_tokens, scratch)
-                done = memory.finish_packed(layer, chunk)
+                done = memory.finish(layer, chunk)
                 call.rows(pool, done.parts, [s if h < 0 else -1 for s, h in zip(done.index, held.index)], i, n_tokens,
                           scratch)
                 call.reduce(i, len(chunk), n_tokens)

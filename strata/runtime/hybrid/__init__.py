@@ -4,8 +4,8 @@
     split.py    `HybridExec`: a chunk split by the plan, the CPU experts pinned in the host tier
     compute.py  `HybridCompute`: the CPU share in one native call beside the device's GEMMs
 
-What it reads of the memory is one hook, `ExpertMemory.hybrid_host` (the compact host tier,
-whether an expert sits on the device, the copies' times). Must not hold code: the package's
+What it reads of the memory is one record, `ExpertMemory.hybrid` (`HybridHost`: the compact host
+tier, whether an expert sits on the device, the copies' times). Must not hold code: the package's
 public names, re-exported.
 """
 from .compute import HybridCompute

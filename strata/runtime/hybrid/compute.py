@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from strata import native
+from strata.errors import StrataError
 from strata.gguf import ModelFile
 from strata.memory import alloc
 from strata.memory.parts import file_parts
@@ -37,6 +38,9 @@ class HybridCompute:
     """The CPU side of hybrid compute, shared by a model's MoE layers (one step at a time)."""
 
     def __init__(self, memory, model_file: ModelFile, n_threads: int, max_tokens: int = DEFAULT_MAX_TOKENS):
+        self.side = memory.hybrid  # the compact host tier and what the split reads of the memory
+        if self.side is None:
+            raise StrataError(f"{memory!r}: hybrid compute is off (TieredConfig.hybrid)")
         hp = model_file.hparams
         self.max_tokens, D = max_tokens, hp.n_embd
         pin = memory.device.type == "cuda"
@@ -47,7 +51,6 @@ class HybridCompute:
         self.scratch = alloc.empty((scratch,), torch.uint8, "cpu", "hybrid scratch")
         self.x_host = alloc.empty((max_tokens, D), torch.float32, "cpu", "hybrid x", pin=pin)  # [T, D]
         self.out_host = alloc.empty((max_tokens, D), torch.float32, "cpu", "hybrid out", pin=pin)  # [T, D]
-        self.side = memory.hybrid_host()  # the compact host tier and what the split reads of the memory
         self.exec = HybridExec(model_file, self.side.host, self.side.layers, self.side.stats, lock=self.side.lock)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="strata-hybrid")
         weakref.finalize(self, self.worker.shutdown, False)

@@ -1,6 +1,6 @@
 """Hybrid execution, the split: which experts of a chunk the CPU computes from host slots.
 
-    ex = HybridExec(model_file, host, layers, stats, lock=lock)  # from memory.hybrid_host()
+    ex = HybridExec(model_file, host, layers, stats, lock=lock)  # from memory.hybrid
     split = ex.split(layer, expert_ids, n_tokens, on_device)     # device_ids, cpu_ids, cpu (pinned)
     ... compute.py acquires split.device_ids as usual and, meanwhile, runs
     native.moe_swiglu over split.cpu.parts (the host pool) at split.cpu.index (host slots) ...
