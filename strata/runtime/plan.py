@@ -113,7 +113,8 @@ class RuntimePlan:
     def describe(self) -> str:
         return (f"decode: {self.decode}; prefill: {self.prefill}; hybrid: {'on' if self.hybrid else 'off'}; "
                 f"memory: {self.memory} — why: decode: {self.decode_why}; prefill: {self.prefill_why}; "
-                f"hybrid: {self.hybrid_why}; memory: {self.memory_why or 'as asked'}")
+                f"hybrid: {self.hybrid_why}; experts: {self.experts}, {self.experts_why}; "
+                f"memory: {self.memory_why or 'as asked'}")
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(step, runner, why) of each kind of step, then ("memory", kind, why) and ("experts",
@@ -182,7 +183,8 @@ def experts_row(target: Target, memory: MemoryCaps, specs: Sequence[LayerSpec]) 
     kinds = sorted(set(rows), key=rows.index)
     if len(kinds) == 1:
         return kinds[0]
-    return (", ".join(f"{k} ({sum(r[0] == k for r in rows)} layers)" for k, _ in kinds),
+    count = {k: sum(r[0] == k for r in rows) for k, _ in kinds}
+    return (", ".join(f"{k} ({count[k]} layer{'' if count[k] == 1 else 's'})" for k, _ in kinds),
             "; ".join(f"{k}: {why}" for k, why in kinds))
 
 

@@ -124,3 +124,28 @@ def test_hybrid_linear_attention_plans_the_program(arch):
         assert caps.fused_blocks == caps.n_blocks and caps.unfused is None and caps.program is None
         assert m.plan.decode == PROGRAM and "every block fused" in m.plan.decode_why
         assert m.runner.program is not None and all(s is not None for s in m.runner.steps)
+
+
+@pytest.mark.parametrize("compute,executor", [("packed", "packed"), ("float", "float")])
+def test_the_plan_names_each_layers_expert_executor_and_why(compute, executor):
+    """The plan's experts row (shown by --stats and inspect --placement through `describe`) names the
+    executor the loader built for the MoE layers, and the reason; a model whose layers cannot all use
+    hybrid compute says so in the hybrid row."""
+    from strata.models.spec import CLAMPED, SWIGLU, AttentionSpec, FfnSpec, LayerSpec
+    from strata.runtime.plan import experts_row, hybrid_row
+    from tests.fixtures.tiny import zoo
+
+    with strata.load(zoo().get("qwen3moe").gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute=compute) as m:
+        assert m.plan.experts == executor
+        assert f"; experts: {executor}, {m.plan.experts_why}; memory: " in m.plan.describe()
+        assert ("experts", executor, m.plan.experts_why) in m.plan.rows()
+        forms = {b.ffn.experts.executor.form for b, s in zip(m.transformer.blocks, m.transformer.specs) if s.ffn.moe}
+        assert forms == {"packed" if executor == "packed" else "float"}
+    layer = lambda i, act: LayerSpec(i, 1e-6, AttentionSpec("gqa"), FfnSpec("moe", 8, 2, act=act))
+    cuda, hybrid = Target("cuda", "float"), MemoryCaps("tiered", hybrid=True)
+    on, why = hybrid_row(cuda, hybrid, [layer(0, SWIGLU), layer(1, CLAMPED)])
+    assert on and "1 of 2 MoE layers" in why
+    on, why = hybrid_row(cuda, hybrid, [layer(0, CLAMPED)])
+    assert not on and "no CPU side" in why
+    kinds, why = experts_row(cuda, hybrid, [layer(0, SWIGLU), layer(1, CLAMPED)])
+    assert kinds == "hybrid (1 layer), float (1 layer)" and "hybrid:" in why and "float:" in why
