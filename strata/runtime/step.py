@@ -93,12 +93,11 @@ class FusedDecode:
         returns the distinct experts used. A gated DeltaNet layer runs on the batch's state slots
         (`kv`: the layer's conv and ssm states)."""
         c = self.compute
-        if not self.recurrent:
-            self.layer.bind_cache(*kv)
-            return self.layer.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.out, c.scratch)
-        if batch.slots is None:
+        if self.recurrent and batch.slots is None:
             raise ValueError(f"layer {self.spec.index}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
-        self.layer.bind_states(*kv)
+        self.bind(kv)
+        if not self.recurrent:
+            return self.layer.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.out, c.scratch)
         return self.layer.run(c.pool, batch.slot_ids, batch.positions, x, self.out, c.scratch)
 
     def bind(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:

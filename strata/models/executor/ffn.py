@@ -15,6 +15,7 @@ from strata import native
 from ..layers import FeedForward, RMSNorm, SharedExpert
 from ..moe import ExpertExecutor, Router
 from ..packed import PackedCompute
+from .attention import f32
 
 
 class NativeNorm(RMSNorm):
@@ -42,17 +43,13 @@ class NativeRouter(Router):
     def decode_args(self) -> dict:
         """The native decode step's routing arguments of this router."""
         return dict(router=self.weight, n_used=self.k, gating=self.gating, norm_weights=self.norm,
-                    weights_scale=self.scale, router_bias=_f32(self.bias), selection_bias=_f32(self.selection_bias),
+                    weights_scale=self.scale, router_bias=f32(self.bias), selection_bias=f32(self.selection_bias),
                     n_groups=self.n_groups, n_groups_used=self.n_groups_used, group_top=self.group_top)
 
 
 #: The native decode step's routing arguments of a dense layer (no router).
 DENSE_ROUTING = dict(router=None, n_used=0, gating="softmax", norm_weights=False, weights_scale=1.0, router_bias=None,
                      selection_bias=None, n_groups=0, n_groups_used=0, group_top=0)
-
-
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().float().contiguous()
 
 
 class PackedSharedExpert(SharedExpert):
