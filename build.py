@@ -27,9 +27,21 @@ def _require_compiler():
         )
 
 
-#: Headers that form the cdef, in order (calib.h, deltanet.h, exchange.h: entry points kept apart
-#: from strata.h), relative to native/.
-HEADERS = ("strata.h", "formats/calib.h", "executor/deltanet.h", "runtime/exchange.h")
+#: A header below native/ that says this in its opening comment is part of the cdef, after strata.h
+#: (entry points kept apart from strata.h: a layer kind's step struct and functions, calibration,
+#: the same-host exchange), so a new one needs no line here.
+CDEF_MARK = "Read by build.py as part of the cdef"
+
+
+def cdef_headers() -> tuple[str, ...]:
+    """The headers that form the cdef, in order, relative to native/: strata.h, then every header
+    carrying CDEF_MARK in its first five lines, by path."""
+    marked = sorted(h.relative_to(NATIVE).as_posix() for h in NATIVE.rglob("*.h")
+                    if CDEF_MARK in "\n".join(h.read_text().splitlines()[:5]))
+    return ("strata.h", *marked)
+
+
+HEADERS = cdef_headers()
 
 
 def include_dirs():

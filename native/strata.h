@@ -579,18 +579,80 @@ int strata_glue_group(const int64_t *expert_ids, const float *weights, int64_t n
                       int64_t n_experts, int32_t *used, int64_t *offsets, int32_t *token_ids,
                       float *weights_sorted, int64_t *n_used);
 
-/* ==== Decode step (step.c): a layer's attention half and router in one call ==== */
+/* ==== Decode step: a layer's half and its router in one call, one step function per layer kind ==== */
 
-/* One decoder layer as strata_decode_attn reads it. Matrices are packed in their ggml type (qkv:
+/* What every layer kind's step struct begins with (its member `head`): the width, the two norms
+ * (attn_norm before the layer's mixing half, ffn_norm after its residual; epsilon norm_eps) and
+ * the router (NULL for a dense layer, else [n_experts, D] float32 picking n_used experts as
+ * strata_glue_route_groups does; router_bias [n_experts] added to its logits; DeepSeek's selection
+ * bias and expert groups; NULL / 0 when absent). The decode program reads a layer through it. */
+typedef struct {
+    int64_t n_embd;
+    float norm_eps;
+    const float *attn_norm, *ffn_norm;
+    const float *router;
+    int64_t n_experts, n_used;
+    int32_t gating, norm_weights;
+    float weights_scale;
+    const float *router_bias, *selection_bias;
+    int64_t n_groups, n_groups_used;
+    int32_t group_top;
+} strata_layer_head;
+
+/* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):
+ * used [n_experts], offsets [n_experts + 1], token_ids and weights_sorted [n_seq * n_used]. */
+typedef struct {
+    int32_t *used;
+    int64_t *offsets;
+    int32_t *token_ids;
+    float *weights_sorted;
+    int64_t n_used;
+    const uint8_t *owned;  /* [n_experts] or NULL: only assignments to experts with owned[e] != 0 are
+                            * grouped (an expert-parallel rank's shard; strata_glue_group_owned) */
+} strata_route_groups;
+
+/* One decode step's batch and outputs, as every kind's step takes them: n_seq sequences (one new
+ * token each), sequence b at positions[b]; an attention layer reads its cache blocks at
+ * block_table[b * table_stride ...] (every entry read is checked to lie in [0, n_blocks)) and rope
+ * cos/sin [n_seq, rope_dim / 2], a recurrent layer its state row slots[b] (NULL / 0 where a kind
+ * reads none). x [n_seq, D] is updated in place; xn [n_seq, D] = ffn_norm(x); for an MoE layer the
+ * router's choice goes to expert_ids (int64) and weights [n_seq, n_used] and, when `groups` is
+ * given, its grouping by expert. scratch: at least the kind's scratch bytes for n_seq. */
+typedef struct {
+    int64_t n_seq;
+    const int64_t *positions;
+    const int64_t *block_table;
+    int64_t table_stride;
+    const int64_t *slots;
+    const float *cos_t, *sin_t;
+    float *x, *xn;
+    int64_t *expert_ids;
+    float *weights;
+    strata_route_groups *groups;
+    void *scratch;
+    int64_t scratch_bytes;
+} strata_step_args;
+
+/* A layer kind's decode step (`layer`: the head of the kind's struct) and its scratch bytes for
+ * n_seq sequences. Each kind's step runs the per-call path's native functions in the same order,
+ * so the results are those bytes. A kind's struct, step and scratch function live in its own
+ * files (native/executor/<kind>.c and a header build.py reads as part of the cdef). */
+typedef int (*strata_step_fn)(strata_pool *pool, const strata_layer_head *layer, const strata_step_args *args,
+                              int impl);
+typedef int (*strata_step_scratch_fn)(const strata_layer_head *layer, int64_t n_seq, int64_t *bytes);
+
+/* ---- Attention, grouped-query and latent (step.c) ---- */
+
+/* An attention layer (grouped-query or latent) as strata_decode_attn reads it. Matrices are packed in their ggml type (qkv:
  * q, k and v stacked by rows, [(H + 2 Hkv) hd, D]; o: [D, H hd]); norms, biases and the router are
  * float32. q_norm / k_norm: NULL when the model has none, else [hd] (per head) or [H hd] / [Hkv hd]
- * (full width). router: NULL for a dense layer, else [n_experts, D] float32. Caches [N, Hkv, P, hd]:
+ * (full width). Caches [N, Hkv, P, hd]:
  * n_blocks blocks of block_size positions (the paged KV cache). */
 typedef struct {
-    int64_t n_embd, n_head, n_head_kv, head_dim, rope_dim;
+    strata_layer_head head;
+    int64_t n_head, n_head_kv, head_dim, rope_dim;
     int32_t neox, qk_norm_per_head;
-    float norm_eps, attn_scale;
-    const float *attn_norm, *ffn_norm;
+    float attn_scale;
     int32_t qkv_type, o_type;
     const void *wqkv, *wo;
     int64_t wqkv_bytes, wo_bytes;
@@ -598,20 +660,11 @@ typedef struct {
     void *k_cache, *v_cache;  /* rows in kv_type (strata_glue_kv_write_typed) */
     int64_t n_blocks, block_size;
     int32_t kv_type;          /* ggml type of the caches: F32 (0), F16, BF16 or Q8_0 */
-    const float *router;
-    int64_t n_experts, n_used;
-    int32_t gating, norm_weights;
-    float weights_scale;
     /* gpt-oss (NULL / 0 when absent): sink logits [n_head] and a sliding window (decode attention
-     * as strata_glue_attn_decode_sinks), the output projection's bias [D], the router's bias
-     * [n_experts] added to its logits. */
+     * as strata_glue_attn_decode_sinks), the output projection's bias [D]. */
     const float *sinks;
     int64_t window;
-    const float *bo, *router_bias;
-    /* DeepSeek's router (strata_glue_route_groups): selection bias [n_experts] or NULL, groups. */
-    const float *selection_bias;
-    int64_t n_groups, n_groups_used;
-    int32_t group_top;
+    const float *bo;
     /* Latent attention (DeepSeek, kv_lora > 0): head_dim is the key width nope + rope_dim, the
      * cache one kv head of kv_lora + rope_dim per position (n_head_kv 1). The query comes from
      * wqkv = wq [H (nope + rope), D] or, with q_lora > 0, from wq_a [q_lora, D], q_a_norm [q_lora]
@@ -647,79 +700,20 @@ typedef struct {
     int64_t wv_bytes;
 } strata_attn_layer;
 
-/* Where strata_decode_attn writes the grouping of its routing (strata_glue_group's outputs):
- * used [n_experts], offsets [n_experts + 1], token_ids and weights_sorted [n_seq * n_used]. */
-typedef struct {
-    int32_t *used;
-    int64_t *offsets;
-    int32_t *token_ids;
-    float *weights_sorted;
-    int64_t n_used;
-    const uint8_t *owned;  /* [n_experts] or NULL: only assignments to experts with owned[e] != 0 are
-                            * grouped (an expert-parallel rank's shard; strata_glue_group_owned) */
-} strata_route_groups;
-
-/* Scratch bytes strata_decode_attn needs for `n_seq` sequences of `layer`. */
-int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_seq, int64_t *bytes);
-
-/* One decode step (one new token per sequence, n_seq sequences; sequence b at position
- * positions[b], its blocks at block_table[b * table_stride ...] (every entry read is checked to
- * lie in [0, n_blocks)), rope cos/sin [n_seq, rope_dim / 2]) through the attention half of
- * `layer`: x [n_seq, D] += attention(attn_norm(x)) in place; xn [n_seq, D] = ffn_norm(x); for an
- * MoE layer the router's choice into expert_ids (int64) and weights [n_seq, n_used], and, when
- * `groups` is given, its grouping by expert. The same steps, in the same order, as the per-call
- * glue, so the results are those bytes. */
-int strata_decode_attn(strata_pool *pool, const strata_attn_layer *layer, int64_t n_seq, const int64_t *block_table,
-                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
-                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
-                       int64_t scratch_bytes, int impl);
-
-/* A gated DeltaNet layer's decode half (qwen3next, qwen35moe; strata_decode_deltanet): the layer's
- * stacked input projection w_in [C + Hv dv + 2 Hv, D] (rows: q|k|v of C = 2 Hk dk + Hv dv, the
- * output gate z, then beta/alpha: per key head its r = Hv/Hk betas then its r alphas when
- * ba_per_key_head, else Hv betas then Hv alphas), conv [C, K], dt and A [Hv], ssm_norm [dv] (eps
- * ssm_eps), w_out [D, Hv dv]; the per-slot states conv_state [n_slots, K-1, C] and ssm_state
- * [n_slots, Hv, dk, dv] (float32); and the FFN's input norm and router as in strata_attn_layer. */
-typedef struct {
-    int64_t n_embd, n_k_heads, n_v_heads, head_k_dim, head_v_dim, conv_kernel;
-    int32_t tiled, ba_per_key_head;
-    float norm_eps, ssm_eps;
-    const float *attn_norm, *ffn_norm;
-    int32_t in_type, out_type;
-    const void *w_in, *w_out;
-    int64_t w_in_bytes, w_out_bytes;
-    const float *conv, *dt, *ssm_a, *ssm_norm;
-    float *conv_state, *ssm_state;
-    int64_t n_slots;
-    const float *router;
-    int64_t n_experts, n_used;
-    int32_t gating, norm_weights;
-    float weights_scale;
-    const float *router_bias, *selection_bias;
-    int64_t n_groups, n_groups_used;
-    int32_t group_top;
-} strata_deltanet_layer;
-
-/* Scratch bytes strata_decode_deltanet needs for `n_seq` sequences of `layer`. */
-int strata_decode_deltanet_scratch_bytes(const strata_deltanet_layer *layer, int64_t n_seq, int64_t *bytes);
-
-/* One decode step through a gated DeltaNet layer's half, as strata_decode_attn: x [n_seq, D] +=
- * w_out (norm_gate(recur(conv(q|k|v)), z)) of attn_norm(x), sequence b's states in row slots[b]
- * (zeroed first where positions[b] is 0); xn = ffn_norm(x); routing and grouping for an MoE layer.
- * The per-call path's native functions in its order (deltanet.c), so the same bytes. */
-int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *layer, int64_t n_seq, const int64_t *slots,
-                           const int64_t *positions, float *x, float *xn, int64_t *expert_ids, float *weights,
-                           strata_route_groups *groups, void *scratch, int64_t scratch_bytes, int impl);
+/* The attention kinds' strata_step_scratch_fn and strata_step_fn: x += attention(attn_norm(x))
+ * through the paged cache, then the FFN's input and routing. */
+int strata_decode_attn_scratch_bytes(const strata_layer_head *layer, int64_t n_seq, int64_t *bytes);
+int strata_decode_attn(strata_pool *pool, const strata_layer_head *layer, const strata_step_args *args, int impl);
 
 /* ==== Decode program (program.c): a decode step through every layer in one call ==== */
 
-/* One layer of the program: its attention half (strata_decode_attn's layer, caches bound), for an
- * MoE layer its expert parts (gate and up [n_ff, D], down [D, n_ff]) and its page table row: expert
- * e is the matrix at position slot_of[e] of the parts (-1: not in place). A dense layer (attn
- * without a router) has its FFN as the shared expert (s_ff > 0, no gate) and no expert parts. */
+/* One layer of the program: its kind's step and the head of its struct (caches or states bound),
+ * for an MoE layer its expert parts (gate and up [n_ff, D], down [D, n_ff]) and its page table row:
+ * expert e is the matrix at position slot_of[e] of the parts (-1: not in place). A dense layer (no
+ * router) has its FFN as the shared expert (s_ff > 0, no gate) and no expert parts. */
 typedef struct {
-    const strata_attn_layer *attn;  /* or NULL for a gated DeltaNet layer: */
-    const strata_deltanet_layer *deltanet;  /* its half (strata_decode_deltanet), states bound; else NULL */
+    strata_step_fn step;
+    const strata_layer_head *layer;
     strata_moe_part gate, up, down;
     const int32_t *slot_of;
     int64_t n_ff;
@@ -738,25 +732,20 @@ typedef struct {
  * every token when gate_inp is NULL. */
 int strata_shared_weights(const float *x, int64_t n_tok, int64_t n_embd, const float *gate_inp, float *w, int impl);
 
-/* One decode step (as strata_decode_attn) through n_layers MoE layers: per layer, the attention
- * half, the routed experts of the routing into routed [n_seq, D] (zeroed first) and x += routed.
- * Layer l's expert ids go to expert_ids + l * ids_stride ([n_seq, n_used] int64); weights
- * [n_seq, n_used], groups, expert_index [index_len >= n_experts] and routed are working buffers.
- * Runs layers first_layer.. in turn; *stopped_at = n_layers when all ran, or the layer whose
- * routing needs an expert not in place (slot_of -1): that layer's attention half and routing are
- * done (x, xn, its expert ids, weights and groups written), its experts are the caller's to add
- * before resuming at the next layer. A layer with a shared expert adds it into routed after the
- * routed experts (s_tokens int32 and s_weights float [n_seq]: working buffers, NULL when no layer
- * has one). A gated DeltaNet layer's half (strata_decode_deltanet) reads the sequences' state rows
- * slots [n_seq] (NULL when no layer is one). layer_used [n_layers] receives each run layer's count of
- * distinct experts; layer_ns (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in
- * attention and experts. */
-int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *block_table, int64_t table_stride, const int64_t *slots, const int64_t *positions,
-                         const float *cos_t, const float *sin_t,
-                         float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
-                         strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
-                         void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
-                         int64_t *layer_used, int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl);
+/* One decode step through n_layers layers (`args` as every step takes them; its expert_ids is
+ * layer 0's, layer l's go to expert_ids + l * ids_stride ([n_seq, n_used] int64)): per layer, its
+ * kind's step, the routed experts of the routing into routed [n_seq, D] (zeroed first) and
+ * x += routed. weights, groups, expert_index [index_len >= n_experts] and routed are working
+ * buffers. Runs layers first_layer.. in turn; *stopped_at = n_layers when all ran, or the layer
+ * whose routing needs an expert not in place (slot_of -1): that layer's step and routing are done
+ * (x, xn, its expert ids, weights and groups written), its experts are the caller's to add before
+ * resuming at the next layer. A layer with a shared expert adds it into routed after the routed
+ * experts (s_tokens int32 and s_weights float [n_seq]: working buffers, NULL when no layer has
+ * one). layer_used [n_layers] receives each run layer's count of distinct experts; layer_ns
+ * (NULL, or [n_layers, 2]) accumulates each layer's nanoseconds in its step and its experts. */
+int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers,
+                         const strata_step_args *args, int64_t ids_stride, int32_t *expert_index, int64_t index_len,
+                         float *routed, int64_t first_layer, int64_t *stopped_at, int64_t *layer_used,
+                         int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl);
 
 #endif

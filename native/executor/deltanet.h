@@ -27,3 +27,28 @@ int strata_deltanet_norm_gate(const float *o, int64_t o_len, int64_t n, int64_t 
                               int64_t z_stride, int64_t z_len, const float *norm, int64_t norm_len, float eps,
                               float *out, int64_t out_len);
 int strata_attn_gate(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n);
+
+/* ---- A gated DeltaNet layer's decode step (deltanet.c; a strata_step_fn) ----
+ *
+ * qwen3next, qwen35moe: the layer's stacked input projection w_in [C + Hv dv + 2 Hv, D] (rows:
+ * q|k|v of C = 2 Hk dk + Hv dv, the output gate z, then beta/alpha: per key head its r = Hv/Hk
+ * betas then its r alphas when ba_per_key_head, else Hv betas then Hv alphas), conv [C, K], dt and
+ * A [Hv], ssm_norm [dv] (eps ssm_eps), w_out [D, Hv dv]; the per-slot states conv_state
+ * [n_slots, K-1, C] and ssm_state [n_slots, Hv, dk, dv] (float32). The step reads args->slots
+ * (each sequence's state row, zeroed first where its position is 0), not the block table:
+ * x += w_out (norm_gate(recur(conv(q|k|v)), z)) of attn_norm(x), then the FFN's input and routing. */
+typedef struct {
+    strata_layer_head head;
+    int64_t n_k_heads, n_v_heads, head_k_dim, head_v_dim, conv_kernel;
+    int32_t tiled, ba_per_key_head;
+    float ssm_eps;
+    int32_t in_type, out_type;
+    const void *w_in, *w_out;
+    int64_t w_in_bytes, w_out_bytes;
+    const float *conv, *dt, *ssm_a, *ssm_norm;
+    float *conv_state, *ssm_state;
+    int64_t n_slots;
+} strata_deltanet_layer;
+
+int strata_decode_deltanet_scratch_bytes(const strata_layer_head *layer, int64_t n_seq, int64_t *bytes);
+int strata_decode_deltanet(strata_pool *pool, const strata_layer_head *layer, const strata_step_args *args, int impl);

@@ -1,10 +1,11 @@
 /*
- * A whole decode step through every layer in one call: for each layer, the attention half and
- * router (strata_decode_attn, or strata_decode_deltanet for a gated DeltaNet layer; a dense layer's FFN runs as its "shared expert", weight 1), the routed experts (strata_moe_glu: SwiGLU, or the layer's expert
- * function), the shared expert if the
- * layer has one (a one-expert strata_moe_swiglu call, every token, weighted by
- * strata_shared_weights) and the residual add, the
- * same calls in the same order as strata/models/step.py makes them from Python, so the results
+ * A whole decode step through every layer in one call: for each layer, its kind's step (the
+ * strata_step_fn in its strata_decode_layer: attention, gated DeltaNet, ...; the program knows no
+ * kind, only the head every kind's struct begins with), the routed experts (strata_moe_glu:
+ * SwiGLU, or the layer's expert function), the shared expert if the layer has one (a one-expert
+ * strata_moe_swiglu call, every token, weighted by strata_shared_weights; a dense layer's FFN runs
+ * as its "shared expert", weight 1) and the residual add, the
+ * same calls in the same order as strata/runtime/step.py makes them from Python, so the results
  * are the same bytes. Crossing into C once per token instead of twice per layer is what removes
  * the interpreter from decode when every expert stays where it is (memory read in place, or a
  * slot pool that holds every expert and never moves them).
@@ -16,7 +17,7 @@
  * caller brings the expert in through the memory, computes that layer's experts and resumes the
  * program at the next layer.
  * No allocation: intermediates live in the caller's buffers and scratch, sized for the largest
- * of strata_decode_attn_scratch_bytes and strata_moe_scratch_bytes.
+ * of every layer's step scratch and strata_moe_scratch_bytes.
  */
 #include "strata.h"
 #include "common.h"
@@ -30,23 +31,20 @@
 
 static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
-/* A layer's width and router, from its attention half or its gated DeltaNet half. */
-static int64_t layer_embd(const strata_decode_layer *L) { return L->attn ? L->attn->n_embd : L->deltanet->n_embd; }
-static const float *layer_router(const strata_decode_layer *L) { return L->attn ? L->attn->router : L->deltanet->router; }
-static int64_t layer_experts(const strata_decode_layer *L) {
-    return L->attn ? L->attn->n_experts : L->deltanet->n_experts;
-}
-static int64_t layer_n_used(const strata_decode_layer *L) { return L->attn ? L->attn->n_used : L->deltanet->n_used; }
+/* A layer's width and router, from the head of its kind's struct. */
+static int64_t layer_embd(const strata_decode_layer *L) { return L->layer->n_embd; }
+static const float *layer_router(const strata_decode_layer *L) { return L->layer->router; }
+static int64_t layer_experts(const strata_decode_layer *L) { return L->layer->n_experts; }
+static int64_t layer_n_used(const strata_decode_layer *L) { return L->layer->n_used; }
 
 /* The layer list agrees with itself and with the buffers' shapes. */
 static int layers_ok(const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq, int64_t ids_stride,
-                     int64_t index_len, const int64_t *slots) {
+                     int64_t index_len) {
     if (!layers || n_layers < 1 || n_seq < 1) return STRATA_E_ARG;
     for (int64_t l = 0; l < n_layers; l++) {
         const strata_decode_layer *L = &layers[l];
         int64_t n_assign;
-        if (!L->attn == !L->deltanet || (L->deltanet && !slots) || L->s_ff < 0 ||
-            layer_embd(L) != layer_embd(&layers[0]))
+        if (!L->step || !L->layer || L->s_ff < 0 || !layers[0].layer || layer_embd(L) != layer_embd(&layers[0]))
             return STRATA_E_ARG;
         if (!layer_router(L)) {  /* a dense layer: its FFN is the "shared expert", every token, weight 1 */
             if (L->s_ff < 1 || L->s_gate_inp) return STRATA_E_ARG;
@@ -98,31 +96,30 @@ static int add_shared(strata_pool *pool, const strata_decode_layer *L, const flo
                              offsets, s_tokens, s_weights, n_seq, routed, xy_bytes, scratch, scratch_bytes, impl);
 }
 
-int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers, int64_t n_seq,
-                         const int64_t *block_table, int64_t table_stride, const int64_t *slots, const int64_t *positions,
-                         const float *cos_t, const float *sin_t,
-                         float *x, float *xn, int64_t *expert_ids, int64_t ids_stride, float *weights,
-                         strata_route_groups *groups, int32_t *expert_index, int64_t index_len, float *routed,
-                         void *scratch, int64_t scratch_bytes, int64_t first_layer, int64_t *stopped_at,
-                         int64_t *layer_used, int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl) {
-    int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len, slots);
+int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, int64_t n_layers,
+                         const strata_step_args *args, int64_t ids_stride, int32_t *expert_index, int64_t index_len,
+                         float *routed, int64_t first_layer, int64_t *stopped_at, int64_t *layer_used,
+                         int64_t *layer_ns, int32_t *s_tokens, float *s_weights, int impl) {
+    if (!args) return STRATA_E_ARG;
+    const int64_t n_seq = args->n_seq;
+    int st = layers_ok(layers, n_layers, n_seq, ids_stride, index_len);
     if (st != STRATA_OK) return st;
-    if (!x || !xn || !expert_ids || !weights || !groups || !expert_index || !routed || !stopped_at || !layer_used ||
-        first_layer < 0 || first_layer > n_layers)
+    float *x = args->x, *xn = args->xn;
+    void *scratch = args->scratch;
+    const int64_t scratch_bytes = args->scratch_bytes;
+    strata_route_groups *groups = args->groups;
+    if (!x || !xn || !args->expert_ids || !args->weights || !groups || !expert_index || !routed || !stopped_at ||
+        !layer_used || first_layer < 0 || first_layer > n_layers)
         return STRATA_E_ARG;
+    strata_step_args a = *args;  /* each layer's expert ids in its own rows */
     const int64_t D = layer_embd(&layers[0]);
     int64_t xy_bytes;
     if (!mul_ok(n_seq, D, &xy_bytes) || !mul_ok(xy_bytes, 4, &xy_bytes)) return STRATA_E_SIZE;
     for (int64_t l = first_layer; l < n_layers; l++) {
         const strata_decode_layer *L = &layers[l];
         const int64_t t0 = layer_ns ? strata_now_ns() : 0;
-        int64_t *ids = expert_ids + l * ids_stride;
-        if (L->deltanet)
-            st = strata_decode_deltanet(pool, L->deltanet, n_seq, slots, positions, x, xn, ids, weights, groups, scratch,
-                                        scratch_bytes, impl);
-        else
-            st = strata_decode_attn(pool, L->attn, n_seq, block_table, table_stride, positions, cos_t, sin_t, x, xn, ids,
-                                    weights, groups, scratch, scratch_bytes, impl);
+        a.expert_ids = args->expert_ids + l * ids_stride;
+        st = L->step(pool, L->layer, &a, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;
         const int moe = layer_router(L) != NULL;  /* else a dense layer: its FFN is the shared expert */

@@ -36,17 +36,16 @@
  */
 #include "strata.h"
 #include "deltanet.h"
+#include "step.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define STEP_ALIGN 64
 #define N_BUF 13
-
-static int mul_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_mul_overflow(a, b, out); }
-static int add_ok(int64_t a, int64_t b, int64_t *out) { return !__builtin_add_overflow(a, b, out); }
-static int64_t align_up(int64_t n) { return (n + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN; }
+#define mul_ok step_mul_ok
+#define add_ok step_add_ok
+#define align_up step_align
 
 /* Scratch layout for n_seq sequences: offsets from the aligned start. */
 typedef struct { int64_t xa, qkv, att, o, n_ctx, blk, off, logits, qa, ckv, query, gate, act, total; } step_layout;
@@ -69,7 +68,7 @@ static void widths(const strata_attn_layer *L, int64_t *n_qkv, int64_t *n_att, i
 }
 
 static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) {
-    const int64_t D = L->n_embd;
+    const int64_t D = L->head.n_embd;
     int64_t n_qkv, n_att, o_in, act = 0, a;
     widths(L, &n_qkv, &n_att, &o_in);
     /* The products' activation rows: q|k|v (or q, q_b), o, for latent attention q_a and kv_a, and a
@@ -95,7 +94,7 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     /* Per sequence, bytes: xa, qkv, att, o, n_ctx, the new token's block and offset, logits, q_a,
      * kv_a, the latent query, the output gate; then the activation rows of the products. */
     const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
-                                        (L->router ? L->n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
+                                        (L->head.router ? L->head.n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
                                         lat * 4, (latent(L) ? n_att : 0) * 4, (L->q_gate ? n_att : 0) * 4};
     int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
                             &S->ckv, &S->query, &S->gate, &S->act};
@@ -112,12 +111,11 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
 
 static int layer_ok(const strata_attn_layer *L) {
     int64_t hq, hkv, rows;
-    if (!L || L->n_embd < 1 || L->n_head < 1 || L->n_head_kv < 1 || L->head_dim < 1 || L->n_head % L->n_head_kv ||
+    if (!L || strata_step_head_ok(&L->head) != STRATA_OK || L->n_head < 1 || L->n_head_kv < 1 || L->head_dim < 1 || L->n_head % L->n_head_kv ||
         !mul_ok(L->n_head, L->head_dim, &hq) || !mul_ok(L->n_head_kv, L->head_dim, &hkv) ||
         !add_ok(hq, 2 * hkv, &rows) || L->rope_dim < 0 || L->rope_dim > L->head_dim || L->rope_dim % 2 ||
-        !L->attn_norm || !L->ffn_norm || !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
+        !L->wqkv || !L->wo || L->window < 0 || L->kv_lora < 0 ||
         (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
-        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)) ||
         L->chunk < 0 || (L->chunk && L->window) || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
         (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora) ||
         (L->wv && (L->kv_lora || L->wv_bytes < 0)))
@@ -134,9 +132,10 @@ static int layer_ok(const strata_attn_layer *L) {
     return STRATA_OK;
 }
 
-int strata_decode_attn_scratch_bytes(const strata_attn_layer *layer, int64_t n_seq, int64_t *bytes) {
+int strata_decode_attn_scratch_bytes(const strata_layer_head *head, int64_t n_seq, int64_t *bytes) {
     if (!bytes || n_seq < 0) return STRATA_E_ARG;
     *bytes = 0;
+    const strata_attn_layer *layer = (const strata_attn_layer *)head;  /* head is its first member */
     int st = layer_ok(layer);
     step_layout S;
     if (st == STRATA_OK) st = step_plan(layer, n_seq, &S);
@@ -162,7 +161,7 @@ static void split_gates(float *qkv, int64_t n_qkv, int64_t n_seq, int64_t H, int
  * new place starts at or after its old one and ends before the next row's new place). */
 static int qkv_product(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const float *xa, float *qkv,
                        int64_t n_qk, int64_t n_qkv, int64_t hkv, float *spare, void *act, int64_t act_bytes, int impl) {
-    const int64_t D = L->n_embd;
+    const int64_t D = L->head.n_embd;
     if (!L->wv)
         return strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_qkv, D, xa, n_seq * D * 4, n_seq, qkv,
                              n_seq * n_qkv * 4, act, act_bytes, impl);
@@ -195,9 +194,9 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     float *q = qkv, *k = qkv + n_q, *v = qkv + n_q + hkv;
     if (L->q_norm) {
         const int per_head = L->qk_norm_per_head != 0;
-        st = strata_glue_rmsnorm(q, n_qkv, n_seq, per_head ? H : 1, per_head ? hd : hq, L->q_norm, L->norm_eps, q, n_qkv);
+        st = strata_glue_rmsnorm(q, n_qkv, n_seq, per_head ? H : 1, per_head ? hd : hq, L->q_norm, L->head.norm_eps, q, n_qkv);
         if (st == STRATA_OK && L->k_norm)
-            st = strata_glue_rmsnorm(k, n_qkv, n_seq, per_head ? Hkv : 1, per_head ? hd : hkv, L->k_norm, L->norm_eps,
+            st = strata_glue_rmsnorm(k, n_qkv, n_seq, per_head ? Hkv : 1, per_head ? hd : hkv, L->k_norm, L->head.norm_eps,
                                      k, n_qkv);
         if (st != STRATA_OK) return st;
     }
@@ -233,13 +232,13 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
                     float *qa, float *ckv, float *query, float *lat_att, float *att,
                     const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act, int64_t act_bytes,
                     int impl) {
-    const int64_t D = L->n_embd, H = L->n_head, hd = L->head_dim, R = L->rope_dim, Lk = L->kv_lora;
+    const int64_t D = L->head.n_embd, H = L->n_head, hd = L->head_dim, R = L->rope_dim, Lk = L->kv_lora;
     const int64_t n_q = H * hd, n_lat = Lk + R, Q = L->q_lora;
     int st;
     if (Q) {
         st = strata_matmul(pool, L->wq_a_type, L->wq_a, L->wq_a_bytes, Q, D, xa, n_seq * D * 4, n_seq, qa,
                            n_seq * Q * 4, act, act_bytes, impl);
-        if (st == STRATA_OK) st = strata_glue_rmsnorm(qa, Q, n_seq, 1, Q, L->q_a_norm, L->norm_eps, qa, Q);
+        if (st == STRATA_OK) st = strata_glue_rmsnorm(qa, Q, n_seq, 1, Q, L->q_a_norm, L->head.norm_eps, qa, Q);
         if (st == STRATA_OK)
             st = strata_matmul(pool, L->qkv_type, L->wqkv, L->wqkv_bytes, n_q, Q, qa, n_seq * Q * 4, n_seq, q,
                                n_seq * n_q * 4, act, act_bytes, impl);
@@ -250,7 +249,7 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     if (st == STRATA_OK)
         st = strata_matmul(pool, L->wkv_a_type, L->wkv_a, L->wkv_a_bytes, n_lat, D, xa, n_seq * D * 4, n_seq, ckv,
                            n_seq * n_lat * 4, act, act_bytes, impl);
-    if (st == STRATA_OK) st = strata_glue_rmsnorm(ckv, n_lat, n_seq, 1, Lk, L->kv_a_norm, L->norm_eps, ckv, n_lat);
+    if (st == STRATA_OK) st = strata_glue_rmsnorm(ckv, n_lat, n_seq, 1, Lk, L->kv_a_norm, L->head.norm_eps, ckv, n_lat);
     if (st == STRATA_OK && R) {  /* the rope features: the last R of each query head, of the latent row */
         st = strata_glue_rope(q + L->nope, n_q, n_seq, H, hd, cos_t, sin_t, R, L->neox);
         if (st == STRATA_OK) st = strata_glue_rope(ckv + Lk, n_lat, n_seq, 1, R, cos_t, sin_t, R, L->neox);
@@ -277,42 +276,57 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
 }
 
 /* The FFN's input xn = ffn_norm(x) and, for an MoE layer (router given), its routing and grouping. */
-static int ffn_input(strata_pool *pool, int64_t n_seq, int64_t D, const float *ffn_norm, float eps, const float *router, int64_t E,
-                     int64_t n_used, int32_t gating, int32_t norm_weights, float scale, const float *router_bias,
-                     const float *selection_bias, int64_t n_groups, int64_t n_groups_used, int32_t group_top,
-                     const float *x, float *xn, float *logits, int64_t *expert_ids, float *weights,
-                     strata_route_groups *groups, int impl) {
-    int st = strata_glue_rmsnorm(x, D, n_seq, 1, D, ffn_norm, eps, xn, D);
-    if (st != STRATA_OK || !router) return st;
-    st = strata_matvec_pooled(pool, xn, D, n_seq, D, router, E, logits, impl);
-    if (st == STRATA_OK && router_bias)
-        for (int64_t b = 0; b < n_seq; b++)
-            for (int64_t e = 0; e < E; e++) logits[b * E + e] += router_bias[e];
-    if (st == STRATA_OK)
-        st = strata_glue_route_groups(logits, n_seq, E, n_used, gating, norm_weights != 0, scale, selection_bias,
-                                      n_groups, n_groups_used, group_top, expert_ids, weights);
-    if (st != STRATA_OK || !groups) return st;
-    return strata_glue_group_owned(expert_ids, weights, n_seq, n_used, E, groups->owned, groups->used,
-                                   groups->offsets, groups->token_ids, groups->weights_sorted, &groups->n_used);
+int strata_step_head_ok(const strata_layer_head *h) {
+    if (!h || h->n_embd < 1 || !h->attn_norm || !h->ffn_norm ||
+        (h->router && (h->n_experts < 1 || h->n_used < 1 || h->n_used > h->n_experts)))
+        return STRATA_E_ARG;
+    return STRATA_OK;
 }
 
-int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq, const int64_t *block_table,
-                       int64_t table_stride, const int64_t *positions, const float *cos_t, const float *sin_t, float *x,
-                       float *xn, int64_t *expert_ids, float *weights, strata_route_groups *groups, void *scratch,
-                       int64_t scratch_bytes, int impl) {
+int strata_step_args_ok(const strata_layer_head *h, const strata_step_args *a, int64_t need) {
+    if (!a || a->n_seq < 1 || !a->positions || !a->x || !a->xn || (h->router && (!a->expert_ids || !a->weights)))
+        return STRATA_E_ARG;
+    if (!a->scratch || a->scratch_bytes < need) return !a->scratch ? STRATA_E_ARG : STRATA_E_SIZE;
+    return STRATA_OK;
+}
+
+int strata_step_ffn_input(strata_pool *pool, const strata_layer_head *h, const strata_step_args *a, float *logits,
+                          int impl) {
+    const int64_t n_seq = a->n_seq, D = h->n_embd, E = h->n_experts;
+    int st = strata_glue_rmsnorm(a->x, D, n_seq, 1, D, h->ffn_norm, h->norm_eps, a->xn, D);
+    if (st != STRATA_OK || !h->router) return st;
+    st = strata_matvec_pooled(pool, a->xn, D, n_seq, D, h->router, E, logits, impl);
+    if (st == STRATA_OK && h->router_bias)
+        for (int64_t b = 0; b < n_seq; b++)
+            for (int64_t e = 0; e < E; e++) logits[b * E + e] += h->router_bias[e];
+    if (st == STRATA_OK)
+        st = strata_glue_route_groups(logits, n_seq, E, h->n_used, h->gating, h->norm_weights != 0, h->weights_scale,
+                                      h->selection_bias, h->n_groups, h->n_groups_used, h->group_top, a->expert_ids,
+                                      a->weights);
+    strata_route_groups *g = a->groups;
+    if (st != STRATA_OK || !g) return st;
+    return strata_glue_group_owned(a->expert_ids, a->weights, n_seq, h->n_used, E, g->owned, g->used, g->offsets,
+                                   g->token_ids, g->weights_sorted, &g->n_used);
+}
+
+int strata_decode_attn(strata_pool *pool, const strata_layer_head *head, const strata_step_args *a, int impl) {
+    const strata_attn_layer *L = (const strata_attn_layer *)head;  /* head is its first member */
     int st = layer_ok(L);
     if (st != STRATA_OK) return st;
     if (!L->k_cache || (!latent(L) && !L->v_cache) || L->n_blocks < 1 || L->block_size < 1) return STRATA_E_ARG;
-    if (n_seq < 1 || !block_table || table_stride < 1 || !positions || !x || !xn || (L->rope_dim && (!cos_t || !sin_t)))
-        return STRATA_E_ARG;
-    if (L->router && (!expert_ids || !weights)) return STRATA_E_ARG;
+    if (!a || a->n_seq < 1) return STRATA_E_ARG;
+    const int64_t n_seq = a->n_seq, table_stride = a->table_stride;
+    const int64_t *block_table = a->block_table, *positions = a->positions;
+    const float *cos_t = a->cos_t, *sin_t = a->sin_t;
+    float *x = a->x;
+    if (!block_table || table_stride < 1 || (L->rope_dim && (!cos_t || !sin_t))) return STRATA_E_ARG;
     step_layout S;
     st = step_plan(L, n_seq, &S);
+    if (st == STRATA_OK) st = strata_step_args_ok(head, a, S.total);
     if (st != STRATA_OK) return st;
-    if (!scratch || scratch_bytes < S.total) return !scratch ? STRATA_E_ARG : STRATA_E_SIZE;
-    uint8_t *s = (uint8_t *)(((uintptr_t)scratch + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN);
+    uint8_t *s = step_scratch(a->scratch);
 
-    const int64_t D = L->n_embd;
+    const int64_t D = L->head.n_embd;
     int64_t n_qkv, n_att, o_in;
     widths(L, &n_qkv, &n_att, &o_in);
     float *xa = (float *)(s + S.xa), *qkv = (float *)(s + S.qkv), *att = (float *)(s + S.att);
@@ -333,7 +347,7 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
     }
 
     /* Attention. */
-    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->attn_norm, L->norm_eps, xa, D);
+    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->head.attn_norm, L->head.norm_eps, xa, D);
     if (st != STRATA_OK) return st;
     /* The output projection reads a_out and writes proj; for latent attention xa, spent by then,
      * takes the product (o holds max(D, H v_dim) floats per sequence). */
@@ -354,142 +368,5 @@ int strata_decode_attn(strata_pool *pool, const strata_attn_layer *L, int64_t n_
             for (int64_t i = 0; i < D; i++) proj[b * D + i] += L->bo[i];
     for (int64_t i = 0; i < n_seq * D; i++) x[i] += proj[i];
 
-    return ffn_input(pool, n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
-                     L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
-                     L->n_groups_used, L->group_top, x, xn, logits, expert_ids, weights, groups, impl);
-}
-
-/* ---- Gated DeltaNet ---- */
-
-typedef struct { int64_t xa, proj, mixed, ba, gates, o, og, out, logits, act, total; } dn_layout;
-
-/* The layer's sizes, checked: C channels of q|k|v, n_in rows of W_in, val = Hv dv. */
-static int dn_layer_ok(const strata_deltanet_layer *L, int64_t *C, int64_t *n_in, int64_t *val) {
-    int64_t key, t, conv, ssm;
-    if (!L || L->n_embd < 1 || L->n_k_heads < 1 || L->n_v_heads < 1 || L->head_k_dim < 1 || L->head_v_dim < 1 ||
-        L->n_v_heads % L->n_k_heads || L->conv_kernel < 2 || L->n_slots < 0 || !L->attn_norm || !L->ffn_norm ||
-        !L->w_in || !L->w_out || !L->conv || !L->dt || !L->ssm_a || !L->ssm_norm || L->w_in_bytes < 0 || L->w_out_bytes < 0 || !(L->ssm_eps >= 0.0f) ||
-        (L->router && (L->n_experts < 1 || L->n_used < 1 || L->n_used > L->n_experts)))
-        return STRATA_E_ARG;
-    if (!mul_ok(L->n_k_heads, L->head_k_dim, &key) || !mul_ok(L->n_v_heads, L->head_v_dim, val) ||
-        !mul_ok(key, 2, &t) || !add_ok(t, *val, C) || !add_ok(*C, *val, &t) || !add_ok(t, 2 * L->n_v_heads, n_in) ||
-        !mul_ok(L->conv_kernel - 1, *C, &conv) || !mul_ok(conv, L->n_slots, &conv) ||
-        !mul_ok(*val, L->head_k_dim, &ssm) || !mul_ok(ssm, L->n_slots, &ssm))
-        return STRATA_E_SIZE;
-    return STRATA_OK;
-}
-
-static int dn_plan(const strata_deltanet_layer *L, int64_t n_seq, int64_t C, int64_t n_in, int64_t val,
-                   dn_layout *S) {
-    const int64_t D = L->n_embd, Hv = L->n_v_heads;
-    int64_t act, a;
-    int st = strata_matmul_scratch_bytes(L->in_type, n_seq, D, &act);
-    if (st == STRATA_OK) st = strata_matmul_scratch_bytes(L->out_type, n_seq, val, &a);
-    if (st != STRATA_OK) return st;
-    act = a > act ? a : act;
-    /* Per sequence, floats: xa, the product, the conv output, b|a, beta|g, o, the gated o, the
-     * output projection, the router's logits; then the products' activation rows. */
-    const int64_t per_seq[9] = {D, n_in, C, 2 * Hv, 2 * Hv, val, val, D, L->router ? L->n_experts : 0};
-    int64_t *offs[10] = {&S->xa, &S->proj, &S->mixed, &S->ba, &S->gates, &S->o, &S->og, &S->out, &S->logits,
-                         &S->act};
-    int64_t at = 0;
-    for (int i = 0; i < 10; i++) {
-        int64_t n = act;
-        if (i < 9 && (!mul_ok(per_seq[i], n_seq, &n) || !mul_ok(n, 4, &n))) return STRATA_E_SIZE;
-        *offs[i] = at;
-        if (!add_ok(at, align_up(n), &at)) return STRATA_E_SIZE;
-    }
-    return add_ok(at, STEP_ALIGN, &S->total) ? STRATA_OK : STRATA_E_SIZE;
-}
-
-int strata_decode_deltanet_scratch_bytes(const strata_deltanet_layer *layer, int64_t n_seq, int64_t *bytes) {
-    if (!bytes || n_seq < 0) return STRATA_E_ARG;
-    *bytes = 0;
-    int64_t C, n_in, val;
-    dn_layout S;
-    int st = dn_layer_ok(layer, &C, &n_in, &val);
-    if (st == STRATA_OK) st = dn_plan(layer, n_seq, C, n_in, val, &S);
-    if (st == STRATA_OK) *bytes = S.total;
-    return st;
-}
-
-/* b and a [Hv] of one product row's last 2 Hv values (per key head its r betas, then its r alphas,
- * or all betas then all alphas). */
-static void dn_split_ba(const strata_deltanet_layer *L, const float *row, float *b, float *a) {
-    const int64_t Hv = L->n_v_heads, r = Hv / L->n_k_heads;
-    if (!L->ba_per_key_head) {
-        memcpy(b, row, (size_t)Hv * sizeof(float));
-        memcpy(a, row + Hv, (size_t)Hv * sizeof(float));
-        return;
-    }
-    for (int64_t kh = 0; kh < L->n_k_heads; kh++)
-        for (int64_t j = 0; j < r; j++) {
-            b[kh * r + j] = row[kh * 2 * r + j];
-            a[kh * r + j] = row[kh * 2 * r + r + j];
-        }
-}
-
-/* One sequence's conv step, gates and recurrence on its slot's states: o [Hv dv]. */
-static int dn_recur_one(const strata_deltanet_layer *L, int64_t C, int64_t val, int64_t slot, int64_t position,
-                        const float *row, float *mixed, float *ba, float *gates, float *o) {
-    const int64_t Hv = L->n_v_heads, conv_len = (L->conv_kernel - 1) * C, ssm_len = val * L->head_k_dim;
-    float *cs = L->conv_state + slot * conv_len, *ss = L->ssm_state + slot * ssm_len;
-    if (position == 0) {  /* a sequence's first token starts from zeros (strata/models/deltanet.py) */
-        memset(cs, 0, (size_t)conv_len * sizeof(float));
-        memset(ss, 0, (size_t)ssm_len * sizeof(float));
-    }
-    int st = strata_deltanet_conv(row, C, 1, C, L->conv_kernel, L->conv, C * L->conv_kernel, cs, conv_len, mixed, C);
-    if (st != STRATA_OK) return st;
-    dn_split_ba(L, row + C + val, ba, ba + Hv);
-    st = strata_deltanet_gates(ba, ba + Hv, Hv, 1, Hv, L->dt, L->ssm_a, Hv, gates, gates + Hv, Hv);
-    if (st != STRATA_OK) return st;
-    return strata_deltanet_recur(mixed, C, gates + Hv, gates, Hv, 1, L->n_k_heads, Hv, L->head_k_dim,
-                                 L->head_v_dim, L->tiled, ss, ssm_len, o, val);
-}
-
-int strata_decode_deltanet(strata_pool *pool, const strata_deltanet_layer *L, int64_t n_seq, const int64_t *slots,
-                           const int64_t *positions, float *x, float *xn, int64_t *expert_ids, float *weights,
-                           strata_route_groups *groups, void *scratch, int64_t scratch_bytes, int impl) {
-    int64_t C, n_in, val;
-    int st = dn_layer_ok(L, &C, &n_in, &val);
-    if (st != STRATA_OK) return st;
-    if (n_seq < 1 || !slots || !positions || !x || !xn || (L->router && (!expert_ids || !weights)) ||
-        !L->conv_state || !L->ssm_state || L->n_slots < 1)
-        return STRATA_E_ARG;
-    dn_layout S;
-    st = dn_plan(L, n_seq, C, n_in, val, &S);
-    if (st != STRATA_OK) return st;
-    if (!scratch || scratch_bytes < S.total) return !scratch ? STRATA_E_ARG : STRATA_E_SIZE;
-    for (int64_t b = 0; b < n_seq; b++) {  /* every slot in range and taken once, before the first write */
-        if (slots[b] < 0 || slots[b] >= L->n_slots || positions[b] < 0) return STRATA_E_SIZE;
-        for (int64_t j = 0; j < b; j++)
-            if (slots[j] == slots[b]) return STRATA_E_ARG;
-    }
-    uint8_t *s = (uint8_t *)(((uintptr_t)scratch + STEP_ALIGN - 1) / STEP_ALIGN * STEP_ALIGN);
-    const int64_t D = L->n_embd;
-    float *xa = (float *)(s + S.xa), *proj = (float *)(s + S.proj), *o = (float *)(s + S.o);
-    float *og = (float *)(s + S.og), *out = (float *)(s + S.out);
-    void *act = s + S.act;
-    const int64_t act_bytes = S.total - STEP_ALIGN - S.act;
-
-    st = strata_glue_rmsnorm(x, D, n_seq, 1, D, L->attn_norm, L->norm_eps, xa, D);
-    if (st == STRATA_OK)
-        st = strata_matmul(pool, L->in_type, L->w_in, L->w_in_bytes, n_in, D, xa, n_seq * D * 4, n_seq, proj,
-                           n_seq * n_in * 4, act, act_bytes, impl);
-    for (int64_t b = 0; b < n_seq && st == STRATA_OK; b++)
-        st = dn_recur_one(L, C, val, slots[b], positions[b], proj + b * n_in, (float *)(s + S.mixed),
-                          (float *)(s + S.ba), (float *)(s + S.gates), o + b * val);
-    if (st == STRATA_OK)
-        st = strata_deltanet_norm_gate(o, n_seq * val, n_seq, L->n_v_heads, L->head_v_dim, proj + C, n_in,
-                                       (n_seq - 1) * n_in + val, L->ssm_norm, L->head_v_dim, L->ssm_eps, og,
-                                       n_seq * val);
-    if (st == STRATA_OK)
-        st = strata_matmul(pool, L->out_type, L->w_out, L->w_out_bytes, D, val, og, n_seq * val * 4, n_seq, out,
-                           n_seq * D * 4, act, act_bytes, impl);
-    if (st != STRATA_OK) return st;
-    for (int64_t i = 0; i < n_seq * D; i++) x[i] += out[i];
-    return ffn_input(pool, n_seq, D, L->ffn_norm, L->norm_eps, L->router, L->n_experts, L->n_used, L->gating,
-                     L->norm_weights, L->weights_scale, L->router_bias, L->selection_bias, L->n_groups,
-                     L->n_groups_used, L->group_top, x, xn, (float *)(s + S.logits), expert_ids, weights, groups,
-                     impl);
+    return strata_step_ffn_input(pool, head, a, logits, impl);
 }

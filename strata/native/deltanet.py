@@ -6,7 +6,7 @@ delta rule of one sequence, for the CPU path of `strata.models.deltanet`.
     native.deltanet_gates(b, a, dt, A, beta, g)             # b, a -> beta, g [n, Hv]
     native.deltanet_norm_gate(o, z, norm, eps, out)         # rmsnorm(o) * norm * silu(z): out [n, Hv dv]
     native.attn_gate(x, gate)                               # x *= sigmoid(gate): gated attention
-    native.DecodeDeltaNet(...)                              # a layer's decode half in one call (step.c)
+    (the decode step of a layer: strata.models.executor.deltanet.DecodeDeltaNet, on deltanet.c)
 
 Arguments are contiguous float32 CPU torch tensors (z may be a row-strided view); C checks every
 size against its buffer.

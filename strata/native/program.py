@@ -3,8 +3,8 @@
     program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
     stopped = program.run(pool, block_table, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
 
-Each layer is a `DecodeAttn` (its caches bound) or a `DecodeDeltaNet` (its states bound; `run`
-is then given the sequences' state slots), the layer's `MoeParts`, its page table row
+Each layer is its kind's `LayerStep` (`DecodeAttn`, gated DeltaNet's, ...: its cache or states
+bound; `run` is given the sequences' state slots when a layer reads them), the layer's `MoeParts`, its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
 is seen, one that changes during a call must not happen), optionally its shared expert
 (`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight;
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._lib import check, ffi, impl_code, lib
-from .step import DecodeAttn, DecodeDeltaNet, StepOutputs
+from .step import LayerStep, StepOutputs, f32_ptr
 
 
 def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
@@ -42,15 +42,13 @@ class DecodeLayers:
         self.c = ffi.new("strata_decode_layer[]", len(layers))
         shared_any = False
         for i, (attn, parts, slot_of, *rest) in enumerate(layers):
+            attn: LayerStep
             dense = not attn.n_experts
             if attn.n_embd != self.n_embd or (not dense and (attn.n_experts, attn.n_used) != (self.n_experts, self.n_used)):
                 raise ValueError(f"decode program: layer {i} has width {attn.n_embd}, {attn.n_experts} experts, "
                                  f"{attn.n_used} per token; the first MoE layer {self.n_embd}, {self.n_experts}, "
                                  f"{self.n_used}")
-            if isinstance(attn, DecodeDeltaNet):
-                self.c[i].deltanet = attn.c
-            else:
-                self.c[i].attn = attn.c
+            self.c[i].step, self.c[i].layer = attn.step, attn.head
             shared = rest[0] if rest else None  # (MoeParts of the shared expert, gate_inp [D] or None)
             if dense:  # its FFN is the shared expert: every token, weight 1
                 if shared is None or shared[1] is not None:
@@ -85,8 +83,8 @@ class DecodeLayers:
                     self.c[i].s_gate_inp = ffi.cast("const float *", gate_inp.data_ptr())
                 shared_any = True
         self._keep = layers
-        self.recurrent = any(isinstance(entry[0], DecodeDeltaNet) for entry in layers)
-        self.rope_dim = next((entry[0].c.rope_dim for entry in layers if isinstance(entry[0], DecodeAttn)), 0)
+        self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
+        self.rope_dim = max(entry[0].rope_dim for entry in layers)
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
@@ -111,7 +109,7 @@ class DecodeLayers:
         expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
-        slots int64 [B]: each sequence's row of recurrent state (needed when a layer is a gated DeltaNet's)."""
+        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one)."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -132,7 +130,7 @@ class DecodeLayers:
         if slots is not None:
             _tensor(slots, "int64", (B,), "slots")
         elif self.recurrent:
-            raise ValueError("decode program: a gated DeltaNet layer needs the sequences' state slots")
+            raise ValueError("decode program: a layer reads each sequence's state row (a recurrent layer): state slots needed")
         cp = sp = ffi.NULL
         rope_dim = self.rope_dim
         if rope_dim:
@@ -141,12 +139,16 @@ class DecodeLayers:
                 if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
                     raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
             cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+        args = ffi.new("strata_step_args *", {
+            "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
+            "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],
+            "slots": ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), "cos_t": cp, "sin_t": sp,
+            "x": f32_ptr(x, "x"), "xn": out.xn_ptr, "expert_ids": ffi.cast("int64_t *", expert_ids.data_ptr()),
+            "weights": out.w_ptr, "groups": out.groups, "scratch": ffi.cast("void *", scratch.data_ptr()),
+            "scratch_bytes": scratch.numel()})
         status = lib.strata_decode_layers(
-            pool.ptr, self.c, self.n_layers, B, ffi.cast("int64_t *", block_table.data_ptr()), block_table.shape[1],
-            ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), ffi.cast("int64_t *", positions.data_ptr()), cp, sp, ffi.cast("float *", x.data_ptr()), out.xn_ptr,
-            ffi.cast("int64_t *", expert_ids.data_ptr()), out.capacity * self.n_used, out.w_ptr, out.groups,
-            self._index, self.n_experts, ffi.cast("float *", routed.data_ptr()), ffi.cast("void *", scratch.data_ptr()),
-            scratch.numel(), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),
+            pool.ptr, self.c, self.n_layers, args, out.capacity * self.n_used, self._index, self.n_experts,
+            ffi.cast("float *", routed.data_ptr()), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),
             ffi.NULL if layer_ns is None else ffi.cast("int64_t *", layer_ns.data_ptr()), *self._s_ptrs,
             impl_code(impl))
         if status:

@@ -1,6 +1,6 @@
 """The fused decode step of packed compute: a block's attention half and router in one native call
-(the attention executor's `decode_layer`: `native.DecodeAttn`, or `native.DecodeDeltaNet` on the
-batch's state slots for a gated DeltaNet layer), its routed experts in the fused MoE call, so a
+(the attention executor's `decode_layer`: its kind's `native.LayerStep`, which reads the batch's
+cache blocks or, for a recurrent layer, its state slots), its routed experts in the fused MoE call, so a
 decode step crosses into C about twice per layer instead of a dozen times. It is the decode
 program (strata.runtime.program) of one layer, run block by block.
 
@@ -23,7 +23,7 @@ from strata.models.batch import Batch
 from strata.models.executor import DENSE_ROUTING
 from strata.models.moe import MoE
 from strata.models.packed import PackedCompute
-from strata.models.spec import DELTANET, LayerSpec
+from strata.models.spec import LayerSpec
 
 
 class FusedDecode:
@@ -34,10 +34,10 @@ class FusedDecode:
     def __init__(self, block, spec: LayerSpec, compute: PackedCompute, capacity: int = 1):
         self.block, self.spec, self.compute = block, spec, compute
         self.moe = block.ffn if spec.ffn.moe else None
-        self.recurrent = spec.attention.kind == DELTANET  # state slots in place of a KV cache
         common = dict(norm_eps=spec.norm_eps, attn_norm=block.attention_norm.weight, ffn_norm=block.ffn_norm.weight,
                       **(DENSE_ROUTING if self.moe is None else self.moe.router.decode_args()))
         self.layer = block.attention.decode_layer(common)
+        self.recurrent = self.layer.state_slots  # state slots in place of a KV cache
         self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
@@ -90,19 +90,17 @@ class FusedDecode:
     def attention_half(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                        kv: tuple[torch.Tensor, torch.Tensor]) -> int:
         """The native call: x += attention, then the FFN's norm and the routing into `self.out`;
-        returns the distinct experts used. A gated DeltaNet layer runs on the batch's state slots
-        (`kv`: the layer's conv and ssm states)."""
+        returns the distinct experts used. A recurrent layer runs on the batch's state slots (`kv`:
+        the layer's states)."""
         c = self.compute
         if self.recurrent and batch.slots is None:
-            raise ValueError(f"layer {self.spec.index}: gated DeltaNet needs the batch's cache slots (Batch.slots)")
+            raise ValueError(f"layer {self.spec.index}: a recurrent layer needs the batch's cache slots (Batch.slots)")
         self.bind(kv)
-        if not self.recurrent:
-            return self.layer.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.out, c.scratch)
-        return self.layer.run(c.pool, batch.slot_ids, batch.positions, x, self.out, c.scratch)
+        return self.layer.run_batch(c.pool, batch, cos_sin, x, self.out, c.scratch)
 
     def bind(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Bind the layer's cache (or state slots) for a native call that runs it (the program)."""
-        (self.layer.bind_states if self.recurrent else self.layer.bind_cache)(*kv)
+        """Bind the layer's cache (or states) for a native call that runs it (the program)."""
+        self.layer.bind(*kv)
 
 
 def add_moe(moe: MoE, call: native.MoeCall | None, x: torch.Tensor, xn: torch.Tensor, routed: torch.Tensor,

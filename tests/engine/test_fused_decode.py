@@ -151,7 +151,7 @@ def test_native_step_refuses_bad_arguments(tiny):
         x = torch.zeros((1, layer.n_embd))
         cos, sin = m.transformer.rope.cos_sin(torch.tensor([0]), torch.float32)
         fresh = native.DecodeAttn.__new__(native.DecodeAttn)
-        fresh.__dict__.update(layer.__dict__, _cache=None)
+        fresh.__dict__.update(layer.__dict__, _bound=None)
         with pytest.raises(ValueError, match="bind_cache"):
             fresh.run(c.pool, torch.tensor([[0]]), torch.tensor([0]), cos, sin, x, step.out, c.scratch)
         layer.bind_cache(*m.cache.layer(0))
@@ -348,8 +348,10 @@ def test_native_deltanet_step_refuses_bad_arguments():
         i, step = next((i, s) for i, s in enumerate(m.runner.steps) if s.recurrent)
         layer, c = step.layer, m.transformer.compute
         x, pos = torch.zeros((1, layer.n_embd)), torch.tensor([3])
-        fresh = native.DecodeDeltaNet.__new__(native.DecodeDeltaNet)
-        fresh.__dict__.update(layer.__dict__, _states=None)
+        from strata.models.executor.deltanet import DecodeDeltaNet
+
+        fresh = DecodeDeltaNet.__new__(DecodeDeltaNet)
+        fresh.__dict__.update(layer.__dict__, _bound=None)
         with pytest.raises(ValueError, match="bind_states"):
             fresh.run(c.pool, torch.tensor([0]), pos, x, step.out, c.scratch)
         conv, ssm = m.cache.layer(i)
@@ -374,7 +376,7 @@ def test_native_deltanet_step_refuses_bad_arguments():
         # the decode program: the state slots are required, and checked in C
         prog = m.runner.program
         for j, lay in enumerate(prog.layers):
-            (lay.bind_states if isinstance(lay, native.DecodeDeltaNet) else lay.bind_cache)(*m.cache.layer(j))
+            lay.bind(*m.cache.layer(j))
         cos, sin = m.transformer.rope.cos_sin(pos, torch.float32)
         args = (c.pool, torch.tensor([[0]]), pos, cos, sin, x, prog.routed, prog.expert_ids, prog.layer_used, c.scratch)
         with pytest.raises(ValueError, match="state slots"):
