@@ -16,9 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gguf.constants import MODEL_TENSOR as MT
+
 from .batch import Batch
+from .kinds import implements, reader
 from .layers import RMSNorm, Weight, linear
+from .packed import PackedMatrix
 from .rope import Rope
+from .spec import GQA
 
 
 @dataclass
@@ -39,6 +44,7 @@ class AttentionWeights:
     sinks: torch.Tensor | None = None  # [H] sink logits: one more softmax column per head, then dropped (gpt-oss)
 
 
+@implements(GQA, "torch")
 class Attention(nn.Module):
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
                  window: int = 0):
@@ -140,6 +146,49 @@ def attend_sinks(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache: 
 SCORE_ELEMENTS = 1 << 26
 
 
+def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
+    """A grouped-query layer's weights (`w`: strata.models.loader.WeightReader): q, k, v, o, the
+    biases and q/k norms the architecture has, o's bias and sinks (gpt-oss), q, k and v stacked."""
+    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
+    get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
+    weights = AttentionWeights(
+        wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
+        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
+        bq=get(MT.ATTN_Q, i, (H * hd,), "bias"), bk=get(MT.ATTN_K, i, (Hkv * hd,), "bias"),
+        bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
+    if arch.qk_norm and (not arch.qk_norm_optional or w.has(MT.ATTN_Q_NORM, i)):
+        per_head = arch.qk_norm == "head"
+        weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
+        weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))
+        weights.qk_norm_per_head = per_head
+    stack_qkv(w, spec, weights)
+    if arch.attn_out_bias:
+        weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
+    if arch.attn_sinks:
+        weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    return weights
+
+
+@reader(GQA)
+def read_gqa(cls, w, arch, hp, spec, rope: Rope) -> Attention:
+    """Layer spec.index's grouped-query attention (sliding window, sinks) as `cls`."""
+    weights = read_gqa_weights(w, arch, hp, spec)
+    return cls(weights, hp.n_head, hp.n_head_kv, hp.head_dim, rope, spec.index, spec.attention.window)
+
+
+def stack_qkv(w, spec, weights: AttentionWeights) -> None:
+    """Packed q, k and v stacked by rows into one product (wqkv) where q and k share a type (the
+    spec's `stacked`); where v has a type of its own (llama.cpp's Q4_K_M, IQ4_XS, ... mixes give
+    attn_v more bits), q and k alone, v kept apart."""
+    q, k, v = weights.wq, weights.wk, weights.wv
+    if w.compute is None or not spec.attention.stacked:
+        return
+    if v.type == q.type:
+        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat([q, k, v]), None, None, None
+    else:
+        weights.wqkv, weights.wq, weights.wk = PackedMatrix.concat([q, k]), None, None
+
+
 def query_pieces(start: int, n: int, heads: int, budget: int | None = None) -> list[tuple[int, int]]:
     """Ranges [i, j) of a sequence's n new queries (positions start + i ...) whose scores over
     the keys they see (start + j of them) stay within `budget` elements, one row at least."""
@@ -156,4 +205,5 @@ def causal_mask(start: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(start + n, device=device)[None, :] <= rows  # [n, L]
 
 
-__all__ = ["Attention", "AttentionWeights", "SCORE_ELEMENTS", "attend_sinks", "causal_mask", "query_pieces"]
+__all__ = ["Attention", "AttentionWeights", "SCORE_ELEMENTS", "attend_sinks", "causal_mask", "query_pieces", "read_gqa",
+           "read_gqa_weights", "stack_qkv"]

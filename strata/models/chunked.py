@@ -18,12 +18,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import Attention, AttentionWeights
+from .attention import Attention, AttentionWeights, read_gqa_weights
 from .batch import Batch
+from .kinds import implements, reader
 from .layers import linear
 from .rope import Rope
+from .spec import CHUNKED
 
 
+@implements(CHUNKED, "torch")
 class ChunkedAttention(Attention):
     """One layer of Llama 4's attention (see the module docstring)."""
 
@@ -48,6 +51,14 @@ class ChunkedAttention(Attention):
         batch.write(v_cache, v)
         out = attend_chunked(q, batch, k_cache, v_cache, self.chunk)
         return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+
+@reader(CHUNKED)
+def read_chunked(cls, w, arch, hp, spec, rope: Rope) -> ChunkedAttention:
+    """Layer spec.index's Llama 4 attention (a chunked local layer or a global NoPE one) as `cls`."""
+    a, weights = spec.attention, read_gqa_weights(w, arch, hp, spec)
+    temp = (hp.attn_temperature_length, hp.attn_temperature_scale) if hp.attn_temperature_scale else None
+    return cls(weights, hp.n_head, hp.n_head_kv, hp.head_dim, rope, spec.index, hp.attn_chunk, a.nope, a.l2_eps, temp)
 
 
 def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
@@ -79,4 +90,4 @@ def attend_chunked(q: torch.Tensor, batch: Batch, k_cache: torch.Tensor, v_cache
     return torch.cat(outs) if len(outs) > 1 else outs[0]  # [T, H*hd]
 
 
-__all__ = ["ChunkedAttention", "attend_chunked", "query_temperature"]
+__all__ = ["ChunkedAttention", "attend_chunked", "query_temperature", "read_chunked"]

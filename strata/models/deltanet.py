@@ -24,9 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention
+from gguf.constants import MODEL_TENSOR as MT
+
+from .attention import Attention, AttentionWeights, stack_qkv
 from .batch import Batch
+from .kinds import implements, reader
 from .layers import Weight, linear
+from .packed import PackedMatrix
+from .spec import DELTANET, GATED
 
 L2_EPS = 1e-6  # transformers' l2norm (the FLA kernels')
 
@@ -50,6 +55,7 @@ class DeltaNetWeights:
     w_in_ba: bool = False
 
 
+@implements(DELTANET, "torch")
 class GatedDeltaNet(nn.Module):
     """One gated DeltaNet layer (see the module docstring)."""
 
@@ -150,6 +156,7 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+@implements(GATED, "torch")
 class GatedAttention(Attention):
     """Full attention with a per-head sigmoid output gate from the query projection (qwen3next)."""
 
@@ -180,4 +187,38 @@ class GatedAttention(Attention):
         return out * torch.sigmoid(gate.reshape(T, -1))  # [T, H*hd]
 
 
-__all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet"]
+
+@reader(DELTANET)
+def read_deltanet(cls, w, arch, hp, spec, rope) -> GatedDeltaNet:
+    """Layer spec.index's gated DeltaNet as `cls`; `arch.deltanet_tiled`: value heads tiled over key
+    heads, ssm_beta / ssm_alpha apart (else one ssm_ba per key head)."""
+    s, D, i, tiled = hp.ssm, hp.n_embd, spec.index, arch.deltanet_tiled
+    C, Hv, value = s.conv_channels, s.n_v_heads, s.inner_size
+    weights = DeltaNetWeights(
+        wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
+        wba=None if tiled else w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)),
+        conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)).float().contiguous(),
+        dt=w.get(MT.SSM_DT, i, (Hv,), "bias"), a=w.get(MT.SSM_A, i, (Hv,), ""),
+        norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)),
+        wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
+        walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
+    ins = [weights.wqkv, weights.wgate, *((weights.wbeta, weights.walpha) if tiled else (weights.wba,))]
+    if w.compute is not None and spec.attention.stacked:  # packed, of one type: one product
+        weights.w_in, weights.w_in_ba = PackedMatrix.concat(ins), not tiled
+        weights.wqkv = weights.wgate = weights.wba = weights.wbeta = weights.walpha = None
+    return cls(weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled)
+
+
+@reader(GATED)
+def read_gated(cls, w, arch, hp, spec, rope) -> GatedAttention:
+    """Layer spec.index's gated full attention (qwen3next): q carries the output gate, q/k norms."""
+    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
+    weights = AttentionWeights(
+        wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
+        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
+        q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
+    stack_qkv(w, spec, weights)
+    return cls(weights, H, Hkv, hd, rope, i)
+
+
+__all__ = ["DeltaNetWeights", "GatedAttention", "GatedDeltaNet", "read_deltanet", "read_gated"]

@@ -25,18 +25,15 @@ from strata.memory import ExpertMemory
 from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
 
-from .attention import Attention, AttentionWeights
+from . import kinds
 from .layers import FeedForward, RMSNorm, SharedExpert, Weight
-from .deltanet import DeltaNetWeights, GatedDeltaNet
 from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
-from .mla import MLAttention, MLAWeights, mla_scale
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
 from .shard import ExpertShard
 from .rope import Rope
-from .spec import (CHUNKED, DELTANET, GATED, GQA, MLA, LayerSpec, attention_spec, expert_executor, ffn_spec,
-                   layer_specs)
+from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
 from .transformer import Block, Transformer
 
 
@@ -146,27 +143,6 @@ def cache_dims(hp: HParams) -> tuple[int, int, int]:
     return hp.n_head_kv, hp.head_dim, hp.head_dim_v
 
 
-def _mla_attention(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope) -> MLAttention:
-    D, H, L, R, i = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim, spec.index
-    key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
-    N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
-    Q = hp.q_lora_rank
-    weights = MLAWeights(
-        wq=None if Q else w.matrix(MT.ATTN_Q, i, (H * key_dim, D)),
-        wq_a=w.matrix(MT.ATTN_Q_A, i, (Q, D)) if Q else None,
-        q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
-        wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
-        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
-        k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
-    if spec.attention.latent_split:
-        weights.k_b, weights.v_b = w.matrix(MT.ATTN_K_B, i, (H, L, N)), w.matrix(MT.ATTN_V_B, i, (H, V, L))
-    else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
-        kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
-        weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
-    temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
-    return w.impl.attention[MLA](weights, H, N, R, V, rope, mla_scale(key_dim, hp), i, temp, spec.attention.latent_split)
-
-
 def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
     """Per-sequence state shapes (conv [K-1, C], ssm [Hv, dk, dv]) of each recurrent layer, for the
     KV cache to hold beside its blocks; None for a model without recurrent layers."""
@@ -175,81 +151,6 @@ def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...
         return None
     shapes = ((s.conv_kernel - 1, s.conv_channels), (s.n_v_heads, s.head_k_dim, s.head_v_dim))
     return {i: shapes for i in range(hp.n_layers) if hp.is_recurrent(i)}
-
-
-def _deltanet(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope, tiled: bool) -> GatedDeltaNet:
-    """tiled (`Arch.deltanet_tiled`): value heads tiled over key heads, ssm_beta / ssm_alpha apart."""
-    s, D, i = hp.ssm, hp.n_embd, spec.index
-    C, Hv, value = s.conv_channels, s.n_v_heads, s.inner_size
-    weights = DeltaNetWeights(
-        wqkv=w.matrix(MT.ATTN_QKV, i, (C, D)), wgate=w.matrix(MT.ATTN_GATE, i, (value, D)),
-        wba=None if tiled else w.matrix(MT.SSM_BETA_ALPHA, i, (2 * Hv, D)),
-        conv=w.get(MT.SSM_CONV1D, i, (C, s.conv_kernel)).float().contiguous(),
-        dt=w.get(MT.SSM_DT, i, (Hv,), "bias"), a=w.get(MT.SSM_A, i, (Hv,), ""),
-        norm=w.get(MT.SSM_NORM, i, (s.head_v_dim,)), wout=w.matrix(MT.SSM_OUT, i, (D, value)),
-        wbeta=w.matrix(MT.SSM_BETA, i, (Hv, D)) if tiled else None,
-        walpha=w.matrix(MT.SSM_ALPHA, i, (Hv, D)) if tiled else None)
-    ins = [weights.wqkv, weights.wgate, *((weights.wbeta, weights.walpha) if tiled else (weights.wba,))]
-    if w.compute is not None and spec.attention.stacked:  # packed, of one type: one product
-        weights.w_in, weights.w_in_ba = PackedMatrix.concat(ins), not tiled
-        weights.wqkv = weights.wgate = weights.wba = weights.wbeta = weights.walpha = None
-    return w.impl.attention[DELTANET](weights, s.n_k_heads, Hv, s.head_k_dim, s.head_v_dim, hp.norm_eps, i, rope, tiled)
-
-
-def _gated_attention(w: WeightReader, hp: HParams, spec: LayerSpec, rope: Rope) -> Attention:
-    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
-    weights = AttentionWeights(
-        wq=w.matrix(MT.ATTN_Q, i, (2 * H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
-        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
-        q_norm=w.norm(MT.ATTN_Q_NORM, i, (hd,)), k_norm=w.norm(MT.ATTN_K_NORM, i, (hd,)))
-    _stack_qkv(w, spec, weights)
-    return w.impl.attention[GATED](weights, H, Hkv, hd, rope, i)
-
-
-def _stack_qkv(w: WeightReader, spec: LayerSpec, weights: AttentionWeights) -> None:
-    """Packed q, k and v stacked by rows into one product (wqkv) where q and k share a type (the
-    spec's `stacked`); where v has a type of its own (llama.cpp's Q4_K_M, IQ4_XS, ... mixes give
-    attn_v more bits), q and k alone, v kept apart."""
-    q, k, v = weights.wq, weights.wk, weights.wv
-    if w.compute is None or not spec.attention.stacked:
-        return
-    if v.type == q.type:
-        weights.wqkv, weights.wq, weights.wk, weights.wv = PackedMatrix.concat([q, k, v]), None, None, None
-    else:
-        weights.wqkv, weights.wq, weights.wk = PackedMatrix.concat([q, k]), None, None
-
-
-def _attention(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, rope: Rope) -> Attention | MLAttention:
-    """Layer spec.index's attention, as its spec's kind says, in the reader's implementation."""
-    kind = spec.attention.kind
-    if kind == MLA:
-        return _mla_attention(w, hp, spec, rope)
-    if kind == DELTANET:
-        return _deltanet(w, hp, spec, rope, arch.deltanet_tiled)
-    if kind == GATED:
-        return _gated_attention(w, hp, spec, rope)
-    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
-    get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
-    weights = AttentionWeights(
-        wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
-        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
-        bq=get(MT.ATTN_Q, i, (H * hd,), "bias"), bk=get(MT.ATTN_K, i, (Hkv * hd,), "bias"),
-        bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
-    if arch.qk_norm and (not arch.qk_norm_optional or w.has(MT.ATTN_Q_NORM, i)):
-        per_head = arch.qk_norm == "head"
-        weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
-        weights.k_norm = w.norm(MT.ATTN_K_NORM, i, (hd,) if per_head else (Hkv * hd,))
-        weights.qk_norm_per_head = per_head
-    _stack_qkv(w, spec, weights)
-    if arch.attn_out_bias:
-        weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
-    if arch.attn_sinks:
-        weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
-    a = spec.attention
-    if kind == CHUNKED:
-        temp = (hp.attn_temperature_length, hp.attn_temperature_scale) if hp.attn_temperature_scale else None
-        return w.impl.attention[CHUNKED](weights, H, Hkv, hd, rope, i, hp.attn_chunk, a.nope, a.l2_eps, temp)
-    return w.impl.attention[GQA](weights, H, Hkv, hd, rope, i, a.window)
 
 
 def _moe(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: ExpertMemory, hybrid,
@@ -340,7 +241,7 @@ def _block(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, rope: Rope
            lookahead: Lookahead | None = None) -> Block:
     """Block spec.index; `ffn`: its (FFN norm, FFN) (`_ffn`)."""
     norm, ffn = ffn
-    return Block(w.norm(MT.ATTN_NORM, spec.index, (hp.n_embd,)), _attention(w, arch, hp, spec, rope), norm, ffn,
+    return Block(w.norm(MT.ATTN_NORM, spec.index, (hp.n_embd,)), kinds.build(spec, w, arch, hp, rope), norm, ffn,
                  lookahead)
 
 

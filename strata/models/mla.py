@@ -24,10 +24,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gguf.constants import MODEL_TENSOR as MT
+
 from .attention import causal_mask, query_pieces
 from .batch import Batch
+from .kinds import implements, reader
 from .layers import RMSNorm, Weight, linear
 from .rope import Rope
+from .spec import MLA
 
 
 @dataclass
@@ -63,6 +67,7 @@ def temperature(scale: float, length: int, positions: torch.Tensor) -> torch.Ten
     return (torch.log(steps) * scale + 1.0).float()
 
 
+@implements(MLA, "torch")
 class MLAttention(nn.Module):
     """Latent attention (see the module docstring), the torch reference (the native executor:
     strata.models.executor.mla)."""
@@ -128,4 +133,29 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
-__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale", "temperature"]
+
+@reader(MLA)
+def read_mla(cls, w, arch, hp, spec, rope: Rope) -> MLAttention:
+    """Layer spec.index's latent attention as `cls`: the query (with or without its LoRA), the
+    latent's projection and norm, k_b and v_b (split from an older converter's kv_b), o."""
+    D, H, L, R, i = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim, spec.index
+    key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
+    N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
+    Q = hp.q_lora_rank
+    weights = MLAWeights(
+        wq=None if Q else w.matrix(MT.ATTN_Q, i, (H * key_dim, D)),
+        wq_a=w.matrix(MT.ATTN_Q_A, i, (Q, D)) if Q else None,
+        q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
+        wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
+        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
+        k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
+    if spec.attention.latent_split:
+        weights.k_b, weights.v_b = w.matrix(MT.ATTN_K_B, i, (H, L, N)), w.matrix(MT.ATTN_V_B, i, (H, V, L))
+    else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
+        kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
+        weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
+    temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
+    return cls(weights, H, N, R, V, rope, mla_scale(key_dim, hp), i, temp, spec.attention.latent_split)
+
+
+__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale", "read_mla", "temperature"]

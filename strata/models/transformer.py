@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import Attention
 from .batch import Batch, KVStore
 from .layers import FeedForward, RMSNorm, Weight, embed, linear
 from .moe import Lookahead, MoE
@@ -37,7 +36,7 @@ class StepTimes:
 
 
 class Block(nn.Module):
-    def __init__(self, attention_norm: RMSNorm, attention: Attention, ffn_norm: RMSNorm, ffn: MoE | FeedForward,
+    def __init__(self, attention_norm: RMSNorm, attention: nn.Module, ffn_norm: RMSNorm, ffn: MoE | FeedForward,
                  lookahead: Lookahead | None = None):
         super().__init__()
         self.attention_norm, self.attention, self.ffn_norm, self.ffn = attention_norm, attention, ffn_norm, ffn

@@ -3,7 +3,7 @@
     program = native.DecodeLayers([(layer, parts, slot_of), ...], outputs)  # slot_of int32 [E]
     stopped = program.run(pool, block_table, positions, cos, sin, x, routed, expert_ids, layer_used, scratch)
 
-Each layer is its kind's `LayerStep` (`DecodeAttn`, gated DeltaNet's, ...: its cache or states
+Each layer is its kind's `LayerStep` (attention, gated DeltaNet, ...: its cache or states
 bound; `run` is given the sequences' state slots when a layer reads them), the layer's `MoeParts`, its page table row
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
 is seen, one that changes during a call must not happen), optionally its shared expert
@@ -101,7 +101,7 @@ class DecodeLayers:
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, slots: Any = None,
             impl: str = "auto") -> int:
         """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
-        block_table[b], int64 [B, M], as `DecodeAttn.run` takes them); returns where it stopped: L when every
+        block_table[b], int64 [B, M], as `LayerStep.call` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
         attention half done and its routing in the outputs (`out`, expert_ids[l]): the caller adds
         that layer's experts into x and resumes at the next layer.

@@ -3,44 +3,34 @@ multiplied by the native kernels), one class per layer kind beside its torch ref
 tokens (prefill chunks per call, decode steps fused: each attention kind's `decode_layer` is its
 native decode step, which strata.runtime composes into a block's fused step or the decode program).
 
-`TORCH` and `NATIVE` name each kind's class in the two implementations; the loader builds a layer
-from the one its compute asks for and the layer's spec (strata.models.spec).
+Each attention kind's class registers itself (`strata.models.kinds.implements(kind, "native")`) in
+its module here; `TORCH` and `NATIVE` name the classes both implementations share (norm, router,
+shared expert). The loader builds a layer from its spec's kind (strata.models.kinds.build) in the
+implementation its compute asks for.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from ..attention import Attention
-from ..chunked import ChunkedAttention
-from ..deltanet import GatedAttention, GatedDeltaNet
 from ..layers import RMSNorm, SharedExpert
-from ..mla import MLAttention
 from ..moe import Router
-from ..spec import CHUNKED, DELTANET, GATED, GQA, MLA
-from .attention import NativeAttention, NativeChunkedAttention, NativeGatedAttention
-from .deltanet import NativeDeltaNet
 from .ffn import DENSE_ROUTING, NativeNorm, NativeRouter, PackedExperts, PackedSharedExpert
-from .mla import NativeMLAttention
 
 
 @dataclass(frozen=True)
 class Implementation:
-    """The classes of one implementation: norm, router, shared expert (and packed dense FFN), and
-    the attention class of each attention kind."""
+    """The classes of one implementation besides the attention kinds' (strata.models.kinds): norm,
+    router, shared expert (and packed dense FFN)."""
 
-    name: str  # "torch" or "native"
+    name: str  # "torch" or "native": the attention kinds' classes are registered under it
     norm: type  # (weight, eps) -> the norm
     router: type  # Router's arguments -> the router
     shared: Callable  # (ffn, gate or None, compute) -> the shared expert
-    attention: dict  # attention kind (strata.models.spec) -> its class
 
 
-TORCH = Implementation("torch", RMSNorm, Router, lambda ffn, gate, compute: SharedExpert(ffn, gate), {
-    GQA: Attention, GATED: GatedAttention, CHUNKED: ChunkedAttention, MLA: MLAttention, DELTANET: GatedDeltaNet})
-NATIVE = Implementation("native", NativeNorm, NativeRouter, PackedSharedExpert, {
-    GQA: NativeAttention, GATED: NativeGatedAttention, CHUNKED: NativeChunkedAttention, MLA: NativeMLAttention,
-    DELTANET: NativeDeltaNet})
+TORCH = Implementation("torch", RMSNorm, Router, lambda ffn, gate, compute: SharedExpert(ffn, gate))
+NATIVE = Implementation("native", NativeNorm, NativeRouter, PackedSharedExpert)
 
 __all__ = ["DENSE_ROUTING", "Implementation", "NATIVE", "NativeNorm", "NativeRouter", "PackedExperts",
            "PackedSharedExpert", "TORCH"]

@@ -20,7 +20,9 @@ from ..attention import Attention, attend_sinks
 from ..batch import Batch
 from ..chunked import ChunkedAttention, query_temperature
 from ..deltanet import GatedAttention
+from ..kinds import implements
 from ..layers import linear
+from ..spec import CHUNKED, GATED, GQA
 
 
 def f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -55,6 +57,7 @@ def _rope_in_place(att: Attention, q: torch.Tensor, k: torch.Tensor, cos_sin) ->
     native.rope(k, *cos_sin, att.rope.rope_dim, att.rope.neox)
 
 
+@implements(GQA, "native")
 class NativeAttention(Attention):
     """GQA: rope in place, cache writes and decode attention (sinks and a window too) each one
     native call; prefill attends through torch."""
@@ -79,6 +82,7 @@ class NativeAttention(Attention):
         return _decode_attn(self, common, rope_dim=self.rope.rope_dim)
 
 
+@implements(GATED, "native")
 class NativeGatedAttention(GatedAttention):
     """Gated attention: rope, cache writes, decode attention and the output gate in native calls."""
 
@@ -100,6 +104,7 @@ class NativeGatedAttention(GatedAttention):
         return _decode_attn(self, common, rope_dim=self.rope.rope_dim, q_gate=True)
 
 
+@implements(CHUNKED, "native")
 class NativeChunkedAttention(ChunkedAttention):
     """Llama 4's attention: rope and the L2 norm (local layers) or the query temperature (global
     ones) in place, cache writes and decode attention in native calls."""

@@ -13,9 +13,12 @@ import torch
 from strata import native
 
 from ..deltanet import GatedDeltaNet
+from ..kinds import implements
+from ..spec import DELTANET
 from .attention import f32
 
 
+@implements(DELTANET, "native")
 class NativeDeltaNet(GatedDeltaNet):
     """A gated DeltaNet layer through the native calls (see the module docstring)."""
 

@@ -13,11 +13,14 @@ import torch
 from strata import native
 
 from ..batch import Batch
+from ..kinds import implements
 from ..layers import Weight
 from ..mla import MLAttention
+from ..spec import MLA
 from .attention import f32
 
 
+@implements(MLA, "native")
 class NativeMLAttention(MLAttention):
     """Latent attention through the native calls. latent_split (the layer spec's): k_b and v_b
     are packed per-head matrices; an older converter's kv_b leaves them float (torch's products)."""
