@@ -467,6 +467,12 @@ int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int6
 int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_head, int64_t head_dim,
                      const float *cos_t, const float *sin_t, int64_t rope_dim, int neox);
 
+/* x[t, g, :] *= softplus(gate[t, g]) for T tokens of G groups of `width` values (x contiguous
+ * [T, G * width], gate [T, G]): Laguna's attention output gate, per head (G = H, width = hd) or per
+ * element (G = H hd, width 1). softplus(z) = log1pf(expf(z)), z itself above 20 (torch's threshold). */
+int strata_glue_gate_softplus(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n_tokens,
+                              int64_t n_groups, int64_t width);
+
 /* k_cache[slots[t], g, positions[t], :] = k[t, g, :] (and v alike) for caches [S, Hkv, C, hd]
  * (contiguous) and k, v rows [Hkv, hd] at k + t * k_stride, v + t * v_stride. */
 int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, int64_t n_tokens,
@@ -698,6 +704,13 @@ typedef struct {
     int32_t v_type;
     const void *wv;
     int64_t wv_bytes;
+    /* An output gate of its own projection (Laguna; g_rows 0: none; grouped-query attention without
+     * q_gate only): gate = attn_norm(x) @ wg^T, wg [g_rows, D] of type g_type; the attention's output
+     * times softplus(gate) (strata_glue_gate_softplus) before wo, per head (g_rows = H, one value
+     * over the head's hd features) or per element (g_rows = H hd). */
+    int32_t g_type;
+    const void *wg;
+    int64_t wg_bytes, g_rows;
 } strata_attn_layer;
 
 /* The attention kinds' strata_step_scratch_fn and strata_step_fn: x += attention(attn_norm(x))

@@ -97,6 +97,12 @@ class HParams:
     ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
+    n_head_layers: tuple[int, ...] = ()  # attention.head_count as an array of unequal counts, one per layer
+    rope_dim_swa: int = 0  # rope.dimension_count_swa: sliding-window layers' rotary features (rope_dim)
+
+    def heads(self, layer: int) -> int:
+        """Query heads of `layer` (llama.cpp's n_head(il)): its entry of a per-layer head_count, else n_head."""
+        return self.n_head_layers[layer] if self.n_head_layers else self.n_head
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
@@ -170,15 +176,16 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     spec, m = archs.get(arch), _Metadata(path, metadata, arch)
     L, A = Keys.LLM, Keys.Attention
     n_embd = m.get(L.EMBEDDING_LENGTH, int)
-    n_head = m.get(A.HEAD_COUNT, int)
-    if n_head <= 0:
-        raise format_error(path, f"metadata key {A.HEAD_COUNT.format(arch=arch)!r}", "> 0", str(n_head))
+    n_head_layers = _head_counts(m)
+    n_head = n_head_layers[0]  # llama.cpp's n_head(): the first layer's
     n_experts = m.get(L.EXPERT_COUNT, int, _REQUIRED if spec.moe else 0)
     head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
     context_length = m.get(L.CONTEXT_LENGTH, int)
     n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
     n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
     n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
+    sliding_window = m.get(A.SLIDING_WINDOW, int, 0 if spec.swa_optional else _REQUIRED) if spec.swa else 0
+    rope_dim = m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
     rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
     # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
     temp_scale = m.get(A.TEMPERATURE_SCALE, float, 0.0) if spec.mla else 0.0
@@ -201,7 +208,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
         rope_freq_base=rope_freq_base,
         rope_type=spec.rope_type,
-        rope_dim=m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim),
+        rope_dim=rope_dim,
         rope_scaling=_rope_scaling(m, context_length),
         norm_eps=m.get(A.LAYERNORM_RMS_EPS, float),
         expert_weights_norm=m.get(L.EXPERT_WEIGHTS_NORM, bool, spec.expert_weights_norm),
@@ -213,12 +220,14 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         kv_lora_rank=m.get(A.KV_LORA_RANK, int, _REQUIRED if spec.mla else 0),
         head_dim_mla=m.get(A.KEY_LENGTH_MLA, int, 0),
         head_dim_v_mla=m.get(A.VALUE_LENGTH_MLA, int, 0),
-        sliding_window=m.get(A.SLIDING_WINDOW, int) if spec.swa else 0,
-        swa_layers=_swa_layers(m, spec, n_layers) if spec.swa else (),
+        sliding_window=sliding_window,
+        swa_layers=_swa_layers(m, spec, n_layers) if spec.swa and (sliding_window or not spec.swa_optional) else (),
         rope_freq_base_swa=m.get(Keys.Rope.FREQ_BASE_SWA, float, rope_freq_base) if spec.swa else rope_freq_base,
         attn_temperature_scale=temp_scale,
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
         n_layers_nextn=n_nextn,
+        n_head_layers=n_head_layers[:n_layers] if len(set(n_head_layers)) > 1 else (),
+        rope_dim_swa=m.get(Keys.Rope.DIMENSION_COUNT_SWA, int, rope_dim) if spec.swa else rope_dim,
     )
     if spec.chunked:
         hp = _chunked(m, spec, hp)
@@ -229,6 +238,22 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
+
+
+def _head_counts(m: _Metadata) -> tuple[int, ...]:
+    """`attention.head_count`: one count, or one per block (llama.cpp's get_key_or_arr), each > 0."""
+    key = Keys.Attention.HEAD_COUNT.format(arch=m.arch)
+    raw = m.metadata.get(key)
+    if isinstance(raw, list):
+        blocks = m.get(Keys.LLM.BLOCK_COUNT, int)
+        if len(raw) != blocks or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw):
+            raise format_error(m.path, f"metadata key {key!r}", f"a count > 0, or {blocks} of them (one per block)",
+                               f"{raw!r:.80}")
+        return tuple(raw)
+    n_head = m.get(Keys.Attention.HEAD_COUNT, int)
+    if n_head <= 0:
+        raise format_error(m.path, f"metadata key {key!r}", "> 0", str(n_head))
+    return (n_head,)
 
 
 def _chunked(m: _Metadata, spec: Arch, hp: HParams) -> HParams:
@@ -354,10 +379,12 @@ def _gating_func(m: _Metadata, spec: Arch) -> str:
 
 def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     """Which layers use the sliding window: `attention.sliding_window_pattern` as one bool per
-    layer, or as a period n (layer i slides when i % n < n - 1; 0: every layer), else the
-    architecture's period, as llama.cpp's load_swa_pattern reads it."""
+    layer, or as a period n (layer i slides when i % n < n - 1, or with `Arch.swa_full_first` when
+    i % n != 0; 0: every layer), else the architecture's period, as llama.cpp's load_swa_pattern
+    reads it."""
     key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=m.arch)
     raw = m.metadata.get(key, spec.swa_period)
+    full_first = spec.swa_full_first and not isinstance(raw, list)
     if isinstance(raw, list):
         if len(raw) != n_layers or not all(isinstance(v, bool) for v in raw):
             raise format_error(m.path, f"metadata key {key!r}", f"{n_layers} bools (one per layer) or a period",
@@ -366,6 +393,8 @@ def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     n = _coerce(m.path, key, raw, int)
     if n < 0:
         raise format_error(m.path, f"metadata key {key!r}", "a period >= 0", str(n))
+    if full_first:  # llama.cpp's dense_first: layer 0 of each period attends in full
+        return tuple(n == 0 or i % n != 0 for i in range(n_layers))
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
 
 
@@ -424,12 +453,14 @@ def _check_values(path: Path, hp: HParams) -> None:
     for key, value in finite:
         if value is not None and not math.isfinite(value):
             raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}", "a finite number", repr(value))
-    if not (0 < hp.rope_dim <= hp.head_dim and hp.rope_dim % 2 == 0):
-        raise format_error(path, f"metadata key {R.DIMENSION_COUNT.format(arch=hp.arch)!r}",
-                           f"an even number in 2..head_dim={hp.head_dim}", str(hp.rope_dim))
-    if hp.n_head % hp.n_head_kv:
-        raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
-                           f"a divisor of head_count={hp.n_head}", str(hp.n_head_kv))
+    for key, dim in ((R.DIMENSION_COUNT, hp.rope_dim), (R.DIMENSION_COUNT_SWA, hp.rope_dim_swa or hp.rope_dim)):
+        if not (0 < dim <= hp.head_dim and dim % 2 == 0):
+            raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}",
+                               f"an even number in 2..head_dim={hp.head_dim}", str(dim))
+    for n_head in sorted(set(hp.n_head_layers or (hp.n_head,))):
+        if n_head % hp.n_head_kv:
+            raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
+                               f"a divisor of head_count={n_head}", str(hp.n_head_kv))
 
 
 __all__ = ["RECURRENT_LAYERS", "DeltaNetDims", "HParams", "RopeScaling", "architecture", "read_hparams"]

@@ -1,7 +1,8 @@
 """Grouped-query attention over a preallocated KV cache, for a batch of sequences.
 
 H query heads share Hkv key/value heads (H % Hkv == 0). Sliding windows and attention sinks (gpt-oss) take
-`attend_sinks`, in torch on every device. QK-norm, when the model has it, is an
+`attend_sinks`, in torch on every device. Laguna multiplies the output, before its projection, by
+softplus of a gate projection of the layer's input, per head or per feature. QK-norm, when the model has it, is an
 RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
 heads' features at once (OLMoE). New keys and values are written to the paged cache first
 (Batch.write: each token's block and offset); each sequence then attends causally over its cached
@@ -42,6 +43,7 @@ class AttentionWeights:
     # [(H + Hkv)*hd, D], wq and wk only, when wv is set too (a v of another type: llama.cpp's mixes)
     bo: torch.Tensor | None = None  # [D] output projection bias (gpt-oss)
     sinks: torch.Tensor | None = None  # [H] sink logits: one more softmax column per head, then dropped (gpt-oss)
+    wg: Weight | None = None  # [G, D] Laguna's output gate: G = H (one value per head) or H*hd (per feature)
 
 
 @implements(GQA, "torch")
@@ -71,7 +73,14 @@ class Attention(nn.Module):
         else:
             attend = self.attend_decode if batch.is_decode else self.attend_each
             out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
+        if self.w.wg is not None:
+            out = self.gate(x, out)
         return linear(out, self.w.wo, self.w.bo)  # [T, D]
+
+    def gate(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H*hd] times softplus(x @ wg^T) [T, G] (Laguna), each gate value over H*hd/G features."""
+        g = F.softplus(linear(x, self.w.wg).float()).to(out.dtype)  # [T, G]
+        return (out.reshape(g.shape[0], g.shape[1], -1) * g[..., None]).flatten(1)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]
@@ -148,8 +157,9 @@ SCORE_ELEMENTS = 1 << 26
 
 def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
     """A grouped-query layer's weights (`w`: strata.models.loader.WeightReader): q, k, v, o, the
-    biases and q/k norms the architecture has, o's bias and sinks (gpt-oss), q, k and v stacked."""
-    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, spec.index
+    biases and q/k norms the architecture has, o's bias and sinks (gpt-oss), the output gate
+    (Laguna), q, k and v stacked. H is the layer's own head count (the spec's)."""
+    D, H, Hkv, hd, i = hp.n_embd, spec.attention.n_head, hp.n_head_kv, hp.head_dim, spec.index
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
         wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
@@ -166,6 +176,8 @@ def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if arch.attn_sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    if spec.attention.out_gate:
+        weights.wg = w.matrix(MT.ATTN_GATE, i, (H if spec.attention.out_gate == "head" else H * hd, D))
     return weights
 
 
@@ -173,7 +185,7 @@ def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
 def read_gqa(cls, w, arch, hp, spec, rope: Rope) -> Attention:
     """Layer spec.index's grouped-query attention (sliding window, sinks) as `cls`."""
     weights = read_gqa_weights(w, arch, hp, spec)
-    return cls(weights, hp.n_head, hp.n_head_kv, hp.head_dim, rope, spec.index, spec.attention.window)
+    return cls(weights, spec.attention.n_head, hp.n_head_kv, hp.head_dim, rope, spec.index, spec.attention.window)
 
 
 def stack_qkv(w, spec, weights: AttentionWeights) -> None:

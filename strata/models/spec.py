@@ -33,7 +33,9 @@ class AttentionSpec:
     sinks: per-head sink logits (gpt-oss); chunk, nope, l2_eps, temperature: Llama 4's chunked
     attention; q_lora, kv_lora, latent_split, temperature: latent attention (latent_split: the file
     holds k_b and v_b, not an older converter's kv_b); stacked: packed q, k (and v) share one type,
-    so they stack into one product (deltanet: the input projections do)."""
+    so they stack into one product (deltanet: the input projections do); out_gate: Laguna's softplus
+    output gate of its own projection, "head" (one value per head) or "element" ("": none). n_head
+    is the layer's own (a per-layer head count)."""
 
     kind: str
     n_head: int = 0
@@ -50,6 +52,7 @@ class AttentionSpec:
     kv_lora: int = 0
     latent_split: bool = True
     stacked: bool = True
+    out_gate: str = ""
 
     def unfused(self) -> str | None:
         """Why the native decode step cannot compute this attention half (None: it can)."""
@@ -132,7 +135,7 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     if arch.gated_deltanet and hp.is_recurrent(i):
         ins = [MT.ATTN_QKV, MT.ATTN_GATE, *((MT.SSM_BETA, MT.SSM_ALPHA) if arch.deltanet_tiled else (MT.SSM_BETA_ALPHA,))]
         return AttentionSpec(DELTANET, stacked=_types_equal(mf, ins, i))
-    common = dict(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+    common = dict(n_head=hp.heads(i), n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
                   stacked=_types_equal(mf, [MT.ATTN_Q, MT.ATTN_K], i))
     if arch.gated_deltanet:
         return AttentionSpec(GATED, **common)
@@ -143,7 +146,24 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
                              temperature=nope and bool(hp.attn_temperature_scale), **common)
     swa = hp.is_swa(i)
     return AttentionSpec(GQA, window=hp.sliding_window if swa else 0, sinks=arch.attn_sinks,
-                         own_rope=swa and hp.rope_freq_base_swa != hp.rope_freq_base, **common)
+                         own_rope=swa and swa_rope_differs(hp, arch), out_gate=_out_gate(mf, arch, i), **common)
+
+
+def swa_rope_differs(hp, arch: Arch) -> bool:
+    """Whether sliding-window layers rotate otherwise than full ones (a table of their own): their
+    own base or rotary features, or (`Arch.swa_plain_rope`) no scaling where full layers have some."""
+    s = hp.rope_scaling
+    scaled = s.type != "none" or s.attn_factor not in (None, 1.0)
+    return hp.rope_freq_base_swa != hp.rope_freq_base or hp.rope_dim_swa != hp.rope_dim or (arch.swa_plain_rope and scaled)
+
+
+def _out_gate(mf, arch: Arch, i: int) -> str:
+    """Laguna's output gate of layer i: "head" when attn_gate has a row per query head (or is
+    missing: the reader names it), else "element"; "" for an architecture without one."""
+    if not arch.softplus_gate:
+        return ""
+    info = mf.resident.get(weight_name(MT.ATTN_GATE, i))
+    return "head" if info is None or info.shape[0] == mf.hparams.heads(i) else "element"
 
 
 def ffn_spec(mf, arch: Arch, i: int) -> FfnSpec:
@@ -166,4 +186,4 @@ def layer_specs(mf, arch: Arch) -> list[LayerSpec]:
 
 __all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "FfnSpec", "GATED", "GQA",
            "INPUT_SCALED", "LayerSpec", "MLA", "SWIGLU", "attention_spec", "expert_executor", "ffn_spec",
-           "layer_specs"]
+           "layer_specs", "swa_rope_differs"]

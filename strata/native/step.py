@@ -161,7 +161,9 @@ class DecodeAttn(LayerStep):
     attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
     multiplied by sigmoid(gate) before o. Llama 4: `chunk` > 0 attends within the query's chunk,
     `qk_l2_eps` normalises q and k per head after RoPE (no weight), `temperature` (floor, scale)
-    scales a global layer's queries. The tensors are kept alive by this object."""
+    scales a global layer's queries. Laguna: `out_gate` (type, packed bytes, rows) is a projection
+    [rows, D] of the normed input whose softplus multiplies the attention's output before o, per
+    head (rows = H) or per element (rows = H hd). The tensors are kept alive by this object."""
 
     STRUCT, STEP, BIND = "strata_attn_layer", "strata_decode_attn", "bind_cache"
 
@@ -173,8 +175,11 @@ class DecodeAttn(LayerStep):
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
                  chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None,
-                 v: tuple[Any, Any] | None = None):
+                 v: tuple[Any, Any] | None = None, out_gate: tuple[Any, Any, int] | None = None):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
+        if out_gate is not None and (mla is not None or q_gate or out_gate[2] not in (n_head, hq)):
+            raise ValueError(f"decode step: an output gate of its own goes with grouped-query attention without a "
+                             f"query gate, of {n_head} or {hq} rows, found {out_gate[2]}")
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         if v is not None and mla is not None:
@@ -203,9 +208,12 @@ class DecodeAttn(LayerStep):
             "qk_l2": 0 if qk_l2_eps is None else 1, "qk_l2_eps": 0.0 if qk_l2_eps is None else qk_l2_eps,
             "temp_floor": int(floor), "temp_scale": float(t_scale),
             **({} if v is None else {"v_type": int(ggml_type(v[0])), "wv": ffi.cast("void *", v[1].data_ptr()),
-                                     "wv_bytes": v[1].numel()})},
+                                     "wv_bytes": v[1].numel()}),
+            **({} if out_gate is None else {"g_type": int(ggml_type(out_gate[0])), "g_rows": int(out_gate[2]),
+                                            "wg": ffi.cast("void *", out_gate[1].data_ptr()),
+                                            "wg_bytes": out_gate[1].numel()})},
             (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias, selection_bias,
-             mla, v))
+             mla, v, out_gate))
         if mla is not None:  # latent attention: see strata.h strata_attn_layer
             c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
             c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]
