@@ -637,6 +637,10 @@ typedef struct {
     strata_route_groups *groups;
     void *scratch;
     int64_t scratch_bytes;
+    /* The decode program's second rope table [n_seq, R2 / 2] (NULL: none), for the layers whose
+     * strata_decode_layer.rope2 is set: sliding-window layers that rotate otherwise (Laguna's own
+     * rotary features and base); the program hands it to their step as cos_t / sin_t. */
+    const float *cos_t2, *sin_t2;
 } strata_step_args;
 
 /* A layer kind's decode step (`layer`: the head of the kind's struct) and its scratch bytes for
@@ -738,6 +742,8 @@ typedef struct {
     /* NULL: plain SwiGLU experts; else their function (strata_moe_glu), expert_ids ignored: the
      * layer's grouping gives each expert's id. */
     const strata_moe_act *act;
+    /* Nonzero: the layer's step reads args' second rope table (cos_t2 / sin_t2). */
+    int32_t rope2;
 } strata_decode_layer;
 
 /* The shared expert's weight per token: w[t] = sigmoid(x[t] . gate_inp) (x [n_tok, D] contiguous;

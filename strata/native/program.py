@@ -8,7 +8,8 @@ bound; `run` is given the sequences' state slots when a layer reads them), the l
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
 is seen, one that changes during a call must not happen), optionally its shared expert
 (`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight;
-or None) and its experts' function (a `MoeAct`, gpt-oss; None: SwiGLU). The outputs of `StepOutputs` serve as
+or None) and its experts' function (a `MoeAct`, gpt-oss; None: SwiGLU). `rope2[i]`: layer i reads the second
+rope table `run` is given (cos2, sin2: sliding-window layers that rotate otherwise). The outputs of `StepOutputs` serve as
 the working buffers of every layer. Holds no policy about when the program may run: the models
 decide (every expert in place and staying there).
 """
@@ -26,12 +27,24 @@ def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
                          f"{t.dtype} {tuple(t.shape)} on {t.device}")
 
 
+def _table(cos: Any, sin: Any, B: int, rope_dim: int, what: str) -> tuple[Any, Any]:
+    """Pointers of a rope table's cos and sin (contiguous float32 [B, rope_dim / 2]); NULL when no
+    layer reads it (rope_dim 0)."""
+    if not rope_dim:
+        return ffi.NULL, ffi.NULL
+    half = B * (rope_dim // 2)
+    for t, part in ((cos, "cos"), (sin, "sin")):
+        if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
+            raise ValueError(f"decode program: {what} {part} must be contiguous float32 of {half} values")
+    return ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+
+
 class DecodeLayers:
     """The layers of a model as one decode program (dense layers too: their FFN as a shared expert
     without gate, no router); `out` (a StepOutputs of any MoE layer: they must agree in width,
     experts and experts per token) holds the working buffers."""
 
-    def __init__(self, layers: list[tuple], out: StepOutputs):
+    def __init__(self, layers: list[tuple], out: StepOutputs, rope2: list[bool] | None = None):
         if not layers:
             raise ValueError("decode program: no layers")
         moe = [entry[0] for entry in layers if entry[0].n_experts]  # dense layers have no router
@@ -84,7 +97,13 @@ class DecodeLayers:
                 shared_any = True
         self._keep = layers
         self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
-        self.rope_dim = max(entry[0].rope_dim for entry in layers)
+        rope2 = rope2 or [False] * len(layers)
+        if len(rope2) != len(layers):
+            raise ValueError(f"decode program: {len(rope2)} rope table choices for {len(layers)} layers")
+        for i, second in enumerate(rope2):
+            self.c[i].rope2 = 1 if second else 0
+        self.rope_dim = max((entry[0].rope_dim for entry, s in zip(layers, rope2) if not s), default=0)
+        self.rope_dim2 = max((entry[0].rope_dim for entry, s in zip(layers, rope2) if s), default=0)
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
@@ -99,7 +118,7 @@ class DecodeLayers:
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, slots: Any = None,
-            impl: str = "auto") -> int:
+            impl: str = "auto", cos2: Any = None, sin2: Any = None) -> int:
         """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
         block_table[b], int64 [B, M], as `LayerStep.call` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
@@ -109,7 +128,8 @@ class DecodeLayers:
         expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
-        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one)."""
+        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one);
+        cos2 / sin2: the second rope table (needed when a layer reads it: `rope2`)."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -131,21 +151,15 @@ class DecodeLayers:
             _tensor(slots, "int64", (B,), "slots")
         elif self.recurrent:
             raise ValueError("decode program: a layer reads each sequence's state row (a recurrent layer): state slots needed")
-        cp = sp = ffi.NULL
-        rope_dim = self.rope_dim
-        if rope_dim:
-            half = B * (rope_dim // 2)
-            for t, what in ((cos, "rope cos"), (sin, "rope sin")):
-                if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
-                    raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
-            cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+        cp, sp = _table(cos, sin, B, self.rope_dim, "rope")
+        cp2, sp2 = _table(cos2, sin2, B, self.rope_dim2, "second rope")
         args = ffi.new("strata_step_args *", {
             "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
             "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],
             "slots": ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), "cos_t": cp, "sin_t": sp,
             "x": f32_ptr(x, "x"), "xn": out.xn_ptr, "expert_ids": ffi.cast("int64_t *", expert_ids.data_ptr()),
             "weights": out.w_ptr, "groups": out.groups, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel()})
+            "scratch_bytes": scratch.numel(), "cos_t2": cp2, "sin_t2": sp2})
         status = lib.strata_decode_layers(
             pool.ptr, self.c, self.n_layers, args, out.capacity * self.n_used, self._index, self.n_experts,
             ffi.cast("float *", routed.data_ptr()), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),

@@ -175,6 +175,14 @@ MORE_SPECS = {
                                                "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
                    "qwen2", torch.bfloat16, True),
+    # Laguna in M.1's form: no sliding window (every layer full), one gate per feature, the same
+    # head count on every layer, two leading dense layers.
+    "lagunam": Spec("lagunam", "LagunaConfig", "LagunaForCausalLM",
+                    dict(_COMMON, num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=256,
+                         shared_expert_intermediate_size=256, num_experts=8, num_experts_per_tok=2, sliding_window=0,
+                         gating="per-element", mlp_layer_types=["dense", "dense", "sparse", "sparse"],
+                         num_hidden_layers=4, moe_routed_scaling_factor=1.5),
+                    "qwen2", torch.bfloat16, True),
 }
 
 
