@@ -18,7 +18,7 @@ from strata.models.rope import Rope
 from tests.fixtures.tiny import zoo
 
 from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
-                      check_packed_every_memory, check_prefill_and_decode, rel_err, tiny_fixture)
+                      check_packed_every_memory, check_prefill_and_decode, load, rel_err, tiny_fixture)
 
 tiny = tiny_fixture("laguna")
 
@@ -108,3 +108,16 @@ def test_packed_compute_every_memory_and_the_plan(both):
 
 def test_generate_batch_equals_each_alone(tiny):
     check_generate_batch(tiny)
+
+
+def test_default_file_packed_and_tiered(tiny):
+    """The default file (Q8_0 attention and gates, Q4_K experts): packed compute picks float's
+    tokens on it, and the tiered memory gives direct memory's bytes."""
+    ids, prompt = tiny.prompt_ids(40), tiny.prompt_ids(16, seed=21)
+    path = tiny.gguf(None)
+    with load(path, "float") as ref, load(path, "packed") as direct, load(path, "packed", "tiered") as tiered:
+        a, b = ref.logits(ids), direct.logits(ids)
+        assert torch.equal(b, tiered.logits(ids))
+        assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+        assert direct.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids == \
+            ref.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids
