@@ -15,6 +15,7 @@ import torch
 
 from strata.gguf import RopeScaling
 from strata.models.rope import Rope
+from tests.fixtures.rewrite import V, rewrite
 from tests.fixtures.tiny import zoo
 
 from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
@@ -121,3 +122,19 @@ def test_default_file_packed_and_tiered(tiny):
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
         assert direct.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids == \
             ref.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("attention.head_count", ([4, 8, 8], V.ARRAY, V.UINT32), "4 of them (one per block)"),
+    ("attention.head_count", ([4, 8, 8, 3], V.ARRAY, V.UINT32), "a divisor of head_count=3"),
+    ("rope.dimension_count_swa", (63, V.UINT32), "an even number in 2..head_dim=64"),
+    ("attention.head_count", ([4, 4, 8, 8], V.ARRAY, V.UINT32), "'blk.1.attn_q.weight': expected shape [256, 256]"),
+])
+def test_malformed_files_are_refused_by_name(tiny, tmp_path, key, value, words):
+    """Per-layer heads and the sliding layers' rotary features are checked against the file: a
+    wrong value names its key, or the tensor whose shape it contradicts."""
+    from strata.errors import StrataFormatError
+    path = rewrite(tiny.gguf("f32"), tmp_path / "bad.gguf", {f"laguna.{key}": value})
+    with pytest.raises(StrataFormatError) as err:
+        Bare(path)
+    assert str(path) in str(err.value) and words in str(err.value)
