@@ -116,7 +116,7 @@ class Converter:
             log.warning("config.json: norm_topk_prob=%s, written as expert_weights_norm (Strata honours it), but "
                         "llama.cpp's %s graph %s the top-k routing weights; llama.cpp's outputs will differ from "
                         "transformers'", norm, arch.name, "renormalises" if arch.expert_weights_norm else "does not renormalise")
-        self.name_map = tensor_name_map(arch, self.hp.n_layers)
+        self.name_map = tensor_name_map(arch, self.n_blocks())
 
     # ---- config ----
 
@@ -162,6 +162,10 @@ class Converter:
         self._refuse_unsupported(hp)
         return hp
 
+    def n_blocks(self) -> int:
+        """Blocks the file holds: the trunk's, then any multi-token-prediction blocks the converter keeps."""
+        return self.hp.n_layers
+
     def shared_ff_length(self) -> int:
         """Rows of the shared expert (all shared experts together), where the architecture has one."""
         return int(self.get("shared_expert_intermediate_size"))
@@ -187,7 +191,7 @@ class Converter:
         hp = self.hp
         w.add_context_length(hp.n_ctx)
         w.add_embedding_length(hp.n_embd)
-        w.add_block_count(hp.n_layers)
+        w.add_block_count(self.n_blocks())
         if self.dense_ffn_key:
             w.add_feed_forward_length(hp.n_ff)
         w.add_head_count(hp.n_heads)
@@ -290,7 +294,7 @@ class Converter:
             planned += self._plan_experts(bid, experts.get(bid), policy)
         self._check_complete({p.name for p in planned})
         order = {kind: i for i, kind in enumerate(tensor_kinds(self.arch))}
-        last = self.hp.n_layers
+        last = self.n_blocks()
         return sorted(planned, key=lambda p: (-1 if p.kind == MT.TOKEN_EMBD else last if p.layer is None else p.layer,
                                               order.get(p.kind, len(order)), p.name))
 
@@ -320,8 +324,8 @@ class Converter:
             raise ConversionError(f"{src.path}: unexpected tensor {name} (no {self.arch.name} GGUF tensor for it)")
         kind, gname = found
         bid = layer_of(gname)
-        if bid is not None and bid >= self.hp.n_layers:
-            raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.hp.n_layers}")
+        if bid is not None and bid >= self.n_blocks():
+            raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.n_blocks()}")
         return kind, gname, bid
 
     def _check_shape(self, kind: MT, src: SourceTensor, found: tuple[int, ...]) -> None:

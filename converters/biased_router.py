@@ -34,8 +34,8 @@ class BiasedRouterMixin:
             raise ConversionError(f"{self.ckpt.folder}: missing the router's {BIAS} for {', '.join(missing[:3])}")
 
     def _split_sources(self):
-        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
-        layers, every = self.hp.n_layers, self.ckpt.tensors
+        """The generic split without the multi-token-prediction layers it does not keep (past n_blocks)."""
+        layers, every = self.n_blocks(), self.ckpt.tensors
         keep = {n: t for n, t in every.items() if (hf_layer(n) or 0) < layers}
         if len(keep) < len(every):
             log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep), layers)

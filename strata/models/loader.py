@@ -31,6 +31,7 @@ from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
+from .mtp import read_nextn
 from .shard import ExpertShard
 from .rope import Rope
 from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
@@ -108,12 +109,16 @@ class WeightReader:
         return m
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
-        return weight_name(kind, layer, suffix) in self.mf.resident
+        return self._info(weight_name(kind, layer, suffix)) is not None
+
+    def _info(self, name: str):
+        """The record of resident tensor `name`, the trunk's or a multi-token-prediction block's."""
+        return self.mf.resident.get(name) or self.mf.mtp.get(name)
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
         """suffix "": the bare name (llama.cpp's `ssm_a`)."""
         name = weight_name(kind, layer, suffix)
-        info = self.mf.resident.get(name)
+        info = self._info(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
                                     f"({self.mf.arch}), found no such tensor")
@@ -319,8 +324,10 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     ffns = [_ffn(w, arch, hp, spec, memory, hybrid, shards) for spec in specs]  # (ffn norm, ffn) of each block
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
-    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                       lookahead=hooks[0])
+    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
+                        lookahead=hooks[0])
+    model.mtp = read_nextn(w, hp)  # kept for a speculative decoder; forward never runs them
+    return model
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

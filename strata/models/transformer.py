@@ -64,6 +64,7 @@ class Transformer(nn.Module):
         self.specs = specs  # the LayerSpec of each block (strata.models.spec): what the runtime plans from
         self.lookahead = lookahead  # announces the first MoE layers' experts from the embeddings
         self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
+        self.mtp: list = []  # the file's multi-token-prediction layers (strata.models.mtp.NextN), never run here
         self._total_s, self._tokens = 0.0, 0
 
     @property
