@@ -82,3 +82,13 @@ def test_llama_cpp_runs_stratas_mtp_file(tiny, mtp_files):
     llm.close()
     with strata.load(mtp_files[0], threads=1, n_ctx=96) as m:
         assert m.generate(prompt, temperature=0, max_tokens=24, stop_token_ids=()).token_ids == greedy
+
+
+def test_inspect_says_llama_cpps_files_run(tiny, mtp_files, capsys):
+    from strata.cli import main
+    for path, mtp in ((tiny.llama_cpp_gguf("f32"), False), (mtp_files[1], True)):
+        assert main(["inspect", str(path)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[1].startswith("model: hy_v3, 3 layers, 8 routed experts (2 per token), 1 shared expert")
+        assert ("1 multi-token-prediction layer (kept, not run)" in lines[1]) == mtp
+        assert lines[4].startswith("verdict: runs: hy_v3"), lines[4]
