@@ -1,15 +1,17 @@
 """Hunyuan V3 checkpoints (`HYV3ForCausalLM`) -> GGUF `hy_v3`, in the layout llama.cpp's converter writes.
 
-What differs from the generic converter (`converters.base`):
+Checkpoints in the released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`,
+per-expert weights) and in transformers' own (`mlp.gate`, `mlp.e_score_correction_bias`,
+`mlp.shared_experts`, fused experts) give the same file. What differs from the generic converter
+(`converters.base`):
   * dense FFN layers where `mlp_layer_types` says "dense" (transformers' default: the first layer),
     routed experts where it says "sparse"; no key says which: llama.cpp's loader reads the tensors;
   * per-head q/k norms, no attention biases (llama.cpp's graph has none: attention_bias and
     mlp_bias are refused);
   * one ungated shared expert per MoE layer of num_shared_experts x moe_intermediate_size rows;
-  * sigmoid router (expert_gating_func), the selection bias `mlp.e_score_correction_bias` ->
-    the bare `blk.N.exp_probs_b` (F32, every MoE layer: the only name llama.cpp's hy_v3 loader
-    reads), top-k weights renormalised (transformers always does) and scaled by
-    router_scaling_factor (expert_weights_scale);
+  * sigmoid router (expert_gating_func), the selection bias -> the bare `blk.N.exp_probs_b` (F32,
+    every MoE layer: the only name llama.cpp's hy_v3 loader reads), top-k weights renormalised
+    (transformers always does) and scaled by router_scaling_factor (expert_weights_scale);
   * multi-token-prediction layers (num_nextn_predict_layers blocks past num_hidden_layers, each a
     decoder block with eh_proj, enorm, hnorm and its final_layernorm) are kept where the checkpoint
     has them, as llama.cpp's converter keeps them: `blk.N.nextn.*` (final_layernorm as

@@ -202,3 +202,19 @@ def test_a_layer_marked_sparse_without_experts_is_named(tiny, tmp_path):
     hf = _rewrite(tiny, tmp_path / "hf", {"mlp_layer_types": ["sparse", "sparse", "sparse"]})
     with pytest.raises(ConversionError, match="no expert tensors for layer 0"):
         convert(hf, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"), n_threads=1)
+
+
+def test_transformers_own_layout_converts_to_the_same_file(tiny, tmp_path):
+    """The released names (`mlp.router.gate`, `mlp.expert_bias`, `mlp.shared_mlp`, per-expert
+    weights: what the fixture saves) and transformers' own (`mlp.gate`, `mlp.e_score_correction_bias`,
+    `mlp.shared_experts`, fused experts) give the same tensors."""
+    import copy
+
+    from tests.convert.fixtures import save_checkpoint
+    hf = save_checkpoint(copy.deepcopy(tiny.model), tiny.spec, tiny.tokenizer, tmp_path / "hf", fused=True)
+    names = set(load_file(next(hf.glob("*.safetensors"))))
+    assert {"model.layers.1.mlp.e_score_correction_bias", "model.layers.1.mlp.experts.gate_up_proj"} <= names
+    out = tmp_path / "fused.gguf"
+    convert(hf, out, TypePolicy.from_args(outtype="f32"), n_threads=1)
+    ours = {t.name: t.data.tobytes() for t in GGUFReader(out).tensors}
+    assert ours == {t.name: t.data.tobytes() for t in GGUFReader(tiny.gguf("f32")).tensors}
