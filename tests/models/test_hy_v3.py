@@ -218,3 +218,28 @@ def test_transformers_own_layout_converts_to_the_same_file(tiny, tmp_path):
     convert(hf, out, TypePolicy.from_args(outtype="f32"), n_threads=1)
     ours = {t.name: t.data.tobytes() for t in GGUFReader(out).tensors}
     assert ours == {t.name: t.data.tobytes() for t in GGUFReader(tiny.gguf("f32")).tensors}
+
+
+def test_routing_statistics_and_calibration_count_the_trunk_alone(tiny, tmp_path):
+    """With an MTP layer kept, routing statistics (`--routing-stats`) and calibration (`--calib`,
+    which records the routing it sees) are the trunk's expert layers' (the file's expert layers
+    as Strata reads it): both files load and route by them."""
+    import numpy as np
+
+    from converters import CalibOptions
+    from strata.gguf.routing import save_routing_npz
+    from strata.synth.tokenizer import corpus
+    hf = _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
+    save_routing_npz(tmp_path / "routing.npz", np.arange(16).reshape(2, 8) + 1, 100)
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(corpus(40)))
+    stats, calibrated = tmp_path / "stats.gguf", tmp_path / "calib.gguf"
+    convert(hf, stats, TypePolicy(), n_threads=1, routing_stats=tmp_path / "routing.npz")
+    convert(hf, calibrated, TypePolicy(), n_threads=1, calib=CalibOptions(str(text), 64, 32, progress=False))
+    ids = tiny.prompt_ids(16)
+    for path in (stats, calibrated):
+        with strata.gguf.open_model(path) as mf:
+            assert mf.expert_layers == [1, 2] and mf.hparams.n_layers_nextn == 1
+        with strata.load(path, threads=1, n_ctx=64) as m:
+            assert len(m.transformer.mtp) == 1
+            assert float((m.logits(ids).argmax(-1) == tiny.hf_logits(ids).argmax(-1)).float().mean()) >= 0.9
