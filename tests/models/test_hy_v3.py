@@ -175,6 +175,12 @@ def test_multi_token_prediction_layer_is_converted_loaded_and_kept(tiny, tmp_pat
             assert "blk.3.ffn_down_exps.weight" in layer.block and "blk.3.attn_k_norm.weight" in layer.block
     with strata.gguf.open_model(out) as mf:
         assert mf.summary()["n_mtp_tensors"] == len([n for n in names if n.startswith("blk.3.")])
+        assert mf.expert_layers == [1, 2]  # the memories hold the trunk's experts only
+    with strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, compute="packed") as trunk:
+        want = trunk.logits(ids)
+    for memory in ("paged", "tiered"):
+        with strata.load(out, threads=1, n_ctx=64, compute="packed", memory=memory) as m:
+            assert torch.equal(m.logits(ids), want), memory
 
 
 def test_config_without_the_mtp_tensors_writes_none(tiny, tmp_path):
