@@ -92,6 +92,7 @@ class LayerStep:
         self._call, self._scratch = getattr(lib, self.STEP), getattr(lib, self.STEP + "_scratch_bytes")
         self.n_embd, self.n_experts, self.n_used = int(head["n_embd"]), int(head["n_experts"]), int(head["n_used"])
         self._bound: tuple | None = None
+        self._args = ffi.new("strata_step_args *")
 
     def bind(self, *tensors: Any) -> None:
         """Point at what the layer keeps between steps (its KV cache blocks, its states)."""
@@ -123,11 +124,11 @@ class LayerStep:
                 or B > out.capacity or out.layer_experts != self.n_experts):
             raise ValueError(f"{self.what}: x {tuple(x.shape)} {x.dtype} (float32 [B, {self.n_embd}]); outputs for "
                              f"{out.capacity} sequences of {out.layer_experts} experts, layer has {self.n_experts}")
-        a = ffi.new("strata_step_args *", {
-            "n_seq": B, "positions": _index(positions, "positions", B), "x": ffi.cast("float *", x.data_ptr()),
-            "xn": out.xn_ptr, "expert_ids": out.ids_ptr, "weights": out.w_ptr,
-            "groups": out.groups if self.n_experts else ffi.NULL, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel()})
+        a = self._args  # one struct per layer, refilled: a decode step calls this once per layer
+        a.n_seq, a.positions, a.x = B, _index(positions, "positions", B), ffi.cast("float *", x.data_ptr())
+        a.xn, a.expert_ids, a.weights = out.xn_ptr, out.ids_ptr, out.w_ptr
+        a.groups = out.groups if self.n_experts else ffi.NULL
+        a.scratch, a.scratch_bytes = ffi.cast("void *", scratch.data_ptr()), scratch.numel()
         if self.state_slots:
             if slots is None:
                 raise ValueError(f"{self.what}: the layer reads each sequence's state row: slots needed")
