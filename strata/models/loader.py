@@ -31,6 +31,7 @@ from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
+from .nextn import nextn_layers
 from .shard import ExpertShard
 from .rope import Rope
 from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
@@ -322,8 +323,10 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     ffns = [_ffn(w, arch, hp, spec, memory, hybrid, shards) for spec in specs]  # (ffn norm, ffn) of each block
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
-    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                       lookahead=hooks[0])
+    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
+                        lookahead=hooks[0])
+    model.nextn = nextn_layers(mf.nextn, mf.tensor_data)  # MTP blocks: kept, not run
+    return model
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

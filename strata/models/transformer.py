@@ -15,6 +15,7 @@ from torch import nn
 from .batch import Batch, KVStore
 from .layers import FeedForward, RMSNorm, Weight, embed, linear
 from .moe import Lookahead, MoE
+from .nextn import NextnLayers
 from .rope import Rope
 from .spec import LayerSpec
 
@@ -64,6 +65,7 @@ class Transformer(nn.Module):
         self.specs = specs  # the LayerSpec of each block (strata.models.spec): what the runtime plans from
         self.lookahead = lookahead  # announces the first MoE layers' experts from the embeddings
         self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
+        self.nextn = NextnLayers()  # the file's multi-token-prediction blocks (the loader's), kept, not run
         self._total_s, self._tokens = 0.0, 0
 
     @property
