@@ -14,6 +14,8 @@
  *     a = attention(q, caches)               paged decode attention over positions 0..position
  *                                            (a sliding window, sink logits: gpt-oss; Llama 4's
  *                                            local layers: the query's chunk)
+ *     a = a[:, :hd_v] * v_scale              MiMo-V2: values narrower than keys (cached padded
+ *                                            to hd) and scaled
  *   latent attention (DeepSeek):
  *     q = xa @ Wq^T, or q_a_norm(xa @ Wq_a^T) @ Wq_b^T; q_rope = rope(q_rope)
  *     c|k_rope = xa @ Wkv_a^T; c = kv_a_norm(c); k_rope = rope(k_rope); cache <- c|k_rope

@@ -323,10 +323,8 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     ffns = [_ffn(w, arch, hp, spec, memory, hybrid, shards) for spec in specs]  # (ffn norm, ffn) of each block
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
-    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                        lookahead=hooks[0])
-    model.nextn = nextn_layers(mf.nextn, mf.tensor_data)  # MTP blocks: kept, not run
-    return model
+    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
+                       lookahead=hooks[0], nextn=nextn_layers(mf.nextn, mf.tensor_data))  # MTP blocks: kept, not run
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

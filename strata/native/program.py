@@ -111,7 +111,7 @@ class DecodeLayers:
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
         slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one); alt:
-        the second (cos, sin) rope tables, for layers marked to read them (`DecodeAttn.use_alt_rope`)."""
+        the second (cos, sin) rope tables, for layers whose steps are marked to read them (rope_alt)."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")

@@ -220,3 +220,22 @@ def test_default_file_tracks_float(tiny):
     with load(tiny.gguf(None)) as ref, load(tiny.gguf(None), "packed", "tiered") as tiered:
         a, b = ref.logits(ids), tiered.logits(ids)
         assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.95
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("mimo2.attention.head_count_kv", ([1, 2, 2], "UINT32"), "one positive count per block"),
+    ("mimo2.attention.head_count_kv", ([1, 3, 3, 1], "UINT32"), "divisors of head_count=4"),
+    ("mimo2.attention.sliding_window_pattern", ([0, 1, 2, 0], "INT32"), "sliding_window_pattern"),
+    ("mimo2.attention.value_scale", (0.0, None), "value_scale")])
+def test_malformed_per_layer_keys_name_the_file_and_key(tiny, tmp_path, key, value, says):
+    from gguf import GGUFValueType as V
+
+    from strata.errors import StrataFormatError
+    from tests.fixtures.rewrite import rewrite
+
+    values, sub = value
+    spec = (values, V.ARRAY, getattr(V, sub)) if sub else (values, V.FLOAT32)
+    bad = rewrite(tiny.gguf("f32"), tmp_path / "bad.gguf", {key: spec})
+    with pytest.raises(StrataFormatError, match=says) as err:
+        open_model(bad)
+    assert "bad.gguf" in str(err.value)
