@@ -137,9 +137,10 @@ class LayerStep:
             if block_table is None:
                 raise ValueError(f"{self.what}: block_table needed")
             a.block_table, a.table_stride = _index(block_table, "block_table", B, rows=True), block_table.shape[1]
-        if self.rope_dim:
+        if self.rope_dim:  # the layer's own tables, whichever of the program's pair it reads there (rope_alt)
             half = B * (self.rope_dim // 2)
             a.cos_t, a.sin_t = f32_ptr(cos, "rope cos", half), f32_ptr(sin, "rope sin", half)
+            a.cos_alt, a.sin_alt = a.cos_t, a.sin_t
         status = self._call(pool.ptr, self.head, a, impl_code(impl))
         if status:
             check(status, f"{self.what} of {B} sequences ({self.trouble(B, slots)})")
@@ -162,7 +163,10 @@ class DecodeAttn(LayerStep):
     attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
     multiplied by sigmoid(gate) before o. Llama 4: `chunk` > 0 attends within the query's chunk,
     `qk_l2_eps` normalises q and k per head after RoPE (no weight), `temperature` (floor, scale)
-    scales a global layer's queries. The tensors are kept alive by this object."""
+    scales a global layer's queries. MiMo-V2: `head_dim_v` value heads narrower than head_dim (qkv's
+    value rows Hkv head_dim_v, o [D, H head_dim_v], cached padded to head_dim), `v_scale` on the
+    attention's output; `use_alt_rope()` marks a layer that reads the program's second rope tables.
+    The tensors are kept alive by this object."""
 
     STRUCT, STEP, BIND = "strata_attn_layer", "strata_decode_attn", "bind_cache"
 
@@ -174,8 +178,11 @@ class DecodeAttn(LayerStep):
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
                  chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None,
-                 v: tuple[Any, Any] | None = None):
+                 v: tuple[Any, Any] | None = None, head_dim_v: int = 0, v_scale: float = 1.0):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
+        if head_dim_v and (mla is not None or q_gate or not 0 < head_dim_v <= head_dim):
+            raise ValueError(f"decode step: a value width of its own ({head_dim_v}) goes with grouped-query attention "
+                             f"without output gate, at most head_dim={head_dim}")
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         if v is not None and mla is not None:
@@ -198,11 +205,12 @@ class DecodeAttn(LayerStep):
             "attn_scale": attn_scale, "qkv_type": int(ggml_type(qkv[0])),
             "o_type": int(ggml_type(o[0])), "wqkv": ffi.cast("void *", qkv[1].data_ptr()),
             "wo": ffi.cast("void *", o[1].data_ptr()), "wqkv_bytes": qkv[1].numel(), "wo_bytes": o[1].numel(),
-            "bqkv": f32_ptr(bqkv, "qkv bias", hq + 2 * hkv), "q_norm": f32_ptr(q_norm, "q_norm", qn),
+            "bqkv": f32_ptr(bqkv, "qkv bias", hq + hkv + n_head_kv * (head_dim_v or head_dim)), "q_norm": f32_ptr(q_norm, "q_norm", qn),
             "k_norm": f32_ptr(k_norm, "k_norm", kn), "sinks": f32_ptr(sinks, "sinks", n_head), "window": int(window),
             "bo": f32_ptr(bo, "output bias", D), "q_gate": 1 if q_gate else 0, "chunk": int(chunk),
             "qk_l2": 0 if qk_l2_eps is None else 1, "qk_l2_eps": 0.0 if qk_l2_eps is None else qk_l2_eps,
-            "temp_floor": int(floor), "temp_scale": float(t_scale),
+            "temp_floor": int(floor), "temp_scale": float(t_scale), "head_dim_v": int(head_dim_v),
+            "v_scale": 0.0 if v_scale == 1.0 else float(v_scale),
             **({} if v is None else {"v_type": int(ggml_type(v[0])), "wv": ffi.cast("void *", v[1].data_ptr()),
                                      "wv_bytes": v[1].numel()})},
             (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias, selection_bias,
@@ -247,6 +255,11 @@ class DecodeAttn(LayerStep):
         self._keep_cache, self._bound = (k_cache, v_cache), key
 
     bind = bind_cache
+
+    def use_alt_rope(self, alt: bool = True) -> None:
+        """In a decode program, read the second pair of rope tables (a sliding-window layer with a
+        RoPE base of its own); a step run on its own is given its own tables either way."""
+        self.c.rope_alt = 1 if alt else 0
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
             scratch: Any, impl: str = "auto") -> int:
