@@ -85,7 +85,7 @@ class DecodeLayers:
         self._keep = layers
         self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
         self.rope_dim = max(entry[0].rope_dim for entry in layers)
-        self.alt_rope = any(getattr(entry[0].c, "rope_alt", 0) for entry in layers)  # a layer reads `alt`
+        self.alt_rope = any(entry[0].reads_alt for entry in layers)  # a layer reads `alt`
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out

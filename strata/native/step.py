@@ -81,6 +81,7 @@ class LayerStep:
     STEP = ""
     state_slots = False
     rope_dim = 0
+    reads_alt = False  # in a decode program, the step reads the second rope tables (strata_step_args.cos_alt)
     what = "decode step"
     BIND = "bind"  # the subclass's name for `bind`, for errors
 
@@ -260,6 +261,7 @@ class DecodeAttn(LayerStep):
         """In a decode program, read the second pair of rope tables (a sliding-window layer with a
         RoPE base of its own); a step run on its own is given its own tables either way."""
         self.c.rope_alt = 1 if alt else 0
+        self.reads_alt = alt
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
             scratch: Any, impl: str = "auto") -> int:

@@ -61,9 +61,9 @@ class DecodeProgram:
         (`fixed_packed` of every MoE layer)."""
         fixed = [memory.fixed_packed(s.spec.index) if s.moe is not None else (None, None) for s in steps]
         alt = None  # the second rope (sliding-window layers' own base): its layers read the second tables
-        for s in steps:
-            rope = getattr(s.block.attention, "rope", None)
-            if rope is not None and rope is not model.rope:
+        for s in (s for s in steps if s.spec.attention.own_rope):
+            rope = s.block.attention.rope
+            if rope is not model.rope:
                 if alt is not None and rope is not alt:
                     raise ValueError("decode program: more than two RoPE tables among the layers")
                 alt = rope
