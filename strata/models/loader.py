@@ -31,7 +31,7 @@ from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
-from .mtp import read_nextn
+from .nextn import nextn_layers
 from .shard import ExpertShard
 from .rope import Rope
 from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
@@ -109,16 +109,12 @@ class WeightReader:
         return m
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:
-        return self._info(weight_name(kind, layer, suffix)) is not None
-
-    def _info(self, name: str):
-        """The record of resident tensor `name`, the trunk's or a multi-token-prediction block's."""
-        return self.mf.resident.get(name) or self.mf.mtp.get(name)
+        return weight_name(kind, layer, suffix) in self.mf.resident
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
         """suffix "": the bare name (llama.cpp's `ssm_a`)."""
         name = weight_name(kind, layer, suffix)
-        info = self._info(name)
+        info = self.mf.resident.get(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
                                     f"({self.mf.arch}), found no such tensor")
@@ -140,12 +136,15 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def cache_dims(hp: HParams) -> tuple[int, int, int]:
-    """(heads, key width, value width) per position of a layer's KV cache. Latent attention
-    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values."""
+def cache_dims(hp: HParams) -> tuple[int | tuple[int, ...], int, int]:
+    """(heads, key width, value width) per position of a layer's KV cache; heads is a tuple, one
+    count per layer, where layers differ (mimo2). Latent attention (kv_lora_rank > 0) keeps one
+    row of [latent | rope key] and no separate values. Values narrower than keys (mimo2) are kept
+    padded to the key width: the native decode attention reads one width for both (llama.cpp pads
+    its V cache too where widths differ between layers)."""
     if hp.kv_lora_rank:
         return 1, hp.kv_lora_rank + hp.rope_dim, 0
-    return hp.n_head_kv, hp.head_dim, hp.head_dim_v
+    return hp.kv_heads or hp.n_head_kv, hp.head_dim, max(hp.head_dim, hp.head_dim_v)
 
 
 def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -324,10 +323,8 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     ffns = [_ffn(w, arch, hp, spec, memory, hybrid, shards) for spec in specs]  # (ffn norm, ffn) of each block
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
-    model = Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                        lookahead=hooks[0])
-    model.mtp = read_nextn(w, hp)  # kept for a speculative decoder; forward never runs them
-    return model
+    return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
+                       lookahead=hooks[0], nextn=nextn_layers(mf.nextn, mf.tensor_data))  # MTP blocks: kept, not run
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

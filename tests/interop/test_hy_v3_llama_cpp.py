@@ -71,7 +71,7 @@ def test_strata_writes_llama_cpps_layout_with_an_mtp_layer(mtp_files):
 def test_llama_cpps_mtp_file_in_strata(tiny, mtp_files):
     ids = tiny.prompt_ids(24)
     with strata.load(mtp_files[1], threads=1, n_ctx=64) as m:
-        assert [layer.layer for layer in m.transformer.mtp] == [3] and m.hparams.n_layers == 3
+        assert [b.index for b in m.transformer.nextn.blocks] == [3] and m.hparams.n_layers == 3
         assert rel_err(m.logits(ids), tiny.hf_logits(ids)) <= REL_TOL
 
 

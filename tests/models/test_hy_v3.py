@@ -168,13 +168,14 @@ def test_multi_token_prediction_layer_is_converted_loaded_and_kept(tiny, tmp_pat
                 strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, compute=compute) as trunk:
             assert m.hparams.n_layers == 3 and len(m.transformer.blocks) == 3
             assert torch.equal(m.logits(ids), trunk.logits(ids))
-            (layer,) = m.transformer.mtp
-            assert layer.layer == 3 and layer.embedding is None and layer.head is None
-            assert torch.equal(layer.eh_proj, source["model.layers.3.eh_proj.weight"].float())
-            assert torch.equal(layer.head_norm, source["model.layers.3.final_layernorm.weight"].float())
-            assert "blk.3.ffn_down_exps.weight" in layer.block and "blk.3.attn_k_norm.weight" in layer.block
+            nextn = m.transformer.nextn
+            assert [b.index for b in nextn.blocks] == [3]
+            assert nextn.blocks[0].names == sorted(n for n in names if n.startswith("blk.3."))
+            eh_proj = source["model.layers.3.eh_proj.weight"].float()
+            assert torch.equal(nextn.weight("blk.3.nextn.eh_proj.weight"), eh_proj)
+            assert torch.equal(nextn.weight("blk.3.nextn.shared_head_norm.weight"),
+                               source["model.layers.3.final_layernorm.weight"].float())
     with strata.gguf.open_model(out) as mf:
-        assert mf.summary()["n_mtp_tensors"] == len([n for n in names if n.startswith("blk.3.")])
         assert mf.expert_layers == [1, 2]  # the memories hold the trunk's experts only
     with strata.load(tiny.gguf("f32"), threads=1, n_ctx=64, compute="packed") as trunk:
         want = trunk.logits(ids)
@@ -247,5 +248,5 @@ def test_routing_statistics_and_calibration_count_the_trunk_alone(tiny, tmp_path
         with strata.gguf.open_model(path) as mf:
             assert mf.expert_layers == [1, 2] and mf.hparams.n_layers_nextn == 1
         with strata.load(path, threads=1, n_ctx=64) as m:
-            assert len(m.transformer.mtp) == 1
+            assert len(m.transformer.nextn) == 1
             assert float((m.logits(ids).argmax(-1) == tiny.hf_logits(ids).argmax(-1)).float().mean()) >= 0.9
