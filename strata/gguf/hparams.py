@@ -97,6 +97,7 @@ class HParams:
     ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
+    indexer: "IndexerDims | None" = None  # DeepSeek Sparse Attention's lightning indexer (Arch.indexer_rope), else None
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
@@ -131,6 +132,19 @@ class DeltaNetDims:
     def conv_channels(self) -> int:
         """Channels of the short convolution: [q | k | v]."""
         return 2 * self.n_k_heads * self.head_k_dim + self.inner_size
+
+
+@dataclass(frozen=True)
+class IndexerDims:
+    """The lightning indexer of DeepSeek Sparse Attention, from `attention.indexer.*`: head_count,
+    key_length (one key per position, a power of two >= 64: llama.cpp turns it with one Hadamard
+    matrix), top_k (positions each query keeps); `full`, per layer: it runs its own indexer (False:
+    it reuses the top-k of the full layer before it; `attention.indexer.types`, else all full)."""
+
+    n_head: int
+    head_dim: int
+    top_k: int
+    full: tuple[bool, ...]
 
 
 _REQUIRED = object()
@@ -226,6 +240,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         hp = _deltanet(m, hp)
     if spec.rope_sections:
         hp = dataclasses.replace(hp, rope_sections=_rope_sections(m))
+    if spec.indexer_rope:
+        hp = dataclasses.replace(hp, indexer=_indexer(m, hp))
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
@@ -282,6 +298,31 @@ def _rope_sections(m: _Metadata) -> tuple[int, ...]:
     return tuple(value) + (0,) * (4 - len(value))
 
 
+def _indexer(m: _Metadata, hp: HParams) -> IndexerDims:
+    """The lightning indexer's sizes and which layers run it (`attention.indexer.types`: one bool
+    or 0/1 per layer, else every layer, as llama.cpp reads them), checked as llama.cpp needs them."""
+    I = Keys.Attention.Indexer
+    dims = IndexerDims(m.get(I.HEAD_COUNT, int), m.get(I.KEY_LENGTH, int), m.get(I.TOP_K, int), ())
+    key = INDEXER_TYPES.format(arch=m.arch)
+    flags = m.metadata.get(key, [True] * hp.n_layers)
+    if not isinstance(flags, list) or len(flags) < hp.n_layers or not all(isinstance(f, (bool, int)) for f in flags):
+        raise format_error(m.path, f"metadata key {key!r}", f"an array of {hp.n_layers} bools", f"{flags!r:.80}")
+    full = tuple(bool(f) for f in flags[:hp.n_layers])
+    if not full[0]:
+        raise format_error(m.path, f"metadata key {key!r}", "layer 0 running its own indexer (a shared layer reuses "
+                           "the full layer before it)", f"{flags!r:.80}")
+    d = dims.head_dim
+    if d < 64 or d & (d - 1) or d < hp.rope_dim:
+        raise format_error(m.path, f"metadata key {I.KEY_LENGTH.format(arch=m.arch)!r}", "a power of two >= 64 and >= "
+                           f"rope.dimension_count={hp.rope_dim} (llama.cpp turns it with one Hadamard matrix)", str(d))
+    for k, v in ((I.HEAD_COUNT, dims.n_head), (I.TOP_K, dims.top_k)):
+        if v <= 0:
+            raise format_error(m.path, f"metadata key {k.format(arch=m.arch)!r}", "> 0", str(v))
+    return dataclasses.replace(dims, full=full)
+
+
+#: llama.cpp's LLM_KV_ATTENTION_INDEXER_TYPES (gguf-py 0.19's Keys lacks it).
+INDEXER_TYPES = "{arch}.attention.indexer.types"
 #: llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS (gguf-py 0.19's Keys lacks it).
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
 
@@ -432,4 +473,4 @@ def _check_values(path: Path, hp: HParams) -> None:
                            f"a divisor of head_count={hp.n_head}", str(hp.n_head_kv))
 
 
-__all__ = ["RECURRENT_LAYERS", "DeltaNetDims", "HParams", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling", "architecture", "read_hparams"]

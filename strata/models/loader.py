@@ -137,9 +137,10 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def cache_dims(hp: HParams) -> tuple[int, int, int]:
     """(heads, key width, value width) per position of a layer's KV cache. Latent attention
-    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values."""
+    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values; sparse latent
+    attention keeps its indexer key in the value slot (strata.models.dsa)."""
     if hp.kv_lora_rank:
-        return 1, hp.kv_lora_rank + hp.rope_dim, 0
+        return 1, hp.kv_lora_rank + hp.rope_dim, hp.indexer.head_dim if hp.indexer else 0
     return hp.n_head_kv, hp.head_dim, hp.head_dim_v
 
 
