@@ -67,11 +67,13 @@ def open_model(path: str | Path, *, cross_check: bool = False,
         tensors.update(infos)
         parts.append(FilePart(i, p, base, scan.file_size, tuple(infos)))
     hparams = read_hparams(first_path, first.metadata, {name: t.shape for name, t in tensors.items()})
+    mtp = {name: t for name, t in tensors.items() if layer_of(name) in range(hparams.n_layers, hparams.n_layers
+                                                                           + hparams.n_layers_nextn)}
     tensors, parts = _trunk(tensors, parts, hparams)
     check_routing_types(first_path, first.value_types)
     layout = build_layout(first_path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
     maps = [_map(part.path) for part in parts]
-    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout, _guards(maps, guard))
+    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout, _guards(maps, guard), mtp)
 
 
 def _trunk(tensors: dict[str, TensorInfo], parts: list[FilePart],
@@ -152,7 +154,7 @@ class ModelFile:
 
     def __init__(self, parts: tuple[FilePart, ...], maps: list[np.memmap], scan: HeaderScan, hparams: HParams,
                  tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer],
-                 guards: list[MapGuard | None] | None = None):
+                 guards: list[MapGuard | None] | None = None, mtp: dict[str, TensorInfo] | None = None):
         self.parts = parts
         self.path = parts[0].path  # the file holding the metadata (the first part)
         self.version = scan.version
@@ -161,6 +163,9 @@ class ModelFile:
         self.metadata = scan.metadata
         self.hparams = hparams
         self.tensors = tensors
+        # the multi-token-prediction blocks' tensors (`nextn_predict_layers` after the trunk): their
+        # records kept for speculative decoding; no forward pass runs them, `tensors` leaves them out
+        self.mtp = dict(mtp or {})
         self.resident = {name: t for name, t in tensors.items() if match_expert_tensor(name) is None}
         self.expert_layers = sorted(layout)
         self._layout = layout

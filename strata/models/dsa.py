@@ -53,7 +53,7 @@ class IndexerWeights:
     k: Weight  # [Di, D]
     k_norm: torch.Tensor  # [Di] LayerNorm weight
     k_norm_b: torch.Tensor  # [Di] LayerNorm bias
-    proj: Weight  # [Hi, D]
+    proj: torch.Tensor  # [Hi, D], float (F32 in llama.cpp's files, as routers)
 
 
 @functools.cache
@@ -134,7 +134,7 @@ def read_dsa(cls, w, arch, hp, spec, rope: Rope) -> DSAttention:
                              k=w.matrix(MT.INDEXER_ATTN_K, i, (ix.head_dim, D)),
                              k_norm=w.get(MT.INDEXER_K_NORM, i, (ix.head_dim,)),
                              k_norm_b=w.get(MT.INDEXER_K_NORM, i, (ix.head_dim,), "bias"),
-                             proj=w.matrix(MT.INDEXER_PROJ, i, (ix.n_head, D)))
+                             proj=w.get(MT.INDEXER_PROJ, i, (ix.n_head, D)))  # float, as routers
     index_rope = copy.copy(rope)  # the same tables, the indexer's own arrangement
     index_rope.neox = arch.indexer_rope == "neox"
     return cls(weights, *dims, rope=rope, idx=idx, n_index_head=ix.n_head, top_k=ix.top_k, index_rope=index_rope,

@@ -1,0 +1,84 @@
+"""Converting DeepSeek-V3.2 (-> deepseek32): the indexer's tensors and keys as llama.cpp's converter
+writes them (its head weights in F32 whatever the type asked), the checks on what llama.cpp
+cannot run, and the multi-token-prediction layer: skipped by Strata's converter, kept by
+llama.cpp's and then left out of Strata's trunk (as llama.cpp's main graph leaves it)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+
+import strata
+from converters import ConversionError, TypePolicy, convert
+from tests.convert.test_glm4moe import _array, _rewrite
+from tests.fixtures.tiny import llama_cpp_source, zoo
+from tests.models.helpers import REL_TOL, Bare, rel_err
+
+
+def _add_mtp_layer(tensors: dict) -> None:
+    """Layer 3 as DeepSeek ships its nextn layer: a copy of the last layer plus the MTP projections."""
+    D = tensors["model.norm.weight"].shape[0]
+    for name in [n for n in tensors if n.startswith("model.layers.2.")]:
+        tensors[name.replace("layers.2.", "layers.3.")] = tensors[name].clone()
+    g = torch.Generator().manual_seed(0)
+    tensors["model.layers.3.eh_proj.weight"] = torch.randn(D, 2 * D, generator=g)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"model.layers.3.{norm}.weight"] = torch.ones(D)
+
+
+def test_deepseek32_indexer_tensors_and_metadata():
+    tiny = zoo().get("deepseek32")
+    cfg, ix = tiny.model.config, tiny.model.model.layers[1].self_attn.indexer
+    reader = GGUFReader(tiny.gguf(None))  # default types: Q8_0 attention, Q4_K experts
+    fields = {f.name: f.contents() for f in reader.fields.values()}
+    tensors = {t.name: t for t in reader.tensors}
+    keys = {"head_count": cfg.index_n_heads, "key_length": cfg.index_head_dim, "top_k": cfg.index_topk}
+    assert {k: fields[f"deepseek32.attention.indexer.{k}"] for k in keys} == keys
+    assert fields["deepseek32.expert_gating_func"] == 2 and fields["deepseek32.attention.q_lora_rank"] == 64
+    shapes = {"attn_q_b": [64, 1024], "attn_k": [256, 64], "k_norm": [64], "proj": [256, 16]}
+    assert {k: tensors[f"blk.1.indexer.{k}.weight"].shape.tolist() for k in shapes} == shapes
+    assert tensors["blk.1.indexer.proj.weight"].tensor_type.name == "F32"  # as llama.cpp's converter keeps it
+    assert tensors["blk.1.indexer.attn_k.weight"].tensor_type.name == "Q8_0"
+    assert np.array_equal(_array(tensors["blk.1.indexer.proj.weight"]), ix.weights_proj.weight.detach().numpy())
+    assert np.array_equal(_array(tensors["blk.1.indexer.k_norm.bias"]), ix.k_norm.bias.detach().numpy())
+
+
+@pytest.mark.parametrize("change, message", [({"q_lora_rank": None}, "q_lora_rank is null"),
+                                             ({"index_head_dim": 96}, "index_head_dim=96")])
+def test_deepseek32_refuses_what_llama_cpp_cannot_run(tmp_path, change, message):
+    tiny = zoo().get("deepseek32")
+    _rewrite(tiny, tmp_path / "hf", change, lambda t: None)
+    with pytest.raises(ConversionError, match=message):
+        convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
+
+
+def test_strata_converter_skips_the_mtp_layer(tmp_path):
+    tiny = zoo().get("deepseek32")
+    _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, _add_mtp_layer)
+    convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
+    reader = GGUFReader(tmp_path / "out.gguf")
+    assert reader.fields["deepseek32.block_count"].contents() == 3
+    assert not any(t.name.startswith("blk.3.") for t in reader.tensors)
+
+
+@pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's source tree not found: set STRATA_LLAMA_CPP_SRC")
+def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path):
+    """llama.cpp's converter keeps the nextn layer (block_count 4, nextn_predict_layers 1): Strata
+    opens the file, runs the 3 trunk layers, and the logits are transformers'."""
+    tiny = zoo().get("deepseek32")
+    _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, _add_mtp_layer)
+    other = dataclasses.replace(tiny, hf_dir=tmp_path / "hf", root=tmp_path, _files={})
+    path = other.llama_cpp_gguf("f32")
+    reader = GGUFReader(path)
+    assert reader.fields["deepseek32.block_count"].contents() == 4
+    assert {"blk.3.nextn.eh_proj.weight", "blk.3.indexer.attn_k.weight"} <= {t.name for t in reader.tensors}
+    with strata.gguf.open_model(path) as mf:
+        assert (mf.hparams.n_layers, mf.hparams.n_layers_nextn) == (3, 1)
+        assert not any(n.startswith("blk.3.") for n in mf.tensors)  # kept apart, not run
+        assert {"blk.3.nextn.eh_proj.weight", "blk.3.ffn_gate_exps.weight"} <= set(mf.mtp)
+        assert mf.mtp["blk.3.nextn.eh_proj.weight"].shape == (256, 512)
+    ids = tiny.prompt_ids(24)
+    assert rel_err(Bare(path).forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
