@@ -59,6 +59,9 @@ class Arch:
     indexer_rope: str | None = None  # DeepSeek Sparse Attention: the lightning indexer's RoPE arrangement (one of
     #                                  ROPE_TYPES; `attention.indexer.*` are required), None without an indexer
     indexer_norm_eps: float = 0.0  # the epsilon of the indexer key's LayerNorm (llama.cpp's f_norm_eps)
+    indexer_pattern: tuple[int, int, int] | None = None  # (context, lead, period): without `attention.indexer.types`,
+    #                                  a file of at least `context` positions runs its own indexer on the first `lead`
+    #                                  layers and every `period`-th after them, the others reuse it (else all run it)
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones

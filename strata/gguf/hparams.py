@@ -300,11 +300,16 @@ def _rope_sections(m: _Metadata) -> tuple[int, ...]:
 
 def _indexer(m: _Metadata, hp: HParams) -> IndexerDims:
     """The lightning indexer's sizes and which layers run it (`attention.indexer.types`: one bool
-    or 0/1 per layer, else every layer, as llama.cpp reads them), checked as llama.cpp needs them."""
+    or 0/1 per layer, else the architecture's `indexer_pattern` or every layer, as llama.cpp reads
+    them), checked as llama.cpp needs them."""
     I = Keys.Attention.Indexer
     dims = IndexerDims(m.get(I.HEAD_COUNT, int), m.get(I.KEY_LENGTH, int), m.get(I.TOP_K, int), ())
-    key = INDEXER_TYPES.format(arch=m.arch)
-    flags = m.metadata.get(key, [True] * hp.n_layers)
+    key, pattern = INDEXER_TYPES.format(arch=m.arch), archs.get(m.arch).indexer_pattern
+    default = [True] * hp.n_layers
+    if pattern and hp.context_length >= pattern[0]:
+        _, lead, period = pattern
+        default = [i < lead or (i - lead) % period == 0 for i in range(hp.n_layers)]
+    flags = m.metadata.get(key, default)
     if not isinstance(flags, list) or len(flags) < hp.n_layers or not all(isinstance(f, (bool, int)) for f in flags):
         raise format_error(m.path, f"metadata key {key!r}", f"an array of {hp.n_layers} bools", f"{flags!r:.80}")
     full = tuple(bool(f) for f in flags[:hp.n_layers])

@@ -151,6 +151,18 @@ MORE_SPECS = {
                             index_head_dim=64, index_topk=8,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                        "qwen2", torch.float32, True, seed=5),
+    # GLM-5: deepseek32's shapes, 4 layers (1 dense + 3 MoE), 8 experts in one group, the lightning
+    # indexer in interleaved RoPE on layers 0 and 2; layers 1 and 3 reuse the choice before them; seed 2:
+    # the test sequences' selections survive twice the f16 rounding of the keys.
+    "glmdsa": Spec("glmdsa", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256,
+                        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                        q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
+                        index_n_heads=16, index_head_dim=64, index_topk=8,
+                        indexer_types=["full", "shared", "full", "shared"],
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   "qwen2", torch.float32, True, seed=2),
     # Qwen3-Next: 4 layers (3 gated DeltaNet, then full attention with its output gate), 2 key / 4
     # value heads of 32 in the DeltaNet, kernel 4; RoPE on 16 of 64 head features; 4 experts (2
     # used, renormalised) and a gated shared expert on every layer.

@@ -12,7 +12,7 @@ from tests.fixtures.tiny import GGUF_ARCH, llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, Bare, rel_err
 
 llama_cpp = pytest.importorskip("llama_cpp")
-KEYS = ("deepseek32",)
+KEYS = ("deepseek32", "glmdsa")
 
 
 @pytest.fixture(params=KEYS, scope="module")
