@@ -1,7 +1,8 @@
-"""Converting DeepSeek-V3.2 (-> deepseek32): the indexer's tensors and keys as llama.cpp's converter
-writes them (its head weights in F32 whatever the type asked), the checks on what llama.cpp
-cannot run, and the multi-token-prediction layer: skipped by Strata's converter, kept by
-llama.cpp's and then left out of Strata's trunk (as llama.cpp's main graph leaves it)."""
+"""Converting DeepSeek-V3.2 (-> deepseek32) and GLM-5 (-> glm-dsa): the indexer's tensors and keys as
+llama.cpp's converter writes them (its head weights in F32 whatever the type asked; GLM-5's
+indexer types, no indexer on its shared layers), the checks on what llama.cpp cannot run, and
+the multi-token-prediction layer: skipped by Strata's converter, kept by llama.cpp's and then
+left out of Strata's trunk (as llama.cpp's main graph leaves it), its tensors kept apart."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,19 +15,28 @@ from gguf import GGUFReader
 import strata
 from converters import ConversionError, TypePolicy, convert
 from tests.convert.test_glm4moe import _array, _rewrite
-from tests.fixtures.tiny import llama_cpp_source, zoo
+from tests.fixtures.tiny import GGUF_ARCH, llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, Bare, rel_err
 
+KEYS = ("deepseek32", "glmdsa")
 
-def _add_mtp_layer(tensors: dict) -> None:
-    """Layer 3 as DeepSeek ships its nextn layer: a copy of the last layer plus the MTP projections."""
-    D = tensors["model.norm.weight"].shape[0]
-    for name in [n for n in tensors if n.startswith("model.layers.2.")]:
-        tensors[name.replace("layers.2.", "layers.3.")] = tensors[name].clone()
-    g = torch.Generator().manual_seed(0)
-    tensors["model.layers.3.eh_proj.weight"] = torch.randn(D, 2 * D, generator=g)
-    for norm in ("enorm", "hnorm", "shared_head.norm"):
-        tensors[f"model.layers.3.{norm}.weight"] = torch.ones(D)
+
+def _with_mtp_layer(tiny, folder) -> int:
+    """A copy of the checkpoint with an MTP layer after the trunk, as DeepSeek and GLM ship it: a
+    copy of the trunk's layer 2 (one with an indexer) plus the MTP projections. Returns its index."""
+    n = tiny.model.config.num_hidden_layers
+
+    def add(tensors: dict) -> None:
+        D = tensors["model.norm.weight"].shape[0]
+        for name in [k for k in tensors if k.startswith("model.layers.2.")]:
+            tensors[name.replace("layers.2.", f"layers.{n}.")] = tensors[name].clone()
+        g = torch.Generator().manual_seed(0)
+        tensors[f"model.layers.{n}.eh_proj.weight"] = torch.randn(D, 2 * D, generator=g)
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            tensors[f"model.layers.{n}.{norm}.weight"] = torch.ones(D)
+
+    _rewrite(tiny, folder, {"num_nextn_predict_layers": 1}, add)
+    return n
 
 
 def test_deepseek32_indexer_tensors_and_metadata():
@@ -55,30 +65,42 @@ def test_deepseek32_refuses_what_llama_cpp_cannot_run(tmp_path, change, message)
         convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
 
 
-def test_strata_converter_skips_the_mtp_layer(tmp_path):
-    tiny = zoo().get("deepseek32")
-    _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, _add_mtp_layer)
+def test_glm_dsa_indexer_types_and_shared_layers():
+    tiny = zoo().get("glmdsa")
+    reader = GGUFReader(tiny.gguf("f32"))
+    assert reader.fields["glm-dsa.attention.indexer.types"].contents() == [True, False, True, False]
+    names = {t.name for t in reader.tensors}
+    assert "blk.2.indexer.attn_k.weight" in names and not any(n.startswith("blk.1.indexer") for n in names)
+    assert reader.fields["glm-dsa.rope.dimension_count"].contents() == 32
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_strata_converter_skips_the_mtp_layer(tmp_path, key):
+    tiny = zoo().get(key)
+    n = _with_mtp_layer(tiny, tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
     reader = GGUFReader(tmp_path / "out.gguf")
-    assert reader.fields["deepseek32.block_count"].contents() == 3
-    assert not any(t.name.startswith("blk.3.") for t in reader.tensors)
+    assert reader.fields[f"{GGUF_ARCH[key]}.block_count"].contents() == n
+    assert not any(t.name.startswith(f"blk.{n}.") for t in reader.tensors)
 
 
 @pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's source tree not found: set STRATA_LLAMA_CPP_SRC")
-def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path):
-    """llama.cpp's converter keeps the nextn layer (block_count 4, nextn_predict_layers 1): Strata
-    opens the file, runs the 3 trunk layers, and the logits are transformers'."""
-    tiny = zoo().get("deepseek32")
-    _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, _add_mtp_layer)
+@pytest.mark.parametrize("key", KEYS)
+def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path, key):
+    """llama.cpp's converter keeps the nextn layer (block_count n + 1, nextn_predict_layers 1):
+    Strata opens the file, runs the n trunk layers, keeps the MTP layer's tensors apart, and the
+    logits are transformers'."""
+    tiny = zoo().get(key)
+    n, arch = _with_mtp_layer(tiny, tmp_path / "hf"), GGUF_ARCH[key]
     other = dataclasses.replace(tiny, hf_dir=tmp_path / "hf", root=tmp_path, _files={})
     path = other.llama_cpp_gguf("f32")
     reader = GGUFReader(path)
-    assert reader.fields["deepseek32.block_count"].contents() == 4
-    assert {"blk.3.nextn.eh_proj.weight", "blk.3.indexer.attn_k.weight"} <= {t.name for t in reader.tensors}
+    assert reader.fields[f"{arch}.block_count"].contents() == n + 1
+    assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.indexer.attn_k.weight"} <= {t.name for t in reader.tensors}
     with strata.gguf.open_model(path) as mf:
-        assert (mf.hparams.n_layers, mf.hparams.n_layers_nextn) == (3, 1)
-        assert not any(n.startswith("blk.3.") for n in mf.tensors)  # kept apart, not run
-        assert {"blk.3.nextn.eh_proj.weight", "blk.3.ffn_gate_exps.weight"} <= set(mf.mtp)
-        assert mf.mtp["blk.3.nextn.eh_proj.weight"].shape == (256, 512)
+        assert (mf.hparams.n_layers, mf.hparams.n_layers_nextn) == (n, 1)
+        assert not any(name.startswith(f"blk.{n}.") for name in mf.tensors)  # kept apart, not run
+        assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.ffn_gate_exps.weight"} <= set(mf.mtp)
+        assert mf.mtp[f"blk.{n}.nextn.eh_proj.weight"].shape == (256, 512)
     ids = tiny.prompt_ids(24)
     assert rel_err(Bare(path).forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL

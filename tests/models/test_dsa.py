@@ -1,25 +1,36 @@
-"""DeepSeek-V3.2 (`deepseek32`) against transformers' DeepseekV32ForCausalLM on the bar of the other
-families, on a tiny model whose lightning indexer keeps 8 positions of the 20-48 its test
-sequences reach, so the selection matters; and what only it has: the indexer's choice equal to
-transformers' (f16 keys after the Hadamard turn, as llama.cpp caches them), its keys in the
-latent cache's value slot, every path (float, packed per call, the memories, batching, chunked
-prefill) giving the same, the plan saying why decode runs per call, `strata inspect`'s verdict."""
+"""Sparse latent attention: DeepSeek-V3.2 (`deepseek32`) and GLM-5 (`glm-dsa`) against transformers'
+DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM on the bar of the other families, on tiny models
+whose lightning indexer keeps 8 positions of the 20-48 their test sequences reach, so the
+selection matters; and what only they have: the indexer's choice equal to transformers' (f16 keys
+after the Hadamard turn, as llama.cpp caches them), its keys in the latent cache's value slot,
+GLM-5's shared layers reusing the choice before them, every path (float, packed per call, the
+memories, batching, chunked prefill) giving the same, the plan saying why decode runs per call,
+`strata inspect`'s verdict."""
 from __future__ import annotations
 
 import torch
 
+import pytest
+
 from strata.cli import main
 from strata.models import cache_dims
 from strata.models.dsa import DSAttention
+from tests.fixtures.tiny import GGUF_ARCH, zoo
+from tests.fixtures.rewrite import V, rewrite
 
 from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
-                      check_packed_every_memory, check_prefill_and_decode, load, rel_err, tiny_fixture)
+                      check_packed_every_memory, check_prefill_and_decode, load, rel_err)
 
-tiny = tiny_fixture("deepseek32")
+KEYS = ("deepseek32", "glmdsa")
+
+
+@pytest.fixture(params=KEYS, scope="module")
+def tiny(request):
+    return zoo().get(request.param)
 
 
 def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
-    check_prefill_and_decode(tiny, record_property, "deepseek32", 20, 16)
+    check_prefill_and_decode(tiny, record_property, GGUF_ARCH[tiny.key], 20, 16)
 
 
 def test_greedy_32_tokens_match_transformers(tiny):
@@ -30,7 +41,7 @@ def _hf_choices(tiny, ids: list[int]) -> list[torch.Tensor]:
     """transformers' top-k positions [T, K] of each layer's indexer for one sequence."""
     seen = []
     hooks = [layer.self_attn.indexer.register_forward_hook(lambda m, a, out: seen.append(out[0].long().sort(-1).values))
-             for layer in tiny.model.model.layers]
+             for layer in tiny.model.model.layers if layer.self_attn.indexer is not None]
     try:
         tiny.hf_logits(ids)
     finally:
@@ -72,10 +83,10 @@ def test_indexer_keys_sit_in_the_value_slot_in_f16(tiny):
     cfg = tiny.model.config
     bare = Bare(tiny.gguf("f32"))
     assert cache_dims(bare.mf.hparams) == (1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.index_head_dim)
-    assert all(type(b.attention) is DSAttention and b.attention.idx is not None for b in bare.model.blocks)
+    assert all(type(b.attention) is DSAttention for b in bare.model.blocks)
     bare.forward(tiny.prompt_ids(12), 0)
-    keys = bare.cache.layer(1)[1][bare.cache.table(0)[0], 0, :12]  # [12, Di]
-    assert keys.abs().min(-1).values.gt(0).all() and torch.equal(keys, keys.half().float())
+    keys = bare.cache.layer(2)[1][bare.cache.table(0)[0], 0, :12]  # [12, Di] (layer 2 runs its indexer in both)
+    assert keys.abs().sum(-1).gt(0).all() and torch.equal(keys, keys.half().float())
 
 
 def test_a_batch_of_two_equals_each_alone(tiny):
@@ -114,4 +125,37 @@ def test_generate_batch_equals_each_alone(tiny):
 def test_inspect_says_it_runs(tiny, capsys):
     assert main(["inspect", str(tiny.gguf("f32"))]) == 0
     out = capsys.readouterr().out
-    assert "verdict: runs: deepseek32" in out, out
+    assert f"verdict: runs: {GGUF_ARCH[tiny.key]}" in out, out
+
+
+def test_glm_shared_layers_reuse_the_choice_before_them():
+    """GLM-5's layers 1 and 3 (indexer_types "shared") have no indexer and attend to what layers 0
+    and 2 keep; GLM-5.2's default pattern (no types key, a context of 1M positions) is layers 0,
+    1 and every 4th from 2."""
+    tiny = zoo().get("glmdsa")
+    bare = Bare(tiny.gguf("f32"))
+    assert bare.mf.hparams.indexer.full == (True, False, True, False)
+    assert [b.attention.idx is None for b in bare.model.blocks] == [False, True, False, True]
+    assert not any(n.startswith(("blk.1.indexer", "blk.3.indexer")) for n in bare.mf.tensors)
+    ids = tiny.prompt_ids(30)
+    kept, real = [], DSAttention.latent
+
+    def watch(self, x, q_low, batch, cos_sin, cache, keep=None):
+        kept.append(keep)
+        return real(self, x, q_low, batch, cos_sin, cache, keep)
+
+    DSAttention.latent = watch
+    try:
+        bare.forward(ids, 0)
+    finally:
+        DSAttention.latent = real
+    assert kept[1] is kept[0] and kept[3] is kept[2] and not torch.equal(kept[0], kept[2])
+
+
+def test_glm_5_2_default_indexer_pattern(tmp_path):
+    tiny = zoo().get("glmdsa")
+    path = rewrite(tiny.gguf("f32"), tmp_path / "long.gguf", set={"glm-dsa.context_length": (1 << 20, V.UINT32)},
+                   drop={"glm-dsa.attention.indexer.types"})
+    from strata.gguf import open_model
+    with open_model(path) as mf:
+        assert mf.hparams.indexer.full == (True, True, True, False)
