@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from gguf.constants import MODEL_TENSOR as MT
 
+from .attention import query_pieces
 from .batch import Batch
 from .kinds import implements, reader
 from .layers import Weight, linear
@@ -107,15 +108,19 @@ class DSAttention(MLAttention):
                 keep.append(torch.arange(self.top_k, device=x.device).clamp(max=seen - 1).expand(n, -1))
                 continue
             ks = batch.read(keys, b, torch.float32)[0]  # [seen, Di]
-            keep.append(top_positions(q[off:off + n], wt[off:off + n], ks, start, self.top_k))
+            # long steps go in pieces of queries (the scores of a piece stay within SCORE_ELEMENTS)
+            keep += [top_positions(q[off + i:off + j], wt[off + i:off + j], ks, start + i, self.top_k)
+                     for i, j in query_pieces(start, n, self.n_index_head)]
         return torch.cat(keep)
 
 
 def top_positions(q: torch.Tensor, wt: torch.Tensor, keys: torch.Tensor, start: int, k: int) -> torch.Tensor:
     """The k best positions [n, k] for queries q [n, Hi, Di] (at positions start..start+n-1) with
-    head weights wt [n, Hi] over keys [seen, Di]; a token's later positions score -inf (a token
-    that sees fewer than k positions keeps them all, and masked ones its attention drops)."""
+    head weights wt [n, Hi] over keys [>= k, Di]; a token's later positions score -inf (a token
+    that sees fewer than k positions keeps them all, and masked ones its attention drops; keys
+    past the last query's position are not scored)."""
     n = q.shape[0]
+    keys = keys[:max(start + n, k)]  # [seen, Di]: a token sees up to its own position (k at least, for topk)
     scores = torch.relu(torch.einsum("thd,sd->ths", q, keys))  # [n, Hi, seen]
     scores = torch.einsum("ths,th->ts", scores, wt)  # [n, seen]
     later = torch.arange(keys.shape[0], device=q.device)[None, :] > torch.arange(start, start + n, device=q.device)[:, None]

@@ -159,3 +159,14 @@ def test_glm_5_2_default_indexer_pattern(tmp_path):
     from strata.gguf import open_model
     with open_model(path) as mf:
         assert mf.hparams.indexer.full == (True, True, True, False)
+
+
+def test_a_long_step_scores_in_pieces(tiny, monkeypatch):
+    """The indexer scores a long step's queries in pieces that bound the scores' memory: one query
+    a piece (the first ones seeing fewer positions than top_k) gives the bytes of one piece."""
+    from strata.models import attention, dsa
+    ids = tiny.prompt_ids(40)
+    whole = Bare(tiny.gguf("f32")).forward(ids, 0)
+    rows = attention.query_pieces
+    monkeypatch.setattr(dsa, "query_pieces", lambda start, n, heads, budget=None: rows(start, n, heads, heads * (start + n)))
+    assert torch.equal(Bare(tiny.gguf("f32")).forward(ids, 0), whole)
