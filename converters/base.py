@@ -218,7 +218,7 @@ class Converter:
     def write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
         """rope.scaling.* from rope_parameters (converters.rope_scaling), and the sliding-window
         layers' own base where the config gives one."""
-        write_rope_scaling(w, self.rope_parameters(), self.cfg, self.arch.name, str(self.config_path))
+        write_rope_scaling(w, self.rope_parameters(), self.cfg, self.arch, str(self.config_path))
         swa = self.all_rope_parameters().get("sliding_attention") or {}
         if self.arch.swa and swa.get("rope_theta") is not None:
             w.add_rope_freq_base_swa(float(swa["rope_theta"]))
@@ -232,7 +232,7 @@ class Converter:
 
     def extra_tensors(self) -> list[PlannedTensor]:
         """Tensors computed from the config rather than read: RoPE factors (longrope, llama3)."""
-        hp = self.hp  # llama only (write_rope_scaling refuses the others): rotary over the whole head
+        hp = self.hp  # architectures that read them (write_rope_scaling refuses the others): rotary over the whole head
         factors = rope_factor_tensors(self.rope_parameters(), self.cfg, hp.head_dim, hp.rope_theta, str(self.config_path))
         return [PlannedTensor(weight_name(kind), kind, None, values.shape, gguf.GGMLQuantizationType.F32,
                               [lambda v=values: v.reshape(1, -1)], values.nbytes, ()) for kind, values in factors.items()]

@@ -18,7 +18,7 @@ from gguf import MODEL_TENSOR as MT
 from converters.base import HParams
 from converters.deepseek32 import INDEXER, DeepSeek32Converter
 from converters.source import ConversionError
-from strata.gguf.hparams import INDEXER_TYPES
+from strata.gguf.indexer import INDEXER_TYPES
 
 
 class GlmDsaConverter(DeepSeek32Converter):

@@ -631,6 +631,7 @@ typedef struct {
     strata_route_groups *groups;
     void *scratch;
     int64_t scratch_bytes;
+    const float *cos_alt, *sin_alt;  /* a second pair of rope tables, for layers that ask (rope_alt); may be NULL */
 } strata_step_args;
 
 /* A layer kind's decode step (`layer`: the head of the kind's struct) and its scratch bytes for
@@ -698,6 +699,16 @@ typedef struct {
     int32_t v_type;
     const void *wv;
     int64_t wv_bytes;
+    /* MiMo-V2 (0 when absent; grouped-query attention only, no output gate): value heads of
+     * head_dim_v < head_dim features (wqkv's or wv's value rows are Hkv head_dim_v, o is
+     * [D, H head_dim_v]; the caches' value rows stay head_dim wide, zero past head_dim_v: the
+     * decode attention reads one width) and v_scale != 0 multiplying the attention's output
+     * (each head's first head_dim_v features) before o. rope_alt: the layer's rope tables are the
+     * step's cos_alt / sin_alt (sliding-window layers with a RoPE base of their own, in the decode
+     * program; a step run on its own gets its layer's tables as both). */
+    int64_t head_dim_v;
+    float v_scale;
+    int32_t rope_alt;
 } strata_attn_layer;
 
 /* The attention kinds' strata_step_scratch_fn and strata_step_fn: x += attention(attn_norm(x))

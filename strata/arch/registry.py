@@ -31,6 +31,8 @@ class Arch:
     runs: bool = True  # strata.models builds it (False: Strata reads its hyperparameters only)
 
     rope_type: str = "neox"
+    rope_factors: bool = False  # llama.cpp's graph divides RoPE frequencies by `rope_freqs` (Llama 3's scaling) or
+    # longrope's factor sets (its get_rope_factors): the converter writes them for llama3 / longrope configs
     moe: bool = True  # expert_count and expert_used_count are required (a dense llama has neither)
     expert_gating_func: str = "softmax"  # router probabilities when `{arch}.expert_gating_func` is absent
     expert_weights_norm: bool = False  # top-k weights renormalised when `{arch}.expert_weights_norm` is absent

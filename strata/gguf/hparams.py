@@ -23,6 +23,7 @@ from strata.arch import Arch, weight_name, weight_pattern
 
 from .experts import ff_length_from_shape, match_expert_tensor
 from .header import format_error
+from .indexer import INDEXER_TYPES, IndexerDims, read_indexer
 
 
 #: `{arch}.expert_gating_func` values (llama.cpp's llama_expert_gating_func_type) by id; 0 ("none")
@@ -98,6 +99,12 @@ class HParams:
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
     indexer: "IndexerDims | None" = None  # DeepSeek Sparse Attention's lightning indexer (Arch.indexer_rope), else None
+    kv_heads: tuple[int, ...] = ()  # attention.head_count_kv as an array: each trunk layer's kv heads (else n_head_kv)
+    attn_value_scale: float = 1.0  # attention.value_scale: the attention's values (its output) scaled (mimo2)
+
+    def head_count_kv(self, layer: int) -> int:
+        """Layer `layer`'s kv heads (llama.cpp's n_head_kv(il)): its entry of a per-layer array, else n_head_kv."""
+        return self.kv_heads[layer] if self.kv_heads else self.n_head_kv
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
@@ -132,19 +139,6 @@ class DeltaNetDims:
     def conv_channels(self) -> int:
         """Channels of the short convolution: [q | k | v]."""
         return 2 * self.n_k_heads * self.head_k_dim + self.inner_size
-
-
-@dataclass(frozen=True)
-class IndexerDims:
-    """The lightning indexer of DeepSeek Sparse Attention, from `attention.indexer.*`: head_count,
-    key_length (one key per position, a power of two >= 64: llama.cpp turns it with one Hadamard
-    matrix), top_k (positions each query keeps); `full`, per layer: it runs its own indexer (False:
-    it reuses the top-k of the full layer before it; `attention.indexer.types`, else all full)."""
-
-    n_head: int
-    head_dim: int
-    top_k: int
-    full: tuple[bool, ...]
 
 
 _REQUIRED = object()
@@ -194,6 +188,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
     n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
     rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
+    kv_heads = _per_layer_counts(m, A.HEAD_COUNT_KV, n_layers, n_nextn)
     # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
     temp_scale = m.get(A.TEMPERATURE_SCALE, float, 0.0) if spec.mla else 0.0
     hp = HParams(
@@ -210,7 +205,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         n_ff_shexp=m.get(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, _shexp_rows(shapes)),
         n_dense_lead=m.get(L.LEADING_DENSE_BLOCK_COUNT, int, _REQUIRED if spec.dense_lead else 0),
         n_head=n_head,
-        n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head),
+        n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head) if kv_heads is None else max(kv_heads),
         head_dim=head_dim,
         head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
         rope_freq_base=rope_freq_base,
@@ -233,6 +228,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         attn_temperature_scale=temp_scale,
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
         n_layers_nextn=n_nextn,
+        kv_heads=kv_heads or (),
+        attn_value_scale=m.get(VALUE_SCALE, float, 1.0),
     )
     if spec.chunked:
         hp = _chunked(m, spec, hp)
@@ -241,7 +238,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     if spec.rope_sections:
         hp = dataclasses.replace(hp, rope_sections=_rope_sections(m))
     if spec.indexer_rope:
-        hp = dataclasses.replace(hp, indexer=_indexer(m, hp))
+        hp = dataclasses.replace(hp, indexer=read_indexer(m, hp))
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
@@ -298,38 +295,23 @@ def _rope_sections(m: _Metadata) -> tuple[int, ...]:
     return tuple(value) + (0,) * (4 - len(value))
 
 
-def _indexer(m: _Metadata, hp: HParams) -> IndexerDims:
-    """The lightning indexer's sizes and which layers run it (`attention.indexer.types`: one bool
-    or 0/1 per layer, else the architecture's `indexer_pattern` or every layer, as llama.cpp reads
-    them), checked as llama.cpp needs them."""
-    I = Keys.Attention.Indexer
-    dims = IndexerDims(m.get(I.HEAD_COUNT, int), m.get(I.KEY_LENGTH, int), m.get(I.TOP_K, int), ())
-    key, pattern = INDEXER_TYPES.format(arch=m.arch), archs.get(m.arch).indexer_pattern
-    default = [True] * hp.n_layers
-    if pattern and hp.context_length >= pattern[0]:
-        _, lead, period = pattern
-        default = [i < lead or (i - lead) % period == 0 for i in range(hp.n_layers)]
-    flags = m.metadata.get(key, default)
-    if not isinstance(flags, list) or len(flags) < hp.n_layers or not all(isinstance(f, (bool, int)) for f in flags):
-        raise format_error(m.path, f"metadata key {key!r}", f"an array of {hp.n_layers} bools", f"{flags!r:.80}")
-    full = tuple(bool(f) for f in flags[:hp.n_layers])
-    if not full[0]:
-        raise format_error(m.path, f"metadata key {key!r}", "layer 0 running its own indexer (a shared layer reuses "
-                           "the full layer before it)", f"{flags!r:.80}")
-    d = dims.head_dim
-    if d < 64 or d & (d - 1) or d < hp.rope_dim:
-        raise format_error(m.path, f"metadata key {I.KEY_LENGTH.format(arch=m.arch)!r}", "a power of two >= 64 and >= "
-                           f"rope.dimension_count={hp.rope_dim} (llama.cpp turns it with one Hadamard matrix)", str(d))
-    for k, v in ((I.HEAD_COUNT, dims.n_head), (I.TOP_K, dims.top_k)):
-        if v <= 0:
-            raise format_error(m.path, f"metadata key {k.format(arch=m.arch)!r}", "> 0", str(v))
-    return dataclasses.replace(dims, full=full)
-
-
-#: llama.cpp's LLM_KV_ATTENTION_INDEXER_TYPES (gguf-py 0.19's Keys lacks it).
-INDEXER_TYPES = "{arch}.attention.indexer.types"
 #: llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS (gguf-py 0.19's Keys lacks it).
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+#: llama.cpp's LLM_KV_ATTENTION_VALUE_SCALE (gguf-py 0.19's Keys lacks it).
+VALUE_SCALE = "{arch}.attention.value_scale"
+
+
+def _per_layer_counts(m: _Metadata, template: str, n_layers: int, n_nextn: int) -> tuple[int, ...] | None:
+    """A count stored as one value per block (llama.cpp's get_key_or_arr: block_count entries, MTP
+    blocks included), as the trunk's tuple; None when the key is absent, one value or all equal."""
+    key = template.format(arch=m.arch)
+    raw = m.metadata.get(key)
+    if not isinstance(raw, list) or (raw and all(v == raw[0] for v in raw)):
+        return None
+    if len(raw) != n_layers + n_nextn or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw):
+        raise format_error(m.path, f"metadata key {key!r}", f"one positive count per block ({n_layers + n_nextn})",
+                           f"{raw!r:.80}")
+    return tuple(raw[:n_layers])
 
 
 def architecture(path: Path, metadata: Mapping[str, Any]) -> str:
@@ -404,11 +386,13 @@ def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     architecture's period, as llama.cpp's load_swa_pattern reads it."""
     key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=m.arch)
     raw = m.metadata.get(key, spec.swa_period)
-    if isinstance(raw, list):
-        if len(raw) != n_layers or not all(isinstance(v, bool) for v in raw):
+    if isinstance(raw, list):  # bools, or 0/1 (mimo2's converter writes the checkpoint's hybrid_layer_pattern)
+        # one per trunk layer, or per block with the MTP blocks after the trunk (llama.cpp reads the first n_layer)
+        n_blocks = n_layers + m.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
+        if len(raw) not in (n_layers, n_blocks) or not all(isinstance(v, bool) or v in (0, 1) for v in raw):
             raise format_error(m.path, f"metadata key {key!r}", f"{n_layers} bools (one per layer) or a period",
                                f"{raw!r:.80}")
-        return tuple(raw)
+        return tuple(bool(v) for v in raw[:n_layers])
     n = _coerce(m.path, key, raw, int)
     if n < 0:
         raise format_error(m.path, f"metadata key {key!r}", "a period >= 0", str(n))
@@ -453,7 +437,7 @@ def _check_values(path: Path, hp: HParams) -> None:
                 (R.SCALING_ORIG_CTX_LEN, hp.rope_scaling.original_context_length),
                 (L.CONTEXT_LENGTH, hp.context_length), (L.BLOCK_COUNT, hp.n_layers),
                 (L.EMBEDDING_LENGTH, hp.n_embd), (A.HEAD_COUNT_KV, hp.n_head_kv), (A.KEY_LENGTH, hp.head_dim),
-                (A.VALUE_LENGTH, hp.head_dim_v)]
+                (A.VALUE_LENGTH, hp.head_dim_v), (VALUE_SCALE, hp.attn_value_scale)]
     r = hp.rope_scaling
     positive += [(key, v) for key, v in ((R.SCALING_ATTN_FACTOR, r.attn_factor), (R.SCALING_YARN_ATTN_FACTOR,
                  r.yarn_attn_factor), (R.FREQ_BASE_SWA, hp.rope_freq_base_swa)) if v is not None]
@@ -473,9 +457,11 @@ def _check_values(path: Path, hp: HParams) -> None:
     if not (0 < hp.rope_dim <= hp.head_dim and hp.rope_dim % 2 == 0):
         raise format_error(path, f"metadata key {R.DIMENSION_COUNT.format(arch=hp.arch)!r}",
                            f"an even number in 2..head_dim={hp.head_dim}", str(hp.rope_dim))
-    if hp.n_head % hp.n_head_kv:
-        raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
-                           f"a divisor of head_count={hp.n_head}", str(hp.n_head_kv))
+    for kv in hp.kv_heads or (hp.n_head_kv,):
+        if hp.n_head % kv:
+            raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
+                               f"divisors of head_count={hp.n_head}", str(list(hp.kv_heads) or hp.n_head_kv))
 
 
-__all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "VALUE_SCALE", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling",
+           "architecture", "read_hparams"]

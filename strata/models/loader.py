@@ -31,6 +31,7 @@ from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
+from .nextn import nextn_layers
 from .shard import ExpertShard
 from .rope import Rope
 from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
@@ -135,13 +136,16 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def cache_dims(hp: HParams) -> tuple[int, int, int]:
-    """(heads, key width, value width) per position of a layer's KV cache. Latent attention
-    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values; sparse latent
-    attention keeps its indexer key in the value slot (strata.models.dsa)."""
+def cache_dims(hp: HParams) -> tuple[int | tuple[int, ...], int, int]:
+    """(heads, key width, value width) per position of a layer's KV cache; heads is a tuple, one
+    count per layer, where layers differ (mimo2). Latent attention (kv_lora_rank > 0) keeps one
+    row of [latent | rope key] and no separate values; sparse latent attention keeps its indexer
+    key in the value slot (strata.models.dsa). Values narrower than keys (mimo2) are kept
+    padded to the key width: the native decode attention reads one width for both (llama.cpp pads
+    its V cache too where widths differ between layers)."""
     if hp.kv_lora_rank:
         return 1, hp.kv_lora_rank + hp.rope_dim, hp.indexer.head_dim if hp.indexer else 0
-    return hp.n_head_kv, hp.head_dim, hp.head_dim_v
+    return hp.kv_heads or hp.n_head_kv, hp.head_dim, max(hp.head_dim, hp.head_dim_v)
 
 
 def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -321,7 +325,7 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
     return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                       lookahead=hooks[0])
+                       lookahead=hooks[0], nextn=nextn_layers(mf.nextn, mf.tensor_data))  # MTP blocks: kept, not run
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

@@ -33,7 +33,10 @@ class AttentionSpec:
     sinks: per-head sink logits (gpt-oss); chunk, nope, l2_eps, temperature: Llama 4's chunked
     attention; q_lora, kv_lora, latent_split, temperature: latent attention (latent_split: the file
     holds k_b and v_b, not an older converter's kv_b); stacked: packed q, k (and v) share one type,
-    so they stack into one product (deltanet: the input projections do); index_topk, index_shared:
+    so they stack into one product (deltanet: the input projections do); head_dim_v: the value heads'
+    width where it is not head_dim (0: head_dim; mimo2: narrower, the cache's value rows padded to
+    head_dim, as the native decode attention reads one width), v_scale: the values (the attention's
+    output) scaled (mimo2). n_head_kv is the layer's own (mimo2: per layer). index_topk, index_shared:
     sparse latent attention (DSA), the positions each query keeps and whether the layer reuses the
     previous full layer's choice rather than running its own indexer."""
 
@@ -46,6 +49,8 @@ class AttentionSpec:
     sinks: bool = False
     chunk: int = 0
     nope: bool = False
+    head_dim_v: int = 0
+    v_scale: float = 1.0
     l2_eps: float | None = None
     temperature: bool = False
     q_lora: int = 0
@@ -140,7 +145,7 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     if arch.gated_deltanet and hp.is_recurrent(i):
         ins = [MT.ATTN_QKV, MT.ATTN_GATE, *((MT.SSM_BETA, MT.SSM_ALPHA) if arch.deltanet_tiled else (MT.SSM_BETA_ALPHA,))]
         return AttentionSpec(DELTANET, stacked=_types_equal(mf, ins, i))
-    common = dict(n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+    common = dict(n_head=hp.n_head, n_head_kv=hp.head_count_kv(i), head_dim=hp.head_dim,
                   stacked=_types_equal(mf, [MT.ATTN_Q, MT.ATTN_K], i))
     if arch.gated_deltanet:
         return AttentionSpec(GATED, **common)
@@ -150,8 +155,11 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
                              l2_eps=hp.norm_eps if hp.qk_l2_norm else None,
                              temperature=nope and bool(hp.attn_temperature_scale), **common)
     swa = hp.is_swa(i)
-    return AttentionSpec(GQA, window=hp.sliding_window if swa else 0, sinks=arch.attn_sinks,
-                         own_rope=swa and hp.rope_freq_base_swa != hp.rope_freq_base, **common)
+    return AttentionSpec(GQA, window=hp.sliding_window if swa else 0,
+                         sinks=arch.attn_sinks or weight_name(MT.ATTN_SINKS, i) in mf.resident,
+                         own_rope=swa and hp.rope_freq_base_swa != hp.rope_freq_base,
+                         head_dim_v=0 if hp.head_dim_v == hp.head_dim else hp.head_dim_v, v_scale=hp.attn_value_scale,
+                         **common)
 
 
 def ffn_spec(mf, arch: Arch, i: int) -> FfnSpec:

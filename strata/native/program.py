@@ -85,6 +85,7 @@ class DecodeLayers:
         self._keep = layers
         self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
         self.rope_dim = max(entry[0].rope_dim for entry in layers)
+        self.alt_rope = any(entry[0].reads_alt for entry in layers)  # a layer reads `alt`
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
@@ -99,7 +100,7 @@ class DecodeLayers:
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, slots: Any = None,
-            impl: str = "auto") -> int:
+            impl: str = "auto", alt: tuple[Any, Any] | None = None) -> int:
         """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
         block_table[b], int64 [B, M], as `LayerStep.call` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
@@ -109,7 +110,8 @@ class DecodeLayers:
         expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
-        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one)."""
+        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one); alt:
+        the second (cos, sin) rope tables, for layers whose steps are marked to read them (rope_alt)."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -131,21 +133,27 @@ class DecodeLayers:
             _tensor(slots, "int64", (B,), "slots")
         elif self.recurrent:
             raise ValueError("decode program: a layer reads each sequence's state row (a recurrent layer): state slots needed")
-        cp = sp = ffi.NULL
+        cp = sp = ca = sa = ffi.NULL
         rope_dim = self.rope_dim
         if rope_dim:
             half = B * (rope_dim // 2)
-            for t, what in ((cos, "rope cos"), (sin, "rope sin")):
+            pairs = ((cos, "rope cos"), (sin, "rope sin")) + (() if alt is None else
+                                                               ((alt[0], "alt rope cos"), (alt[1], "alt rope sin")))
+            for t, what in pairs:
                 if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
                     raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
             cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+            if alt is not None:
+                ca, sa = ffi.cast("float *", alt[0].data_ptr()), ffi.cast("float *", alt[1].data_ptr())
+        if self.alt_rope and ca == ffi.NULL:
+            raise ValueError("decode program: a layer reads the second rope tables (alt) and none were given")
         args = ffi.new("strata_step_args *", {
             "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
             "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],
             "slots": ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), "cos_t": cp, "sin_t": sp,
             "x": f32_ptr(x, "x"), "xn": out.xn_ptr, "expert_ids": ffi.cast("int64_t *", expert_ids.data_ptr()),
             "weights": out.w_ptr, "groups": out.groups, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel()})
+            "scratch_bytes": scratch.numel(), "cos_alt": ca, "sin_alt": sa})
         status = lib.strata_decode_layers(
             pool.ptr, self.c, self.n_layers, args, out.capacity * self.n_used, self._index, self.n_experts,
             ffi.cast("float *", routed.data_ptr()), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),

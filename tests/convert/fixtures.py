@@ -7,14 +7,17 @@ the corpus, the byte-level BPE trainer and tokenizer files are `strata.synth`'s,
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, models, trainers
 
+from tests.convert import mimo2_checkpoint
 from strata.synth.tokenizer import CHAT_TEMPLATE, SPECIALS, corpus, save_tokenizer, train_byte_bpe
 
 __all__ = ["CHAT_TEMPLATE", "SPECIALS", "MORE_SPECS", "SPECS", "TRICKY", "Spec", "build_model", "build_multimodal", "corpus", "save_checkpoint",
@@ -39,6 +42,9 @@ class Spec:
     tokenizer: str
     dtype: torch.dtype
     chat_template_file: bool
+    #: After save_pretrained: fn(model, folder) puts the checkpoint in its released form where transformers'
+    #: own differs (config keys, tensors transformers does not hold); None: as transformers saves it.
+    finish: Callable[[torch.nn.Module, Path], None] | None = None
     seed: int = 0  # torch's seed for the random weights (one whose results sit on no near-tie)
 
 
@@ -69,6 +75,15 @@ SPECS = {
 _LLAMA4 = dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512, num_key_value_heads=2,
                head_dim=64, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+_MIMO2 = dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256, num_key_value_heads=1,
+              head_dim=96, v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+              norm_topk_prob=True, routed_scaling_factor=1.0, sliding_window=8, attention_value_scale=0.707,
+              layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+              mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000000.0,
+                                                  "partial_rotary_factor": 0.334},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.334}})
 #: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
 #: every test parameterised over SPECS.
 MORE_SPECS = {
@@ -185,6 +200,14 @@ MORE_SPECS = {
                                "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
                       "qwen2", torch.float32, True),
+    # MiMo-V2-Flash: 4 layers (full, sliding, sliding, full; window 8, shorter than the test prompts), 1 kv head on
+    # full layers and 2 (doubled) with sinks on sliding ones, key head 96 / value head 64, RoPE on 32 features with
+    # a base per layer type, values scaled by 0.707; layer 0 dense, then 8 experts (2 used) under a sigmoid router
+    # with a selection bias. Saved in the released config form; "mimo2mtp" adds its 3 MTP layers.
+    "mimo2": Spec("mimo2", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO2, "qwen2", torch.float32, True,
+                  finish=mimo2_checkpoint.released),
+    "mimo2mtp": Spec("mimo2mtp", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO2, "qwen2", torch.float32, True,
+                     finish=functools.partial(mimo2_checkpoint.released, n_mtp=3)),
 }
 
 
@@ -243,6 +266,8 @@ def save_checkpoint(model: torch.nn.Module, spec: Spec, tok: Tokenizer, folder: 
         kwargs["max_shard_size"] = max_shard_size
     model.to(spec.dtype).save_pretrained(folder, **kwargs)
     model.to(torch.float32)
+    if spec.finish is not None:
+        spec.finish(model, folder)
     save_tokenizer(tok, folder, spec.chat_template_file)
     return folder
 

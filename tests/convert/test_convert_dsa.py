@@ -100,7 +100,9 @@ def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path, key):
     with strata.gguf.open_model(path) as mf:
         assert (mf.hparams.n_layers, mf.hparams.n_layers_nextn) == (n, 1)
         assert not any(name.startswith(f"blk.{n}.") for name in mf.tensors)  # kept apart, not run
-        assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.ffn_gate_exps.weight"} <= set(mf.mtp)
-        assert mf.mtp[f"blk.{n}.nextn.eh_proj.weight"].shape == (256, 512)
+        assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.ffn_gate_exps.weight"} <= set(mf.nextn)
+        assert mf.nextn[f"blk.{n}.nextn.eh_proj.weight"].shape == (256, 512)
     ids = tiny.prompt_ids(24)
-    assert rel_err(Bare(path).forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
+    bare = Bare(path)
+    assert rel_err(bare.forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
+    assert len(bare.model.nextn) == 1 and bare.model.nextn.weight(f"blk.{n}.indexer.attn_k.weight").shape == (64, 256)
