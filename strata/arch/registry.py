@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf.constants import MODEL_ARCH
+from gguf.constants import MODEL_ARCH, MODEL_TENSOR
 
 ROPE_TYPES = ("norm", "neox")  # llama_model_rope_type: adjacent pairs | the two halves of each head
 QK_NORMS = (None, "head", "full")  # RMSNorm of q and k before RoPE: none | over hd | over all heads
@@ -24,7 +24,10 @@ class Arch:
     assumes when a metadata key is absent; the last group is read by the converter only."""
 
     name: str  # GGUF general.architecture, and the `{arch}.` prefix of its metadata keys
-    tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses
+    tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses (with
+    #                      `tensor_set`: the installed gguf-py's closest one, whose HF-name overrides apply)
+    tensor_set: tuple[MODEL_TENSOR, ...] = ()  # llama.cpp's tensor list, in its order, for an architecture the
+    #                                            installed gguf-py lacks (`tensor_names.tensor_kinds`)
     hf_architectures: tuple[str, ...] = ()  # config.json `architectures` converted to it (none: no converter)
     hf_multimodal: tuple[str, ...] = ()  # ... whose checkpoint holds it as the language model beside a vision
     #                                      tower (text_config, language_model.* weights): converted text only
@@ -51,6 +54,7 @@ class Arch:
     post_attention_norm: bool = False  # the FFN's pre-norm is stored as `post_attention_norm`, not `ffn_norm`
     expert_bias: bool = False  # routed experts' gate, up and down have biases (ffn_*_exps.bias)
     router_bias: bool = False  # the router has a bias (ffn_gate_inp.bias)
+    selection_bias_suffix: str = "bias"  # the router's selection bias is `blk.N.exp_probs_b.<this>` ("": bare name)
     swiglu_clamp: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU llama.cpp hard-codes
     chunked: "ChunkedAttn | None" = None  # chunked local attention, NoPE layers, temperature (llama4)
     expert_input_scaled: bool = False  # the router weight scales each expert's input, not its output

@@ -113,7 +113,7 @@ class WeightReader:
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
         """suffix "": the bare name (llama.cpp's `ssm_a`)."""
-        name = weight_name(kind, layer, suffix) if suffix else weight_name(kind, layer).removesuffix(".weight")
+        name = weight_name(kind, layer, suffix)
         info = self.mf.resident.get(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
@@ -161,7 +161,7 @@ def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...
 def _moe(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: ExpertMemory, hybrid,
          shard: ExpertShard | None = None) -> MoE:
     D, E, i = hp.n_embd, hp.n_experts, spec.index
-    selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
+    selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), arch.selection_bias_suffix)
     # GGUF has no key for the group score: DeepSeek-V3 ("noaux_tc") always has a selection bias and
     # sums each group's top two; V2 ("group_limited_greedy") never has one and takes the best expert
     # (llama.cpp sums the top two for both, so it differs from V2's own code on grouped V2 files).

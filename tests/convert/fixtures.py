@@ -129,6 +129,14 @@ MORE_SPECS = {
                          use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=1,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
                     "qwen2", torch.bfloat16, True),
+    # Hunyuan V3: 3 layers (dense, then 2 MoE by mlp_layer_types), q/k head norms, 8 experts (2 used) behind a
+    # sigmoid router with a selection bias, renormalised and scaled by router_scaling_factor, one shared expert.
+    "hyv3": Spec("hyv3", "HYV3Config", "HYV3ForCausalLM",
+                 dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                      num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                      router_scaling_factor=2.826, mlp_layer_types=["dense", "sparse", "sparse"],
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                 "qwen2", torch.bfloat16, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
     "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
@@ -218,7 +226,7 @@ def _randomize_extras(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
         if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
-        if model.config.model_type == "glm4_moe" and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
+        if model.config.model_type in ("glm4_moe", "hy_v3") and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
         if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text") and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
