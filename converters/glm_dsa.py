@@ -6,8 +6,8 @@ dense lead, shared experts, the biased sigmoid router) with GLM-5's differences:
     where config.json has it; a shared layer has no indexer tensors;
   * RoPE over qk_rope_head_dim x partial_rotary_factor features (`rope.dimension_count`, 1.0 by
     default, as llama.cpp's converter reads it).
-Multi-token-prediction layers past num_hidden_layers are skipped (llama.cpp's converter keeps
-them: Strata opens its files and leaves them unrun).
+Multi-token-prediction layers are kept as DeepSeek-V3.2's are; their indexer is optional (llama.cpp's
+glm-dsa loader does not require it).
 Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
@@ -47,6 +47,9 @@ class GlmDsaConverter(DeepSeek32Converter):
         if self.index_full is None or self.index_full[bid]:
             return tensors
         return tuple(t for t in tensors if t not in INDEXER)
+
+    def mtp_tensors(self, bid: int) -> tuple[MT, ...]:
+        return tuple(t for t in super().mtp_tensors(bid) if t not in INDEXER)
 
 
 CONVERTER = GlmDsaConverter

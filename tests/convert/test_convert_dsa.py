@@ -1,8 +1,8 @@
 """Converting DeepSeek-V3.2 (-> deepseek32) and GLM-5 (-> glm-dsa): the indexer's tensors and keys as
 llama.cpp's converter writes them (its head weights in F32 whatever the type asked; GLM-5's
 indexer types, no indexer on its shared layers), the checks on what llama.cpp cannot run, and
-the multi-token-prediction layer: skipped by Strata's converter, kept by llama.cpp's and then
-left out of Strata's trunk (as llama.cpp's main graph leaves it), its tensors kept apart."""
+the multi-token-prediction layer: kept by both converters, the same tensors, and left out of
+Strata's trunk (as llama.cpp's main graph leaves it), its tensors kept apart on the model."""
 from __future__ import annotations
 
 import dataclasses
@@ -75,13 +75,29 @@ def test_glm_dsa_indexer_types_and_shared_layers():
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_strata_converter_skips_the_mtp_layer(tmp_path, key):
+def test_strata_converter_keeps_the_mtp_layer(tmp_path, key):
+    """The MTP layer is written as llama.cpp's converter writes it (block_count n + 1,
+    nextn_predict_layers 1, blk.n.nextn.*, its indexer and experts), Strata opens the file and runs
+    the trunk with transformers' logits; without its tensors (transformers' own save) none is written."""
     tiny = zoo().get(key)
-    n = _with_mtp_layer(tiny, tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
-    reader = GGUFReader(tmp_path / "out.gguf")
-    assert reader.fields[f"{GGUF_ARCH[key]}.block_count"].contents() == n
-    assert not any(t.name.startswith(f"blk.{n}.") for t in reader.tensors)
+    n, arch = _with_mtp_layer(tiny, tmp_path / "hf"), GGUF_ARCH[key]
+    out = tmp_path / "out.gguf"
+    convert(tmp_path / "hf", out, TypePolicy.from_args(outtype="f32"))
+    reader = GGUFReader(out)
+    assert reader.fields[f"{arch}.block_count"].contents() == n + 1
+    assert reader.fields[f"{arch}.nextn_predict_layers"].contents() == 1
+    names = {t.name for t in reader.tensors}
+    assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.nextn.shared_head_norm.weight", f"blk.{n}.ffn_gate_exps.weight",
+            f"blk.{n}.indexer.attn_k.weight", f"blk.{n}.exp_probs_b.bias"} <= names
+    with strata.gguf.open_model(out) as mf:
+        assert (mf.hparams.n_layers, mf.hparams.n_layers_nextn) == (n, 1)
+        assert f"blk.{n}.nextn.eh_proj.weight" in mf.nextn
+    ids = tiny.prompt_ids(24)
+    assert rel_err(Bare(out).forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
+    _rewrite(tiny, tmp_path / "plain", {"num_nextn_predict_layers": 1}, lambda t: None)
+    convert(tmp_path / "plain", tmp_path / "plain.gguf", TypePolicy.from_args(outtype="f32"))
+    plain = GGUFReader(tmp_path / "plain.gguf")
+    assert plain.fields[f"{arch}.block_count"].contents() == n and f"{arch}.nextn_predict_layers" not in plain.fields
 
 
 @pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's source tree not found: set STRATA_LLAMA_CPP_SRC")
@@ -106,3 +122,9 @@ def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path, key):
     bare = Bare(path)
     assert rel_err(bare.forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
     assert len(bare.model.nextn) == 1 and bare.model.nextn.weight(f"blk.{n}.indexer.attn_k.weight").shape == (64, 256)
+    # Strata's converter writes the same tensors (names, shapes, types) and keys
+    convert(tmp_path / "hf", tmp_path / "strata.gguf", TypePolicy.from_args(outtype="f32"))
+    ours = GGUFReader(tmp_path / "strata.gguf")
+    assert {t.name: (t.shape.tolist(), t.tensor_type) for t in ours.tensors} == \
+        {t.name: (t.shape.tolist(), t.tensor_type) for t in reader.tensors}
+    assert ours.fields[f"{arch}.nextn_predict_layers"].contents() == reader.fields[f"{arch}.nextn_predict_layers"].contents()

@@ -46,3 +46,15 @@ def test_llama_cpp_runs_stratas_file(tiny):
     for seed in (5, 21):
         prompt = tiny.prompt_ids(16, seed=seed)
         assert Bare(path).greedy(prompt, 32) == _greedy(path, prompt, 32)
+
+
+def test_llama_cpp_runs_stratas_file_with_an_mtp_layer(tiny, tmp_path):
+    """Strata's file with the checkpoint's MTP layer kept loads in llama.cpp, whose greedy tokens
+    (its trunk; the MTP block is not in its main graph) are Strata's."""
+    from converters import TypePolicy, convert
+    from tests.convert.test_convert_dsa import _with_mtp_layer
+    _with_mtp_layer(tiny, tmp_path / "hf")
+    path = tmp_path / "mtp.gguf"
+    convert(tmp_path / "hf", path, TypePolicy.from_args(outtype="f32"))
+    prompt = tiny.prompt_ids(16, seed=5)
+    assert Bare(path).greedy(prompt, 24) == _greedy(path, prompt, 24)
