@@ -62,6 +62,12 @@ class Arch:
     deltanet_tiled: bool = False  # ... value heads tiled over key heads (head j reads key head j % Hk), ssm_beta and
     #                               ssm_alpha apart (qwen35moe: llama.cpp's converter reorders the value heads)
     rope_sections: bool = False  # `rope.dimension_sections` (interleaved multimodal RoPE) is required
+    indexer_rope: str | None = None  # DeepSeek Sparse Attention: the lightning indexer's RoPE arrangement (one of
+    #                                  ROPE_TYPES; `attention.indexer.*` are required), None without an indexer
+    indexer_norm_eps: float = 0.0  # the epsilon of the indexer key's LayerNorm (llama.cpp's f_norm_eps)
+    indexer_pattern: tuple[int, int, int] | None = None  # (context, lead, period): without `attention.indexer.types`,
+    #                                  a file of at least `context` positions runs its own indexer on the first `lead`
+    #                                  layers and every `period`-th after them, the others reuse it (else all run it)
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
@@ -77,6 +83,11 @@ class Arch:
         if self.expert_gating_func not in GATING_FUNCS:
             raise ValueError(f"architecture {self.name!r}: expert_gating_func {self.expert_gating_func!r}, "
                              f"expected one of {GATING_FUNCS}")
+        if self.indexer_rope not in (None, *ROPE_TYPES):
+            raise ValueError(f"architecture {self.name!r}: indexer_rope {self.indexer_rope!r}, expected one of "
+                             f"{ROPE_TYPES}")
+        if self.indexer_rope and not self.mla:
+            raise ValueError(f"architecture {self.name!r}: a sparse-attention indexer without latent attention")
         if self.shared_expert_gate and not self.shared_expert:
             raise ValueError(f"architecture {self.name!r}: shared_expert_gate without shared_expert")
 

@@ -23,6 +23,7 @@ from strata.arch import Arch, weight_name, weight_pattern
 
 from .experts import ff_length_from_shape, match_expert_tensor
 from .header import format_error
+from .indexer import INDEXER_TYPES, IndexerDims, read_indexer
 
 
 #: `{arch}.expert_gating_func` values (llama.cpp's llama_expert_gating_func_type) by id; 0 ("none")
@@ -97,6 +98,7 @@ class HParams:
     ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
+    indexer: "IndexerDims | None" = None  # DeepSeek Sparse Attention's lightning indexer (Arch.indexer_rope), else None
     kv_heads: tuple[int, ...] = ()  # attention.head_count_kv as an array: each trunk layer's kv heads (else n_head_kv)
     attn_value_scale: float = 1.0  # attention.value_scale: the attention's values (its output) scaled (mimo2)
 
@@ -235,6 +237,8 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         hp = _deltanet(m, hp)
     if spec.rope_sections:
         hp = dataclasses.replace(hp, rope_sections=_rope_sections(m))
+    if spec.indexer_rope:
+        hp = dataclasses.replace(hp, indexer=read_indexer(m, hp))
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
@@ -459,4 +463,5 @@ def _check_values(path: Path, hp: HParams) -> None:
                                f"divisors of head_count={hp.n_head}", str(list(hp.kv_heads) or hp.n_head_kv))
 
 
-__all__ = ["RECURRENT_LAYERS", "VALUE_SCALE", "DeltaNetDims", "HParams", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "VALUE_SCALE", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling",
+           "architecture", "read_hparams"]

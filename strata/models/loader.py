@@ -139,11 +139,12 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
 def cache_dims(hp: HParams) -> tuple[int | tuple[int, ...], int, int]:
     """(heads, key width, value width) per position of a layer's KV cache; heads is a tuple, one
     count per layer, where layers differ (mimo2). Latent attention (kv_lora_rank > 0) keeps one
-    row of [latent | rope key] and no separate values. Values narrower than keys (mimo2) are kept
+    row of [latent | rope key] and no separate values; sparse latent attention keeps its indexer
+    key in the value slot (strata.models.dsa). Values narrower than keys (mimo2) are kept
     padded to the key width: the native decode attention reads one width for both (llama.cpp pads
     its V cache too where widths differ between layers)."""
     if hp.kv_lora_rank:
-        return 1, hp.kv_lora_rank + hp.rope_dim, 0
+        return 1, hp.kv_lora_rank + hp.rope_dim, hp.indexer.head_dim if hp.indexer else 0
     return hp.kv_heads or hp.n_head_kv, hp.head_dim, max(hp.head_dim, hp.head_dim_v)
 
 

@@ -2,11 +2,11 @@
 `Arch` record, the file's hyperparameters and its tensor types, before any weight is read.
 
     specs = layer_specs(mf, arch)            # [LayerSpec] of every layer
-    specs[3].attention.kind                  # "gqa", "gated", "chunked", "mla" or "deltanet"
+    specs[3].attention.kind                  # "gqa", "gated", "chunked", "mla", "dsa" or "deltanet"
     specs[3].unfused()                       # why the native decode step cannot compute it (None: it can)
 
 Both implementations of a layer read it: the torch reference (strata.models: attention.py, mla.py,
-chunked.py, deltanet.py, moe.py) and the native executor (strata.models.executor). The plan
+dsa.py, chunked.py, deltanet.py, moe.py) and the native executor (strata.models.executor). The plan
 (strata.runtime.plan) reads what each layer allows from the specs, never from built objects.
 Must not: read tensor bytes (types and shapes from the file's records only).
 """
@@ -19,8 +19,8 @@ from gguf.constants import MODEL_TENSOR as MT
 from strata.arch import Arch, weight_name
 
 #: Attention kinds, one implementation pair each (torch reference, native executor).
-GQA, GATED, CHUNKED, MLA, DELTANET = "gqa", "gated", "chunked", "mla", "deltanet"
-ATTENTION_KINDS = (GQA, GATED, CHUNKED, MLA, DELTANET)
+GQA, GATED, CHUNKED, MLA, DELTANET, DSA = "gqa", "gated", "chunked", "mla", "deltanet", "dsa"
+ATTENTION_KINDS = (GQA, GATED, CHUNKED, MLA, DELTANET, DSA)
 
 #: Expert functions: plain SwiGLU, gpt-oss's biased and clamped SwiGLU, Llama 4's input-scaled one.
 SWIGLU, CLAMPED, INPUT_SCALED = "swiglu", "clamped", "input_scaled"
@@ -36,7 +36,9 @@ class AttentionSpec:
     so they stack into one product (deltanet: the input projections do); head_dim_v: the value heads'
     width where it is not head_dim (0: head_dim; mimo2: narrower, the cache's value rows padded to
     head_dim, as the native decode attention reads one width), v_scale: the values (the attention's
-    output) scaled (mimo2). n_head_kv is the layer's own (mimo2: per layer)."""
+    output) scaled (mimo2). n_head_kv is the layer's own (mimo2: per layer). index_topk, index_shared:
+    sparse latent attention (DSA), the positions each query keeps and whether the layer reuses the
+    previous full layer's choice rather than running its own indexer."""
 
     kind: str
     n_head: int = 0
@@ -55,9 +57,13 @@ class AttentionSpec:
     kv_lora: int = 0
     latent_split: bool = True
     stacked: bool = True
+    index_topk: int = 0
+    index_shared: bool = False
 
     def unfused(self) -> str | None:
         """Why the native decode step cannot compute this attention half (None: it can)."""
+        if self.kind == DSA:
+            return "sparse attention: the native step has no indexer"
         if self.kind == MLA and self.temperature:
             return "latent attention with a query temperature (the native step has none)"
         if self.kind == MLA and not self.latent_split:
@@ -130,10 +136,12 @@ def _types_equal(mf, kinds: list[MT], layer: int) -> bool:
 def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     hp = mf.hparams
     if arch.mla:
-        return AttentionSpec(MLA, hp.n_head, 1, hp.kv_lora_rank + hp.rope_dim, q_lora=hp.q_lora_rank,
-                             kv_lora=hp.kv_lora_rank, temperature=bool(hp.attn_temperature_scale),
+        sparse = dict(index_topk=hp.indexer.top_k, index_shared=not hp.indexer.full[i]) if hp.indexer else {}
+        return AttentionSpec(DSA if hp.indexer else MLA, hp.n_head, 1, hp.kv_lora_rank + hp.rope_dim,
+                             q_lora=hp.q_lora_rank, kv_lora=hp.kv_lora_rank,
+                             temperature=bool(hp.attn_temperature_scale),
                              latent_split=weight_name(MT.ATTN_K_B, i) in mf.resident
-                             or weight_name(MT.ATTN_KV_B, i) not in mf.resident)
+                             or weight_name(MT.ATTN_KV_B, i) not in mf.resident, **sparse)
     if arch.gated_deltanet and hp.is_recurrent(i):
         ins = [MT.ATTN_QKV, MT.ATTN_GATE, *((MT.SSM_BETA, MT.SSM_ALPHA) if arch.deltanet_tiled else (MT.SSM_BETA_ALPHA,))]
         return AttentionSpec(DELTANET, stacked=_types_equal(mf, ins, i))
@@ -172,6 +180,6 @@ def layer_specs(mf, arch: Arch) -> list[LayerSpec]:
     return [LayerSpec(i, hp.norm_eps, attention_spec(mf, arch, i), ffn_spec(mf, arch, i)) for i in range(hp.n_layers)]
 
 
-__all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "FfnSpec", "GATED", "GQA",
+__all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "DSA", "FfnSpec", "GATED", "GQA",
            "INPUT_SCALED", "LayerSpec", "MLA", "SWIGLU", "attention_spec", "expert_executor", "ffn_spec",
            "layer_specs"]

@@ -39,8 +39,9 @@ def test_every_converter_name_finds_its_record():
         assert record.name == name
         assert all(arch.for_hf(hf) is record for hf in record.hf_architectures + record.hf_multimodal)
     assert arch.for_hf("MixtralForCausalLM").name == "llama"
-    assert arch.names(runs=True) == ["deepseek2", "glm4moe", "gpt-oss", "hy_v3", "llama", "llama4", "mimo2",
-                                     "minimax-m2", "olmoe", "qwen2moe", "qwen35moe", "qwen3moe", "qwen3next"]
+    assert arch.names(runs=True) == ["deepseek2", "deepseek32", "glm-dsa", "glm4moe", "gpt-oss", "hy_v3", "llama",
+                                     "llama4", "mimo2", "minimax-m2", "olmoe", "qwen2moe", "qwen35moe", "qwen3moe",
+                                     "qwen3next"]
     assert arch.names(runs=False) == []
     assert arch.for_hf("DeepseekV3ForCausalLM").name == "deepseek2" and arch.for_hf("GptOssForCausalLM").name == "gpt-oss"
     assert arch.get("llama4").hf_multimodal == ("Llama4ForConditionalGeneration",)

@@ -45,6 +45,7 @@ class Spec:
     #: After save_pretrained: fn(model, folder) puts the checkpoint in its released form where transformers'
     #: own differs (config keys, tensors transformers does not hold); None: as transformers saves it.
     finish: Callable[[torch.nn.Module, Path], None] | None = None
+    seed: int = 0  # torch's seed for the random weights (one whose results sit on no near-tie)
 
 
 _COMMON = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
@@ -160,6 +161,31 @@ MORE_SPECS = {
     "llama4cpp": Spec("llama4cpp", "Llama4TextConfig", "Llama4ForCausalLM",
                       dict(_LLAMA4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1), "qwen2", torch.bfloat16,
                       True),
+    # DeepSeek-V3.2: deepseek3's shapes (1 dense + 2 MoE, query LoRA, 8 experts in 4 groups) with the
+    # lightning indexer: 16 heads of 64 (llama.cpp's multiple of 64; with few heads the ReLU zeroes
+    # whole scores, which tie), top 8 positions, fewer than the test prompts, so the selection
+    # matters; seed 5: the test sequences' selections survive twice the f16 rounding of the keys.
+    "deepseek32": Spec("deepseek32", "DeepseekV32Config", "DeepseekV32ForCausalLM",
+                       dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                            num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                            norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
+                            qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", index_n_heads=16,
+                            index_head_dim=64, index_topk=8,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       "qwen2", torch.float32, True, seed=5),
+    # GLM-5: deepseek32's shapes, 4 layers (1 dense + 3 MoE), 8 experts in one group, the lightning
+    # indexer in interleaved RoPE on layers 0 and 2; layers 1 and 3 reuse the choice before them; seed 2:
+    # the test sequences' selections survive twice the f16 rounding of the keys.
+    "glmdsa": Spec("glmdsa", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256,
+                        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                        q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
+                        index_n_heads=16, index_head_dim=64, index_topk=8,
+                        indexer_types=["full", "shared", "full", "shared"],
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   "qwen2", torch.float32, True, seed=2),
     # Qwen3-Next: 4 layers (3 gated DeltaNet, then full attention with its output gate), 2 key / 4
     # value heads of 32 in the DeltaNet, kernel 4; RoPE on 16 of 64 head features; 4 experts (2
     # used, renormalised) and a gated shared expert on every layer.
@@ -204,6 +230,8 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
         if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text") and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
+        if model.config.model_type in ("deepseek_v32", "glm_moe_dsa") and "indexer.k_norm" in name:  # ones, zeros
+            p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
         if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
             p.normal_(-2.0, 0.5)
     for m in model.modules():
@@ -214,16 +242,17 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             getattr(m, "gate", m).weight.normal_(0.0, 0.05)  # MiniMax-M2: the bias sits beside its router
 
 
-def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
+def build_model(spec: Spec, tok: Tokenizer, seed: int | None = None) -> torch.nn.Module:
     """A random model whose logits have real margins: embeddings of unit scale, output head x8.
 
-    Its weights are rounded to the spec's dtype, so the float32 model equals the saved checkpoint."""
+    Its weights are rounded to the spec's dtype, so the float32 model equals the saved checkpoint.
+    seed: torch's seed for the weights (None: the spec's)."""
     import transformers
     vocab = tok.get_vocab_size()
     cfg = getattr(transformers, spec.config_cls)(
         **spec.config, vocab_size=vocab, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
         pad_token_id=tok.token_to_id("<|endoftext|>"))
-    torch.manual_seed(seed)
+    torch.manual_seed(spec.seed if seed is None else seed)
     model = getattr(transformers, spec.model_cls)(cfg).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, 1.0)
