@@ -162,9 +162,23 @@ class Converter:
         self._refuse_unsupported(hp)
         return hp
 
+    #: The multi-token-prediction blocks kept after the trunk (layer numbers n_layers..), for the
+    #: architectures whose converters keep them (`mtp_layers`); none by default.
+    mtp: list[int] = []
+
     def n_blocks(self) -> int:
         """Blocks the file holds: the trunk's, then any multi-token-prediction blocks the converter keeps."""
-        return self.hp.n_layers
+        return self.hp.n_layers + len(self.mtp)
+
+    def mtp_layers(self, n_layers: int) -> list[int]:
+        """The multi-token-prediction blocks to keep: config.json's num_nextn_predict_layers after the
+        trunk, where the checkpoint has tensors of them (`model.layers.N.*` with N = n_layers..)."""
+        n = int(self.cfg.get("num_nextn_predict_layers") or 0)
+        if n and not any(name.startswith(f"model.layers.{n_layers}.") for name in self.ckpt.tensors):
+            log.info("config.json: num_nextn_predict_layers=%d but the checkpoint has no tensors of layer %d: "
+                     "no multi-token-prediction layers written", n, n_layers)
+            return []
+        return list(range(n_layers, n_layers + n))
 
     def shared_ff_length(self) -> int:
         """Rows of the shared expert (all shared experts together), where the architecture has one."""

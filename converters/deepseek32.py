@@ -15,18 +15,15 @@ Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
 
-import logging
 
 import gguf
 from gguf import MODEL_TENSOR as MT
 
 from converters.base import HParams
-from converters.biased_router import hf_layer
 from converters.deepseek2 import DeepSeek2Converter
 from converters.source import ConversionError
 from strata.arch import weight_name
 
-log = logging.getLogger("strata.convert")
 
 INDEXER = (MT.INDEXER_ATTN_Q_B, MT.INDEXER_ATTN_K, MT.INDEXER_K_NORM, MT.INDEXER_PROJ)
 NEXTN = (MT.NEXTN_EH_PROJ, MT.NEXTN_ENORM, MT.NEXTN_HNORM)
@@ -46,21 +43,8 @@ class DeepSeek32Converter(DeepSeek2Converter):
         if d < 64 or d & (d - 1) or d < self.rope:
             raise ConversionError(f"{self.config_path}: index_head_dim={d}: llama.cpp needs a power of two >= 64 and "
                                   f">= qk_rope_head_dim={self.rope} (it turns the indexer heads by one Hadamard matrix)")
-        self.mtp = self._mtp_layers(hp.n_layers)
+        self.mtp = self.mtp_layers(hp.n_layers)
         return hp
-
-    def _mtp_layers(self, n_layers: int) -> list[int]:
-        """The multi-token-prediction blocks kept: num_nextn_predict_layers after the trunk, where
-        the checkpoint has tensors of them."""
-        n = int(self.cfg.get("num_nextn_predict_layers") or 0)
-        if n and n_layers not in {hf_layer(name) for name in self.ckpt.tensors}:
-            log.info("config.json: num_nextn_predict_layers=%d but the checkpoint has no tensors of layer %d: "
-                     "no multi-token-prediction layers written", n, n_layers)
-            return []
-        return list(range(n_layers, n_layers + n))
-
-    def n_blocks(self) -> int:
-        return self.hp.n_layers + len(self.mtp)
 
     def expert_layers(self) -> list[int]:
         return list(super().expert_layers()) + self.mtp

@@ -21,7 +21,6 @@ Must not: write files (the pipeline does) or quantize (types).
 """
 from __future__ import annotations
 
-import logging
 
 import gguf
 from gguf import MODEL_TENSOR as MT
@@ -32,7 +31,6 @@ from converters.biased_router import BiasedRouterMixin, hf_layer
 from converters.source import ConversionError, SourceTensor
 from strata.arch import weight_name
 
-log = logging.getLogger("strata.convert")
 
 _DENSE = (MT.FFN_GATE, MT.FFN_UP, MT.FFN_DOWN)
 _MOE = (MT.FFN_GATE_INP, MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP)
@@ -48,23 +46,9 @@ class HyV3Converter(BiasedRouterMixin, Converter):
                 raise ConversionError(f"{self.config_path}: {key}=true is not supported (llama.cpp's hy_v3 graph "
                                       "has no biases)")
         self.sparse = self._sparse_layers(hp.n_layers)
-        self.mtp = self._mtp_layers(hp.n_layers)
+        self.mtp = self.mtp_layers(hp.n_layers)
         self.sparse += [i for i in self.mtp if any(f"layers.{i}.mlp.experts." in n for n in self.ckpt.tensors)]
         return hp
-
-    def _mtp_layers(self, n_layers: int) -> list[int]:
-        """The multi-token-prediction blocks kept: num_nextn_predict_layers after the trunk, where
-        the checkpoint has tensors of them."""
-        n = int(self.cfg.get("num_nextn_predict_layers") or 0)
-        present = {hf_layer(name) for name in self.ckpt.tensors}
-        if n and n_layers not in present:
-            log.info("config.json: num_nextn_predict_layers=%d but the checkpoint has no tensors of layer %d: "
-                     "no multi-token-prediction layers written", n, n_layers)
-            return []
-        return list(range(n_layers, n_layers + n))
-
-    def n_blocks(self) -> int:
-        return self.hp.n_layers + len(self.mtp)
 
     def shared_ff_length(self) -> int:
         return int(self.get("moe_intermediate_size")) * int(self.get("num_shared_experts", default=1))
