@@ -72,9 +72,11 @@ def _write_metadata(w: gguf.GGUFWriter, conv: Converter, ckpt: Checkpoint, polic
 
 
 def _write_routing(w: gguf.GGUFWriter, npz: str | os.PathLike[str], planned: list[PlannedTensor],
-                   n_experts: int) -> None:
-    """Routing statistics checked against the expert layers being written, then as metadata."""
-    n_layers = len({m[1] for m in map(match_expert_tensor, (p.name for p in planned)) if m is not None})
+                   n_experts: int, trunk_layers: int) -> None:
+    """Routing statistics checked against the trunk's expert layers being written (not those of
+    multi-token-prediction layers), then as metadata."""
+    n_layers = len({m[1] for m in map(match_expert_tensor, (p.name for p in planned))
+                    if m is not None and m[1] < trunk_layers})
     try:
         counts, tokens = load_routing_npz(npz, n_layers, n_experts)
     except StrataFormatError as exc:
@@ -119,7 +121,7 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], policy:
         w = gguf.GGUFWriter(None, conv.arch.name, split_max_size=split_max_size)
         _write_metadata(w, conv, ckpt, policy, name or Path(hf_dir).resolve().name, tokenizer_pre)
         if routing_stats is not None:
-            _write_routing(w, routing_stats, planned, conv.hp.n_experts)
+            _write_routing(w, routing_stats, planned, conv.hp.n_experts, conv.hp.n_layers)
         if imatrix is not None:
             apply_imatrix(planned, read_imatrix(imatrix), n_threads)
         if calib is not None:

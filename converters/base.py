@@ -5,7 +5,8 @@ metadata keys, q/k norms, biases, shared experts, the llama Q/K row permutation,
 keys); this module reads it and never names an architecture. In particular:
 
   * resident tensors are named through gguf-py's `TensorNameMap` (llama.cpp's own table) for the
-    record's `tensors` architecture; GGUF names are formatted by `strata.arch.tensor_names`;
+    record's `tensors` architecture (narrowed to its `tensor_set` where it has one:
+    `strata.arch.tensor_name_map`); GGUF names are formatted by `strata.arch.tensor_names`;
   * routed experts are found in either HF layout (`converters.experts`) and planned as 3-D
     `blk.N.ffn_{gate,up,down}_exps` [E, rows, cols] with the expert index slowest, produced one
     expert at a time;
@@ -30,7 +31,7 @@ from converters.rope_scaling import rope_factor_tensors, write_rope_scaling
 from converters.experts import ExpertSource, FusedSource, PerExpertSource, match_fused, match_per_expert
 from converters.source import Checkpoint, ConversionError, SourceTensor
 from converters.types import TypePolicy
-from strata.arch import Arch, layer_of, weight_name
+from strata.arch import Arch, layer_of, tensor_kinds, tensor_name_map, weight_name
 from strata.gguf import EXPERT_TENSORS, PARTS
 
 log = logging.getLogger("strata.convert")
@@ -115,7 +116,7 @@ class Converter:
             log.warning("config.json: norm_topk_prob=%s, written as expert_weights_norm (Strata honours it), but "
                         "llama.cpp's %s graph %s the top-k routing weights; llama.cpp's outputs will differ from "
                         "transformers'", norm, arch.name, "renormalises" if arch.expert_weights_norm else "does not renormalise")
-        self.name_map = gguf.get_tensor_name_map(arch.tensors, self.hp.n_layers)
+        self.name_map = tensor_name_map(arch, self.n_blocks())
 
     # ---- config ----
 
@@ -156,10 +157,32 @@ class Converter:
             n_ff_exp=int(self.get("moe_intermediate_size", "intermediate_size")),
             rope_theta=float(theta), rms_eps=float(self.get("rms_norm_eps")),
             tied_embeddings=bool(self.get("tie_word_embeddings", default=False)),
-            n_ff_shexp=int(self.get("shared_expert_intermediate_size")) if self.arch.shared_expert else 0,
+            n_ff_shexp=self.shared_ff_length() if self.arch.shared_expert else 0,
         )
         self._refuse_unsupported(hp)
         return hp
+
+    #: The multi-token-prediction blocks kept after the trunk (layer numbers n_layers..), for the
+    #: architectures whose converters keep them (`mtp_layers`); none by default.
+    mtp: list[int] = []
+
+    def n_blocks(self) -> int:
+        """Blocks the file holds: the trunk's, then any multi-token-prediction blocks the converter keeps."""
+        return self.hp.n_layers + len(self.mtp)
+
+    def mtp_layers(self, n_layers: int) -> list[int]:
+        """The multi-token-prediction blocks to keep: config.json's num_nextn_predict_layers after the
+        trunk, where the checkpoint has tensors of them (`model.layers.N.*` with N = n_layers..)."""
+        n = int(self.cfg.get("num_nextn_predict_layers") or 0)
+        if n and not any(name.startswith(f"model.layers.{n_layers}.") for name in self.ckpt.tensors):
+            log.info("config.json: num_nextn_predict_layers=%d but the checkpoint has no tensors of layer %d: "
+                     "no multi-token-prediction layers written", n, n_layers)
+            return []
+        return list(range(n_layers, n_layers + n))
+
+    def shared_ff_length(self) -> int:
+        """Rows of the shared expert (all shared experts together), where the architecture has one."""
+        return int(self.get("shared_expert_intermediate_size"))
 
     def _refuse_unsupported(self, hp: HParams) -> None:
         """Config features the GGUF architecture cannot express."""
@@ -182,7 +205,7 @@ class Converter:
         hp = self.hp
         w.add_context_length(hp.n_ctx)
         w.add_embedding_length(hp.n_embd)
-        w.add_block_count(hp.n_layers)
+        w.add_block_count(self.n_blocks())
         if self.dense_ffn_key:
             w.add_feed_forward_length(hp.n_ff)
         w.add_head_count(hp.n_heads)
@@ -218,7 +241,7 @@ class Converter:
     def write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
         """rope.scaling.* from rope_parameters (converters.rope_scaling), and the sliding-window
         layers' own base where the config gives one."""
-        write_rope_scaling(w, self.rope_parameters(), self.cfg, self.arch.name, str(self.config_path))
+        write_rope_scaling(w, self.rope_parameters(), self.cfg, self.arch, str(self.config_path))
         swa = self.all_rope_parameters().get("sliding_attention") or {}
         if self.arch.swa and swa.get("rope_theta") is not None:
             w.add_rope_freq_base_swa(float(swa["rope_theta"]))
@@ -232,7 +255,7 @@ class Converter:
 
     def extra_tensors(self) -> list[PlannedTensor]:
         """Tensors computed from the config rather than read: RoPE factors (longrope, llama3)."""
-        hp = self.hp  # llama only (write_rope_scaling refuses the others): rotary over the whole head
+        hp = self.hp  # architectures that read them (write_rope_scaling refuses the others): rotary over the whole head
         factors = rope_factor_tensors(self.rope_parameters(), self.cfg, hp.head_dim, hp.rope_theta, str(self.config_path))
         return [PlannedTensor(weight_name(kind), kind, None, values.shape, gguf.GGMLQuantizationType.F32,
                               [lambda v=values: v.reshape(1, -1)], values.nbytes, ()) for kind, values in factors.items()]
@@ -284,8 +307,8 @@ class Converter:
         for bid in self.expert_layers():
             planned += self._plan_experts(bid, experts.get(bid), policy)
         self._check_complete({p.name for p in planned})
-        order = {kind: i for i, kind in enumerate(gguf.MODEL_TENSORS[self.arch.tensors])}
-        last = self.hp.n_layers
+        order = {kind: i for i, kind in enumerate(tensor_kinds(self.arch))}
+        last = self.n_blocks()
         return sorted(planned, key=lambda p: (-1 if p.kind == MT.TOKEN_EMBD else last if p.layer is None else p.layer,
                                               order.get(p.kind, len(order)), p.name))
 
@@ -315,8 +338,8 @@ class Converter:
             raise ConversionError(f"{src.path}: unexpected tensor {name} (no {self.arch.name} GGUF tensor for it)")
         kind, gname = found
         bid = layer_of(gname)
-        if bid is not None and bid >= self.hp.n_layers:
-            raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.hp.n_layers}")
+        if bid is not None and bid >= self.n_blocks():
+            raise ConversionError(f"{src.path}: unexpected tensor {name}: layer {bid} but config has {self.n_blocks()}")
         return kind, gname, bid
 
     def _check_shape(self, kind: MT, src: SourceTensor, found: tuple[int, ...]) -> None:

@@ -1,6 +1,7 @@
-"""What DeepSeek-V3's router family shares (DeepSeek-V3, GLM-4.x MoE, MiniMax-M2): the router's
-selection bias `e_score_correction_bias` -> `blk.N.exp_probs_b.bias` (F32, required where
-llama.cpp's loader requires it), and checkpoints whose multi-token-prediction layers (past
+"""What DeepSeek-V3's router family shares (DeepSeek-V3, GLM-4.x MoE, MiniMax-M2, Hunyuan V3): the
+router's selection bias `e_score_correction_bias` -> `blk.N.exp_probs_b.bias` (F32, required where
+llama.cpp's loader requires it; the bare `blk.N.exp_probs_b` where the record's
+`selection_bias_suffix` says so), and checkpoints whose multi-token-prediction layers (past
 num_hidden_layers) are skipped, as llama.cpp's converter does.
 Must not: write files (the pipeline does) or quantize (types).
 """
@@ -26,14 +27,15 @@ class BiasedRouterMixin:
 
     def _check_complete(self, names: set[str]) -> None:
         super()._check_complete(names)
-        missing = [name for name in (weight_name(MT.FFN_EXP_PROBS_B, b, "bias") for b in self.bias_layers())
+        suffix = self.arch.selection_bias_suffix
+        missing = [name for name in (weight_name(MT.FFN_EXP_PROBS_B, b, suffix) for b in self.bias_layers())
                    if name not in names]
         if missing:
             raise ConversionError(f"{self.ckpt.folder}: missing the router's {BIAS} for {', '.join(missing[:3])}")
 
     def _split_sources(self):
-        """The generic split without multi-token-prediction layers (past num_hidden_layers)."""
-        layers, every = self.hp.n_layers, self.ckpt.tensors
+        """The generic split without the multi-token-prediction layers it does not keep (past n_blocks)."""
+        layers, every = self.n_blocks(), self.ckpt.tensors
         keep = {n: t for n, t in every.items() if (hf_layer(n) or 0) < layers}
         if len(keep) < len(every):
             log.info("skipping %d multi-token-prediction tensors (layers >= %d)", len(every) - len(keep), layers)
@@ -46,7 +48,7 @@ class BiasedRouterMixin:
     def _map_resident(self, name: str, src: SourceTensor):
         if name.endswith(BIAS):  # gguf-py's table knows it as `e_score_correction.bias`
             kind, _, bid = super()._map_resident(name.replace(BIAS, "e_score_correction"), src)
-            return kind, weight_name(kind, bid, "bias"), bid
+            return kind, weight_name(kind, bid, self.arch.selection_bias_suffix), bid
         return super()._map_resident(name, src)
 
 

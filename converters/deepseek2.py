@@ -43,10 +43,12 @@ _MLA_KV = (MT.ATTN_KV_A_MQA, MT.ATTN_KV_A_NORM, MT.ATTN_K_B, MT.ATTN_V_B, MT.ATT
 
 class DeepSeek2Converter(BiasedRouterMixin, Converter):
     llama_cpp_reads_weights_norm = True
+    #: config.json architectures with V3's router (the rest are V2's)
+    v3_architectures = ("DeepseekV3ForCausalLM",)
 
     def read_hparams(self) -> HParams:
         c = self.cfg
-        self.v3 = (c.get("architectures") or [""])[0] == "DeepseekV3ForCausalLM"
+        self.v3 = (c.get("architectures") or [""])[0] in self.v3_architectures
         self.topk_method = c.get("topk_method") or ("noaux_tc" if self.v3 else "greedy")
         if self.topk_method not in (_V3_TOPK if self.v3 else _V2_TOPK):
             raise ConversionError(f"{self.config_path}: topk_method {self.topk_method!r} is not supported "

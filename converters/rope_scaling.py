@@ -9,9 +9,10 @@ config.json's `rope_parameters` (transformers 5) or `rope_scaling` (older) of ty
              DeepSeek's mscale_all_dim is the deepseek2 converter's (yarn_log_multiplier);
   longrope   type longrope, .original_context_length, .attn_factor (the config's attention_factor,
              else transformers' default sqrt(1 + ln(max_pos / original) / ln(original))), and the
-             factor tensors `rope_factors_long` / `rope_factors_short` [head_dim/2] (llama only:
-             llama.cpp's llama graph is the one of ours that divides by them);
-  llama3     no type key: the tensor `rope_freqs` [head_dim/2] of per-pair divisors (llama only).
+             factor tensors `rope_factors_long` / `rope_factors_short` [head_dim/2];
+  llama3     no type key: the tensor `rope_freqs` [head_dim/2] of per-pair divisors.
+longrope and llama3 only for architectures whose llama.cpp graph divides by those factors (the
+`Arch.rope_factors` records: llama, llama4, ...).
 
 Other types, and longrope / llama3 where llama.cpp's graph would ignore them, are refused.
 """
@@ -33,8 +34,9 @@ def rope_kind(rp: dict[str, Any]) -> str | None:
     return None if kind in (None, "default") else str(kind)
 
 
-def write_rope_scaling(w: gguf.GGUFWriter, rp: dict[str, Any], cfg: dict[str, Any], arch: str, where: str) -> None:
-    """The rope.scaling.* keys of `rp` (see the module docstring); `where` names config.json in errors."""
+def write_rope_scaling(w: gguf.GGUFWriter, rp: dict[str, Any], cfg: dict[str, Any], arch, where: str) -> None:
+    """The rope.scaling.* keys of `rp` (see the module docstring) for the `strata.arch` record
+    `arch`; `where` names config.json in errors."""
     kind = rope_kind(rp)
     if kind is None:
         return
@@ -57,12 +59,12 @@ def write_rope_scaling(w: gguf.GGUFWriter, rp: dict[str, Any], cfg: dict[str, An
         if attention is not None:
             w.add_rope_scaling_yarn_attn_factor(_positive(attention, "attention_factor", where))
     elif kind in ("longrope", "su"):
-        _only_llama(arch, kind, where)
+        _reads_factors(arch, kind, where)
         w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
         w.add_rope_scaling_orig_ctx_len(original_context(rp, cfg, where))
         w.add_rope_scaling_attn_factors(longrope_attention(rp, cfg, where))
     elif kind == "llama3":
-        _only_llama(arch, kind, where)
+        _reads_factors(arch, kind, where)
     else:
         raise ConversionError(f"{where}: rope scaling type {kind!r} is not supported "
                               "(supported: linear, yarn, longrope, llama3)")
@@ -116,10 +118,10 @@ def longrope_attention(rp: dict[str, Any], cfg: dict[str, Any], where: str) -> f
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
 
 
-def _only_llama(arch: str, kind: str, where: str) -> None:
-    if arch != "llama":
-        raise ConversionError(f"{where}: rope scaling type {kind!r} is not supported for GGUF {arch} "
-                              "(llama.cpp's graph reads its factors for llama only)")
+def _reads_factors(arch, kind: str, where: str) -> None:
+    if not arch.rope_factors:
+        raise ConversionError(f"{where}: rope scaling type {kind!r} is not supported for GGUF {arch.name} "
+                              "(llama.cpp's graph for it does not read RoPE factors)")
 
 
 def _positive(value: Any, key: str, where: str) -> float:

@@ -21,9 +21,10 @@ log = logging.getLogger("strata.convert")
 #: Types a user may ask for, by command-line name.
 CHOICES, OUTTYPES = CONVERT_TYPES, CONVERT_OUTTYPES  # defined where `strata convert --help` reads them
 
-#: Kept in float32 whatever was asked: routers and the shared-expert gate (tiny, and their
-#: logits pick experts, so rounding them changes routing).
-_FLOAT_KINDS = frozenset({MT.FFN_GATE_INP, MT.FFN_GATE_INP_SHEXP})
+#: Kept in float32 whatever was asked: routers, the shared-expert gate and the sparse-attention
+#: indexer's head weights (tiny, and they pick experts or positions, so rounding them changes the
+#: choice; llama.cpp's converter keeps them so too).
+_FLOAT_KINDS = frozenset({MT.FFN_GATE_INP, MT.FFN_GATE_INP_SHEXP, MT.INDEXER_PROJ})
 _EXPERT_KINDS = frozenset({MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP})
 _SHARED_KINDS = frozenset({MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP})
 

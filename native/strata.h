@@ -637,10 +637,10 @@ typedef struct {
     strata_route_groups *groups;
     void *scratch;
     int64_t scratch_bytes;
-    /* The decode program's second rope table [n_seq, R2 / 2] (NULL: none), for the layers whose
-     * strata_decode_layer.rope2 is set: sliding-window layers that rotate otherwise (Laguna's own
-     * rotary features and base); the program hands it to their step as cos_t / sin_t. */
-    const float *cos_t2, *sin_t2;
+    /* A second pair of rope tables [n_seq, R_alt / 2] (may be NULL), for the layers that ask
+     * (strata_attn_layer.rope_alt): sliding-window layers that rotate otherwise (MiMo-V2's own base;
+     * Laguna's own rotary features and base), R_alt the rope_dim of those layers. */
+    const float *cos_alt, *sin_alt;
 } strata_step_args;
 
 /* A layer kind's decode step (`layer`: the head of the kind's struct) and its scratch bytes for
@@ -715,6 +715,16 @@ typedef struct {
     int32_t g_type;
     const void *wg;
     int64_t wg_bytes, g_rows;
+    /* MiMo-V2 (0 when absent; grouped-query attention only, no output gate of either kind): value
+     * heads of head_dim_v < head_dim features (wqkv's or wv's value rows are Hkv head_dim_v, o is
+     * [D, H head_dim_v]; the caches' value rows stay head_dim wide, zero past head_dim_v: the
+     * decode attention reads one width) and v_scale != 0 multiplying the attention's output
+     * (each head's first head_dim_v features) before o. rope_alt: the layer's rope tables are the
+     * step's cos_alt / sin_alt (sliding-window layers with a RoPE of their own, in the decode
+     * program; a step run on its own gets its layer's tables as both). */
+    int64_t head_dim_v;
+    float v_scale;
+    int32_t rope_alt;
 } strata_attn_layer;
 
 /* The attention kinds' strata_step_scratch_fn and strata_step_fn: x += attention(attn_norm(x))
@@ -742,8 +752,6 @@ typedef struct {
     /* NULL: plain SwiGLU experts; else their function (strata_moe_glu), expert_ids ignored: the
      * layer's grouping gives each expert's id. */
     const strata_moe_act *act;
-    /* Nonzero: the layer's step reads args' second rope table (cos_t2 / sin_t2). */
-    int32_t rope2;
 } strata_decode_layer;
 
 /* The shared expert's weight per token: w[t] = sigmoid(x[t] . gate_inp) (x [n_tok, D] contiguous;

@@ -156,7 +156,8 @@ def calibrate(planned: list[PlannedTensor], arch: Arch, hp: HParams, tokens: lis
               spill: Spill, n_threads: int, progress: bool = True) -> tuple[np.ndarray, dict[str, int]]:
     """GPTQ every layer (see the module docstring); replaces the pieces of every layer's planned
     tensors with readers of the spill. Returns (routing counts [expert layers, E], methods used)."""
-    expert_layers = sorted({p.layer for p in planned if p.kind in _EXPERT_KINDS})
+    # the trunk's: multi-token-prediction layers (past hp.n_layers) are quantized as planned, not run
+    expert_layers = sorted({p.layer for p in planned if p.kind in _EXPERT_KINDS and p.layer < hp.n_layers})
     runner = LayerRunner(arch, hp, expert_layers, n_ctx)
     hidden = _embeddings(planned, torch.tensor(tokens), n_threads)
     quantizer = LayerQuantizer(n_threads)

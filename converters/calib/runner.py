@@ -138,6 +138,7 @@ class LayerRunner:
         self.rope = Rope(hp, torch.device("cpu"))
         heads, kdim, vdim = cache_dims(hp)
         self.kv = (torch.zeros((1, heads, n_ctx, kdim)), torch.zeros((1, heads, n_ctx, vdim)))
+        self._batches: dict[int, Batch] = {}  # by the sequence's first row
 
     def build(self, layer: int, tensors: dict[str, np.ndarray], stats: Hessians | None):
         """Layer `layer` from float `tensors`; with `stats`, every matrix records its inputs.
@@ -182,7 +183,9 @@ class LayerRunner:
         out = torch.empty_like(hidden)
         for s in range(0, hidden.shape[0], self.n_ctx):
             x = hidden[s:s + self.n_ctx]
-            batch = Batch.make([[0]], [0], [x.shape[0]], self.n_ctx)  # one cache block of n_ctx positions
+            # one cache block of n_ctx positions; a sequence's batch is the same from layer to layer, so
+            # what a layer leaves in it (a sparse-attention layer's choice) reaches the next layers
+            batch = self._batches.setdefault(s, Batch.make([[0]], [0], [x.shape[0]], self.n_ctx))
             cos_sin = self.rope.cos_sin(batch.positions, x.dtype)
             out[s:s + x.shape[0]] = block(x, batch, cos_sin, self.kv)
             if stats is not None:

@@ -119,8 +119,6 @@ int strata_decode_layers(strata_pool *pool, const strata_decode_layer *layers, i
         const strata_decode_layer *L = &layers[l];
         const int64_t t0 = layer_ns ? strata_now_ns() : 0;
         a.expert_ids = args->expert_ids + l * ids_stride;
-        a.cos_t = L->rope2 ? args->cos_t2 : args->cos_t;
-        a.sin_t = L->rope2 ? args->sin_t2 : args->sin_t;
         st = L->step(pool, L->layer, &a, impl);
         if (st != STRATA_OK) return st;
         const int64_t t1 = layer_ns ? strata_now_ns() : 0;

@@ -15,6 +15,8 @@
  *                                            (a sliding window, sink logits: gpt-oss; Llama 4's
  *                                            local layers: the query's chunk)
  *     a *= softplus(xa @ Wg^T)               Laguna: per head or per element
+ *     a = a[:, :hd_v] * v_scale              MiMo-V2: values narrower than keys (cached padded
+ *                                            to hd) and scaled
  *   latent attention (DeepSeek):
  *     q = xa @ Wq^T, or q_a_norm(xa @ Wq_a^T) @ Wq_b^T; q_rope = rope(q_rope)
  *     c|k_rope = xa @ Wkv_a^T; c = kv_a_norm(c); k_rope = rope(k_rope); cache <- c|k_rope
@@ -62,9 +64,10 @@ static void widths(const strata_attn_layer *L, int64_t *n_qkv, int64_t *n_att, i
         *n_att = H * (L->kv_lora + L->rope_dim); /* the query in the latent space, then its attention */
         *o_in = H * L->v_dim;
     } else {
-        *n_qkv = (H * (L->q_gate ? 2 : 1) + 2 * L->n_head_kv) * hd;
+        const int64_t hv = L->head_dim_v ? L->head_dim_v : hd;
+        *n_qkv = (H * (L->q_gate ? 2 : 1) + L->n_head_kv) * hd + L->n_head_kv * hv;
         *n_att = H * hd;
-        *o_in = H * hd;
+        *o_in = H * hv;
     }
 }
 
@@ -120,7 +123,9 @@ static int layer_ok(const strata_attn_layer *L) {
         (L->q_gate && (L->kv_lora || L->bqkv || !add_ok(rows, hq, &rows))) ||
         L->chunk < 0 || (L->chunk && L->window) || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
         (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora) ||
-        (L->wv && (L->kv_lora || L->wv_bytes < 0)) || L->g_rows < 0 ||
+        (L->wv && (L->kv_lora || L->wv_bytes < 0)) || L->head_dim_v < 0 || L->head_dim_v > L->head_dim ||
+        (L->head_dim_v && (L->kv_lora || L->q_gate || L->g_rows)) || !isfinite(L->v_scale) ||
+        (L->rope_alt != 0 && L->rope_alt != 1) || L->g_rows < 0 ||
         (L->g_rows && (L->kv_lora || L->q_gate || !L->wg || L->wg_bytes < 0 || (L->g_rows != L->n_head && L->g_rows != hq))))
         return STRATA_E_ARG;
     if (latent(L)) {
@@ -186,9 +191,9 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *qkv,
                     float *att, float *gate, const int64_t *n_ctx, const int64_t *blk, const int64_t *off,
                     void *act, int64_t act_bytes, int impl) {
-    const int64_t H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim;
-    const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + 2 * hkv;
-    int st = qkv_product(pool, L, n_seq, xa, qkv, n_q + hkv, n_qkv, hkv, att, act, act_bytes, impl);
+    const int64_t H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim, hv = L->head_dim_v ? L->head_dim_v : hd;
+    const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + hkv + Hkv * hv;
+    int st = qkv_product(pool, L, n_seq, xa, qkv, n_q + hkv, n_qkv, Hkv * hv, att, act, act_bytes, impl);
     if (st == STRATA_OK && L->g_rows)  /* Laguna's output gate, from the same input */
         st = strata_matmul(pool, L->g_type, L->wg, L->wg_bytes, L->g_rows, L->head.n_embd, xa, n_seq * L->head.n_embd * 4,
                            n_seq, gate, n_seq * L->g_rows * 4, act, act_bytes, impl);
@@ -221,18 +226,30 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
         const float t = (float)(log1p(steps) * L->temp_scale + 1.0);
         for (int64_t i = 0; i < hq; i++) q[b * n_qkv + i] *= t;
     }
+    int64_t v_stride = n_qkv;
+    if (hv != hd) {  /* narrower values: the cache's rows of hd, zero-padded, built in att (free until the attention) */
+        for (int64_t r = 0; r < n_seq * Hkv; r++) {
+            memcpy(att + r * hd, v + (r / Hkv) * n_qkv + (r % Hkv) * hv, (size_t)hv * sizeof(float));
+            memset(att + r * hd + hv, 0, (size_t)(hd - hv) * sizeof(float));
+        }
+        v = att, v_stride = hkv;
+    }
     /* A block is a "slot" of block_size positions to kv_write. */
-    st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, n_qkv, n_seq, Hkv, hd, L->k_cache, L->v_cache,
+    st = strata_glue_kv_write_typed(L->kv_type, k, n_qkv, v, v_stride, n_seq, Hkv, hd, L->k_cache, L->v_cache,
                                     L->n_blocks, L->block_size, blk, off, impl);
     if (st != STRATA_OK) return st;
     st = strata_attn_decode_pooled(pool, L->kv_type, q, n_qkv, n_seq, H, Hkv, hd, L->k_cache, L->v_cache, L->n_blocks,
                                    L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
                                    L->window, L->chunk, att, hq, impl);
+    if (st == STRATA_OK && L->q_gate) st = strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
+    if (st == STRATA_OK && L->g_rows)
+        st = strata_glue_gate_softplus(att, n_seq * hq, gate, n_seq * L->g_rows, n_seq, L->g_rows, hq / L->g_rows);
     if (st != STRATA_OK) return st;
-    if (L->g_rows)
-        return strata_glue_gate_softplus(att, n_seq * hq, gate, n_seq * L->g_rows, n_seq, L->g_rows, hq / L->g_rows);
-    if (!L->q_gate) return st;
-    return strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
+    if (hv != hd)  /* each head's first hv features, packed: [n_seq, H hv] (a head moves down, never up) */
+        for (int64_t r = 1; r < n_seq * H; r++) memmove(att + r * hv, att + r * hd, (size_t)hv * sizeof(float));
+    if (L->v_scale != 0.0f && L->v_scale != 1.0f)
+        for (int64_t i = 0; i < n_seq * H * hv; i++) att[i] *= L->v_scale;
+    return STRATA_OK;
 }
 
 /* Latent attention of the new tokens into att [n_seq, H v_dim]. */
@@ -326,7 +343,7 @@ int strata_decode_attn(strata_pool *pool, const strata_layer_head *head, const s
     if (!a || a->n_seq < 1) return STRATA_E_ARG;
     const int64_t n_seq = a->n_seq, table_stride = a->table_stride;
     const int64_t *block_table = a->block_table, *positions = a->positions;
-    const float *cos_t = a->cos_t, *sin_t = a->sin_t;
+    const float *cos_t = L->rope_alt ? a->cos_alt : a->cos_t, *sin_t = L->rope_alt ? a->sin_alt : a->sin_t;
     float *x = a->x;
     if (!block_table || table_stride < 1 || (L->rope_dim && (!cos_t || !sin_t))) return STRATA_E_ARG;
     step_layout S;

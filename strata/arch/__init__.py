@@ -12,7 +12,7 @@ of this package but `registry` and `tensor_names` is imported below, in name ord
 import importlib
 import pkgutil
 
-from .tensor_names import WEIGHT_SUFFIX, layer_of, weight_name, weight_pattern
+from .tensor_names import WEIGHT_SUFFIX, layer_of, tensor_kinds, tensor_name_map, weight_name, weight_pattern
 from .registry import Arch, for_hf, get, hf_names, names, register, unregister
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
@@ -20,4 +20,4 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         importlib.import_module(f"{__name__}.{_module}")  # registers its architecture
 
 __all__ = ["WEIGHT_SUFFIX", "Arch", "for_hf", "get", "hf_names", "layer_of", "names", "register", "unregister",
-           "weight_name", "weight_pattern"]
+           "tensor_kinds", "tensor_name_map", "weight_name", "weight_pattern"]

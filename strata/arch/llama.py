@@ -13,6 +13,6 @@ from .registry import Arch, register
 
 LLAMA = register(Arch(
     name="llama", tensors=MODEL_ARCH.LLAMA, hf_architectures=("MixtralForCausalLM",),
-    rope_type="norm", moe=False, expert_weights_norm=True,
+    rope_type="norm", rope_factors=True, moe=False, expert_weights_norm=True,
     permute_qk=True, metadata=(Keys.LLM.VOCAB_SIZE, Keys.Rope.DIMENSION_COUNT),
 ))

@@ -17,7 +17,7 @@ from .registry import Arch, ChunkedAttn, register
 LLAMA4 = register(Arch(
     name="llama4", tensors=MODEL_ARCH.LLAMA4, hf_architectures=("Llama4ForCausalLM",),
     hf_multimodal=("Llama4ForConditionalGeneration",),
-    rope_type="norm", expert_gating_func="sigmoid", shared_expert=True,
+    rope_type="norm", rope_factors=True, expert_gating_func="sigmoid", shared_expert=True,
     chunked=ChunkedAttn(), expert_input_scaled=True, converter="llama4",
     metadata=(Keys.LLM.VOCAB_SIZE, Keys.Rope.DIMENSION_COUNT, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),
 ))

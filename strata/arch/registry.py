@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf.constants import MODEL_ARCH
+from gguf.constants import MODEL_ARCH, MODEL_TENSOR
 
 ROPE_TYPES = ("norm", "neox")  # llama_model_rope_type: adjacent pairs | the two halves of each head
 QK_NORMS = (None, "head", "full")  # RMSNorm of q and k before RoPE: none | over hd | over all heads
@@ -24,13 +24,18 @@ class Arch:
     assumes when a metadata key is absent; the last group is read by the converter only."""
 
     name: str  # GGUF general.architecture, and the `{arch}.` prefix of its metadata keys
-    tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses
+    tensors: MODEL_ARCH  # gguf-py's architecture whose tensor-name table and order the file uses (with
+    #                      `tensor_set`: the installed gguf-py's closest one, whose HF-name overrides apply)
+    tensor_set: tuple[MODEL_TENSOR, ...] = ()  # llama.cpp's tensor list, in its order, for an architecture the
+    #                                            installed gguf-py lacks (`tensor_names.tensor_kinds`)
     hf_architectures: tuple[str, ...] = ()  # config.json `architectures` converted to it (none: no converter)
     hf_multimodal: tuple[str, ...] = ()  # ... whose checkpoint holds it as the language model beside a vision
     #                                      tower (text_config, language_model.* weights): converted text only
     runs: bool = True  # strata.models builds it (False: Strata reads its hyperparameters only)
 
     rope_type: str = "neox"
+    rope_factors: bool = False  # llama.cpp's graph divides RoPE frequencies by `rope_freqs` (Llama 3's scaling) or
+    # longrope's factor sets (its get_rope_factors): the converter writes them for llama3 / longrope configs
     moe: bool = True  # expert_count and expert_used_count are required (a dense llama has neither)
     expert_gating_func: str = "softmax"  # router probabilities when `{arch}.expert_gating_func` is absent
     expert_weights_norm: bool = False  # top-k weights renormalised when `{arch}.expert_weights_norm` is absent
@@ -53,6 +58,7 @@ class Arch:
     post_attention_norm: bool = False  # the FFN's pre-norm is stored as `post_attention_norm`, not `ffn_norm`
     expert_bias: bool = False  # routed experts' gate, up and down have biases (ffn_*_exps.bias)
     router_bias: bool = False  # the router has a bias (ffn_gate_inp.bias)
+    selection_bias_suffix: str = "bias"  # the router's selection bias is `blk.N.exp_probs_b.<this>` ("": bare name)
     swiglu_clamp: tuple[float, float] | None = None  # (alpha, limit) of the clamped SwiGLU llama.cpp hard-codes
     chunked: "ChunkedAttn | None" = None  # chunked local attention, NoPE layers, temperature (llama4)
     expert_input_scaled: bool = False  # the router weight scales each expert's input, not its output
@@ -60,6 +66,12 @@ class Arch:
     deltanet_tiled: bool = False  # ... value heads tiled over key heads (head j reads key head j % Hk), ssm_beta and
     #                               ssm_alpha apart (qwen35moe: llama.cpp's converter reorders the value heads)
     rope_sections: bool = False  # `rope.dimension_sections` (interleaved multimodal RoPE) is required
+    indexer_rope: str | None = None  # DeepSeek Sparse Attention: the lightning indexer's RoPE arrangement (one of
+    #                                  ROPE_TYPES; `attention.indexer.*` are required), None without an indexer
+    indexer_norm_eps: float = 0.0  # the epsilon of the indexer key's LayerNorm (llama.cpp's f_norm_eps)
+    indexer_pattern: tuple[int, int, int] | None = None  # (context, lead, period): without `attention.indexer.types`,
+    #                                  a file of at least `context` positions runs its own indexer on the first `lead`
+    #                                  layers and every `period`-th after them, the others reuse it (else all run it)
 
     permute_qk: bool = False  # Q/K rows go from rotate-half to adjacent pairs (NORM RoPE on a NEOX checkpoint)
     metadata: tuple[str, ...] = ()  # gguf-py `Keys.LLM` templates written beyond the common ones
@@ -75,6 +87,11 @@ class Arch:
         if self.expert_gating_func not in GATING_FUNCS:
             raise ValueError(f"architecture {self.name!r}: expert_gating_func {self.expert_gating_func!r}, "
                              f"expected one of {GATING_FUNCS}")
+        if self.indexer_rope not in (None, *ROPE_TYPES):
+            raise ValueError(f"architecture {self.name!r}: indexer_rope {self.indexer_rope!r}, expected one of "
+                             f"{ROPE_TYPES}")
+        if self.indexer_rope and not self.mla:
+            raise ValueError(f"architecture {self.name!r}: a sparse-attention indexer without latent attention")
         if self.shared_expert_gate and not self.shared_expert:
             raise ValueError(f"architecture {self.name!r}: shared_expert_gate without shared_expert")
 

@@ -18,6 +18,9 @@ def _model_line(hp: Any) -> str:
         words.append(f"{hp.n_experts} routed experts ({hp.n_experts_used} per token)")
     if hp.n_shared_experts:
         words.append(f"{hp.n_shared_experts} shared expert{'s' if hp.n_shared_experts > 1 else ''}")
+    if hp.n_layers_nextn:  # llama.cpp's main graph does not run them either
+        n = hp.n_layers_nextn
+        words.append(f"{n} multi-token-prediction layer{'s' if n > 1 else ''} (kept, not run)")
     return ", ".join(words + [f"hidden {hp.n_embd}", f"context {hp.context_length} tokens"])
 
 

@@ -345,7 +345,7 @@ class BlockTables:
 class KVCache(BlockTables):
     """The block pool's tensors plus its bookkeeping (`BlockTables`)."""
 
-    def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
+    def __init__(self, n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int | Seq[int], head_dim: int,
                  head_dim_v: int | None = None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", n_blocks: int | None = None, block_size: int = BLOCK_SIZE,
                  prefix_cache: bool = True, kv_type: str | None = None, states: StateShapes | None = None):
@@ -355,6 +355,7 @@ class KVCache(BlockTables):
         widths = (head_dim, head_dim if head_dim_v is None else head_dim_v)  # values 0: none (MLA)
         store, (row_k, row_v) = kv_storage(kv_type, dtype, widths)
         self.states = dict(states or {})  # layer -> (conv, ssm) state shapes of one sequence
+        heads = _layer_heads(n_head_kv, n_layers)
 
         # On the CPU the pool is left unwritten, so the OS gives its pages as blocks are first used
         # (a large prefix-cache budget costs nothing until it fills), and each block is zeroed when
@@ -367,14 +368,14 @@ class KVCache(BlockTables):
             if i in self.states:  # per slot, float32 whatever the KV type: the recurrence accumulates in it
                 return tuple(torch.zeros((n_slots, *shape), dtype=torch.float32, device=device)
                              for shape in self.states[i])
-            return (blank((N, n_head_kv, P, row_k), dtype=store, device=device),
-                    blank((N, n_head_kv, P, row_v), dtype=store, device=device))
+            return (blank((N, heads[i], P, row_k), dtype=store, device=device),
+                    blank((N, heads[i], P, row_v), dtype=store, device=device))
 
         self.k, self.v = (list(t) for t in zip(*(pair(i) for i in range(n_layers))))
         self.device = torch.device(device)
         self.kv_type = kv_type_name(store)
-        n_kv_layers = n_layers - len(self.states)
-        self.bytes_per_token = n_kv_layers * n_head_kv * (row_k + row_v) * torch.empty((), dtype=store).element_size()
+        kv_heads = sum(h for i, h in enumerate(heads) if i not in self.states)
+        self.bytes_per_token = kv_heads * (row_k + row_v) * torch.empty((), dtype=store).element_size()
 
     def _take(self) -> int:
         block = super()._take()
@@ -394,7 +395,7 @@ class KVCache(BlockTables):
             self.v[i][slot].zero_()
 
     @staticmethod
-    def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
+    def bytes_for(n_layers: int, n_slots: int, n_ctx: int, n_head_kv: int | Seq[int], head_dim: int,
                   head_dim_v: int | None = None, dtype: torch.dtype = torch.float32, n_blocks: int | None = None,
                   block_size: int = BLOCK_SIZE, kv_type: str | None = None, states: StateShapes | None = None) -> int:
         """Bytes a cache of these dimensions takes (before it is allocated): `n_blocks` blocks, by
@@ -404,7 +405,8 @@ class KVCache(BlockTables):
         n = n_slots * blocks_for(n_ctx, block_size) if n_blocks is None else n_blocks
         states = states or {}
         state = sum(math.prod(shape) for pair in states.values() for shape in pair) * 4  # float32
-        return (n_layers - len(states)) * n * block_size * n_head_kv * sum(rows) * itemsize(store) + n_slots * state
+        kv_heads = sum(h for i, h in enumerate(_layer_heads(n_head_kv, n_layers)) if i not in states)
+        return kv_heads * n * block_size * sum(rows) * itemsize(store) + n_slots * state
 
     def fork(self, src: int, dst: int, n_positions: int) -> bool:
         """`BlockTables.fork`, and `dst` takes a copy of `src`'s recurrent state (it sums the whole
@@ -442,5 +444,15 @@ class KVCache(BlockTables):
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
+def _layer_heads(n_head_kv: int | Seq[int], n_layers: int) -> tuple[int, ...]:
+    """Each layer's kv heads: one count for every layer, or one per layer (mimo2)."""
+    if isinstance(n_head_kv, int):
+        return (n_head_kv,) * n_layers
+    if len(n_head_kv) != n_layers:
+        raise ValueError(f"kv heads per layer: {len(n_head_kv)} counts for {n_layers} layers")
+    return tuple(n_head_kv)
+
+
 __all__ = ["BLOCK_SIZE", "BlockTables", "KVCache", "block_hash", "block_hashes", "blocks_for", "kv_storage",
            "kv_type_name"]
+

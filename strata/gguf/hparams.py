@@ -23,6 +23,7 @@ from strata.arch import Arch, weight_name, weight_pattern
 
 from .experts import ff_length_from_shape, match_expert_tensor
 from .header import format_error
+from .indexer import INDEXER_TYPES, IndexerDims, read_indexer
 
 
 #: `{arch}.expert_gating_func` values (llama.cpp's llama_expert_gating_func_type) by id; 0 ("none")
@@ -97,12 +98,19 @@ class HParams:
     ssm: "DeltaNetDims | None" = None  # gated DeltaNet layers' sizes (Arch.gated_deltanet), else None
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
-    n_head_layers: tuple[int, ...] = ()  # attention.head_count as an array of unequal counts, one per layer
+    indexer: "IndexerDims | None" = None  # DeepSeek Sparse Attention's lightning indexer (Arch.indexer_rope), else None
+    heads: tuple[int, ...] = ()  # attention.head_count as an array: each trunk layer's query heads (else n_head)
+    kv_heads: tuple[int, ...] = ()  # attention.head_count_kv as an array: each trunk layer's kv heads (else n_head_kv)
+    attn_value_scale: float = 1.0  # attention.value_scale: the attention's values (its output) scaled (mimo2)
     rope_dim_swa: int = 0  # rope.dimension_count_swa: sliding-window layers' rotary features (rope_dim)
 
-    def heads(self, layer: int) -> int:
-        """Query heads of `layer` (llama.cpp's n_head(il)): its entry of a per-layer head_count, else n_head."""
-        return self.n_head_layers[layer] if self.n_head_layers else self.n_head
+    def head_count(self, layer: int) -> int:
+        """Layer `layer`'s query heads (llama.cpp's n_head(il)): its entry of a per-layer array, else n_head."""
+        return self.heads[layer] if self.heads else self.n_head
+
+    def head_count_kv(self, layer: int) -> int:
+        """Layer `layer`'s kv heads (llama.cpp's n_head_kv(il)): its entry of a per-layer array, else n_head_kv."""
+        return self.kv_heads[layer] if self.kv_heads else self.n_head_kv
 
     def is_nope(self, layer: int) -> bool:
         """Whether `layer` is a global NoPE layer of chunked attention (llama.cpp's !use_rope)."""
@@ -176,17 +184,20 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     spec, m = archs.get(arch), _Metadata(path, metadata, arch)
     L, A = Keys.LLM, Keys.Attention
     n_embd = m.get(L.EMBEDDING_LENGTH, int)
-    n_head_layers = _head_counts(m)
-    n_head = n_head_layers[0]  # llama.cpp's n_head(): the first layer's
+    n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
+    n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
+    heads = _per_layer_counts(m, A.HEAD_COUNT, n_layers, n_nextn)
+    n_head = m.get(A.HEAD_COUNT, int) if heads is None else heads[0]  # llama.cpp's n_head(): the first layer's
+    if n_head <= 0:
+        raise format_error(path, f"metadata key {A.HEAD_COUNT.format(arch=arch)!r}", "> 0", str(n_head))
     n_experts = m.get(L.EXPERT_COUNT, int, _REQUIRED if spec.moe else 0)
     head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
     context_length = m.get(L.CONTEXT_LENGTH, int)
     n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
-    n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
-    n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
     sliding_window = m.get(A.SLIDING_WINDOW, int, 0 if spec.swa_optional else _REQUIRED) if spec.swa else 0
     rope_dim = m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
     rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
+    kv_heads = _per_layer_counts(m, A.HEAD_COUNT_KV, n_layers, n_nextn)
     # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
     temp_scale = m.get(A.TEMPERATURE_SCALE, float, 0.0) if spec.mla else 0.0
     hp = HParams(
@@ -203,7 +214,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         n_ff_shexp=m.get(L.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, _shexp_rows(shapes)),
         n_dense_lead=m.get(L.LEADING_DENSE_BLOCK_COUNT, int, _REQUIRED if spec.dense_lead else 0),
         n_head=n_head,
-        n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head),
+        n_head_kv=m.get(A.HEAD_COUNT_KV, int, n_head) if kv_heads is None else max(kv_heads),
         head_dim=head_dim,
         head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
         rope_freq_base=rope_freq_base,
@@ -226,7 +237,9 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         attn_temperature_scale=temp_scale,
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
         n_layers_nextn=n_nextn,
-        n_head_layers=n_head_layers[:n_layers] if len(set(n_head_layers)) > 1 else (),
+        heads=heads or (),
+        kv_heads=kv_heads or (),
+        attn_value_scale=m.get(VALUE_SCALE, float, 1.0),
         rope_dim_swa=m.get(Keys.Rope.DIMENSION_COUNT_SWA, int, rope_dim) if spec.swa else rope_dim,
     )
     if spec.chunked:
@@ -235,25 +248,11 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         hp = _deltanet(m, hp)
     if spec.rope_sections:
         hp = dataclasses.replace(hp, rope_sections=_rope_sections(m))
+    if spec.indexer_rope:
+        hp = dataclasses.replace(hp, indexer=read_indexer(m, hp))
     _check_counts(path, hp, spec)
     _check_values(path, hp)
     return hp
-
-
-def _head_counts(m: _Metadata) -> tuple[int, ...]:
-    """`attention.head_count`: one count, or one per block (llama.cpp's get_key_or_arr), each > 0."""
-    key = Keys.Attention.HEAD_COUNT.format(arch=m.arch)
-    raw = m.metadata.get(key)
-    if isinstance(raw, list):
-        blocks = m.get(Keys.LLM.BLOCK_COUNT, int)
-        if len(raw) != blocks or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw):
-            raise format_error(m.path, f"metadata key {key!r}", f"a count > 0, or {blocks} of them (one per block)",
-                               f"{raw!r:.80}")
-        return tuple(raw)
-    n_head = m.get(Keys.Attention.HEAD_COUNT, int)
-    if n_head <= 0:
-        raise format_error(m.path, f"metadata key {key!r}", "> 0", str(n_head))
-    return (n_head,)
 
 
 def _chunked(m: _Metadata, spec: Arch, hp: HParams) -> HParams:
@@ -309,6 +308,21 @@ def _rope_sections(m: _Metadata) -> tuple[int, ...]:
 
 #: llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS (gguf-py 0.19's Keys lacks it).
 RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+#: llama.cpp's LLM_KV_ATTENTION_VALUE_SCALE (gguf-py 0.19's Keys lacks it).
+VALUE_SCALE = "{arch}.attention.value_scale"
+
+
+def _per_layer_counts(m: _Metadata, template: str, n_layers: int, n_nextn: int) -> tuple[int, ...] | None:
+    """A count stored as one value per block (llama.cpp's get_key_or_arr: block_count entries, MTP
+    blocks included), as the trunk's tuple; None when the key is absent, one value or all equal."""
+    key = template.format(arch=m.arch)
+    raw = m.metadata.get(key)
+    if not isinstance(raw, list) or (raw and all(v == raw[0] for v in raw)):
+        return None
+    if len(raw) != n_layers + n_nextn or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw):
+        raise format_error(m.path, f"metadata key {key!r}", f"one positive count per block ({n_layers + n_nextn})",
+                           f"{raw!r:.80}")
+    return tuple(raw[:n_layers])
 
 
 def architecture(path: Path, metadata: Mapping[str, Any]) -> str:
@@ -385,11 +399,13 @@ def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=m.arch)
     raw = m.metadata.get(key, spec.swa_period)
     full_first = spec.swa_full_first and not isinstance(raw, list)
-    if isinstance(raw, list):
-        if len(raw) != n_layers or not all(isinstance(v, bool) for v in raw):
+    if isinstance(raw, list):  # bools, or 0/1 (mimo2's converter writes the checkpoint's hybrid_layer_pattern)
+        # one per trunk layer, or per block with the MTP blocks after the trunk (llama.cpp reads the first n_layer)
+        n_blocks = n_layers + m.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
+        if len(raw) not in (n_layers, n_blocks) or not all(isinstance(v, bool) or v in (0, 1) for v in raw):
             raise format_error(m.path, f"metadata key {key!r}", f"{n_layers} bools (one per layer) or a period",
                                f"{raw!r:.80}")
-        return tuple(raw)
+        return tuple(bool(v) for v in raw[:n_layers])
     n = _coerce(m.path, key, raw, int)
     if n < 0:
         raise format_error(m.path, f"metadata key {key!r}", "a period >= 0", str(n))
@@ -436,7 +452,7 @@ def _check_values(path: Path, hp: HParams) -> None:
                 (R.SCALING_ORIG_CTX_LEN, hp.rope_scaling.original_context_length),
                 (L.CONTEXT_LENGTH, hp.context_length), (L.BLOCK_COUNT, hp.n_layers),
                 (L.EMBEDDING_LENGTH, hp.n_embd), (A.HEAD_COUNT_KV, hp.n_head_kv), (A.KEY_LENGTH, hp.head_dim),
-                (A.VALUE_LENGTH, hp.head_dim_v)]
+                (A.VALUE_LENGTH, hp.head_dim_v), (VALUE_SCALE, hp.attn_value_scale)]
     r = hp.rope_scaling
     positive += [(key, v) for key, v in ((R.SCALING_ATTN_FACTOR, r.attn_factor), (R.SCALING_YARN_ATTN_FACTOR,
                  r.yarn_attn_factor), (R.FREQ_BASE_SWA, hp.rope_freq_base_swa)) if v is not None]
@@ -457,10 +473,15 @@ def _check_values(path: Path, hp: HParams) -> None:
         if not (0 < dim <= hp.head_dim and dim % 2 == 0):
             raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}",
                                f"an even number in 2..head_dim={hp.head_dim}", str(dim))
-    for n_head in sorted(set(hp.n_head_layers or (hp.n_head,))):
-        if n_head % hp.n_head_kv:
+    per_layer = hp.heads or hp.kv_heads  # arrays as long as the metadata's (not block_count, which may be wild)
+    for i in range(len(per_layer)) if per_layer else (0,):  # each layer's kv heads divide its query heads
+        n_head, kv = hp.head_count(i), hp.head_count_kv(i)
+        if n_head % kv:
+            where = f" (layer {i})" if per_layer else ""
             raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
-                               f"a divisor of head_count={n_head}", str(hp.n_head_kv))
+                               f"{'divisors' if hp.kv_heads else 'a divisor'} of head_count={n_head}{where}",
+                               str(list(hp.kv_heads) or hp.n_head_kv))
 
 
-__all__ = ["RECURRENT_LAYERS", "DeltaNetDims", "HParams", "RopeScaling", "architecture", "read_hparams"]
+__all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "VALUE_SCALE", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling",
+           "architecture", "read_hparams"]

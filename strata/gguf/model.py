@@ -67,17 +67,20 @@ def open_model(path: str | Path, *, cross_check: bool = False,
         tensors.update(infos)
         parts.append(FilePart(i, p, base, scan.file_size, tuple(infos)))
     hparams = read_hparams(first_path, first.metadata, {name: t.shape for name, t in tensors.items()})
+    all_tensors = tensors
     tensors, parts = _trunk(tensors, parts, hparams)
     check_routing_types(first_path, first.value_types)
     layout = build_layout(first_path, tensors, hparams.n_layers, hparams.n_experts, hparams.n_embd, hparams.n_ff_exp)
     maps = [_map(part.path) for part in parts]
-    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout, _guards(maps, guard))
+    nextn = {name: t for name, t in all_tensors.items() if name not in tensors}
+    return ModelFile(tuple(parts), maps, first, hparams, tensors, layout, _guards(maps, guard), nextn)
 
 
 def _trunk(tensors: dict[str, TensorInfo], parts: list[FilePart],
            hp: HParams) -> tuple[dict[str, TensorInfo], list[FilePart]]:
     """Without the multi-token-prediction blocks' tensors (`nextn_predict_layers` blocks after the
-    trunk): nothing runs them, as nothing in llama.cpp's main graph does."""
+    trunk): the main forward does not run them, as llama.cpp's main graph does not (ModelFile.nextn
+    keeps their records)."""
     mtp = range(hp.n_layers, hp.n_layers + hp.n_layers_nextn)
     if not mtp:
         return tensors, parts
@@ -152,7 +155,7 @@ class ModelFile:
 
     def __init__(self, parts: tuple[FilePart, ...], maps: list[np.memmap], scan: HeaderScan, hparams: HParams,
                  tensors: dict[str, TensorInfo], layout: dict[int, ExpertLayer],
-                 guards: list[MapGuard | None] | None = None):
+                 guards: list[MapGuard | None] | None = None, nextn: dict[str, TensorInfo] | None = None):
         self.parts = parts
         self.path = parts[0].path  # the file holding the metadata (the first part)
         self.version = scan.version
@@ -161,6 +164,8 @@ class ModelFile:
         self.metadata = scan.metadata
         self.hparams = hparams
         self.tensors = tensors
+        # the multi-token-prediction blocks' tensors (after the trunk): kept for speculative decoding, not run
+        self.nextn = dict(nextn or {})
         self.resident = {name: t for name, t in tensors.items() if match_expert_tensor(name) is None}
         self.expert_layers = sorted(layout)
         self._layout = layout
@@ -211,8 +216,8 @@ class ModelFile:
                 raise _cut_short(part, size)
 
     def tensor_data(self, name: str) -> np.ndarray:
-        """The raw bytes of tensor `name` as a uint8 view of the memory map."""
-        t = self.tensors[name]
+        """The raw bytes of tensor `name` (a trunk or an MTP block's) as a uint8 view of the memory map."""
+        t = self.tensors[name] if name in self.tensors else self.nextn[name]
         return self._bytes(t.offset, t.nbytes)
 
     def expert_data(self, slab: ExpertSlab) -> np.ndarray:

@@ -19,6 +19,8 @@ from torch import nn
 
 from gguf.constants import MODEL_TENSOR as MT
 
+from strata.errors import StrataFormatError
+
 from .batch import Batch
 from .kinds import implements, reader
 from .layers import RMSNorm, Weight, linear
@@ -49,11 +51,13 @@ class AttentionWeights:
 @implements(GQA, "torch")
 class Attention(nn.Module):
     def __init__(self, w: AttentionWeights, n_head: int, n_head_kv: int, head_dim: int, rope: Rope, layer: int,
-                 window: int = 0):
+                 window: int = 0, head_dim_v: int = 0, v_scale: float = 1.0):
         super().__init__()
         self.w, self.rope, self.layer = w, rope, layer
         self.n_head, self.n_head_kv, self.head_dim = n_head, n_head_kv, head_dim
         self.window = window  # > 0: a query at position i sees keys at positions > i - window only
+        # mimo2: value heads narrower than key heads (cached padded to head_dim), values scaled
+        self.head_dim_v, self.v_scale = head_dim_v or head_dim, v_scale
 
     @property
     def plain(self) -> bool:
@@ -63,11 +67,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
+        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd_v]
         q, k = self.rope.apply(q, *cos_sin), self.rope.apply(k, *cos_sin)
         k_cache, v_cache = kv  # [N, Hkv, P, hd]: blocks of P positions
         batch.write(k_cache, k)
-        batch.write(v_cache, v)
+        batch.write(v_cache, self.cache_values(v))
         if not self.plain:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         else:
@@ -75,7 +79,18 @@ class Attention(nn.Module):
             out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
         if self.w.wg is not None:
             out = self.gate(x, out)
-        return linear(out, self.w.wo, self.w.bo)  # [T, D]
+        return linear(self.values_out(out), self.w.wo, self.w.bo)  # [T, D]
+
+    def cache_values(self, v: torch.Tensor) -> torch.Tensor:
+        """v [T, Hkv, hd_v] as the cache holds it: padded with zeros to hd (mimo2's narrower values)."""
+        return v if self.head_dim_v == self.head_dim else F.pad(v, (0, self.head_dim - self.head_dim_v))
+
+    def values_out(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention's output [T, H*hd] over padded values as the output projection takes it:
+        each head's first hd_v features [T, H*hd_v], times the value scale."""
+        if self.head_dim_v != self.head_dim:
+            out = out.view(out.shape[0], self.n_head, self.head_dim)[..., :self.head_dim_v].reshape(out.shape[0], -1)
+        return out if self.v_scale == 1.0 else out * self.v_scale
 
     def gate(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out [T, H*hd] times softplus(x @ wg^T) [T, G] (Laguna), each gate value over H*hd/G features."""
@@ -87,7 +102,8 @@ class Attention(nn.Module):
         if w.wqkv is not None:  # q, k (and v, unless it has a type of its own) stacked
             hq, hkv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
             if w.wv is None:
-                q, k, v = linear(x, w.wqkv).split([hq, hkv, hkv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd]
+                hv = self.n_head_kv * self.head_dim_v
+                q, k, v = linear(x, w.wqkv).split([hq, hkv, hv], dim=-1)  # [T, H*hd], [T, Hkv*hd], [T, Hkv*hd_v]
                 v = _bias(v, w.bv)
             else:
                 q, k = linear(x, w.wqkv).split([hq, hkv], dim=-1)
@@ -157,15 +173,21 @@ SCORE_ELEMENTS = 1 << 26
 
 def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
     """A grouped-query layer's weights (`w`: strata.models.loader.WeightReader): q, k, v, o, the
-    biases and q/k norms the architecture has, o's bias and sinks (gpt-oss), the output gate
-    (Laguna), q, k and v stacked. H is the layer's own head count (the spec's)."""
-    D, H, Hkv, hd, i = hp.n_embd, spec.attention.n_head, hp.n_head_kv, hp.head_dim, spec.index
+    biases and q/k norms the architecture has, o's bias and sinks (gpt-oss; mimo2: where the layer
+    has them), the output gate (Laguna), q, k and v stacked. Query and kv heads and the value width
+    are the layer's (its spec)."""
+    a = spec.attention
+    D, H, Hkv, hd, i = hp.n_embd, a.n_head or hp.n_head, a.n_head_kv or hp.n_head_kv, hp.head_dim, spec.index
+    hv = a.head_dim_v or hd
+    if hv > hd:  # the cache pads narrower values to hd; wider ones would need wider key rows
+        raise StrataFormatError(f"{w.mf.path}: attention.value_length {hv} is wider than key_length {hd} "
+                                f"(grouped-query attention with wider values is not supported)")
     get = w.get if arch.attn_bias else w.opt  # biases are required where the architecture has them
     weights = AttentionWeights(
         wq=w.matrix(MT.ATTN_Q, i, (H * hd, D)), wk=w.matrix(MT.ATTN_K, i, (Hkv * hd, D)),
-        wv=w.matrix(MT.ATTN_V, i, (Hkv * hd, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hd)),
+        wv=w.matrix(MT.ATTN_V, i, (Hkv * hv, D)), wo=w.matrix(MT.ATTN_OUT, i, (D, H * hv)),
         bq=get(MT.ATTN_Q, i, (H * hd,), "bias"), bk=get(MT.ATTN_K, i, (Hkv * hd,), "bias"),
-        bv=get(MT.ATTN_V, i, (Hkv * hd,), "bias"))
+        bv=get(MT.ATTN_V, i, (Hkv * hv,), "bias"))
     if arch.qk_norm and (not arch.qk_norm_optional or w.has(MT.ATTN_Q_NORM, i)):
         per_head = arch.qk_norm == "head"
         weights.q_norm = w.norm(MT.ATTN_Q_NORM, i, (hd,) if per_head else (H * hd,))
@@ -174,18 +196,18 @@ def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
     stack_qkv(w, spec, weights)
     if arch.attn_out_bias:
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
-    if arch.attn_sinks:
+    if a.sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
-    if spec.attention.out_gate:
-        weights.wg = w.matrix(MT.ATTN_GATE, i, (H if spec.attention.out_gate == "head" else H * hd, D))
+    if a.out_gate:
+        weights.wg = w.matrix(MT.ATTN_GATE, i, (H if a.out_gate == "head" else H * hd, D))
     return weights
 
 
 @reader(GQA)
 def read_gqa(cls, w, arch, hp, spec, rope: Rope) -> Attention:
     """Layer spec.index's grouped-query attention (sliding window, sinks) as `cls`."""
-    weights = read_gqa_weights(w, arch, hp, spec)
-    return cls(weights, spec.attention.n_head, hp.n_head_kv, hp.head_dim, rope, spec.index, spec.attention.window)
+    weights, a = read_gqa_weights(w, arch, hp, spec), spec.attention
+    return cls(weights, a.n_head, a.n_head_kv, hp.head_dim, rope, spec.index, a.window, a.head_dim_v, a.v_scale)
 
 
 def stack_qkv(w, spec, weights: AttentionWeights) -> None:

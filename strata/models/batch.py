@@ -11,7 +11,7 @@ Must not: hold tensors of the model or schedule sequences (the engine does).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
 from typing import Protocol, Sequence
@@ -40,6 +40,8 @@ class Batch:
     last: torch.Tensor  # [B] index in T of each sequence's last new token
     block_table: torch.Tensor  # [B, M] int64 `tables` on the device, rows padded with block 0
     slots: tuple[int, ...] | None = None  # [B] cache slot of each sequence: its row of per-sequence state (recurrent layers)
+    # what a layer leaves for a later layer of the same pass (a sparse-attention layer's choice of positions)
+    scratch: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def make(cls, tables: Sequence[Sequence[int]], starts: Sequence[int], lengths: Sequence[int], block_size: int,

@@ -82,6 +82,11 @@ def names() -> list[str]:
     return sorted(k.name for k in _KINDS.values() if k.read is not None)
 
 
+def native_classes() -> set[type]:
+    """Every kind's native executor class."""
+    return {get(name).classes["native"] for name in names()}
+
+
 def build(spec, w, arch, hp, rope):
     """Layer spec.index's attention half, as its spec's kind reads it, in the reader's implementation
     (`w.impl.name`)."""
@@ -92,4 +97,4 @@ def build(spec, w, arch, hp, rope):
     return kind.read(cls, w, arch, hp, spec, rope)
 
 
-__all__ = ["LayerKind", "build", "get", "implements", "names", "reader"]
+__all__ = ["LayerKind", "build", "get", "implements", "names", "native_classes", "reader"]

@@ -33,6 +33,7 @@ from .executor import NATIVE, TORCH, PackedExperts
 from .expert_act import ClampedSwiGLU, InputScaled
 from .packed import PackedCompute, PackedMatrix
 from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
+from .nextn import nextn_layers
 from .shard import ExpertShard
 from .rope import Rope
 from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs, swa_rope_differs
@@ -114,7 +115,7 @@ class WeightReader:
 
     def get(self, kind: MT, layer: int | None, shape: tuple[int, ...], suffix: str = "weight") -> torch.Tensor:
         """suffix "": the bare name (llama.cpp's `ssm_a`)."""
-        name = weight_name(kind, layer, suffix) if suffix else weight_name(kind, layer).removesuffix(".weight")
+        name = weight_name(kind, layer, suffix)
         info = self.mf.resident.get(name)
         if info is None:
             raise StrataFormatError(f"{self.mf.path}: tensor {name!r}: expected shape {list(shape)} "
@@ -137,12 +138,16 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def cache_dims(hp: HParams) -> tuple[int, int, int]:
-    """(heads, key width, value width) per position of a layer's KV cache. Latent attention
-    (kv_lora_rank > 0) keeps one row of [latent | rope key] and no separate values."""
+def cache_dims(hp: HParams) -> tuple[int | tuple[int, ...], int, int]:
+    """(heads, key width, value width) per position of a layer's KV cache; heads is a tuple, one
+    count per layer, where layers differ (mimo2). Latent attention (kv_lora_rank > 0) keeps one
+    row of [latent | rope key] and no separate values; sparse latent attention keeps its indexer
+    key in the value slot (strata.models.dsa). Values narrower than keys (mimo2) are kept
+    padded to the key width: the native decode attention reads one width for both (llama.cpp pads
+    its V cache too where widths differ between layers)."""
     if hp.kv_lora_rank:
-        return 1, hp.kv_lora_rank + hp.rope_dim, 0
-    return hp.n_head_kv, hp.head_dim, hp.head_dim_v
+        return 1, hp.kv_lora_rank + hp.rope_dim, hp.indexer.head_dim if hp.indexer else 0
+    return hp.kv_heads or hp.n_head_kv, hp.head_dim, max(hp.head_dim, hp.head_dim_v)
 
 
 def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]] | None:
@@ -158,7 +163,7 @@ def cache_states(hp: HParams) -> dict[int, tuple[tuple[int, ...], tuple[int, ...
 def _moe(w: WeightReader, arch: Arch, hp: HParams, spec: LayerSpec, memory: ExpertMemory, hybrid,
          shard: ExpertShard | None = None) -> MoE:
     D, E, i = hp.n_embd, hp.n_experts, spec.index
-    selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), "bias")
+    selection_bias = w.opt(MT.FFN_EXP_PROBS_B, i, (E,), arch.selection_bias_suffix)
     # GGUF has no key for the group score: DeepSeek-V3 ("noaux_tc") always has a selection bias and
     # sums each group's top two; V2 ("group_limited_greedy") never has one and takes the best expert
     # (llama.cpp sums the top two for both, so it differs from V2's own code on grouped V2 files).
@@ -328,7 +333,7 @@ def _build(mf: ModelFile, memory: ExpertMemory | None, arch: Arch, device: torch
     hooks = _lookaheads(memory, specs, ffns)  # the embeddings', then each block's
     blocks = [_block(w, arch, hp, spec, ropes[spec.index], ffns[spec.index], hooks[spec.index + 1]) for spec in specs]
     return Transformer(embedding, blocks, w.norm(MT.OUTPUT_NORM, None, (D,)), output, ropes[0], specs, compute=packed,
-                       lookahead=hooks[0])
+                       lookahead=hooks[0], nextn=nextn_layers(mf.nextn, mf.tensor_data))  # MTP blocks: kept, not run
 
 
 __all__ = ["WeightReader", "architecture", "cache_dims", "cache_states", "check_types", "layer_block", "layer_ropes",

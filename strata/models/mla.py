@@ -83,20 +83,33 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.latent(x, self.query_latent(x), batch, cos_sin, kv[0])  # [T, D]
+
+    def query_latent(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The query LoRA's normed latent norm(q_a x) [T, Q], None without a query LoRA."""
+        w = self.w
+        return None if w.wq is not None else w.q_a_norm(linear(x, w.wq_a))
+
+    def latent(self, x: torch.Tensor, q_low: torch.Tensor | None, batch: Batch,
+               cos_sin: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor,
+               keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention of x [T, D] (q_low: `query_latent(x)`) over `cache` [N, 1, P, L+R], which it
+        writes; keep [T, K]: the positions each token attends to (sparse attention), None: all."""
         w, T, H, L = self.w, x.shape[0], self.n_head, self.kv_lora
-        q = linear(x, w.wq) if w.wq is not None else linear(w.q_a_norm(linear(x, w.wq_a)), w.wq_b)
+        q = linear(x, w.wq) if q_low is None else linear(q_low, w.wq_b)
         q = q.view(T, H, self.nope + self.rope_dim)
         q_nope, q_rope = q[..., :self.nope], self.rope.apply(q[..., self.nope:], *cos_sin)  # [T, H, N], [T, H, R]
         ckv = linear(x, w.wkv_a)  # [T, L+R]
         c = w.kv_a_norm(ckv[:, :L])  # [T, L]
         k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
-        cache = kv[0]  # [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
+        # cache [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
         q_lat = self.heads(w.k_b, q_nope, L)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
         if self.temperature is not None:
             query = query * temperature(*self.temperature, batch.positions).to(query)[:, None, None]
-        o_lat = self.attend(query, batch, cache)  # [T, H, L]
+        o_lat = (self.attend(query, batch, cache) if keep is None
+                 else latent_attend(query, batch, cache, L, self.scale, keep))  # [T, H, L]
         out = self.heads(w.v_b, o_lat, self.v_dim)  # [T, H, V]
         return linear(out.flatten(1), w.wo)  # [T, D]
 
@@ -109,8 +122,10 @@ class MLAttention(nn.Module):
         return torch.bmm(m, x.permute(1, 2, 0)).permute(2, 0, 1)  # [H, n_rows, T] -> [T, H, n_rows]
 
 
-def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float) -> torch.Tensor:
-    """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c.
+def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int, scale: float,
+                  keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of query [T, H, L+R] over each sequence's cached [c | k_rope], values c;
+    keep [T, K] (sparse attention): each token attends only to those of its sequence's positions.
 
     One latent row serves every head as key and value, so a piece of queries is two matrix
     products: every head's query of every token against the keys at once ([m H, L+R] @ [L+R, Lk]),
@@ -127,17 +142,20 @@ def latent_attend(query: torch.Tensor, batch: Batch, cache: torch.Tensor, L: int
             k = keys[:seen].float()  # [seen, L+R]
             q = query[off + i:off + j].float().reshape(m * H, -1)  # [m H, L+R]: token-major, heads inside
             scores = (q @ k.T).mul_(scale).view(m, H, seen)
-            scores = scores.masked_fill_(~causal_mask(start + i, m, q.device)[:, None, :], float("-inf"))
+            mask = causal_mask(start + i, m, q.device)  # [m, seen]
+            if keep is not None:
+                mask &= torch.zeros_like(mask).scatter_(1, keep[off + i:off + j], True)
+            scores = scores.masked_fill_(~mask[:, None, :], float("-inf"))
             probs = scores.softmax(dim=-1).view(m * H, seen)
             outs.append((probs @ k[:, :L]).view(m, H, L).to(query.dtype))  # [m, H, L]
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 
-@reader(MLA)
-def read_mla(cls, w, arch, hp, spec, rope: Rope) -> MLAttention:
-    """Layer spec.index's latent attention as `cls`: the query (with or without its LoRA), the
-    latent's projection and norm, k_b and v_b (split from an older converter's kv_b), o."""
+def read_mla_weights(w, hp, spec) -> tuple[MLAWeights, tuple]:
+    """Layer spec.index's latent attention weights: the query (with or without its LoRA), the
+    latent's projection and norm, k_b and v_b (split from an older converter's kv_b), o; and the
+    class's arguments after them (n_head, nope, rope_dim, v_dim)."""
     D, H, L, R, i = hp.n_embd, hp.n_head, hp.kv_lora_rank, hp.rope_dim, spec.index
     key_dim = hp.head_dim_mla or hp.head_dim  # nope + rope (older files: key_length itself)
     N, V = key_dim - R, hp.head_dim_v_mla or hp.head_dim_v
@@ -154,8 +172,22 @@ def read_mla(cls, w, arch, hp, spec, rope: Rope) -> MLAttention:
     else:  # files from older converters keep kv_b [H*(N+V), L]: split it as today's converter does
         kv_b = w.get(MT.ATTN_KV_B, i, (H * (N + V), L)).view(H, N + V, L)
         weights.k_b, weights.v_b = kv_b[:, :N].transpose(1, 2).contiguous(), kv_b[:, N:].contiguous()
+    return weights, (H, N, R, V)
+
+
+def mla_options(hp, spec) -> dict:
+    """The class's keyword arguments after rope: scale, layer, temperature, latent_split."""
+    key_dim = hp.head_dim_mla or hp.head_dim
     temp = (hp.attn_temperature_scale, hp.attn_temperature_length) if hp.attn_temperature_scale else None
-    return cls(weights, H, N, R, V, rope, mla_scale(key_dim, hp), i, temp, spec.attention.latent_split)
+    return dict(scale=mla_scale(key_dim, hp), layer=spec.index, temperature=temp, latent_split=spec.attention.latent_split)
 
 
-__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_scale", "read_mla", "temperature"]
+@reader(MLA)
+def read_mla(cls, w, arch, hp, spec, rope: Rope) -> MLAttention:
+    """Layer spec.index's latent attention as `cls` (either implementation)."""
+    weights, dims = read_mla_weights(w, hp, spec)
+    return cls(weights, *dims, rope=rope, **mla_options(hp, spec))
+
+
+__all__ = ["MLAWeights", "MLAttention", "latent_attend", "mla_options", "mla_scale", "read_mla", "read_mla_weights",
+           "temperature"]

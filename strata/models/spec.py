@@ -2,11 +2,11 @@
 `Arch` record, the file's hyperparameters and its tensor types, before any weight is read.
 
     specs = layer_specs(mf, arch)            # [LayerSpec] of every layer
-    specs[3].attention.kind                  # "gqa", "gated", "chunked", "mla" or "deltanet"
+    specs[3].attention.kind                  # "gqa", "gated", "chunked", "mla", "dsa" or "deltanet"
     specs[3].unfused()                       # why the native decode step cannot compute it (None: it can)
 
 Both implementations of a layer read it: the torch reference (strata.models: attention.py, mla.py,
-chunked.py, deltanet.py, moe.py) and the native executor (strata.models.executor). The plan
+dsa.py, chunked.py, deltanet.py, moe.py) and the native executor (strata.models.executor). The plan
 (strata.runtime.plan) reads what each layer allows from the specs, never from built objects.
 Must not: read tensor bytes (types and shapes from the file's records only).
 """
@@ -19,8 +19,8 @@ from gguf.constants import MODEL_TENSOR as MT
 from strata.arch import Arch, weight_name
 
 #: Attention kinds, one implementation pair each (torch reference, native executor).
-GQA, GATED, CHUNKED, MLA, DELTANET = "gqa", "gated", "chunked", "mla", "deltanet"
-ATTENTION_KINDS = (GQA, GATED, CHUNKED, MLA, DELTANET)
+GQA, GATED, CHUNKED, MLA, DELTANET, DSA = "gqa", "gated", "chunked", "mla", "deltanet", "dsa"
+ATTENTION_KINDS = (GQA, GATED, CHUNKED, MLA, DELTANET, DSA)
 
 #: Expert functions: plain SwiGLU, gpt-oss's biased and clamped SwiGLU, Llama 4's input-scaled one.
 SWIGLU, CLAMPED, INPUT_SCALED = "swiglu", "clamped", "input_scaled"
@@ -29,13 +29,18 @@ SWIGLU, CLAMPED, INPUT_SCALED = "swiglu", "clamped", "input_scaled"
 @dataclass(frozen=True)
 class AttentionSpec:
     """A layer's attention half. kind: one of ATTENTION_KINDS. window: sliding window (0: none);
-    own_rope: the layer has a RoPE base of its own (sliding-window layers, `rope.freq_base_swa`);
+    own_rope: the layer rotates by a RoPE of its own (sliding-window layers: `swa_rope_differs`);
     sinks: per-head sink logits (gpt-oss); chunk, nope, l2_eps, temperature: Llama 4's chunked
     attention; q_lora, kv_lora, latent_split, temperature: latent attention (latent_split: the file
     holds k_b and v_b, not an older converter's kv_b); stacked: packed q, k (and v) share one type,
-    so they stack into one product (deltanet: the input projections do); out_gate: Laguna's softplus
-    output gate of its own projection, "head" (one value per head) or "element" ("": none). n_head
-    is the layer's own (a per-layer head count)."""
+    so they stack into one product (deltanet: the input projections do); head_dim_v: the value heads'
+    width where it is not head_dim (0: head_dim; mimo2: narrower, the cache's value rows padded to
+    head_dim, as the native decode attention reads one width), v_scale: the values (the attention's
+    output) scaled (mimo2); out_gate: Laguna's softplus output gate of its own projection, "head"
+    (one value per head) or "element" ("": none). n_head and n_head_kv are the layer's own (Laguna's
+    per-layer query heads, mimo2's per-layer kv heads). index_topk, index_shared: sparse latent
+    attention (DSA), the positions each query keeps and whether the layer reuses the previous full
+    layer's choice rather than running its own indexer."""
 
     kind: str
     n_head: int = 0
@@ -46,16 +51,22 @@ class AttentionSpec:
     sinks: bool = False
     chunk: int = 0
     nope: bool = False
+    head_dim_v: int = 0
+    v_scale: float = 1.0
     l2_eps: float | None = None
     temperature: bool = False
     q_lora: int = 0
     kv_lora: int = 0
     latent_split: bool = True
     stacked: bool = True
+    index_topk: int = 0
+    index_shared: bool = False
     out_gate: str = ""
 
     def unfused(self) -> str | None:
         """Why the native decode step cannot compute this attention half (None: it can)."""
+        if self.kind == DSA:
+            return "sparse attention: the native step has no indexer"
         if self.kind == MLA and self.temperature:
             return "latent attention with a query temperature (the native step has none)"
         if self.kind == MLA and not self.latent_split:
@@ -128,14 +139,16 @@ def _types_equal(mf, kinds: list[MT], layer: int) -> bool:
 def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     hp = mf.hparams
     if arch.mla:
-        return AttentionSpec(MLA, hp.n_head, 1, hp.kv_lora_rank + hp.rope_dim, q_lora=hp.q_lora_rank,
-                             kv_lora=hp.kv_lora_rank, temperature=bool(hp.attn_temperature_scale),
+        sparse = dict(index_topk=hp.indexer.top_k, index_shared=not hp.indexer.full[i]) if hp.indexer else {}
+        return AttentionSpec(DSA if hp.indexer else MLA, hp.n_head, 1, hp.kv_lora_rank + hp.rope_dim,
+                             q_lora=hp.q_lora_rank, kv_lora=hp.kv_lora_rank,
+                             temperature=bool(hp.attn_temperature_scale),
                              latent_split=weight_name(MT.ATTN_K_B, i) in mf.resident
-                             or weight_name(MT.ATTN_KV_B, i) not in mf.resident)
+                             or weight_name(MT.ATTN_KV_B, i) not in mf.resident, **sparse)
     if arch.gated_deltanet and hp.is_recurrent(i):
         ins = [MT.ATTN_QKV, MT.ATTN_GATE, *((MT.SSM_BETA, MT.SSM_ALPHA) if arch.deltanet_tiled else (MT.SSM_BETA_ALPHA,))]
         return AttentionSpec(DELTANET, stacked=_types_equal(mf, ins, i))
-    common = dict(n_head=hp.heads(i), n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+    common = dict(n_head=hp.head_count(i), n_head_kv=hp.head_count_kv(i), head_dim=hp.head_dim,
                   stacked=_types_equal(mf, [MT.ATTN_Q, MT.ATTN_K], i))
     if arch.gated_deltanet:
         return AttentionSpec(GATED, **common)
@@ -145,8 +158,11 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
                              l2_eps=hp.norm_eps if hp.qk_l2_norm else None,
                              temperature=nope and bool(hp.attn_temperature_scale), **common)
     swa = hp.is_swa(i)
-    return AttentionSpec(GQA, window=hp.sliding_window if swa else 0, sinks=arch.attn_sinks,
-                         own_rope=swa and swa_rope_differs(hp, arch), out_gate=_out_gate(mf, arch, i), **common)
+    return AttentionSpec(GQA, window=hp.sliding_window if swa else 0,
+                         sinks=arch.attn_sinks or weight_name(MT.ATTN_SINKS, i) in mf.resident,
+                         own_rope=swa and swa_rope_differs(hp, arch), out_gate=_out_gate(mf, arch, i),
+                         head_dim_v=0 if hp.head_dim_v == hp.head_dim else hp.head_dim_v, v_scale=hp.attn_value_scale,
+                         **common)
 
 
 def swa_rope_differs(hp, arch: Arch) -> bool:
@@ -163,7 +179,7 @@ def _out_gate(mf, arch: Arch, i: int) -> str:
     if not arch.softplus_gate:
         return ""
     info = mf.resident.get(weight_name(MT.ATTN_GATE, i))
-    return "head" if info is None or info.shape[0] == mf.hparams.heads(i) else "element"
+    return "head" if info is None or info.shape[0] == mf.hparams.head_count(i) else "element"
 
 
 def ffn_spec(mf, arch: Arch, i: int) -> FfnSpec:
@@ -184,6 +200,6 @@ def layer_specs(mf, arch: Arch) -> list[LayerSpec]:
     return [LayerSpec(i, hp.norm_eps, attention_spec(mf, arch, i), ffn_spec(mf, arch, i)) for i in range(hp.n_layers)]
 
 
-__all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "FfnSpec", "GATED", "GQA",
+__all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "DSA", "FfnSpec", "GATED", "GQA",
            "INPUT_SCALED", "LayerSpec", "MLA", "SWIGLU", "attention_spec", "expert_executor", "ffn_spec",
            "layer_specs", "swa_rope_differs"]

@@ -15,6 +15,7 @@ from torch import nn
 from .batch import Batch, KVStore
 from .layers import FeedForward, RMSNorm, Weight, embed, linear
 from .moe import Lookahead, MoE
+from .nextn import NextnLayers
 from .rope import Rope
 from .spec import LayerSpec
 
@@ -58,12 +59,14 @@ class Transformer(nn.Module):
     A runner (`strata.runtime`) may pass `layers`, a faster form of the blocks' loop, to `forward`."""
 
     def __init__(self, embedding: Weight, blocks: list[Block], norm: RMSNorm, output: Weight, rope: Rope,
-                 specs: list[LayerSpec], compute=None, lookahead: Lookahead | None = None):
+                 specs: list[LayerSpec], compute=None, lookahead: Lookahead | None = None,
+                 nextn: NextnLayers | None = None):
         super().__init__()
         self.embedding, self.blocks, self.norm, self.output, self.rope = embedding, blocks, norm, output, rope
         self.specs = specs  # the LayerSpec of each block (strata.models.spec): what the runtime plans from
         self.lookahead = lookahead  # announces the first MoE layers' experts from the embeddings
         self.compute = compute  # PackedCompute of packed compute (its pool and scratch), or None (float)
+        self.nextn = nextn or NextnLayers()  # the file's multi-token-prediction blocks: kept, not run
         self._total_s, self._tokens = 0.0, 0
 
     @property

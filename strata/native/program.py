@@ -8,8 +8,7 @@ bound; `run` is given the sequences' state slots when a layer reads them), the l
 `slot_of` (int32 [E], kept alive and read at every call: a placement that changes between calls
 is seen, one that changes during a call must not happen), optionally its shared expert
 (`MoeParts` holding it at position 0, and its gate [D] or None; `shared_weights` is the weight;
-or None) and its experts' function (a `MoeAct`, gpt-oss; None: SwiGLU). `rope2[i]`: layer i reads the second
-rope table `run` is given (cos2, sin2: sliding-window layers that rotate otherwise). The outputs of `StepOutputs` serve as
+or None) and its experts' function (a `MoeAct`, gpt-oss; None: SwiGLU). The outputs of `StepOutputs` serve as
 the working buffers of every layer. Holds no policy about when the program may run: the models
 decide (every expert in place and staying there).
 """
@@ -44,7 +43,7 @@ class DecodeLayers:
     without gate, no router); `out` (a StepOutputs of any MoE layer: they must agree in width,
     experts and experts per token) holds the working buffers."""
 
-    def __init__(self, layers: list[tuple], out: StepOutputs, rope2: list[bool] | None = None):
+    def __init__(self, layers: list[tuple], out: StepOutputs):
         if not layers:
             raise ValueError("decode program: no layers")
         moe = [entry[0] for entry in layers if entry[0].n_experts]  # dense layers have no router
@@ -97,13 +96,10 @@ class DecodeLayers:
                 shared_any = True
         self._keep = layers
         self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
-        rope2 = rope2 or [False] * len(layers)
-        if len(rope2) != len(layers):
-            raise ValueError(f"decode program: {len(rope2)} rope table choices for {len(layers)} layers")
-        for i, second in enumerate(rope2):
-            self.c[i].rope2 = 1 if second else 0
-        self.rope_dim = max((entry[0].rope_dim for entry, s in zip(layers, rope2) if not s), default=0)
-        self.rope_dim2 = max((entry[0].rope_dim for entry, s in zip(layers, rope2) if s), default=0)
+        # each table is sized by the layers that read it (Laguna's sliding layers rotate fewer features)
+        self.rope_dim = max((entry[0].rope_dim for entry in layers if not entry[0].reads_alt), default=0)
+        self.alt_rope_dim = max((entry[0].rope_dim for entry in layers if entry[0].reads_alt), default=0)
+        self.alt_rope = any(entry[0].reads_alt for entry in layers)  # a layer reads `alt`
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
         self.out = out
@@ -118,7 +114,7 @@ class DecodeLayers:
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, routed: Any, expert_ids: Any,
             layer_used: Any, scratch: Any, first: int = 0, layer_ns: Any = None, slots: Any = None,
-            impl: str = "auto", cos2: Any = None, sin2: Any = None) -> int:
+            impl: str = "auto", alt: tuple[Any, Any] | None = None) -> int:
         """x [B, D] float32 through layers first.., in place (sequence b's cache blocks in
         block_table[b], int64 [B, M], as `LayerStep.call` takes them); returns where it stopped: L when every
         layer ran, else the layer whose routing needs an expert not in place (slot_of -1), with its
@@ -128,8 +124,9 @@ class DecodeLayers:
         expert_ids int64 [L, capacity, k] receives each layer's routing (rows [:B]); layer_used int64
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
-        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one);
-        cos2 / sin2: the second rope table (needed when a layer reads it: `rope2`)."""
+        slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one); alt:
+        the second (cos, sin) rope tables, for layers whose steps are marked to read them (rope_alt),
+        of the rope_dim of those layers."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -151,15 +148,17 @@ class DecodeLayers:
             _tensor(slots, "int64", (B,), "slots")
         elif self.recurrent:
             raise ValueError("decode program: a layer reads each sequence's state row (a recurrent layer): state slots needed")
+        if self.alt_rope and alt is None:
+            raise ValueError("decode program: a layer reads the second rope tables (alt) and none were given")
         cp, sp = _table(cos, sin, B, self.rope_dim, "rope")
-        cp2, sp2 = _table(cos2, sin2, B, self.rope_dim2, "second rope")
+        ca, sa = _table(*(alt or (None, None)), B, self.alt_rope_dim, "alt rope")
         args = ffi.new("strata_step_args *", {
             "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
             "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],
             "slots": ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), "cos_t": cp, "sin_t": sp,
             "x": f32_ptr(x, "x"), "xn": out.xn_ptr, "expert_ids": ffi.cast("int64_t *", expert_ids.data_ptr()),
             "weights": out.w_ptr, "groups": out.groups, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel(), "cos_t2": cp2, "sin_t2": sp2})
+            "scratch_bytes": scratch.numel(), "cos_alt": ca, "sin_alt": sa})
         status = lib.strata_decode_layers(
             pool.ptr, self.c, self.n_layers, args, out.capacity * self.n_used, self._index, self.n_experts,
             ffi.cast("float *", routed.data_ptr()), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),

@@ -81,6 +81,7 @@ class LayerStep:
     STEP = ""
     state_slots = False
     rope_dim = 0
+    reads_alt = False  # in a decode program, the step reads the second rope tables (strata_step_args.cos_alt)
     what = "decode step"
     BIND = "bind"  # the subclass's name for `bind`, for errors
 
@@ -92,6 +93,7 @@ class LayerStep:
         self._call, self._scratch = getattr(lib, self.STEP), getattr(lib, self.STEP + "_scratch_bytes")
         self.n_embd, self.n_experts, self.n_used = int(head["n_embd"]), int(head["n_experts"]), int(head["n_used"])
         self._bound: tuple | None = None
+        self._args = ffi.new("strata_step_args *")
 
     def bind(self, *tensors: Any) -> None:
         """Point at what the layer keeps between steps (its KV cache blocks, its states)."""
@@ -123,11 +125,11 @@ class LayerStep:
                 or B > out.capacity or out.layer_experts != self.n_experts):
             raise ValueError(f"{self.what}: x {tuple(x.shape)} {x.dtype} (float32 [B, {self.n_embd}]); outputs for "
                              f"{out.capacity} sequences of {out.layer_experts} experts, layer has {self.n_experts}")
-        a = ffi.new("strata_step_args *", {
-            "n_seq": B, "positions": _index(positions, "positions", B), "x": ffi.cast("float *", x.data_ptr()),
-            "xn": out.xn_ptr, "expert_ids": out.ids_ptr, "weights": out.w_ptr,
-            "groups": out.groups if self.n_experts else ffi.NULL, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel()})
+        a = self._args  # one struct per layer, refilled: a decode step calls this once per layer
+        a.n_seq, a.positions, a.x = B, _index(positions, "positions", B), ffi.cast("float *", x.data_ptr())
+        a.xn, a.expert_ids, a.weights = out.xn_ptr, out.ids_ptr, out.w_ptr
+        a.groups = out.groups if self.n_experts else ffi.NULL
+        a.scratch, a.scratch_bytes = ffi.cast("void *", scratch.data_ptr()), scratch.numel()
         if self.state_slots:
             if slots is None:
                 raise ValueError(f"{self.what}: the layer reads each sequence's state row: slots needed")
@@ -136,9 +138,10 @@ class LayerStep:
             if block_table is None:
                 raise ValueError(f"{self.what}: block_table needed")
             a.block_table, a.table_stride = _index(block_table, "block_table", B, rows=True), block_table.shape[1]
-        if self.rope_dim:
+        if self.rope_dim:  # the layer's own tables, whichever of the program's pair it reads there (rope_alt)
             half = B * (self.rope_dim // 2)
             a.cos_t, a.sin_t = f32_ptr(cos, "rope cos", half), f32_ptr(sin, "rope sin", half)
+            a.cos_alt, a.sin_alt = a.cos_t, a.sin_t
         status = self._call(pool.ptr, self.head, a, impl_code(impl))
         if status:
             check(status, f"{self.what} of {B} sequences ({self.trouble(B, slots)})")
@@ -163,7 +166,10 @@ class DecodeAttn(LayerStep):
     `qk_l2_eps` normalises q and k per head after RoPE (no weight), `temperature` (floor, scale)
     scales a global layer's queries. Laguna: `out_gate` (type, packed bytes, rows) is a projection
     [rows, D] of the normed input whose softplus multiplies the attention's output before o, per
-    head (rows = H) or per element (rows = H hd). The tensors are kept alive by this object."""
+    head (rows = H) or per element (rows = H hd). MiMo-V2: `head_dim_v` value heads narrower than
+    head_dim (qkv's value rows Hkv head_dim_v, o [D, H head_dim_v], cached padded to head_dim),
+    `v_scale` on the attention's output. `use_alt_rope()` marks a layer that reads the program's
+    second rope tables. The tensors are kept alive by this object."""
 
     STRUCT, STEP, BIND = "strata_attn_layer", "strata_decode_attn", "bind_cache"
 
@@ -175,11 +181,15 @@ class DecodeAttn(LayerStep):
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
                  chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None,
-                 v: tuple[Any, Any] | None = None, out_gate: tuple[Any, Any, int] | None = None):
+                 v: tuple[Any, Any] | None = None, out_gate: tuple[Any, Any, int] | None = None,
+                 head_dim_v: int = 0, v_scale: float = 1.0):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
         if out_gate is not None and (mla is not None or q_gate or out_gate[2] not in (n_head, hq)):
             raise ValueError(f"decode step: an output gate of its own goes with grouped-query attention without a "
                              f"query gate, of {n_head} or {hq} rows, found {out_gate[2]}")
+        if head_dim_v and (mla is not None or q_gate or out_gate is not None or not 0 < head_dim_v <= head_dim):
+            raise ValueError(f"decode step: a value width of its own ({head_dim_v}) goes with grouped-query attention "
+                             f"without output gate, at most head_dim={head_dim}")
         if q_gate and (mla is not None or bqkv is not None):
             raise ValueError("decode step: a query output gate goes with grouped-query attention without qkv bias")
         if v is not None and mla is not None:
@@ -202,11 +212,12 @@ class DecodeAttn(LayerStep):
             "attn_scale": attn_scale, "qkv_type": int(ggml_type(qkv[0])),
             "o_type": int(ggml_type(o[0])), "wqkv": ffi.cast("void *", qkv[1].data_ptr()),
             "wo": ffi.cast("void *", o[1].data_ptr()), "wqkv_bytes": qkv[1].numel(), "wo_bytes": o[1].numel(),
-            "bqkv": f32_ptr(bqkv, "qkv bias", hq + 2 * hkv), "q_norm": f32_ptr(q_norm, "q_norm", qn),
+            "bqkv": f32_ptr(bqkv, "qkv bias", hq + hkv + n_head_kv * (head_dim_v or head_dim)), "q_norm": f32_ptr(q_norm, "q_norm", qn),
             "k_norm": f32_ptr(k_norm, "k_norm", kn), "sinks": f32_ptr(sinks, "sinks", n_head), "window": int(window),
             "bo": f32_ptr(bo, "output bias", D), "q_gate": 1 if q_gate else 0, "chunk": int(chunk),
             "qk_l2": 0 if qk_l2_eps is None else 1, "qk_l2_eps": 0.0 if qk_l2_eps is None else qk_l2_eps,
-            "temp_floor": int(floor), "temp_scale": float(t_scale),
+            "temp_floor": int(floor), "temp_scale": float(t_scale), "head_dim_v": int(head_dim_v),
+            "v_scale": 0.0 if v_scale == 1.0 else float(v_scale),
             **({} if v is None else {"v_type": int(ggml_type(v[0])), "wv": ffi.cast("void *", v[1].data_ptr()),
                                      "wv_bytes": v[1].numel()}),
             **({} if out_gate is None else {"g_type": int(ggml_type(out_gate[0])), "g_rows": int(out_gate[2]),
@@ -254,6 +265,12 @@ class DecodeAttn(LayerStep):
         self._keep_cache, self._bound = (k_cache, v_cache), key
 
     bind = bind_cache
+
+    def use_alt_rope(self, alt: bool = True) -> None:
+        """In a decode program, read the second pair of rope tables (a sliding-window layer with a
+        RoPE base of its own); a step run on its own is given its own tables either way."""
+        self.c.rope_alt = 1 if alt else 0
+        self.reads_alt = alt
 
     def run(self, pool: Any, block_table: Any, positions: Any, cos: Any, sin: Any, x: Any, out: StepOutputs,
             scratch: Any, impl: str = "auto") -> int:

@@ -29,31 +29,26 @@ class DecodeProgram:
     and grow (once, at warm-up) when a larger batch arrives."""
 
     def __init__(self, blocks: list, steps: list[FusedDecode], memory: FixedExperts, compute: PackedCompute,
-                 fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1, rope=None):
-        # rope: the table the caller's cos_sin come from (the model's), else the first block's
+                 fixed: list[tuple[native.MoeParts, torch.Tensor]], capacity: int = 1, alt_rope=None):
         # memory: the expert memory's `fixed` experts, which the program reads and reports its routing to
         self.blocks, self.steps, self.memory, self.compute, self.fixed = blocks, steps, memory, compute, fixed
+        self.alt_rope = alt_rope  # the Rope of the layers that read the second tables, or None
         self.layers = [s.layer for s in steps]
         self.moe = [i for i, s in enumerate(steps) if s.moe is not None]  # the others: dense layers
         self._all_moe = len(self.moe) == len(blocks)
         self.model_layers = [s.spec.index if s.moe is not None else -1 for s in steps]
         self.layer_ns = torch.zeros((len(blocks), 2), dtype=torch.int64)
         self.layer_used = torch.zeros(len(blocks), dtype=torch.int64)
-        # sliding-window layers that rotate otherwise (their own RoPE) read the program's second table
-        first_rope = blocks[0].attention.rope if rope is None else rope
-        self.rope2_of = [b.attention.rope is not first_rope for b in blocks]
-        self.rope2 = next((b.attention.rope for b, s in zip(blocks, self.rope2_of) if s), None)
-        if len({id(b.attention.rope) for b in blocks} | {id(first_rope)}) > 2:
-            raise ValueError("decode program: the layers rotate by more than two RoPE tables")
         self._grow(capacity)
 
     @staticmethod
     def takes(specs: list[LayerSpec], fused: list[bool]) -> str | None:
         """Why the program cannot run the decode steps of a model of layers `specs` (None: it can):
-        it needs every block fused (`fused[i]`: block i has a fused decode step) and at least one MoE
-        block (sliding-window layers with a RoPE of their own read its second table).
-        (Under packed compute a dense FFN and a shared expert are one packed expert each, the
-        program's form; look-ahead announcements, Python between layers, are the plan's to rule out.)"""
+        it needs every block fused (`fused[i]`: block i has a fused decode step) and at least one
+        MoE block; sliding-window layers with a RoPE of their own (base, rotary features, scaling)
+        read the program's second pair of tables. (Under packed compute a dense FFN and a shared
+        expert are one packed expert each, the program's form; look-ahead announcements, Python
+        between layers, are the plan's to rule out.)"""
         if not any(s.ffn.moe for s in specs):
             return "no block has routed experts"
         if not all(fused):
@@ -65,7 +60,15 @@ class DecodeProgram:
         """The program of `model` (`takes` said yes) over the expert memory's `fixed` experts
         (`fixed_packed` of every MoE layer)."""
         fixed = [memory.fixed_packed(s.spec.index) if s.moe is not None else (None, None) for s in steps]
-        return DecodeProgram(list(model.blocks), steps, memory, model.compute, fixed, rope=model.rope)
+        alt = None  # the second rope (sliding-window layers' own RoPE): its layers read the second tables
+        for s in (s for s in steps if s.spec.attention.own_rope):
+            rope = s.block.attention.rope
+            if rope is not model.rope:
+                if alt is not None and rope is not alt:
+                    raise ValueError("decode program: more than two RoPE tables among the layers")
+                alt = rope
+                s.layer.use_alt_rope()
+        return DecodeProgram(list(model.blocks), steps, memory, model.compute, fixed, alt_rope=alt)
 
     def _grow(self, capacity: int) -> None:
         first = self.layers[self.moe[0]]
@@ -76,7 +79,7 @@ class DecodeProgram:
             self.compute.reserve(layer.scratch_bytes(capacity))
         self.native = native.DecodeLayers([
             (step.layer, parts, slot_of, self._shared(step), None if step.moe is None else step.moe.experts.executor.act)
-            for step, (parts, slot_of) in zip(self.steps, self.fixed)], out, self.rope2_of)
+            for step, (parts, slot_of) in zip(self.steps, self.fixed)], out)
         self.moe_call = native.MoeCall(out.xn, self.routed, out.offsets, out.token_ids, out.weights_sorted,
                                        first.n_experts)
 
@@ -107,12 +110,12 @@ class DecodeProgram:
         for i, step in enumerate(self.steps):
             step.bind(cache.layer(i))
         slots = batch.slot_ids if self.native.recurrent else None  # the batch's state rows
+        alt = None if self.alt_rope is None else self.alt_rope.cos_sin(batch.positions, x.dtype, batch.upto)
         self.memory.check_fixed()
         c, n, first = self.compute, len(self.layers), 0
-        cos2, sin2 = (None, None) if self.rope2 is None else self.rope2.cos_sin(batch.positions, x.dtype, batch.upto)
         while True:
             stop = self.native.run(c.pool, batch.block_table, batch.positions, *cos_sin, x, self.routed, self.expert_ids,
-                                   self.layer_used, c.scratch, first, self.layer_ns, slots, cos2=cos2, sin2=sin2)
+                                   self.layer_used, c.scratch, first, self.layer_ns, slots, alt=alt)
             if self.memory.counts_routing and stop > first:
                 if self._all_moe:
                     self.memory.served_fixed_layers(self.model_layers[first:stop], self.expert_ids[first:stop, :B],

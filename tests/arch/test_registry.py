@@ -39,8 +39,9 @@ def test_every_converter_name_finds_its_record():
         assert record.name == name
         assert all(arch.for_hf(hf) is record for hf in record.hf_architectures + record.hf_multimodal)
     assert arch.for_hf("MixtralForCausalLM").name == "llama"
-    assert arch.names(runs=True) == ["deepseek2", "glm4moe", "gpt-oss", "laguna", "llama", "llama4", "minimax-m2",
-                                     "olmoe", "qwen2moe", "qwen35moe", "qwen3moe", "qwen3next"]
+    assert arch.names(runs=True) == ["deepseek2", "deepseek32", "glm-dsa", "glm4moe", "gpt-oss", "hy_v3", "laguna",
+                                     "llama", "llama4", "mimo2", "minimax-m2", "olmoe", "qwen2moe", "qwen35moe",
+                                     "qwen3moe", "qwen3next"]
     assert arch.names(runs=False) == []
     assert arch.for_hf("DeepseekV3ForCausalLM").name == "deepseek2" and arch.for_hf("GptOssForCausalLM").name == "gpt-oss"
     assert arch.get("llama4").hf_multimodal == ("Llama4ForConditionalGeneration",)
@@ -108,3 +109,27 @@ def test_a_fifth_architecture_is_one_record(clone, tmp_path):
     arch.unregister(CLONE)
     with pytest.raises(StrataFormatError, match="'general.architecture'.*'qwen3moe-clone'"):
         strata.load(out, threads=1)
+
+
+def test_an_architecture_newer_than_gguf_py_keeps_its_name_and_tensors():
+    """hy_v3 (which the installed gguf-py lacks) lists llama.cpp's tensors itself beside a stand-in
+    architecture: checkpoint names map through the stand-in's table narrowed to that list, and a
+    kind the stand-in's table lacks still maps, through gguf-py's own names for it."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS
+
+    hy = arch.get("hy_v3")
+    assert hy.name == "hy_v3" and arch.tensor_kinds(hy) == hy.tensor_set
+    assert arch.tensor_kinds(arch.get("qwen3moe")) == tuple(MODEL_TENSORS[MODEL_ARCH.QWEN3MOE])
+    names = arch.tensor_name_map(hy, 4)
+    assert names.get_name("model.layers.3.mlp.e_score_correction") == "blk.3.exp_probs_b"
+    assert names.get_name("model.layers.1.post_attention_layernorm") == "blk.1.ffn_norm"
+    assert names.get_name("model.layers.3.eh_proj") == "blk.3.nextn.eh_proj"
+    assert MT.ROPE_FREQS in MODEL_TENSORS[hy.tensors] and names.get_name("rope.freqs") is None  # not hy_v3's
+    # GLM-4.5's table names the FFN's pre-norm post_attention_norm and has no ffn_norm: narrowed to
+    # hy_v3's list, the checkpoint's post_attention_layernorm is ffn_norm again
+    glm_names = arch.tensor_name_map(arch.get("glm4moe"), 2)
+    assert glm_names.get_name("model.layers.1.post_attention_layernorm") == "blk.1.post_attention_norm"
+    assert MT.FFN_NORM not in MODEL_TENSORS[MODEL_ARCH.GLM4_MOE]
+    on_glm = arch.tensor_name_map(dataclasses.replace(hy, tensors=MODEL_ARCH.GLM4_MOE), 2)
+    assert on_glm.get_name("model.layers.1.post_attention_layernorm") == "blk.1.ffn_norm"
+    assert on_glm.get_name("model.layers.1.self_attn.q_norm") == "blk.1.attn_q_norm"

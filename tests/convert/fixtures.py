@@ -7,14 +7,17 @@ the corpus, the byte-level BPE trainer and tokenizer files are `strata.synth`'s,
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, models, trainers
 
+from tests.convert import mimo2_checkpoint
 from strata.synth.tokenizer import CHAT_TEMPLATE, SPECIALS, corpus, save_tokenizer, train_byte_bpe
 
 __all__ = ["CHAT_TEMPLATE", "SPECIALS", "MORE_SPECS", "SPECS", "TRICKY", "Spec", "build_model", "build_multimodal", "corpus", "save_checkpoint",
@@ -39,6 +42,10 @@ class Spec:
     tokenizer: str
     dtype: torch.dtype
     chat_template_file: bool
+    #: After save_pretrained: fn(model, folder) puts the checkpoint in its released form where transformers'
+    #: own differs (config keys, tensors transformers does not hold); None: as transformers saves it.
+    finish: Callable[[torch.nn.Module, Path], None] | None = None
+    seed: int = 0  # torch's seed for the random weights (one whose results sit on no near-tie)
 
 
 _COMMON = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
@@ -68,6 +75,15 @@ SPECS = {
 _LLAMA4 = dict(_COMMON, num_hidden_layers=4, intermediate_size=256, intermediate_size_mlp=512, num_key_value_heads=2,
                head_dim=64, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+_MIMO2 = dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256, num_key_value_heads=1,
+              head_dim=96, v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+              norm_topk_prob=True, routed_scaling_factor=1.0, sliding_window=8, attention_value_scale=0.707,
+              layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+              mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000000.0,
+                                                  "partial_rotary_factor": 0.334},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.334}})
 #: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
 #: every test parameterised over SPECS.
 MORE_SPECS = {
@@ -113,6 +129,14 @@ MORE_SPECS = {
                          use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=1,
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
                     "qwen2", torch.bfloat16, True),
+    # Hunyuan V3: 3 layers (dense, then 2 MoE by mlp_layer_types), q/k head norms, 8 experts (2 used) behind a
+    # sigmoid router with a selection bias, renormalised and scaled by router_scaling_factor, one shared expert.
+    "hyv3": Spec("hyv3", "HYV3Config", "HYV3ForCausalLM",
+                 dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                      num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                      router_scaling_factor=2.826, mlp_layer_types=["dense", "sparse", "sparse"],
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                 "qwen2", torch.bfloat16, True),
     # 4 layers alternating sliding (window 8, shorter than the test prompts) and full attention,
     # sinks, biases, clamped SwiGLU experts; YaRN with truncated correction dims (llama.cpp's form).
     "gptoss": Spec("gptoss", "GptOssConfig", "GptOssForCausalLM",
@@ -137,6 +161,31 @@ MORE_SPECS = {
     "llama4cpp": Spec("llama4cpp", "Llama4TextConfig", "Llama4ForCausalLM",
                       dict(_LLAMA4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1), "qwen2", torch.bfloat16,
                       True),
+    # DeepSeek-V3.2: deepseek3's shapes (1 dense + 2 MoE, query LoRA, 8 experts in 4 groups) with the
+    # lightning indexer: 16 heads of 64 (llama.cpp's multiple of 64; with few heads the ReLU zeroes
+    # whole scores, which tie), top 8 positions, fewer than the test prompts, so the selection
+    # matters; seed 5: the test sequences' selections survive twice the f16 rounding of the keys.
+    "deepseek32": Spec("deepseek32", "DeepseekV32Config", "DeepseekV32ForCausalLM",
+                       dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
+                            num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                            norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
+                            qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", index_n_heads=16,
+                            index_head_dim=64, index_topk=8,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       "qwen2", torch.float32, True, seed=5),
+    # GLM-5: deepseek32's shapes, 4 layers (1 dense + 3 MoE), 8 experts in one group, the lightning
+    # indexer in interleaved RoPE on layers 0 and 2; layers 1 and 3 reuse the choice before them; seed 2:
+    # the test sequences' selections survive twice the f16 rounding of the keys.
+    "glmdsa": Spec("glmdsa", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256,
+                        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                        q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
+                        index_n_heads=16, index_head_dim=64, index_topk=8,
+                        indexer_types=["full", "shared", "full", "shared"],
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   "qwen2", torch.float32, True, seed=2),
     # Qwen3-Next: 4 layers (3 gated DeltaNet, then full attention with its output gate), 2 key / 4
     # value heads of 32 in the DeltaNet, kernel 4; RoPE on 16 of 64 head features; 4 experts (2
     # used, renormalised) and a gated shared expert on every layer.
@@ -159,6 +208,14 @@ MORE_SPECS = {
                                "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
                       "qwen2", torch.float32, True),
+    # MiMo-V2-Flash: 4 layers (full, sliding, sliding, full; window 8, shorter than the test prompts), 1 kv head on
+    # full layers and 2 (doubled) with sinks on sliding ones, key head 96 / value head 64, RoPE on 32 features with
+    # a base per layer type, values scaled by 0.707; layer 0 dense, then 8 experts (2 used) under a sigmoid router
+    # with a selection bias. Saved in the released config form; "mimo2mtp" adds its 3 MTP layers.
+    "mimo2": Spec("mimo2", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO2, "qwen2", torch.float32, True,
+                  finish=mimo2_checkpoint.released),
+    "mimo2mtp": Spec("mimo2mtp", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO2, "qwen2", torch.float32, True,
+                     finish=functools.partial(mimo2_checkpoint.released, n_mtp=3)),
     # Laguna (XS.2's form): 4 layers, full attention on layer 0 and sliding (window 8) on 1-3 as
     # llama.cpp hard-codes it (full every 4th from 0); 4 query heads on the full layer, 8 on the
     # sliding ones, 2 kv heads of 64; per-head softplus output gate; RoPE on half of each head at
@@ -193,10 +250,12 @@ def _randomize_extras(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
         if name.endswith(("sinks", "_bias", "router.bias")):  # gpt-oss: zeros or uninitialised
             p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.05)
-        if model.config.model_type == "glm4_moe" and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
+        if model.config.model_type in ("glm4_moe", "hy_v3") and name.endswith(("proj.bias", "_norm.weight")):  # zeros, ones
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
         if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text") and name.endswith(("norm.weight", "dt_bias")):  # zeros, ones
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
+        if model.config.model_type in ("deepseek_v32", "glm_moe_dsa") and "indexer.k_norm" in name:  # ones, zeros
+            p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
         if model.config.model_type == "laguna" and name.endswith("norm.weight"):  # ones
             p.normal_(1.0, 0.2)
         if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
@@ -209,16 +268,17 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             getattr(m, "gate", m).weight.normal_(0.0, 0.05)  # MiniMax-M2: the bias sits beside its router
 
 
-def build_model(spec: Spec, tok: Tokenizer, seed: int = 0) -> torch.nn.Module:
+def build_model(spec: Spec, tok: Tokenizer, seed: int | None = None) -> torch.nn.Module:
     """A random model whose logits have real margins: embeddings of unit scale, output head x8.
 
-    Its weights are rounded to the spec's dtype, so the float32 model equals the saved checkpoint."""
+    Its weights are rounded to the spec's dtype, so the float32 model equals the saved checkpoint.
+    seed: torch's seed for the weights (None: the spec's)."""
     import transformers
     vocab = tok.get_vocab_size()
     cfg = getattr(transformers, spec.config_cls)(
         **spec.config, vocab_size=vocab, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"),
         pad_token_id=tok.token_to_id("<|endoftext|>"))
-    torch.manual_seed(seed)
+    torch.manual_seed(spec.seed if seed is None else seed)
     model = getattr(transformers, spec.model_cls)(cfg).eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, 1.0)
@@ -240,6 +300,8 @@ def save_checkpoint(model: torch.nn.Module, spec: Spec, tok: Tokenizer, folder: 
         kwargs["max_shard_size"] = max_shard_size
     model.to(spec.dtype).save_pretrained(folder, **kwargs)
     model.to(torch.float32)
+    if spec.finish is not None:
+        spec.finish(model, folder)
     save_tokenizer(tok, folder, spec.chat_template_file)
     return folder
 

@@ -152,3 +152,12 @@ def test_router_normalisation_mismatch_warns(ckpt, caplog):
     _edit_config(ckpt, norm_topk_prob=False)  # llama.cpp's qwen3moe always renormalises
     assert main([str(ckpt), "-o", str(ckpt.parent / "w.gguf"), "--no-progress"]) == 0
     assert "norm_topk_prob=False" in caplog.text and "renormalises" in caplog.text
+
+
+def test_rope_factors_refused_where_llama_cpps_graph_ignores_them(ckpt, capsys):
+    """Llama 3's scaling on qwen3moe: llama.cpp's qwen3moe graph reads no rope_freqs, so the file
+    would compute another model (llama and llama4 take it: tests/fixtures/rope_scaled.py)."""
+    _edit_config(ckpt, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16})
+    _fails(ckpt, capsys, "config.json", "rope scaling type 'llama3' is not supported for GGUF qwen3moe")

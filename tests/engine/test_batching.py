@@ -57,7 +57,8 @@ def test_a_long_prompt_beside_four_decoding_streams_does_not_stall_them():
         assert m.cache.n_free_blocks == m.cache.n_blocks
 
 
-@pytest.mark.parametrize("key", ["mixtral", "qwen3moe", "deepseek3", "gptoss", "glm4moe", "minimax"])
+@pytest.mark.parametrize("key", ["mixtral", "qwen3moe", "deepseek3", "gptoss", "glm4moe", "minimax", "mimo2", "hyv3",
+                                 "deepseek32", "glmdsa"])
 def test_sixteen_sequences_of_different_lengths_give_their_outputs_alone(key):
     """Paged and chunked: 16 prompts from 1 to 700 tokens run together (several steps of 512
     tokens mixing prefill chunks and decodes) give each prompt's greedy output alone."""

@@ -1,7 +1,8 @@
-"""deepseek2 and gpt-oss files in llama.cpp (llama-cpp-python) and in Strata, both ways: Strata's
-files in llama.cpp (f32 logits within 1e-3 of the range of transformers', identical greedy paths;
-q8_0 and default files top-1 >= 95%), and files written by llama.cpp's own converter in Strata
-(logits within 1e-4 of the range of transformers', top-1 >= 95% on q8_0)."""
+"""deepseek2, gpt-oss, glm4moe, minimax-m2 and hy_v3 files in llama.cpp (llama-cpp-python) and in
+Strata, both ways: Strata's files in llama.cpp (f32 logits within 1e-3 of the range of
+transformers', identical greedy paths; q8_0 and default files top-1 >= 95%), and files written by
+llama.cpp's own converter in Strata (logits within 1e-4 of the range of transformers', top-1 >= 95%
+on q8_0)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,7 @@ needs_source = pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp'
 
 
 # DeepSeek-V2 (no query LoRA: llama.cpp needs its "lite" depth) has its own module, test_deepseek_v2_llama_cpp
-@pytest.fixture(params=("deepseek3", "gptoss", "glm4moe", "minimax"), scope="module")
+@pytest.fixture(params=("deepseek3", "gptoss", "glm4moe", "minimax", "hyv3"), scope="module")
 def new(request):
     return zoo().get(request.param)
 

@@ -276,7 +276,7 @@ def _last_logits(m, ids: list[int]) -> tuple[torch.Tensor, int]:
     return rows[-1], start
 
 
-@pytest.mark.parametrize("key,compute", [("qwen3moe", "packed"), ("deepseek3", "float")])
+@pytest.mark.parametrize("key,compute", [("qwen3moe", "packed"), ("deepseek3", "float"), ("deepseek32", "packed")])
 def test_a_cached_prefix_gives_the_logits_and_tokens_of_a_full_prefill(key, compute):
     """Tolerance: the logits agree to 1e-5 of their range (float32; the suffix's prefill is a
     different batch shape, so summation order may differ), and greedy tokens are equal."""

@@ -25,7 +25,7 @@ def root(tmp_path_factory):
 
 
 @pytest.mark.parametrize("key", ["qwen3moe-yarn", "deepseek3-yarn", "mixtral-linear", "mixtral-longrope",
-                                 "mixtral-llama3", "gptoss-pattern"])
+                                 "mixtral-llama3", "llama4-llama3", "gptoss-pattern"])
 def test_scaled_files_in_llama_cpp(root, key, record_property):
     case = scaled(case_spec(key), root)
     ids = case.prompt_ids(48)  # the original context is 16

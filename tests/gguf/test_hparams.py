@@ -49,7 +49,8 @@ def test_vocab_from_tokenizer_when_no_key_and_no_embedding():
 
 def test_uniform_per_layer_array_is_one_value():
     assert read_hparams(PATH, meta(**{"{arch}.attention.head_count_kv": [2]}), SHAPES).n_head_kv == 2
-    with pytest.raises(StrataFormatError, match="'qwen3moe.attention.head_count_kv'.*an integer"):
+    # per-layer counts are read (mimo2), one per block: two for this one-block file is refused
+    with pytest.raises(StrataFormatError, match=r"'qwen3moe.attention.head_count_kv'.*one positive count per block \(1\)"):
         read_hparams(PATH, meta(**{"{arch}.attention.head_count_kv": [2, 4]}), SHAPES)
 
 

@@ -86,7 +86,7 @@ YARN = {Q + "rope.scaling.type": ("yarn", V.STRING)}
     ("deepseek2", D + "attention.temperature_scale", (math.nan, V.FLOAT32), {D + "attention.temperature_length": (8, V.UINT32)}),
     ("gpt-oss", G + "attention.sliding_window", (0, V.UINT32), {}),
     ("gpt-oss", G + "attention.sliding_window_pattern", ([True, False, True], V.ARRAY, V.BOOL), {}),
-    ("gpt-oss", G + "attention.sliding_window_pattern", ([1, 0], V.ARRAY, V.UINT8), {}),
+    ("gpt-oss", G + "attention.sliding_window_pattern", ([1, 2], V.ARRAY, V.INT32), {}),  # 0/1 as mimo2's converter writes, not 2
     ("gpt-oss", G + "attention.sliding_window_pattern", (-2, V.INT32), {}),
     ("gpt-oss", G + "rope.freq_base_swa", (-10000.0, V.FLOAT32), {}),
 ])

@@ -10,7 +10,7 @@ import torch
 
 
 import strata
-from strata.models.executor import NATIVE
+from strata.models.kinds import native_classes
 from strata.models.deltanet import GatedAttention, GatedDeltaNet
 from strata.models.packed import PackedMatrix
 from tests.fixtures.tiny import zoo
@@ -70,7 +70,7 @@ def test_packed_decode_steps_equal_the_float_path(arch):
     """Every decode step of packed compute (DeltaNet kernels, stacked products, the gated
     attention's native decode attention) equals the float path within 1e-5."""
     def native_attention(bare):
-        assert all(type(b.attention) in NATIVE.attention.values() for b in bare.model.blocks)
+        assert all(type(b.attention) in native_classes() for b in bare.model.blocks)
 
     assert packed_decode_error(zoo().get(arch), 16, native_attention) < 1e-5
 

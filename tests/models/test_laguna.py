@@ -43,7 +43,7 @@ def test_layers_are_as_llama_cpp_lays_them_out(tiny):
     the full layer and on all 64 at 10000 unscaled on the sliding ones, one gate per head."""
     bare = Bare(tiny.gguf("f32"))
     hp, cfg = bare.mf.hparams, tiny.model.config
-    assert hp.n_head_layers == tuple(cfg.num_attention_heads_per_layer) == (4, 8, 8, 8)
+    assert hp.heads == tuple(cfg.num_attention_heads_per_layer) == (4, 8, 8, 8)
     assert hp.swa_layers == (False, True, True, True) and hp.sliding_window == 8
     assert (hp.rope_dim, hp.rope_dim_swa, hp.rope_freq_base, hp.rope_freq_base_swa) == (32, 64, 5e5, 1e4)
     assert hp.rope_scaling.type == "yarn" and hp.n_dense_lead == 1 and hp.n_ff_shexp == 512
@@ -56,7 +56,7 @@ def test_layers_are_as_llama_cpp_lays_them_out(tiny):
     for block, layer in zip(bare.model.blocks, tiny.model.model.layers):
         assert torch.equal(block.attention.w.wg, layer.self_attn.g_proj.weight.detach())
     m = Bare(zoo().get("lagunam").gguf("f32"))
-    assert m.mf.hparams.sliding_window == 0 and not m.mf.hparams.n_head_layers and m.mf.hparams.n_dense_lead == 2
+    assert m.mf.hparams.sliding_window == 0 and not m.mf.hparams.heads and m.mf.hparams.n_dense_lead == 2
     assert {(s.attention.window, s.attention.out_gate) for s in m.model.specs} == {(0, "element")}
 
 
@@ -101,7 +101,7 @@ def test_packed_compute_every_memory_and_the_plan(both):
     def plan(m, memory):
         assert m.plan.decode == "program" and all(s is not None for s in m.runner.steps), memory
         program = m.runner.program
-        assert program.rope2_of == [s.attention.own_rope for s in m.transformer.specs]
+        assert [layer.reads_alt for layer in program.layers] == [s.attention.own_rope for s in m.transformer.specs]
         assert any(s.layer.c.g_rows for s in m.runner.steps)
 
     check_packed_every_memory(both, plan)
@@ -125,7 +125,7 @@ def test_default_file_packed_and_tiered(tiny):
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("attention.head_count", ([4, 8, 8], V.ARRAY, V.UINT32), "4 of them (one per block)"),
+    ("attention.head_count", ([4, 8, 8], V.ARRAY, V.UINT32), "one positive count per block (4)"),
     ("attention.head_count", ([4, 8, 8, 3], V.ARRAY, V.UINT32), "a divisor of head_count=3"),
     ("rope.dimension_count_swa", (63, V.UINT32), "an even number in 2..head_dim=64"),
     ("attention.head_count", ([4, 4, 8, 8], V.ARRAY, V.UINT32), "'blk.1.attn_q.weight': expected shape [256, 256]"),

@@ -22,7 +22,7 @@ SHARED = ["strata/models/loader.py", "strata/models/executor/__init__.py", "stra
 
 def _kind_words() -> set[str]:
     """The spec constants, the registered classes and readers, and the C step names of every kind."""
-    words = {"GQA", "GATED", "CHUNKED", "MLA", "DELTANET", "strata_decode_attn", "strata_decode_deltanet",
+    words = {"GQA", "GATED", "CHUNKED", "MLA", "DELTANET", "DSA", "strata_decode_attn", "strata_decode_deltanet",
              "strata_attn_layer", "strata_deltanet_layer", "DecodeAttn", "DecodeDeltaNet"}
     for name in kinds.names():
         k = kinds.get(name)

@@ -9,7 +9,8 @@ import torch
 
 
 import strata
-from strata.models.executor import NATIVE, NativeRouter
+from strata.models.executor import NativeRouter
+from strata.models.kinds import native_classes
 from strata.engine.kv_cache import KVCache
 from strata.models import cache_dims
 from tests.fixtures.tiny import GGUF_ARCH, zoo
@@ -261,7 +262,7 @@ def test_packed_decode_steps_equal_the_float_path(new, monkeypatch):
         if compute == "packed":
             bare.mf = open_model(path)
             bare.model = load_model(bare.mf, DirectExpertMemory(bare.mf), compute="packed")
-            assert all(type(b.attention) in NATIVE.attention.values() for b in bare.model.blocks)
+            assert all(type(b.attention) in native_classes() for b in bare.model.blocks)
             if new.key == "gptoss":
                 assert {b.attention.window for b in bare.model.blocks} == {0, 8}
         prompt = new.prompt_ids(12)

@@ -35,9 +35,9 @@ def _stacked_bias(att: Attention) -> torch.Tensor | None:
     w = att.w
     if w.bq is None and w.bk is None and w.bv is None:
         return None
-    hq, hkv = att.n_head * att.head_dim, att.n_head_kv * att.head_dim
+    hq, hkv, hv = att.n_head * att.head_dim, att.n_head_kv * att.head_dim, att.n_head_kv * att.head_dim_v
     return torch.cat([b if b is not None else torch.zeros(n)
-                      for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hkv))]).float().contiguous()
+                      for b, n in ((w.bq, hq), (w.bk, hkv), (w.bv, hv))]).float().contiguous()
 
 
 def _decode_attn(att: Attention, common: dict, **extra) -> native.DecodeAttn:
@@ -64,10 +64,10 @@ class NativeAttention(Attention):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]: views of one product
+        q, k, v = self.project(x)  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd_v]: views of one product
         _rope_in_place(self, q, k, cos_sin)
         k_cache, v_cache = kv  # [N, Hkv, P, hd]: a block is a "slot" of P positions to kv_write
-        native.kv_write(k, v, k_cache, v_cache, batch.token_blocks, batch.token_offsets)
+        native.kv_write(k, self.cache_values(v), k_cache, v_cache, batch.token_blocks, batch.token_offsets)
         if batch.is_decode:
             out = torch.empty((q.shape[0], self.n_head * self.head_dim), dtype=torch.float32)  # [B, H*hd]
             native.attn_decode(q, k_cache, v_cache, batch.block_table, batch.positions + 1, self.head_dim ** -0.5, out,
@@ -78,11 +78,11 @@ class NativeAttention(Attention):
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
         if self.w.wg is not None:  # Laguna's output gate
             out = native.gate_softplus(out.contiguous(), linear(x, self.w.wg))
-        return linear(out, self.w.wo, self.w.bo)  # [T, D]
+        return linear(self.values_out(out), self.w.wo, self.w.bo)  # [T, D]
 
     def decode_layer(self, common: dict) -> native.DecodeAttn:
-        wg = self.w.wg
-        return _decode_attn(self, common, rope_dim=self.rope.rope_dim,
+        wg, narrow = self.w.wg, self.head_dim_v if self.head_dim_v != self.head_dim else 0
+        return _decode_attn(self, common, rope_dim=self.rope.rope_dim, head_dim_v=narrow, v_scale=self.v_scale,
                             out_gate=None if wg is None else (wg.type, wg._data_t, wg.shape[0]))
 
 
