@@ -84,18 +84,22 @@ _MIMO2 = dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermedi
                                                   "partial_rotary_factor": 0.334},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                      "partial_rotary_factor": 0.334}})
+#: DeepSeek-V3's shapes, shared by deepseek3, deepseek32 and glmdsa: 3 layers (1 dense + 2 MoE), query
+#: LoRA, latent attention (nope != v head dims), 8 experts in 4 groups (2 used), a shared expert.
+_DEEPSEEK3 = dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256, num_key_value_heads=4,
+                  n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                  first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=64,
+                  kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64)
+#: The lightning indexer of deepseek32 and glmdsa: 16 heads of 64, the top 8 positions.
+_INDEXER = dict(index_n_heads=16, index_head_dim=64, index_topk=8)
 #: Architectures with their own model files (MLA, sinks, ...): tested by their own modules, not by
 #: every test parameterised over SPECS.
 MORE_SPECS = {
     # 3 layers: 1 dense + 2 MoE; query LoRA; 8 experts in 4 groups (2 used), nope != v head dims;
     # YaRN (factor 4 over 128 positions) with DeepSeek's mscale in the attention scale.
     "deepseek3": Spec("deepseek3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
-                      dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
-                           num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
-                           n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                           norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
-                           qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", num_mtp_layers=0,
-                           rope_interleave=True, max_position_embeddings=512,
+                      dict(_DEEPSEEK3, scoring_func="sigmoid", num_mtp_layers=0, rope_interleave=True,
+                           max_position_embeddings=512,
                            rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
                                             "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0,
                                             "beta_slow": 1.0, "rope_theta": 10000.0}),
@@ -166,23 +170,14 @@ MORE_SPECS = {
     # whole scores, which tie), top 8 positions, fewer than the test prompts, so the selection
     # matters; seed 5: the test sequences' selections survive twice the f16 rounding of the keys.
     "deepseek32": Spec("deepseek32", "DeepseekV32Config", "DeepseekV32ForCausalLM",
-                       dict(_COMMON, num_hidden_layers=3, intermediate_size=512, moe_intermediate_size=256,
-                            num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
-                            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-                            norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32,
-                            qk_nope_head_dim=32, v_head_dim=64, scoring_func="sigmoid", index_n_heads=16,
-                            index_head_dim=64, index_topk=8,
+                       dict(_DEEPSEEK3, **_INDEXER, scoring_func="sigmoid",
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                        "qwen2", torch.float32, True, seed=5),
     # GLM-5: deepseek32's shapes, 4 layers (1 dense + 3 MoE), 8 experts in one group, the lightning
     # indexer in interleaved RoPE on layers 0 and 2; layers 1 and 3 reuse the choice before them; seed 2:
     # the test sequences' selections survive twice the f16 rounding of the keys.
     "glmdsa": Spec("glmdsa", "GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
-                   dict(_COMMON, num_hidden_layers=4, intermediate_size=512, moe_intermediate_size=256,
-                        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-                        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-                        q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
-                        index_n_heads=16, index_head_dim=64, index_topk=8,
+                   dict(_DEEPSEEK3, **_INDEXER, num_hidden_layers=4, n_group=1, topk_group=1,
                         indexer_types=["full", "shared", "full", "shared"],
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                    "qwen2", torch.float32, True, seed=2),

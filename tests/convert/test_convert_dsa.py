@@ -14,7 +14,8 @@ from gguf import GGUFReader
 
 import strata
 from converters import ConversionError, TypePolicy, convert
-from tests.convert.test_glm4moe import _array, _rewrite
+from tests.convert.test_glm4moe import _array
+from tests.fixtures.rewrite import rewrite_checkpoint
 from tests.fixtures.tiny import GGUF_ARCH, llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, Bare, rel_err
 
@@ -35,7 +36,7 @@ def _with_mtp_layer(tiny, folder) -> int:
         for norm in ("enorm", "hnorm", "shared_head.norm"):
             tensors[f"model.layers.{n}.{norm}.weight"] = torch.ones(D)
 
-    _rewrite(tiny, folder, {"num_nextn_predict_layers": 1}, add)
+    rewrite_checkpoint(tiny.hf_dir, folder, {"num_nextn_predict_layers": 1}, add)
     return n
 
 
@@ -60,7 +61,7 @@ def test_deepseek32_indexer_tensors_and_metadata():
                                              ({"index_head_dim": 96}, "index_head_dim=96")])
 def test_deepseek32_refuses_what_llama_cpp_cannot_run(tmp_path, change, message):
     tiny = zoo().get("deepseek32")
-    _rewrite(tiny, tmp_path / "hf", change, lambda t: None)
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", change)
     with pytest.raises(ConversionError, match=message):
         convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
 
@@ -94,7 +95,7 @@ def test_strata_converter_keeps_the_mtp_layer(tmp_path, key):
         assert f"blk.{n}.nextn.eh_proj.weight" in mf.nextn
     ids = tiny.prompt_ids(24)
     assert rel_err(Bare(out).forward(ids, 0), tiny.hf_logits(ids)) <= REL_TOL
-    _rewrite(tiny, tmp_path / "plain", {"num_nextn_predict_layers": 1}, lambda t: None)
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "plain", {"num_nextn_predict_layers": 1})
     convert(tmp_path / "plain", tmp_path / "plain.gguf", TypePolicy.from_args(outtype="f32"))
     plain = GGUFReader(tmp_path / "plain.gguf")
     assert plain.fields[f"{arch}.block_count"].contents() == n and f"{arch}.nextn_predict_layers" not in plain.fields

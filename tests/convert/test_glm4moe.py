@@ -4,34 +4,21 @@ kept by llama.cpp's and then left out of Strata's trunk (as llama.cpp's main gra
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
-from safetensors.torch import load_file, save_file
 
 import strata
 from converters import TypePolicy, convert
+from tests.fixtures.rewrite import rewrite_checkpoint
 from tests.fixtures.tiny import llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, Bare, rel_err
 
 
 def _array(t) -> np.ndarray:
     return np.array(t.data).reshape([int(d) for d in reversed(t.shape)])
-
-
-def _rewrite(tiny, folder, change: dict, edit) -> None:
-    """A copy of the checkpoint with config.json updated by `change` and its tensors by `edit`."""
-    shutil.copytree(tiny.hf_dir, folder)
-    (shard,) = folder.glob("*.safetensors")
-    tensors = load_file(shard)
-    edit(tensors)
-    save_file(tensors, shard, metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
 
 
 def _add_mtp_layer(tensors: dict) -> None:
@@ -67,7 +54,7 @@ def test_glm4moe_tensors_and_metadata():
 
 def test_glm4moe_groups_are_written_when_there_are_several(tmp_path):
     tiny = zoo().get("glm4moe")
-    _rewrite(tiny, tmp_path / "hf", {"n_group": 4, "topk_group": 2}, lambda t: None)
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"n_group": 4, "topk_group": 2})
     convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
     hp = strata.gguf.open_model(tmp_path / "out.gguf").hparams
     assert (hp.n_expert_groups, hp.n_expert_groups_used) == (4, 2)
@@ -76,8 +63,8 @@ def test_glm4moe_groups_are_written_when_there_are_several(tmp_path):
 def test_glm4moe_air_without_qk_norms_matches_transformers(tmp_path):
     """GLM-4.5-Air's attention (use_qk_norm false): no q/k norm tensors, none applied."""
     tiny = zoo().get("glm4moe")
-    _rewrite(tiny, tmp_path / "hf", {"use_qk_norm": False},
-             lambda t: [t.pop(n) for n in [n for n in t if n.endswith(("q_norm.weight", "k_norm.weight"))]])
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"use_qk_norm": False},
+                       lambda t: [t.pop(n) for n in [n for n in t if n.endswith(("q_norm.weight", "k_norm.weight"))]])
     out = tmp_path / "air.gguf"
     convert(tmp_path / "hf", out, TypePolicy.from_args(outtype="f32"))
     assert not any("_norm" in t.name and "attn_q" in t.name for t in GGUFReader(out).tensors)
@@ -98,7 +85,7 @@ def test_glm4moe_air_without_qk_norms_matches_transformers(tmp_path):
 
 def test_strata_converter_skips_the_mtp_layer(tmp_path):
     tiny = zoo().get("glm4moe")
-    _rewrite(tiny, tmp_path / "hf", {}, _add_mtp_layer)
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {}, _add_mtp_layer)
     convert(tmp_path / "hf", tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"))
     reader = GGUFReader(tmp_path / "out.gguf")
     assert reader.fields["glm4moe.block_count"].contents() == 3
@@ -111,7 +98,7 @@ def test_llama_cpp_file_with_an_mtp_layer_runs_its_trunk(tmp_path):
     runs the 3 trunk layers, the MTP layer's tensors are not part of the model, the logits are
     transformers'."""
     tiny = zoo().get("glm4moe")
-    _rewrite(tiny, tmp_path / "hf", {}, _add_mtp_layer)
+    rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {}, _add_mtp_layer)
     other = dataclasses.replace(tiny, hf_dir=tmp_path / "hf", root=tmp_path, _files={})
     path = other.llama_cpp_gguf("f32")
     reader = GGUFReader(path)

@@ -216,28 +216,57 @@ def test_shared_expert_weights():
         native.shared_weights(x, torch.randn(3), torch.empty(5))
 
 
-# -- gpt-oss: sinks, sliding windows, biased router and experts in the fused step and program ----
+# -- families with their own step features: the same checks on each one's fixture ------------------
+#: gptoss: sinks, sliding windows of 8 (shorter than the prompts and decode steps), a biased router and
+#:   biased clamped experts; a hand-back binds the layer's own expert function to the program's MoE call.
+#: minimax: q/k norms over all heads, RoPE over 32 of 64 features, the sigmoid router's selection bias.
+#: llama4: chunked local attention (chunks of 8 positions), a NoPE layer with the query temperature
+#:   (floor 4), the L2 q/k norm, experts scaled at their input, dense layers between MoE ones.
+#: glm4moe: partial rotary, q/k head norms, q/k/v biases, the dense first layer, the sigmoid router
+#:   with its selection bias and scaling, the shared expert.
+#: hyv3: q/k head norms, the dense first layer, the sigmoid router with its selection bias and scale,
+#:   the shared expert.
+FAMILIES = ("gptoss", "minimax", "llama4", "glm4moe", "hyv3")
 
-@pytest.fixture(scope="module")
-def gptoss():
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
     from tests.fixtures.tiny import zoo
-    return zoo().get("gptoss")
+    return zoo().get(request.param)
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
-def test_gpt_oss_fused_decode_and_program_equal_the_per_call_path(gptoss, outtype):
-    """Prompts and decode steps past the window of 8: the program, the per-block fused steps and
-    the per-call path (native attention and routing, the fused MoE call) give the same bytes."""
-    test_fused_decode_equals_the_per_call_path(gptoss, outtype)
+def test_family_fused_decode_and_program_equal_the_per_call_path(family, outtype):
+    """Every block fused, the program over them all: the per-call path's bytes (native attention
+    and routing, the fused MoE call), one sequence and three at different positions."""
+    test_fused_decode_equals_the_per_call_path(family, outtype)
 
 
-def test_gpt_oss_program_hands_layers_to_the_memory(gptoss):
-    """Hand-backs bind the layer's own expert function to the program's shared MoE call."""
-    test_program_hands_layers_with_missing_experts_to_the_memory(gptoss)
+def test_family_program_hands_layers_to_the_memory(family):
+    test_program_hands_layers_with_missing_experts_to_the_memory(family)
 
 
-def test_gpt_oss_program_under_evicting_memory(gptoss):
-    test_program_under_evicting_memory_equals_the_per_block_path(gptoss)
+def test_family_program_under_evicting_memory(family):
+    """Fewer slots than experts: hand-backs of MoE layers with missing experts (a dense layer run
+    by the program itself): the per-block path's bytes."""
+    test_program_under_evicting_memory_equals_the_per_block_path(family)
+
+
+def test_family_fused_decode_under_tiered_memory_equals_direct(family):
+    test_fused_decode_under_tiered_memory_equals_direct(family)
+
+
+@pytest.mark.parametrize("memory", ["paged", "tiered"])
+def test_family_memories_equal_direct(family, memory):
+    """Packed compute on the default file: the paged and tiered memories give direct memory's
+    logits and greedy tokens."""
+    path, ids = family.gguf(None), family.prompt_ids(40)
+    prompt = family.prompt_ids(16, seed=21)
+    kw = dict(threads=1, n_ctx=128, max_batch=1, compute="packed")
+    with strata.load(path, memory="direct", **kw) as direct, strata.load(path, memory=memory, **kw) as other:
+        assert torch.equal(other.logits(ids), direct.logits(ids))
+        assert other.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids == \
+            direct.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids
 
 
 # -- DeepSeek: latent attention and grouped routers in the fused step ------------------------------
@@ -288,33 +317,6 @@ def test_deepseek_program_under_evicting_memory_equals_direct(deepseek):
         t = prog.memory_stats().totals()
         assert t["evictions"] > 0 and t["device_hits"] > 0
         assert t["requests"] == t["device_hits"] + t["device_misses"] + t["device_late"]
-
-
-# -- MiniMax-M2: q/k norms over all heads, partial rotary, a biased sigmoid router --------------
-
-@pytest.fixture(scope="module")
-def minimax():
-    from tests.fixtures.tiny import zoo
-    return zoo().get("minimax")
-
-
-@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
-def test_minimax_m2_fused_decode_and_program_equal_the_per_call_path(minimax, outtype):
-    """The full-width q/k norms, RoPE over 32 of 64 features and the selection bias in the fused
-    step and the program: the per-call path's bytes, one sequence and three at different positions."""
-    test_fused_decode_equals_the_per_call_path(minimax, outtype)
-
-
-def test_minimax_m2_program_hands_layers_to_the_memory(minimax):
-    test_program_hands_layers_with_missing_experts_to_the_memory(minimax)
-
-
-def test_minimax_m2_program_under_evicting_memory(minimax):
-    test_program_under_evicting_memory_equals_the_per_block_path(minimax)
-
-
-def test_minimax_m2_fused_decode_under_tiered_memory_equals_direct(minimax):
-    test_fused_decode_under_tiered_memory_equals_direct(minimax)
 
 
 HYBRID = ["qwen3next", "qwen35moe"]
@@ -396,29 +398,15 @@ def llama4():
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
-def test_llama4_fused_decode_and_program_equal_the_per_call_path(llama4, outtype):
-    """Every block fused (local layers with their chunk window and L2 norm, the global layer with
-    its temperature and no RoPE; experts scaled at their input in the fused call), the program over
-    them all: the per-call path's bytes, one sequence and three at different positions, past
-    several chunks (the tiny model's chunk is 8 positions, its temperature floor 4)."""
+def test_llama4_fused_steps_take_its_layers_fields(llama4, outtype):
+    """The fused steps (the family tests above give the per-call path's bytes through them, past
+    several chunks) carry each layer's own fields: the local layers' chunk window and L2 norm,
+    the global layer's temperature and no RoPE."""
     with strata.load(llama4.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
                      memory="direct") as m:
         layers = [s.layer.c for s in m.runner.steps]
         assert [c.chunk for c in layers] == [8, 8, 8, 0] and [c.temp_floor for c in layers] == [0, 0, 0, 4]
         assert [c.qk_l2 for c in layers] == [1, 1, 1, 0] and layers[3].rope_dim == 0
-        test_fused_decode_equals_the_per_call_path(llama4, outtype)
-
-
-def test_llama4_program_hands_layers_to_the_memory(llama4):
-    test_program_hands_layers_with_missing_experts_to_the_memory(llama4)
-
-
-def test_llama4_program_under_evicting_memory(llama4):
-    test_program_under_evicting_memory_equals_the_per_block_path(llama4)
-
-
-def test_llama4_fused_decode_under_tiered_memory_equals_direct(llama4):
-    test_fused_decode_under_tiered_memory_equals_direct(llama4)
 
 
 def test_llama4_native_step_refuses_bad_fields(llama4):

@@ -16,7 +16,8 @@ import strata
 from converters import TypePolicy, convert
 from tests.fixtures.tiny import LLAMA_CPP_PRE, llama_cpp_source, zoo
 from tests.models.helpers import REL_TOL, rel_err
-from tests.models.test_hy_v3 import _rewrite, add_mtp_layer
+from tests.fixtures.rewrite import rewrite_checkpoint
+from tests.models.test_hy_v3 import add_mtp_layer
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.interop,
@@ -36,7 +37,7 @@ def tiny():
 def mtp_files(tiny, tmp_path_factory):
     """(Strata's, llama.cpp's) f32 files of the checkpoint with an MTP layer."""
     root = tmp_path_factory.mktemp("hyv3-mtp")
-    hf = _rewrite(tiny, root / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
+    hf = rewrite_checkpoint(tiny.hf_dir, root / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
     ours, theirs = root / "strata.gguf", root / "llama.cpp.gguf"
     convert(hf, ours, TypePolicy.from_args(outtype="f32"), n_threads=1)
     script = Path(__file__).parents[1] / "fixtures" / "llama_cpp_convert.py"

@@ -5,13 +5,10 @@ shared expert); what its files hold (the bare `exp_probs_b`, no dense-lead key);
 and the memories; and its multi-token-prediction layer: converted, loaded and kept, never run."""
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
 from gguf import GGUFReader
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import strata
 from converters import ConversionError, TypePolicy, convert
@@ -20,23 +17,11 @@ from strata.models.executor import NativeRouter
 from strata.models.layers import FeedForward
 from strata.models.moe import MoE, Router
 from strata.models.spec import GQA
+from tests.fixtures.rewrite import rewrite_checkpoint
 
-from .helpers import (REL_TOL, Bare, check_batch_of_two, check_generate_batch, check_greedy_32,
-                      check_packed_every_memory, check_prefill_and_decode, packed_decode_error, rel_err, tiny_fixture)
+from .helpers import REL_TOL, Bare, check_packed_every_memory, packed_decode_error, rel_err, tiny_fixture
 
 tiny = tiny_fixture("hyv3")
-
-
-def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
-    check_prefill_and_decode(tiny, record_property, "hy_v3", 20, 16)
-
-
-def test_greedy_32_tokens_match_transformers(tiny):
-    check_greedy_32(tiny)
-
-
-def test_a_batch_of_two_equals_each_alone(tiny):
-    check_batch_of_two(tiny)
 
 
 def test_layers_are_as_transformers_builds_them(tiny):
@@ -117,23 +102,6 @@ def test_packed_decode_steps_equal_the_float_path(tiny):
     assert packed_decode_error(tiny, 24, native_gqa) < 1e-5
 
 
-def test_generate_batch_equals_each_alone(tiny):
-    check_generate_batch(tiny)
-
-
-def _rewrite(tiny, folder, change: dict, edit=None):
-    """A copy of the checkpoint with config.json updated by `change` and its tensors by `edit`."""
-    shutil.copytree(tiny.hf_dir, folder)
-    if edit is not None:
-        (shard,) = folder.glob("*.safetensors")
-        tensors = load_file(shard)
-        edit(tensors)
-        save_file(tensors, shard, metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
-    return folder
-
-
 def add_mtp_layer(tensors: dict) -> None:
     """Layer 3 as Hy3 ships its MTP layer: a decoder block (a copy of the last MoE layer) with the
     draft head's projections and its final norm."""
@@ -151,7 +119,7 @@ def test_multi_token_prediction_layer_is_converted_loaded_and_kept(tiny, tmp_pat
     1, `blk.3.nextn.*`, its experts and bare selection bias); Strata loads the file, keeps the layer
     on the model (the projections' values, the block's tensors) and runs the trunk alone: the
     logits of the file without it, bit for bit, float and packed."""
-    hf = _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
+    hf = rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
     out = tmp_path / "mtp.gguf"
     convert(hf, out, TypePolicy.from_args(outtype="f32"), n_threads=1)
     reader = GGUFReader(out)
@@ -185,7 +153,7 @@ def test_multi_token_prediction_layer_is_converted_loaded_and_kept(tiny, tmp_pat
 
 
 def test_config_without_the_mtp_tensors_writes_none(tiny, tmp_path):
-    hf = _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1})
+    hf = rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"num_nextn_predict_layers": 1})
     out = tmp_path / "trunk.gguf"
     convert(hf, out, TypePolicy.from_args(outtype="f32"), n_threads=1)
     fields = {f.name: f.contents() for f in GGUFReader(out).fields.values()}
@@ -198,7 +166,7 @@ def test_config_without_the_mtp_tensors_writes_none(tiny, tmp_path):
     ({"mlp_layer_types": ["dense", "sparse", "moe"]}, "expected 3 entries of 'dense' or 'sparse'"),
 ])
 def test_converter_refuses_what_llama_cpp_cannot_run(tiny, tmp_path, change, match):
-    hf = _rewrite(tiny, tmp_path / "hf", change)
+    hf = rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", change)
     with pytest.raises(ConversionError, match=match):
         convert(hf, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"), n_threads=1)
 
@@ -206,7 +174,7 @@ def test_converter_refuses_what_llama_cpp_cannot_run(tiny, tmp_path, change, mat
 def test_a_layer_marked_sparse_without_experts_is_named(tiny, tmp_path):
     """mlp_layer_types says layer 0 is sparse but the checkpoint has a dense FFN there: the missing
     experts are named."""
-    hf = _rewrite(tiny, tmp_path / "hf", {"mlp_layer_types": ["sparse", "sparse", "sparse"]})
+    hf = rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"mlp_layer_types": ["sparse", "sparse", "sparse"]})
     with pytest.raises(ConversionError, match="no expert tensors for layer 0"):
         convert(hf, tmp_path / "out.gguf", TypePolicy.from_args(outtype="f32"), n_threads=1)
 
@@ -236,7 +204,7 @@ def test_routing_statistics_and_calibration_count_the_trunk_alone(tiny, tmp_path
     from converters import CalibOptions
     from strata.gguf.routing import save_routing_npz
     from strata.synth.tokenizer import corpus
-    hf = _rewrite(tiny, tmp_path / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
+    hf = rewrite_checkpoint(tiny.hf_dir, tmp_path / "hf", {"num_nextn_predict_layers": 1}, add_mtp_layer)
     save_routing_npz(tmp_path / "routing.npz", np.arange(16).reshape(2, 8) + 1, 100)
     text = tmp_path / "calib.txt"
     text.write_text(" ".join(corpus(40)))

@@ -20,8 +20,7 @@ from strata.gguf import open_model
 from tests.engine.test_fused_decode import _check_fused_equals_per_call
 from tests.fixtures.tiny import llama_cpp_source, zoo
 
-from .helpers import (REL_TOL, Bare, check_batch_of_two, check_chunked_prefill, check_generate_batch, check_greedy_32,
-                      check_packed_every_memory, check_prefill_and_decode, load, rel_err, tiny_fixture)
+from .helpers import (REL_TOL, Bare, check_packed_every_memory, load, rel_err, tiny_fixture)
 
 tiny = tiny_fixture("mimo2")
 needs_llama_cpp = pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's source tree not found")
@@ -67,14 +66,6 @@ def test_strata_runs_llama_cpps_file(tiny):
 
 # -- 2. the maths ------------------------------------------------------------------------------
 
-def test_prefill_and_each_decode_step_match_transformers(tiny, record_property):
-    check_prefill_and_decode(tiny, record_property, "mimo2", 20, 16)
-
-
-def test_greedy_32_tokens_match_transformers(tiny):
-    check_greedy_32(tiny)
-
-
 def test_layers_are_as_transformers_builds_them(tiny):
     bare = Bare(tiny.gguf("f32"))
     att = [b.attention for b in bare.model.blocks]
@@ -101,14 +92,6 @@ def test_what_mimo2_adds_matters(tiny):
             else:
                 att.rope = bare.model.blocks[0].attention.rope
         assert rel_err(bare.forward(ids, 0), ref) > 3 * REL_TOL, spoil
-
-
-def test_a_batch_of_two_equals_each_alone(tiny):
-    check_batch_of_two(tiny)
-
-
-def test_chunked_prefill(tiny):
-    check_chunked_prefill(tiny)
 
 
 # -- 3. Strata's converter ---------------------------------------------------------------------
@@ -209,10 +192,6 @@ def test_fused_step_and_program_equal_the_per_call_path(tiny):
             assert all(s is not None for s in m.runner.steps)
             assert m.plan.decode == "program" and m.runner.program is not None
             _check_fused_equals_per_call(tiny, m)
-
-
-def test_generate_batch_equals_each_alone(tiny):
-    check_generate_batch(tiny)
 
 
 def test_default_file_tracks_float(tiny):
