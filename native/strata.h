@@ -467,6 +467,12 @@ int strata_glue_rmsnorm(const float *x, int64_t x_stride, int64_t n_tokens, int6
 int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_head, int64_t head_dim,
                      const float *cos_t, const float *sin_t, int64_t rope_dim, int neox);
 
+/* x[t, g, :] *= softplus(gate[t, g]) for T tokens of G groups of `width` values (x contiguous
+ * [T, G * width], gate [T, G]): Laguna's attention output gate, per head (G = H, width = hd) or per
+ * element (G = H hd, width 1). softplus(z) = log1pf(expf(z)), z itself above 20 (torch's threshold). */
+int strata_glue_gate_softplus(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n_tokens,
+                              int64_t n_groups, int64_t width);
+
 /* k_cache[slots[t], g, positions[t], :] = k[t, g, :] (and v alike) for caches [S, Hkv, C, hd]
  * (contiguous) and k, v rows [Hkv, hd] at k + t * k_stride, v + t * v_stride. */
 int strata_glue_kv_write(const float *k, int64_t k_stride, const float *v, int64_t v_stride, int64_t n_tokens,
@@ -631,7 +637,10 @@ typedef struct {
     strata_route_groups *groups;
     void *scratch;
     int64_t scratch_bytes;
-    const float *cos_alt, *sin_alt;  /* a second pair of rope tables, for layers that ask (rope_alt); may be NULL */
+    /* A second pair of rope tables [n_seq, R_alt / 2] (may be NULL), for the layers that ask
+     * (strata_attn_layer.rope_alt): sliding-window layers that rotate otherwise (MiMo-V2's own base;
+     * Laguna's own rotary features and base), R_alt the rope_dim of those layers. */
+    const float *cos_alt, *sin_alt;
 } strata_step_args;
 
 /* A layer kind's decode step (`layer`: the head of the kind's struct) and its scratch bytes for
@@ -699,12 +708,19 @@ typedef struct {
     int32_t v_type;
     const void *wv;
     int64_t wv_bytes;
-    /* MiMo-V2 (0 when absent; grouped-query attention only, no output gate): value heads of
-     * head_dim_v < head_dim features (wqkv's or wv's value rows are Hkv head_dim_v, o is
+    /* An output gate of its own projection (Laguna; g_rows 0: none; grouped-query attention without
+     * q_gate only): gate = attn_norm(x) @ wg^T, wg [g_rows, D] of type g_type; the attention's output
+     * times softplus(gate) (strata_glue_gate_softplus) before wo, per head (g_rows = H, one value
+     * over the head's hd features) or per element (g_rows = H hd). */
+    int32_t g_type;
+    const void *wg;
+    int64_t wg_bytes, g_rows;
+    /* MiMo-V2 (0 when absent; grouped-query attention only, no output gate of either kind): value
+     * heads of head_dim_v < head_dim features (wqkv's or wv's value rows are Hkv head_dim_v, o is
      * [D, H head_dim_v]; the caches' value rows stay head_dim wide, zero past head_dim_v: the
      * decode attention reads one width) and v_scale != 0 multiplying the attention's output
      * (each head's first head_dim_v features) before o. rope_alt: the layer's rope tables are the
-     * step's cos_alt / sin_alt (sliding-window layers with a RoPE base of their own, in the decode
+     * step's cos_alt / sin_alt (sliding-window layers with a RoPE of their own, in the decode
      * program; a step run on its own gets its layer's tables as both). */
     int64_t head_dim_v;
     float v_scale;

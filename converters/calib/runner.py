@@ -36,7 +36,7 @@ from strata.models.rope import Rope
 
 #: Matrix attributes of attention weights (grouped-query and latent) and their tensor kinds.
 _ATTN = {"wq": MT.ATTN_Q, "wk": MT.ATTN_K, "wv": MT.ATTN_V, "wo": MT.ATTN_OUT, "wq_a": MT.ATTN_Q_A,
-         "wq_b": MT.ATTN_Q_B, "wkv_a": MT.ATTN_KV_A_MQA}
+         "wq_b": MT.ATTN_Q_B, "wkv_a": MT.ATTN_KV_A_MQA, "wg": MT.ATTN_GATE}
 _SHARED = {"gate": MT.FFN_GATE_SHEXP, "up": MT.FFN_UP_SHEXP, "down": MT.FFN_DOWN_SHEXP}
 _DENSE = {"gate": MT.FFN_GATE, "up": MT.FFN_UP, "down": MT.FFN_DOWN}
 EXPERT_KINDS = {"gate": MT.FFN_GATE_EXP, "up": MT.FFN_UP_EXP, "down": MT.FFN_DOWN_EXP}
@@ -114,7 +114,8 @@ class _DictWeights(WeightReader):
     def __init__(self, tensors: dict[str, np.ndarray], expert_layers: list[int], hp: HParams):
         self.tensors, self.compute, self.device, self.dtype = tensors, None, torch.device("cpu"), torch.float32
         self.impl = TORCH  # float torch layers: calibration records their inputs
-        resident = {name: SimpleNamespace(ggml_type=GGMLType.F32) for name in tensors}  # the layer specs read types
+        resident = {name: SimpleNamespace(ggml_type=GGMLType.F32, shape=tuple(a.shape))  # the layer specs read these
+                    for name, a in tensors.items()}
         self.mf = SimpleNamespace(expert_layers=expert_layers, path="(calibration)", hparams=hp, resident=resident)
 
     def has(self, kind: MT, layer: int | None = None, suffix: str = "weight") -> bool:

@@ -102,6 +102,20 @@ int strata_glue_rope(float *x, int64_t x_stride, int64_t n_tokens, int64_t n_hea
     return STRATA_OK;
 }
 
+int strata_glue_gate_softplus(float *x, int64_t x_len, const float *gate, int64_t gate_len, int64_t n_tokens,
+                              int64_t n_groups, int64_t width) {
+    int64_t n_gate, n_x;
+    if (!x || !gate || n_tokens < 0 || n_groups < 0 || width < 1 || !mul_ok(n_tokens, n_groups, &n_gate) ||
+        !mul_ok(n_gate, width, &n_x))
+        return STRATA_E_ARG;
+    if (x_len < n_x || gate_len < n_gate) return STRATA_E_SIZE;
+    for (int64_t i = 0; i < n_gate; i++) {
+        const float z = gate[i], s = z > 20.0f ? z : log1pf(expf(z));
+        for (int64_t j = 0; j < width; j++) x[i * width + j] *= s;
+    }
+    return STRATA_OK;
+}
+
 /* ======================================================================================
  * KV cache: [S slots, Hkv, C positions, row], a row holding hd values in the cache's type:
  *   F32   hd floats;  F16, BF16  hd halves (round to nearest even, as torch converts);

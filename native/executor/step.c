@@ -14,6 +14,7 @@
  *     a = attention(q, caches)               paged decode attention over positions 0..position
  *                                            (a sliding window, sink logits: gpt-oss; Llama 4's
  *                                            local layers: the query's chunk)
+ *     a *= softplus(xa @ Wg^T)               Laguna: per head or per element
  *     a = a[:, :hd_v] * v_scale              MiMo-V2: values narrower than keys (cached padded
  *                                            to hd) and scaled
  *   latent attention (DeepSeek):
@@ -76,10 +77,10 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
     widths(L, &n_qkv, &n_att, &o_in);
     /* The products' activation rows: q|k|v (or q, q_b), o, for latent attention q_a and kv_a, and a
      * v of its own type. */
-    const int32_t types[5] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type, L->v_type};
-    const int64_t lens[5] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D, D};
-    const int used[5] = {1, 1, latent(L) && L->q_lora, latent(L), L->wv != NULL};
-    for (int i = 0; i < 5; i++) {
+    const int32_t types[6] = {L->qkv_type, L->o_type, L->wq_a_type, L->wkv_a_type, L->v_type, L->g_type};
+    const int64_t lens[6] = {latent(L) && L->q_lora ? L->q_lora : D, o_in, D, D, D, D};
+    const int used[6] = {1, 1, latent(L) && L->q_lora, latent(L), L->wv != NULL, L->g_rows > 0};
+    for (int i = 0; i < 6; i++) {
         if (!used[i]) continue;
         int st = strata_matmul_scratch_bytes(types[i], n_seq, lens[i], &a);
         if (st != STRATA_OK) return st;
@@ -98,7 +99,8 @@ static int step_plan(const strata_attn_layer *L, int64_t n_seq, step_layout *S) 
      * kv_a, the latent query, the output gate; then the activation rows of the products. */
     const int64_t per_seq[N_BUF - 1] = {D * 4, n_qkv * 4, n_att * 4, (D > o_in ? D : o_in) * 4, 8, 8, 8,
                                         (L->head.router ? L->head.n_experts : 0) * 4, (latent(L) ? L->q_lora : 0) * 4,
-                                        lat * 4, (latent(L) ? n_att : 0) * 4, (L->q_gate ? n_att : 0) * 4};
+                                        lat * 4, (latent(L) ? n_att : 0) * 4,
+                                        (L->q_gate ? n_att : L->g_rows) * 4};
     int64_t *offs[N_BUF] = {&S->xa, &S->qkv, &S->att, &S->o, &S->n_ctx, &S->blk, &S->off, &S->logits, &S->qa,
                             &S->ckv, &S->query, &S->gate, &S->act};
     int64_t at = 0;
@@ -122,7 +124,9 @@ static int layer_ok(const strata_attn_layer *L) {
         L->chunk < 0 || (L->chunk && L->window) || (L->qk_l2 != 0 && L->qk_l2 != 1) || !(L->qk_l2_eps >= 0.0f) || L->temp_floor < 0 ||
         (L->temp_floor && !isfinite(L->temp_scale)) || ((L->chunk || L->qk_l2 || L->temp_floor) && L->kv_lora) ||
         (L->wv && (L->kv_lora || L->wv_bytes < 0)) || L->head_dim_v < 0 || L->head_dim_v > L->head_dim ||
-        (L->head_dim_v && (L->kv_lora || L->q_gate)) || !isfinite(L->v_scale) || (L->rope_alt != 0 && L->rope_alt != 1))
+        (L->head_dim_v && (L->kv_lora || L->q_gate || L->g_rows)) || !isfinite(L->v_scale) ||
+        (L->rope_alt != 0 && L->rope_alt != 1) || L->g_rows < 0 ||
+        (L->g_rows && (L->kv_lora || L->q_gate || !L->wg || L->wg_bytes < 0 || (L->g_rows != L->n_head && L->g_rows != hq))))
         return STRATA_E_ARG;
     if (latent(L)) {
         int64_t n;
@@ -190,6 +194,9 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     const int64_t H = L->n_head, Hkv = L->n_head_kv, hd = L->head_dim, hv = L->head_dim_v ? L->head_dim_v : hd;
     const int64_t hq = H * hd, hkv = Hkv * hd, n_q = L->q_gate ? 2 * hq : hq, n_qkv = n_q + hkv + Hkv * hv;
     int st = qkv_product(pool, L, n_seq, xa, qkv, n_q + hkv, n_qkv, Hkv * hv, att, act, act_bytes, impl);
+    if (st == STRATA_OK && L->g_rows)  /* Laguna's output gate, from the same input */
+        st = strata_matmul(pool, L->g_type, L->wg, L->wg_bytes, L->g_rows, L->head.n_embd, xa, n_seq * L->head.n_embd * 4,
+                           n_seq, gate, n_seq * L->g_rows * 4, act, act_bytes, impl);
     if (st != STRATA_OK) return st;
     if (L->bqkv)
         for (int64_t b = 0; b < n_seq; b++)
@@ -235,6 +242,8 @@ static int gqa_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
                                    L->block_size, block_table, table_stride, n_ctx, L->attn_scale, L->sinks,
                                    L->window, L->chunk, att, hq, impl);
     if (st == STRATA_OK && L->q_gate) st = strata_attn_gate(att, n_seq * hq, gate, n_seq * hq, n_seq * hq);
+    if (st == STRATA_OK && L->g_rows)
+        st = strata_glue_gate_softplus(att, n_seq * hq, gate, n_seq * L->g_rows, n_seq, L->g_rows, hq / L->g_rows);
     if (st != STRATA_OK) return st;
     if (hv != hd)  /* each head's first hv features, packed: [n_seq, H hv] (a head moves down, never up) */
         for (int64_t r = 1; r < n_seq * H; r++) memmove(att + r * hv, att + r * hd, (size_t)hv * sizeof(float));

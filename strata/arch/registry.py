@@ -43,6 +43,9 @@ class Arch:
     mla: bool = False  # multi-head latent attention: attention.kv_lora_rank is required
     swa: bool = False  # sliding-window attention: attention.sliding_window is required
     swa_period: int = 0  # without attention.sliding_window_pattern: layers i with i % swa_period < swa_period - 1 slide
+    swa_full_first: bool = False  # ... instead layers i with i % swa_period != 0 slide (llama.cpp's dense_first)
+    swa_optional: bool = False  # attention.sliding_window may be absent (or 0): then every layer attends in full
+    swa_plain_rope: bool = False  # sliding layers rotate without the context-extension scaling of the full ones
 
     qk_norm: str | None = None  # one of QK_NORMS
     qk_norm_optional: bool = False  # the q/k norms apply only where the file has them (per layer)
@@ -51,6 +54,7 @@ class Arch:
     shared_expert_gate: bool = False  # ... scaled by sigmoid(ffn_gate_inp_shexp . x)
     attn_sinks: bool = False  # a learned per-head logit joins each softmax (attn_sinks), then is dropped
     attn_out_bias: bool = False  # the attention output projection has a bias
+    softplus_gate: bool = False  # attention output *= softplus(attn_gate . x) before attn_output, per head or element
     post_attention_norm: bool = False  # the FFN's pre-norm is stored as `post_attention_norm`, not `ffn_norm`
     expert_bias: bool = False  # routed experts' gate, up and down have biases (ffn_*_exps.bias)
     router_bias: bool = False  # the router has a bias (ffn_gate_inp.bias)

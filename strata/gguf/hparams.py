@@ -99,8 +99,14 @@ class HParams:
     recurrent_layers: tuple[bool, ...] = ()  # attention.recurrent_layers, else all but every full_attention_interval-th
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections (t, h, w, e) of interleaved multimodal RoPE
     indexer: "IndexerDims | None" = None  # DeepSeek Sparse Attention's lightning indexer (Arch.indexer_rope), else None
+    heads: tuple[int, ...] = ()  # attention.head_count as an array: each trunk layer's query heads (else n_head)
     kv_heads: tuple[int, ...] = ()  # attention.head_count_kv as an array: each trunk layer's kv heads (else n_head_kv)
     attn_value_scale: float = 1.0  # attention.value_scale: the attention's values (its output) scaled (mimo2)
+    rope_dim_swa: int = 0  # rope.dimension_count_swa: sliding-window layers' rotary features (rope_dim)
+
+    def head_count(self, layer: int) -> int:
+        """Layer `layer`'s query heads (llama.cpp's n_head(il)): its entry of a per-layer array, else n_head."""
+        return self.heads[layer] if self.heads else self.n_head
 
     def head_count_kv(self, layer: int) -> int:
         """Layer `layer`'s kv heads (llama.cpp's n_head_kv(il)): its entry of a per-layer array, else n_head_kv."""
@@ -178,15 +184,18 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
     spec, m = archs.get(arch), _Metadata(path, metadata, arch)
     L, A = Keys.LLM, Keys.Attention
     n_embd = m.get(L.EMBEDDING_LENGTH, int)
-    n_head = m.get(A.HEAD_COUNT, int)
+    n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
+    n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
+    heads = _per_layer_counts(m, A.HEAD_COUNT, n_layers, n_nextn)
+    n_head = m.get(A.HEAD_COUNT, int) if heads is None else heads[0]  # llama.cpp's n_head(): the first layer's
     if n_head <= 0:
         raise format_error(path, f"metadata key {A.HEAD_COUNT.format(arch=arch)!r}", "> 0", str(n_head))
     n_experts = m.get(L.EXPERT_COUNT, int, _REQUIRED if spec.moe else 0)
     head_dim = m.get(A.KEY_LENGTH, int, n_embd // n_head)
     context_length = m.get(L.CONTEXT_LENGTH, int)
     n_shared = m.get(L.EXPERT_SHARED_COUNT, int, 1 if _shexp_rows(shapes) else 0)
-    n_nextn = m.get(L.NEXTN_PREDICT_LAYERS, int, 0)
-    n_layers = m.get(L.BLOCK_COUNT, int) - n_nextn  # llama.cpp's n_layer(): MTP blocks are not the trunk's
+    sliding_window = m.get(A.SLIDING_WINDOW, int, 0 if spec.swa_optional else _REQUIRED) if spec.swa else 0
+    rope_dim = m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
     rope_freq_base = m.get(Keys.Rope.FREQ_BASE, float, DEFAULT_ROPE_FREQ_BASE)
     kv_heads = _per_layer_counts(m, A.HEAD_COUNT_KV, n_layers, n_nextn)
     # llama.cpp reads the temperature keys for deepseek2 only (Mistral-Large-3's query temperature)
@@ -210,7 +219,7 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         head_dim_v=m.get(A.VALUE_LENGTH, int, head_dim),
         rope_freq_base=rope_freq_base,
         rope_type=spec.rope_type,
-        rope_dim=m.get(Keys.Rope.DIMENSION_COUNT, int, head_dim),
+        rope_dim=rope_dim,
         rope_scaling=_rope_scaling(m, context_length),
         norm_eps=m.get(A.LAYERNORM_RMS_EPS, float),
         expert_weights_norm=m.get(L.EXPERT_WEIGHTS_NORM, bool, spec.expert_weights_norm),
@@ -222,14 +231,16 @@ def read_hparams(path: Path, metadata: Mapping[str, Any], shapes: Mapping[str, t
         kv_lora_rank=m.get(A.KV_LORA_RANK, int, _REQUIRED if spec.mla else 0),
         head_dim_mla=m.get(A.KEY_LENGTH_MLA, int, 0),
         head_dim_v_mla=m.get(A.VALUE_LENGTH_MLA, int, 0),
-        sliding_window=m.get(A.SLIDING_WINDOW, int) if spec.swa else 0,
-        swa_layers=_swa_layers(m, spec, n_layers) if spec.swa else (),
+        sliding_window=sliding_window,
+        swa_layers=_swa_layers(m, spec, n_layers) if spec.swa and (sliding_window or not spec.swa_optional) else (),
         rope_freq_base_swa=m.get(Keys.Rope.FREQ_BASE_SWA, float, rope_freq_base) if spec.swa else rope_freq_base,
         attn_temperature_scale=temp_scale,
         attn_temperature_length=m.get(A.TEMPERATURE_LENGTH, int, _REQUIRED if temp_scale else 0) if spec.mla else 0,
         n_layers_nextn=n_nextn,
+        heads=heads or (),
         kv_heads=kv_heads or (),
         attn_value_scale=m.get(VALUE_SCALE, float, 1.0),
+        rope_dim_swa=m.get(Keys.Rope.DIMENSION_COUNT_SWA, int, rope_dim) if spec.swa else rope_dim,
     )
     if spec.chunked:
         hp = _chunked(m, spec, hp)
@@ -382,10 +393,12 @@ def _gating_func(m: _Metadata, spec: Arch) -> str:
 
 def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     """Which layers use the sliding window: `attention.sliding_window_pattern` as one bool per
-    layer, or as a period n (layer i slides when i % n < n - 1; 0: every layer), else the
-    architecture's period, as llama.cpp's load_swa_pattern reads it."""
+    layer, or as a period n (layer i slides when i % n < n - 1, or with `Arch.swa_full_first` when
+    i % n != 0; 0: every layer), else the architecture's period, as llama.cpp's load_swa_pattern
+    reads it."""
     key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=m.arch)
     raw = m.metadata.get(key, spec.swa_period)
+    full_first = spec.swa_full_first and not isinstance(raw, list)
     if isinstance(raw, list):  # bools, or 0/1 (mimo2's converter writes the checkpoint's hybrid_layer_pattern)
         # one per trunk layer, or per block with the MTP blocks after the trunk (llama.cpp reads the first n_layer)
         n_blocks = n_layers + m.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
@@ -396,6 +409,8 @@ def _swa_layers(m: _Metadata, spec: Arch, n_layers: int) -> tuple[bool, ...]:
     n = _coerce(m.path, key, raw, int)
     if n < 0:
         raise format_error(m.path, f"metadata key {key!r}", "a period >= 0", str(n))
+    if full_first:  # llama.cpp's dense_first: layer 0 of each period attends in full
+        return tuple(n == 0 or i % n != 0 for i in range(n_layers))
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
 
 
@@ -454,13 +469,18 @@ def _check_values(path: Path, hp: HParams) -> None:
     for key, value in finite:
         if value is not None and not math.isfinite(value):
             raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}", "a finite number", repr(value))
-    if not (0 < hp.rope_dim <= hp.head_dim and hp.rope_dim % 2 == 0):
-        raise format_error(path, f"metadata key {R.DIMENSION_COUNT.format(arch=hp.arch)!r}",
-                           f"an even number in 2..head_dim={hp.head_dim}", str(hp.rope_dim))
-    for kv in hp.kv_heads or (hp.n_head_kv,):
-        if hp.n_head % kv:
+    for key, dim in ((R.DIMENSION_COUNT, hp.rope_dim), (R.DIMENSION_COUNT_SWA, hp.rope_dim_swa or hp.rope_dim)):
+        if not (0 < dim <= hp.head_dim and dim % 2 == 0):
+            raise format_error(path, f"metadata key {key.format(arch=hp.arch)!r}",
+                               f"an even number in 2..head_dim={hp.head_dim}", str(dim))
+    per_layer = hp.heads or hp.kv_heads  # arrays as long as the metadata's (not block_count, which may be wild)
+    for i in range(len(per_layer)) if per_layer else (0,):  # each layer's kv heads divide its query heads
+        n_head, kv = hp.head_count(i), hp.head_count_kv(i)
+        if n_head % kv:
+            where = f" (layer {i})" if per_layer else ""
             raise format_error(path, f"metadata key {A.HEAD_COUNT_KV.format(arch=hp.arch)!r}",
-                               f"divisors of head_count={hp.n_head}", str(list(hp.kv_heads) or hp.n_head_kv))
+                               f"{'divisors' if hp.kv_heads else 'a divisor'} of head_count={n_head}{where}",
+                               str(list(hp.kv_heads) or hp.n_head_kv))
 
 
 __all__ = ["INDEXER_TYPES", "RECURRENT_LAYERS", "VALUE_SCALE", "DeltaNetDims", "HParams", "IndexerDims", "RopeScaling",

@@ -1,7 +1,8 @@
 """Grouped-query attention over a preallocated KV cache, for a batch of sequences.
 
 H query heads share Hkv key/value heads (H % Hkv == 0). Sliding windows and attention sinks (gpt-oss) take
-`attend_sinks`, in torch on every device. QK-norm, when the model has it, is an
+`attend_sinks`, in torch on every device. Laguna multiplies the output, before its projection, by
+softplus of a gate projection of the layer's input, per head or per feature. QK-norm, when the model has it, is an
 RMSNorm of queries and keys before RoPE, either per head over hd features (Qwen3) or over all
 heads' features at once (OLMoE). New keys and values are written to the paged cache first
 (Batch.write: each token's block and offset); each sequence then attends causally over its cached
@@ -44,6 +45,7 @@ class AttentionWeights:
     # [(H + Hkv)*hd, D], wq and wk only, when wv is set too (a v of another type: llama.cpp's mixes)
     bo: torch.Tensor | None = None  # [D] output projection bias (gpt-oss)
     sinks: torch.Tensor | None = None  # [H] sink logits: one more softmax column per head, then dropped (gpt-oss)
+    wg: Weight | None = None  # [G, D] Laguna's output gate: G = H (one value per head) or H*hd (per feature)
 
 
 @implements(GQA, "torch")
@@ -75,6 +77,8 @@ class Attention(nn.Module):
         else:
             attend = self.attend_decode if batch.is_decode else self.attend_each
             out = attend(q, batch, k_cache, v_cache)  # [T, H*hd]
+        if self.w.wg is not None:
+            out = self.gate(x, out)
         return linear(self.values_out(out), self.w.wo, self.w.bo)  # [T, D]
 
     def cache_values(self, v: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,11 @@ class Attention(nn.Module):
         if self.head_dim_v != self.head_dim:
             out = out.view(out.shape[0], self.n_head, self.head_dim)[..., :self.head_dim_v].reshape(out.shape[0], -1)
         return out if self.v_scale == 1.0 else out * self.v_scale
+
+    def gate(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out [T, H*hd] times softplus(x @ wg^T) [T, G] (Laguna), each gate value over H*hd/G features."""
+        g = F.softplus(linear(x, self.w.wg).float()).to(out.dtype)  # [T, G]
+        return (out.reshape(g.shape[0], g.shape[1], -1) * g[..., None]).flatten(1)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w, T = self.w, x.shape[0]
@@ -165,9 +174,10 @@ SCORE_ELEMENTS = 1 << 26
 def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
     """A grouped-query layer's weights (`w`: strata.models.loader.WeightReader): q, k, v, o, the
     biases and q/k norms the architecture has, o's bias and sinks (gpt-oss; mimo2: where the layer
-    has them), q, k and v stacked. Kv heads and the value width are the layer's (its spec)."""
+    has them), the output gate (Laguna), q, k and v stacked. Query and kv heads and the value width
+    are the layer's (its spec)."""
     a = spec.attention
-    D, H, Hkv, hd, i = hp.n_embd, hp.n_head, a.n_head_kv or hp.n_head_kv, hp.head_dim, spec.index
+    D, H, Hkv, hd, i = hp.n_embd, a.n_head or hp.n_head, a.n_head_kv or hp.n_head_kv, hp.head_dim, spec.index
     hv = a.head_dim_v or hd
     if hv > hd:  # the cache pads narrower values to hd; wider ones would need wider key rows
         raise StrataFormatError(f"{w.mf.path}: attention.value_length {hv} is wider than key_length {hd} "
@@ -188,6 +198,8 @@ def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
         weights.bo = w.get(MT.ATTN_OUT, i, (D,), "bias")
     if a.sinks:
         weights.sinks = w.get(MT.ATTN_SINKS, i, (H,))
+    if a.out_gate:
+        weights.wg = w.matrix(MT.ATTN_GATE, i, (H if a.out_gate == "head" else H * hd, D))
     return weights
 
 
@@ -195,7 +207,7 @@ def read_gqa_weights(w, arch, hp, spec) -> AttentionWeights:
 def read_gqa(cls, w, arch, hp, spec, rope: Rope) -> Attention:
     """Layer spec.index's grouped-query attention (sliding window, sinks) as `cls`."""
     weights, a = read_gqa_weights(w, arch, hp, spec), spec.attention
-    return cls(weights, hp.n_head, a.n_head_kv, hp.head_dim, rope, spec.index, a.window, a.head_dim_v, a.v_scale)
+    return cls(weights, a.n_head, a.n_head_kv, hp.head_dim, rope, spec.index, a.window, a.head_dim_v, a.v_scale)
 
 
 def stack_qkv(w, spec, weights: AttentionWeights) -> None:

@@ -12,6 +12,8 @@ a block has (q/k norms, biases, a shared expert and its gate) comes from the arc
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from gguf.constants import MODEL_TENSOR as MT
@@ -20,7 +22,7 @@ from strata import arch as archs
 from strata import native
 from strata.arch import Arch, weight_name
 from strata.errors import StrataError, StrataFormatError
-from strata.gguf import HParams, ModelFile
+from strata.gguf import HParams, ModelFile, RopeScaling
 from strata.memory import ExpertMemory
 from strata.memory.parts import file_parts
 from strata.quant_torch import TORCH_DEQUANT_TYPES
@@ -34,7 +36,7 @@ from .moe import FloatExperts, HybridExperts, Lookahead, MoE, RoutedExperts
 from .nextn import nextn_layers
 from .shard import ExpertShard
 from .rope import Rope
-from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs
+from .spec import LayerSpec, attention_spec, expert_executor, ffn_spec, layer_specs, swa_rope_differs
 from .transformer import Block, Transformer
 
 
@@ -220,11 +222,17 @@ def rope_factors(w: WeightReader, hp: HParams) -> torch.Tensor | None:
 
 
 def layer_ropes(w: WeightReader, hp: HParams, device: torch.device) -> list[Rope]:
-    """Each layer's RoPE: one shared table, and a second for sliding-window layers when the file
-    gives them their own base (`rope.freq_base_swa`, llama.cpp's get_rope_freq_base)."""
+    """Each layer's RoPE: one shared table, and a second for sliding-window layers when they rotate
+    otherwise (spec.swa_rope_differs): their own base (`rope.freq_base_swa`, llama.cpp's
+    get_rope_freq_base), rotary features (`rope.dimension_count_swa`) or, Laguna, no scaling."""
     factors = rope_factors(w, hp)
     full = Rope(hp, device, factors)
-    swa = full if hp.rope_freq_base_swa == hp.rope_freq_base else Rope(hp, device, factors, hp.rope_freq_base_swa)
+    arch = archs.get(hp.arch)
+    if not swa_rope_differs(hp, arch):
+        return [full] * hp.n_layers
+    own = dataclasses.replace(hp, rope_dim=hp.rope_dim_swa,
+                              rope_scaling=RopeScaling() if arch.swa_plain_rope else hp.rope_scaling)
+    swa = Rope(own, device, factors if hp.rope_dim_swa == hp.rope_dim else None, hp.rope_freq_base_swa)
     return [swa if hp.is_swa(i) else full for i in range(hp.n_layers)]
 
 

@@ -29,16 +29,18 @@ SWIGLU, CLAMPED, INPUT_SCALED = "swiglu", "clamped", "input_scaled"
 @dataclass(frozen=True)
 class AttentionSpec:
     """A layer's attention half. kind: one of ATTENTION_KINDS. window: sliding window (0: none);
-    own_rope: the layer has a RoPE base of its own (sliding-window layers, `rope.freq_base_swa`);
+    own_rope: the layer rotates by a RoPE of its own (sliding-window layers: `swa_rope_differs`);
     sinks: per-head sink logits (gpt-oss); chunk, nope, l2_eps, temperature: Llama 4's chunked
     attention; q_lora, kv_lora, latent_split, temperature: latent attention (latent_split: the file
     holds k_b and v_b, not an older converter's kv_b); stacked: packed q, k (and v) share one type,
     so they stack into one product (deltanet: the input projections do); head_dim_v: the value heads'
     width where it is not head_dim (0: head_dim; mimo2: narrower, the cache's value rows padded to
     head_dim, as the native decode attention reads one width), v_scale: the values (the attention's
-    output) scaled (mimo2). n_head_kv is the layer's own (mimo2: per layer). index_topk, index_shared:
-    sparse latent attention (DSA), the positions each query keeps and whether the layer reuses the
-    previous full layer's choice rather than running its own indexer."""
+    output) scaled (mimo2); out_gate: Laguna's softplus output gate of its own projection, "head"
+    (one value per head) or "element" ("": none). n_head and n_head_kv are the layer's own (Laguna's
+    per-layer query heads, mimo2's per-layer kv heads). index_topk, index_shared: sparse latent
+    attention (DSA), the positions each query keeps and whether the layer reuses the previous full
+    layer's choice rather than running its own indexer."""
 
     kind: str
     n_head: int = 0
@@ -59,6 +61,7 @@ class AttentionSpec:
     stacked: bool = True
     index_topk: int = 0
     index_shared: bool = False
+    out_gate: str = ""
 
     def unfused(self) -> str | None:
         """Why the native decode step cannot compute this attention half (None: it can)."""
@@ -145,7 +148,7 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     if arch.gated_deltanet and hp.is_recurrent(i):
         ins = [MT.ATTN_QKV, MT.ATTN_GATE, *((MT.SSM_BETA, MT.SSM_ALPHA) if arch.deltanet_tiled else (MT.SSM_BETA_ALPHA,))]
         return AttentionSpec(DELTANET, stacked=_types_equal(mf, ins, i))
-    common = dict(n_head=hp.n_head, n_head_kv=hp.head_count_kv(i), head_dim=hp.head_dim,
+    common = dict(n_head=hp.head_count(i), n_head_kv=hp.head_count_kv(i), head_dim=hp.head_dim,
                   stacked=_types_equal(mf, [MT.ATTN_Q, MT.ATTN_K], i))
     if arch.gated_deltanet:
         return AttentionSpec(GATED, **common)
@@ -157,9 +160,26 @@ def attention_spec(mf, arch: Arch, i: int) -> AttentionSpec:
     swa = hp.is_swa(i)
     return AttentionSpec(GQA, window=hp.sliding_window if swa else 0,
                          sinks=arch.attn_sinks or weight_name(MT.ATTN_SINKS, i) in mf.resident,
-                         own_rope=swa and hp.rope_freq_base_swa != hp.rope_freq_base,
+                         own_rope=swa and swa_rope_differs(hp, arch), out_gate=_out_gate(mf, arch, i),
                          head_dim_v=0 if hp.head_dim_v == hp.head_dim else hp.head_dim_v, v_scale=hp.attn_value_scale,
                          **common)
+
+
+def swa_rope_differs(hp, arch: Arch) -> bool:
+    """Whether sliding-window layers rotate otherwise than full ones (a table of their own): their
+    own base or rotary features, or (`Arch.swa_plain_rope`) no scaling where full layers have some."""
+    s = hp.rope_scaling
+    scaled = s.type != "none" or s.attn_factor not in (None, 1.0)
+    return hp.rope_freq_base_swa != hp.rope_freq_base or hp.rope_dim_swa != hp.rope_dim or (arch.swa_plain_rope and scaled)
+
+
+def _out_gate(mf, arch: Arch, i: int) -> str:
+    """Laguna's output gate of layer i: "head" when attn_gate has a row per query head (or is
+    missing: the reader names it), else "element"; "" for an architecture without one."""
+    if not arch.softplus_gate:
+        return ""
+    info = mf.resident.get(weight_name(MT.ATTN_GATE, i))
+    return "head" if info is None or info.shape[0] == mf.hparams.head_count(i) else "element"
 
 
 def ffn_spec(mf, arch: Arch, i: int) -> FfnSpec:
@@ -182,4 +202,4 @@ def layer_specs(mf, arch: Arch) -> list[LayerSpec]:
 
 __all__ = ["ATTENTION_KINDS", "AttentionSpec", "CHUNKED", "CLAMPED", "DELTANET", "DSA", "FfnSpec", "GATED", "GQA",
            "INPUT_SCALED", "LayerSpec", "MLA", "SWIGLU", "attention_spec", "expert_executor", "ffn_spec",
-           "layer_specs"]
+           "layer_specs", "swa_rope_differs"]

@@ -22,7 +22,7 @@ from .deltanet import attn_gate, deltanet_conv, deltanet_gates, deltanet_norm_ga
 from .dequant import convert_f32_into, dequantize, dequantize_into, dequantize_rows, has_kernel
 from .exchange import Exchange, ExchangeError, exchange_bytes
 from .guard import MAX_GUARDED, MapGuard
-from .glue import attn_decode, group_assignments, kv_cache_type, kv_row_bytes, kv_write, matvec, rmsnorm, rope, route
+from .glue import attn_decode, gate_softplus, group_assignments, kv_cache_type, kv_row_bytes, kv_write, matvec, rmsnorm, rope, route
 from .matmul import (ComputePool, MoeAct, MoeCall, MoePart, MoeParts, matmul_heads, matmul_heads_scratch_bytes,
                      matmul_into, matmul_scratch_bytes, moe_scratch_bytes, moe_swiglu)
 from .pager import DEFAULT_PAGER_THREADS, Pager, PagerInfo, PagerPart, PagerTimeoutError, numa_node_count, numa_node_of
@@ -34,7 +34,7 @@ from .support import TypeSupport, supported_types, type_support
 
 __all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "LayerStep", "attn_gate", "deltanet_conv", "deltanet_gates",
            "deltanet_norm_gate", "deltanet_recur", "DecodeLayers", "Exchange", "ExchangeError", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "f32_ptr", "layer_head", "void_ptr", "IMPLS", "MAX_GUARDED", "MapGuard", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
-           "PagerTimeoutError", "attn_decode", "can_quantize", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_avx_vnni", "cpu_splits_512",
+           "PagerTimeoutError", "attn_decode", "can_quantize", "gate_softplus", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_avx_vnni", "cpu_splits_512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "dequantize_rows", "exchange_bytes", "group_assignments", "has_kernel",
            "has_qdot_kernel", "kv_cache_type", "kv_row_bytes", "kv_write", "matmul_into", "matmul_scratch_bytes", "matvec", "moe_scratch_bytes",
            "moe_swiglu", "numa_node_count", "numa_node_of", "qdot_rows", "quantize", "quantize_act", "quantize_into",

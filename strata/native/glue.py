@@ -102,6 +102,22 @@ def rope(x: Any, cos: Any, sin: Any, rope_dim: int, neox: bool) -> Any:
     return x
 
 
+def gate_softplus(x: Any, gate: Any) -> Any:
+    """x [T, G * w] *= softplus(gate [T, G]) in place, each gate value over w consecutive values of
+    its token's row (Laguna's output gate: G heads of w = hd, or G = H hd elements of w = 1); both
+    contiguous float32. Returns x."""
+    if _F32 is None:
+        _init()
+    T, G = gate.shape if gate.dim() == 2 else (-1, -1)
+    if x.dim() != 2 or x.shape[0] != T or G < 1 or x.shape[1] % G:
+        raise ValueError(f"softplus gate: x {tuple(x.shape)} must be [T, G * w] for gate {tuple(gate.shape)} [T, G]")
+    status = lib.strata_glue_gate_softplus(_flat(x, "gate x", _F32, "float *"), x.numel(),
+                                           _flat(gate, "gate", _F32, "float *"), gate.numel(), T, G, x.shape[1] // G)
+    if status:
+        check(status, f"softplus gate of x {tuple(x.shape)} by {tuple(gate.shape)}")
+    return x
+
+
 def kv_cache_type(cache: Any) -> int:
     """The ggml type of a KV cache tensor's rows, from its dtype: float32 F32, float16 F16,
     bfloat16 BF16, uint8 Q8_0 (rows of hd / 32 blocks of 34 bytes)."""

@@ -26,6 +26,18 @@ def _tensor(t: Any, dtype: str, shape: tuple[int, ...], what: str) -> None:
                          f"{t.dtype} {tuple(t.shape)} on {t.device}")
 
 
+def _table(cos: Any, sin: Any, B: int, rope_dim: int, what: str) -> tuple[Any, Any]:
+    """Pointers of a rope table's cos and sin (contiguous float32 [B, rope_dim / 2]); NULL when no
+    layer reads it (rope_dim 0)."""
+    if not rope_dim:
+        return ffi.NULL, ffi.NULL
+    half = B * (rope_dim // 2)
+    for t, part in ((cos, "cos"), (sin, "sin")):
+        if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
+            raise ValueError(f"decode program: {what} {part} must be contiguous float32 of {half} values")
+    return ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
+
+
 class DecodeLayers:
     """The layers of a model as one decode program (dense layers too: their FFN as a shared expert
     without gate, no router); `out` (a StepOutputs of any MoE layer: they must agree in width,
@@ -84,7 +96,9 @@ class DecodeLayers:
                 shared_any = True
         self._keep = layers
         self.recurrent = any(entry[0].state_slots for entry in layers)  # a layer reads state rows
-        self.rope_dim = max(entry[0].rope_dim for entry in layers)
+        # each table is sized by the layers that read it (Laguna's sliding layers rotate fewer features)
+        self.rope_dim = max((entry[0].rope_dim for entry in layers if not entry[0].reads_alt), default=0)
+        self.alt_rope_dim = max((entry[0].rope_dim for entry in layers if entry[0].reads_alt), default=0)
         self.alt_rope = any(entry[0].reads_alt for entry in layers)  # a layer reads `alt`
         if out.layer_experts != self.n_experts:
             raise ValueError(f"decode program: outputs for {out.layer_experts} experts, layers have {self.n_experts}")
@@ -111,7 +125,8 @@ class DecodeLayers:
         [L] each run layer's count of distinct experts; routed float32 [>= B, D] is working space;
         layer_ns int64 [L, 2] (or None) accumulates nanoseconds in attention and experts per layer;
         slots int64 [B]: each sequence's row of recurrent state (needed when a layer reads one); alt:
-        the second (cos, sin) rope tables, for layers whose steps are marked to read them (rope_alt)."""
+        the second (cos, sin) rope tables, for layers whose steps are marked to read them (rope_alt),
+        of the rope_dim of those layers."""
         B, out = x.shape[0], self.out
         if B > out.capacity:
             raise ValueError(f"decode program: {B} sequences, outputs for {out.capacity}")
@@ -133,20 +148,10 @@ class DecodeLayers:
             _tensor(slots, "int64", (B,), "slots")
         elif self.recurrent:
             raise ValueError("decode program: a layer reads each sequence's state row (a recurrent layer): state slots needed")
-        cp = sp = ca = sa = ffi.NULL
-        rope_dim = self.rope_dim
-        if rope_dim:
-            half = B * (rope_dim // 2)
-            pairs = ((cos, "rope cos"), (sin, "rope sin")) + (() if alt is None else
-                                                               ((alt[0], "alt rope cos"), (alt[1], "alt rope sin")))
-            for t, what in pairs:
-                if t is None or str(t.dtype) != "torch.float32" or not t.is_contiguous() or t.numel() != half:
-                    raise ValueError(f"decode program: {what} must be contiguous float32 of {half} values")
-            cp, sp = ffi.cast("float *", cos.data_ptr()), ffi.cast("float *", sin.data_ptr())
-            if alt is not None:
-                ca, sa = ffi.cast("float *", alt[0].data_ptr()), ffi.cast("float *", alt[1].data_ptr())
-        if self.alt_rope and ca == ffi.NULL:
+        if self.alt_rope and alt is None:
             raise ValueError("decode program: a layer reads the second rope tables (alt) and none were given")
+        cp, sp = _table(cos, sin, B, self.rope_dim, "rope")
+        ca, sa = _table(*(alt or (None, None)), B, self.alt_rope_dim, "alt rope")
         args = ffi.new("strata_step_args *", {
             "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
             "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],

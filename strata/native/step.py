@@ -164,10 +164,12 @@ class DecodeAttn(LayerStep):
     attention): qkv's query rows are [q_h | gate_h] per head and the attention's output is
     multiplied by sigmoid(gate) before o. Llama 4: `chunk` > 0 attends within the query's chunk,
     `qk_l2_eps` normalises q and k per head after RoPE (no weight), `temperature` (floor, scale)
-    scales a global layer's queries. MiMo-V2: `head_dim_v` value heads narrower than head_dim (qkv's
-    value rows Hkv head_dim_v, o [D, H head_dim_v], cached padded to head_dim), `v_scale` on the
-    attention's output; `use_alt_rope()` marks a layer that reads the program's second rope tables.
-    The tensors are kept alive by this object."""
+    scales a global layer's queries. Laguna: `out_gate` (type, packed bytes, rows) is a projection
+    [rows, D] of the normed input whose softplus multiplies the attention's output before o, per
+    head (rows = H) or per element (rows = H hd). MiMo-V2: `head_dim_v` value heads narrower than
+    head_dim (qkv's value rows Hkv head_dim_v, o [D, H head_dim_v], cached padded to head_dim),
+    `v_scale` on the attention's output. `use_alt_rope()` marks a layer that reads the program's
+    second rope tables. The tensors are kept alive by this object."""
 
     STRUCT, STEP, BIND = "strata_attn_layer", "strata_decode_attn", "bind_cache"
 
@@ -179,9 +181,13 @@ class DecodeAttn(LayerStep):
                  bo: Any = None, router_bias: Any = None, selection_bias: Any = None, n_groups: int = 0,
                  n_groups_used: int = 0, group_top: int = 0, mla: dict | None = None, q_gate: bool = False,
                  chunk: int = 0, qk_l2_eps: float | None = None, temperature: tuple[int, float] | None = None,
-                 v: tuple[Any, Any] | None = None, head_dim_v: int = 0, v_scale: float = 1.0):
+                 v: tuple[Any, Any] | None = None, out_gate: tuple[Any, Any, int] | None = None,
+                 head_dim_v: int = 0, v_scale: float = 1.0):
         D, hq, hkv = n_embd, n_head * head_dim, n_head_kv * head_dim
-        if head_dim_v and (mla is not None or q_gate or not 0 < head_dim_v <= head_dim):
+        if out_gate is not None and (mla is not None or q_gate or out_gate[2] not in (n_head, hq)):
+            raise ValueError(f"decode step: an output gate of its own goes with grouped-query attention without a "
+                             f"query gate, of {n_head} or {hq} rows, found {out_gate[2]}")
+        if head_dim_v and (mla is not None or q_gate or out_gate is not None or not 0 < head_dim_v <= head_dim):
             raise ValueError(f"decode step: a value width of its own ({head_dim_v}) goes with grouped-query attention "
                              f"without output gate, at most head_dim={head_dim}")
         if q_gate and (mla is not None or bqkv is not None):
@@ -213,9 +219,12 @@ class DecodeAttn(LayerStep):
             "temp_floor": int(floor), "temp_scale": float(t_scale), "head_dim_v": int(head_dim_v),
             "v_scale": 0.0 if v_scale == 1.0 else float(v_scale),
             **({} if v is None else {"v_type": int(ggml_type(v[0])), "wv": ffi.cast("void *", v[1].data_ptr()),
-                                     "wv_bytes": v[1].numel()})},
+                                     "wv_bytes": v[1].numel()}),
+            **({} if out_gate is None else {"g_type": int(ggml_type(out_gate[0])), "g_rows": int(out_gate[2]),
+                                            "wg": ffi.cast("void *", out_gate[1].data_ptr()),
+                                            "wg_bytes": out_gate[1].numel()})},
             (attn_norm, ffn_norm, qkv[1], o[1], bqkv, q_norm, k_norm, router, sinks, bo, router_bias, selection_bias,
-             mla, v))
+             mla, v, out_gate))
         if mla is not None:  # latent attention: see strata.h strata_attn_layer
             c, L, Q = self.c, mla["kv_lora"], mla["q_lora"]
             c.kv_lora, c.q_lora, c.nope, c.v_dim = L, Q, mla["nope"], mla["v_dim"]

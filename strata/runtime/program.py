@@ -45,10 +45,10 @@ class DecodeProgram:
     def takes(specs: list[LayerSpec], fused: list[bool]) -> str | None:
         """Why the program cannot run the decode steps of a model of layers `specs` (None: it can):
         it needs every block fused (`fused[i]`: block i has a fused decode step) and at least one
-        MoE block; sliding-window layers with a RoPE base of their own read the program's second
-        pair of tables. (Under packed compute a dense FFN and a shared expert are one packed expert
-        each, the program's form; look-ahead announcements, Python between layers, are the plan's
-        to rule out.)"""
+        MoE block; sliding-window layers with a RoPE of their own (base, rotary features, scaling)
+        read the program's second pair of tables. (Under packed compute a dense FFN and a shared
+        expert are one packed expert each, the program's form; look-ahead announcements, Python
+        between layers, are the plan's to rule out.)"""
         if not any(s.ffn.moe for s in specs):
             return "no block has routed experts"
         if not all(fused):
@@ -60,7 +60,7 @@ class DecodeProgram:
         """The program of `model` (`takes` said yes) over the expert memory's `fixed` experts
         (`fixed_packed` of every MoE layer)."""
         fixed = [memory.fixed_packed(s.spec.index) if s.moe is not None else (None, None) for s in steps]
-        alt = None  # the second rope (sliding-window layers' own base): its layers read the second tables
+        alt = None  # the second rope (sliding-window layers' own RoPE): its layers read the second tables
         for s in (s for s in steps if s.spec.attention.own_rope):
             rope = s.block.attention.rope
             if rope is not model.rope:

@@ -39,13 +39,15 @@ def test_every_converter_name_finds_its_record():
         assert record.name == name
         assert all(arch.for_hf(hf) is record for hf in record.hf_architectures + record.hf_multimodal)
     assert arch.for_hf("MixtralForCausalLM").name == "llama"
-    assert arch.names(runs=True) == ["deepseek2", "deepseek32", "glm-dsa", "glm4moe", "gpt-oss", "hy_v3", "llama",
-                                     "llama4", "mimo2", "minimax-m2", "olmoe", "qwen2moe", "qwen35moe", "qwen3moe",
-                                     "qwen3next"]
+    assert arch.names(runs=True) == ["deepseek2", "deepseek32", "glm-dsa", "glm4moe", "gpt-oss", "hy_v3", "laguna",
+                                     "llama", "llama4", "mimo2", "minimax-m2", "olmoe", "qwen2moe", "qwen35moe",
+                                     "qwen3moe", "qwen3next"]
     assert arch.names(runs=False) == []
     assert arch.for_hf("DeepseekV3ForCausalLM").name == "deepseek2" and arch.for_hf("GptOssForCausalLM").name == "gpt-oss"
     assert arch.get("llama4").hf_multimodal == ("Llama4ForConditionalGeneration",)
     assert arch.for_hf("Qwen3_5MoeForConditionalGeneration").name == "qwen35moe"
+    # gguf-py 0.19 has no LAGUNA: the record carries the name, STEP35 the same tensor table
+    assert arch.for_hf("LagunaForCausalLM").name == "laguna" and arch.get("laguna").tensors.name == "STEP35"
 
 
 def test_tensor_names_are_gguf_py_templates():

@@ -70,7 +70,7 @@ def test_llama_cpp_loads_calibrated_file(mixtral_rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", ["qwen2moe", "qwen3moe", "olmoe", "deepseek2", "gptoss"])
+@pytest.mark.parametrize("key", ["qwen2moe", "qwen3moe", "olmoe", "deepseek2", "gptoss", "laguna"])
 def test_other_architectures_beat_rtn(key, tmp_path):
     _check_rows(kld_rows(tmp_path / key, key, 4096, 2048))
 

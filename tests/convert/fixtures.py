@@ -211,6 +211,30 @@ MORE_SPECS = {
                   finish=mimo2_checkpoint.released),
     "mimo2mtp": Spec("mimo2mtp", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO2, "qwen2", torch.float32, True,
                      finish=functools.partial(mimo2_checkpoint.released, n_mtp=3)),
+    # Laguna (XS.2's form): 4 layers, full attention on layer 0 and sliding (window 8) on 1-3 as
+    # llama.cpp hard-codes it (full every 4th from 0); 4 query heads on the full layer, 8 on the
+    # sliding ones, 2 kv heads of 64; per-head softplus output gate; RoPE on half of each head at
+    # 500000 (full), on all of it at 10000 (sliding); one dense layer, then 8 experts (2 used,
+    # sigmoid with a selection bias, scaled 2.5) beside a shared expert wider than a routed one.
+    "laguna": Spec("laguna", "LagunaConfig", "LagunaForCausalLM",
+                   dict(_COMMON, num_hidden_layers=4, num_attention_heads_per_layer=[4, 8, 8, 8],
+                        num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=256,
+                        shared_expert_intermediate_size=512, num_experts=8, num_experts_per_tok=2,
+                        moe_routed_scaling_factor=2.5, sliding_window=8, gating=True,
+                        layer_types=["full_attention"] + ["sliding_attention"] * 3,
+                        mlp_layer_types=["dense"] + ["sparse"] * 3, rope_parameters={
+                            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                               "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+                   "qwen2", torch.bfloat16, True),
+    # Laguna in M.1's form: no sliding window (every layer full), one gate per feature, the same
+    # head count on every layer, two leading dense layers.
+    "lagunam": Spec("lagunam", "LagunaConfig", "LagunaForCausalLM",
+                    dict(_COMMON, num_key_value_heads=2, head_dim=64, intermediate_size=512, moe_intermediate_size=256,
+                         shared_expert_intermediate_size=256, num_experts=8, num_experts_per_tok=2, sliding_window=0,
+                         gating="per-element", mlp_layer_types=["dense", "dense", "sparse", "sparse"],
+                         num_hidden_layers=4, moe_routed_scaling_factor=1.5),
+                    "qwen2", torch.bfloat16, True),
 }
 
 
@@ -227,6 +251,8 @@ def _randomize_extras(model: torch.nn.Module) -> None:
             p.normal_(0.0 if "norm" in name and "linear_attn" not in name else 1.0, 0.2)
         if model.config.model_type in ("deepseek_v32", "glm_moe_dsa") and "indexer.k_norm" in name:  # ones, zeros
             p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+        if model.config.model_type == "laguna" and name.endswith("norm.weight"):  # ones
+            p.normal_(1.0, 0.2)
         if name.endswith("A_log"):  # decays near 1 (A ~ 0.1, not up to 16): the recurrent state carries far
             p.normal_(-2.0, 0.5)
     for m in model.modules():

@@ -31,7 +31,8 @@ CASES = [("qwen3moe", "direct", "float", 2), ("qwen3moe", "direct", "packed", 3)
          ("mixtral", "paged", "packed", 2), ("qwen2moe", "direct", "packed", 2), ("olmoe", "paged", "packed", 3),
          ("deepseek3", "direct", "packed", 2), ("gptoss", "paged", "packed", 2), ("glm4moe", "direct", "packed", 2),
          ("minimax", "paged", "packed", 2), ("qwen3next", "direct", "packed", 2), ("qwen35moe", "paged", "packed", 2),
-         ("mimo2", "paged", "packed", 2), ("hyv3", "direct", "packed", 2), ("deepseek32", "direct", "packed", 2)]
+         ("mimo2", "paged", "packed", 2), ("hyv3", "direct", "packed", 2), ("deepseek32", "direct", "packed", 2),
+         ("laguna", "direct", "packed", 2)]
 
 
 def single(path, memory: str, compute: str, **engine) -> dict:

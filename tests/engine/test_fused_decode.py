@@ -467,3 +467,49 @@ def test_a_v_of_its_own_type_keeps_the_fused_step_and_the_program(key, tmp_path)
         assert all(s is not None for s in m.runner.steps)
         _has_program(tiny, m)
         _check_fused_equals_per_call(tiny, m)
+
+
+# -- Laguna: per-layer heads, the softplus output gate, sliding layers' own RoPE (the program's second table)
+
+@pytest.fixture(scope="module", params=["laguna", "lagunam"])
+def laguna(request):
+    from tests.fixtures.tiny import zoo
+    return zoo().get(request.param)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_laguna_fused_decode_and_program_equal_the_per_call_path(laguna, outtype):
+    """The output gate (per head: XS.2's form, per feature: M.1's) in the fused step, 4 and 8 heads
+    on different layers, and the sliding layers' RoPE of their own read from the program's second
+    table, past the window of 8: the per-call path's bytes, one sequence and three."""
+    with strata.load(laguna.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        assert all(s.layer.c.g_rows in (s.layer.c.n_head, s.layer.c.n_head * s.layer.c.head_dim)
+                   for s in m.runner.steps)
+        _has_program(laguna, m)
+        assert [layer.reads_alt for layer in m.runner.program.layers] == [s.attention.own_rope for s in m.transformer.specs]
+        _check_fused_equals_per_call(laguna, m)
+
+
+def test_laguna_program_hands_layers_to_the_memory(laguna):
+    test_program_hands_layers_with_missing_experts_to_the_memory(laguna)
+
+
+def test_laguna_program_without_its_second_table_is_refused():
+    """A program whose sliding layers read the second RoPE table refuses a call without it, and
+    sizes each table by the rotary features of the layers that read it (32 full, 64 sliding):
+    the full layers' table in the second place is refused."""
+    from tests.fixtures.tiny import zoo
+    with strata.load(zoo().get("laguna").gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed",
+                     memory="direct") as m:
+        prog = m.runner.program
+        assert prog.alt_rope is not None and [layer.reads_alt for layer in prog.layers] == [False, True, True, True]
+        x, pos = torch.zeros((1, m.transformer.blocks[0].attention.w.wo.shape[0])), torch.tensor([0])
+        cos, sin = m.transformer.rope.cos_sin(pos, torch.float32)
+        with pytest.raises(ValueError, match="second rope tables"):
+            prog.native.run(m.transformer.compute.pool, torch.zeros((1, 1), dtype=torch.int64), pos, cos, sin, x,
+                            prog.routed, prog.expert_ids, prog.layer_used, m.transformer.compute.scratch)
+        assert (prog.native.rope_dim, prog.native.alt_rope_dim) == (32, 64) and cos.numel() == 16
+        with pytest.raises(ValueError, match="alt rope cos must be contiguous float32 of 32 values"):
+            prog.native.run(m.transformer.compute.pool, torch.zeros((1, 1), dtype=torch.int64), pos, cos, sin, x,
+                            prog.routed, prog.expert_ids, prog.layer_used, m.transformer.compute.scratch, alt=(cos, sin))

@@ -40,8 +40,8 @@ def test_decision_table(target, memory, arch, decode, prefill, hybrid):
 
 def test_the_plan_says_why_the_program_cannot_take_an_architecture():
     plan = decide(CPU_PACKED, MemoryCaps("direct", packed=True, fixed=True),
-                  ArchCaps(3, 3, program="sliding-window layers have their own RoPE base (the program takes one table)"))
-    assert plan.decode == FUSED and "own RoPE base" in plan.decode_why
+                  ArchCaps(3, 3, program="block 2 has no fused decode step"))
+    assert plan.decode == FUSED and "no fused decode step" in plan.decode_why
 
 
 @pytest.fixture(scope="module")

@@ -59,8 +59,8 @@ def _rope_in_place(att: Attention, q: torch.Tensor, k: torch.Tensor, cos_sin) ->
 
 @implements(GQA, "native")
 class NativeAttention(Attention):
-    """GQA: rope in place, cache writes and decode attention (sinks and a window too) each one
-    native call; prefill attends through torch."""
+    """GQA: rope in place, cache writes, decode attention (sinks and a window too) and the output
+    gate (Laguna) each one native call; prefill attends through torch."""
 
     def forward(self, x: torch.Tensor, batch: Batch, cos_sin: tuple[torch.Tensor, torch.Tensor],
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -76,11 +76,14 @@ class NativeAttention(Attention):
             out = self.attend_each(q, batch, k_cache, v_cache)  # [T, H*hd]
         else:
             out = attend_sinks(q, batch, k_cache, v_cache, self.w.sinks, self.window, self.head_dim ** -0.5)
+        if self.w.wg is not None:  # Laguna's output gate
+            out = native.gate_softplus(out.contiguous(), linear(x, self.w.wg))
         return linear(self.values_out(out), self.w.wo, self.w.bo)  # [T, D]
 
     def decode_layer(self, common: dict) -> native.DecodeAttn:
-        narrow = self.head_dim_v if self.head_dim_v != self.head_dim else 0
-        return _decode_attn(self, common, rope_dim=self.rope.rope_dim, head_dim_v=narrow, v_scale=self.v_scale)
+        wg, narrow = self.w.wg, self.head_dim_v if self.head_dim_v != self.head_dim else 0
+        return _decode_attn(self, common, rope_dim=self.rope.rope_dim, head_dim_v=narrow, v_scale=self.v_scale,
+                            out_gate=None if wg is None else (wg.type, wg._data_t, wg.shape[0]))
 
 
 @implements(GATED, "native")
