@@ -208,10 +208,14 @@ class Converter:
         w.add_block_count(self.n_blocks())
         if self.dense_ffn_key:
             w.add_feed_forward_length(hp.n_ff)
-        w.add_head_count(hp.n_heads)
+        w.add_head_count(self.head_count())
         w.add_head_count_kv(hp.n_kv_heads)
         w.add_rope_freq_base(hp.rope_theta)
         w.add_layer_norm_rms_eps(hp.rms_eps)
+
+    def head_count(self) -> int | list[int]:
+        """`attention.head_count`: one count, or one per layer where the architecture's layers differ."""
+        return self.hp.n_heads
 
     def write_gqa_sizes(self, w: gguf.GGUFWriter) -> None:
         """write_sizes, the expert counts, and the head size where config.json gives head_dim (GQA

@@ -105,17 +105,9 @@ class LagunaConverter(BiasedRouterMixin, Converter):
 
     # ---- metadata ----
 
-    def write_sizes(self, w: gguf.GGUFWriter) -> None:
-        """The common sizes, the head count one per layer (as llama.cpp's converter always writes it)."""
-        hp = self.hp
-        w.add_context_length(hp.n_ctx)
-        w.add_embedding_length(hp.n_embd)
-        w.add_block_count(hp.n_layers)
-        w.add_feed_forward_length(hp.n_ff)
-        w.add_head_count(self.heads)
-        w.add_head_count_kv(hp.n_kv_heads)
-        w.add_rope_freq_base(hp.rope_theta)
-        w.add_layer_norm_rms_eps(hp.rms_eps)
+    def head_count(self) -> list[int]:
+        """One head count per layer, as llama.cpp's converter always writes it."""
+        return self.heads
 
     def write_metadata(self, w: gguf.GGUFWriter) -> None:
         hp, c = self.hp, self.cfg
