@@ -4,7 +4,8 @@ whose lightning indexer keeps 8 positions of the 20-48 their test sequences reac
 selection matters; and what only they have: the indexer's choice equal to transformers' (f16 keys
 after the Hadamard turn, as llama.cpp caches them), its keys in the latent cache's value slot,
 GLM-5's shared layers reusing the choice before them, every path (float, packed per call, the
-memories, batching, chunked prefill) giving the same, the plan saying why decode runs per call,
+memories, batching, chunked prefill) giving the same, the fused decode step and program giving the
+per-call path's bytes,
 `strata inspect`'s verdict."""
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch
 
 import pytest
 
+import strata
 from strata.cli import main
 from strata.models import cache_dims
 from strata.models.dsa import DSAttention
+from tests.engine.test_fused_decode import _check_fused_equals_per_call
 from tests.fixtures.tiny import GGUF_ARCH, zoo
 from tests.fixtures.rewrite import V, rewrite
 
@@ -101,12 +104,34 @@ def test_chunked_prefill_selects_over_the_cached_keys(tiny):
 
 def test_packed_compute_every_memory_and_the_plan(tiny):
     """Packed compute equals float on the f32 file in every memory and picks its greedy tokens;
-    decode runs per call (the native step has no indexer) and the plan says so."""
+    every block has its fused decode step (the indexer and the sparse attention in native code)."""
     def plan(m, memory):
-        assert m.plan.decode == "packed per-call" and not any(m.runner.steps or ()), memory
-        assert "sparse attention: the native step has no indexer" in m.plan.decode_why, m.plan.decode_why
+        assert all(s is not None for s in m.runner.steps), memory
+        assert m.plan.decode in ("program", "fused"), (memory, m.plan)
 
     check_packed_every_memory(tiny, plan)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_fused_step_and_program_equal_the_per_call_path(tiny, outtype):
+    """Every block fused (GLM-5's shared layers reading their full layer's choice), the decode
+    program over all of them, bit for bit the per-call path (whose decode runs the same native
+    indexer and sparse attention), one sequence and three at different positions, past top_k."""
+    with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        assert all(s is not None for s in m.runner.steps)
+        assert m.plan.decode == "program" and m.runner.program is not None, m.plan
+        _check_fused_equals_per_call(tiny, m)
+
+
+def test_shared_layers_steps_read_the_full_layers_choice():
+    """GLM-5's shared layers' fused steps point at the buffers their full layer's step writes."""
+    tiny = zoo().get("glmdsa")
+    with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, compute="packed", memory="direct") as m:
+        layers = [s.layer for s in m.runner.steps]
+        assert [la.index_dim is None for la in layers] == [False, True, False, True]
+        assert layers[1].kept is layers[0].kept and layers[3].kept is layers[2].kept
+        assert layers[0].kept is not layers[2].kept
 
 
 def test_default_types_pick_the_float_tokens(tiny):
