@@ -16,10 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define INDEX_DIM_MAX 1024  /* the indexer's head width at most (a key row converts on the stack) */
+
 static int indexer_ok(const strata_dsa_indexer *ix) {
     int64_t n;
     if (!ix || ix->n_embd < 1 || ix->q_lora < 1 || ix->n_head < 1 || ix->head_dim < 2 || ix->top_k < 1 ||
-        (ix->head_dim & (ix->head_dim - 1)) || ix->rope_dim < 0 || ix->rope_dim > ix->head_dim || ix->rope_dim % 2 ||
+        (ix->head_dim & (ix->head_dim - 1)) || ix->head_dim > INDEX_DIM_MAX || ix->rope_dim < 0 || ix->rope_dim > ix->head_dim || ix->rope_dim % 2 ||
         !ix->q_b || !ix->k || !ix->k_norm || !ix->k_norm_b || !ix->proj || ix->q_b_bytes < 0 || ix->k_bytes < 0 ||
         !(ix->norm_eps >= 0.0f) || !step_mul_ok(ix->n_head, ix->head_dim, &n))
         return STRATA_E_ARG;
@@ -72,17 +74,61 @@ static void hadamard(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
-/* One sequence's scoring and choice (a pool item per sequence). */
+/* The scores of the sequences that see more than top_k positions, in chunks of SCORE_CHUNK
+ * positions as pool items (each score is one function of its row: the same bytes however split),
+ * then each sequence's choice (a pool item per sequence). */
+#define SCORE_CHUNK 64
+
 typedef struct {
     const strata_dsa_indexer *ix;
     const float *qi, *wt;
-    float *row, *hs;
-    const int64_t *positions, *block_table;
-    int64_t table_stride, block_size, block_bytes, row_bytes, row_blocks;
+    float *hs, *scores;
+    const int64_t *positions, *block_table, *first_chunk, *first_score;
+    int64_t n_seq, table_stride, block_size, block_bytes, row_bytes, row_blocks;
     const uint8_t *cache;
     strata_block_fn to_f32;
     int64_t *keep, *n_keep;
 } select_job;
+
+/* sum_h wt[h] relu(q[h] . k) over Hi heads of Di (eight partial sums per dot product) */
+static float index_score(const float *q, const float *wt, const float *k, int64_t Hi, int64_t Di) {
+    float score = 0.0f;
+    for (int64_t h = 0; h < Hi; h++) {
+        const float *qh = q + h * Di;
+        float acc[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= Di; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += qh[i + j] * k[i + j];
+        for (; i < Di; i++) acc[0] += qh[i] * k[i];
+        const float d = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        score += wt[h] * (d > 0.0f ? d : 0.0f);
+    }
+    return score;
+}
+
+static void score_items(void *ctx, int64_t first, int64_t count) {
+    const select_job *J = (const select_job *)ctx;
+    const int64_t Hi = J->ix->n_head, Di = J->ix->head_dim;
+    float row[INDEX_DIM_MAX];
+    int64_t b = 0;
+    for (int64_t item = first; item < first + count; item++) {
+        while (J->first_chunk[b + 1] <= item) b++;  /* the sequence the chunk belongs to */
+        const int64_t n_ctx = J->positions[b] + 1, s0 = (item - J->first_chunk[b]) * SCORE_CHUNK;
+        const int64_t s1 = s0 + SCORE_CHUNK < n_ctx ? s0 + SCORE_CHUNK : n_ctx;
+        const float *q = J->qi + b * Hi * Di, *wt = J->wt + b * Hi;
+        const int64_t *table = J->block_table + b * J->table_stride;
+        float *out = J->scores + J->first_score[b];
+        for (int64_t s = s0; s < s1; s++) {
+            const uint8_t *p = J->cache + table[s / J->block_size] * J->block_bytes + (s % J->block_size) * J->row_bytes;
+            const float *k = (const float *)p;
+            if (J->to_f32) {
+                J->to_f32(p, row, J->row_blocks);
+                k = row;
+            }
+            out[s] = index_score(q, wt, k, Hi, Di);
+        }
+    }
+}
 
 /* a ranks below b: a lower score, or an equal one at a later position */
 static inline int worse(float sa, int64_t pa, float sb, int64_t pb) { return sa < sb || (sa == sb && pa > pb); }
@@ -104,10 +150,9 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void select_items(void *ctx, int64_t first, int64_t count) {
+static void choose_items(void *ctx, int64_t first, int64_t count) {
     const select_job *J = (const select_job *)ctx;
-    const strata_dsa_indexer *ix = J->ix;
-    const int64_t Hi = ix->n_head, Di = ix->head_dim, K = ix->top_k;
+    const int64_t K = J->ix->top_k;
     for (int64_t b = first; b < first + count; b++) {
         const int64_t n_ctx = J->positions[b] + 1;
         int64_t *keep = J->keep + b * K;
@@ -116,32 +161,15 @@ static void select_items(void *ctx, int64_t first, int64_t count) {
             J->n_keep[b] = n_ctx;
             continue;
         }
-        const float *q = J->qi + b * Hi * Di, *wt = J->wt + b * Hi;
-        const int64_t *table = J->block_table + b * J->table_stride;
-        float *hs = J->hs + b * K, *row = J->row + b * Di;
-        for (int64_t s = 0; s < n_ctx; s++) {
-            const uint8_t *p = J->cache + table[s / J->block_size] * J->block_bytes + (s % J->block_size) * J->row_bytes;
-            const float *k = (const float *)p;
-            if (J->to_f32) {
-                J->to_f32(p, row, J->row_blocks);
-                k = row;
-            }
-            float score = 0.0f;
-            for (int64_t h = 0; h < Hi; h++) {
-                const float *qh = q + h * Di;
-                float d = 0.0f;
-                for (int64_t i = 0; i < Di; i++) d += qh[i] * k[i];
-                score += wt[h] * (d > 0.0f ? d : 0.0f);
-            }
-            if (s < K) {  /* fill the heap (the worst at its root), then keep the best K */
-                hs[s] = score, keep[s] = s;
-                if (s == K - 1)
-                    for (int64_t i = K / 2 - 1; i >= 0; i--) sift_down(hs, keep, K, i);
-            } else if (worse(hs[0], keep[0], score, s)) {
-                hs[0] = score, keep[0] = s;
+        const float *score = J->scores + J->first_score[b];
+        float *hs = J->hs + b * K;
+        for (int64_t s = 0; s < K; s++) hs[s] = score[s], keep[s] = s;
+        for (int64_t i = K / 2 - 1; i >= 0; i--) sift_down(hs, keep, K, i);  /* the worst kept at the root */
+        for (int64_t s = K; s < n_ctx; s++)
+            if (worse(hs[0], keep[0], score[s], s)) {
+                hs[0] = score[s], keep[0] = s;
                 sift_down(hs, keep, K, 0);
             }
-        }
         qsort(keep, (size_t)K, sizeof(int64_t), cmp_i64);
         J->n_keep[b] = K;
     }
@@ -214,10 +242,32 @@ int strata_dsa_select(strata_pool *pool, const strata_dsa_indexer *ix, int64_t n
         for (int64_t h = 0; h < Hi; h++) hadamard(qi + (b * Hi + h) * Di, Di);
         for (int64_t h = 0; h < Hi; h++) wt[b * Hi + h] /= w_scale;
     }
-    select_job J = {ix, qi, wt, (float *)(s + S.row), (float *)(s + S.hs), positions, block_table, table_stride,
-                    block_size, block_size * f.row_bytes, f.row_bytes, f.row_blocks, (const uint8_t *)index_cache,
-                    f.to_f32, keep, n_keep};
-    strata_pool_run(n_seq > 1 ? pool : NULL, n_seq, 1, select_items, &J);
+    /* where each scored sequence's chunks and scores start (past top_k positions only) */
+    int64_t *first = malloc((size_t)(2 * n_seq + 1) * sizeof(int64_t)), n_scores = 0;
+    if (!first) return STRATA_E_NOMEM;
+    int64_t *first_score = first + n_seq + 1;
+    first[0] = 0;
+    for (int64_t b = 0; b < n_seq; b++) {
+        const int64_t n_ctx = positions[b] + 1, scored = n_ctx > ix->top_k;
+        first_score[b] = n_scores;
+        n_scores += scored ? n_ctx : 0;
+        first[b + 1] = first[b] + (scored ? (n_ctx + SCORE_CHUNK - 1) / SCORE_CHUNK : 0);
+    }
+    float *scores = n_scores ? malloc((size_t)n_scores * sizeof(float)) : NULL;
+    if (n_scores && !scores) {
+        free(first);
+        return STRATA_E_NOMEM;
+    }
+    select_job J = {.ix = ix, .qi = qi, .wt = wt, .hs = (float *)(s + S.hs), .scores = scores, .positions = positions,
+                    .block_table = block_table, .first_chunk = first, .first_score = first_score, .n_seq = n_seq,
+                    .table_stride = table_stride, .block_size = block_size, .block_bytes = block_size * f.row_bytes,
+                    .row_bytes = f.row_bytes, .row_blocks = f.row_blocks, .cache = (const uint8_t *)index_cache,
+                    .to_f32 = f.to_f32, .keep = keep, .n_keep = n_keep};
+    if (first[n_seq])
+        strata_pool_run(first[n_seq] > 1 ? pool : NULL, first[n_seq], 1, score_items, &J);
+    strata_pool_run(n_seq > 1 ? pool : NULL, n_seq, 1, choose_items, &J);
+    free(scores);
+    free(first);
     return STRATA_OK;
 }
 

@@ -10,9 +10,11 @@
  *   keep = the top_k best positions                 (all of them where the token sees <= top_k)
  *
  * RoPE turns the first rope_dim features of each head (NEOX pairs when neox, else adjacent ones);
- * Hd is the orthonormal Walsh-Hadamard transform (Di a power of two), done in place by
+ * Hd is the orthonormal Walsh-Hadamard transform (Di a power of two, at most 1024), done in place by
  * butterflies; the layer norm's mean and variance are summed in double. Equal scores: the lower
  * position first. keep [n_seq, top_k] lists each sequence's n_keep[b] kept positions, ascending.
+ * The scores run over the pool in chunks of positions (each score one function of its key row, so
+ * the bytes do not depend on the split; their buffer is allocated per call: STRATA_E_NOMEM).
  *
  * strata_dsa_select: the indexer of n_seq tokens (xa [n_seq, D], qa [n_seq, q_lora], rope tables
  * [n_seq, rope_dim / 2]): writes each token's key into index_cache (rows of Di in kv_type, the
