@@ -31,9 +31,14 @@ from .mla import NativeMLAttention
 class NativeDSAttention(DSAttention, NativeMLAttention):
     """Sparse latent attention through native calls (see the module docstring)."""
 
-    #: the decode step of the full layer built last: a shared layer's step, built after it in the
-    #: same model (steps are built in layer order), reads its choice
+    #: the full layer whose decode step was built last: a shared layer's step, built after it in
+    #: the same model (steps are built in layer order), reads its choice (`kept`)
     _last_full: weakref.ref | None = None
+
+    @functools.cached_property
+    def kept(self) -> Kept:
+        """Where a full layer's decode steps leave their choice for the shared layers' steps."""
+        return Kept(self.top_k)
 
     @functools.cached_property
     def indexer(self) -> native.DsaIndexer | None:
@@ -70,16 +75,15 @@ class NativeDSAttention(DSAttention, NativeMLAttention):
 
     def decode_layer(self, common: dict) -> DecodeDSA:
         """The layer's native decode step (`common`: the block's norms and router arguments)."""
-        source = None
+        full = self
         if self.idx is None:
-            source = NativeDSAttention._last_full() if NativeDSAttention._last_full is not None else None
-            if source is None or source.layer_index >= self.layer or source.compute is not self.w.wo.compute:
+            full = NativeDSAttention._last_full() if NativeDSAttention._last_full is not None else None
+            if full is None or full.layer >= self.layer or full.w.wo.compute is not self.w.wo.compute:
                 raise ValueError(f"layer {self.layer}: a shared indexer layer's decode step is built after its full "
                                  f"layer's, in the same model")
-        step = DecodeDSA(self, common, source)
-        if self.idx is not None:
-            NativeDSAttention._last_full = weakref.ref(step)
-        return step
+        else:
+            NativeDSAttention._last_full = weakref.ref(self)
+        return DecodeDSA(self, common, full.kept)
 
 
 class Kept:
@@ -112,25 +116,23 @@ class Kept:
 class DecodeDSA(native.DecodeAttn):
     """A sparse latent attention layer's decode half (and its router), described once
     (strata_dsa_layer, native/executor/dsa.h): latent attention's fields (`DecodeAttn`'s, in
-    `c`), the layer's indexer (`whole.idx`; a shared layer's holds top_k alone) and the choice it
-    keeps (`Kept`: a shared layer's is its full layer's, `source`). The cache: the latent rows and
-    the indexer's keys (the layer's value slot)."""
+    `c`), the layer's indexer (`whole.idx`; a shared layer's holds top_k alone) and the buffers of
+    the choice (`kept`: a full layer's own, which its shared layers' steps read). The cache: the
+    latent rows and the indexer's keys (the layer's value slot)."""
 
     STRUCT, STEP, NEST = "strata_dsa_layer", "strata_decode_dsa", "attn"
     what = "sparse attention decode step"
 
-    def __init__(self, layer: NativeDSAttention, common: dict, source: DecodeDSA | None = None):
+    def __init__(self, layer: NativeDSAttention, common: dict, kept: Kept):
         super().__init__(**layer.decode_args(common))
-        self.layer_index, self.compute = layer.layer, layer.w.wo.compute
         ix = layer.indexer
         self.index_dim = None if ix is None else int(ix.c.head_dim)  # a shared layer reads no keys
         if ix is not None:
-            self.whole.idx = ix.c[0]
-            self._indexer, self.kept = ix, Kept(layer.top_k)
+            self.whole.idx, self._indexer = ix.c[0], ix
         else:
             self.whole.idx.top_k = layer.top_k
-            self.kept = source.kept
-        self.kept.attach(self.whole)
+        self.kept = kept
+        kept.attach(self.whole)
 
     def scratch_bytes(self, n_seq: int) -> int:
         self.kept.grow(n_seq)  # the decode program and the fused step size their buffers here
