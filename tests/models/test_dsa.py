@@ -124,6 +124,15 @@ def test_fused_step_and_program_equal_the_per_call_path(tiny, outtype):
         _check_fused_equals_per_call(tiny, m)
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_fused_step_equals_the_per_call_path_in_other_cache_types(tiny, kv_type):
+    """The same in an f16 and a Q8_0 cache (the latent rows and the indexer's keys both in it)."""
+    with strata.load(tiny.gguf("q8_0"), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct",
+                     kv_type=kv_type) as m:
+        assert m.plan.decode == "program"
+        _check_fused_equals_per_call(tiny, m)
+
+
 def test_native_decode_tracks_the_reference(tiny):
     """The decode program (the native indexer's f16 keys, scores and top-k, attention over the
     kept rows) follows the float reference's decode steps on the f32 file, three sequences past
