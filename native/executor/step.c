@@ -257,7 +257,7 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
                     int64_t table_stride, const float *cos_t, const float *sin_t, const float *xa, float *q,
                     float *qa, float *ckv, float *query, float *lat_att, float *att,
                     const int64_t *n_ctx, const int64_t *blk, const int64_t *off, void *act, int64_t act_bytes,
-                    int impl) {
+                    const strata_step_args *a, strata_latent_attend_fn attend, int impl) {
     const int64_t D = L->head.n_embd, H = L->n_head, hd = L->head_dim, R = L->rope_dim, Lk = L->kv_lora;
     const int64_t n_q = H * hd, n_lat = Lk + R, Q = L->q_lora;
     int st;
@@ -291,9 +291,12 @@ static int mla_half(strata_pool *pool, const strata_attn_layer *L, int64_t n_seq
     for (int64_t t = 0; t < n_seq; t++)
         for (int64_t h = 0; h < H; h++)
             memcpy(query + (t * H + h) * n_lat + Lk, q + t * n_q + h * hd + L->nope, (size_t)R * sizeof(float));
-    st = strata_attn_decode_pooled(pool, L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
-                                   L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
-                                   NULL, 0, 0, lat_att, H * n_lat, impl);
+    if (attend)  /* a kind's own attention over the latent rows (sparse attention: dsa.c) */
+        st = attend(pool, L, a, cos_t, sin_t, xa, qa, query, lat_att, blk, off, impl);
+    else
+        st = strata_attn_decode_pooled(pool, L->kv_type, query, H * n_lat, n_seq, H, 1, n_lat, L->k_cache, L->k_cache,
+                                       L->n_blocks, L->block_size, block_table, table_stride, n_ctx, L->attn_scale,
+                                       NULL, 0, 0, lat_att, H * n_lat, impl);
     if (st == STRATA_OK)  /* att[t, h] = v_b[h] @ the latent part of the attention's output */
         st = strata_matmul_heads(pool, L->v_b_type, L->v_b, L->v_b_bytes, H, L->v_dim, Lk, lat_att, fb * H * n_lat,
                                  H * n_lat, n_lat, n_seq, att, fb * H * L->v_dim, H * L->v_dim, L->v_dim, act,
@@ -336,6 +339,11 @@ int strata_step_ffn_input(strata_pool *pool, const strata_layer_head *h, const s
 }
 
 int strata_decode_attn(strata_pool *pool, const strata_layer_head *head, const strata_step_args *a, int impl) {
+    return strata_step_attn(pool, head, a, NULL, impl);
+}
+
+int strata_step_attn(strata_pool *pool, const strata_layer_head *head, const strata_step_args *a,
+                     strata_latent_attend_fn attend, int impl) {
     const strata_attn_layer *L = (const strata_attn_layer *)head;  /* head is its first member */
     int st = layer_ok(L);
     if (st != STRATA_OK) return st;
@@ -381,7 +389,9 @@ int strata_decode_attn(strata_pool *pool, const strata_layer_head *head, const s
     if (latent(L))
         st = mla_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, (float *)(s + S.qa),
                       (float *)(s + S.ckv), (float *)(s + S.query), att, a_out, n_ctx, blk,
-                      off, act, act_bytes, impl);
+                      off, act, act_bytes, a, attend, impl);
+    else if (attend)
+        return STRATA_E_ARG;  /* a kind's own attention replaces latent attention's only */
     else
         st = gqa_half(pool, L, n_seq, block_table, table_stride, cos_t, sin_t, xa, qkv, att, (float *)(s + S.gate),
                       n_ctx, blk, off, act, act_bytes, impl);

@@ -28,4 +28,18 @@ int strata_step_args_ok(const strata_layer_head *h, const strata_step_args *a, i
 int strata_step_ffn_input(strata_pool *pool, const strata_layer_head *h, const strata_step_args *a, float *logits,
                           int impl);
 
+/* Latent attention's attention over the cache rows, a kind's own (sparse attention, dsa.c), called
+ * by strata_step_attn in place of dense decode attention once the query and the new latent row are
+ * made: query [n_seq, H, kv_lora + rope] into lat_att [n_seq, H, kv_lora + rope] (the first kv_lora
+ * of each head read), xa = attn_norm(x) and qa = q_a_norm(xa @ Wq_a^T) [n_seq, q_lora] as the step
+ * made them, blk / off each new token's cache block and offset (checked). */
+typedef int (*strata_latent_attend_fn)(strata_pool *pool, const strata_attn_layer *L, const strata_step_args *a,
+                                       const float *cos_t, const float *sin_t, const float *xa, const float *qa,
+                                       const float *query, float *lat_att, const int64_t *blk, const int64_t *off,
+                                       int impl);
+/* strata_decode_attn with latent attention's attention given by `attend` (NULL: the dense one);
+ * its scratch is strata_decode_attn_scratch_bytes', at the start of a->scratch. */
+int strata_step_attn(strata_pool *pool, const strata_layer_head *head, const strata_step_args *a,
+                     strata_latent_attend_fn attend, int impl);
+
 #endif

@@ -98,24 +98,31 @@ class MLAttention(nn.Module):
         w, T, H, L = self.w, x.shape[0], self.n_head, self.kv_lora
         q = linear(x, w.wq) if q_low is None else linear(q_low, w.wq_b)
         q = q.view(T, H, self.nope + self.rope_dim)
-        q_nope, q_rope = q[..., :self.nope], self.rope.apply(q[..., self.nope:], *cos_sin)  # [T, H, N], [T, H, R]
+        q_nope, q_rope = q[..., :self.nope], self.turn(q[..., self.nope:], cos_sin)  # [T, H, N], [T, H, R]
         ckv = linear(x, w.wkv_a)  # [T, L+R]
         c = w.kv_a_norm(ckv[:, :L])  # [T, L]
-        k_rope = self.rope.apply(ckv[:, None, L:], *cos_sin)[:, 0]  # [T, R]
+        k_rope = self.turn(ckv[:, None, L:], cos_sin)[:, 0]  # [T, R]
         # cache [N, 1, P, L+R]: the latent and the rope key of every position, in blocks of P
         batch.write(cache, torch.cat((c, k_rope), dim=-1)[:, None])
         q_lat = self.heads(w.k_b, q_nope, L)  # [T, H, L]
         query = torch.cat((q_lat, q_rope), dim=-1)  # [T, H, L+R]
         if self.temperature is not None:
             query = query * temperature(*self.temperature, batch.positions).to(query)[:, None, None]
-        o_lat = (self.attend(query, batch, cache) if keep is None
-                 else latent_attend(query, batch, cache, L, self.scale, keep))  # [T, H, L]
+        o_lat = self.attend(query, batch, cache) if keep is None else self.attend_kept(query, batch, cache, keep)
         out = self.heads(w.v_b, o_lat, self.v_dim)  # [T, H, V]
         return linear(out.flatten(1), w.wo)  # [T, D]
+
+    def turn(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, H, R] (rope features) turned by RoPE."""
+        return self.rope.apply(x, *cos_sin)
 
     def attend(self, query: torch.Tensor, batch: Batch, cache: torch.Tensor) -> torch.Tensor:
         """The latent attention of query [T, H, L+R] over the cache: [T, H, L]."""
         return latent_attend(query, batch, cache, self.kv_lora, self.scale)
+
+    def attend_kept(self, query: torch.Tensor, batch: Batch, cache: torch.Tensor, keep) -> torch.Tensor:
+        """The latent attention of query [T, H, L+R] over the positions `keep` [T, K]: [T, H, L]."""
+        return latent_attend(query, batch, cache, self.kv_lora, self.scale, keep)
 
     def heads(self, m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
         """[T, H, n_rows]: head h's matrix m[h] [n_rows, K] times x[:, h] for every head of x [T, H, K]."""
@@ -163,9 +170,9 @@ def read_mla_weights(w, hp, spec) -> tuple[MLAWeights, tuple]:
     weights = MLAWeights(
         wq=None if Q else w.matrix(MT.ATTN_Q, i, (H * key_dim, D)),
         wq_a=w.matrix(MT.ATTN_Q_A, i, (Q, D)) if Q else None,
-        q_a_norm=RMSNorm(w.get(MT.ATTN_Q_A_NORM, i, (Q,)), hp.norm_eps) if Q else None,
+        q_a_norm=w.norm(MT.ATTN_Q_A_NORM, i, (Q,)) if Q else None,
         wq_b=w.matrix(MT.ATTN_Q_B, i, (H * key_dim, Q)) if Q else None,
-        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=RMSNorm(w.get(MT.ATTN_KV_A_NORM, i, (L,)), hp.norm_eps),
+        wkv_a=w.matrix(MT.ATTN_KV_A_MQA, i, (L + R, D)), kv_a_norm=w.norm(MT.ATTN_KV_A_NORM, i, (L,)),
         k_b=None, v_b=None, wo=w.matrix(MT.ATTN_OUT, i, (D, H * V)))
     if spec.attention.latent_split:
         weights.k_b, weights.v_b = w.matrix(MT.ATTN_K_B, i, (H, L, N)), w.matrix(MT.ATTN_V_B, i, (H, V, L))

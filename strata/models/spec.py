@@ -65,11 +65,9 @@ class AttentionSpec:
 
     def unfused(self) -> str | None:
         """Why the native decode step cannot compute this attention half (None: it can)."""
-        if self.kind == DSA:
-            return "sparse attention: the native step has no indexer"
-        if self.kind == MLA and self.temperature:
+        if self.kind in (MLA, DSA) and self.temperature:
             return "latent attention with a query temperature (the native step has none)"
-        if self.kind == MLA and not self.latent_split:
+        if self.kind in (MLA, DSA) and not self.latent_split:
             return "latent attention from an older converter's kv_b (k_b and v_b unpacked)"
         if not self.stacked:
             return f"{self.kind} attention whose input projections have different types (no one product)"

@@ -12,6 +12,7 @@
     native.rmsnorm(x, weight, eps, out); native.rope(q, cos, sin, rope_dim, neox)   # glue.py: decode glue
     native.DecodeAttn(...).run(pool, slots, positions, cos, sin, x, outputs, scratch)  # step.py: fused
     native.LayerStep                                  # step.py: what each kind's step binding shares
+    native.DsaIndexer(...).select(...); native.dsa_attend(...)   # dsa.py: sparse attention's decode calls
     native.DecodeLayers(layers, outputs).run(pool, slots, positions, cos, sin, x, ...)  # program.py: all layers
 
 Wrappers check their inputs, call C (the GIL is released) and turn any status into `NativeError`
@@ -19,6 +20,7 @@ through one helper (`_lib.check`); they hold no policy about what to compute or 
 """
 from ._lib import IMPLS, cpu_has_avx2, cpu_has_avx512, cpu_has_avx512_vbmi, cpu_fast_gathers, cpu_fast_ymm_gathers, cpu_avx_vnni, cpu_splits_512, default_impl, default_threads
 from .deltanet import attn_gate, deltanet_conv, deltanet_gates, deltanet_norm_gate, deltanet_recur
+from .dsa import DsaIndexer, dsa_attend, i64_ptr
 from .dequant import convert_f32_into, dequantize, dequantize_into, dequantize_rows, has_kernel
 from .exchange import Exchange, ExchangeError, exchange_bytes
 from .guard import MAX_GUARDED, MapGuard
@@ -32,7 +34,7 @@ from .qdot import has_qdot_kernel, qdot_rows, quantize_act
 from .quantizer import can_quantize, quantize, quantize_into
 from .support import TypeSupport, supported_types, type_support
 
-__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "LayerStep", "attn_gate", "deltanet_conv", "deltanet_gates",
+__all__ = ["DEFAULT_PAGER_THREADS", "ComputePool", "DecodeAttn", "DsaIndexer", "dsa_attend", "i64_ptr", "LayerStep", "attn_gate", "deltanet_conv", "deltanet_gates",
            "deltanet_norm_gate", "deltanet_recur", "DecodeLayers", "Exchange", "ExchangeError", "MoeAct", "MoeCall", "matmul_heads", "matmul_heads_scratch_bytes", "StepOutputs", "f32_ptr", "layer_head", "void_ptr", "IMPLS", "MAX_GUARDED", "MapGuard", "MoePart", "MoeParts", "Pager", "PagerInfo", "PagerPart",
            "PagerTimeoutError", "attn_decode", "can_quantize", "gate_softplus", "convert_f32_into", "cpu_has_avx2", "cpu_has_avx512", "cpu_has_avx512_vbmi", "cpu_fast_gathers", "cpu_fast_ymm_gathers", "cpu_avx_vnni", "cpu_splits_512",
            "default_impl", "default_threads", "dequantize", "dequantize_into", "dequantize_rows", "exchange_bytes", "group_assignments", "has_kernel",

@@ -73,7 +73,8 @@ class LayerStep:
     """A layer kind's decode step, described once: `self.c`, the kind's struct (STRUCT, its head
     first), filled from `head` (`layer_head`'s fields) and the kind's own fields; STEP names its
     strata_step_fn (STEP + "_scratch_bytes" its scratch function). A subclass fills the fields and
-    binds what the layer keeps between steps (`bind`); `state_slots`: the step reads each
+    binds what the layer keeps between steps (`bind`); a kind whose struct begins with another's
+    (NEST) fills that one through `c` and its own fields through `whole`; `state_slots`: the step reads each
     sequence's state row (a recurrent layer), not its cache blocks. The tensors given are kept
     alive by this object."""
 
@@ -84,10 +85,15 @@ class LayerStep:
     reads_alt = False  # in a decode program, the step reads the second rope tables (strata_step_args.cos_alt)
     what = "decode step"
     BIND = "bind"  # the subclass's name for `bind`, for errors
+    NEST = ""  # the member of STRUCT that is another kind's struct, its first (`whole`: the kind's own)
 
     def __init__(self, head: dict, fields: dict, keep: tuple):
         self._keep = keep
-        self.c = ffi.new(f"{self.STRUCT} *", {"head": head, **fields})
+        if self.NEST:  # the kind's struct begins with another kind's, member NEST: self.c points at that one
+            self.whole = ffi.new(f"{self.STRUCT} *", {self.NEST: {"head": head, **fields}})
+            self.c = ffi.addressof(self.whole[0], self.NEST)
+        else:
+            self.c = self.whole = ffi.new(f"{self.STRUCT} *", {"head": head, **fields})
         self.head = ffi.addressof(self.c[0], "head")
         self.step = ffi.addressof(lib, self.STEP)  # for the decode program (strata_decode_layer.step)
         self._call, self._scratch = getattr(lib, self.STEP), getattr(lib, self.STEP + "_scratch_bytes")

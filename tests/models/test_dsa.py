@@ -4,7 +4,8 @@ whose lightning indexer keeps 8 positions of the 20-48 their test sequences reac
 selection matters; and what only they have: the indexer's choice equal to transformers' (f16 keys
 after the Hadamard turn, as llama.cpp caches them), its keys in the latent cache's value slot,
 GLM-5's shared layers reusing the choice before them, every path (float, packed per call, the
-memories, batching, chunked prefill) giving the same, the plan saying why decode runs per call,
+memories, batching, chunked prefill) giving the same, the fused decode step and program giving the
+per-call path's bytes,
 `strata inspect`'s verdict."""
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch
 
 import pytest
 
+import strata
 from strata.cli import main
 from strata.models import cache_dims
 from strata.models.dsa import DSAttention
+from tests.engine.test_fused_decode import _check_fused_equals_per_call, _decode_logits
 from tests.fixtures.tiny import GGUF_ARCH, zoo
 from tests.fixtures.rewrite import V, rewrite
 
@@ -82,12 +85,82 @@ def test_indexer_keys_sit_in_the_value_slot_in_f16(tiny):
 
 def test_packed_compute_every_memory_and_the_plan(tiny):
     """Packed compute equals float on the f32 file in every memory and picks its greedy tokens;
-    decode runs per call (the native step has no indexer) and the plan says so."""
+    every block has its fused decode step (the indexer and the sparse attention in native code)."""
     def plan(m, memory):
-        assert m.plan.decode == "packed per-call" and not any(m.runner.steps or ()), memory
-        assert "sparse attention: the native step has no indexer" in m.plan.decode_why, m.plan.decode_why
+        assert all(s is not None for s in m.runner.steps), memory
+        assert m.plan.decode in ("program", "fused"), (memory, m.plan)
 
     check_packed_every_memory(tiny, plan)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_fused_step_and_program_equal_the_per_call_path(tiny, outtype):
+    """Every block fused (GLM-5's shared layers reading their full layer's choice), the decode
+    program over all of them, bit for bit the per-call path (whose decode runs the same native
+    indexer and sparse attention), one sequence and three at different positions, past top_k."""
+    with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        assert all(s is not None for s in m.runner.steps)
+        assert m.plan.decode == "program" and m.runner.program is not None, m.plan
+        _check_fused_equals_per_call(tiny, m)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_fused_step_equals_the_per_call_path_in_other_cache_types(tiny, kv_type):
+    """The same in an f16 and a Q8_0 cache (the latent rows and the indexer's keys both in it)."""
+    with strata.load(tiny.gguf("q8_0"), threads=2, n_ctx=128, max_batch=3, compute="packed", memory="direct",
+                     kv_type=kv_type) as m:
+        assert m.plan.decode == "program"
+        _check_fused_equals_per_call(tiny, m)
+
+
+def test_native_decode_tracks_the_reference(tiny):
+    """The decode program (the native indexer's f16 keys, scores and top-k, attention over the
+    kept rows) follows the float reference's decode steps on the f32 file, three sequences past
+    top_k (where attending to every position departs: test_the_indexer_keeps_what_transformers_keeps)."""
+    prompts = [tiny.prompt_ids(5, seed=2), tiny.prompt_ids(19, seed=3), tiny.prompt_ids(11, seed=4)]
+    with load(tiny.gguf("f32"), max_batch=3) as ref, load(tiny.gguf("f32"), "packed", max_batch=3) as packed:
+        assert packed.plan.decode == "program"
+        want, got = _decode_logits(ref, prompts), _decode_logits(packed, prompts)
+        for a, b in zip(got, want):
+            assert rel_err(a, b) <= REL_TOL
+
+
+def test_native_calls_refuse_bad_arguments(tiny):
+    """The indexer's key cache of the wrong shape, a kept position past the sequence's blocks and a
+    batch wider than the layer's buffers are refused with the call named."""
+    import torch as t
+
+    from strata import native
+    from strata.errors import NativeError
+    with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, max_batch=1, compute="packed", memory="direct") as m:
+        layer, (k_cache, v_cache) = m.runner.steps[0].layer, m.cache.layer(0)
+        with pytest.raises(ValueError, match="indexer's key cache"):
+            layer.bind(k_cache, v_cache[..., :-1].contiguous())
+        att = m.runner.model.blocks[0].attention
+        H, row = att.n_head, att.kv_lora + att.rope_dim
+        table = t.zeros((1, 1), dtype=t.int64)
+        keep, n_keep = t.full((1, att.top_k), k_cache.shape[2], dtype=t.int64), t.ones(1, dtype=t.int64)
+        with pytest.raises(NativeError, match="sparse attention of 1 tokens"):
+            native.dsa_attend(att.w.wo.compute.pool, t.zeros((1, H, row)), k_cache, table, keep, n_keep, 1.0,
+                              t.empty((1, H, row)))
+        layer.bind(k_cache, v_cache)
+        x, out = t.zeros((2, layer.n_embd)), native.StepOutputs(layer, 2)
+        scratch = t.empty(layer.scratch_bytes(2), dtype=t.uint8)
+        layer.whole.keep_rows = 1  # the choice's buffers for one sequence: two are refused
+        with pytest.raises(NativeError, match="sparse attention decode step of 2 sequences"):
+            layer.run(att.w.wo.compute.pool, t.zeros((2, 1), dtype=t.int64), t.zeros(2, dtype=t.int64),
+                      t.zeros((2, att.rope_dim // 2)), t.zeros((2, att.rope_dim // 2)), x, out, scratch)
+
+
+def test_shared_layers_steps_read_the_full_layers_choice():
+    """GLM-5's shared layers' fused steps point at the buffers their full layer's step writes."""
+    tiny = zoo().get("glmdsa")
+    with strata.load(tiny.gguf("q8_0"), threads=1, n_ctx=64, compute="packed", memory="direct") as m:
+        layers = [s.layer for s in m.runner.steps]
+        assert [la.index_dim is None for la in layers] == [False, True, False, True]
+        assert layers[1].kept is layers[0].kept and layers[3].kept is layers[2].kept
+        assert layers[0].kept is not layers[2].kept
 
 
 def test_default_types_pick_the_float_tokens(tiny):

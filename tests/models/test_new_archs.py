@@ -50,6 +50,19 @@ def test_expert_memory_and_packed_compute(new):
             ref.generate(prompt, temperature=0, max_tokens=16, stop_token_ids=()).token_ids
 
 
+@pytest.mark.parametrize("key", ["deepseek3", "deepseek2"])
+@pytest.mark.parametrize("outtype", ["q8_0", None], ids=["q8_0", "default"])
+def test_latent_attention_fused_step_equals_the_per_call_path(key, outtype):
+    """Latent attention's fused step and the decode program give the per-call path's bytes (whose
+    query and latent norms and RoPE are the step's native calls), one sequence and three."""
+    from tests.engine.test_fused_decode import _check_fused_equals_per_call
+    tiny = zoo().get(key)
+    with strata.load(tiny.gguf(outtype), threads=2, n_ctx=128, max_batch=3, compute="packed",
+                     memory="direct") as m:
+        assert m.plan.decode == "program"
+        _check_fused_equals_per_call(tiny, m)
+
+
 # -- deepseek2 only --------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The native executor of latent attention (DeepSeek-V2/V3, GGUF `deepseek2`): packed compute on
 the CPU, float32, any number of tokens. Per call: the projections and each head's k_b / v_b
-product from packed blocks (one native call over every head), decode attention over the latent
+product from packed blocks (one native call over every head), the norms and RoPE as native calls
+(the fused step's, so both give the same bytes), decode attention over the latent
 rows in one native call, prefill attention through the torch reference's `latent_attend`; a decode
 step fused (`decode_layer`): the attention half, the FFN's norm and the router in one native call
 (`native.DecodeAttn` with its latent fields).
@@ -35,6 +36,12 @@ class NativeMLAttention(MLAttention):
         native.attn_decode(query.float(), cache, cache, batch.block_table, batch.positions + 1, self.scale, full)
         return full.view(T, H, L + self.rope_dim)[..., :L]  # [T, H, L]
 
+    def turn(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """RoPE in one native call (as the fused step turns them), on a packed copy of x [T, H, R]."""
+        cos, sin = (t.float().contiguous() for t in cos_sin)
+        return native.rope(torch.empty(x.shape, dtype=torch.float32).copy_(x), cos, sin, self.rope.rope_dim,
+                           self.rope.neox)
+
     def heads(self, m: Weight, x: torch.Tensor, n_rows: int) -> torch.Tensor:
         """Packed m [H*n_rows, K] (a head's rows after another's): one native call over every head,
         in chunks of the compute's token budget."""
@@ -51,9 +58,13 @@ class NativeMLAttention(MLAttention):
 
     def decode_layer(self, common: dict) -> native.DecodeAttn:
         """The layer's native decode step (`common`: the block's norms and router arguments)."""
+        return native.DecodeAttn(**self.decode_args(common))
+
+    def decode_args(self, common: dict) -> dict:
+        """`native.DecodeAttn`'s arguments for this layer."""
         w = self.w
         wq = w.wq if w.wq is not None else w.wq_b
-        return native.DecodeAttn(
+        return dict(
             **common, n_embd=w.wo.shape[0], n_head=self.n_head, rope_dim=self.rope.rope_dim, neox=self.rope.neox,
             o=(w.wo.type, w.wo._data_t), n_head_kv=1, head_dim=self.nope + self.rope_dim, attn_scale=self.scale,
             qkv=(wq.type, wq._data_t), mla=dict(
