@@ -405,7 +405,10 @@ class KVCache(BlockTables):
         n = n_slots * blocks_for(n_ctx, block_size) if n_blocks is None else n_blocks
         states = states or {}
         state = sum(math.prod(shape) for pair in states.values() for shape in pair) * 4  # float32
-        kv_heads = sum(h for i, h in enumerate(_layer_heads(n_head_kv, n_layers)) if i not in states)
+        if isinstance(n_head_kv, int):  # one count for every layer: no per-layer tuple (a file may claim 2^31 layers)
+            kv_heads = n_head_kv * (n_layers - sum(1 for i in states if 0 <= i < n_layers))
+        else:
+            kv_heads = sum(h for i, h in enumerate(_layer_heads(n_head_kv, n_layers)) if i not in states)
         return kv_heads * n * block_size * sum(rows) * itemsize(store) + n_slots * state
 
     def fork(self, src: int, dst: int, n_positions: int) -> bool:

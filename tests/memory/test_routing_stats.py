@@ -117,7 +117,7 @@ def test_malformed_routing_metadata_is_refused_naming_file_and_key(counts, token
 
 
 def test_a_file_with_a_malformed_key_fails_when_its_counts_are_read(files, monkeypatch):
-    def write_bad(w, npz, planned, n_experts):
+    def write_bad(w, npz, planned, n_experts, trunk_layers):
         w.add_key_value(STRATA_ROUTING_COUNTS, [1.0] * 5, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
         w.add_key_value(STRATA_ROUTING_TOKENS, 3, gguf.GGUFValueType.UINT64)
 
