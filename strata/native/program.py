@@ -105,6 +105,7 @@ class DecodeLayers:
         self.out = out
         self._index = ffi.new("int32_t[]", self.n_experts)
         self._stopped = ffi.new("int64_t *")
+        self._args = ffi.new("strata_step_args *")
         import torch
 
         n = out.capacity if shared_any else 0
@@ -152,13 +153,14 @@ class DecodeLayers:
             raise ValueError("decode program: a layer reads the second rope tables (alt) and none were given")
         cp, sp = _table(cos, sin, B, self.rope_dim, "rope")
         ca, sa = _table(*(alt or (None, None)), B, self.alt_rope_dim, "alt rope")
-        args = ffi.new("strata_step_args *", {
-            "n_seq": B, "positions": ffi.cast("int64_t *", positions.data_ptr()),
-            "block_table": ffi.cast("int64_t *", block_table.data_ptr()), "table_stride": block_table.shape[1],
-            "slots": ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr()), "cos_t": cp, "sin_t": sp,
-            "x": f32_ptr(x, "x"), "xn": out.xn_ptr, "expert_ids": ffi.cast("int64_t *", expert_ids.data_ptr()),
-            "weights": out.w_ptr, "groups": out.groups, "scratch": ffi.cast("void *", scratch.data_ptr()),
-            "scratch_bytes": scratch.numel(), "cos_alt": ca, "sin_alt": sa})
+        args = self._args  # one struct, refilled each step
+        args.n_seq, args.positions = B, ffi.cast("int64_t *", positions.data_ptr())
+        args.block_table, args.table_stride = ffi.cast("int64_t *", block_table.data_ptr()), block_table.shape[1]
+        args.slots = ffi.NULL if slots is None else ffi.cast("int64_t *", slots.data_ptr())
+        args.cos_t, args.sin_t, args.cos_alt, args.sin_alt = cp, sp, ca, sa
+        args.x, args.xn, args.expert_ids = f32_ptr(x, "x"), out.xn_ptr, ffi.cast("int64_t *", expert_ids.data_ptr())
+        args.weights, args.groups = out.w_ptr, out.groups
+        args.scratch, args.scratch_bytes = ffi.cast("void *", scratch.data_ptr()), scratch.numel()
         status = lib.strata_decode_layers(
             pool.ptr, self.c, self.n_layers, args, out.capacity * self.n_used, self._index, self.n_experts,
             ffi.cast("float *", routed.data_ptr()), first, self._stopped, ffi.cast("int64_t *", layer_used.data_ptr()),

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGUFReader
 
 from tests.fixtures.tiny import llama_cpp_source, zoo
 from tests.models.helpers import Bare, rel_err
+
+from .test_qwen35moe_llama_cpp import _greedy, _llama, _logits
 
 llama_cpp = pytest.importorskip("llama_cpp")
 needs_source = pytest.mark.skipif(llama_cpp_source() is None,
@@ -21,21 +22,6 @@ needs_source = pytest.mark.skipif(llama_cpp_source() is None,
 @pytest.fixture(scope="module", params=["laguna", "lagunam"])
 def tiny(request):
     return zoo().get(request.param)
-
-
-def _llama(path):
-    return llama_cpp.Llama(str(path), n_ctx=96, logits_all=True, verbose=False, n_threads=1)
-
-
-def _logits(llm, ids):
-    llm.reset()
-    llm.eval(ids)
-    return torch.tensor(np.array(llm.scores[:len(ids)]))
-
-
-def _greedy(llm, prompt, n):
-    llm.reset()
-    return [t for _, t in zip(range(n), llm.generate(prompt, temp=0.0))]
 
 
 def test_llama_cpp_runs_stratas_laguna_file(tiny):
